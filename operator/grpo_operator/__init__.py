@@ -1,0 +1,3 @@
+"""GRPO Operator: reconciles GRPOJob resources into KubeRay clusters."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,143 @@
+"""Build the testbed's Go programs from the Go module proxy, at pinned versions.
+
+``k8s.io/kubernetes`` cannot be ``go install``ed: its go.mod replaces its staging
+modules with local directories. So each component gets a throwaway module that
+requires it, maps every ``=> ./staging/...`` replace to the published staging
+version, and builds the main packages from there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .versions import COMPONENTS, Component, bin_dir, cache_root
+
+log = logging.getLogger("grpo_testbed.build")
+
+_REPLACE_RE = re.compile(r"^\s*(\S+)(?:\s+(v\S+))?\s*=>\s*(\S+)(?:\s+(v\S+))?\s*$")
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GOTOOLCHAIN="local", CGO_ENABLED="0", GOFLAGS="-mod=mod -buildvcs=false")
+    return env
+
+
+def _go(args: list[str], cwd: Path) -> str:
+    if shutil.which("go") is None:
+        raise BuildError(
+            "the testbed is built with Go, and `go` is not on PATH: install Go >= 1.26 "
+            "(e.g. `apt-get install golang` is too old; use the Go toolchain from go.dev)"
+        )
+    proc = subprocess.run(
+        ["go", *args], cwd=cwd, env=go_env(), capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise BuildError(f"`go {' '.join(args)}` failed in {cwd}:\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def replace_lines(upstream_gomod: str, staging_version: str | None) -> list[str]:
+    """Replace directives for the throwaway module, derived from upstream's go.mod.
+
+    Local-path replaces of staging modules become the published staging version;
+    other local-path replaces are dropped (their targets are published modules we
+    get through normal requirements); version replaces are kept as they are.
+    """
+    lines: list[str] = []
+    in_block = False
+    for raw in upstream_gomod.splitlines():
+        line = raw.split("//", 1)[0].strip()
+        if line.startswith("replace ("):
+            in_block = True
+            continue
+        if in_block and line == ")":
+            in_block = False
+            continue
+        if line.startswith("replace "):
+            line = line[len("replace ") :]
+        elif not in_block:
+            continue
+        m = _REPLACE_RE.match(line)
+        if not m:
+            continue
+        old, old_v, new, new_v = m.groups()
+        if new.startswith("."):
+            if staging_version and "/staging/" in new:
+                lines.append(f"{old} => {old} {staging_version}")
+            continue
+        lines.append(f"{old}{' ' + old_v if old_v else ''} => {new} {new_v or ''}".strip())
+    return lines
+
+
+def _upstream_gomod(c: Component, work: Path) -> str:
+    out = _go(["mod", "download", "-json", f"{c.module}@{c.version}"], work)
+    info = json.loads(out)
+    if "Error" in info:
+        raise BuildError(f"cannot download {c.module}@{c.version}: {info['Error']}")
+    return Path(info["GoMod"]).read_text()
+
+
+def build_component(c: Component) -> Path:
+    out_dir = bin_dir(c)
+    if all((out_dir / b).is_file() for b in c.binaries):
+        return out_dir
+    work = cache_root() / "build" / c.key
+    work.mkdir(parents=True, exist_ok=True)
+    go_version = _go(["env", "GOVERSION"], work).strip().removeprefix("go")
+    go_version = ".".join(go_version.split(".")[:2]) + ".0"
+    replaces = replace_lines(_upstream_gomod(c, work), c.staging_version)
+    gomod = [f"module grpo.dev/testbed/{c.name}", "", f"go {go_version}", "",
+             f"require {c.module} {c.version}", ""]
+    if replaces:
+        gomod += ["replace (", *(f"\t{r}" for r in replaces), ")", ""]
+    (work / "go.mod").write_text("\n".join(gomod))
+    imports = "\n".join(f'\t_ "{p}"' for p in c.packages)
+    (work / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
+    _go(["mod", "tidy"], work)
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    ldflags = " ".join(("-s", "-w", *c.ldflags))
+    for pkg, name in zip(c.packages, c.binaries, strict=True):
+        t0 = time.monotonic()
+        _go(["build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / name), pkg], work)
+        log.info("  built %s in %.0f s", name, time.monotonic() - t0)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+    return out_dir
+
+
+def build_all(names: list[str] | None = None) -> dict[str, Path]:
+    """Build (or reuse) every component; returns component name -> bin dir."""
+    wanted = [c for c in COMPONENTS if names is None or c.name in names]
+    result: dict[str, Path] = {}
+    t_all = time.monotonic()
+    for i, c in enumerate(wanted, 1):
+        cached = all((bin_dir(c) / b).is_file() for b in c.binaries)
+        log.info("[%d/%d] %s %s: %s", i, len(wanted), c.name, c.version,
+                 "cached" if cached else "building (first time; minutes)")
+        t0 = time.monotonic()
+        result[c.name] = build_component(c)
+        if not cached:
+            log.info("[%d/%d] %s ready in %.0f s", i, len(wanted), c.name, time.monotonic() - t0)
+    log.info("testbed binaries ready in %.1f s under %s", time.monotonic() - t_all,
+             cache_root() / "bin")
+    return result
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    build_all(sys.argv[1:] or None)

@@ -1,0 +1,127 @@
+"""Pinned versions of every testbed component: the one place they are named.
+
+Each component is built from the Go module proxy with ``go build`` into
+``~/.cache/grpo-operator/bin/<component>-<version>/`` and reused when present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+import os
+
+KUBERNETES_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+# The issue asks for KubeRay v1.7.0, but the Go module proxy answers 403 for the
+# ray-operator@v1.7.0 zip (as for v1.7.1 and v1.7.0-rc.0); v1.6.1 is the newest
+# version it serves. See docs/testbed.md.
+KUBERAY_VERSION = "v1.6.1"
+HELM_VERSION = "v3.21.4"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One Go program (or set of programs from one module) the testbed needs."""
+
+    name: str
+    module: str
+    version: str
+    packages: tuple[str, ...]  # import paths of the main packages to build
+    binaries: tuple[str, ...]  # output names, same order as packages
+    ldflags: tuple[str, ...] = field(default=())
+    # Upstream go.mod replaces local staging dirs; map them to published versions.
+    staging_version: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+def _k8s_ldflags() -> tuple[str, ...]:
+    major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
+    flags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={KUBERNETES_VERSION}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return tuple(flags)
+
+
+K8S_STAGING_VERSION = "v0." + KUBERNETES_VERSION.lstrip("v").split(".", 1)[1]
+
+COMPONENTS: tuple[Component, ...] = (
+    Component(
+        name="kubernetes",
+        module="k8s.io/kubernetes",
+        version=KUBERNETES_VERSION,
+        packages=tuple(
+            f"k8s.io/kubernetes/cmd/{c}"
+            for c in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+        ),
+        binaries=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+        ldflags=_k8s_ldflags(),
+        staging_version=K8S_STAGING_VERSION,
+    ),
+    Component(
+        name="etcd",
+        module="go.etcd.io/etcd/server/v3",
+        version=ETCD_VERSION,
+        packages=("go.etcd.io/etcd/server/v3",),
+        binaries=("etcd",),
+    ),
+    Component(
+        name="kwok",
+        module="sigs.k8s.io/kwok",
+        version=KWOK_VERSION,
+        packages=("sigs.k8s.io/kwok/cmd/kwok",),
+        binaries=("kwok",),
+        ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION}",),
+    ),
+    Component(
+        name="kuberay",
+        module="github.com/ray-project/kuberay/ray-operator",
+        version=KUBERAY_VERSION,
+        packages=("github.com/ray-project/kuberay/ray-operator",),
+        binaries=("kuberay-operator",),
+    ),
+    Component(
+        name="helm",
+        module="helm.sh/helm/v3",
+        version=HELM_VERSION,
+        packages=("helm.sh/helm/v3/cmd/helm",),
+        binaries=("helm",),
+        ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+    ),
+)
+
+
+def cache_root() -> Path:
+    """Root of the testbed cache; GRPO_TESTBED_CACHE overrides it."""
+    env = os.environ.get("GRPO_TESTBED_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "grpo-operator"
+
+
+def bin_dir(component: Component) -> Path:
+    return cache_root() / "bin" / component.key
+
+
+def component(name: str) -> Component:
+    for c in COMPONENTS:
+        if c.name == name:
+            return c
+    raise KeyError(name)
+
+
+def binary(name: str) -> Path:
+    """Path of a built binary by its output name, e.g. ``binary("kubectl")``."""
+    for c in COMPONENTS:
+        if name in c.binaries:
+            return bin_dir(c) / name
+    raise KeyError(name)
