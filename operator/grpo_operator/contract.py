@@ -1,0 +1,69 @@
+"""The trainer <-> operator contract (DESIGN.md): names both sides must agree on.
+
+Torch-free on purpose: the operator imports it, and so does the trainer, so each
+name lives here once.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+API_GROUP = "grpo.dev"
+API_VERSION = "v1alpha1"
+KIND = "GRPOJob"
+PLURAL = "grpojobs"
+SINGULAR = "grpojob"
+SHORT_NAME = "gj"
+JOB_LABEL = f"{API_GROUP}/job"  # on every child object
+
+CONFIG_PATH = "/etc/grpo/config.yaml"
+CHECKPOINT_MOUNT = "/checkpoints"  # the job's dir is /checkpoints/<namespace>/<job>/
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_MESSAGE_MAX_BYTES = 4096
+PROGRESS_MIN_INTERVAL_S = 10.0
+PROGRESS_FIELD_MANAGER = "grpo-trainer"
+
+
+class ExitCode(IntEnum):
+    """Trainer driver exit codes; the operator classifies failures by them."""
+
+    FINISHED = 0
+    ERROR = 1
+    CONFIG_ERROR = 2  # never retried
+    CUDA_OOM = 3
+    HOST_OOM = 4  # host RAM or Ray's memory monitor
+    WORKER_LOST = 5
+
+
+class FailureReason(StrEnum):
+    """Failure classes (DESIGN.md); also the `reason` of the termination message."""
+
+    SUCCEEDED = "Succeeded"
+    HOST_OOM = "HostOOM"
+    CUDA_OOM = "CudaOOM"
+    RAY_OOM = "RayOOM"
+    NODE_LOST = "NodeLost"
+    EVICTED = "Evicted"
+    PREEMPTED = "Preempted"
+    CONFIG_ERROR = "ConfigError"
+    ERROR = "Error"
+
+
+class Env(StrEnum):
+    """Environment variables the operator injects and the trainer honours (env wins)."""
+
+    RANK0_INIT = "GRPO_RANK0_INIT"  # "rank0" | "sharded" | "naive" | "true"/"false"
+    OFFLOAD_PARAMS = "GRPO_OFFLOAD_PARAMS"  # "true" | "false"
+    OFFLOAD_OPTIMIZER = "GRPO_OFFLOAD_OPTIMIZER"
+    GRADIENT_CHECKPOINTING = "GRPO_GRADIENT_CHECKPOINTING"
+    MICRO_BATCH_SIZE = "GRPO_MICRO_BATCH_SIZE"  # per-GPU micro-batch for the update
+    ROLLOUT_GPU_MEMORY_UTILIZATION = "GRPO_ROLLOUT_GPU_MEMORY_UTILIZATION"
+    ROLLOUT_N = "GRPO_ROLLOUT_N"  # generations per prompt
+    CHECKPOINT_DIR = "GRPO_CHECKPOINT_DIR"
+    JOB_NAME = "GRPO_JOB_NAME"
+    JOB_NAMESPACE = "GRPO_JOB_NAMESPACE"
+    ATTEMPT = "GRPO_ATTEMPT"
+    FAULT_INJECT = "GRPO_FAULT_INJECT"  # test-only fault switch, documented in docs/
+
+
+PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"
