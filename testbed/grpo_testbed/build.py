@@ -82,23 +82,43 @@ def replace_lines(upstream_gomod: str, staging_version: str | None) -> list[str]
     return lines
 
 
-def _upstream_gomod(c: Component, work: Path) -> str:
+def _download(c: Component, work: Path) -> dict[str, str]:
     out = _go(["mod", "download", "-json", f"{c.module}@{c.version}"], work)
-    info = json.loads(out)
+    info: dict[str, str] = json.loads(out)
     if "Error" in info:
-        raise BuildError(f"cannot download {c.module}@{c.version}: {info['Error']}")
-    return Path(info["GoMod"]).read_text()
+        raise BuildError(
+            f"cannot download {c.module}@{c.version} from the Go module proxy: {info['Error']}"
+        )
+    return info
+
+
+def _copy_data(c: Component, module_dir: Path, dest: Path) -> None:
+    for pattern, sub in c.data:
+        matches = sorted(module_dir.glob(pattern))
+        if not matches:
+            raise BuildError(f"{c.module}@{c.version} has no {pattern}")
+        (dest / sub).mkdir(parents=True, exist_ok=True)
+        for f in matches:
+            shutil.copyfile(f, dest / sub / f.name)
+
+
+def is_built(c: Component) -> bool:
+    out_dir = bin_dir(c)
+    return all((out_dir / b).is_file() for b in c.binaries) and all(
+        any((out_dir / sub).glob("*")) for _, sub in c.data
+    )
 
 
 def build_component(c: Component) -> Path:
     out_dir = bin_dir(c)
-    if all((out_dir / b).is_file() for b in c.binaries):
+    if is_built(c):
         return out_dir
     work = cache_root() / "build" / c.key
     work.mkdir(parents=True, exist_ok=True)
     go_version = _go(["env", "GOVERSION"], work).strip().removeprefix("go")
     go_version = ".".join(go_version.split(".")[:2]) + ".0"
-    replaces = replace_lines(_upstream_gomod(c, work), c.staging_version)
+    info = _download(c, work)
+    replaces = replace_lines(Path(info["GoMod"]).read_text(), c.staging_version)
     gomod = [f"module grpo.dev/testbed/{c.name}", "", f"go {go_version}", "",
              f"require {c.module} {c.version}", ""]
     if replaces:
@@ -115,6 +135,7 @@ def build_component(c: Component) -> Path:
         t0 = time.monotonic()
         _go(["build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / name), pkg], work)
         log.info("  built %s in %.0f s", name, time.monotonic() - t0)
+    _copy_data(c, Path(info["Dir"]), staging)
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)
     return out_dir
@@ -126,7 +147,7 @@ def build_all(names: list[str] | None = None) -> dict[str, Path]:
     result: dict[str, Path] = {}
     t_all = time.monotonic()
     for i, c in enumerate(wanted, 1):
-        cached = all((bin_dir(c) / b).is_file() for b in c.binaries)
+        cached = is_built(c)
         log.info("[%d/%d] %s %s: %s", i, len(wanted), c.name, c.version,
                  "cached" if cached else "building (first time; minutes)")
         t0 = time.monotonic()

@@ -6,9 +6,9 @@ Each component is built from the Go module proxy with ``go build`` into
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-import os
 
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
@@ -32,6 +32,9 @@ class Component:
     ldflags: tuple[str, ...] = field(default=())
     # Upstream go.mod replaces local staging dirs; map them to published versions.
     staging_version: str | None = None
+    # Data files kept beside the binaries, copied from the pinned module's source:
+    # (glob inside the module, sub-directory of the bin dir).
+    data: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def key(self) -> str:
@@ -81,6 +84,16 @@ COMPONENTS: tuple[Component, ...] = (
         packages=("sigs.k8s.io/kwok/cmd/kwok",),
         binaries=("kwok",),
         ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={KWOK_VERSION}",),
+        # kwok's standalone binary loads no stages; these are upstream's own.
+        data=(
+            ("kustomize/stage/node/fast/node-initialize.yaml", "stages"),
+            ("kustomize/stage/node/heartbeat/node-heartbeat.yaml", "stages"),
+            ("kustomize/stage/pod/fast/pod-ready.yaml", "stages"),
+            ("kustomize/stage/pod/fast/pod-complete.yaml", "stages"),
+            ("kustomize/stage/pod/fast/pod-delete.yaml", "stages"),
+            # PVC provisioning and binding, plus the default StorageClass that uses it.
+            ("kustomize/stage/volume/fast/*.yaml", "stages"),
+        ),
     ),
     Component(
         name="kuberay",
@@ -88,6 +101,7 @@ COMPONENTS: tuple[Component, ...] = (
         version=KUBERAY_VERSION,
         packages=("github.com/ray-project/kuberay/ray-operator",),
         binaries=("kuberay-operator",),
+        data=(("config/crd/bases/*.yaml", "crds"),),
     ),
     Component(
         name="helm",

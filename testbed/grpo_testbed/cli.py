@@ -1,0 +1,94 @@
+"""`grpo-testbed`: build, start, and use the local Kubernetes testbed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from . import build
+from .launcher import running_testbed
+from .versions import COMPONENTS, bin_dir
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr)
+
+
+def _sigterm_as_interrupt() -> None:
+    # So `kill <pid>` tears the testbed down through the same path as Ctrl-C.
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True)
+def cli(verbose: bool) -> None:
+    """A real Kubernetes control plane on 127.0.0.1 with fake GPU nodes and KubeRay."""
+    _logging(verbose)
+
+
+@cli.command("build")
+@click.argument("components", nargs=-1)
+def build_cmd(components: tuple[str, ...]) -> None:
+    """Build (or reuse) the pinned binaries: kubernetes, etcd, kwok, kuberay, helm."""
+    t0 = time.monotonic()
+    try:
+        build.build_all(list(components) or None)
+    except build.BuildError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"testbed build: {time.monotonic() - t0:.1f} s")
+
+
+@cli.command("versions")
+def versions_cmd() -> None:
+    """Print each pinned component, its version and where its binaries live."""
+    for c in COMPONENTS:
+        state = "built" if build.is_built(c) else "not built"
+        click.echo(f"{c.name:12} {c.version:10} {state:10} {bin_dir(c)}")
+
+
+@cli.command("up")
+@click.option("--dir", "workdir", type=click.Path(path_type=Path), default=None,
+              help="Keep state here instead of a temp dir.")
+@click.option("--no-kuberay", is_flag=True, help="Skip the KubeRay operator.")
+def up_cmd(workdir: Path | None, no_kuberay: bool) -> None:
+    """Start the testbed and keep it running until Ctrl-C or SIGTERM."""
+    _sigterm_as_interrupt()
+    try:
+        with running_testbed(workdir, with_kuberay=not no_kuberay) as tb:
+            click.echo(f"export KUBECONFIG={tb.kubeconfig}")
+            click.echo(f"export PATH={os.pathsep.join(str(bin_dir(c)) for c in COMPONENTS)}"
+                       f"{os.pathsep}$PATH")
+            click.echo("testbed running; Ctrl-C stops it", err=True)
+            while all(p.alive() for p in tb.procs):
+                time.sleep(1)
+            dead = [p for p in tb.procs if not p.alive()]
+            raise click.ClickException(
+                f"{dead[0].name} exited; last lines:\n{dead[0].log_tail()}")
+    except KeyboardInterrupt:
+        click.echo("testbed stopped", err=True)
+
+
+@cli.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("--no-kuberay", is_flag=True, help="Skip the KubeRay operator.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_cmd(no_kuberay: bool, command: tuple[str, ...]) -> None:
+    """Start the testbed, run COMMAND with KUBECONFIG and PATH set, then stop it."""
+    _sigterm_as_interrupt()
+    with running_testbed(with_kuberay=not no_kuberay) as tb:
+        rc = subprocess.run(list(command), env=tb.env(), check=False).returncode
+    sys.exit(rc)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,302 @@
+"""Start and stop a real Kubernetes control plane on 127.0.0.1.
+
+etcd, kube-apiserver (RBAC, generated certificates and service-account keys),
+kube-controller-manager, kube-scheduler, kwok (fake GPU nodes) and the KubeRay
+operator, each on a free port, in one temp dir, with an admin kubeconfig.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import build
+from .nodes import FAKE_NODES, node_manifest
+from .pki import SERVICE_CLUSTER_IP_RANGE, Pki, make_pki
+from .processes import Managed, spawn, wait_until
+from .versions import COMPONENTS, bin_dir, binary, component
+
+log = logging.getLogger("grpo_testbed")
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, *, cert: Path | None = None,
+                     key: Path | None = None, token: str | None = None,
+                     user: str = "admin") -> Path:
+    user_entry: dict[str, str] = {}
+    if cert and key:
+        user_entry = {"client-certificate": str(cert), "client-key": str(key)}
+    if token:
+        user_entry = {"token": token}
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "testbed",
+                      "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": user_entry}],
+        "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": user}}],
+        "current-context": "testbed",
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class Testbed:
+    """A running control plane. Use :func:`running_testbed` or ``start()``/``stop()``."""
+
+    workdir: Path
+    with_kuberay: bool = True
+    procs: list[Managed] = field(default_factory=list)
+    api_port: int = 0
+    pki: Pki | None = None
+    _owns_workdir: bool = False
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    def env(self) -> dict[str, str]:
+        """Environment for tools: KUBECONFIG and the testbed binaries first on PATH."""
+        path = os.pathsep.join(str(bin_dir(c)) for c in COMPONENTS)
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig),
+                "PATH": path + os.pathsep + os.environ.get("PATH", "")}
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        argv = [str(binary("kubectl")), "--kubeconfig", str(self.kubeconfig), *args]
+        proc = subprocess.run(argv, input=input, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, argv, proc.stdout, proc.stderr)
+        return proc
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]] | str,
+              server_side: bool = False) -> None:
+        docs = manifest if isinstance(manifest, str) else yaml.safe_dump_all(
+            manifest if isinstance(manifest, list) else [manifest])
+        args = ["apply", "-f", "-"] + (["--server-side", "--force-conflicts"] if server_side
+                                       else [])
+        self.kubectl(*args, input=docs)
+
+    def namespace(self, prefix: str = "t") -> str:
+        """Create a fresh namespace (and wait for its default ServiceAccount)."""
+        name = f"{prefix}-{os.urandom(3).hex()}"
+        self.kubectl("create", "namespace", name)
+        wait_until(f"ServiceAccount default in {name}",
+                   lambda: self.kubectl("get", "sa", "default", "-n", name, check=False)
+                   .returncode == 0, 30)
+        return name
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    def start(self) -> Testbed:
+        t0 = time.monotonic()
+        missing = [c.name for c in COMPONENTS if not build.is_built(c)]
+        if missing:
+            log.info("building testbed components %s (cold build: tens of minutes)", missing)
+            build.build_all()
+        try:
+            self._start_control_plane()
+            self._start_kwok()
+            if self.with_kuberay:
+                self._start_kuberay()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("testbed up in %.1f s: %s (kubeconfig %s)", time.monotonic() - t0,
+                 self.server, self.kubeconfig)
+        return self
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+        self.procs.clear()
+        if self._owns_workdir and not os.environ.get("GRPO_TESTBED_KEEP"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Testbed:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Managed:
+        p = spawn(name, argv, self.log_dir, env)
+        self.procs.append(p)
+        return p
+
+    def _start_control_plane(self) -> None:
+        etcd_port, peer_port, self.api_port, kcm_port, sched_port = free_ports(5)
+        self.pki = pki = make_pki(self.workdir / "pki")
+        write_kubeconfig(self.kubeconfig, self.server, pki.ca_cert,
+                         cert=pki.admin_cert, key=pki.admin_key)
+        etcd = self._spawn("etcd", [
+            str(binary("etcd")), "--name", "testbed",
+            "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster", f"testbed=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",  # a throwaway store; fsync only slows tests down
+            "--log-level", "warn",
+        ])
+        wait_until("etcd health", lambda: json.loads(urllib.request.urlopen(
+            f"http://127.0.0.1:{etcd_port}/health", timeout=2).read())["health"] == "true",
+                   30, [etcd])
+        api = self._spawn("kube-apiserver", [
+            str(binary("kube-apiserver")),
+            "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(self.api_port),
+            "--tls-cert-file", str(pki.apiserver_cert),
+            "--tls-private-key-file", str(pki.apiserver_key),
+            "--client-ca-file", str(pki.ca_cert),
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file", str(pki.sa_pub),
+            "--service-account-signing-key-file", str(pki.sa_key),
+            "--service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE,
+            "--authorization-mode", "RBAC",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--cert-dir", str(self.workdir / "apiserver-certs"),
+        ])
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+        wait_until("kube-apiserver /readyz", lambda: urllib.request.urlopen(
+            f"{self.server}/readyz", context=ctx, timeout=5).read() == b"ok", 90, [etcd, api])
+        common = ["--kubeconfig", str(self.kubeconfig),
+                  "--authentication-kubeconfig", str(self.kubeconfig),
+                  "--authorization-kubeconfig", str(self.kubeconfig),
+                  "--leader-elect=false", "--bind-address", "127.0.0.1"]
+        self._spawn("kube-controller-manager", [
+            str(binary("kube-controller-manager")), *common,
+            "--secure-port", str(kcm_port),
+            "--cert-dir", str(self.workdir / "kcm-certs"),
+            "--service-account-private-key-file", str(pki.sa_key),
+            "--root-ca-file", str(pki.ca_cert),
+            "--cluster-signing-cert-file", str(pki.ca_cert),
+            "--cluster-signing-key-file", str(pki.ca_key),
+            "--service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE,
+            "--concurrent-gc-syncs", "10",
+        ])
+        self._spawn("kube-scheduler", [
+            str(binary("kube-scheduler")), *common,
+            "--secure-port", str(sched_port),
+            "--cert-dir", str(self.workdir / "scheduler-certs"),
+        ])
+        wait_until("the default ServiceAccount (controller-manager up)",
+                   lambda: self.kubectl("get", "sa", "default", check=False).returncode == 0,
+                   60, self.procs)
+
+    def _kwok_config(self) -> Path:
+        stages = sorted((bin_dir(component("kwok")) / "stages").glob("*.yaml"))
+        docs: list[dict[str, Any]] = [{
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokConfiguration",
+            "options": {"manageNodesWithAnnotationSelector": "kwok.x-k8s.io/node=fake",
+                        "nodeLeaseDurationSeconds": 40},
+        }]
+        other: list[dict[str, Any]] = []
+        for f in stages:
+            for doc in yaml.safe_load_all(f.read_text()):
+                (docs if doc and doc.get("kind") == "Stage" else other).append(doc)
+        chaos = resources.files("grpo_testbed").joinpath("config/kwok-chaos.yaml").read_text()
+        docs += [d for d in yaml.safe_load_all(chaos) if d]
+        path = self.workdir / "kwok.yaml"
+        path.write_text(yaml.safe_dump_all(docs))
+        if other:  # e.g. the StorageClass that the volume stages provision for
+            self.apply(other)
+        return path
+
+    def _start_kwok(self) -> None:
+        (server_port,) = free_ports(1)
+        kwok = self._spawn("kwok", [
+            str(binary("kwok")), "--kubeconfig", str(self.kubeconfig),
+            "--config", str(self._kwok_config()),
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
+            "--cidr", "10.244.0.0/16", "--node-ip", "10.240.0.1",
+            "--server-address", f"127.0.0.1:{server_port}",
+        ])
+        self.apply([node_manifest(n) for n in FAKE_NODES])
+        names = {n.name for n in FAKE_NODES}
+
+        def nodes_ready() -> bool:
+            out = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)
+            ready = {
+                i["metadata"]["name"] for i in out["items"]
+                if any(c["type"] == "Ready" and c["status"] == "True"
+                       for c in i.get("status", {}).get("conditions", []))
+            }
+            return names <= ready
+
+        wait_until("fake nodes Ready", nodes_ready, 60, [kwok])
+
+    def _start_kuberay(self) -> None:
+        crds = sorted((bin_dir(component("kuberay")) / "crds").glob("*.yaml"))
+        # KubeRay's CRDs exceed the client-side apply annotation limit.
+        self.kubectl("apply", "--server-side", "--force-conflicts",
+                     *(a for f in crds for a in ("-f", str(f))))
+        self.kubectl("wait", "--for", "condition=established", "--timeout=60s",
+                     "crd/rayclusters.ray.io", "crd/rayjobs.ray.io", "crd/rayservices.ray.io")
+        metrics_port, probe_port = free_ports(2)
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        kuberay = self._spawn("kuberay-operator", [
+            str(binary("kuberay-operator")),
+            "--enable-leader-election=false",
+            "--metrics-addr", f"127.0.0.1:{metrics_port}",
+            "--health-probe-bind-address", f"127.0.0.1:{probe_port}",
+            "--log-stdout-encoder", "console",
+        ], env=env)
+        wait_until("KubeRay operator /readyz", lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{probe_port}/readyz", timeout=2).status == 200, 60, [kuberay])
+
+
+@contextmanager
+def running_testbed(workdir: Path | None = None, with_kuberay: bool = True) -> Iterator[Testbed]:
+    """A started testbed that is stopped (and its temp dir removed) on exit."""
+    owns = workdir is None
+    wd = Path(tempfile.mkdtemp(prefix="grpo-testbed-")) if workdir is None else workdir
+    wd.mkdir(parents=True, exist_ok=True)
+    tb = Testbed(workdir=wd, with_kuberay=with_kuberay, _owns_workdir=owns)
+    with tb:
+        yield tb
