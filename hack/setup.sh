@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install everything the project needs on a fresh machine, idempotently:
+#   .venv with the pinned Python dependencies (requirements/dev.lock) and this package,
+#   and the testbed's Go binaries (built once into ~/.cache/grpo-operator/bin/).
+# Usage: hack/setup.sh [--no-testbed]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+"$PY" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null \
+  || die "Python >= 3.11 is required (found: $("$PY" --version 2>&1)); install python3.11"
+
+UV_VERSION=0.13.8
+if [ ! -x .venv/bin/uv ]; then
+  step "creating .venv with $("$PY" --version) and uv $UV_VERSION"
+  "$PY" -m venv .venv
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
+fi
+step "installing pinned Python dependencies (requirements/dev.lock)"
+t0=$SECONDS
+.venv/bin/uv pip install --quiet -p .venv -r requirements/dev.lock
+.venv/bin/uv pip install --quiet -p .venv --no-deps -e .
+echo "    python dependencies ready in $((SECONDS - t0)) s"
+
+if [ "${1:-}" != "--no-testbed" ]; then
+  command -v go >/dev/null || die "Go >= 1.26 is required to build the testbed (go: not found)"
+  step "building or reusing the testbed binaries (cold build: ~20 min on 2 cores)"
+  .venv/bin/grpo-testbed build
+fi

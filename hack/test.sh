@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: install, lint, type-check, then every tier
+# that runs without a GPU (unit, trainer, cluster, e2e). Extra args go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t_start=$SECONDS
+hack/setup.sh
+printf '\n==> ruff\n'; .venv/bin/ruff check .
+printf '\n==> mypy\n'; .venv/bin/mypy
+printf '\n==> pytest (all tiers except gpu)\n'
+# No `|| true`: pytest's exit 5 (no tests collected) fails the run as it should.
+.venv/bin/pytest -m "not gpu" "$@"
+echo "test suite finished in $((SECONDS - t_start)) s"
