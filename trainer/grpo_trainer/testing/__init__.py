@@ -1,0 +1,1 @@
+"""Helpers for tests and local demos: tiny real models built without network access."""
