@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import click
 
 from . import __version__
@@ -11,6 +14,57 @@ from . import __version__
 @click.version_option(__version__, prog_name="grpo")
 def cli() -> None:
     """GRPO Operator: plan GRPOJobs and generate the GRPOJob CRD."""
+
+
+@cli.command()
+@click.option(
+    "--write",
+    is_flag=True,
+    help="Write crds/grpojob.yaml and charts/grpo-operator/crds/grpojob.yaml instead.",
+)
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Repository root for --write.",
+)
+def crd(write: bool, root: Path) -> None:
+    """Print the GRPOJob CRD generated from the API models."""
+    from .crd import crd_yaml, write_crds
+
+    if write:
+        for path in write_crds(root):
+            click.echo(f"wrote {path}")
+    else:
+        click.echo(crd_yaml(), nl=False)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--output", "-o", type=click.Choice(["table", "json", "yaml"]), default="table",
+    show_default=True,
+)  # fmt: skip
+@click.option(
+    "--model-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory that absolute model paths are relative to (where config.json is read).",
+)
+def plan(file: Path, output: str, model_root: Path | None) -> None:
+    """Plan the memory settings and cluster for the GRPOJob in FILE."""
+    from rich.console import Console
+
+    from .api import SpecError
+    from .plan_cli import plan_file
+    from .planner import InfeasibleError
+
+    try:
+        plan_file(file, output, model_root, Console(soft_wrap=output != "table"))
+    except (SpecError, InfeasibleError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
 
 
 def main() -> None:

@@ -1,0 +1,49 @@
+"""The GRPOJob API: pydantic models (the CRD schema is generated from them)."""
+
+from __future__ import annotations
+
+from .base import ApiModel, quantity_bytes, quantity_gib
+from .manifest import GRPOJob, SpecError, load_manifest, parse_manifest, parse_spec
+from .spec import (
+    AlgorithmSpec,
+    CheckpointSpec,
+    DataSpec,
+    GpuName,
+    GRPOJobSpec,
+    MemorySpec,
+    ModelShape,
+    ModelSpec,
+    ResourcesSpec,
+    RestartPolicySpec,
+    RewardSpec,
+    TrainingSpec,
+)
+from .status import AttemptRecord, Condition, GRPOJobStatus, PlanStatus, ProgressStatus
+
+__all__ = [
+    "AlgorithmSpec",
+    "ApiModel",
+    "AttemptRecord",
+    "CheckpointSpec",
+    "Condition",
+    "DataSpec",
+    "GRPOJob",
+    "GRPOJobSpec",
+    "GRPOJobStatus",
+    "GpuName",
+    "MemorySpec",
+    "ModelShape",
+    "ModelSpec",
+    "PlanStatus",
+    "ProgressStatus",
+    "ResourcesSpec",
+    "RestartPolicySpec",
+    "RewardSpec",
+    "SpecError",
+    "TrainingSpec",
+    "load_manifest",
+    "parse_manifest",
+    "parse_spec",
+    "quantity_bytes",
+    "quantity_gib",
+]

@@ -1,0 +1,107 @@
+"""Parsing GRPOJob manifests with errors that name the field (camelCase path) and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from ..contract import API_GROUP, API_VERSION, KIND
+from .base import ApiModel
+from .spec import GRPOJobSpec
+from .status import GRPOJobStatus
+
+API_VERSION_FULL = f"{API_GROUP}/{API_VERSION}"
+# The Literal types below spell the contract's names out (typing needs literals).
+assert API_VERSION_FULL == "grpo.dev/v1alpha1" and KIND == "GRPOJob"
+
+
+class SpecError(ValueError):
+    """A manifest or spec is invalid; `problems` are "path: message" lines."""
+
+    def __init__(self, problems: list[str], source: str = "GRPOJob") -> None:
+        self.problems = problems
+        super().__init__(f"{source} is invalid:\n  " + "\n  ".join(problems))
+
+
+class GRPOJob(ApiModel):
+    """A whole GRPOJob object as stored by the API server."""
+
+    api_version: Literal["grpo.dev/v1alpha1"] = Field("grpo.dev/v1alpha1", alias="apiVersion")
+    kind: Literal["GRPOJob"] = "GRPOJob"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: GRPOJobSpec
+    status: GRPOJobStatus | None = None
+
+
+def _known_fields(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str] | None:
+    """Aliases accepted at `loc` (the parent of an unknown field), for the error hint."""
+    model: Any = root
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+        if part not in fields:
+            return None
+        annotation = fields[part].annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        nxt = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+        if nxt is None:
+            return None
+        model = nxt
+    return sorted((f.alias or n) for n, f in model.model_fields.items())
+
+
+def format_errors(
+    exc: ValidationError, root: type[BaseModel], prefix: tuple[str, ...] = ()
+) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        path = ".".join([*prefix, *(f"[{p}]" if isinstance(p, int) else str(p) for p in loc)])
+        path = path.replace(".[", "[") or "(root)"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            known = _known_fields(root, loc[:-1])
+            msg = "unknown field" + (f"; known fields: {', '.join(known)}" if known else "")
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        problems.append(f"{path}: {msg}")
+    return problems
+
+
+def parse_spec(spec: dict[str, Any]) -> GRPOJobSpec:
+    """Validate a spec dict (camelCase), raising SpecError with "spec.a.b: ..." lines."""
+    try:
+        return GRPOJobSpec.model_validate(spec, by_alias=True, by_name=False)
+    except ValidationError as exc:
+        raise SpecError(format_errors(exc, GRPOJobSpec, ("spec",))) from None
+
+
+def parse_manifest(doc: Any, source: str = "GRPOJob") -> GRPOJob:
+    """Validate a whole object; `status` is accepted but optional."""
+    if not isinstance(doc, dict):
+        raise SpecError(
+            ["(root): expected a mapping with apiVersion, kind, metadata, spec"], source
+        )
+    try:
+        return GRPOJob.model_validate(doc, by_alias=True, by_name=False)
+    except ValidationError as exc:
+        raise SpecError(format_errors(exc, GRPOJob), source) from None
+
+
+def load_manifest(path: str | Path) -> GRPOJob:
+    """Read one GRPOJob from a YAML file (the first document of kind GRPOJob)."""
+    text = Path(path).read_text()
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise SpecError([f"(root): not valid YAML: {exc}"], str(path)) from None
+    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    if not jobs:
+        raise SpecError([f"(root): no document of kind {KIND} in the file"], str(path))
+    return parse_manifest(jobs[0], str(path))

@@ -1,0 +1,361 @@
+"""GRPOJob.spec: what a researcher writes. The CRD schema is generated from these models.
+
+Memory knobs use "unset = auto": a Kubernetes structural schema cannot type a field as
+"boolean or the string auto", and quoting `"true"` in YAML is a trap, so each knob takes
+its natural type (boolean / number / integer) and leaving it out lets the planner decide.
+The resolved value and the reason for it appear in `status.plan`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import ConfigDict, Field, JsonValue, model_validator
+from pydantic.config import JsonDict
+
+from .base import QUANTITY_PATTERN, ApiModel
+
+GpuName = Literal["H100-80GB", "H200-141GB", "A100-40GB", "A100-80GB", "L40S-48GB", "cpu"]
+RewardType = Literal["math", "r1v", "function"]
+
+_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-1123 label (PVC, StorageClass)
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    """A CEL x-kubernetes-validations rule; fieldPath makes the error name the field."""
+    out: JsonDict = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+class ModelShape(ApiModel):
+    """Model size and shape; normally read from config.json or the known-family table."""
+
+    parameters: int = Field(ge=1, description="Total parameters (language model + vision tower).")
+    vision_parameters: int = Field(0, ge=0, description="Parameters of the vision tower alone.")
+    layers: int = Field(ge=1, description="Decoder layers of the language model.")
+    hidden_size: int = Field(ge=1, description="Hidden size of the language model.")
+    intermediate_size: int = Field(ge=1, description="MLP intermediate size of the language model.")
+    attention_heads: int = Field(ge=1, description="Query attention heads.")
+    kv_heads: int = Field(ge=1, description="Key/value heads (grouped-query attention).")
+    vocab_size: int = Field(ge=1, description="Vocabulary size.")
+
+
+class ModelSpec(ApiModel):
+    """The policy model: a hub id prefetched by an init container, or a path on a volume."""
+
+    path: str = Field(
+        min_length=1,
+        description=(
+            "Hub id (e.g. Qwen/Qwen2.5-VL-7B-Instruct) or an absolute path to a "
+            "directory holding config.json and safetensors (on claimName if set)."
+        ),
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    claim_name: str | None = Field(
+        None,
+        pattern=_NAME_PATTERN,
+        description="Existing PersistentVolumeClaim that holds the model; mounted at /models.",
+    )
+    shape: ModelShape | None = Field(
+        None,
+        description=(
+            "Size and shape for the memory planner. Unset: read from config.json, "
+            "else from the table of known families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)."
+        ),
+    )
+
+
+class DataSpec(ApiModel):
+    """Training data in the EasyR1 column layout (images / problem / answer)."""
+
+    train: str = Field(
+        min_length=1, description="Train split: a parquet/jsonl path or hub dataset id@split."
+    )
+    val: str | None = Field(None, description="Validation split, same forms as train.")
+    image_key: str = Field("images", min_length=1, description="Column holding the images.")
+    prompt_key: str = Field("problem", min_length=1, description="Column holding the prompt.")
+    answer_key: str = Field("answer", min_length=1, description="Column holding the answer.")
+    max_prompt_length: int = Field(
+        2048, ge=16, le=131072, description="Max prompt tokens, image tokens included."
+    )
+    max_response_length: int = Field(
+        2048, ge=16, le=131072, description="Max generated tokens per response."
+    )
+    max_pixels: int = Field(
+        1003520, ge=3136, description="Images are resized to at most this many pixels."
+    )
+    workers: int = Field(8, ge=0, le=64, description="Data-loader worker processes.")
+
+
+class RewardSpec(ApiModel):
+    """How responses are scored."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.type != 'function' || has(self.function)",
+                    "reward.function (module:callable) is required when reward.type is function",
+                    ".function",
+                )
+            ]
+        }
+    )
+
+    type: RewardType = Field(
+        "math",
+        description="math: boxed answer + <think> format; r1v: <answer> tags; function: yours.",
+    )
+    function: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="Import path module:callable for type function.",
+    )
+    format_weight: float = Field(
+        0.1, ge=0, le=1, description="Weight of the format score in the reward."
+    )
+
+    @model_validator(mode="after")
+    def _function_needs_path(self) -> Self:
+        if self.type == "function" and not self.function:
+            raise ValueError("function: required when type is function (module:callable)")
+        return self
+
+
+class AlgorithmSpec(ApiModel):
+    """GRPO: group-normalised advantages, clipped token-level policy loss, KL loss term."""
+
+    rollout_n: int = Field(5, ge=1, le=64, description="Generations per prompt (group size).")
+    kl_coef: float = Field(
+        0.01, ge=0, description="KL loss coefficient; 0 drops the reference model."
+    )
+    clip_ratio_low: float = Field(0.2, gt=0, lt=1, description="Lower clip of the ratio.")
+    clip_ratio_high: float = Field(0.28, gt=0, lt=10, description="Upper clip of the ratio.")
+    temperature: float = Field(1.0, gt=0, le=2, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling top-p.")
+
+
+class TrainingSpec(ApiModel):
+    """Optimisation schedule and batch geometry."""
+
+    rollout_batch_size: int = Field(512, ge=1, description="Prompts sampled per step.")
+    global_batch_size: int = Field(
+        128,
+        ge=1,
+        description=(
+            "Responses per optimizer update; must divide rolloutBatchSize x "
+            "algorithm.rolloutN (the step's responses split into whole updates)."
+        ),
+    )
+    epochs: int = Field(1, ge=1, le=1000, description="Passes over the train split.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many steps.")
+    learning_rate: float = Field(1e-6, gt=0, lt=1, description="AdamW learning rate.")
+    weight_decay: float = Field(0.01, ge=0, lt=1, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    seed: int = Field(1, ge=0, description="Seed for data order, sampling and init.")
+    val_interval_steps: int = Field(
+        0, ge=0, description="Validate every N steps; 0 disables validation."
+    )
+
+
+class ResourcesSpec(ApiModel):
+    """Where the job runs. Unset counts are derived by the planner from the model size."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.gpu == 'cpu' || !has(self.nodes) || self.nodes >= 1",
+                    "resources.nodes must be at least 1 for a GPU type (0 only for cpu)",
+                    ".nodes",
+                )
+            ]
+        }
+    )
+
+    gpu: GpuName = Field(
+        description="GPU type from the catalog, or cpu for a tiny CPU-only job (gloo)."
+    )
+    nodes: int | None = Field(
+        None,
+        ge=0,
+        le=512,
+        description=(
+            "Worker pods, one per node. Unset: the fewest that fit. 0 (cpu only): the "
+            "head pod runs the ranks itself."
+        ),
+    )
+    gpus_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description="GPUs per worker (CPU ranks for cpu). Unset: the catalog's node shape.",
+    )
+    host_memory: str | None = Field(
+        None,
+        pattern=QUANTITY_PATTERN,
+        description="Host RAM per node (e.g. 760Gi) when nodes differ from the catalog's.",
+    )
+    cpus_per_node: int | None = Field(
+        None, ge=1, le=1024, description="Allocatable CPUs per node, if not the catalog's."
+    )
+
+    @model_validator(mode="after")
+    def _nodes_for_gpu(self) -> Self:
+        if self.gpu != "cpu" and self.nodes == 0:
+            raise ValueError("nodes: must be at least 1 for a GPU type (0 only for cpu)")
+        return self
+
+
+class MemorySpec(ApiModel):
+    """Memory knobs. Each one left unset is chosen by the planner (auto); see status.plan."""
+
+    rank0_init: bool | None = Field(
+        None,
+        description=(
+            "Auto when unset. true: only rank 0 reads the checkpoint, others build on "
+            "the meta device and receive shards (bounded host RAM at load)."
+        ),
+    )
+    offload_params: bool | None = Field(
+        None,
+        description="Auto when unset. true: FSDP parameters live in host RAM between uses.",
+    )
+    offload_optimizer: bool | None = Field(
+        None, description="Auto when unset. true: Adam state lives in host RAM."
+    )
+    gradient_checkpointing: bool | None = Field(
+        None, description="Auto when unset. true: recompute activations in backward."
+    )
+    rollout_gpu_memory_utilization: float | None = Field(
+        None,
+        ge=0.1,
+        le=0.95,
+        description="Auto when unset. Fraction of GPU memory vLLM may take while rolling out.",
+    )
+    micro_batch_size: int | None = Field(
+        None, ge=1, le=1024, description="Auto when unset. Per-GPU micro-batch for the update."
+    )
+    ray_object_store_memory: str | None = Field(
+        None,
+        pattern=QUANTITY_PATTERN,
+        description="Auto when unset. Ray object store per node (Ray's own default: 30% of RAM).",
+    )
+
+
+class CheckpointSpec(ApiModel):
+    """Where checkpoints go: an existing claim, or a new PVC of a size."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.claimName) != has(self.size)",
+                    "set exactly one of checkpoint.claimName (existing PVC) or "
+                    "checkpoint.size (new PVC)",
+                ),
+                _cel(
+                    "!has(self.storageClass) || has(self.size)",
+                    "checkpoint.storageClass applies only to a new PVC (set size, not claimName)",
+                    ".storageClass",
+                ),
+            ]
+        }
+    )
+
+    claim_name: str | None = Field(
+        None, pattern=_NAME_PATTERN, description="Existing PVC (ReadWriteMany for multi-node)."
+    )
+    size: str | None = Field(
+        None, pattern=QUANTITY_PATTERN, description="Size of a new PVC the operator creates."
+    )
+    storage_class: str | None = Field(
+        None, pattern=_NAME_PATTERN, description="StorageClass of the new PVC."
+    )
+    interval_steps: int = Field(5, ge=1, description="Save every N steps.")
+    keep: int = Field(2, ge=1, le=100, description="Complete checkpoints kept (newest N).")
+
+    @model_validator(mode="after")
+    def _claim_xor_size(self) -> Self:
+        if (self.claim_name is None) == (self.size is None):
+            raise ValueError("set exactly one of claimName (an existing PVC) or size (a new PVC)")
+        if self.storage_class is not None and self.size is None:
+            raise ValueError("storageClass: applies only to a new PVC (set size)")
+        return self
+
+
+class BackoffSpec(ApiModel):
+    """Exponential restart backoff: initialSeconds x 2^restarts, capped."""
+
+    initial_seconds: int = Field(30, ge=0, le=86400, description="Delay before restart 1.")
+    max_seconds: int = Field(600, ge=0, le=86400, description="Cap on the delay.")
+
+
+class RestartPolicySpec(ApiModel):
+    """What happens after a failure."""
+
+    max_restarts: int = Field(3, ge=0, le=100, description="Restarts before the job Fails.")
+    backoff: BackoffSpec = Field(
+        default_factory=lambda: BackoffSpec.model_validate({}),
+        description="Delay between restarts.",
+    )
+    remediate: bool = Field(
+        True, description="After an OOM, restart with the next safer memory setting."
+    )
+
+
+_SPEC_RULES: list[JsonValue] = [
+    _cel(
+        "(self.training.rolloutBatchSize * self.algorithm.rolloutN) "
+        "% self.training.globalBatchSize == 0",
+        "training.globalBatchSize must divide training.rolloutBatchSize x algorithm.rolloutN",
+        ".training.globalBatchSize",
+    ),
+]
+
+
+class GRPOJobSpec(ApiModel):
+    """A GRPO fine-tuning job for a vision-language model on a Ray cluster."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _SPEC_RULES})
+
+    model: ModelSpec = Field(description="The policy model.")
+    data: DataSpec = Field(description="Training and validation data.")
+    reward: RewardSpec = Field(
+        default_factory=lambda: RewardSpec.model_validate({}), description="Reward function."
+    )
+    algorithm: AlgorithmSpec = Field(
+        default_factory=lambda: AlgorithmSpec.model_validate({}),
+        description="GRPO hyper-parameters.",
+    )
+    training: TrainingSpec = Field(
+        default_factory=lambda: TrainingSpec.model_validate({}),
+        description="Schedule and batch geometry.",
+    )
+    resources: ResourcesSpec = Field(description="GPU type and cluster size.")
+    memory: MemorySpec = Field(
+        default_factory=lambda: MemorySpec.model_validate({}),
+        description="Memory knobs; unset = chosen by the planner.",
+    )
+    checkpoint: CheckpointSpec = Field(description="Checkpoint volume and retention.")
+    restart_policy: RestartPolicySpec = Field(
+        default_factory=lambda: RestartPolicySpec.model_validate({}),
+        description="Restarts and OOM remediation.",
+    )
+    image: str | None = Field(
+        None, min_length=1, description="Trainer image; unset: the operator's default."
+    )
+    suspend: bool = Field(False, description="true stops the Ray cluster, keeping checkpoints.")
+
+    @model_validator(mode="after")
+    def _batch_geometry(self) -> Self:
+        responses = self.training.rollout_batch_size * self.algorithm.rollout_n
+        if responses % self.training.global_batch_size:
+            raise ValueError(
+                f"training.globalBatchSize: {self.training.global_batch_size} must divide "
+                f"rolloutBatchSize x rolloutN = {self.training.rollout_batch_size} x "
+                f"{self.algorithm.rollout_n} = {responses}"
+            )
+        return self

@@ -1,0 +1,139 @@
+"""GRPOJob.status: written by the operator (and `progress` by the trainer driver)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .base import ApiModel
+
+ConditionType = Literal["Ready", "Progressing", "Degraded", "Suspended", "Succeeded", "Failed"]
+Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+AttemptOutcome = Literal[
+    "Running",
+    "Succeeded",
+    "HostOOM",
+    "CudaOOM",
+    "RayOOM",
+    "NodeLost",
+    "Evicted",
+    "Preempted",
+    "ConfigError",
+    "Error",
+]
+# metav1.Condition.reason: CamelCase, machine-readable.
+_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition (metav1.Condition)."""
+
+    type: ConditionType = Field(description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        min_length=1, max_length=1024, pattern=_REASON_PATTERN, description="CamelCase cause."
+    )
+    message: str = Field("", max_length=32768, description="Human-readable detail.")
+    last_transition_time: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When status last changed (RFC 3339).",
+    )
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation this condition was computed for."
+    )
+
+
+class PlanStatus(ApiModel):
+    """The resolved plan for the current attempt; `details` holds every reason."""
+
+    gpu: str = Field(description="GPU type.")
+    nodes: int = Field(ge=0, description="Worker pods.")
+    gpus_per_node: int = Field(ge=0, description="GPUs (or CPU ranks) per worker.")
+    total_gpus: int = Field(ge=0, description="World size (GPUs, or CPU ranks for cpu).")
+    rank0_init: bool = Field(description="Resolved memory.rank0Init.")
+    offload_params: bool = Field(description="Resolved memory.offloadParams.")
+    offload_optimizer: bool = Field(description="Resolved memory.offloadOptimizer.")
+    gradient_checkpointing: bool = Field(description="Resolved memory.gradientCheckpointing.")
+    micro_batch_size: int = Field(ge=1, description="Resolved memory.microBatchSize.")
+    rollout_gpu_memory_utilization: float = Field(
+        ge=0, le=1, description="Resolved memory.rolloutGpuMemoryUtilization."
+    )
+    rollout_n: int = Field(ge=1, description="Generations per prompt in effect.")
+    peak_gpu_gib: float = Field(ge=0, description="Predicted peak GPU memory per GPU, GiB.")
+    peak_host_gib: float = Field(ge=0, description="Predicted peak host memory per node, GiB.")
+    details: dict[str, Any] = Field(
+        default_factory=dict,
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="Free-form planner output: per-phase budgets and one reason per choice.",
+    )
+
+
+class ProgressStatus(ApiModel):
+    """Training progress, patched by the trainer driver at most every 10 s."""
+
+    step: int = Field(0, ge=0, description="Last finished step.")
+    total_steps: int | None = Field(None, ge=0, description="Steps the job will run.")
+    reward_mean: float | None = Field(None, description="Mean reward of the last step.")
+    last_checkpoint_step: int | None = Field(
+        None, ge=0, description="Step of the newest complete checkpoint."
+    )
+    updated_at: str | None = Field(
+        None, json_schema_extra={"format": "date-time"}, description="Time of this update."
+    )
+
+
+class AttemptRecord(ApiModel):
+    """One run of the Ray cluster, from start to its outcome."""
+
+    index: int = Field(ge=0, description="Attempt number, 0 first.")
+    start_time: str | None = Field(
+        None, json_schema_extra={"format": "date-time"}, description="When it started."
+    )
+    end_time: str | None = Field(
+        None, json_schema_extra={"format": "date-time"}, description="When it ended."
+    )
+    outcome: AttemptOutcome = Field("Running", description="Failure class or Succeeded.")
+    reason: str | None = Field(None, max_length=4096, description="What happened, in words.")
+    step: int | None = Field(None, ge=0, description="Step reached.")
+    resumed_from_step: int | None = Field(
+        None, ge=0, description="Checkpoint step this attempt resumed from."
+    )
+    last_checkpoint_step: int | None = Field(
+        None, ge=0, description="Newest complete checkpoint when it ended."
+    )
+    remediation: str | None = Field(
+        None, max_length=1024, description="Safer setting applied for the next attempt."
+    )
+
+
+class RayClusterStatus(ApiModel):
+    """The KubeRay RayCluster running the current attempt."""
+
+    name: str = Field(description="RayCluster name.")
+    state: str | None = Field(None, description="RayCluster .status.state as KubeRay reports it.")
+
+
+class GRPOJobStatus(ApiModel):
+    """Observed state, following the Kubernetes API conventions."""
+
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation the status reflects."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+        description="Ready, Progressing, Degraded, Suspended, Succeeded, Failed.",
+    )
+    phase: Phase | None = Field(None, description="One-word summary for humans.")
+    plan: PlanStatus | None = Field(None, description="Resolved plan of the current attempt.")
+    progress: ProgressStatus | None = Field(None, description="Training progress.")
+    attempt: int | None = Field(None, ge=0, description="Index of the current attempt.")
+    restarts: int = Field(0, ge=0, description="Restarts so far.")
+    attempts: list[AttemptRecord] = Field(
+        default_factory=list, description="Every attempt, oldest first."
+    )
+    ray_cluster: RayClusterStatus | None = Field(None, description="Current RayCluster.")

@@ -1,0 +1,27 @@
+"""The logic behind `grpo plan` (the click command in cli.py stays thin)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+from .api import load_manifest
+from .planner import plan_memory, plan_to_dict, read_model_config
+from .planner.report import plan_tables
+
+
+def plan_file(path: Path, output: str, model_root: Path | None, console: Console) -> None:
+    """Plan the GRPOJob in `path` and print it; raises SpecError / InfeasibleError."""
+    job = load_manifest(path)
+    config = read_model_config(job.spec.model.path, model_root)
+    plan = plan_memory(job.spec, model_config=config)
+    if output == "json":  # machine output: plain text, no rich markup or wrapping
+        print(json.dumps(plan_to_dict(plan), indent=2))
+    elif output == "yaml":
+        print(yaml.safe_dump(plan_to_dict(plan), sort_keys=False), end="")
+    else:
+        name = job.metadata.get("name", path.name)
+        console.print(plan_tables(plan, f"Plan for GRPOJob {name} ({path})"))

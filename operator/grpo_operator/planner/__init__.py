@@ -1,0 +1,30 @@
+"""The memory planner: pure functions from (spec, GPU catalog[, config.json]) to a Plan."""
+
+from __future__ import annotations
+
+from .config_file import read_model_config
+from .core import plan_memory
+from .ladder import LADDERS, next_safer_plan, remediation_ladder
+from .model_shape import KNOWN_MODELS, Shape, shape_from_config
+from .report import plan_status, plan_to_dict
+from .types import Budget, Decision, Geometry, InfeasibleError, Plan, PodResources, Settings
+
+__all__ = [
+    "KNOWN_MODELS",
+    "LADDERS",
+    "Budget",
+    "Decision",
+    "Geometry",
+    "InfeasibleError",
+    "Plan",
+    "PodResources",
+    "Settings",
+    "Shape",
+    "next_safer_plan",
+    "plan_memory",
+    "plan_status",
+    "plan_to_dict",
+    "read_model_config",
+    "remediation_ladder",
+    "shape_from_config",
+]

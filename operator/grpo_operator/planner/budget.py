@@ -1,0 +1,192 @@
+"""The memory model: bytes per phase for one (geometry, settings). docs/memory-model.md
+derives every formula and names the source of each constant."""
+
+from __future__ import annotations
+
+from .types import Budget, Geometry, Settings
+
+GIB = 2**30
+# Mixed-precision FSDP with AdamW: fp32 master params (4 B) + fp32 grads (4 B) + Adam m and
+# v (2 x 4 B) per parameter, sharded over the world; bf16 (2 B) for compute copies.
+MASTER_B, GRAD_B, ADAM_B, BF16_B = 4, 4, 8, 2
+CUDA_CONTEXT_GIB = 1.5  # CUDA context + NCCL buffers + cuBLAS workspace per GPU process
+GPU_USABLE = 0.95  # leave 5% for fragmentation even with expandable_segments
+VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its utilisation
+LOGIT_B = 8  # bf16 logits + fp32 log-softmax, per response token per vocab entry
+RANK_PROCESS_GIB = 3.0  # RSS of one Python rank: torch, CUDA libs, tokenizer, Ray worker
+RANK_PROCESS_CPU_GIB = 1.5  # the same without the CUDA libraries (cpu jobs)
+DRIVER_GIB = 6.0  # head: Ray GCS/dashboard + the single-controller driver
+DRIVER_CPU_GIB = 3.0  # the same for a tiny cpu job (small batches, no vLLM)
+DATA_WORKER_GIB = 1.5  # one data-loader worker decoding and resizing images
+SYSTEM_RESERVED_FRACTION = 0.05  # kubelet/system reserve: allocatable ~ 95% of RAM
+HOST_HEADROOM = 0.90  # plan within 90% of the pod limit: Ray kills at 95% by default
+RAY_MEMORY_USAGE_THRESHOLD = 0.95  # Ray's default; we keep it and stay below it
+
+
+def activation_bytes_per_token(geo: Geometry, checkpointing: bool) -> float:
+    """LM activations kept for backward, per token, all layers (bf16, flash attention).
+
+    One SwiGLU decoder layer stores ~(20 h + 6 I) bytes per token (Korthikanti et al. 2022
+    adapted: no s^2 attention term with flash attention, no dropout masks). With
+    checkpointing only each layer's input (2 h bytes) is kept, plus one layer recomputed.
+    """
+    s = geo.shape
+    per_layer = 20 * s.hidden_size + 6 * s.intermediate_size
+    if checkpointing:
+        return s.layers * 2 * s.hidden_size + per_layer
+    return s.layers * per_layer
+
+
+def vision_activation_bytes(geo: Geometry, checkpointing: bool) -> float:
+    """Vision tower activations for one sample's image at max_pixels."""
+    s = geo.shape
+    if s.vision_parameters == 0:
+        return 0.0
+    patches = geo.max_pixels / (s.patch_size**2)
+    per_layer = 20 * s.vision_hidden + 6 * s.vision_intermediate
+    kept = (
+        s.vision_layers * 2 * s.vision_hidden + per_layer
+        if checkpointing
+        else (s.vision_layers * per_layer)
+    )
+    return patches * kept
+
+
+def kv_bytes_per_token(geo: Geometry) -> float:
+    s = geo.shape
+    return 2 * s.layers * s.kv_heads * s.head_dim * BF16_B  # K and V, bf16
+
+
+def rollout_tensor_parallel(geo: Geometry, vllm_budget_gib: float) -> int:
+    """Smallest TP (power of two within a node, dividing KV heads) whose weight slice
+    leaves at least 40% of vLLM's budget for KV cache."""
+    weights = geo.shape.parameters * BF16_B / GIB
+    tp = 1
+    while tp < geo.gpus_per_node and (
+        weights / tp > 0.6 * vllm_budget_gib
+        or geo.shape.kv_heads % tp
+        or geo.shape.attention_heads % tp
+    ):
+        tp *= 2
+    return min(tp, max(1, geo.gpus_per_node))
+
+
+def driver_gib(geo: Geometry) -> float:
+    """The head pod's driver process and its data-loader workers."""
+    return (DRIVER_GIB if geo.is_gpu else DRIVER_CPU_GIB) + geo.data_workers * DATA_WORKER_GIB
+
+
+def host_capacity_gib(geo: Geometry, at_allocatable: bool) -> float:
+    allocatable = geo.host_memory_gib * (1 - SYSTEM_RESERVED_FRACTION)
+    return allocatable if at_allocatable else allocatable * HOST_HEADROOM
+
+
+def compute_budget(geo: Geometry, st: Settings) -> Budget:
+    s, w = geo.shape, geo.world_size
+    p = s.parameters
+    per_rank = geo.global_batch_size / w
+    mb = max(1, min(st.micro_batch_size, int(per_rank) or 1))
+    shard = p / w
+    master = 0.0 if st.offload_params else shard * MASTER_B / GIB
+    grads = 0.0 if st.offload_params else shard * GRAD_B / GIB
+    adam = 0.0 if st.offload_optimizer else shard * ADAM_B / GIB
+    ref = shard * BF16_B / GIB if geo.kl_coef > 0 and not st.offload_params else 0.0
+    # FSDP gathers one unit in bf16 and prefetches the next; the embedding/lm_head is the
+    # largest unit for these vocabularies.
+    unit = max(s.layer_parameters, s.embedding_parameters) * BF16_B * 2 / GIB
+    act = mb * geo.sequence_length * activation_bytes_per_token(geo, st.gradient_checkpointing)
+    act += mb * vision_activation_bytes(geo, st.gradient_checkpointing)
+    logits = mb * geo.response_length * s.vocab_size * LOGIT_B
+    ctx = CUDA_CONTEXT_GIB if geo.is_gpu else 0.0
+
+    training = {
+        "cuda_context": ctx,
+        "fp32_master_params_shard": master,
+        "fp32_grads_shard": grads,
+        "adam_moments_shard": adam,
+        "reference_model_shard": ref,
+        "all_gather_units_bf16": unit,
+        "activations": act / GIB,
+        "logits": logits / GIB,
+    }
+    # Without rank-0 init every rank materialises the whole model (bf16) before sharding.
+    loading = {
+        "cuda_context": ctx,
+        "full_model_bf16" if not st.rank0_init else "fp32_shard": (
+            p * BF16_B / GIB if not st.rank0_init else shard * MASTER_B / GIB
+        ),
+    }
+    phases: dict[str, dict[str, float]] = {"load": loading, "training": training}
+
+    weights_gib = p * BF16_B / GIB
+    tp, kv_gib, min_util = 1, 0.0, 0.0
+    resident = master + adam + ref  # grads are freed before generation
+    if geo.is_gpu:
+        cap = geo.gpu_memory_gib
+        tp = rollout_tensor_parallel(geo, st.rollout_gpu_memory_utilization * cap)
+        vllm_need = weights_gib / tp + VLLM_OVERHEAD_GIB
+        vllm = st.rollout_gpu_memory_utilization * cap
+        kv_gib = max(0.0, vllm - vllm_need)
+        min_kv = geo.sequence_length * kv_bytes_per_token(geo) / tp / GIB
+        min_util = (vllm_need + min_kv) / cap
+        phases["rollout"] = {
+            "cuda_context": ctx,
+            "actor_resident": master + adam,
+            "reference_model_shard": ref,
+            "vllm_weights": weights_gib / tp,
+            "vllm_kv_cache_and_overhead": vllm - weights_gib / tp,
+        }
+    else:
+        # CPU: the transformers generate engine holds a bf16 copy per rank.
+        phases["rollout"] = {"actor_resident": resident, "generate_engine_bf16": weights_gib}
+
+    ranks = geo.ranks_per_node
+    rank_gib = RANK_PROCESS_GIB if geo.is_gpu else RANK_PROCESS_CPU_GIB
+    host: dict[str, float] = {
+        "rank_processes": ranks * rank_gib,
+        "offloaded_params_and_grads": (
+            ranks * shard * (MASTER_B + GRAD_B + (BF16_B if geo.kl_coef > 0 else 0)) / GIB
+            if st.offload_params
+            else 0.0
+        ),
+        "offloaded_optimizer": ranks * shard * ADAM_B / GIB if st.offload_optimizer else 0.0,
+        "vllm_sleep_weights": ranks * weights_gib / tp if geo.is_gpu else 0.0,
+        "ray_object_store": st.ray_object_store_gib,
+    }
+    if not geo.is_gpu:  # CPU ranks keep their whole training state in host RAM
+        host["cpu_rank_training_state"] = ranks * sum(
+            v for k, v in training.items() if k != "cuda_context"
+        )
+        host["cpu_generate_engine"] = ranks * weights_gib
+    if geo.nodes == 0:  # head runs everything
+        host["driver_and_data_workers"] = driver_gib(geo)
+    load_per_rank = 0.0 if st.rank0_init else weights_gib
+    host_load = {
+        "rank_processes": ranks * rank_gib,
+        "rank0_full_model_bf16" if st.rank0_init else "every_rank_full_model_bf16": (
+            weights_gib * 1.1 if st.rank0_init else ranks * load_per_rank * 1.1
+        ),
+        "ray_object_store": st.ray_object_store_gib,
+    }
+    gpu_cap = geo.gpu_memory_gib * GPU_USABLE if geo.is_gpu else 0.0
+    if not geo.is_gpu:
+        phases = {}
+    return Budget(
+        gpu_phases=phases,
+        host_terms=host,
+        host_load_terms=host_load,
+        gpu_capacity_gib=gpu_cap,
+        host_capacity_gib=host_capacity_gib(geo, st.pod_memory_at_allocatable),
+        rollout_tensor_parallel=tp,
+        rollout_kv_cache_gib=kv_gib,
+        rollout_min_utilization=min_util,
+        rollout_utilization=st.rollout_gpu_memory_utilization if geo.is_gpu else 0.0,
+    )
+
+
+def max_rollout_utilization(geo: Geometry, st: Settings) -> float:
+    """Largest vLLM fraction that leaves room for what the actor keeps resident."""
+    b = compute_budget(geo, st)
+    rollout = dict(b.gpu_phases.get("rollout", {}))
+    others = sum(v for k, v in rollout.items() if not k.startswith("vllm"))
+    return (b.gpu_capacity_gib - others) / geo.gpu_memory_gib if geo.is_gpu else 0.0

@@ -1,0 +1,296 @@
+"""plan_memory: choose the cheapest memory settings that fit, and size the cluster.
+
+Search order (cheapest first; the same order the CudaOOM ladder walks after a failure):
+  1. everything fast: no gradient checkpointing, the largest micro-batch (<= 4), no offload;
+  2. gradient checkpointing on (~1/3 more compute, activations shrink ~10x);
+  3. halve the micro-batch, down to 1;
+  4. offload the optimizer to host RAM, only if the host has room;
+  5. offload parameters too, only if the host has room.
+Generations per prompt (rolloutN) are never changed by the planner: that changes the
+algorithm, so only the last rung of the recovery ladder touches it. rank-0 init is on for
+every multi-rank job (N ranks must never each hold the whole model), and the vLLM memory
+fraction is whatever the actor leaves free during rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..api.base import quantity_gib
+from ..api.spec import GRPOJobSpec
+from ..catalog import GPU_CATALOG, GpuType
+from .budget import compute_budget, max_rollout_utilization
+from .model_shape import KNOWN_MODELS, Shape, resolve_shape
+from .reasons import explain
+from .resources import build_env, build_pods, object_store_gib
+from .types import Budget, Geometry, InfeasibleError, Plan, Settings
+
+MAX_MICRO_BATCH = 4
+MAX_AUTO_NODES = 64
+MAX_UTILIZATION = 0.90
+CPU_DEFAULT_RANKS = 2
+
+
+def _micro_batches(geo: Geometry) -> list[int]:
+    """Divisors of the per-rank update batch, <= MAX_MICRO_BATCH, largest first."""
+    per_rank = geo.global_batch_size // geo.world_size
+    return [d for d in range(min(MAX_MICRO_BATCH, per_rank), 0, -1) if per_rank % d == 0]
+
+
+def _pinned(spec: GRPOJobSpec) -> frozenset[str]:
+    m = spec.memory
+    names = {
+        "rank0_init": m.rank0_init,
+        "offload_params": m.offload_params,
+        "offload_optimizer": m.offload_optimizer,
+        "gradient_checkpointing": m.gradient_checkpointing,
+        "micro_batch_size": m.micro_batch_size,
+        "rollout_gpu_memory_utilization": m.rollout_gpu_memory_utilization,
+        "ray_object_store_gib": m.ray_object_store_memory,
+    }
+    return frozenset(k for k, v in names.items() if v is not None)
+
+
+def with_auto_utilization(geo: Geometry, st: Settings, pinned: frozenset[str]) -> Settings:
+    if not geo.is_gpu or "rollout_gpu_memory_utilization" in pinned:
+        return st
+    util = min(MAX_UTILIZATION, max_rollout_utilization(geo, st))
+    return replace(st, rollout_gpu_memory_utilization=max(0.05, int(util * 100) / 100))
+
+
+def _candidates(geo: Geometry, start: Settings, pinned: frozenset[str]) -> list[Settings]:
+    """Settings from fastest to safest, following the documented order."""
+    out = [start]
+    st = start
+    if "gradient_checkpointing" not in pinned and not st.gradient_checkpointing:
+        st = replace(st, gradient_checkpointing=True)
+        out.append(st)
+    if "micro_batch_size" not in pinned:
+        for mb in _micro_batches(geo):
+            if mb < st.micro_batch_size:
+                st = replace(st, micro_batch_size=mb)
+                out.append(st)
+    for knob in ("offload_optimizer", "offload_params"):
+        if knob not in pinned and not getattr(st, knob):
+            st = replace(st, **{knob: True})
+            out.append(st)
+    return out
+
+
+def initial_settings(geo: Geometry, spec: GRPOJobSpec) -> Settings:
+    m = spec.memory
+    mbs = _micro_batches(geo)
+    store = (
+        quantity_gib(m.ray_object_store_memory)
+        if m.ray_object_store_memory
+        else object_store_gib(geo)
+    )
+    return Settings(
+        rank0_init=m.rank0_init if m.rank0_init is not None else geo.world_size > 1,
+        offload_params=bool(m.offload_params),
+        offload_optimizer=bool(m.offload_optimizer),
+        gradient_checkpointing=bool(m.gradient_checkpointing),
+        micro_batch_size=m.micro_batch_size or (mbs[0] if mbs else 1),
+        rollout_gpu_memory_utilization=m.rollout_gpu_memory_utilization or 0.5,
+        rollout_n=spec.algorithm.rollout_n,
+        ray_object_store_gib=store,
+    )
+
+
+def search(
+    geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]
+) -> tuple[Settings, Budget, list[tuple[Settings, Budget]]]:
+    """First candidate that fits, and the trail of those that did not (for the reasons)."""
+    trail: list[tuple[Settings, Budget]] = []
+    for cand in _candidates(geo, initial_settings(geo, spec), pinned):
+        cand = with_auto_utilization(geo, cand, pinned)
+        budget = compute_budget(geo, cand)
+        if budget.fits:
+            return cand, budget, trail
+        trail.append((cand, budget))
+    last_st, last_b = trail[-1]
+    raise _infeasible(geo, spec, pinned, last_st, last_b)
+
+
+def geometry(
+    spec: GRPOJobSpec,
+    catalog: Mapping[str, GpuType],
+    shape: Shape,
+    shape_source: str,
+    nodes: int,
+) -> Geometry:
+    r, gpu = spec.resources, catalog[spec.resources.gpu]
+    gpn = r.gpus_per_node or (gpu.gpus_per_node if gpu.is_gpu else CPU_DEFAULT_RANKS)
+    return Geometry(
+        model_path=spec.model.path,
+        shape=shape,
+        shape_source=shape_source,
+        gpu=gpu.name,
+        gpu_memory_gib=gpu.memory_gib,
+        nodes=nodes,
+        gpus_per_node=gpn,
+        host_memory_gib=quantity_gib(r.host_memory) if r.host_memory else gpu.host_memory_gib,
+        cpus_per_node=r.cpus_per_node or gpu.cpus,
+        product_label=gpu.product_label,
+        sequence_length=spec.data.max_prompt_length + spec.data.max_response_length,
+        response_length=spec.data.max_response_length,
+        max_pixels=spec.data.max_pixels,
+        rollout_batch_size=spec.training.rollout_batch_size,
+        global_batch_size=spec.training.global_batch_size,
+        kl_coef=spec.algorithm.kl_coef,
+        data_workers=spec.data.workers,
+    )
+
+
+def _check_batch(geo: Geometry) -> str | None:
+    if geo.global_batch_size % geo.world_size:
+        return (
+            f"training.globalBatchSize {geo.global_batch_size} is not a multiple of the "
+            f"world size {geo.world_size} ({max(1, geo.nodes)} x {geo.gpus_per_node}); "
+            "every rank needs the same number of samples per update"
+        )
+    return None
+
+
+def _fits(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> Settings | None:
+    if _check_batch(geo):
+        return None
+    try:
+        return search(geo, spec, pinned)[0]
+    except InfeasibleError:
+        return None
+
+
+def _derive_nodes(
+    spec: GRPOJobSpec, catalog: Mapping[str, GpuType], shape: Shape, source: str
+) -> tuple[int, str]:
+    """Fewest nodes that fit without offload; else fewest that fit at all."""
+    pinned = _pinned(spec)
+    fallback: int | None = None
+    for n in range(1, MAX_AUTO_NODES + 1):
+        geo = geometry(spec, catalog, shape, source, n)
+        st = _fits(geo, spec, pinned)
+        if st is None:
+            continue
+        if not (st.offload_params or st.offload_optimizer):
+            return n, f"fewest nodes whose plan fits without offload ({n})"
+        fallback = fallback or n
+    if fallback is not None:
+        return fallback, f"fewest nodes that fit at all ({fallback}); offload needed"
+    geo = geometry(spec, catalog, shape, source, MAX_AUTO_NODES)
+    raise _infeasible(geo, spec, pinned, None, None, derived=True)
+
+
+def _infeasible(
+    geo: Geometry,
+    spec: GRPOJobSpec,
+    pinned: frozenset[str],
+    st: Settings | None,
+    budget: Budget | None,
+    derived: bool = False,
+) -> InfeasibleError:
+    numbers = []
+    if budget is not None and st is not None:
+        numbers = budget.problems()
+        phase = budget.gpu_phases.get(budget.peak_gpu_phase, {})
+        top = sorted(phase.items(), key=lambda kv: -kv[1])[:4]
+        if top:
+            numbers.append(
+                f"largest GPU terms ({budget.peak_gpu_phase}): "
+                + ", ".join(f"{k} {v:.1f} GiB" for k, v in top)
+            )
+        host = sorted(budget.host_terms.items(), key=lambda kv: -kv[1])[:4]
+        numbers.append("largest host terms: " + ", ".join(f"{k} {v:.1f} GiB" for k, v in host))
+    where = (
+        f"{spec.model.path} ({geo.shape.parameters / 1e9:.1f}B) on "
+        f"{max(1, geo.nodes)} x {geo.gpus_per_node} {geo.gpu}"
+    )
+    summary = f"infeasible: {where} does not fit even with the safest settings"
+    if derived:
+        summary = f"infeasible: {spec.model.path} does not fit on up to {MAX_AUTO_NODES} nodes"
+    return InfeasibleError(summary, numbers, _suggestions(geo, spec, pinned))
+
+
+def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> list[str]:
+    out = []
+    if pinned:
+        unpinned = replace(geo)
+        if _fits(unpinned, spec, frozenset()):
+            out.append("unset memory." + ", memory.".join(sorted(pinned)) + " (let it be auto)")
+    if geo.is_gpu:
+        gpn = geo.gpus_per_node
+        for n in range(max(1, geo.nodes) + 1, min(4 * max(1, geo.nodes), 512) + 1):
+            if _fits(replace(geo, nodes=n), spec, pinned):
+                out.append(f"resources.nodes: {n} ({n * gpn} GPUs)")
+                break
+        for gpu in sorted(GPU_CATALOG.values(), key=lambda g: g.memory_gib):
+            if gpu.memory_gib > geo.gpu_memory_gib and _fits(
+                replace(geo, gpu=gpu.name, gpu_memory_gib=gpu.memory_gib), spec, pinned
+            ):
+                out.append(f"resources.gpu: {gpu.name} ({gpu.memory_gib:.0f} GiB per GPU)")
+                break
+    smaller = sorted(
+        (s for s in KNOWN_MODELS.items() if s[1].parameters < geo.shape.parameters),
+        key=lambda kv: -kv[1].parameters,
+    )
+    for name, shape in smaller:
+        if _fits(replace(geo, shape=shape), spec, pinned):
+            out.append(f"a smaller model: {name} ({shape.parameters / 1e9:.1f}B) fits as is")
+            break
+    return out
+
+
+def plan_memory(
+    spec: GRPOJobSpec,
+    catalog: Mapping[str, GpuType] = GPU_CATALOG,
+    model_config: dict[str, Any] | None = None,
+) -> Plan:
+    """The whole plan for a spec. Raises InfeasibleError (numbers + smallest fix) or
+    ValueError (a model that cannot be sized)."""
+    resolved = resolve_shape(spec.model, model_config)
+    gpu = catalog[spec.resources.gpu]
+    nodes_reason = "spec.resources.nodes"
+    if spec.resources.nodes is not None:
+        nodes = spec.resources.nodes
+    elif not gpu.is_gpu:
+        nodes, nodes_reason = 0, "cpu job: the head pod runs the ranks"
+    else:
+        nodes, nodes_reason = _derive_nodes(spec, catalog, resolved.shape, resolved.source)
+    geo = geometry(spec, catalog, resolved.shape, resolved.source, nodes)
+    problem = _check_batch(geo)
+    if problem:
+        raise InfeasibleError(f"infeasible: {problem}", [], [])
+    pinned = _pinned(spec)
+    settings, budget, trail = search(geo, spec, pinned)
+    head, worker = build_pods(geo, settings, budget)
+    return Plan(
+        geometry=geo,
+        settings=settings,
+        budget=budget,
+        pinned=pinned,
+        decisions=tuple(explain(geo, settings, budget, trail, pinned, nodes_reason)),
+        head=head,
+        worker=worker,
+        env=build_env(geo, settings),
+        ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
+    )
+
+
+def replan(plan: Plan, settings: Settings, note: str, rung: str = "") -> Plan:
+    """The same job with other settings (used by the remediation ladder)."""
+    geo = plan.geometry
+    budget = compute_budget(geo, settings)
+    head, worker = build_pods(geo, settings, budget)
+    return replace(
+        plan,
+        settings=settings,
+        budget=budget,
+        head=head,
+        worker=worker,
+        env=build_env(geo, settings),
+        ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
+        remediations=(*plan.remediations, note),
+        rungs=(*plan.rungs, rung) if rung else plan.rungs,
+    )

@@ -1,0 +1,159 @@
+"""Remediation after an OOM: the next safer plan, one rung per restart (DESIGN.md).
+
+CudaOOM:        gradient checkpointing on -> halve micro-batch -> lower rollout GPU memory
+                utilisation -> offload optimizer -> offload params -> fewer generations
+HostOOM/RayOOM: params offload off -> optimizer offload off -> smaller Ray object store ->
+                pod memory up to node allocatable
+Each rung applies at most once and only if it changes something, leaves alone what the
+spec pinned, and does not push the other resource over its budget (never offload into host
+RAM that is not there; never pull back onto a GPU that cannot hold it). Other failures
+(NodeLost, Error, ...) have no memory ladder: restart with the same plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..api.spec import GRPOJobSpec
+from ..catalog import GPU_CATALOG, GpuType
+from ..contract import FailureReason
+from .budget import compute_budget
+from .core import _micro_batches, plan_memory, replan
+from .resources import STORE_MIN_GIB
+from .types import Budget, Plan, Settings
+
+Rung = Callable[[Plan], Settings | None]
+
+
+def _gc_on(p: Plan) -> Settings | None:
+    if p.settings.gradient_checkpointing or "gradient_checkpointing" in p.pinned:
+        return None
+    return replace(p.settings, gradient_checkpointing=True)
+
+
+def _halve_micro_batch(p: Plan) -> Settings | None:
+    if "micro_batch_size" in p.pinned:
+        return None
+    smaller = [m for m in _micro_batches(p.geometry) if m <= p.settings.micro_batch_size // 2]
+    return replace(p.settings, micro_batch_size=smaller[0]) if smaller else None
+
+
+def _lower_utilization(p: Plan) -> Settings | None:
+    if not p.geometry.is_gpu or "rollout_gpu_memory_utilization" in p.pinned:
+        return None
+    floor = math.ceil(p.budget.rollout_min_utilization * 100) / 100
+    new = round(max(floor, p.settings.rollout_gpu_memory_utilization - 0.1), 2)
+    if new > p.settings.rollout_gpu_memory_utilization - 0.01:
+        return None
+    return replace(p.settings, rollout_gpu_memory_utilization=new)
+
+
+def _switch(knob: str, value: bool) -> Rung:
+    def rung(p: Plan) -> Settings | None:
+        if getattr(p.settings, knob) == value or knob in p.pinned:
+            return None
+        return replace(p.settings, **{knob: value})
+
+    rung.__name__ = f"{knob}_{'on' if value else 'off'}"
+    return rung
+
+
+def _fewer_generations(p: Plan) -> Settings | None:
+    """Down to 75% of rolloutN at most (field note 3: 6-7 of 8, not 4), keeping
+    globalBatchSize | rolloutBatchSize x rolloutN."""
+    n, geo = p.settings.rollout_n, p.geometry
+    for cand in range(n - 1, max(2, math.ceil(0.75 * n)) - 1, -1):
+        if (geo.rollout_batch_size * cand) % geo.global_batch_size == 0:
+            return replace(p.settings, rollout_n=cand)
+    return None
+
+
+def _smaller_store(p: Plan) -> Settings | None:
+    if "ray_object_store_gib" in p.pinned or p.settings.ray_object_store_gib <= STORE_MIN_GIB:
+        return None
+    return replace(
+        p.settings, ray_object_store_gib=max(STORE_MIN_GIB, p.settings.ray_object_store_gib / 2)
+    )
+
+
+def _pod_to_allocatable(p: Plan) -> Settings | None:
+    if p.settings.pod_memory_at_allocatable:
+        return None
+    return replace(p.settings, pod_memory_at_allocatable=True)
+
+
+_CUDA: tuple[tuple[str, Rung], ...] = (
+    ("gradient checkpointing on", _gc_on),
+    ("halve micro-batch", _halve_micro_batch),
+    ("lower rollout GPU memory utilisation", _lower_utilization),
+    ("offload optimizer", _switch("offload_optimizer", True)),
+    ("offload params", _switch("offload_params", True)),
+    ("fewer generations per prompt", _fewer_generations),
+)
+_HOST: tuple[tuple[str, Rung], ...] = (
+    ("params offload off", _switch("offload_params", False)),
+    ("optimizer offload off", _switch("offload_optimizer", False)),
+    ("smaller Ray object store", _smaller_store),
+    ("pod memory to node allocatable", _pod_to_allocatable),
+)
+LADDERS: dict[FailureReason, tuple[tuple[str, Rung], ...]] = {
+    FailureReason.CUDA_OOM: _CUDA,
+    FailureReason.HOST_OOM: _HOST,
+    FailureReason.RAY_OOM: _HOST,
+}
+
+
+def remediation_ladder(failure: FailureReason | str) -> tuple[str, ...]:
+    """The rung names for a failure class, in order; empty when none applies."""
+    return tuple(name for name, _ in LADDERS.get(FailureReason(failure), ()))
+
+
+def _acceptable(failure: FailureReason, budget: Budget) -> bool:
+    if failure is FailureReason.CUDA_OOM:  # the GPU failed for real; guard the host
+        return budget.peak_host_gib <= budget.host_capacity_gib
+    gpu_ok = not budget.gpu_capacity_gib or budget.peak_gpu_gib <= budget.gpu_capacity_gib
+    return gpu_ok
+
+
+def _describe(old: Settings, new: Settings, name: str, a: Budget, b: Budget) -> str:
+    changed = [
+        f"{k} {getattr(old, k)} -> {getattr(new, k)}"
+        for k in old.__dataclass_fields__
+        if getattr(old, k) != getattr(new, k)
+    ]
+    return (
+        f"{name}: {', '.join(changed)} (predicted GPU {a.peak_gpu_gib:.1f} -> "
+        f"{b.peak_gpu_gib:.1f} GiB, host {a.peak_host_gib:.1f} -> {b.peak_host_gib:.1f} GiB)"
+    )
+
+
+def next_safer_plan(
+    plan_or_spec: Plan | GRPOJobSpec,
+    failure: FailureReason | str,
+    catalog: Mapping[str, GpuType] = GPU_CATALOG,
+    model_config: dict[str, Any] | None = None,
+) -> Plan | None:
+    """The plan for the next attempt after `failure`, or None when the ladder is exhausted
+    (or the failure class has no memory ladder). The applied rung is appended to
+    `plan.remediations` as one line with the numbers."""
+    failure = FailureReason(failure)
+    plan = (
+        plan_or_spec
+        if isinstance(plan_or_spec, Plan)
+        else plan_memory(plan_or_spec, catalog, model_config)
+    )
+    for name, rung in LADDERS.get(failure, ()):
+        if name in plan.rungs:  # one restart per rung; the next failure moves on
+            continue
+        settings = rung(plan)
+        if settings is None:
+            continue
+        budget = compute_budget(plan.geometry, settings)
+        if not _acceptable(failure, budget):
+            continue
+        note = f"{failure.value}: " + _describe(plan.settings, settings, name, plan.budget, budget)
+        return replan(plan, settings, note, name)
+    return None

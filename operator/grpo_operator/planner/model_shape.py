@@ -1,0 +1,221 @@
+"""Model size and shape: from config.json (Qwen2-VL / Qwen2.5-VL / Qwen3-VL layouts),
+from `spec.model.shape`, or from a table of known families by name."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..api.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the memory model needs to know about a VLM (counts, not bytes)."""
+
+    parameters: int
+    vision_parameters: int
+    layers: int
+    hidden_size: int
+    intermediate_size: int
+    attention_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tied_embeddings: bool = False
+    # Vision tower geometry, for its activations (Qwen2.5-VL's tower when unknown).
+    vision_layers: int = 32
+    vision_hidden: int = 1280
+    vision_intermediate: int = 3420
+    patch_size: int = 14
+    experts: int = 0  # MoE: experts per layer (0 = dense)
+
+    @property
+    def layer_parameters(self) -> int:
+        """Parameters of one decoder layer: FSDP all-gathers one such unit at a time."""
+        embed = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+        lm = self.parameters - self.vision_parameters - embed
+        return max(1, lm // self.layers)
+
+    @property
+    def embedding_parameters(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+
+@dataclass(frozen=True)
+class ResolvedShape:
+    shape: Shape
+    source: str  # one line: where the numbers came from
+
+
+def _lm_parameters(t: dict[str, Any], head_dim: int) -> int:
+    h, layers, vocab = t["hidden_size"], t["num_hidden_layers"], t["vocab_size"]
+    heads, kv = t["num_attention_heads"], t.get("num_key_value_heads", t["num_attention_heads"])
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2 + (heads + 2 * kv) * head_dim
+    experts = int(t.get("num_experts", 0) or 0)
+    if experts:
+        mlp = experts * 3 * h * int(t["moe_intermediate_size"]) + h * experts
+    else:
+        mlp = 3 * h * int(t["intermediate_size"])
+    embed = vocab * h * (1 if t.get("tie_word_embeddings", False) else 2)
+    return int(layers * (attn + mlp + 2 * h) + embed + h)
+
+
+def _vision(v: dict[str, Any], out_hidden: int) -> tuple[int, int, int, int, int]:
+    """(parameters, layers, hidden, intermediate, patch) of the vision tower."""
+    if not v:
+        return 0, 0, 0, 0, 14
+    layers = int(v.get("depth", v.get("num_hidden_layers", 32)))
+    # Qwen2-VL names the tower width embed_dim (hidden_size is the merger's output).
+    hidden = int(v.get("embed_dim") or v.get("hidden_size", 1280))
+    inter = int(v.get("intermediate_size") or hidden * v.get("mlp_ratio", 4))
+    merge = int(v.get("spatial_merge_size", 2))
+    out = int(v.get("out_hidden_size") or out_hidden)
+    gated = "intermediate_size" in v and "mlp_ratio" not in v and "depth" in v
+    mlp = (3 if gated and v.get("hidden_act") == "silu" else 2) * hidden * inter
+    merger_in = hidden * merge * merge
+    params = layers * (4 * hidden * hidden + mlp + 4 * hidden) + merger_in * merger_in
+    params += merger_in * out + 3 * int(v.get("patch_size", 14)) ** 2 * hidden * 2
+    return int(params), layers, hidden, inter, int(v.get("patch_size", 14))
+
+
+def shape_from_config(config: dict[str, Any]) -> Shape:
+    """Parse a HF config.json dict. Newer transformers nest the LM under text_config."""
+    text = {**config, **(config.get("text_config") or {})}
+    missing = [
+        k
+        for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        if k not in text
+    ]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)} (looked in text_config too)")
+    if "intermediate_size" not in text and "moe_intermediate_size" not in text:
+        raise ValueError("config.json lacks intermediate_size")
+    h, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or h // heads)
+    vp, vl, vh, vi, patch = _vision(config.get("vision_config") or {}, h)
+    lm = _lm_parameters(text, head_dim)
+    experts = int(text.get("num_experts", 0) or 0)
+    inter = int(text.get("intermediate_size") or 0)
+    if experts:  # activations see only the routed experts' width
+        inter = int(text["moe_intermediate_size"]) * int(text.get("num_experts_per_tok", 8))
+    return Shape(
+        parameters=lm + vp,
+        vision_parameters=vp,
+        layers=int(text["num_hidden_layers"]),
+        hidden_size=h,
+        intermediate_size=inter,
+        attention_heads=heads,
+        kv_heads=int(text.get("num_key_value_heads", heads)),
+        head_dim=head_dim,
+        vocab_size=int(text["vocab_size"]),
+        tied_embeddings=bool(text.get("tie_word_embeddings", False)),
+        vision_layers=vl or 32,
+        vision_hidden=vh or 1280,
+        vision_intermediate=vi or 3420,
+        patch_size=patch,
+        experts=experts,
+    )
+
+
+def _s(
+    p: float,
+    vp: float,
+    layers: int,
+    h: int,
+    inter: int,
+    heads: int,
+    kv: int,
+    vocab: int,
+    tied: bool = False,
+    head_dim: int = 0,
+    vision: tuple[int, int, int] = (32, 1280, 3420),
+    experts: int = 0,
+) -> Shape:
+    return Shape(
+        parameters=int(p * 1e9),
+        vision_parameters=int(vp * 1e9),
+        layers=layers,
+        hidden_size=h,
+        intermediate_size=inter,
+        attention_heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim or h // heads,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        vision_layers=vision[0],
+        vision_hidden=vision[1],
+        vision_intermediate=vision[2],
+        experts=experts,
+    )
+
+
+_Q2_VIS = (32, 1280, 5120)
+_Q3_VIS = (27, 1152, 4304)
+_Q3_VIS_SMALL = (24, 1024, 4096)
+# Published configs of the families we expect (parameters in billions, from the model cards).
+KNOWN_MODELS: dict[str, Shape] = {
+    "qwen2-vl-2b": _s(2.21, 0.675, 28, 1536, 8960, 12, 2, 151936, tied=True, vision=_Q2_VIS),
+    "qwen2-vl-7b": _s(8.29, 0.675, 28, 3584, 18944, 28, 4, 152064, vision=_Q2_VIS),
+    "qwen2-vl-72b": _s(73.4, 0.675, 80, 8192, 29568, 64, 8, 152064, vision=_Q2_VIS),
+    "qwen2.5-vl-3b": _s(3.75, 0.67, 36, 2048, 11008, 16, 2, 151936, tied=True),
+    "qwen2.5-vl-7b": _s(8.29, 0.67, 28, 3584, 18944, 28, 4, 152064),
+    "qwen2.5-vl-32b": _s(33.5, 0.67, 64, 5120, 27648, 40, 8, 152064),
+    "qwen2.5-vl-72b": _s(73.4, 0.67, 80, 8192, 29568, 64, 8, 152064),
+    "qwen3-vl-2b": _s(2.13, 0.41, 28, 2048, 6144, 16, 8, 151936, True, 128, _Q3_VIS_SMALL),
+    "qwen3-vl-4b": _s(4.44, 0.41, 36, 2560, 9728, 32, 8, 151936, True, 128, _Q3_VIS_SMALL),
+    "qwen3-vl-8b": _s(8.77, 0.58, 36, 4096, 12288, 32, 8, 151936, False, 128, _Q3_VIS),
+    "qwen3-vl-32b": _s(33.4, 0.58, 64, 5120, 25600, 64, 8, 151936, False, 128, _Q3_VIS),
+    "qwen3-vl-30b-a3b": _s(
+        31.1, 0.58, 48, 2048, 768 * 8, 32, 4, 151936, False, 128, _Q3_VIS, experts=128
+    ),
+    "qwen3-vl-235b-a22b": _s(
+        236.0, 0.58, 94, 4096, 1536 * 8, 64, 4, 151936, False, 128, _Q3_VIS, experts=128
+    ),
+}
+
+_NAME_RE = re.compile(r"(qwen[23](?:\.5)?-vl-\d+b(?:-a\d+b)?)", re.IGNORECASE)
+
+
+def known_family(path: str) -> tuple[str, Shape] | None:
+    """Match "Qwen/Qwen2.5-VL-7B-Instruct", "/models/qwen2-vl-72b", ... to the table."""
+    match = _NAME_RE.search(path.rsplit("/", 1)[-1]) or _NAME_RE.search(path)
+    if not match:
+        return None
+    key = match.group(1).lower()
+    return (key, KNOWN_MODELS[key]) if key in KNOWN_MODELS else None
+
+
+def resolve_shape(model: ModelSpec, config: dict[str, Any] | None = None) -> ResolvedShape:
+    """spec.model.shape wins, then config.json, then the known-family table."""
+    if model.shape is not None:
+        s = model.shape
+        return ResolvedShape(
+            Shape(
+                parameters=s.parameters,
+                vision_parameters=s.vision_parameters,
+                layers=s.layers,
+                hidden_size=s.hidden_size,
+                intermediate_size=s.intermediate_size,
+                attention_heads=s.attention_heads,
+                kv_heads=s.kv_heads,
+                head_dim=max(1, s.hidden_size // s.attention_heads),
+                vocab_size=s.vocab_size,
+            ),
+            "spec.model.shape",
+        )
+    if config is not None:
+        return ResolvedShape(shape_from_config(config), f"{model.path}/config.json")
+    known = known_family(model.path)
+    if known is not None:
+        return ResolvedShape(known[1], f"known family {known[0]} (no config.json read)")
+    families = ", ".join(sorted(KNOWN_MODELS))
+    raise ValueError(
+        f"spec.model: cannot size {model.path!r}: no config.json and not a known family "
+        f"({families}); set spec.model.shape (parameters, layers, hiddenSize, ...)"
+    )
+
+
+def scaled(shape: Shape, parameters: int) -> Shape:
+    return replace(shape, parameters=parameters)

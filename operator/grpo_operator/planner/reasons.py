@@ -1,0 +1,169 @@
+"""One line per decision, with the numbers behind it."""
+
+from __future__ import annotations
+
+from .budget import BF16_B, GIB, kv_bytes_per_token
+from .resources import ray_default_store_gib, step_data_gib
+from .types import Budget, Decision, Geometry, Settings
+
+
+def _g(x: float) -> str:
+    return f"{x:.1f} GiB"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
+
+
+def _phase(b: Budget, name: str) -> float:
+    return sum(b.gpu_phases.get(name, {}).values())
+
+
+def explain(
+    geo: Geometry,
+    st: Settings,
+    b: Budget,
+    trail: list[tuple[Settings, Budget]],
+    pinned: frozenset[str],
+    nodes_reason: str,
+) -> list[Decision]:
+    weights = geo.shape.parameters * BF16_B / GIB
+    out = [
+        Decision(
+            "model",
+            _params(geo.shape.parameters),
+            "auto",
+            f"{geo.shape.layers} layers, hidden {geo.shape.hidden_size}, vocab "
+            f"{geo.shape.vocab_size}, vision {_params(geo.shape.vision_parameters)}; "
+            f"from {geo.shape_source}",
+        ),
+        Decision(
+            "cluster",
+            (
+                f"{geo.nodes} x {geo.gpus_per_node} {geo.gpu}"
+                if geo.nodes
+                else f"head pod only, {geo.gpus_per_node} CPU ranks"
+            ),
+            "spec" if nodes_reason.startswith("spec") else "auto",
+            f"{nodes_reason}; world size {geo.world_size}",
+        ),
+    ]
+
+    def src(knob: str) -> str:
+        return "spec" if knob in pinned else "auto"
+
+    every_rank = geo.ranks_per_node * weights
+    out.append(
+        Decision(
+            "rank0Init",
+            str(st.rank0_init).lower(),
+            src("rank0_init"),
+            (
+                f"only rank 0 loads the {_g(weights)} bf16 model; otherwise "
+                f"{geo.ranks_per_node} ranks per node would hold {_g(every_rank)} of host RAM "
+                f"and each {'GPU' if geo.is_gpu else 'rank'} a full copy at load"
+                if st.rank0_init
+                else f"single rank: loading the {_g(weights)} model once is the same either way"
+                if geo.world_size == 1
+                else f"set in spec; every rank loads {_g(weights)} at load time"
+            ),
+        )
+    )
+    cap = b.gpu_capacity_gib
+    train = _phase(b, "training")
+    no_gc = next((tb for ts, tb in trail if not ts.gradient_checkpointing), None)
+    if st.gradient_checkpointing and no_gc is not None and "gradient_checkpointing" not in pinned:
+        why = (
+            f"without it training peaks at {_g(_phase(no_gc, 'training'))} > {_g(cap)} usable; "
+            f"with it {_g(train)} (activations "
+            f"{_g(b.gpu_phases.get('training', {}).get('activations', 0))})"
+        )
+    elif geo.is_gpu:
+        why = f"training peak {_g(train)} of {_g(cap)} usable per GPU"
+    else:
+        why = "cpu job: host RAM only, no GPU budget"
+    out.append(
+        Decision(
+            "gradientCheckpointing",
+            str(st.gradient_checkpointing).lower(),
+            src("gradient_checkpointing"),
+            why,
+        )
+    )
+    per_rank = geo.global_batch_size // geo.world_size
+    out.append(
+        Decision(
+            "microBatchSize",
+            str(st.micro_batch_size),
+            src("micro_batch_size"),
+            f"{per_rank} samples per rank per update -> {per_rank // st.micro_batch_size} "
+            f"accumulation steps; {geo.sequence_length} tokens per sample",
+        )
+    )
+    host = sum(b.host_terms.values())
+    for knob, key, name in (
+        ("offload_optimizer", "offloaded_optimizer", "offloadOptimizer"),
+        ("offload_params", "offloaded_params_and_grads", "offloadParams"),
+    ):
+        on = getattr(st, knob)
+        if on:
+            why = (
+                f"GPU does not fit otherwise; costs {_g(b.host_terms.get(key, 0))} host per "
+                f"node, host peak {_g(host)} of {_g(b.host_capacity_gib)} usable"
+            )
+        else:
+            why = (
+                f"GPU fits without it (peak {_g(b.peak_gpu_gib)} of {_g(cap)}); offload would "
+                "only move memory to host RAM and slow every step"
+                if geo.is_gpu
+                else "cpu job: everything already lives in host RAM"
+            )
+        out.append(Decision(name, str(on).lower(), src(knob), why))
+    if geo.is_gpu:
+        kv_tokens = (
+            b.rollout_kv_cache_gib
+            * GIB
+            * b.rollout_tensor_parallel
+            / max(1.0, kv_bytes_per_token(geo))
+        )
+        out.append(
+            Decision(
+                "rolloutGpuMemoryUtilization",
+                f"{st.rollout_gpu_memory_utilization:.2f}",
+                src("rollout_gpu_memory_utilization"),
+                f"vLLM gets {_g(st.rollout_gpu_memory_utilization * geo.gpu_memory_gib)}: "
+                f"weights {_g(weights / b.rollout_tensor_parallel)} (TP "
+                f"{b.rollout_tensor_parallel}) + KV cache {_g(b.rollout_kv_cache_gib)} "
+                f"(~{int(kv_tokens)} tokens); needs >= {b.rollout_min_utilization:.2f}; the "
+                f"actor keeps {_g(b.gpu_phases['rollout'].get('actor_resident', 0))} resident",
+            )
+        )
+    out.append(
+        Decision(
+            "rolloutN",
+            str(st.rollout_n),
+            "spec",
+            "the planner never lowers generations per prompt; only the last CudaOOM "
+            "remediation does",
+        )
+    )
+    default_store = ray_default_store_gib(geo.host_memory_gib)
+    out.append(
+        Decision(
+            "rayObjectStoreMemory",
+            _g(st.ray_object_store_gib),
+            src("ray_object_store_gib"),
+            f"a step moves ~{_g(step_data_gib(geo, st.rollout_n))}; Ray's default would take "
+            f"{_g(default_store)} (30% of {_g(geo.host_memory_gib)}, capped at 200 GB)",
+        )
+    )
+    out.append(
+        Decision(
+            "hostMemory",
+            _g(b.peak_host_gib),
+            "auto",
+            f"per node: steady {_g(host)}, while loading {_g(b.load_host_peak_gib)}; usable "
+            f"{_g(b.host_capacity_gib)} of {_g(geo.host_memory_gib)} RAM (Ray kills at 95%)",
+        )
+    )
+    return out

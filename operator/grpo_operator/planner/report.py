@@ -1,0 +1,144 @@
+"""Plan -> dict (JSON/YAML, status.plan) and Plan -> rich tables for `grpo plan`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+
+from ..api.status import PlanStatus
+from .types import Plan, PodResources
+
+
+def _round(d: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 2) for k, v in d.items()}
+
+
+def _pod(p: PodResources | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    d = asdict(p)
+    d["tolerations"] = list(p.tolerations)
+    return d
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    g, s, b = plan.geometry, plan.settings, plan.budget
+    return {
+        "model": {
+            "path": g.model_path,
+            "parameters": g.shape.parameters,
+            "visionParameters": g.shape.vision_parameters,
+            "layers": g.shape.layers,
+            "hiddenSize": g.shape.hidden_size,
+            "source": g.shape_source,
+        },
+        "cluster": {
+            "gpu": g.gpu,
+            "nodes": g.nodes,
+            "gpusPerNode": g.gpus_per_node,
+            "worldSize": g.world_size,
+            "hostMemoryGiB": g.host_memory_gib,
+            "rolloutTensorParallel": b.rollout_tensor_parallel,
+        },
+        "settings": {
+            "rank0Init": s.rank0_init,
+            "offloadParams": s.offload_params,
+            "offloadOptimizer": s.offload_optimizer,
+            "gradientCheckpointing": s.gradient_checkpointing,
+            "microBatchSize": s.micro_batch_size,
+            "rolloutGpuMemoryUtilization": s.rollout_gpu_memory_utilization,
+            "rolloutN": s.rollout_n,
+            "rayObjectStoreGiB": s.ray_object_store_gib,
+            "podMemoryAtAllocatable": s.pod_memory_at_allocatable,
+        },
+        "memory": {
+            "gpuCapacityGiB": round(b.gpu_capacity_gib, 2),
+            "peakGpuGiB": round(b.peak_gpu_gib, 2),
+            "peakGpuPhase": b.peak_gpu_phase,
+            "gpuPhasesGiB": {k: _round(v) for k, v in b.gpu_phases.items()},
+            "hostCapacityGiB": round(b.host_capacity_gib, 2),
+            "peakHostGiB": round(b.peak_host_gib, 2),
+            "hostSteadyGiB": _round(b.host_terms),
+            "hostLoadGiB": _round(b.host_load_terms),
+        },
+        "pods": {"head": _pod(plan.head), "worker": _pod(plan.worker)},
+        "env": dict(plan.env),
+        "rayStartParams": dict(plan.ray_start_params),
+        "decisions": [asdict(d) for d in plan.decisions],
+        "remediations": list(plan.remediations),
+    }
+
+
+def plan_status(plan: Plan) -> PlanStatus:
+    """The typed summary for status.plan; the full dict goes under `details`."""
+    g, s, b = plan.geometry, plan.settings, plan.budget
+    return PlanStatus(
+        gpu=g.gpu,
+        nodes=g.nodes,
+        gpus_per_node=g.gpus_per_node,
+        total_gpus=g.world_size,
+        rank0_init=s.rank0_init,
+        offload_params=s.offload_params,
+        offload_optimizer=s.offload_optimizer,
+        gradient_checkpointing=s.gradient_checkpointing,
+        micro_batch_size=s.micro_batch_size,
+        rollout_gpu_memory_utilization=s.rollout_gpu_memory_utilization,
+        rollout_n=s.rollout_n,
+        peak_gpu_gib=round(b.peak_gpu_gib, 2),
+        peak_host_gib=round(b.peak_host_gib, 2),
+        details={
+            "decisions": [f"{d.knob}={d.value} ({d.source}): {d.reason}" for d in plan.decisions],
+            "remediations": list(plan.remediations),
+        },
+    )
+
+
+def plan_tables(plan: Plan, title: str = "") -> Group:
+    g, b = plan.geometry, plan.budget
+    head = Table(title=title or f"Plan: {g.model_path}", title_justify="left", expand=False)
+    for col in ("Decision", "Value", "Source", "Why"):
+        head.add_column(col, overflow="fold")
+    for d in plan.decisions:
+        head.add_row(d.knob, d.value, d.source, d.reason)
+    mem = Table(title="Predicted memory (GiB)", title_justify="left")
+    mem.add_column("Where")
+    mem.add_column("Total", justify="right")
+    mem.add_column("Budget", justify="right")
+    mem.add_column("Terms", overflow="fold")
+    for phase, terms in b.gpu_phases.items():
+        mem.add_row(
+            f"GPU {phase}",
+            f"{sum(terms.values()):.1f}",
+            f"{b.gpu_capacity_gib:.1f}",
+            ", ".join(f"{k} {v:.1f}" for k, v in terms.items() if v),
+        )
+    for label, terms in (("host steady", b.host_terms), ("host load", b.host_load_terms)):
+        mem.add_row(
+            label,
+            f"{sum(terms.values()):.1f}",
+            f"{b.host_capacity_gib:.1f}",
+            ", ".join(f"{k} {v:.1f}" for k, v in terms.items() if v),
+        )
+    pods = Table(title="Pods", title_justify="left")
+    for col in ("Role", "Replicas", "GPU", "CPU", "Memory", "/dev/shm", "nodeSelector"):
+        pods.add_column(col)
+    for p in (plan.head, plan.worker):
+        if p is not None:
+            pods.add_row(
+                p.role,
+                str(p.replicas),
+                str(p.gpus),
+                str(p.cpus),
+                f"{p.memory_gib}Gi",
+                f"{p.shm_gib}Gi",
+                ", ".join(f"{k}={v}" for k, v in p.node_selector.items()) or "-",
+            )
+    env = Table(title="Env", title_justify="left")
+    env.add_column("Name")
+    env.add_column("Value")
+    for k, v in plan.env.items():
+        env.add_row(k, v)
+    return Group(head, mem, pods, env)

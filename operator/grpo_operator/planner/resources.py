@@ -1,0 +1,120 @@
+"""Pod resources, Ray object store size and the env the operator injects."""
+
+from __future__ import annotations
+
+import math
+
+from ..catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from ..contract import PYTORCH_CUDA_ALLOC_CONF, Env
+from .budget import (
+    GIB,
+    HOST_HEADROOM,
+    RAY_MEMORY_USAGE_THRESHOLD,
+    driver_gib,
+    host_capacity_gib,
+)
+from .types import Budget, Geometry, PodResources, Settings
+
+RAY_DEFAULT_STORE_FRACTION = 0.3  # Ray: 30% of available memory ...
+RAY_DEFAULT_STORE_CAP_GIB = 200e9 / GIB  # ... capped at 200 GB (ray_constants)
+STORE_STEP_COPIES = 4  # a step's batch may sit in the store a few times (driver, shards)
+STORE_MIN_GIB = 2.0
+SHM_EXTRA_GIB = 2.0  # /dev/shm beyond the object store: NCCL, torch data-loader queues
+TOKEN_BYTES = 24  # per token in flight: ids, masks, old/ref log-probs, advantages
+
+
+def ray_default_store_gib(host_gib: float) -> float:
+    return min(host_gib * RAY_DEFAULT_STORE_FRACTION, RAY_DEFAULT_STORE_CAP_GIB)
+
+
+def step_data_gib(geo: Geometry, rollout_n: int) -> float:
+    tokens = geo.rollout_batch_size * rollout_n * geo.sequence_length * TOKEN_BYTES
+    images = geo.rollout_batch_size * geo.max_pixels * 3  # decoded RGB
+    return (tokens + images) / GIB
+
+
+def object_store_gib(geo: Geometry, rollout_n: int = 8) -> float:
+    """What the job moves through Ray, not Ray's 30%-of-RAM default (field note 2)."""
+    want = max(STORE_MIN_GIB, STORE_STEP_COPIES * step_data_gib(geo, rollout_n))
+    return round(min(want, ray_default_store_gib(geo.host_memory_gib)), 1)
+
+
+def _pod_memory(need: float, geo: Geometry, at_allocatable: bool) -> int:
+    allocatable = host_capacity_gib(geo, True)
+    if at_allocatable:
+        return int(allocatable)
+    return int(min(allocatable, max(need / HOST_HEADROOM, need + 4)) + 0.999)
+
+
+def build_pods(
+    geo: Geometry, st: Settings, budget: Budget
+) -> tuple[PodResources, PodResources | None]:
+    store = st.ray_object_store_gib
+    head_need = driver_gib(geo) + store
+    head_cpus = 2 + geo.data_workers
+    if geo.nodes == 0:  # the head is the only pod: it also runs the ranks
+        head_need = budget.peak_host_gib
+        head_cpus = max(head_cpus, geo.ranks_per_node + 2)
+    head_cpus = min(head_cpus, geo.cpus_per_node)
+    head_mem = _pod_memory(head_need, geo, st.pod_memory_at_allocatable and geo.nodes == 0)
+    head = PodResources(
+        role="head",
+        replicas=1,
+        gpus=0,
+        cpus=head_cpus,
+        memory_gib=head_mem,
+        shm_gib=min(math.ceil(store + SHM_EXTRA_GIB), max(1, head_mem // 2)),
+    )
+    if geo.nodes == 0:
+        return head, None
+    mem = _pod_memory(budget.peak_host_gib, geo, st.pod_memory_at_allocatable)
+    worker = PodResources(
+        role="worker",
+        replicas=geo.nodes,
+        gpus=geo.gpus_per_node if geo.is_gpu else 0,
+        cpus=max(1, int(geo.cpus_per_node * 0.9)),
+        memory_gib=mem,
+        shm_gib=min(math.ceil(store + SHM_EXTRA_GIB), max(1, mem // 2)),
+        node_selector={GPU_PRODUCT_LABEL: geo.product_label} if geo.is_gpu else {},
+        tolerations=(
+            ({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},)
+            if geo.is_gpu
+            else ()
+        ),
+    )
+    return head, worker
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def build_env(geo: Geometry, st: Settings) -> dict[str, str]:
+    env = {
+        Env.RANK0_INIT.value: _flag(st.rank0_init),
+        Env.OFFLOAD_PARAMS.value: _flag(st.offload_params),
+        Env.OFFLOAD_OPTIMIZER.value: _flag(st.offload_optimizer),
+        Env.GRADIENT_CHECKPOINTING.value: _flag(st.gradient_checkpointing),
+        Env.MICRO_BATCH_SIZE.value: str(st.micro_batch_size),
+        Env.ROLLOUT_N.value: str(st.rollout_n),
+        # Ray's memory monitor kills workers above this fraction; the plan stays below
+        # 90% of the pod limit, so Ray's default is kept rather than raised.
+        "RAY_memory_usage_threshold": str(RAY_MEMORY_USAGE_THRESHOLD),
+        # Caps Ray's default object store (30% of RAM) at the planned size on every node,
+        # also for any `ray start` that does not get --object-store-memory.
+        "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(int(st.ray_object_store_gib * GIB)),
+        # Forked data-loader workers + HF fast tokenizers deadlock with parallelism on.
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if geo.is_gpu:
+        env[Env.ROLLOUT_GPU_MEMORY_UTILIZATION.value] = f"{st.rollout_gpu_memory_utilization:.2f}"
+        env["PYTORCH_CUDA_ALLOC_CONF"] = PYTORCH_CUDA_ALLOC_CONF  # against fragmentation
+        env["NCCL_DEBUG"] = "WARN"
+        # FSDP: free comm buffers as soon as the stream is done (lower peaks).
+        env["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
+        # vLLM's sleep mode and NCCL's cuMem allocations do not mix; vLLM sets the same.
+        env["NCCL_CUMEM_ENABLE"] = "0"
+    else:
+        threads = max(1, geo.cpus_per_node // max(1, geo.ranks_per_node))
+        env["OMP_NUM_THREADS"] = str(threads)  # one rank per process must not oversubscribe
+    return env

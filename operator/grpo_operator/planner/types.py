@@ -1,0 +1,167 @@
+"""Plan dataclasses: the planner's output, consumed by rendering, status and recovery."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .model_shape import Shape
+
+
+class InfeasibleError(ValueError):
+    """The job cannot fit; the message has the numbers and the smallest change that fits."""
+
+    def __init__(self, summary: str, numbers: list[str], suggestions: list[str]) -> None:
+        self.summary = summary
+        self.numbers = numbers
+        self.suggestions = suggestions
+        lines = [summary, *(f"  {n}" for n in numbers)]
+        if suggestions:
+            lines.append("smallest changes that would fit:")
+            lines.extend(f"  - {s}" for s in suggestions)
+        super().__init__("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every memory knob, resolved."""
+
+    rank0_init: bool
+    offload_params: bool
+    offload_optimizer: bool
+    gradient_checkpointing: bool
+    micro_batch_size: int
+    rollout_gpu_memory_utilization: float
+    rollout_n: int
+    ray_object_store_gib: float
+    pod_memory_at_allocatable: bool = False  # last HostOOM remediation
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Everything fixed for a plan besides the knobs: model, cluster, batch sizes."""
+
+    model_path: str
+    shape: Shape
+    shape_source: str
+    gpu: str
+    gpu_memory_gib: float  # 0 for cpu
+    nodes: int  # worker pods (0: ranks run in the head pod, cpu only)
+    gpus_per_node: int  # GPUs, or CPU ranks for cpu
+    host_memory_gib: float  # per node
+    cpus_per_node: int
+    product_label: str
+    sequence_length: int  # prompt + response tokens
+    response_length: int
+    max_pixels: int
+    rollout_batch_size: int
+    global_batch_size: int
+    kl_coef: float
+    data_workers: int
+
+    @property
+    def world_size(self) -> int:
+        return max(1, self.nodes) * self.gpus_per_node
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.gpu_memory_gib > 0
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Predicted memory, GiB: per GPU by phase, and per worker node on the host."""
+
+    gpu_phases: dict[str, dict[str, float]]
+    host_terms: dict[str, float]  # steady state, per worker node
+    host_load_terms: dict[str, float]  # while loading weights, on the node of rank 0
+    gpu_capacity_gib: float
+    host_capacity_gib: float  # what the pod may use (node allocatable x headroom)
+    rollout_tensor_parallel: int
+    rollout_kv_cache_gib: float
+    rollout_min_utilization: float
+    rollout_utilization: float = 0.0
+
+    @property
+    def peak_gpu_gib(self) -> float:
+        return max((sum(t.values()) for t in self.gpu_phases.values()), default=0.0)
+
+    @property
+    def peak_gpu_phase(self) -> str:
+        if not self.gpu_phases:
+            return "-"
+        return max(self.gpu_phases, key=lambda p: sum(self.gpu_phases[p].values()))
+
+    @property
+    def peak_host_gib(self) -> float:
+        return max(sum(self.host_terms.values()), sum(self.host_load_terms.values()))
+
+    @property
+    def load_host_peak_gib(self) -> float:
+        return sum(self.host_load_terms.values())
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.gpu_capacity_gib and self.peak_gpu_gib > self.gpu_capacity_gib:
+            out.append(
+                f"GPU {self.peak_gpu_phase} peak {self.peak_gpu_gib:.1f} GiB > "
+                f"{self.gpu_capacity_gib:.1f} GiB usable per GPU"
+            )
+        if self.rollout_utilization and self.rollout_utilization < self.rollout_min_utilization:
+            out.append(
+                f"vLLM needs rolloutGpuMemoryUtilization >= {self.rollout_min_utilization:.2f} "
+                f"(weights / TP {self.rollout_tensor_parallel} + overhead + one max-length "
+                f"sequence of KV cache) but {self.rollout_utilization:.2f} is what fits"
+            )
+        if self.peak_host_gib > self.host_capacity_gib:
+            out.append(
+                f"host peak {self.peak_host_gib:.1f} GiB per node > "
+                f"{self.host_capacity_gib:.1f} GiB usable"
+            )
+        return out
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems()
+
+
+@dataclass(frozen=True)
+class Decision:
+    knob: str
+    value: str
+    source: str  # "auto" | "spec" | "remediation" | "catalog"
+    reason: str
+
+
+@dataclass(frozen=True)
+class PodResources:
+    role: str  # "head" | "worker"
+    replicas: int
+    gpus: int
+    cpus: int
+    memory_gib: int
+    shm_gib: int
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    geometry: Geometry
+    settings: Settings
+    budget: Budget
+    pinned: frozenset[str]  # knobs the spec set; remediation leaves them alone
+    decisions: tuple[Decision, ...]
+    head: PodResources
+    worker: PodResources | None
+    env: dict[str, str]
+    ray_start_params: dict[str, str]
+    remediations: tuple[str, ...] = ()  # one line per applied rung, with the numbers
+    rungs: tuple[str, ...] = ()  # names of the applied rungs (each applies once)
+
+    @property
+    def world_size(self) -> int:
+        return self.geometry.world_size
