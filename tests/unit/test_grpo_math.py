@@ -70,8 +70,16 @@ def test_policy_gradient_sign_raises_probability_of_good_tokens() -> None:
     logits = torch.zeros(1, 1, 3, requires_grad=True)
     labels = torch.tensor([[1]])
     lp = log_probs_from_logits(logits, labels)
-    out = grpo_loss(lp, lp.detach(), torch.tensor([1.0]), torch.ones(1, 1), 1.0,
-                    clip_low=0.2, clip_high=0.3, clip_dual=None)
+    out = grpo_loss(
+        lp,
+        lp.detach(),
+        torch.tensor([1.0]),
+        torch.ones(1, 1),
+        1.0,
+        clip_low=0.2,
+        clip_high=0.3,
+        clip_dual=None,
+    )
     out.loss.backward()
     assert logits.grad is not None
     # Gradient descent on the loss increases the chosen token's logit.
@@ -127,11 +135,23 @@ def test_grpo_loss_adds_kl_and_entropy_terms() -> None:
     ref = torch.log(torch.full((2, 3), 0.25))
     mask = torch.ones(2, 3)
     ent = torch.full((2, 3), 2.0)
-    base = grpo_loss(lp, lp, torch.tensor([1.0, -1.0]), mask, 6.0,
-                     clip_low=0.2, clip_high=0.3, clip_dual=3.0)
-    full = grpo_loss(lp, lp, torch.tensor([1.0, -1.0]), mask, 6.0,
-                     clip_low=0.2, clip_high=0.3, clip_dual=3.0,
-                     ref_log_prob=ref, kl_coef=0.1, kl_estimator="k1",
-                     entropy=ent, entropy_coef=0.01)
+    base = grpo_loss(
+        lp, lp, torch.tensor([1.0, -1.0]), mask, 6.0, clip_low=0.2, clip_high=0.3, clip_dual=3.0
+    )
+    full = grpo_loss(
+        lp,
+        lp,
+        torch.tensor([1.0, -1.0]),
+        mask,
+        6.0,
+        clip_low=0.2,
+        clip_high=0.3,
+        clip_dual=3.0,
+        ref_log_prob=ref,
+        kl_coef=0.1,
+        kl_estimator="k1",
+        entropy=ent,
+        entropy_coef=0.01,
+    )
     assert torch.allclose(full.kl, torch.tensor(math.log(2.0)))
     assert torch.allclose(full.loss, base.loss + 0.1 * math.log(2.0) - 0.01 * 2.0)

@@ -186,11 +186,13 @@ class Config(_Strict):
         mini = self.mini_batch_samples
         if total % mini:
             raise ValueError(
-                f"actor.mini_batch_size ({mini}) must divide rollout_batch_size * rollout.n ({total})"
+                f"actor.mini_batch_size ({mini}) must divide "
+                f"rollout_batch_size * rollout.n ({total})"
             )
         if mini % world:
             raise ValueError(
-                f"actor.mini_batch_size ({mini}) must be divisible by resources.num_workers ({world})"
+                f"actor.mini_batch_size ({mini}) must be divisible by "
+                f"resources.num_workers ({world})"
             )
         if (mini // world) % self.actor.micro_batch_size:
             raise ValueError(
@@ -232,7 +234,9 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
     for i, key in enumerate(keys[:-1]):
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
-            raise ConfigError(".".join(keys[: i + 1]), "is not a section, cannot set a key under it")
+            raise ConfigError(
+                ".".join(keys[: i + 1]), "is not a section, cannot set a key under it"
+            )
         node = child
     node[keys[-1]] = value
 

@@ -39,17 +39,76 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-_CORPUS_WORDS = (
-    "the answer is think about it step by step first then final boxed yes no "
-    "what how many apples left right red blue green shape circle square triangle "
-    "image picture shows count add plus minus times equals solve problem question "
-    "<think> </think> <answer> </answer> \\boxed{ } 0 1 2 3 4 5 6 7 8 9 10 11 12"
-).split()
+_CORPUS_WORDS = [
+    "the",
+    "answer",
+    "is",
+    "think",
+    "about",
+    "it",
+    "step",
+    "by",
+    "step",
+    "first",
+    "then",
+    "final",
+    "boxed",
+    "yes",
+    "no",
+    "what",
+    "how",
+    "many",
+    "apples",
+    "left",
+    "right",
+    "red",
+    "blue",
+    "green",
+    "shape",
+    "circle",
+    "square",
+    "triangle",
+    "image",
+    "picture",
+    "shows",
+    "count",
+    "add",
+    "plus",
+    "minus",
+    "times",
+    "equals",
+    "solve",
+    "problem",
+    "question",
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+    "\\boxed{",
+    "}",
+    "0",
+    "1",
+    "2",
+    "3",
+    "4",
+    "5",
+    "6",
+    "7",
+    "8",
+    "9",
+    "10",
+    "11",
+    "12",
+]
 
 
 def _corpus() -> list[str]:
     lines = [" ".join(_CORPUS_WORDS[i : i + 7]) for i in range(0, len(_CORPUS_WORDS), 3)]
-    lines += [f"What is {a} plus {b}? The answer is \\boxed{{{a + b}}}" for a in range(10) for b in range(4)]
+    lines += [
+        f"What is {a} plus {b}? The answer is \\boxed{{{a + b}}}"
+        for a in range(10)
+        for b in range(4)
+    ]
     lines += ["<think> count then add </think> <answer> 3 </answer>"] * 5
     return lines * 4
 
@@ -142,7 +201,11 @@ def build_tiny_qwen2_5_vl(
     path = Path(path)
     tok = build_tokenizer(vocab_size)
     text = _text_dims(hidden, layers, _padded_vocab(tok), tok)
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [2, 3, 3],
+    }
     vision = {
         "depth": 2,
         "hidden_size": 32,

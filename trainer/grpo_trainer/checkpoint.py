@@ -1,0 +1,39 @@
+"""The checkpoint seam the driver calls; the crash-safe DCP implementation is issue 5.
+
+What a checkpoint must hold (FIELD-NOTES #3) and where each piece comes from:
+model + optimizer + LR scheduler (``Worker`` holds ``actor``/``optimizer``/
+``scheduler``, all rank-local FSDP2 state), the step, the data-loader position
+(``StatefulLoader.state_dict``), every rank's RNG streams (rollouts are already a
+pure function of ``rollout.seed``, step and rank, see ``worker.rollout_seed``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Checkpointer(Protocol):
+    def latest_step(self) -> int | None:
+        """Newest complete checkpoint's step, or None (used in termination messages)."""
+        ...
+
+    def restore(self, group: Any, loader: Any) -> int:
+        """Load the newest complete checkpoint into workers and loader; its step, 0 if none."""
+        ...
+
+    def maybe_save(self, step: int, group: Any, loader: Any, *, final: bool) -> None:
+        """Save when ``step`` hits the interval (or ``final``)."""
+        ...
+
+
+class NoCheckpointer:
+    """Training without checkpoints: nothing is written anywhere."""
+
+    def latest_step(self) -> int | None:
+        return None
+
+    def restore(self, group: Any, loader: Any) -> int:
+        return 0
+
+    def maybe_save(self, step: int, group: Any, loader: Any, *, final: bool) -> None:
+        return None

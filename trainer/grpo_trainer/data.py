@@ -1,0 +1,172 @@
+"""Prompt data: EasyR1-layout parquet/jsonl, Jinja2 prompt templates, a seeded stateful loader.
+
+Rows have ``problem`` (text, may contain ``<image>`` markers), ``answer`` and
+optionally ``images`` (a list of encoded bytes, paths, or ``{"bytes", "path"}``
+dicts as Hugging Face datasets store them). The loader yields whole batches in a
+seeded per-epoch order and exposes its position via ``state_dict`` so a resumed
+run continues with the very next batch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+
+from .config import ConfigError, DataConfig
+
+# Our wording of the common reasoning formats (EasyR1 math / R1-V style).
+BUILTIN_TEMPLATE_TEXT = {
+    "plain": "{{ content | trim }}",
+    "math": (
+        "{{ content | trim }} First reason about the problem step by step inside "
+        "<think> </think> tags, then give the final answer in \\boxed{}."
+    ),
+    "r1v": (
+        "{{ content | trim }} Think it through inside <think> </think> tags, then write "
+        "the final answer inside <answer> </answer> tags."
+    ),
+}
+
+
+@dataclass
+class Record:
+    """One prompt row as the driver sends it to a worker."""
+
+    index: int
+    problem: str
+    answer: str
+    images: list[bytes] = field(default_factory=list)
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_table(path).to_pylist())
+    if path.suffix in (".jsonl", ".json"):
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    raise ConfigError("data.train_files", f"unsupported file type {path.suffix!r} (parquet, jsonl)")
+
+
+def _image_bytes(item: Any, base: Path) -> bytes:
+    if isinstance(item, dict):
+        if item.get("bytes"):
+            return bytes(item["bytes"])
+        item = item.get("path")
+    if isinstance(item, bytes | bytearray):
+        return bytes(item)
+    if isinstance(item, str):
+        p = Path(item)
+        return (p if p.is_absolute() else base / p).read_bytes()
+    raise ValueError(f"cannot read an image from {type(item).__name__}")
+
+
+class PromptDataset:
+    def __init__(self, files: list[str], cfg: DataConfig) -> None:
+        self.cfg = cfg
+        self.records: list[Record] = []
+        for f in files:
+            path = Path(f)
+            for row in _read_rows(path):
+                missing = [k for k in (cfg.prompt_key, cfg.answer_key) if k not in row]
+                if missing:
+                    raise ConfigError("data.prompt_key", f"{path} lacks column(s) {missing}")
+                imgs = row.get(cfg.image_key) or []
+                self.records.append(
+                    Record(
+                        index=len(self.records),
+                        problem=str(row[cfg.prompt_key]),
+                        answer=str(row[cfg.answer_key]),
+                        images=[_image_bytes(i, path.parent) for i in imgs],
+                    )
+                )
+        if not self.records:
+            raise ConfigError("data.train_files", "no rows found")
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+class StatefulLoader:
+    """Endless batches over a dataset; each epoch is a fresh seeded permutation.
+
+    Drops the tail of an epoch that does not fill a batch, so every step sees the
+    same number of prompts. The state is three integers, cheap to checkpoint.
+    """
+
+    def __init__(self, dataset: PromptDataset, batch_size: int, seed: int, shuffle: bool) -> None:
+        if batch_size > len(dataset):
+            raise ConfigError(
+                "trainer.rollout_batch_size",
+                f"{batch_size} prompts per step but the dataset has only {len(dataset)}",
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.offset = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    def next_batch(self) -> list[Record]:
+        if self.offset + self.batch_size > len(self._order):
+            self.epoch += 1
+            self.offset = 0
+            self._order = self._permutation(self.epoch)
+        idx = self._order[self.offset : self.offset + self.batch_size]
+        self.offset += self.batch_size
+        return [self.dataset.records[int(i)] for i in idx]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self.offset = int(state["offset"])
+        self._order = self._permutation(self.epoch)
+
+
+def load_template(spec: str) -> jinja2.Template:
+    text = BUILTIN_TEMPLATE_TEXT.get(spec)
+    if text is None:
+        text = Path(spec).read_text()
+    return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(text)
+
+
+def build_messages(record: Record, template: jinja2.Template) -> list[dict[str, Any]]:
+    """A single user turn; ``<image>`` markers in the problem place the images."""
+    text = template.render(content=record.problem)
+    if not record.images:
+        return [{"role": "user", "content": text}]
+    content: list[dict[str, str]] = []
+    parts = text.split("<image>")
+    if len(parts) - 1 == len(record.images):
+        for i, part in enumerate(parts):
+            if part:
+                content.append({"type": "text", "text": part})
+            if i < len(record.images):
+                content.append({"type": "image"})
+    else:  # no (or mismatched) markers: images first, as most VLM datasets assume
+        content = [{"type": "image"} for _ in record.images]
+        content.append({"type": "text", "text": text.replace("<image>", "")})
+    return [{"role": "user", "content": content}]
+
+
+def decode_images(images: list[bytes]) -> list[Any]:
+    from PIL import Image
+
+    return [Image.open(io.BytesIO(b)).convert("RGB") for b in images]

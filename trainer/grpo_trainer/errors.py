@@ -1,0 +1,160 @@
+"""Map failures to the contract's exit codes and write the termination message.
+
+The operator decides how to remediate from the exit code and the JSON message
+in the termination log, so the classification must see through Ray's wrappers:
+a CUDA OOM inside a worker reaches the driver as a ``RayTaskError`` whose cause
+is the ``torch.OutOfMemoryError``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_operator.contract import (
+    TERMINATION_LOG,
+    TERMINATION_MESSAGE_MAX_BYTES,
+    ExitCode,
+    FailureReason,
+)
+
+from .config import ConfigError
+
+log = logging.getLogger(__name__)
+
+CUDA_OOM_TEXT = "CUDA out of memory"
+
+
+@dataclass(frozen=True)
+class Classified:
+    code: ExitCode
+    reason: FailureReason
+    detail: str
+
+
+class StepError(RuntimeError):
+    """A failure annotated with the training step it happened at."""
+
+    def __init__(self, step: int, cause: BaseException) -> None:
+        super().__init__(f"step {step}: {cause}")
+        self.step = step
+        self.cause = cause
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in seen:
+        seen.append(cur)
+        nxt = getattr(cur, "cause", None)  # RayTaskError / StepError
+        if not isinstance(nxt, BaseException):
+            nxt = cur.__cause__ or cur.__context__
+        cur = nxt
+    return seen
+
+
+def _is_cuda_oom(exc: BaseException) -> bool:
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    except ImportError:  # the operator side imports this module without torch
+        pass
+    return CUDA_OOM_TEXT in str(exc) or "OutOfMemoryError: CUDA" in str(exc)
+
+
+def classify(exc: BaseException) -> Classified:
+    """Exit code + reason for an exception raised anywhere in the driver."""
+    chain = _chain(exc)
+    detail = f"{type(chain[-1]).__name__}: {chain[-1]}"
+    if any(isinstance(e, ConfigError) for e in chain):
+        return Classified(ExitCode.CONFIG_ERROR, FailureReason.CONFIG_ERROR, detail)
+    if any(_is_cuda_oom(e) for e in chain):
+        return Classified(ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, detail)
+    try:
+        from ray import exceptions as rex
+    except ImportError:
+        rex = None  # type: ignore[assignment]
+    if rex is not None:
+        if any(isinstance(e, rex.OutOfMemoryError) for e in chain):
+            return Classified(ExitCode.HOST_OOM, FailureReason.RAY_OOM, detail)
+        lost = (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError)
+        if any(isinstance(e, lost) for e in chain):
+            return Classified(ExitCode.WORKER_LOST, FailureReason.NODE_LOST, detail)
+    if any(isinstance(e, MemoryError) for e in chain):
+        return Classified(ExitCode.HOST_OOM, FailureReason.HOST_OOM, detail)
+    return Classified(ExitCode.ERROR, FailureReason.ERROR, detail)
+
+
+def step_of(exc: BaseException) -> int | None:
+    for e in _chain(exc):
+        if isinstance(e, StepError):
+            return e.step
+    return None
+
+
+def termination_log_path(configured: str | None = None) -> Path:
+    return Path(configured or os.environ.get("GRPO_TERMINATION_LOG") or TERMINATION_LOG)
+
+
+def termination_message(
+    reason: FailureReason, step: int | None, last_checkpoint_step: int | None, detail: str
+) -> str:
+    """The JSON the operator reads, trimmed so it always fits the 4 KiB limit."""
+    body: dict[str, object] = {
+        "reason": str(reason),
+        "step": step,
+        "lastCheckpointStep": last_checkpoint_step,
+        "detail": detail,
+    }
+    text = json.dumps(body)
+    while len(text.encode()) > TERMINATION_MESSAGE_MAX_BYTES:
+        # Keep the tail: the innermost error line is the informative part.
+        cut = len(text.encode()) - TERMINATION_MESSAGE_MAX_BYTES + 16
+        body["detail"] = "..." + str(body["detail"])[cut:]
+        text = json.dumps(body)
+    return text
+
+
+def write_termination(path: Path, message: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(message)
+    except OSError as err:  # never mask the real failure with a logging failure
+        log.error("could not write termination message to %s: %s", path, err)
+
+
+def parse_fault(spec: str | None) -> tuple[str, int] | None:
+    """``GRPO_FAULT_INJECT=<kind>@step=<n>`` -> (kind, n); test-only fault switch."""
+    if not spec:
+        return None
+    kind, _, where = spec.partition("@")
+    if not where.startswith("step="):
+        raise ConfigError("trainer.fault_inject", f"expected <kind>@step=<n>, got {spec!r}")
+    try:
+        step = int(where.removeprefix("step="))
+    except ValueError:
+        raise ConfigError("trainer.fault_inject", f"bad step in {spec!r}") from None
+    if kind not in FAULT_KINDS:
+        raise ConfigError("trainer.fault_inject", f"unknown fault {kind!r}; one of {FAULT_KINDS}")
+    return kind, step
+
+
+# cuda_oom: the worker raises a real torch.OutOfMemoryError (labelled as injected).
+# worker_exit: the worker process dies (os._exit), as a lost node looks to Ray.
+# driver_cuda_oom: the same OOM raised in the driver process.
+FAULT_KINDS = ("cuda_oom", "worker_exit", "driver_cuda_oom")
+
+
+def raise_injected_oom(where: str, step: int) -> None:
+    import torch
+
+    raise torch.OutOfMemoryError(
+        f"INJECTED FAULT (GRPO_FAULT_INJECT) in {where} at step {step}: "
+        f"{CUDA_OOM_TEXT}. Tried to allocate 2.00 GiB"
+    )

@@ -1,0 +1,88 @@
+"""Per-step metrics: JSON lines on stdout, TensorBoard, Prometheus, a progress bar.
+
+Every sink is optional and cheap when off; the driver calls ``log(step, metrics)``
+once per step and ``close()`` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from .config import MetricsConfig
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+class MetricsLogger:
+    def __init__(self, cfg: MetricsConfig, total_steps: int, stream: TextIO | None = None) -> None:
+        self.cfg = cfg
+        self.total_steps = total_steps
+        self.stream = stream or sys.stdout
+        self._tb: Any = None
+        self._gauges: dict[str, Any] = {}
+        self._registry: Any = None
+        self._progress: Any = None
+        self._task: Any = None
+        if cfg.tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(cfg.tensorboard_dir)
+        if cfg.prometheus_port is not None:
+            from prometheus_client import CollectorRegistry, start_http_server
+
+            self._registry = CollectorRegistry()
+            start_http_server(cfg.prometheus_port, registry=self._registry)
+        show = cfg.progress_bar == "on" or (cfg.progress_bar == "auto" and self.stream.isatty())
+        if show:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("GRPO"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total} {task.fields[info]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("train", total=total_steps, info="")
+
+    def _gauge(self, name: str) -> Any:
+        if name not in self._gauges:
+            from prometheus_client import Gauge
+
+            safe = "grpo_" + "".join(c if c.isalnum() else "_" for c in name)
+            self._gauges[name] = Gauge(safe, f"GRPO trainer metric {name}", registry=self._registry)
+        return self._gauges[name]
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self.cfg.jsonl:
+            record = {"step": step, **{k: _finite(float(v)) for k, v in metrics.items()}}
+            # Progress bar and JSON lines share the terminal; rich prints above the bar.
+            line = json.dumps(record)
+            if self._progress is not None:
+                self._progress.console.print(line, markup=False, highlight=False)
+            else:
+                print(line, file=self.stream, flush=True)
+        if self._tb is not None:
+            for k, v in metrics.items():
+                self._tb.add_scalar(k, float(v), step)
+        if self._registry is not None:
+            self._gauge("step").set(step)
+            for k, v in metrics.items():
+                self._gauge(k).set(float(v))
+        if self._progress is not None:
+            info = f"reward={metrics.get('reward/mean', float('nan')):.3f}"
+            self._progress.update(self._task, completed=step, info=info)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,67 @@
+"""Progress reports to the operator: the seam the driver calls once per step.
+
+The Kubernetes implementation (patching ``status.progress`` with its own field
+manager) belongs to the operator integration; here are the interface, a no-op and
+a JSON-file reporter (used by tests and handy for local runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from grpo_operator.contract import PROGRESS_MIN_INTERVAL_S
+
+
+@dataclass
+class Progress:
+    step: int
+    total_steps: int
+    reward_mean: float | None = None
+    last_checkpoint_step: int | None = None
+    updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    conditions: dict[str, str] = field(default_factory=dict)  # e.g. MemoryGrowth (issue 5)
+
+    def to_status(self) -> dict[str, object]:
+        """camelCase keys as in GRPOJob.status.progress."""
+        d = asdict(self)
+        return {
+            "step": d["step"],
+            "totalSteps": d["total_steps"],
+            "rewardMean": d["reward_mean"],
+            "lastCheckpointStep": d["last_checkpoint_step"],
+            "updatedAt": d["updated_at"],
+        }
+
+
+class ProgressReporter(Protocol):
+    def report(self, progress: Progress, *, final: bool = False) -> None: ...
+
+
+class NullProgressReporter:
+    def report(self, progress: Progress, *, final: bool = False) -> None:
+        return None
+
+
+class JsonFileProgressReporter:
+    """Writes the latest progress atomically; rate-limited like the real reporter."""
+
+    def __init__(self, path: str | Path, min_interval_s: float = PROGRESS_MIN_INTERVAL_S) -> None:
+        self.path = Path(path)
+        self.min_interval_s = min_interval_s
+        self._last = float("-inf")
+
+    def report(self, progress: Progress, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self._last < self.min_interval_s:
+            return
+        self._last = now
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.write_text(json.dumps(progress.to_status()))
+        os.replace(tmp, self.path)

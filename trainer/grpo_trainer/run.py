@@ -1,0 +1,66 @@
+"""Training entry point with the exit-code contract around it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from grpo_operator.contract import ExitCode, FailureReason
+
+from .config import ConfigError, check_runtime, load_config
+from .errors import classify, step_of, termination_log_path, termination_message, write_termination
+
+log = logging.getLogger("grpo_trainer")
+
+
+def run_training(config_path: str, overrides: Sequence[str] = ()) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    term_path = termination_log_path()
+    try:
+        cfg = load_config(config_path, overrides)
+        term_path = termination_log_path(cfg.trainer.termination_log)
+        check_runtime(cfg)
+    except ConfigError as err:
+        # Before anything touches Ray or the checkpoint directory: never retried.
+        print(f"config error: {err}", file=sys.stderr)
+        write_termination(
+            term_path, termination_message(FailureReason.CONFIG_ERROR, None, None, str(err))
+        )
+        return int(ExitCode.CONFIG_ERROR)
+
+    from .driver import GRPOTrainer, init_ray
+    from .progress import JsonFileProgressReporter, NullProgressReporter, ProgressReporter
+
+    reporter: ProgressReporter = (
+        JsonFileProgressReporter(cfg.metrics.progress_file)
+        if cfg.metrics.progress_file
+        else NullProgressReporter()
+    )
+    trainer: GRPOTrainer | None = None
+    started_ray = False
+    try:
+        trainer = GRPOTrainer(cfg, reporter=reporter)
+        started_ray = init_ray(cfg)
+        trainer.run()
+        return int(ExitCode.FINISHED)
+    except (Exception, KeyboardInterrupt) as err:
+        c = classify(err)
+        step = step_of(err)
+        last = trainer.checkpointer.latest_step() if trainer is not None else None
+        log.error("training failed at step %s (%s, exit %d): %s", step, c.reason, c.code, c.detail)
+        if c.code == ExitCode.CONFIG_ERROR:
+            print(f"config error: {err}", file=sys.stderr)
+        write_termination(term_path, termination_message(c.reason, step, last, c.detail))
+        return int(c.code)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        if started_ray:
+            import ray
+
+            ray.shutdown()

@@ -1,0 +1,360 @@
+"""One FSDP2 rank: rollout on its share of prompts, log-prob recomputation, the update.
+
+Plain class so tests and the benchmark can use it in-process; ``driver.py`` wraps
+it as a Ray actor. Samples stay on the rank that generated them (pixel values
+never travel back to the driver); the driver only sends advantages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .config import Config
+from .data import Record, load_template
+from .errors import parse_fault, raise_injected_oom
+from .grpo_math import entropy_from_logits, grpo_loss, log_probs_from_logits
+from .modeling import DTYPES, build_sharded, load_full, stream_full_params
+from .rollout.base import RolloutEngine, SamplingSpec
+from .samples import EncodedPrompt, PromptEncoder, Sample, collate_train
+
+log = logging.getLogger(__name__)
+
+
+def _chunks(items: Sequence[Sample], size: int) -> Iterator[list[Sample]]:
+    for i in range(0, len(items), size):
+        yield list(items[i : i + size])
+
+
+def rollout_seed(base: int, step: int, rank: int) -> int:
+    """Rollout randomness as a function of (seed, step, rank): resumable without RNG state."""
+    return (base * 1_000_003 + step * 1009 + rank) % (2**31 - 1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class Worker:
+    def __init__(self, cfg: Config, rank: int, world_size: int) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.samples: list[Sample] = []
+        self.fault = parse_fault(cfg.trainer.fault_inject)
+        use_cuda = cfg.resources.gpus_per_worker > 0 and torch.cuda.is_available()
+        self.device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        self.backend = "nccl" if use_cuda else "gloo"
+        torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
+
+    # -- setup ---------------------------------------------------------------
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        if not dist.is_initialized():
+            dist.init_process_group(
+                self.backend,
+                init_method=f"tcp://{master_addr}:{master_port}",
+                rank=self.rank,
+                world_size=self.world_size,
+            )
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        cfg = self.cfg
+        torch.manual_seed(cfg.trainer.seed)  # identical init everywhere (meta ranks overwrite)
+        self.compute_dtype = DTYPES[cfg.actor.dtype]
+        self.actor = build_sharded(cfg.model, cfg.actor, self.device, trainable=True)
+        self.ref: nn.Module | None = None
+        if cfg.algorithm.kl_coef > 0:
+            self.ref = build_sharded(cfg.model, cfg.actor, self.device, trainable=False)
+        self.optimizer = torch.optim.AdamW(
+            self.actor.parameters(),
+            lr=cfg.actor.lr,
+            betas=cfg.actor.betas,
+            weight_decay=cfg.actor.weight_decay,
+        )
+        warmup = cfg.actor.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+        self._setup_tokenizer()
+        self.engine = self._build_engine()
+        n_params = sum(p.numel() for p in self.actor.parameters())
+        return {"rank": self.rank, "backend": self.backend, "local_params": n_params}
+
+    def _setup_tokenizer(self) -> None:
+        from transformers import AutoProcessor, AutoTokenizer
+
+        cfg = self.cfg
+        tok_path = cfg.model.tokenizer_path or cfg.model.path
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            tok_path, trust_remote_code=cfg.model.trust_remote_code
+        )
+        processor = None
+        if getattr(self.actor.config, "vision_config", None) is not None:  # type: ignore[union-attr]
+            processor = AutoProcessor.from_pretrained(
+                tok_path, trust_remote_code=cfg.model.trust_remote_code
+            )
+        size = None
+        if (
+            "image_max_pixels" in cfg.data.model_fields_set
+            or "image_min_pixels" in cfg.data.model_fields_set
+        ):
+            size = {
+                "shortest_edge": cfg.data.image_min_pixels,
+                "longest_edge": cfg.data.image_max_pixels,
+            }
+        self.encoder = PromptEncoder(
+            processor, self.tokenizer, load_template(cfg.data.format_prompt), size
+        )
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        eos = self.actor.config.eos_token_id  # type: ignore[union-attr]
+        if eos is None:
+            eos = getattr(getattr(self.actor.config, "text_config", None), "eos_token_id", None)  # type: ignore[union-attr]
+        eos_ids = (
+            eos
+            if isinstance(eos, list)
+            else [eos if eos is not None else self.tokenizer.eos_token_id]
+        )
+        self.eos_ids = [int(e) for e in eos_ids]
+
+    def _build_engine(self) -> RolloutEngine:
+        cfg = self.cfg
+        if cfg.rollout.engine == "vllm":
+            from .rollout.vllm_engine import VLLMEngine
+
+            return VLLMEngine(
+                cfg.model.path,
+                dtype=cfg.actor.dtype,
+                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
+                seed=rollout_seed(cfg.rollout.seed, 0, self.rank),
+                enable_sleep_mode=cfg.rollout.enable_sleep_mode,
+                trust_remote_code=cfg.model.trust_remote_code,
+            )
+        from .rollout.hf import HFGenerateEngine
+
+        model = load_full(cfg.model, self.compute_dtype).to(self.device)
+        return HFGenerateEngine(model, self.pad_id, self.eos_ids)
+
+    def _maybe_fault(self, phase: str, step: int) -> None:
+        if self.fault is None or self.fault[1] != step:
+            return
+        kind = self.fault[0]
+        if kind == "cuda_oom" and phase == "update" and self.rank == 0:
+            raise_injected_oom(f"worker rank {self.rank} ({phase})", step)
+        if kind == "worker_exit" and phase == "generate" and self.rank == self.world_size - 1:
+            log.error("INJECTED FAULT (GRPO_FAULT_INJECT): worker rank %d exits", self.rank)
+            os._exit(1)
+
+    # -- rollout ---------------------------------------------------------------
+    def generate(self, records: list[Record], step: int) -> list[dict[str, Any]]:
+        """``rollout.n`` responses per record; keeps the samples, returns their text."""
+        self._maybe_fault("generate", step)
+        cfg = self.cfg
+        prompts = [self.encoder.encode(r) for r in records]
+        for p in prompts:
+            if p.input_ids.numel() > cfg.data.max_prompt_length:
+                log.warning(
+                    "prompt %d has %d tokens > data.max_prompt_length %d",
+                    p.record.index,
+                    p.input_ids.numel(),
+                    cfg.data.max_prompt_length,
+                )
+        self.engine.wake()
+        self.engine.load_weights(stream_full_params(self.actor, self.compute_dtype))
+        spec = SamplingSpec(
+            n=cfg.rollout.n,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            seed=rollout_seed(cfg.rollout.seed, step, self.rank),
+        )
+        groups = self.engine.generate(prompts, spec) if prompts else []
+        self.engine.sleep()
+        self.samples = []
+        for prompt, gens in zip(prompts, groups, strict=True):
+            for g in gens:
+                text = self.tokenizer.decode(g.token_ids, skip_special_tokens=True)
+                self.samples.append(Sample(prompt, g.token_ids, g.log_probs, g.finished, text))
+        return [self._summary(s) for s in self.samples]
+
+    @staticmethod
+    def _summary(s: Sample) -> dict[str, Any]:
+        return {
+            "index": s.prompt.record.index,
+            "text": s.text,
+            "prompt_tokens": int(s.prompt.input_ids.numel()),
+            "response_tokens": int(s.response_ids.numel()),
+            "finished": s.finished,
+        }
+
+    def load_samples(self, items: list[tuple[Record, list[int]]]) -> list[dict[str, Any]]:
+        """Test seam: install given (prompt, response tokens) instead of generating."""
+        self.samples = []
+        for record, ids in items:
+            prompt: EncodedPrompt = self.encoder.encode(record)
+            resp = torch.tensor(ids, dtype=torch.long)
+            self.samples.append(Sample(prompt, resp, torch.zeros(len(ids)), True, ""))
+        return [self._summary(s) for s in self.samples]
+
+    # -- update ----------------------------------------------------------------
+    def _log_probs(
+        self, model: nn.Module, micro: list[Sample], with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        batch = collate_train(micro, self.pad_id)
+        inputs = {k: v.to(self.device) for k, v in batch.model_inputs.items()}
+        out = model(**inputs, use_cache=False)
+        logits = out.logits[:, :-1].float() / self.cfg.rollout.temperature
+        logp = log_probs_from_logits(logits, batch.labels.to(self.device))
+        ent = None
+        if with_entropy:
+            if self.cfg.algorithm.entropy_coef > 0:
+                ent = entropy_from_logits(logits)
+            else:
+                with torch.no_grad():
+                    ent = entropy_from_logits(logits.detach())
+        return logp, ent, batch
+
+    @torch.no_grad()
+    def _fill(self, model: nn.Module, attr: str) -> None:
+        mb = self.cfg.actor.micro_batch_size
+        for micro in _chunks(self.samples, mb):
+            logp, _, batch = self._log_probs(model, micro, with_entropy=False)
+            for s, lp in zip(micro, batch.gather(logp.cpu()), strict=True):
+                setattr(s, attr, lp.clone())
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return [float(v) for v in t.cpu()]
+
+    def update(self, advantages: list[float], step: int) -> dict[str, float]:
+        """Recompute old (and reference) log-probs, then the clipped GRPO update."""
+        self._maybe_fault("update", step)
+        cfg, alg = self.cfg, self.cfg.algorithm
+        if len(advantages) != len(self.samples):
+            raise ValueError(f"{len(advantages)} advantages for {len(self.samples)} samples")
+        for s, a in zip(self.samples, advantages, strict=True):
+            s.advantage = float(a)
+        self.actor.eval()  # no dropout: old and new log-probs must agree at ratio 1
+        self._fill(self.actor, "old_log_probs")
+        if self.ref is not None:
+            self._fill(self.ref, "ref_log_probs")
+        diffs = [
+            (s.old_log_probs - s.rollout_log_probs).abs()  # type: ignore[operator]
+            for s in self.samples
+            if s.rollout_log_probs.abs().sum() > 0
+        ]
+        gap = torch.cat(diffs) if diffs else torch.zeros(1)
+        self.actor.train()  # HF only checkpoints activations in train mode
+
+        mini = cfg.mini_batch_samples // self.world_size
+        mb = cfg.actor.micro_batch_size
+        sums = torch.zeros(7, dtype=torch.float64)  # pg, kl, ent, clip, dual, tokens, opt-steps
+        grad_norms: list[float] = []
+        for _epoch in range(cfg.actor.ppo_epochs):
+            for mini_batch in _chunks(self.samples, mini):
+                local_tokens = sum(int(s.response_ids.numel()) for s in mini_batch)
+                global_tokens = self._all_sum([local_tokens])[0]
+                micros = list(_chunks(mini_batch, mb))
+                for i, micro in enumerate(micros):
+                    # Reduce-scatter gradients once per mini-batch, not per micro-batch.
+                    self.actor.set_requires_gradient_sync(i == len(micros) - 1)  # type: ignore[operator]
+                    logp, ent, batch = self._log_probs(self.actor, micro, with_entropy=True)
+                    dev = self.device
+                    old = batch.scatter([s.old_log_probs for s in micro]).to(dev)  # type: ignore[misc]
+                    ref = (
+                        batch.scatter([s.ref_log_probs for s in micro]).to(dev)  # type: ignore[misc]
+                        if self.ref is not None
+                        else None
+                    )
+                    adv = torch.tensor([s.advantage for s in micro], device=dev)
+                    out = grpo_loss(
+                        logp,
+                        old,
+                        adv,
+                        batch.response_mask.to(dev),
+                        global_tokens,
+                        clip_low=alg.clip_ratio_low,
+                        clip_high=alg.clip_ratio_high,
+                        clip_dual=alg.clip_ratio_dual,
+                        ref_log_prob=ref,
+                        kl_coef=alg.kl_coef,
+                        kl_estimator=alg.kl_estimator,
+                        entropy=ent,
+                        entropy_coef=alg.entropy_coef,
+                    )
+                    # FSDP averages gradients over ranks; each rank's loss is already its
+                    # share of the global token mean, so undo the average.
+                    (out.loss * self.world_size).backward()
+                    sums += torch.tensor(
+                        [
+                            out.pg_loss.item(),
+                            out.kl.item(),
+                            out.entropy.item(),
+                            out.clip_tokens.item(),
+                            out.dual_clip_tokens.item(),
+                            0.0,
+                            0.0,
+                        ],
+                        dtype=torch.float64,
+                    )
+                sums[5] += local_tokens
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    self.actor.parameters(), cfg.actor.max_grad_norm
+                )
+                gn = float(
+                    grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                )
+                grad_norms.append(gn)
+                if torch.isfinite(torch.tensor(gn)):
+                    self.optimizer.step()
+                    sums[6] += 1
+                else:
+                    log.warning("step %d: non-finite grad norm, optimizer step skipped", step)
+                self.optimizer.zero_grad(set_to_none=True)
+                self.scheduler.step()
+        total = self._all_sum([float(v) for v in sums] + [float(gap.sum()), float(gap.numel())])
+        n_mb = cfg.actor.ppo_epochs * (cfg.samples_per_step // cfg.mini_batch_samples)
+        return {
+            "actor/pg_loss": total[0] / n_mb,
+            "actor/kl": total[1] / n_mb,
+            "actor/entropy": total[2] / n_mb,
+            "actor/clip_frac": total[3] / max(total[5], 1.0),
+            "actor/dual_clip_frac": total[4] / max(total[5], 1.0),
+            "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+            "actor/lr": float(self.scheduler.get_last_lr()[0]),
+            "actor/optimizer_steps": total[6] / self.world_size,
+            "rollout/logprob_abs_diff_mean": total[7] / max(total[8], 1.0),
+        }
+
+    # -- introspection (tests, checkpoint seam) ---------------------------------
+    def full_params(self) -> dict[str, torch.Tensor]:
+        """Full fp32 parameters (collective: call on every rank); rank 0's copy is used."""
+        return {n: t.clone() for n, t in stream_full_params(self.actor, torch.float32)}
+
+    def rollout_log_prob_gap(self) -> float:
+        """Max |rollout log-prob - actor log-prob| over this rank's response tokens."""
+        vals = [
+            (s.old_log_probs - s.rollout_log_probs).abs().max().item()  # type: ignore[operator]
+            for s in self.samples
+            if s.old_log_probs is not None and s.response_ids.numel()
+        ]
+        return max(vals) if vals else 0.0
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
