@@ -10,8 +10,7 @@ import torch
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
 from grpo_trainer.driver import WorkerGroup, split
-
-from .conftest import text_config
+from grpo_trainer.testing.configs import text_config
 
 pytestmark = pytest.mark.trainer
 

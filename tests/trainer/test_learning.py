@@ -12,9 +12,8 @@ import pytest
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.progress import JsonFileProgressReporter
+from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
-
-from .conftest import text_config
 
 pytestmark = pytest.mark.trainer
 

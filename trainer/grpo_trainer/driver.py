@@ -87,9 +87,9 @@ class WorkerGroup:
         from .worker import Worker
 
         res = cfg.resources
-        remote = ray.remote(Worker)
+        remote: Any = ray.remote(Worker)
         self.world_size = res.num_workers
-        self.workers = [
+        self.workers: list[Any] = [
             remote.options(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker).remote(
                 cfg, rank, self.world_size
             )

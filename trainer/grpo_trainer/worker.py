@@ -103,7 +103,7 @@ class Worker:
             tok_path, trust_remote_code=cfg.model.trust_remote_code
         )
         processor = None
-        if getattr(self.actor.config, "vision_config", None) is not None:  # type: ignore[union-attr]
+        if getattr(self.actor.config, "vision_config", None) is not None:
             processor = AutoProcessor.from_pretrained(
                 tok_path, trust_remote_code=cfg.model.trust_remote_code
             )
@@ -122,13 +122,13 @@ class Worker:
         self.pad_id = int(self.tokenizer.pad_token_id)
         eos = self.actor.config.eos_token_id  # type: ignore[union-attr]
         if eos is None:
-            eos = getattr(getattr(self.actor.config, "text_config", None), "eos_token_id", None)  # type: ignore[union-attr]
+            eos = getattr(getattr(self.actor.config, "text_config", None), "eos_token_id", None)
         eos_ids = (
             eos
             if isinstance(eos, list)
             else [eos if eos is not None else self.tokenizer.eos_token_id]
         )
-        self.eos_ids = [int(e) for e in eos_ids]
+        self.eos_ids = [int(e) for e in eos_ids]  # type: ignore[arg-type]
 
     def _build_engine(self) -> RolloutEngine:
         cfg = self.cfg
@@ -187,7 +187,7 @@ class Worker:
         self.samples = []
         for prompt, gens in zip(prompts, groups, strict=True):
             for g in gens:
-                text = self.tokenizer.decode(g.token_ids, skip_special_tokens=True)
+                text = str(self.tokenizer.decode(g.token_ids, skip_special_tokens=True))
                 self.samples.append(Sample(prompt, g.token_ids, g.log_probs, g.finished, text))
         return [self._summary(s) for s in self.samples]
 
@@ -275,9 +275,9 @@ class Worker:
                     self.actor.set_requires_gradient_sync(i == len(micros) - 1)  # type: ignore[operator]
                     logp, ent, batch = self._log_probs(self.actor, micro, with_entropy=True)
                     dev = self.device
-                    old = batch.scatter([s.old_log_probs for s in micro]).to(dev)  # type: ignore[misc]
+                    old = batch.scatter([s.old_log_probs for s in micro]).to(dev)
                     ref = (
-                        batch.scatter([s.ref_log_probs for s in micro]).to(dev)  # type: ignore[misc]
+                        batch.scatter([s.ref_log_probs for s in micro]).to(dev)
                         if self.ref is not None
                         else None
                     )
@@ -349,7 +349,7 @@ class Worker:
     def rollout_log_prob_gap(self) -> float:
         """Max |rollout log-prob - actor log-prob| over this rank's response tokens."""
         vals = [
-            (s.old_log_probs - s.rollout_log_probs).abs().max().item()  # type: ignore[operator]
+            (s.old_log_probs - s.rollout_log_probs).abs().max().item()
             for s in self.samples
             if s.old_log_probs is not None and s.response_ids.numel()
         ]

@@ -40,7 +40,7 @@ def resolve_reward_fn(cfg: RewardConfig) -> RewardFn:
         raise ConfigError("reward.function", f"cannot import {cfg.function!r}: {err}") from None
     if not callable(fn):
         raise ConfigError("reward.function", f"{cfg.function!r} is not callable")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _to_result(value: Any) -> RewardResult:
