@@ -45,8 +45,6 @@ def _one_step(
     try:
         items = [(Record(i // 2, f"question {i // 2}", "7"), r) for i, r in enumerate(RESPONSES)]
         group.call("load_samples", split(items, world))
-        # A first update makes old == current policy; a second, on the same batch,
-        # then sees ratio != 1 and exercises the clipped branch too.
         metrics = group.call("update", split(ADVANTAGES, world), common=[1])[0]
         params = group.call("full_params")[0]
     finally:

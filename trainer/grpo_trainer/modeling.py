@@ -139,6 +139,10 @@ def _prepare(model: nn.Module, actor: ActorConfig, trainable: bool) -> None:
     cfg = getattr(model, "config", None)
     if cfg is not None:
         cfg.use_cache = False
+    # Dropout would make the update's log-probs differ from the old ones at ratio 1.
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
     if trainable and actor.gradient_checkpointing:
         model.gradient_checkpointing_enable(  # type: ignore[operator]
             gradient_checkpointing_kwargs={"use_reentrant": False}

@@ -120,15 +120,23 @@ class Worker:
             processor, self.tokenizer, load_template(cfg.data.format_prompt), size
         )
         self.pad_id = int(self.tokenizer.pad_token_id)
-        eos = self.actor.config.eos_token_id  # type: ignore[union-attr]
+        hf_cfg = self.actor.config
+        eos = getattr(hf_cfg, "eos_token_id", None)
+        if eos is None:  # VLM configs keep it on the text sub-config
+            eos = getattr(getattr(hf_cfg, "text_config", None), "eos_token_id", None)
         if eos is None:
-            eos = getattr(getattr(self.actor.config, "text_config", None), "eos_token_id", None)
-        eos_ids = (
-            eos
-            if isinstance(eos, list)
-            else [eos if eos is not None else self.tokenizer.eos_token_id]
-        )
+            eos = self.tokenizer.eos_token_id
+        eos_ids = eos if isinstance(eos, list) else [eos]
         self.eos_ids = [int(e) for e in eos_ids]  # type: ignore[arg-type]
+        vision_keys = (
+            "image_token_id",
+            "video_token_id",
+            "vision_start_token_id",
+            "vision_end_token_id",
+        )
+        self.suppress_ids = tuple(
+            int(v) for k in vision_keys if (v := getattr(hf_cfg, k, None)) is not None
+        )
 
     def _build_engine(self) -> RolloutEngine:
         cfg = self.cfg
@@ -181,6 +189,7 @@ class Worker:
             top_p=cfg.rollout.top_p,
             max_new_tokens=cfg.rollout.max_new_tokens,
             seed=rollout_seed(cfg.rollout.seed, step, self.rank),
+            suppress_ids=self.suppress_ids,
         )
         groups = self.engine.generate(prompts, spec) if prompts else []
         self.engine.sleep()
@@ -249,16 +258,14 @@ class Worker:
             raise ValueError(f"{len(advantages)} advantages for {len(self.samples)} samples")
         for s, a in zip(self.samples, advantages, strict=True):
             s.advantage = float(a)
-        self.actor.eval()  # no dropout: old and new log-probs must agree at ratio 1
-        self._fill(self.actor, "old_log_probs")
+        # One optimizer step per rollout batch: the policy cannot move before its
+        # log-probs are taken, so the update forward's detached log-probs are the
+        # old ones and a separate recompute pass would be wasted work.
+        on_policy = cfg.actor.ppo_epochs == 1 and cfg.mini_batch_samples == cfg.samples_per_step
+        if not on_policy:
+            self._fill(self.actor, "old_log_probs")
         if self.ref is not None:
             self._fill(self.ref, "ref_log_probs")
-        diffs = [
-            (s.old_log_probs - s.rollout_log_probs).abs()  # type: ignore[operator]
-            for s in self.samples
-            if s.rollout_log_probs.abs().sum() > 0
-        ]
-        gap = torch.cat(diffs) if diffs else torch.zeros(1)
         self.actor.train()  # HF only checkpoints activations in train mode
 
         mini = cfg.mini_batch_samples // self.world_size
@@ -275,7 +282,12 @@ class Worker:
                     self.actor.set_requires_gradient_sync(i == len(micros) - 1)  # type: ignore[operator]
                     logp, ent, batch = self._log_probs(self.actor, micro, with_entropy=True)
                     dev = self.device
-                    old = batch.scatter([s.old_log_probs for s in micro]).to(dev)
+                    if on_policy:
+                        old = logp.detach()
+                        for s, lp in zip(micro, batch.gather(old.cpu()), strict=True):
+                            s.old_log_probs = lp.clone()
+                    else:
+                        old = batch.scatter([s.old_log_probs for s in micro]).to(dev)
                     ref = (
                         batch.scatter([s.ref_log_probs for s in micro]).to(dev)
                         if self.ref is not None
@@ -327,6 +339,12 @@ class Worker:
                     log.warning("step %d: non-finite grad norm, optimizer step skipped", step)
                 self.optimizer.zero_grad(set_to_none=True)
                 self.scheduler.step()
+        diffs = [
+            (s.old_log_probs - s.rollout_log_probs).abs()  # type: ignore[operator]
+            for s in self.samples
+            if s.rollout_log_probs.abs().sum() > 0
+        ]
+        gap = torch.cat(diffs) if diffs else torch.zeros(1)
         total = self._all_sum([float(v) for v in sums] + [float(gap.sum()), float(gap.numel())])
         n_mb = cfg.actor.ppo_epochs * (cfg.samples_per_step // cfg.mini_batch_samples)
         return {

@@ -18,6 +18,9 @@ class SamplingSpec:
     top_p: float
     max_new_tokens: int
     seed: int  # derived per step and rank by the worker, so rollouts are reproducible
+    # Never sampled: image/video placeholders in a response would be taken for
+    # vision inputs by the training forward (feature/token count mismatch).
+    suppress_ids: tuple[int, ...] = ()
 
 
 @dataclass

@@ -53,6 +53,7 @@ class HFGenerateEngine:
             top_k=0,
             max_new_tokens=spec.max_new_tokens,
             eos_token_id=self.eos_ids,
+            suppress_tokens=list(spec.suppress_ids) or None,
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_logits=True,

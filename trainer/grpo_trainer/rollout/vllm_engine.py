@@ -123,6 +123,7 @@ class VLLMEngine:
             max_tokens=spec.max_new_tokens,
             logprobs=0,  # the sampled token's log-prob only
             seed=spec.seed,
+            logit_bias={i: -100.0 for i in spec.suppress_ids} or None,
         )
         inputs: list[dict[str, Any]] = []
         for p in prompts:
