@@ -61,7 +61,9 @@ def plan(file: Path, output: str, model_root: Path | None) -> None:
     from .planner import InfeasibleError
 
     try:
-        plan_file(file, output, model_root, Console(soft_wrap=output != "table"))
+        # Piped or captured output gets a fixed, wide layout instead of 80 columns.
+        width = None if sys.stdout.isatty() else 140
+        plan_file(file, output, model_root, Console(width=width))
     except (SpecError, InfeasibleError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

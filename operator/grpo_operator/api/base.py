@@ -46,6 +46,7 @@ class ApiModel(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,  # like the API server: "true" is not a boolean, "2" is not an integer
         alias_generator=to_camel,
         populate_by_name=True,
         use_attribute_docstrings=False,

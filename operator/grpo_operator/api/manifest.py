@@ -36,6 +36,15 @@ class GRPOJob(ApiModel):
     status: GRPOJobStatus | None = None
 
 
+# Strict types, like the API server; say how to write the value.
+_HINTS = {
+    "bool_type": "write true or false, unquoted",
+    "int_type": "write a whole number, unquoted",
+    "float_type": "write a number, unquoted",
+    "string_type": "write a string; quote values YAML would read as numbers or booleans",
+}
+
+
 def _known_fields(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str] | None:
     """Aliases accepted at `loc` (the parent of an unknown field), for the error hint."""
     model: Any = root
@@ -70,6 +79,8 @@ def format_errors(
             msg = "unknown field" + (f"; known fields: {', '.join(known)}" if known else "")
         elif err["type"] == "missing":
             msg = "required field is missing"
+        elif err["type"] in _HINTS:
+            msg = f"{msg} ({_HINTS[err['type']]})"
         problems.append(f"{path}: {msg}")
     return problems
 

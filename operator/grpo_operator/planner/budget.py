@@ -109,13 +109,12 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         "activations": act / GIB,
         "logits": logits / GIB,
     }
-    # Without rank-0 init every rank materialises the whole model (bf16) before sharding.
-    loading = {
-        "cuda_context": ctx,
-        "full_model_bf16" if not st.rank0_init else "fp32_shard": (
-            p * BF16_B / GIB if not st.rank0_init else shard * MASTER_B / GIB
-        ),
-    }
+    # Without rank-0 init every rank materialises the whole model (bf16) before sharding;
+    # with it, each GPU receives only its fp32 shard (none when params are offloaded).
+    if st.rank0_init:
+        loading = {"cuda_context": ctx, "fp32_shard": master}
+    else:
+        loading = {"cuda_context": ctx, "full_model_bf16": p * BF16_B / GIB}
     phases: dict[str, dict[str, float]] = {"load": loading, "training": training}
 
     weights_gib = p * BF16_B / GIB

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..api.base import quantity_gib
-from ..api.spec import GRPOJobSpec
+from ..api.spec import GRPOJobSpec, MemorySpec
 from ..catalog import GPU_CATALOG, GpuType
 from .budget import compute_budget, max_rollout_utilization
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
@@ -37,6 +37,18 @@ def _micro_batches(geo: Geometry) -> list[int]:
     """Divisors of the per-rank update batch, <= MAX_MICRO_BATCH, largest first."""
     per_rank = geo.global_batch_size // geo.world_size
     return [d for d in range(min(MAX_MICRO_BATCH, per_rank), 0, -1) if per_rank % d == 0]
+
+
+# Settings field -> spec.memory field (camelCase, as users write it).
+PINNED_FIELDS = {
+    "rank0_init": "rank0Init",
+    "offload_params": "offloadParams",
+    "offload_optimizer": "offloadOptimizer",
+    "gradient_checkpointing": "gradientCheckpointing",
+    "micro_batch_size": "microBatchSize",
+    "rollout_gpu_memory_utilization": "rolloutGpuMemoryUtilization",
+    "ray_object_store_gib": "rayObjectStoreMemory",
+}
 
 
 def _pinned(spec: GRPOJobSpec) -> frozenset[str]:
@@ -99,19 +111,32 @@ def initial_settings(geo: Geometry, spec: GRPOJobSpec) -> Settings:
     )
 
 
-def search(
+Trail = list[tuple[Settings, Budget]]
+
+
+def _search(
     geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]
-) -> tuple[Settings, Budget, list[tuple[Settings, Budget]]]:
-    """First candidate that fits, and the trail of those that did not (for the reasons)."""
-    trail: list[tuple[Settings, Budget]] = []
+) -> tuple[Settings | None, Budget | None, Trail]:
+    """First candidate that fits (or None), and the trail of those that did not."""
+    trail: Trail = []
     for cand in _candidates(geo, initial_settings(geo, spec), pinned):
         cand = with_auto_utilization(geo, cand, pinned)
         budget = compute_budget(geo, cand)
         if budget.fits:
             return cand, budget, trail
         trail.append((cand, budget))
-    last_st, last_b = trail[-1]
-    raise _infeasible(geo, spec, pinned, last_st, last_b)
+    return None, None, trail
+
+
+def search(
+    geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]
+) -> tuple[Settings, Budget, Trail]:
+    """Like _search, but an infeasible job raises with the numbers and the fixes."""
+    settings, budget, trail = _search(geo, spec, pinned)
+    if settings is None or budget is None:
+        last_st, last_b = trail[-1]
+        raise _infeasible(geo, spec, pinned, last_st, last_b)
+    return settings, budget, trail
 
 
 def geometry(
@@ -155,12 +180,10 @@ def _check_batch(geo: Geometry) -> str | None:
 
 
 def _fits(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> Settings | None:
+    """The settings that fit, or None; never computes suggestions (no recursion)."""
     if _check_batch(geo):
         return None
-    try:
-        return search(geo, spec, pinned)[0]
-    except InfeasibleError:
-        return None
+    return _search(geo, spec, pinned)[0]
 
 
 def _derive_nodes(
@@ -216,12 +239,18 @@ def _infeasible(
 def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> list[str]:
     out = []
     if pinned:
-        unpinned = replace(geo)
-        if _fits(unpinned, spec, frozenset()):
-            out.append("unset memory." + ", memory.".join(sorted(pinned)) + " (let it be auto)")
+        auto = spec.model_copy(update={"memory": MemorySpec.model_validate({})})
+        if _fits(geo, auto, frozenset()):
+            names = ", ".join(f"memory.{PINNED_FIELDS[k]}" for k in sorted(pinned))
+            out.append(f"unset {names} (let the planner choose)")
     if geo.is_gpu:
-        gpn = geo.gpus_per_node
-        for n in range(max(1, geo.nodes) + 1, min(4 * max(1, geo.nodes), 512) + 1):
+        gpn, nodes = geo.gpus_per_node, max(1, geo.nodes)
+        typical = GPU_CATALOG[geo.gpu].gpus_per_node if geo.gpu in GPU_CATALOG else gpn
+        for g in range(gpn + 1, typical + 1):
+            if _fits(replace(geo, gpus_per_node=g), spec, pinned):
+                out.append(f"resources.gpusPerNode: {g} ({nodes * g} GPUs)")
+                break
+        for n in range(nodes + 1, min(max(4 * nodes, 16), 512) + 1):
             if _fits(replace(geo, nodes=n), spec, pinned):
                 out.append(f"resources.nodes: {n} ({n * gpn} GPUs)")
                 break

@@ -90,6 +90,16 @@ def explain(
             why,
         )
     )
+    state = 16 * geo.shape.parameters / GIB  # fp32 master + grads + Adam m, v
+    out.append(
+        Decision(
+            "sharding",
+            f"full over {geo.world_size}",
+            "auto",
+            f"FSDP2 fully_shard over all ranks: params, grads and Adam state "
+            f"({_g(state)} in all) are {_g(state / geo.world_size)} per rank",
+        )
+    )
     per_rank = geo.global_batch_size // geo.world_size
     out.append(
         Decision(
@@ -113,7 +123,8 @@ def explain(
             )
         else:
             why = (
-                f"GPU fits without it (peak {_g(b.peak_gpu_gib)} of {_g(cap)}); offload would "
+                f"GPU fits without it (training {_g(train)} of {_g(cap)}, rollout leaves vLLM "
+                f"{_g(st.rollout_gpu_memory_utilization * geo.gpu_memory_gib)}); offload would "
                 "only move memory to host RAM and slow every step"
                 if geo.is_gpu
                 else "cpu job: everything already lives in host RAM"

@@ -19,9 +19,16 @@ def _round(d: dict[str, float]) -> dict[str, float]:
 def _pod(p: PodResources | None) -> dict[str, Any] | None:
     if p is None:
         return None
-    d = asdict(p)
-    d["tolerations"] = list(p.tolerations)
-    return d
+    return {
+        "role": p.role,
+        "replicas": p.replicas,
+        "gpus": p.gpus,
+        "cpus": p.cpus,
+        "memoryGiB": p.memory_gib,
+        "shmGiB": p.shm_gib,
+        "nodeSelector": dict(p.node_selector),
+        "tolerations": [dict(t) for t in p.tolerations],
+    }
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -124,7 +131,7 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
         )
     pods = Table(title="Pods", title_justify="left")
     for col in ("Role", "Replicas", "GPU", "CPU", "Memory", "/dev/shm", "nodeSelector"):
-        pods.add_column(col)
+        pods.add_column(col, overflow="fold")
     for p in (plan.head, plan.worker):
         if p is not None:
             pods.add_row(
@@ -137,8 +144,8 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
                 ", ".join(f"{k}={v}" for k, v in p.node_selector.items()) or "-",
             )
     env = Table(title="Env", title_justify="left")
-    env.add_column("Name")
-    env.add_column("Value")
+    env.add_column("Name", overflow="fold")
+    env.add_column("Value", overflow="fold")
     for k, v in plan.env.items():
         env.add_row(k, v)
     return Group(head, mem, pods, env)

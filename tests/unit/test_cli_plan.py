@@ -1,0 +1,107 @@
+"""`grpo plan` and `grpo crd` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from grpo_operator.cli import cli
+from grpo_operator.crd import crd_yaml
+
+pytestmark = pytest.mark.unit
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+A100 = str(EXAMPLES / "grpojob-qwen25vl-7b-a100-40gb.yaml")
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_plan_table_shows_decisions_memory_pods_and_env() -> None:
+    code, out, _ = run("plan", A100)
+    assert code == 0
+    for text in (
+        "Plan for GRPOJob qwen25vl-7b-a100",
+        "gradientCheckpointing",
+        "offloadParams",
+        "rayObjectStoreMemory",
+        "Predicted memory (GiB)",
+        "GPU training",
+        "host steady",
+        "NVIDIA-A100-SXM4-40GB",
+        "GRPO_OFFLOAD_PARAMS",
+    ):
+        assert text in out, text
+
+
+def test_plan_json_is_machine_readable() -> None:
+    code, out, _ = run("plan", A100, "--output", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["cluster"]["worldSize"] == 8
+    assert data["settings"]["offloadParams"] is False
+    assert data["pods"]["worker"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"
+    }
+    assert data["env"]["GRPO_RANK0_INIT"] == "true"
+
+
+def test_plan_yaml() -> None:
+    code, out, _ = run("plan", A100, "-o", "yaml")
+    assert code == 0
+    assert yaml.safe_load(out)["memory"]["peakHostGiB"] > 0
+
+
+def test_plan_reads_config_json_below_model_root(tmp_path: Path) -> None:
+    model = tmp_path / "models" / "tiny-qwen25vl"
+    model.mkdir(parents=True)
+    config = {
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+    }  # fmt: skip
+    (model / "config.json").write_text(json.dumps(config))
+    job = yaml.safe_load((EXAMPLES / "grpojob-tiny.yaml").read_text())
+    del job["spec"]["model"]["shape"]
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(job))
+    code, out, _ = run("plan", str(f), "-o", "json", "--model-root", str(tmp_path))
+    assert code == 0, out
+    assert json.loads(out)["model"]["layers"] == 3
+
+
+def test_plan_bad_spec_exits_2_naming_the_field(tmp_path: Path) -> None:
+    job = yaml.safe_load(Path(A100).read_text())
+    job["spec"]["resources"]["gpu"] = "H900"
+    job["spec"]["memory"] = {"offloadParams": "yes"}
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(job))
+    code, _, err = run("plan", str(f))
+    assert code == 2
+    assert "spec.resources.gpu" in err
+    assert "spec.memory.offloadParams: Input should be a valid boolean (write true or false" in err
+
+
+def test_plan_infeasible_exits_2_with_numbers(tmp_path: Path) -> None:
+    job = yaml.safe_load(Path(A100).read_text())
+    job["spec"]["model"]["path"] = "Qwen/Qwen2.5-VL-72B-Instruct"
+    job["spec"]["resources"].update({"gpusPerNode": 1})
+    job["spec"]["training"]["globalBatchSize"] = 128
+    f = tmp_path / "big.yaml"
+    f.write_text(yaml.safe_dump(job))
+    code, _, err = run("plan", str(f))
+    assert code == 2
+    assert "infeasible" in err and "GiB" in err and "smallest changes" in err
+
+
+def test_crd_prints_and_writes(tmp_path: Path) -> None:
+    code, out, _ = run("crd")
+    assert code == 0 and out == crd_yaml()
+    code, out, _ = run("crd", "--write", "--root", str(tmp_path))
+    assert code == 0
+    assert (tmp_path / "crds/grpojob.yaml").read_text() == crd_yaml()
+    assert (tmp_path / "charts/grpo-operator/crds/grpojob.yaml").read_text() == crd_yaml()

@@ -1,0 +1,98 @@
+"""The generated CRD: checked-in copies match, and the schema is one the API server takes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from grpo_operator import contract
+from grpo_operator.crd import CRD_PATHS, crd, crd_yaml, write_crds
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("rel", CRD_PATHS)
+def test_checked_in_crd_matches_generated(rel: str) -> None:
+    assert (ROOT / rel).read_text() == crd_yaml(), f"{rel} is stale: run `grpo crd --write`"
+
+
+def test_write_crds_writes_both_identical(tmp_path: Path) -> None:
+    paths = write_crds(tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in paths] == list(CRD_PATHS)
+    assert paths[0].read_text() == paths[1].read_text()
+
+
+def test_names_come_from_the_contract() -> None:
+    c = crd()
+    names = c["spec"]["names"]
+    assert c["metadata"]["name"] == f"{contract.PLURAL}.{contract.API_GROUP}"
+    assert c["spec"]["group"] == contract.API_GROUP
+    assert (names["kind"], names["plural"], names["singular"], names["shortNames"]) == (
+        contract.KIND, contract.PLURAL, contract.SINGULAR, [contract.SHORT_NAME]
+    )  # fmt: skip
+    version = c["spec"]["versions"][0]
+    assert version["name"] == contract.API_VERSION
+    assert version["subresources"] == {"status": {}}
+    assert c["spec"]["scope"] == "Namespaced"
+
+
+def test_printer_columns() -> None:
+    cols = crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    shown = [c["name"] for c in cols if not c.get("priority")]
+    assert shown == ["Phase", "GPUs", "Step", "Total", "Reward", "Restarts", "Age"]
+
+
+def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    if isinstance(node, dict):
+        out.append((path, node))
+        for k, v in node.get("properties", {}).items():
+            out.extend(_walk(v, f"{path}.{k}"))
+        if isinstance(node.get("items"), dict):
+            out.extend(_walk(node["items"], f"{path}[]"))
+    return out
+
+
+def test_schema_is_structural_and_documented() -> None:
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    text = yaml.safe_dump(schema)
+    for forbidden in ("$ref", "anyOf", "oneOf", "allOf", "title:", "$defs"):
+        assert forbidden not in text
+    for path, node in _walk(schema):
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        if path:
+            assert node.get("description"), f"{path} has no description"
+        if "properties" in node:
+            assert "additionalProperties" not in node, path
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(key, True), bool), path
+
+
+def test_preserve_unknown_fields_only_for_plan_details() -> None:
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    free = [p for p, n in _walk(schema) if n.get("x-kubernetes-preserve-unknown-fields")]
+    assert free == [".status.plan.details"]
+
+
+def test_cross_field_rules_are_cel() -> None:
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
+    assert any("globalBatchSize" in r and "rolloutN" in r for r in rules)
+    ckpt = [r["rule"] for r in spec["properties"]["checkpoint"]["x-kubernetes-validations"]]
+    assert "has(self.claimName) != has(self.size)" in ckpt
+    assert spec["properties"]["checkpoint"]["properties"]["keep"]["minimum"] == 1
+
+
+def test_memory_knobs_are_auto_and_sections_default() -> None:
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    memory = spec["properties"]["memory"]
+    assert memory["default"] == {}
+    for name, node in memory["properties"].items():
+        assert "default" not in node, name
+        assert node["description"].startswith("Auto when unset"), name
+    assert set(spec["required"]) == {"model", "data", "resources", "checkpoint"}
+    assert spec["properties"]["resources"]["properties"]["gpu"]["enum"][-1] == "cpu"

@@ -1,0 +1,109 @@
+"""Remediation ladders after an OOM: order, one rung per restart, exhaustion, guards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from grpo_operator.api import GRPOJobSpec, parse_spec
+from grpo_operator.contract import FailureReason
+from grpo_operator.planner import Plan, next_safer_plan, plan_memory, remediation_ladder
+
+pytestmark = pytest.mark.unit
+
+
+def spec(rollout_batch: int = 64, **memory: Any) -> GRPOJobSpec:
+    # Short sequences, 3B model: fits with gradient checkpointing off, so the ladder has
+    # every CudaOOM rung available.
+    return parse_spec(
+        {
+            "model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"},
+            "data": {"train": "t", "maxPromptLength": 512, "maxResponseLength": 256},
+            "algorithm": {"rolloutN": 8},
+            "training": {"rolloutBatchSize": rollout_batch, "globalBatchSize": 64},
+            "resources": {"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
+            "checkpoint": {"size": "50Gi"},
+            "memory": memory,
+        }
+    )
+
+
+def walk(plan: Plan, failure: FailureReason) -> list[Plan]:
+    out = []
+    while (nxt := next_safer_plan(plan, failure)) is not None:
+        out.append(nxt)
+        plan = nxt
+    return out
+
+
+def test_ladder_names_follow_the_design() -> None:
+    assert remediation_ladder(FailureReason.CUDA_OOM) == (
+        "gradient checkpointing on",
+        "halve micro-batch",
+        "lower rollout GPU memory utilisation",
+        "offload optimizer",
+        "offload params",
+        "fewer generations per prompt",
+    )
+    assert remediation_ladder("HostOOM") == remediation_ladder(FailureReason.RAY_OOM)
+    assert remediation_ladder(FailureReason.NODE_LOST) == ()
+
+
+def test_cuda_oom_turns_checkpointing_on_first_and_keeps_generations() -> None:
+    plan = plan_memory(spec())
+    assert not plan.settings.gradient_checkpointing  # it fits without
+    first = next_safer_plan(plan, FailureReason.CUDA_OOM)
+    assert first is not None
+    assert first.settings.gradient_checkpointing
+    assert first.settings.rollout_n == 8
+    assert first.env["GRPO_GRADIENT_CHECKPOINTING"] == "true"
+    assert first.remediations[-1].startswith("CudaOOM: gradient checkpointing on:")
+    assert "predicted GPU" in first.remediations[-1]
+
+
+def test_cuda_oom_walks_the_whole_ladder_once_then_stops() -> None:
+    plans = walk(plan_memory(spec()), FailureReason.CUDA_OOM)
+    assert [p.rungs[-1] for p in plans] == list(remediation_ladder(FailureReason.CUDA_OOM))
+    last = plans[-1].settings
+    assert last.offload_optimizer and last.offload_params and last.micro_batch_size < 4
+    assert last.rollout_n == 7
+    assert len(plans[-1].remediations) == 6
+
+
+def test_spec_pinned_knobs_are_left_alone() -> None:
+    plans = walk(plan_memory(spec(gradientCheckpointing=False)), FailureReason.CUDA_OOM)
+    assert all(not p.settings.gradient_checkpointing for p in plans)
+    assert "gradient checkpointing on" not in [p.rungs[-1] for p in plans]
+
+
+def test_host_oom_turns_offload_off_then_shrinks_store_then_raises_pod_memory() -> None:
+    plan = plan_memory(spec(512, offloadParams=True, offloadOptimizer=True))
+    # The spec pinned both offloads, so the host ladder starts at the object store.
+    assert plan.settings.ray_object_store_gib > 2
+    plans = walk(plan, FailureReason.HOST_OOM)
+    assert [p.rungs[-1] for p in plans] == [
+        "smaller Ray object store",
+        "pod memory to node allocatable",
+    ]
+    assert plans[0].settings.ray_object_store_gib < plan.settings.ray_object_store_gib
+    assert plans[-1].worker is not None and plan.worker is not None
+    assert plans[-1].worker.memory_gib > plan.worker.memory_gib
+
+
+def test_host_oom_after_cuda_remediation_undoes_offload() -> None:
+    plan = plan_memory(spec())
+    for _ in range(5):  # gc, micro-batch, util, offload optimizer, offload params
+        nxt = next_safer_plan(plan, FailureReason.CUDA_OOM)
+        assert nxt is not None
+        plan = nxt
+    assert plan.settings.offload_params
+    after = next_safer_plan(plan, FailureReason.RAY_OOM)
+    assert after is not None
+    assert not after.settings.offload_params
+    assert after.env["GRPO_OFFLOAD_PARAMS"] == "false"
+
+
+def test_accepts_a_spec_and_returns_none_for_non_memory_failures() -> None:
+    assert next_safer_plan(spec(), FailureReason.CUDA_OOM) is not None
+    assert next_safer_plan(spec(), FailureReason.ERROR) is None
