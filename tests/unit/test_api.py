@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+import yaml
 
 from grpo_operator.api import GpuName, SpecError, load_manifest, parse_manifest, parse_spec
 from grpo_operator.api.base import quantity_gib
@@ -135,3 +136,29 @@ def test_status_round_trips() -> None:
         }
     )  # fmt: skip
     assert status.to_wire()["attempts"][0]["lastCheckpointStep"] == 10
+
+
+BROKEN = yaml.safe_load((ROOT / "tests/cluster/broken_grpojobs.yaml").read_text())
+
+
+def _broken(case: dict[str, Any]) -> dict[str, Any]:
+    doc = yaml.safe_load((ROOT / "examples/grpojob-tiny.yaml").read_text())
+    spec = doc["spec"]
+    if "delete" in case:
+        *parents, leaf = case["delete"].split(".")
+        node = spec
+        for p in parents:
+            node = node[p]
+        del node[leaf]
+    for section, values in case.get("set", {}).items():
+        spec[section] = {**spec.get(section, {}), **values}
+    return dict(doc)
+
+
+@pytest.mark.parametrize("case", BROKEN, ids=lambda c: c["name"])
+def test_models_reject_what_the_api_server_rejects(case: dict[str, Any]) -> None:
+    """Same table as the cluster test: `grpo plan` and the API server agree."""
+    with pytest.raises(SpecError) as err:
+        parse_manifest(_broken(case))
+    leaf = case["field"].rsplit(".", 1)[-1]
+    assert case["field"] in str(err.value) or f"{leaf}:" in str(err.value), str(err.value)

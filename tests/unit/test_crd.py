@@ -96,3 +96,10 @@ def test_memory_knobs_are_auto_and_sections_default() -> None:
         assert node["description"].startswith("Auto when unset"), name
     assert set(spec["required"]) == {"model", "data", "resources", "checkpoint"}
     assert spec["properties"]["resources"]["properties"]["gpu"]["enum"][-1] == "cpu"
+
+
+def test_configuration_doc_lists_every_spec_field() -> None:
+    doc = (ROOT / "docs/configuration.md").read_text()
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    missing = [p for p, _ in _walk(spec) if p and f"`{p[1:]}`" not in doc]
+    assert not missing, f"docs/configuration.md lacks {missing}"
