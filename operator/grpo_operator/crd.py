@@ -183,7 +183,8 @@ def open_api_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "grpo.dev/v1alpha1"},
             "kind": {"type": "string", "description": "GRPOJob"},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            # The API server forbids anything but `type` here (metadata is built in).
+            "metadata": {"type": "object"},
             "spec": spec,
             "status": status,
         },

@@ -73,8 +73,9 @@ def test_get_shows_printer_columns_and_status_values(crd: Any, ns: str) -> None:
         "-p", json.dumps(status),
     )  # fmt: skip
     out = crd.kubectl("get", "gj", "-n", ns).stdout
-    header, row = out.splitlines()[:2]
+    header, *rows = out.splitlines()
     assert header.split() == ["NAME", "PHASE", "GPUS", "STEP", "TOTAL", "REWARD", "RESTARTS", "AGE"]
+    row = next(r for r in rows if r.startswith("tiny "))
     assert row.split()[:7] == ["tiny", "Running", "2", "12", "100", "0.41", "1"]
     wide = crd.kubectl("get", "grpojobs", "-n", ns, "-o", "wide").stdout
     assert "MODEL" in wide.splitlines()[0] and "/models/tiny-qwen25vl" in wide

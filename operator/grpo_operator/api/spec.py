@@ -96,7 +96,7 @@ class RewardSpec(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 _cel(
-                    "self.type != 'function' || has(self.function)",
+                    "!has(self.type) || self.type != 'function' || has(self.function)",
                     "reward.function (module:callable) is required when reward.type is function",
                     ".function",
                 )

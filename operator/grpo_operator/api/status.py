@@ -60,8 +60,12 @@ class PlanStatus(ApiModel):
         ge=0, le=1, description="Resolved memory.rolloutGpuMemoryUtilization."
     )
     rollout_n: int = Field(ge=1, description="Generations per prompt in effect.")
-    peak_gpu_gib: float = Field(ge=0, description="Predicted peak GPU memory per GPU, GiB.")
-    peak_host_gib: float = Field(ge=0, description="Predicted peak host memory per node, GiB.")
+    peak_gpu_gib: float = Field(
+        ge=0, alias="peakGpuGiB", description="Predicted peak GPU memory per GPU, GiB."
+    )
+    peak_host_gib: float = Field(
+        ge=0, alias="peakHostGiB", description="Predicted peak host memory per node, GiB."
+    )
     details: dict[str, Any] = Field(
         default_factory=dict,
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
