@@ -82,24 +82,30 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 def plan_status(plan: Plan) -> PlanStatus:
     """The typed summary for status.plan; the full dict goes under `details`."""
     g, s, b = plan.geometry, plan.settings, plan.budget
-    return PlanStatus(
-        gpu=g.gpu,
-        nodes=g.nodes,
-        gpus_per_node=g.gpus_per_node,
-        total_gpus=g.world_size,
-        rank0_init=s.rank0_init,
-        offload_params=s.offload_params,
-        offload_optimizer=s.offload_optimizer,
-        gradient_checkpointing=s.gradient_checkpointing,
-        micro_batch_size=s.micro_batch_size,
-        rollout_gpu_memory_utilization=s.rollout_gpu_memory_utilization,
-        rollout_n=s.rollout_n,
-        peak_gpu_gib=round(b.peak_gpu_gib, 2),
-        peak_host_gib=round(b.peak_host_gib, 2),
-        details={
-            "decisions": [f"{d.knob}={d.value} ({d.source}): {d.reason}" for d in plan.decisions],
-            "remediations": list(plan.remediations),
+    return PlanStatus.model_validate(
+        {
+            "gpu": g.gpu,
+            "nodes": g.nodes,
+            "gpusPerNode": g.gpus_per_node,
+            "totalGpus": g.world_size,
+            "rank0Init": s.rank0_init,
+            "offloadParams": s.offload_params,
+            "offloadOptimizer": s.offload_optimizer,
+            "gradientCheckpointing": s.gradient_checkpointing,
+            "microBatchSize": s.micro_batch_size,
+            "rolloutGpuMemoryUtilization": float(s.rollout_gpu_memory_utilization),
+            "rolloutN": s.rollout_n,
+            "peakGpuGiB": round(b.peak_gpu_gib, 2),
+            "peakHostGiB": round(b.peak_host_gib, 2),
+            "details": {
+                "decisions": [
+                    f"{d.knob}={d.value} ({d.source}): {d.reason}" for d in plan.decisions
+                ],
+                "remediations": list(plan.remediations),
+            },
         },
+        by_alias=True,
+        by_name=False,
     )
 
 
