@@ -221,3 +221,22 @@ def test_sweep_never_crashes(gpu: str) -> None:
         assert plan.budget.fits
         outcomes["planned"] += 1
     assert outcomes["planned"] > 0 and outcomes["refused"] > 0
+
+
+def test_pods_are_explained() -> None:
+    plan = plan_memory(parse_spec(doc(nodes=2)))
+    by_knob = {d.knob: d for d in plan.decisions}
+    assert by_knob["workerPods"].value.startswith("2 x (8 GPU")
+    assert "NVIDIA-H100-80GB-HBM3" in by_knob["workerPods"].reason
+    assert "headPod" in by_knob
+
+
+def test_operator_package_imports_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, grpo_operator.cli, grpo_operator.crd, grpo_operator.planner, "
+        "grpo_operator.api; assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

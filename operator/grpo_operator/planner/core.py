@@ -23,7 +23,7 @@ from ..api.spec import GRPOJobSpec, MemorySpec
 from ..catalog import GPU_CATALOG, GpuType
 from .budget import compute_budget, max_rollout_utilization
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
-from .reasons import explain
+from .reasons import explain, explain_pods
 from .resources import build_env, build_pods, object_store_gib
 from .types import Budget, Geometry, InfeasibleError, Plan, Settings
 
@@ -294,12 +294,13 @@ def plan_memory(
     pinned = _pinned(spec)
     settings, budget, trail = search(geo, spec, pinned)
     head, worker = build_pods(geo, settings, budget)
+    decisions = explain(geo, settings, budget, trail, pinned, nodes_reason)
     return Plan(
         geometry=geo,
         settings=settings,
         budget=budget,
         pinned=pinned,
-        decisions=tuple(explain(geo, settings, budget, trail, pinned, nodes_reason)),
+        decisions=(*decisions, *explain_pods(head, worker, budget)),
         head=head,
         worker=worker,
         env=build_env(geo, settings),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .budget import BF16_B, GIB, kv_bytes_per_token
 from .resources import ray_default_store_gib, step_data_gib
-from .types import Budget, Decision, Geometry, Settings
+from .types import Budget, Decision, Geometry, PodResources, Settings
 
 
 def _g(x: float) -> str:
@@ -177,4 +177,31 @@ def explain(
             f"{_g(b.host_capacity_gib)} of {_g(geo.host_memory_gib)} RAM (Ray kills at 95%)",
         )
     )
+    return out
+
+
+def explain_pods(head: PodResources, worker: PodResources | None, b: Budget) -> list[Decision]:
+    out = [
+        Decision(
+            "headPod",
+            f"{head.cpus} CPU, {head.memory_gib}Gi, shm {head.shm_gib}Gi",
+            "auto",
+            "Ray head + driver + data workers"
+            + ("" if worker else f" + the ranks (host peak {_g(b.peak_host_gib)})")
+            + "; /dev/shm = object store + 2 GiB; no GPU, no GPU node selector",
+        )
+    ]
+    if worker is not None:
+        selector = ", ".join(f"{k}={v}" for k, v in worker.node_selector.items()) or "none"
+        out.append(
+            Decision(
+                "workerPods",
+                f"{worker.replicas} x ({worker.gpus} GPU, {worker.cpus} CPU, "
+                f"{worker.memory_gib}Gi, shm {worker.shm_gib}Gi)",
+                "auto",
+                f"memory = host peak {_g(b.peak_host_gib)} / 0.9 (capped at allocatable); "
+                f"90% of the node's CPUs; nodeSelector {selector}"
+                + ("; tolerates nvidia.com/gpu:NoSchedule" if worker.tolerations else ""),
+            )
+        )
     return out
