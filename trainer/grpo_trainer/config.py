@@ -64,6 +64,9 @@ class DataConfig(_Strict):
 
 class RolloutConfig(_Strict):
     engine: Literal["hf", "vllm"] = "hf"
+    # hf engine: "native" is a lean KV-cached sampling loop, "generate" calls
+    # transformers' generate (the reference; slower per token on CPUs).
+    hf_sampler: Literal["native", "generate"] = "native"
     n: int = Field(default=8, ge=2, description="generations per prompt (the GRPO group)")
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)

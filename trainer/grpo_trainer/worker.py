@@ -85,6 +85,9 @@ class Worker:
             betas=cfg.actor.betas,
             weight_decay=cfg.actor.weight_decay,
         )
+        # Only meaningful on GPUs; on CPU the state is already in host memory.
+        offload = cfg.actor.offload_optimizer and self.device.type == "cuda"
+        self._optimizer_home = torch.device("cpu") if offload else self.device
         warmup = cfg.actor.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
@@ -127,7 +130,7 @@ class Worker:
         if eos is None:
             eos = self.tokenizer.eos_token_id
         eos_ids = eos if isinstance(eos, list) else [eos]
-        self.eos_ids = [int(e) for e in eos_ids]  # type: ignore[arg-type]
+        self.eos_ids = [int(e) for e in eos_ids]
         vision_keys = (
             "image_token_id",
             "video_token_id",
@@ -155,7 +158,7 @@ class Worker:
         from .rollout.hf import HFGenerateEngine
 
         model = load_full(cfg.model, self.compute_dtype).to(self.device)
-        return HFGenerateEngine(model, self.pad_id, self.eos_ids)
+        return HFGenerateEngine(model, self.pad_id, self.eos_ids, cfg.rollout.hf_sampler)
 
     def _maybe_fault(self, phase: str, step: int) -> None:
         if self.fault is None or self.fault[1] != step:
@@ -333,7 +336,9 @@ class Worker:
                 )
                 grad_norms.append(gn)
                 if torch.isfinite(torch.tensor(gn)):
+                    self._optimizer_state_to(self.device)
                     self.optimizer.step()
+                    self._optimizer_state_to(self._optimizer_home)
                     sums[6] += 1
                 else:
                     log.warning("step %d: non-finite grad norm, optimizer step skipped", step)
@@ -358,6 +363,15 @@ class Worker:
             "actor/optimizer_steps": total[6] / self.world_size,
             "rollout/logprob_abs_diff_mean": total[7] / max(total[8], 1.0),
         }
+
+    def _optimizer_state_to(self, device: torch.device) -> None:
+        """Adam moments live on the host between steps when offload_optimizer is on."""
+        if self._optimizer_home == self.device:
+            return
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device != device:
+                    state[key] = value.to(device, non_blocking=True)
 
     # -- introspection (tests, checkpoint seam) ---------------------------------
     def full_params(self) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ def write_text_task(path: str | Path, rows: int = 16, target: str = "7") -> Path
     return path
 
 
-def _png(color: tuple[int, int, int], size: tuple[int, int]) -> bytes:
+def png(color: tuple[int, int, int], size: tuple[int, int]) -> bytes:
     from PIL import Image
 
     buf = io.BytesIO()
@@ -39,7 +39,7 @@ def write_vision_task(path: str | Path, rows: int = 8) -> Path:
             "problem": [f"<image>How many shapes are in the picture? ({i})" for i in range(rows)],
             "answer": [str(i % 4 + 1) for i in range(rows)],
             "images": [
-                [{"bytes": _png(colors[i % 4], (40 + 4 * (i % 3), 36)), "path": None}]
+                [{"bytes": png(colors[i % 4], (40 + 4 * (i % 3), 36)), "path": None}]
                 for i in range(rows)
             ],
         }
