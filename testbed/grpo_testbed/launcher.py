@@ -74,6 +74,8 @@ def write_kubeconfig(path: Path, server: str, ca: Path, *, cert: Path | None = N
 class Testbed:
     """A running control plane. Use :func:`running_testbed` or ``start()``/``stop()``."""
 
+    __test__ = False  # not a pytest test class, despite the name
+
     workdir: Path
     with_kuberay: bool = True
     procs: list[Managed] = field(default_factory=list)
@@ -229,12 +231,9 @@ class Testbed:
 
     def _kwok_config(self) -> Path:
         stages = sorted((bin_dir(component("kwok")) / "stages").glob("*.yaml"))
-        docs: list[dict[str, Any]] = [{
-            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
-            "kind": "KwokConfiguration",
-            "options": {"manageNodesWithAnnotationSelector": "kwok.x-k8s.io/node=fake",
-                        "nodeLeaseDurationSeconds": 40},
-        }]
+        # Stages only: a KwokConfiguration document would reset kwok's defaults (its
+        # parallelism options) to zero; the options go on the command line instead.
+        docs: list[dict[str, Any]] = []
         other: list[dict[str, Any]] = []
         for f in stages:
             for doc in yaml.safe_load_all(f.read_text()):

@@ -92,7 +92,8 @@ COMPONENTS: tuple[Component, ...] = (
             ("kustomize/stage/pod/fast/pod-complete.yaml", "stages"),
             ("kustomize/stage/pod/fast/pod-delete.yaml", "stages"),
             # PVC provisioning and binding, plus the default StorageClass that uses it.
-            ("kustomize/stage/volume/fast/*.yaml", "stages"),
+            ("kustomize/stage/volume/fast/p*.yaml", "stages"),
+            ("kustomize/stage/volume/fast/storage-class.yaml", "stages"),
         ),
     ),
     Component(

@@ -25,3 +25,15 @@ def testbed() -> Iterator[Testbed]:
         pytest.fail(f"the cluster tier needs the testbed, which could not be built: {exc}\n"
                     "Run `make testbed` (needs Go >= 1.26 and the Go module proxy).",
                     pytrace=False)
+
+
+@pytest.fixture
+def ns(testbed: Testbed) -> Iterator[str]:
+    """A fresh namespace, deleted (with everything in it) after the test.
+
+    Deleting matters: the fake GPU nodes are few, and a test's pods holding GPUs
+    would starve the next test's pods.
+    """
+    name = testbed.namespace("t")
+    yield name
+    testbed.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from grpo_operator.api import quantity_gib
 from grpo_operator.catalog import GPU_CATALOG, GPU_PRODUCT_LABEL, GPU_RESOURCE
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.processes import wait_until
@@ -50,15 +51,14 @@ def test_fake_gpu_nodes_look_real(testbed: Testbed) -> None:
     h100s, a100s = by_product[H100], by_product[GPU_CATALOG["A100-40GB"].product_label]
     assert len(h100s) >= 2 and len(a100s) >= 2 and by_product["cpu"]
     assert all(n["status"]["allocatable"][GPU_RESOURCE] == "8" for n in h100s + a100s)
-    assert {n["status"]["capacity"]["memory"] for n in h100s} == {"2048Gi"}
-    assert {n["status"]["capacity"]["memory"] for n in a100s} == {"760Gi"}
+    assert {quantity_gib(n["status"]["capacity"]["memory"]) for n in h100s} == {2048}
+    assert {quantity_gib(n["status"]["capacity"]["memory"]) for n in a100s} == {760}
     version = json.loads(testbed.kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"].startswith("v1.36.")
 
 
 def test_gpu_pod_schedules_onto_h100_and_runs_and_too_many_gpus_stay_pending(
-        testbed: Testbed) -> None:
-    ns = testbed.namespace("sched")
+        testbed: Testbed, ns: str) -> None:
     testbed.apply([{**p, "metadata": {**p["metadata"], "namespace": ns}}
                    for p in (gpu_pod("fits", 8), gpu_pod("too-big", 9))])
     wait_until("pod fits Running", lambda: pod_phase(testbed, "fits", ns) == "Running", 60)
@@ -113,8 +113,7 @@ spec:
 
 
 def test_raycluster_gets_head_and_worker_pods_running_via_real_kuberay(
-        testbed: Testbed) -> None:
-    ns = testbed.namespace("ray")
+        testbed: Testbed, ns: str) -> None:
     testbed.kubectl("apply", "-n", ns, "-f", "-", input=RAYCLUSTER)
 
     def pods_running() -> bool:
@@ -130,8 +129,7 @@ def test_raycluster_gets_head_and_worker_pods_running_via_real_kuberay(
     assert {w["spec"]["nodeName"] for w in workers} <= {"h100-0", "h100-1"}
 
 
-def test_chaos_stage_oom_kills_a_running_pod(testbed: Testbed) -> None:
-    ns = testbed.namespace("chaos")
+def test_chaos_stage_oom_kills_a_running_pod(testbed: Testbed, ns: str) -> None:
     pod = gpu_pod("victim", 1)
     pod["metadata"]["namespace"] = ns
     testbed.apply(pod)
@@ -143,8 +141,7 @@ def test_chaos_stage_oom_kills_a_running_pod(testbed: Testbed) -> None:
     assert term["terminated"]["exitCode"] == 137
 
 
-def test_chaos_stage_carries_a_json_termination_message(testbed: Testbed) -> None:
-    ns = testbed.namespace("chaos")
+def test_chaos_stage_carries_a_json_termination_message(testbed: Testbed, ns: str) -> None:
     pod = gpu_pod("trainer", 1)
     pod["metadata"]["namespace"] = ns
     message = json.dumps({"reason": "CudaOOM", "step": 812, "lastCheckpointStep": 800})
@@ -160,16 +157,14 @@ def test_chaos_stage_carries_a_json_termination_message(testbed: Testbed) -> Non
     assert json.loads(term["terminated"]["message"])["step"] == 812
 
 
-def test_api_server_rejects_an_object_that_breaks_a_crd_schema(testbed: Testbed) -> None:
-    ns = testbed.namespace("schema")
+def test_api_server_rejects_an_object_that_breaks_a_crd_schema(testbed: Testbed, ns: str) -> None:
     bad = RAYCLUSTER.replace("replicas: 2\n", "replicas: two\n", 1)
     proc = testbed.kubectl("apply", "-n", ns, "-f", "-", input=bad, check=False)
     assert proc.returncode != 0
     assert "replicas" in proc.stderr
 
 
-def test_service_account_without_rolebinding_is_denied(testbed: Testbed) -> None:
-    ns = testbed.namespace("rbac")
+def test_service_account_without_rolebinding_is_denied(testbed: Testbed, ns: str) -> None:
     testbed.kubectl("create", "serviceaccount", "nobody", "-n", ns)
     who = f"system:serviceaccount:{ns}:nobody"
     denied = testbed.kubectl("auth", "can-i", "list", "pods", "-n", ns, "--as", who,

@@ -38,4 +38,4 @@ def test_without_staging_version_local_replaces_are_dropped() -> None:
 
 def test_staging_version_follows_the_kubernetes_pin() -> None:
     major_minor_patch = KUBERNETES_VERSION.lstrip("v").split(".")
-    assert K8S_STAGING_VERSION == f"v0.{major_minor_patch[1]}.{major_minor_patch[2]}"
+    assert f"v0.{major_minor_patch[1]}.{major_minor_patch[2]}" == K8S_STAGING_VERSION
