@@ -59,6 +59,7 @@ class Env(StrEnum):
     MICRO_BATCH_SIZE = "GRPO_MICRO_BATCH_SIZE"  # per-GPU micro-batch for the update
     ROLLOUT_GPU_MEMORY_UTILIZATION = "GRPO_ROLLOUT_GPU_MEMORY_UTILIZATION"
     ROLLOUT_N = "GRPO_ROLLOUT_N"  # generations per prompt
+    ROLLOUT_TENSOR_PARALLEL = "GRPO_ROLLOUT_TENSOR_PARALLEL"  # vLLM TP size per engine
     CHECKPOINT_DIR = "GRPO_CHECKPOINT_DIR"
     JOB_NAME = "GRPO_JOB_NAME"
     JOB_NAMESPACE = "GRPO_JOB_NAMESPACE"
@@ -67,3 +68,10 @@ class Env(StrEnum):
 
 
 PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"
+
+# The Ray in the trainer image; the operator writes it into RayCluster.spec.rayVersion.
+# images/trainer's lock and requirements/dev.lock must pin the same version (tested).
+RAY_VERSION = "2.60.0"
+VERSION = "0.1.0"
+DEFAULT_TRAINER_IMAGE = f"ghcr.io/grpo-operator/trainer:{VERSION}"
+DEFAULT_OPERATOR_IMAGE = f"ghcr.io/grpo-operator/operator:{VERSION}"
