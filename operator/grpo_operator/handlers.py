@@ -1,0 +1,147 @@
+"""Kopf handlers, named <resource>_<event>. They only gather state, call the pure
+functions in `jobs`, `reconcile` and `render`, and apply the result idempotently."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from . import jobs, kube, metrics
+from .contract import API_GROUP, API_VERSION, JOB_LABEL, PLURAL
+from .reconcile.classify import classify_pod
+from .reconcile.status import ATTEMPT_LABEL, HEAD_ROLE, ROLE_LABEL, attempt_phase
+from .render import JobRef
+
+log = logging.getLogger("grpo_operator")
+SETTINGS: dict[str, str] = {"default_image": ""}  # set by main from its flags
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _post(body: Any, events: list[tuple[str, str, str]]) -> None:
+    for kind, reason, message in events:
+        (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
+
+
+def _apply(body: Any, namespace: str, decision: jobs.Decision) -> None:
+    for child in decision.children:
+        if kube.create_if_absent(child):
+            kopf.info(body, reason="Created",
+                      message=f"{child['kind']} {child['metadata']['name']}")
+    if decision.delete_ray_cluster and kube.delete_ray_cluster(namespace,
+                                                               decision.delete_ray_cluster):
+        kopf.info(body, reason="Released",
+                  message=f"deleted RayCluster {decision.delete_ray_cluster} (GPUs released; "
+                          "checkpoint volume and status kept)")
+    _post(body, decision.events)
+
+
+def _claim_problem(spec: dict[str, Any], namespace: str) -> str | None:
+    claim = (spec.get("checkpoint") or {}).get("claimName")
+    if not claim:
+        return None
+    pvc = kube.get_claim(namespace, claim)
+    if pvc is None:
+        return (f"checkpoint.claimName {claim!r} does not exist in {namespace}; create it "
+                "or set checkpoint.size to let the operator create one")
+    nodes = (spec.get("resources") or {}).get("nodes") or 0
+    modes = pvc.get("spec", {}).get("accessModes") or []
+    if nodes > 1 and "ReadWriteMany" not in modes:
+        return (f"checkpoint.claimName {claim!r} is {','.join(modes)}, but {nodes} nodes "
+                "mount it: use a ReadWriteMany claim")
+    return None
+
+
+@kopf.on.create(API_GROUP, API_VERSION, PLURAL)
+@kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
+@kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec")
+def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta,
+                      name: str, namespace: str | None, uid: str, patch: kopf.Patch,
+                      **_: Any) -> None:
+    t0 = time.monotonic()
+    namespace = namespace or "default"
+    try:
+        generation = int(meta.get("generation") or 0)
+        current = dict(status)
+        problem = _claim_problem(dict(spec), namespace)
+        if problem:
+            patch.status["phase"] = "Pending"
+            kopf.warn(body, reason="ClaimMissing", message=problem)
+            raise kopf.TemporaryError(problem, delay=15)
+        decision = jobs.reconcile(JobRef(name, namespace, uid), dict(spec), current,
+                                  generation, _now(), SETTINGS["default_image"])
+        _apply(body, namespace, decision)
+        for key, value in decision.status.items():
+            patch.status[key] = value
+    except ApiException as exc:
+        metrics.API_ERRORS.labels(operation="reconcile").inc()
+        raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
+    finally:
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - t0)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, PLURAL)
+def grpojob_event(type: str, namespace: str | None, name: str, status: kopf.Status,
+                  **_: Any) -> None:
+    """Keeps the jobs-by-phase gauge current."""
+    if type == "DELETED":
+        metrics.JOB_PHASES.pop((namespace or "", name), None)
+    else:
+        metrics.JOB_PHASES[(namespace or "", name)] = str(status.get("phase") or "Pending")
+
+
+def _observe(namespace: str, job_name: str, pod: dict[str, Any], deleted: bool) -> None:
+    job = kube.get_job(namespace, job_name)
+    if job is None:
+        return
+    status = dict(job.get("status") or {})
+    if status.get("phase") in jobs.TERMINAL or status.get("phase") == "Suspended":
+        return
+    attempt = int(status.get("attempt") or 0)
+    labels = pod.get("metadata", {}).get("labels", {})
+    if labels.get(ATTEMPT_LABEL) != str(attempt):
+        return  # a pod of an earlier attempt, being cleaned up
+    generation = int(job["metadata"].get("generation") or 0)
+    if labels.get(ROLE_LABEL) == HEAD_ROLE:
+        outcome = classify_pod(pod, deleted=deleted)
+        if outcome:
+            decision = jobs.finish_attempt(status, outcome, generation, _now())
+            if decision.status:
+                kube.patch_job_status(namespace, job_name, decision.status)
+                _apply(job, namespace, decision)
+            return
+    rc_name = (status.get("rayCluster") or {}).get("name")
+    rc = kube.get_ray_cluster(namespace, rc_name) if rc_name else None
+    pods = kube.list_pods(namespace, f"{JOB_LABEL}={job_name},{ATTEMPT_LABEL}={attempt}")
+    workers = int((status.get("plan") or {}).get("nodes") or 0)
+    view = attempt_phase(rc, pods, workers)
+    change = jobs.observed_status(view, status, generation, _now())
+    if change:
+        kube.patch_job_status(namespace, job_name, change)
+        if view.phase == "Running":
+            _post(job, [("Normal", "Running", view.message)])
+
+
+@kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT})
+def pod_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.Labels,
+              **_: Any) -> None:
+    try:
+        _observe(namespace or "", labels[JOB_LABEL], dict(body), deleted=type == "DELETED")
+    except ApiException:
+        metrics.API_ERRORS.labels(operation="observe").inc()
+        raise
+
+
+@kopf.on.delete("v1", "pods", labels={JOB_LABEL: kopf.PRESENT, ROLE_LABEL: HEAD_ROLE})
+def pod_delete(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    """KubeRay deletes a head pod whose trainer ended. Kopf's finalizer on head pods
+    holds the pod until this ran, so the outcome is read even after an operator
+    restart."""
+    _observe(namespace or "", labels[JOB_LABEL], dict(body), deleted=True)

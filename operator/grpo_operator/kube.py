@@ -1,0 +1,116 @@
+"""Thin Kubernetes edge: create-if-absent, get, list and delete by kind.
+
+Everything here is I/O and nothing else; callers decide what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from .contract import API_GROUP, API_VERSION, PLURAL
+
+RAY_GROUP, RAY_VERSION_API, RAY_PLURAL = "ray.io", "v1", "rayclusters"
+
+
+def load_config(kubeconfig: str | None = None) -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig)
+
+
+def _core() -> client.CoreV1Api:
+    return client.CoreV1Api()
+
+
+def _rbac() -> client.RbacAuthorizationV1Api:
+    return client.RbacAuthorizationV1Api()
+
+
+def _custom() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi()
+
+
+def _creators() -> dict[str, Callable[[str, dict[str, Any]], Any]]:
+    core, rbac, custom = _core(), _rbac(), _custom()
+    return {
+        "ConfigMap": lambda ns, b: core.create_namespaced_config_map(ns, b),
+        "PersistentVolumeClaim": lambda ns, b: core.create_namespaced_persistent_volume_claim(
+            ns, b),
+        "ServiceAccount": lambda ns, b: core.create_namespaced_service_account(ns, b),
+        "Role": lambda ns, b: rbac.create_namespaced_role(ns, b),
+        "RoleBinding": lambda ns, b: rbac.create_namespaced_role_binding(ns, b),
+        "RayCluster": lambda ns, b: custom.create_namespaced_custom_object(
+            RAY_GROUP, RAY_VERSION_API, ns, RAY_PLURAL, b),
+    }
+
+
+def create_if_absent(obj: dict[str, Any]) -> bool:
+    """Create; an existing object of that name is left as it is. True if created."""
+    ns = obj["metadata"]["namespace"]
+    try:
+        _creators()[obj["kind"]](ns, obj)
+        return True
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+
+
+def get_ray_cluster(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        rc: dict[str, Any] = _custom().get_namespaced_custom_object(
+            RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name)
+        return rc
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def delete_ray_cluster(namespace: str, name: str) -> bool:
+    try:
+        _custom().delete_namespaced_custom_object(
+            RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name)
+        return True
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+
+
+def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
+    api = client.ApiClient()
+    pods = _core().list_namespaced_pod(namespace, label_selector=selector)
+    return [api.sanitize_for_serialization(p) for p in pods.items]
+
+
+def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        pvc = _core().read_namespaced_persistent_volume_claim(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    out: dict[str, Any] = client.ApiClient().sanitize_for_serialization(pvc)
+    return out
+
+
+def get_job(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        job: dict[str, Any] = _custom().get_namespaced_custom_object(
+            API_GROUP, API_VERSION, namespace, PLURAL, name)
+        return job
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def patch_job_status(namespace: str, name: str, status: dict[str, Any]) -> None:
+    _custom().patch_namespaced_custom_object_status(
+        API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status})

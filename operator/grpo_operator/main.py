@@ -1,0 +1,111 @@
+"""`grpo-operator`: run the operator (Kopf) with /healthz, /metrics and the webhook."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import click
+import kopf
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import handlers, kube, webhook
+from .contract import API_GROUP, DEFAULT_TRAINER_IMAGE
+
+OPTIONS: dict[str, Any] = {}
+
+
+async def _serve_probes(port: int) -> web.AppRunner:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, OPTIONS["bind"], port).start()
+    return runner
+
+
+@kopf.on.startup()
+async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    kube.load_config(OPTIONS.get("kubeconfig"))
+    # Our own names on objects, and nothing written into status but our fields.
+    settings.persistence.finalizer = f"{API_GROUP}/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=API_GROUP, key="last-handled-spec")
+    settings.posting.level = logging.INFO
+    settings.execution.max_workers = 32
+    settings.watching.server_timeout = 300  # re-list regularly; survives API restarts
+    settings.watching.connect_timeout = 10
+    settings.networking.error_backoffs = [1, 2, 5, 10]
+    port = OPTIONS.get("webhook_port") or 0
+    if port:
+        settings.admission.server = kopf.WebhookServer(
+            addr=OPTIONS["bind"], port=port, host=OPTIONS.get("webhook_host"),
+            certfile=OPTIONS.get("webhook_cert"), pkeyfile=OPTIONS.get("webhook_key"))
+        if OPTIONS.get("webhook_manage"):
+            settings.admission.managed = OPTIONS["webhook_manage"]
+    if OPTIONS.get("metrics_port"):
+        memo.probes = await _serve_probes(OPTIONS["metrics_port"])
+
+
+@kopf.on.cleanup()
+async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    runner = memo.get("probes")
+    if runner is not None:
+        await runner.cleanup()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-n", "--namespace", "namespaces", multiple=True,
+              help="Watch this namespace (repeatable). Default: all namespaces.")
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Kubeconfig file; in a pod the service account is used.")
+@click.option("--bind", default="0.0.0.0", show_default=True,
+              help="Address for /healthz, /metrics and the webhook.")
+@click.option("--metrics-port", type=int, default=8080, show_default=True,
+              help="Port for /healthz and /metrics; 0 turns them off.")
+@click.option("--webhook-port", type=int, default=0, show_default=True,
+              help="Port of the admission webhook; 0 turns it off.")
+@click.option("--webhook-host", default=None, help="Host name the API server uses to reach "
+              "the webhook (self-signed certificate when no --webhook-cert).")
+@click.option("--webhook-cert", type=click.Path(exists=True), default=None)
+@click.option("--webhook-key", type=click.Path(exists=True), default=None)
+@click.option("--webhook-manage", default=None, help="Let the operator create and keep the "
+              "webhook configurations of this name (dev and the testbed; the chart makes its own).")
+@click.option("--trainer-image", default=DEFAULT_TRAINER_IMAGE, show_default=True,
+              help="Trainer image for jobs that do not set spec.image.")
+@click.option("--peering", default=None, help="Kopf peering name: one active replica.")
+@click.option("--verbose", is_flag=True)
+def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
+        webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
+        webhook_key: str | None, webhook_manage: str | None, trainer_image: str,
+        peering: str | None, verbose: bool) -> None:
+    """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if kubeconfig:
+        os.environ["KUBECONFIG"] = kubeconfig  # also for Kopf's own login
+    OPTIONS.update(kubeconfig=kubeconfig, bind=bind, metrics_port=metrics_port,
+                   webhook_port=webhook_port, webhook_host=webhook_host,
+                   webhook_cert=webhook_cert, webhook_key=webhook_key,
+                   webhook_manage=webhook_manage)
+    handlers.SETTINGS["default_image"] = trainer_image
+    webhook.DEFAULTS["image"] = trainer_image
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        standalone=peering is None,
+        peering_name=peering,
+    )
+
+
+def main() -> None:
+    cli()

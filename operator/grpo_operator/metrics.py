@@ -1,0 +1,32 @@
+"""The operator's Prometheus metrics (served with /healthz by `main`)."""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+PHASES = ("Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+JOB_PHASES: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase, from job events
+
+
+class _JobsByPhase(Collector):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily("grpo_operator_jobs", "GRPOJobs by phase", labels=["phase"])
+        counts = Tally(JOB_PHASES.values())
+        for phase in PHASES:
+            g.add_metric([phase], counts.get(phase, 0))
+        yield g
+
+
+REGISTRY.register(_JobsByPhase())
+
+RECONCILE_SECONDS = Histogram(
+    "grpo_operator_reconcile_duration_seconds", "Time to reconcile a GRPOJob once",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+RESTARTS = Counter("grpo_operator_restarts_total", "Attempt restarts", ["reason"])
+API_ERRORS = Counter("grpo_operator_api_errors_total", "Kubernetes API errors", ["operation"])

@@ -1,0 +1,89 @@
+"""Classify how a Ray pod ended, from its status and the trainer's termination message.
+
+Pure: the input is the pod as the API server returns it (a dict), plus whether it
+was deleted. Table-driven tests use real pod status shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..contract import ExitCode, FailureReason
+
+_EXIT_CLASSES = {
+    ExitCode.FINISHED: FailureReason.SUCCEEDED,
+    ExitCode.CONFIG_ERROR: FailureReason.CONFIG_ERROR,
+    ExitCode.CUDA_OOM: FailureReason.CUDA_OOM,
+    ExitCode.HOST_OOM: FailureReason.RAY_OOM,
+    ExitCode.WORKER_LOST: FailureReason.NODE_LOST,
+}
+
+
+@dataclass(frozen=True)
+class PodOutcome:
+    """How one container ended."""
+
+    reason: FailureReason
+    exit_code: int | None
+    message: str  # one line for humans
+    step: int | None = None
+    last_checkpoint_step: int | None = None
+
+
+def container_state(pod: dict[str, Any], container: str | None = None) -> dict[str, Any]:
+    """`state` of the named (or first) container, {} if it has none yet."""
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    for cs in statuses:
+        if container is None or cs.get("name") == container:
+            return dict(cs.get("state") or {})
+    return {}
+
+
+def _termination_message(raw: str) -> dict[str, Any]:
+    try:
+        msg = json.loads(raw)
+    except (ValueError, TypeError):
+        return {}
+    return msg if isinstance(msg, dict) else {}
+
+
+def classify_pod(pod: dict[str, Any], deleted: bool = False,
+                 container: str | None = None) -> PodOutcome | None:
+    """The outcome of a pod whose main container ended; None while it has not."""
+    status = pod.get("status", {})
+    if status.get("reason") == "Evicted":
+        return PodOutcome(FailureReason.EVICTED, None,
+                          status.get("message") or "pod evicted by the kubelet")
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    disruption = conditions.get("DisruptionTarget")
+    if disruption and disruption.get("status") == "True":
+        kind = (FailureReason.PREEMPTED if "Preempt" in str(disruption.get("reason"))
+                else FailureReason.EVICTED)
+        return PodOutcome(kind, None, disruption.get("message") or str(disruption.get("reason")))
+    term = container_state(pod, container).get("terminated")
+    if not term:
+        if deleted:
+            node = pod.get("spec", {}).get("nodeName", "?")
+            return PodOutcome(FailureReason.NODE_LOST, None,
+                              f"pod deleted while running on node {node}")
+        return None
+    code = int(term.get("exitCode", 1))
+    raw = term.get("message") or ""
+    msg = _termination_message(raw)
+    step = msg.get("step")
+    ckpt = msg.get("lastCheckpointStep")
+    detail = str(msg.get("detail") or term.get("reason") or "")[:300]
+    if term.get("reason") == "OOMKilled" or (code == 137 and not msg):
+        # The kernel killed the container at its memory limit: host RAM, not the GPU.
+        return PodOutcome(FailureReason.HOST_OOM, code,
+                          f"container OOMKilled at its memory limit (exit {code})", step, ckpt)
+    if msg.get("reason") in FailureReason.__members__.values():
+        reason = FailureReason(msg["reason"])
+    else:
+        reason = _EXIT_CLASSES.get(code, FailureReason.ERROR)  # type: ignore[call-overload]
+    where = f" at step {step}" if step is not None else ""
+    text = "finished" if reason is FailureReason.SUCCEEDED else f"{reason.value}{where}"
+    return PodOutcome(reason, code, f"{text} (exit {code}){': ' + detail if detail else ''}",
+                      step, ckpt)

@@ -1,0 +1,85 @@
+"""Job phase and conditions from what the cluster shows (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+HEAD_ROLE = "head"
+ROLE_LABEL = "grpo.dev/role"
+ATTEMPT_LABEL = "grpo.dev/attempt"
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Suspended", "Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class PhaseView:
+    phase: str
+    reason: str  # CamelCase
+    message: str
+
+
+def _role(pod: dict[str, Any]) -> str:
+    return str(pod.get("metadata", {}).get("labels", {}).get(ROLE_LABEL, ""))
+
+
+def _unschedulable(pod: dict[str, Any]) -> str | None:
+    for c in pod.get("status", {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return str(c.get("message") or c.get("reason") or "not scheduled")
+    return None
+
+
+def attempt_phase(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any]],
+                  workers_expected: int) -> PhaseView:
+    """Pending / Starting / Running for the live attempt (terminal outcomes come from
+    classify_pod on the head)."""
+    if ray_cluster is None:
+        return PhaseView("Pending", "CreatingCluster", "creating the RayCluster")
+    live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
+    for p in live:
+        why = _unschedulable(p)
+        if why:
+            return PhaseView("Pending", "Unschedulable",
+                             f"pod {p['metadata']['name']} cannot be scheduled: {why}")
+    heads = [p for p in live if _role(p) == HEAD_ROLE]
+    workers = [p for p in live if _role(p) != HEAD_ROLE]
+    if not heads:
+        return PhaseView("Pending", "WaitingForPods", "waiting for KubeRay to create the head pod")
+    running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
+    if len(running) == len(live) and len(workers) >= workers_expected:
+        return PhaseView("Running", "ClusterRunning",
+                         f"head and {len(workers)} worker pod(s) running")
+    return PhaseView("Starting", "PodsStarting",
+                     f"{len(running)} of {1 + workers_expected} Ray pods running")
+
+
+_TRUE_FOR = {
+    "Pending": {"Progressing"},
+    "Starting": {"Progressing"},
+    "Running": {"Ready", "Progressing"},
+    "Restarting": {"Progressing", "Degraded"},
+    "Suspended": {"Suspended"},
+    "Succeeded": {"Succeeded"},
+    "Failed": {"Failed"},
+}
+
+
+def conditions_for(view: PhaseView, generation: int, now: str,
+                   previous: list[dict[str, Any]] | None = None,
+                   degraded: PhaseView | None = None) -> list[dict[str, Any]]:
+    """All six conditions for a phase; lastTransitionTime kept while status holds."""
+    before = {c.get("type"): c for c in previous or []}
+    true_types = set(_TRUE_FOR.get(view.phase, set()))
+    if degraded:
+        true_types.add("Degraded")
+    out = []
+    for t in CONDITION_TYPES:
+        status = "True" if t in true_types else "False"
+        src = degraded if (t == "Degraded" and degraded) else view
+        reason, message = (src.reason, src.message) if status == "True" or t in (
+            "Ready", "Progressing") else (f"Not{t}", "")
+        old = before.get(t)
+        ltt = old["lastTransitionTime"] if old and old.get("status") == status else now
+        out.append({"type": t, "status": status, "reason": reason, "message": message,
+                    "lastTransitionTime": ltt, "observedGeneration": generation})
+    return out

@@ -1,0 +1,102 @@
+"""Render a job's children (pure): a function of (spec, plan, job, attempt) only."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import jinja2
+import yaml
+
+from ..api import GRPOJobSpec
+from ..catalog import GPU_RESOURCE
+from ..contract import (
+    API_GROUP,
+    API_VERSION,
+    CHECKPOINT_MOUNT,
+    CONFIG_PATH,
+    DEFAULT_TRAINER_IMAGE,
+    JOB_LABEL,
+    KIND,
+    PLURAL,
+    RAY_VERSION,
+    TERMINATION_LOG,
+    Env,
+)
+from ..planner import Plan
+from . import names
+from .names import JobRef
+from .trainer_config import trainer_config
+
+# The head runs Ray's head without --block (KubeRay always adds it), then the driver
+# in the foreground: the container's exit code is the trainer's (DESIGN.md contract).
+HEAD_COMMAND = (
+    "ulimit -n 65536; ${KUBERAY_GEN_RAY_START_CMD// --block/} && "
+    f"exec python -m grpo_trainer --config {CONFIG_PATH}"
+)
+WORKER_COMMAND = "ulimit -n 65536; exec $KUBERAY_GEN_RAY_START_CMD"
+
+
+@cache
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("grpo_operator", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # YAML, not HTML; values go through tojson
+    )
+
+
+def job_env(plan: Plan, job: JobRef, attempt: int) -> dict[str, str]:
+    """Everything injected into the Ray containers: the plan's env plus identity."""
+    return {
+        **plan.env,
+        Env.JOB_NAME.value: job.name,
+        Env.JOB_NAMESPACE.value: job.namespace,
+        Env.ATTEMPT.value: str(attempt),
+        Env.CHECKPOINT_DIR.value: names.checkpoint_dir(job),
+    }
+
+
+def render_children(
+    spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str = ""
+) -> list[dict[str, Any]]:
+    """ConfigMap, PVC (unless the spec names one), trainer RBAC, and the RayCluster."""
+    claim = names.checkpoint_claim(job, spec.checkpoint.claim_name)
+    ctx: dict[str, Any] = {
+        "job": job,
+        "spec": spec,
+        "attempt": attempt,
+        "job_label": JOB_LABEL,
+        "api_version": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "group": API_GROUP,
+        "plural": PLURAL,
+        "names": {
+            "config_map": names.config_map(job, attempt),
+            "claim": claim,
+            "account": names.trainer_account(job),
+            "ray_cluster": names.ray_cluster(job, attempt),
+        },
+        "multi_node": plan.geometry.nodes > 1,
+        "config_yaml": yaml.safe_dump(trainer_config(spec, plan, job, attempt), sort_keys=False),
+        "image": spec.image or default_image or DEFAULT_TRAINER_IMAGE,
+        "ray_version": RAY_VERSION,
+        "ray_start_params": plan.ray_start_params,
+        "head": plan.head,
+        "worker": plan.worker,
+        "head_command": HEAD_COMMAND,
+        "worker_command": WORKER_COMMAND,
+        "env": job_env(plan, job, attempt),
+        "gpu_resource": GPU_RESOURCE,
+        "termination_log": TERMINATION_LOG,
+        "checkpoint_mount": CHECKPOINT_MOUNT,
+        "config_dir": CONFIG_PATH.rsplit("/", 1)[0],
+    }
+    files = ["configmap.yaml.j2", "rbac.yaml.j2", "raycluster.yaml.j2"]
+    if spec.checkpoint.claim_name is None:
+        files.insert(1, "pvc.yaml.j2")
+    docs: list[dict[str, Any]] = []
+    for f in files:
+        docs += [d for d in yaml.safe_load_all(_env().get_template(f).render(ctx)) if d]
+    return docs

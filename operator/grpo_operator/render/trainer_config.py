@@ -1,0 +1,93 @@
+"""The resolved trainer config (the per-attempt ConfigMap) from spec + plan.
+
+Validated with the trainer's own pydantic model (`grpo_trainer.config`, torch-free),
+so a job the trainer would reject with exit 2 is caught here, before any pod starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_trainer.config import Config
+
+from ..api import GRPOJobSpec
+from ..planner import Plan
+from .names import JobRef, checkpoint_dir
+
+METRICS_PORT = 9100  # the trainer's Prometheus /metrics on the head pod
+
+
+def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> dict[str, Any]:
+    s, g = plan.settings, plan.geometry
+    tr, alg = spec.training, spec.algorithm
+    samples = tr.rollout_batch_size * s.rollout_n
+    cfg: dict[str, Any] = {
+        "model": {"path": spec.model.path},
+        "data": {
+            "train_files": [spec.data.train],
+            "val_files": [spec.data.val] if spec.data.val else [],
+            "prompt_key": spec.data.prompt_key,
+            "answer_key": spec.data.answer_key,
+            "image_key": spec.data.image_key,
+            "format_prompt": "math" if spec.reward.type == "math" else "r1v"
+            if spec.reward.type == "r1v" else "plain",
+            "max_prompt_length": spec.data.max_prompt_length,
+            "seed": tr.seed,
+            "image_max_pixels": spec.data.max_pixels,
+            "image_min_pixels": min(spec.data.max_pixels, 4 * 28 * 28),
+        },
+        "rollout": {
+            "engine": "vllm" if g.is_gpu else "hf",
+            "n": s.rollout_n,
+            "temperature": alg.temperature,
+            "top_p": alg.top_p,
+            "max_new_tokens": spec.data.max_response_length,
+            "gpu_memory_utilization": s.rollout_gpu_memory_utilization if g.is_gpu else 0.5,
+            "seed": tr.seed,
+        },
+        "algorithm": {
+            "clip_ratio_low": alg.clip_ratio_low,
+            "clip_ratio_high": alg.clip_ratio_high,
+            "kl_coef": alg.kl_coef,
+        },
+        "actor": {
+            "lr": tr.learning_rate,
+            "weight_decay": tr.weight_decay,
+            "max_grad_norm": tr.max_grad_norm,
+            # globalBatchSize responses per optimizer update, as in the spec.
+            "mini_batch_size": min(tr.global_batch_size, samples),
+            "micro_batch_size": s.micro_batch_size,
+            "dtype": "bfloat16" if g.is_gpu else "float32",
+            "init_strategy": "rank0" if s.rank0_init else "sharded",
+            "offload_params": s.offload_params,
+            "offload_optimizer": s.offload_optimizer,
+            "gradient_checkpointing": s.gradient_checkpointing,
+        },
+        "resources": {
+            "num_workers": g.world_size,
+            "gpus_per_worker": 1 if g.is_gpu else 0,
+            "ray_address": "auto",  # the head container started Ray just before
+        },
+        "reward": {
+            "type": spec.reward.type,
+            "format_weight": spec.reward.format_weight,
+            **({"function": spec.reward.function} if spec.reward.function else {}),
+        },
+        "checkpoint": {
+            "dir": checkpoint_dir(job),
+            "interval_steps": spec.checkpoint.interval_steps,
+            "keep": spec.checkpoint.keep,
+        },
+        "metrics": {"prometheus_port": METRICS_PORT, "progress_bar": "off"},
+        "trainer": {
+            # Unset maxSteps: the trainer's own default (epochs are not yet mapped).
+            **({"total_steps": tr.max_steps} if tr.max_steps else {}),
+            "rollout_batch_size": tr.rollout_batch_size,
+            "seed": tr.seed,
+            "job_name": job.name,
+            "job_namespace": job.namespace,
+            "attempt": attempt,
+        },
+    }
+    Config.model_validate(cfg)  # raises with the field named; handlers report it
+    return cfg

@@ -1,0 +1,55 @@
+"""Admission: refuse invalid or infeasible jobs at `kubectl apply` time, with the
+planner's numbers, and refuse changes to fields that cannot change mid-job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from .api import SpecError
+from .contract import API_GROUP, API_VERSION, PLURAL
+from .jobs import planned
+from .planner import InfeasibleError
+
+# What a running job is: changing these would make its checkpoints meaningless.
+# memory, restartPolicy, image and suspend may change; they apply at the next attempt.
+IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "training", "resources",
+                      "checkpoint")
+DEFAULTS: dict[str, str] = {"image": ""}  # set by main
+
+
+def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None) -> str | None:
+    """Why the API server should refuse this spec, or None (pure)."""
+    if old_spec is not None and old_spec == spec:
+        return None  # metadata/finalizer updates must never be blocked by a newer planner
+    if old_spec is not None:
+        changed = [k for k in IMMUTABLE_SECTIONS if old_spec.get(k) != spec.get(k)]
+        if changed:
+            return (f"spec.{', spec.'.join(changed)} cannot change after the job is created "
+                    "(checkpoints depend on them); create a new GRPOJob instead. "
+                    "spec.memory, spec.restartPolicy, spec.image and spec.suspend may change "
+                    "and take effect at the next attempt")
+    try:
+        planned(spec)
+    except SpecError as exc:
+        return str(exc)
+    except (InfeasibleError, ValueError) as exc:
+        return f"the memory planner refuses this job: {exc}"
+    return None
+
+
+@kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
+def grpojob_validate(spec: kopf.Spec, old: kopf.Body | None = None,
+                     operation: str | None = None, **_: Any) -> None:
+    old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
+    problem = admission_problem(dict(spec), old_spec)
+    if problem:
+        raise kopf.AdmissionError(problem, code=422)
+
+
+@kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operation="CREATE")
+def grpojob_default(spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
+    """Record the trainer image a job runs, so an operator upgrade does not change it."""
+    if not spec.get("image") and DEFAULTS["image"]:
+        patch.spec["image"] = DEFAULTS["image"]
