@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install the operator into a fresh virtualenv exactly as images/operator/Dockerfile
+# does: the hash-checked lock first (no resolution, no extras, so no torch), then the
+# project itself with --no-deps. tests/unit/test_locks.py runs this same script and
+# then `grpo --help` from the result.
+#
+#   images/operator/install.sh VENV [SRC]      SRC: the repository root (default: .)
+# Needs `uv` on PATH (or $UV) and CPython 3.11 (or $PYTHON).
+set -euo pipefail
+venv=${1:?usage: install.sh VENV [SRC]}
+src=${2:-.}
+uv=${UV:-uv}
+"$uv" venv --quiet --python "${PYTHON:-python3.11}" "$venv"
+"$uv" pip install --quiet --python "$venv/bin/python" --require-hashes --no-deps \
+  --only-binary :all: -r "$src/images/operator/requirements.lock"
+"$uv" pip install --quiet --python "$venv/bin/python" --no-deps \
+  --build-constraints "$src/images/build-constraints.txt" "$src"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install the trainer into a virtualenv as images/trainer/Dockerfile does: every
+# package from the hash-checked lock without resolution, then flash-attn (whose
+# setup.py imports torch, so it is built without isolation once torch is in), then the
+# project with --no-deps.
+#
+#   images/trainer/install.sh VENV [SRC]       SRC: the repository root (default: .)
+# Needs `uv` on PATH (or $UV) and CPython 3.11 (or $PYTHON); flash-attn needs nvcc
+# unless a prebuilt wheel for this torch/CUDA/Python exists (its setup.py tries that).
+set -euo pipefail
+venv=${1:?usage: install.sh VENV [SRC]}
+src=${2:-.}
+uv=${UV:-uv}
+lock="$src/images/trainer/requirements.lock"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Split the lock into flash-attn's entry (name line + its --hash lines) and the rest.
+awk -v pkg=flash-attn -v out_only="$work/late.txt" -v out_rest="$work/early.txt" '
+  /^[A-Za-z0-9]/ { name = $1; sub(/[=\[ ].*/, "", name); late = (name == pkg) }
+  { print > (late ? out_only : out_rest) }' "$lock"
+"$uv" venv --quiet --python "${PYTHON:-python3.11}" "$venv"
+"$uv" pip install --python "$venv/bin/python" --require-hashes --no-deps \
+  -r "$work/early.txt"
+"$uv" pip install --python "$venv/bin/python" --require-hashes --no-deps \
+  --no-build-isolation -r "$work/late.txt"
+"$uv" pip install --quiet --python "$venv/bin/python" --no-deps \
+  --build-constraints "$src/images/build-constraints.txt" "$src"
