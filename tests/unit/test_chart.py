@@ -1,0 +1,420 @@
+"""The Helm chart, rendered by the pinned helm: lint, value sets, schema, RBAC, security.
+
+Fast (helm template only, no cluster); the install itself is tests/cluster/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+
+from grpo_operator import contract
+from grpo_testbed.versions import binary
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts/grpo-operator"
+KUBE_VERSION = "1.36.3"  # the testbed's; helm template otherwise assumes an old default
+NS = "grpo-system"
+
+Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+# The operator's API usage (docs/deployment.md), one (group, resource, verb) per right.
+NAMESPACED_RIGHTS: set[Rule] = {
+    *{("grpo.dev", "grpojobs", v) for v in ("get", "list", "watch", "patch", "update")},
+    *{("grpo.dev", "grpojobs/status", v) for v in ("get", "patch", "update")},
+    *{("ray.io", "rayclusters", v)
+      for v in ("get", "list", "watch", "create", "patch", "update", "delete")},
+    *{("", r, v) for r in ("configmaps", "persistentvolumeclaims", "serviceaccounts")
+      for v in ("get", "list", "watch", "create", "patch", "delete")},
+    *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
+    *{(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")},
+    *{("rbac.authorization.k8s.io", r, v) for r in ("roles", "rolebindings")
+      for v in ("get", "list", "watch", "create", "patch", "delete")},
+}
+CLUSTER_RIGHTS: set[Rule] = {
+    *{("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")},
+    *{("", "namespaces", v) for v in ("get", "list", "watch")},
+}
+PEERING_VERBS = ("get", "list", "watch", "patch")
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    exe = binary("helm")
+    if not exe.exists():
+        pytest.fail(f"helm is not built at {exe}: run `make setup` (builds the testbed "
+                    "binaries, helm among them)", pytrace=False)
+    proc = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=60,
+                          check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stderr}")
+    return proc
+
+
+def set_args(values: dict[str, str]) -> list[str]:
+    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+
+
+@functools.cache
+def _render(values: tuple[tuple[str, str], ...]) -> str:
+    return helm("template", "grpo", str(CHART), "-n", NS, "--kube-version", KUBE_VERSION,
+                *set_args(dict(values))).stdout
+
+
+def render(values: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The chart's objects for these --set values (fresh dicts; the text is cached)."""
+    return [d for d in yaml.safe_load_all(_render(tuple(sorted((values or {}).items())))) if d]
+
+
+def objects(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = objects(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def rights(rules: list[dict[str, Any]]) -> set[Rule]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
+
+
+def _fake_ca_and_cert() -> tuple[str, str, str]:
+    """A self-signed cert the way a user would supply one (base64 PEM strings)."""
+    import datetime
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "supplied")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    b64 = base64.b64encode
+    return b64(pem).decode(), b64(pem).decode(), b64(key_pem).decode()
+
+
+SUPPLIED_CA = _fake_ca_and_cert()[0]
+
+VALUE_SETS: dict[str, dict[str, str]] = {
+    "defaults": {},
+    "watch-namespaces": {"watchNamespaces": "{team-a,team-b}"},
+    "webhook-off": {"webhook.enabled": "false"},
+    "servicemonitor-and-dashboard": {"metrics.serviceMonitor.enabled": "true",
+                                     "metrics.serviceMonitor.labels.release": "prom",
+                                     "dashboard.enabled": "true"},
+    "supplied-certs": {"webhook.certificate.source": "secret",
+                       "webhook.certificate.secretName": "my-tls",
+                       "webhook.certificate.caBundle": SUPPLIED_CA},
+    "no-peering-debug-catalog": {"leaderElection.enabled": "false", "logLevel": "debug",
+                                 "gpuCatalog.H100-80GB.hostMemoryGiB": "1024"},
+}
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_lint_strict_passes(name: str) -> None:
+    proc = helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION,
+                *set_args(VALUE_SETS[name]))
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_renders_and_every_object_is_labelled_by_the_release(name: str) -> None:
+    docs = render(VALUE_SETS[name])
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == (
+        one(docs, "ServiceAccount")["metadata"]["name"])
+    for d in docs:
+        labels = d["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/instance") == "grpo", (d["kind"], d["metadata"])
+        if d["kind"] in {"Deployment", "Service", "ConfigMap", "Secret", "ServiceAccount",
+                         "ServiceMonitor"}:
+            assert d["metadata"]["namespace"] == NS, d["kind"]
+
+
+# (values, words the error must contain): a bad value fails with a message naming it.
+INVALID: list[tuple[dict[str, str], tuple[str, ...]]] = [
+    ({"replicaCount": "2"}, ("/replicaCount", "maximum")),
+    ({"logLevel": "verbose"}, ("/logLevel",)),
+    ({"image.pullPolicy": "Sometimes"}, ("/image/pullPolicy",)),
+    ({"watchNamespace": "{a}"}, ("watchNamespace",)),  # a typo of watchNamespaces
+    ({"watchNamespaces": "{Team_A}"}, ("/watchNamespaces/0",)),
+    ({"metrics.port": "80"}, ("/metrics/port", "minimum")),
+    ({"webhook.failurePolicy": "Maybe"}, ("/webhook/failurePolicy",)),
+    ({"webhook.timeoutSeconds": "60"}, ("/webhook/timeoutSeconds",)),
+    ({"webhook.certificate.source": "secret"}, ("/webhook/certificate/secretName",
+                                                "/webhook/certificate/caBundle")),
+    ({"gpuCatalog.H100-80GB.memoryGiB": "-1"}, ("/gpuCatalog/H100-80GB/memoryGiB",)),
+    ({"gpuCatalog.H100-80GB.hbm": "80"}, ("hbm",)),
+    ({"resources.limits.memory": "lots"}, ("/resources/limits/memory",)),
+    ({"image.digest": "sha256:abc"}, ("/image/digest",)),
+    ({"trainerImage": "Not An Image"}, ("/trainerImage",)),
+]
+
+
+@pytest.mark.parametrize(("values", "words"), INVALID, ids=[next(iter(v)) for v, _ in INVALID])
+def test_schema_rejects_bad_values_with_a_message(values: dict[str, str],
+                                                   words: tuple[str, ...]) -> None:
+    proc = helm("template", "grpo", str(CHART), "--kube-version", KUBE_VERSION,
+                *set_args(values), check=False)
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    for w in words:
+        assert w in proc.stderr, proc.stderr
+
+
+def test_servicemonitor_without_its_service_fails_with_a_message() -> None:
+    proc = helm("template", "grpo", str(CHART), "--kube-version", KUBE_VERSION,
+                *set_args({"metrics.serviceMonitor.enabled": "true",
+                           "metrics.service.enabled": "false"}), check=False)
+    assert proc.returncode != 0
+    assert "needs metrics.service.enabled" in proc.stderr
+
+
+def test_too_old_kubernetes_is_refused() -> None:
+    proc = helm("template", "grpo", str(CHART), "--kube-version", "1.27.0", check=False)
+    assert proc.returncode != 0 and "kubeVersion" in proc.stderr
+
+
+# ---- RBAC -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_rbac_has_no_wildcards_no_secrets_no_webhook_config_rights(name: str) -> None:
+    docs = render(VALUE_SETS[name])
+    for role in objects(docs, "ClusterRole") + objects(docs, "Role"):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], (role["metadata"]["name"], rule)
+            assert "secrets" not in rule["resources"], role["metadata"]["name"]
+            assert "admissionregistration.k8s.io" not in rule["apiGroups"]
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+
+
+def operator_roles(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ClusterRole and Roles bound to the operator's ServiceAccount."""
+    sa = one(docs, "ServiceAccount")["metadata"]["name"]
+    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+             for b in objects(docs, "ClusterRoleBinding") + objects(docs, "RoleBinding")
+             if any(s["kind"] == "ServiceAccount" and s["name"] == sa and s["namespace"] == NS
+                    for s in b["subjects"])}
+    cluster = [r for r in objects(docs, "ClusterRole")
+               if ("ClusterRole", r["metadata"]["name"], None) in bound]
+    roles = [r for r in objects(docs, "Role")
+             if ("Role", r["metadata"]["name"], r["metadata"]["namespace"]) in bound]
+    assert len(cluster) == 1
+    return cluster[0], roles
+
+
+def test_cluster_wide_rbac_is_exactly_the_operators_api_usage() -> None:
+    cluster, roles = operator_roles(render())
+    peering = {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING_VERBS}
+    assert rights(cluster["rules"]) == NAMESPACED_RIGHTS | CLUSTER_RIGHTS | peering
+    assert roles == []
+
+
+def test_watched_namespaces_get_roles_and_only_cluster_scoped_rights_stay_cluster_wide() -> None:
+    docs = render(VALUE_SETS["watch-namespaces"])
+    cluster, roles = operator_roles(docs)
+    assert rights(cluster["rules"]) == CLUSTER_RIGHTS
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    peering = {("kopf.dev", "kopfpeerings", v) for v in PEERING_VERBS}
+    for role in roles:
+        assert rights(role["rules"]) == NAMESPACED_RIGHTS | peering
+    assert sorted(p["metadata"]["namespace"] for p in objects(docs, "KopfPeering")) == [
+        "team-a", "team-b"]
+    assert objects(docs, "ClusterKopfPeering") == []
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == [
+        "--namespace=team-a", "--namespace=team-b"]
+
+
+def test_user_facing_aggregated_roles_let_editors_submit_grpojobs() -> None:
+    docs = render()
+    agg = {r["metadata"]["name"]: r for r in objects(docs, "ClusterRole")
+           if "rbac.authorization.k8s.io/aggregate-to-edit" in r["metadata"]["labels"]}
+    granted = set().union(*(rights(r["rules"]) for r in agg.values()))
+    assert ("grpo.dev", "grpojobs", "create") in granted
+    assert ("grpo.dev", "grpojobs/status", "patch") not in granted  # status is the operator's
+
+
+# ---- Deployment -----------------------------------------------------------------------
+
+def test_deployment_is_one_hardened_replica() -> None:
+    dep = one(render(), "Deployment")
+    spec, pod = dep["spec"], dep["spec"]["template"]["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    for kind in ("requests", "limits"):
+        assert set(c["resources"][kind]) >= {"cpu", "memory"}
+    probe = c["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert probe["port"] == "metrics" and ports["metrics"] == 8080
+    assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"])  # writable scratch
+    assert "tolerations" not in pod  # stays off the tainted GPU nodes
+
+
+def _args(values: dict[str, str] | None = None) -> list[str]:
+    dep = one(render(values), "Deployment")
+    return list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_deployment_flags_follow_values() -> None:
+    assert _args() == [
+        "--metrics-port=8080",
+        f"--trainer-image={contract.DEFAULT_TRAINER_IMAGE}",
+        "--peering=grpo-grpo-operator",
+        "--webhook-port=9443",
+        "--webhook-cert=/etc/grpo-operator/webhook/tls.crt",
+        "--webhook-key=/etc/grpo-operator/webhook/tls.key",
+    ]
+    off = _args(VALUE_SETS["no-peering-debug-catalog"] | VALUE_SETS["webhook-off"])
+    assert not [a for a in off if a.startswith(("--peering", "--webhook"))]
+    assert "--verbose" in off
+
+
+def test_every_flag_the_chart_passes_is_one_grpo_operator_accepts() -> None:
+    from grpo_operator.main import cli
+
+    known = {o for p in cli.params for o in p.opts}
+    used = set()
+    for name in VALUE_SETS:
+        used |= {a.split("=", 1)[0] for a in _args(VALUE_SETS[name])}
+    assert used <= known, f"grpo-operator lacks {used - known}"
+
+
+def test_gpu_catalog_overrides_reach_the_operator_as_a_mounted_file() -> None:
+    docs = render(VALUE_SETS["no-peering-debug-catalog"])
+    cm = next(c for c in objects(docs, "ConfigMap") if c["metadata"]["name"].endswith("-config"))
+    assert yaml.safe_load(cm["data"]["gpu-catalog.yaml"]) == {"H100-80GB": {"hostMemoryGiB": 1024}}
+    c = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert env["GRPO_GPU_CATALOG"] in mounts
+    assert yaml.safe_load(next(
+        c for c in objects(render(), "ConfigMap") if c["metadata"]["name"].endswith("-config")
+    )["data"]["gpu-catalog.yaml"]) == {}
+
+
+# ---- versions and images agree with grpo_operator.contract ----------------------------
+
+def test_chart_versions_and_default_images_come_from_the_contract() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == contract.VERSION
+    c = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == contract.DEFAULT_OPERATOR_IMAGE
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["trainerImage"] == contract.DEFAULT_TRAINER_IMAGE
+
+
+def test_chart_crds_are_the_generated_grpojob_crd_and_kopf_peering() -> None:
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == ["grpojob.yaml",
+                                                                   "kopf-peering.yaml"]
+    assert (CHART / "crds/grpojob.yaml").read_text() == (ROOT / "crds/grpojob.yaml").read_text()
+    peering = {d["spec"]["names"]["plural"]: d for d in
+               yaml.safe_load_all((CHART / "crds/kopf-peering.yaml").read_text())}
+    assert {p: d["spec"]["scope"] for p, d in peering.items()} == {
+        "clusterkopfpeerings": "Cluster", "kopfpeerings": "Namespaced"}
+    for d in peering.values():
+        status = d["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+        assert status["x-kubernetes-preserve-unknown-fields"] is True
+
+
+# ---- webhook --------------------------------------------------------------------------
+
+def _webhooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [w for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+            for cfg in objects(docs, kind) for w in cfg["webhooks"]]
+
+
+def test_generated_certificate_is_signed_by_the_ca_bundle_and_names_the_service() -> None:
+    docs = render()
+    secret = one(docs, "Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    svc = next(s for s in objects(docs, "Service") if s["metadata"]["name"].endswith("-webhook"))
+    dns = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"{svc['metadata']['name']}.{NS}.svc" in dns.get_values_for_type(x509.DNSName)
+    hooks = _webhooks(docs)
+    assert sorted(h["clientConfig"]["service"]["path"] for h in hooks) == [
+        "/default-grpojob", "/validate-grpojob"]  # the Kopf handler ids in webhook.py
+    for h in hooks:
+        assert h["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+        assert h["clientConfig"]["service"]["name"] == svc["metadata"]["name"]
+        assert h["sideEffects"] == "None" and h["failurePolicy"] == "Fail"
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"secretName": secret["metadata"]["name"], "defaultMode": 0o400} in [
+        v.get("secret") for v in volumes]
+
+
+def test_supplied_certificate_is_used_and_none_is_generated() -> None:
+    docs = render(VALUE_SETS["supplied-certs"])
+    assert objects(docs, "Secret") == []
+    assert {h["clientConfig"]["caBundle"] for h in _webhooks(docs)} == {SUPPLIED_CA}
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert any(v.get("secret", {}).get("secretName") == "my-tls" for v in volumes)
+
+
+def test_webhook_off_renders_no_webhook_objects() -> None:
+    docs = render(VALUE_SETS["webhook-off"])
+    assert _webhooks(docs) == [] and objects(docs, "Secret") == []
+    services = [s["metadata"]["name"] for s in objects(docs, "Service")]
+    assert services == ["grpo-grpo-operator-metrics"]
+
+
+def test_webhooks_only_see_watched_namespaces() -> None:
+    for h in _webhooks(render(VALUE_SETS["watch-namespaces"])):
+        (expr,) = h["namespaceSelector"]["matchExpressions"]
+        assert expr == {"key": "kubernetes.io/metadata.name", "operator": "In",
+                        "values": ["team-a", "team-b"]}
+
+
+# ---- monitoring -----------------------------------------------------------------------
+
+def test_servicemonitor_scrapes_the_metrics_service() -> None:
+    docs = render(VALUE_SETS["servicemonitor-and-dashboard"])
+    sm = one(docs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    svc = next(s for s in objects(docs, "Service") if s["metadata"]["name"].endswith("-metrics"))
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+
+
+def test_dashboard_configmap_shows_phases_reward_step_restarts_and_memory() -> None:
+    docs = render(VALUE_SETS["servicemonitor-and-dashboard"])
+    cm = next(c for c in objects(docs, "ConfigMap") if c["metadata"]["name"].endswith("-dashboard"))
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["grpo-operator.json"])
+    titles = " | ".join(p["title"].lower() for p in dash["panels"])
+    for topic in ("by phase", "reward", "step", "restarts by reason", "memory"):
+        assert topic in titles, titles
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    assert "grpo_operator_jobs" in exprs and "grpo_operator_restarts_total" in exprs
+    default_maps = [c["metadata"]["name"] for c in objects(render(), "ConfigMap")]
+    assert default_maps == ["grpo-grpo-operator-config"]  # the dashboard is opt-in
