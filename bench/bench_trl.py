@@ -36,6 +36,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--ranks", type=int, default=1, help="our FSDP ranks")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads per side")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="alternate ours/TRL this many times; medians over all rounds "
+        "(a shared machine's background load then hits both sides alike)",
+    )
     p.add_argument("--only", choices=["ours", "trl"], default=None)
     return p.parse_args()
 
@@ -100,6 +107,8 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
         "samples_per_s": args.prompts * args.n / step_s,
         "tokens_per_s": tokens / step_s,
         "completion_len": statistics.fmean(m["response/length_mean"] for m in timed),
+        "rollout_s": statistics.fmean(m["time/rollout_s"] for m in timed),
+        "update_s": statistics.fmean(m["time/update_s"] for m in timed),
     }
 
 
@@ -145,8 +154,12 @@ def bench_trl(model: Path, problems: list[str], args: argparse.Namespace) -> dic
         )
         tok = AutoTokenizer.from_pretrained(model)
         trainer = GRPOTrainer(
-            model=str(model), reward_funcs=reward, args=cfg, train_dataset=ds,
-            processing_class=tok, callbacks=[Stamp()],
+            model=str(model),
+            reward_funcs=reward,
+            args=cfg,
+            train_dataset=ds,
+            processing_class=tok,
+            callbacks=[Stamp()],
         )
         start = time.perf_counter()
         trainer.train()
@@ -175,23 +188,37 @@ def main() -> int:
     except ImportError:
         print("TRL is not installed: uv pip install -e '.[trainer,bench]'", file=sys.stderr)
         return 1
+    sides = [args.only] if args.only else ["ours", "trl"]
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         model, data, problems = build_workload(Path(tmp), args)
-        results = []
-        if args.only in (None, "ours"):
-            results.append(bench_ours(model, data, args))
-            print(json.dumps(results[-1]), flush=True)
-        if args.only in (None, "trl"):
-            results.append(bench_trl(model, problems, args))
-            results[-1]["trl_version"] = trl.__version__
-            print(json.dumps(results[-1]), flush=True)
-    if len(results) == 2:
-        ours, base = results
-        print(json.dumps({
-            "ratio_samples_per_s": ours["samples_per_s"] / base["samples_per_s"],
-            "ratio_tokens_per_s": ours["tokens_per_s"] / base["tokens_per_s"],
-            "config": vars(args),
-        }))
+        for rnd in range(args.rounds):
+            for side in sides:
+                if side == "ours":
+                    res = bench_ours(model, data, args)
+                else:
+                    res = bench_trl(model, problems, args)
+                    res["trl_version"] = trl.__version__
+                res["round"] = rnd
+                runs[side].append(res)
+                print(json.dumps(res), flush=True)
+    summary: dict[str, Any] = {"config": vars(args)}
+    for side, results in runs.items():
+        step_s = statistics.median(r["step_s"] for r in results)
+        tokens = statistics.median(r["tokens_per_s"] * r["step_s"] for r in results)
+        summary[side] = {
+            "step_s": step_s,
+            "samples_per_s": args.prompts * args.n / step_s,
+            "tokens_per_s": tokens / step_s,
+        }
+    if len(runs) == 2:
+        summary["ratio_samples_per_s"] = (
+            summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
+        )
+        summary["ratio_tokens_per_s"] = (
+            summary["ours"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
+        )
+    print(json.dumps(summary))
     return 0
 
 
