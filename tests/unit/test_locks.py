@@ -1,0 +1,200 @@
+"""The image locks: complete, hash-pinned, consistent with pyproject.toml and the contract.
+
+images/lock.sh writes them with `uv pip compile` for linux x86_64 / CPython 3.11. The
+last test installs the operator from its lock into a clean virtualenv, exactly as its
+Dockerfile does, and runs its entry points.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from grpo_operator import contract
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR_LOCK = ROOT / "images/operator/requirements.lock"
+TRAINER_LOCK = ROOT / "images/trainer/requirements.lock"
+DEV_LOCK = ROOT / "requirements/dev.lock"
+# The platform the images run on, for evaluating environment markers.
+LINUX_PY311 = {"python_version": "3.11", "python_full_version": "3.11.14",
+               "sys_platform": "linux", "platform_system": "Linux",
+               "platform_machine": "x86_64", "os_name": "posix",
+               "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+GPU_STACK = ("torch", "torchvision", "triton", "vllm", "flash-attn", "ray", "transformers")
+
+
+@dataclass(frozen=True)
+class Pin:
+    version: Version
+    hashes: int
+
+
+def parse_lock(path: Path) -> dict[str, Pin]:
+    """name -> exact pin; fails on anything that is not `name==version`."""
+    pins: dict[str, Pin] = {}
+    text = path.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        head, *rest = line.split()
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)", head)
+        assert m, f"{path.name}: not an exact pin: {line.strip()!r}"
+        hashes = sum(1 for r in rest if r.startswith("--hash=sha256:"))
+        pins[canonicalize_name(m[1])] = Pin(Version(m[2]), hashes)
+    return pins
+
+
+def pyproject() -> dict[str, object]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def requirements(*extras: str) -> list[Requirement]:
+    project = pyproject()["project"]
+    assert isinstance(project, dict)
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    for extra in extras:
+        reqs += [Requirement(r) for r in project["optional-dependencies"][extra]]
+    return [r for r in reqs if r.marker is None or r.marker.evaluate(LINUX_PY311)]
+
+
+def assert_satisfies(lock: dict[str, Pin], reqs: list[Requirement], name: str) -> None:
+    missing = [str(r) for r in reqs if canonicalize_name(r.name) not in lock]
+    assert not missing, f"{name} lacks {missing}: run images/lock.sh"
+    wrong = [f"{r} (locked {lock[canonicalize_name(r.name)].version})" for r in reqs
+             if not r.specifier.contains(lock[canonicalize_name(r.name)].version,
+                                         prereleases=True)]
+    assert not wrong, f"{name} violates pyproject.toml: {wrong}"
+
+
+@pytest.mark.parametrize("path", [OPERATOR_LOCK, TRAINER_LOCK], ids=["operator", "trainer"])
+def test_every_pin_is_exact_and_hash_checked(path: Path) -> None:
+    lock = parse_lock(path)
+    assert lock
+    unhashed = [n for n, p in lock.items() if p.hashes == 0]
+    assert not unhashed, f"{path.name}: no --hash for {unhashed} (pip/uv --require-hashes)"
+
+
+def test_operator_lock_has_the_operators_dependencies_and_no_gpu_stack() -> None:
+    lock = parse_lock(OPERATOR_LOCK)
+    assert_satisfies(lock, requirements(), "images/operator/requirements.lock")
+    assert not [n for n in lock if n in GPU_STACK or n.startswith(("nvidia-", "cuda-"))]
+
+
+def test_operator_lock_is_closed_under_dependencies() -> None:
+    """Every dependency of every locked package is locked too (nothing left to resolve).
+
+    Read from the dev environment's installed metadata, which has the same versions
+    (the operator lock is compiled with requirements/dev.lock as constraints).
+    """
+    lock = parse_lock(OPERATOR_LOCK)
+    for name, pin in lock.items():
+        dist = metadata.distribution(name)
+        assert Version(dist.version) == pin.version, f"{name}: .venv differs from the lock"
+        for raw in dist.requires or []:
+            req = Requirement(raw)
+            env = {**LINUX_PY311, "extra": ""}
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            dep = canonicalize_name(req.name)
+            assert dep in lock, f"{name} {pin.version} needs {req}, which the lock lacks"
+            assert req.specifier.contains(lock[dep].version, prereleases=True), (name, req)
+
+
+def test_operator_lock_matches_the_tested_dev_lock() -> None:
+    dev = {n: p.version for n, p in parse_lock(DEV_LOCK).items()}
+    differ = {n: (str(p.version), str(dev[n])) for n, p in parse_lock(OPERATOR_LOCK).items()
+              if n in dev and dev[n] != p.version}
+    assert not differ, f"operator image would run other versions than the tests: {differ}"
+
+
+def test_trainer_lock_has_trainer_gpu_extras_and_the_contracts_ray() -> None:
+    lock = parse_lock(TRAINER_LOCK)
+    assert_satisfies(lock, requirements("trainer", "gpu"), "images/trainer/requirements.lock")
+    pinned_in = [Requirement(line) for line in
+                 (ROOT / "images/trainer/requirements.in").read_text().splitlines()
+                 if line.strip() and not line.startswith("#")]
+    assert_satisfies(lock, pinned_in, "images/trainer/requirements.lock")
+    for pkg in ("torch", "vllm", "flash-attn", "ray"):
+        assert pkg in lock, pkg
+    ray = lock["ray"].version
+    assert ray == Version(contract.RAY_VERSION), "the image's Ray must be the RayClusters' Ray"
+    assert parse_lock(DEV_LOCK)["ray"].version == ray, "tests run another Ray"
+
+
+def test_trainer_lock_uses_one_cuda_major() -> None:
+    """torch's CUDA libraries and the base image agree on one CUDA version."""
+    lock = parse_lock(TRAINER_LOCK)
+    torch_libs = r"nvidia-(cudnn|nccl|cusparselt|nvshmem)-cu(\d+)"
+    majors = {int(m[2]) for n in lock if (m := re.fullmatch(torch_libs, n))}
+    assert len(majors) == 1, f"mixed CUDA majors in the trainer lock: {majors}"
+    (major,) = majors
+    dockerfile = (ROOT / "images/trainer/Dockerfile").read_text()
+    bases = re.findall(r"^ARG CUDA_\w+_IMAGE=nvidia/cuda:(\d+)\.(\d+)\.(\d+)-", dockerfile, re.M)
+    assert bases and {int(b[0]) for b in bases} == {major}, bases
+    runtime = lock["nvidia-cuda-runtime"].version.release[:2]
+    assert {(int(b[0]), int(b[1])) for b in bases} == {runtime}, "base CUDA != torch's CUDA"
+
+
+@pytest.mark.parametrize("image", ["operator", "trainer"])
+def test_dockerfiles_pin_bases_run_non_root_and_install_from_the_lock(image: str) -> None:
+    text = (ROOT / f"images/{image}/Dockerfile").read_text()
+    for ref in re.findall(r"^ARG \w+_IMAGE=(\S+)$", text, re.M):
+        assert re.search(r":\d+\.\d+(\.\d+)?([-.]\S*)?$", ref), f"{ref} is not pinned"
+    assert not re.search(r"^FROM [a-z]", text, re.M), "FROM must use a pinned ARG image"
+    assert re.findall(r"^USER (\S+)$", text, re.M)[-1] == "10001:10001"
+    assert f"images/{image}/install.sh" in text
+    install = (ROOT / f"images/{image}/install.sh").read_text()
+    assert "--require-hashes" in install and f"images/{image}/requirements.lock" in install
+    if image == "operator":
+        assert 'ENTRYPOINT ["grpo-operator"]' in text
+
+
+@pytest.fixture(scope="session")
+def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clean virtualenv built by images/operator/install.sh (what the image runs)."""
+    uv = shutil.which("uv", path=str(ROOT / ".venv/bin")) or shutil.which("uv")
+    if uv is None:
+        pytest.fail("uv is needed to build the operator's virtualenv: run `make setup`",
+                    pytrace=False)
+    venv = tmp_path_factory.mktemp("operator-image") / "venv"
+    env = {**os.environ, "UV": uv, "PYTHON": "python3.11"}
+    env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.run([str(ROOT / "images/operator/install.sh"), str(venv), str(ROOT)],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, f"install.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    return venv
+
+
+@pytest.mark.parametrize("command", ["grpo", "grpo-operator"])
+def test_operator_entry_points_run_from_a_clean_venv_built_from_the_lock(
+        operator_venv: Path, command: str) -> None:
+    exe = operator_venv / "bin" / command
+    assert exe.exists(), f"{command} is not installed by the project"
+    proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=120,
+                          check=False, env={"PATH": str(operator_venv / "bin"), "HOME": "/tmp"})
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage:" in proc.stdout
+    if command == "grpo":  # the planner, with every subpackage, works from the wheel
+        plan = subprocess.run([str(exe), "plan", str(ROOT / "examples/grpojob-tiny.yaml")],
+                              capture_output=True, text=True, timeout=120, check=False,
+                              env={"PATH": str(operator_venv / "bin"), "HOME": "/tmp",
+                                   "COLUMNS": "200"})
+        assert plan.returncode == 0, plan.stderr
+        assert "Plan for GRPOJob tiny" in plan.stdout
+    no_torch = subprocess.run([str(operator_venv / "bin/python"), "-c", "import torch"],
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert "No module named 'torch'" in no_torch.stderr
