@@ -170,7 +170,11 @@ class GRPOTrainer:
         t_rew = time.perf_counter()
         if self.fault == ("driver_cuda_oom", step):
             raise_injected_oom("driver", step)
-        upd = self.group.call("update", split(adv.tolist(), world), common=[step])[0]
+        per_rank = self.group.call("update", split(adv.tolist(), world), common=[step])
+        upd = dict(per_rank[0])
+        for key in upd:
+            if key.startswith("memory/"):  # the worst rank is the one that will OOM
+                upd[key] = max(r[key] for r in per_rank)
         t_end = time.perf_counter()
 
         resp = [o["response_tokens"] for o in flat]

@@ -362,7 +362,19 @@ class Worker:
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": total[6] / self.world_size,
             "rollout/logprob_abs_diff_mean": total[7] / max(total[8], 1.0),
+            **self._memory(),
         }
+
+    def _memory(self) -> dict[str, float]:
+        """This rank's memory after the update (the driver reports the max over ranks)."""
+        import psutil
+
+        mem = {"memory/host_rss_bytes": float(psutil.Process().memory_info().rss)}
+        if self.device.type == "cuda":
+            mem["memory/gpu_allocated_bytes"] = float(torch.cuda.memory_allocated(self.device))
+            mem["memory/gpu_reserved_bytes"] = float(torch.cuda.memory_reserved(self.device))
+            mem["memory/gpu_peak_bytes"] = float(torch.cuda.max_memory_allocated(self.device))
+        return mem
 
     def _optimizer_state_to(self, device: torch.device) -> None:
         """Adam moments live on the host between steps when offload_optimizer is on."""
