@@ -44,11 +44,13 @@ class HFGenerateEngine:
     @torch.no_grad()
     def generate(self, prompts: list[EncodedPrompt], spec: SamplingSpec) -> list[list[Generation]]:
         repeated = [p for p in prompts for _ in range(spec.n)]
-        batch = collate_prompts(repeated, self.pad_id)
+        device = next(self.model.parameters()).device
+        batch = {k: v.to(device) for k, v in collate_prompts(repeated, self.pad_id).items()}
         if self.sampler == "native":
             seqs, logps = self._sample(batch, spec)
         else:
             seqs, logps = self._generate(batch, spec)
+        seqs, logps = seqs.cpu(), logps.cpu()
         eos = torch.tensor(self.eos_ids)
         gens: list[Generation] = []
         for i in range(seqs.shape[0]):
@@ -98,14 +100,14 @@ class HFGenerateEngine:
         gen = torch.Generator(device=ids.device).manual_seed(spec.seed)
         cache = DynamicCache(config=model.config)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        deltas = torch.zeros(b, 1, dtype=torch.long)
+        deltas = torch.zeros(b, 1, dtype=torch.long, device=ids.device)
         if self.is_vlm:
             # The model derives multimodal (M-RoPE) positions and remembers their offset.
             out = model(
                 input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, **extra
             )
             found = getattr(getattr(model, "model", None), "rope_deltas", None)
-            deltas = torch.zeros(b, 1, dtype=torch.long) if found is None else found
+            deltas = torch.zeros_like(pos[:, :1]) if found is None else found
         else:
             out = model(
                 input_ids=ids,
@@ -137,7 +139,7 @@ class HFGenerateEngine:
             done = done | torch.isin(nxt, eos)
             if bool(done.all()) or t == spec.max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype)], dim=1)
+            mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=mask.device)], dim=1)
             if self.is_vlm:
                 position_ids = (next_pos + deltas).unsqueeze(0).expand(3, b, 1)
             else:
