@@ -1,0 +1,382 @@
+"""The Helm chart installed for real into the testbed: scheduling, RBAC, upgrade, uninstall.
+
+The operator's pod runs in name only (kwok), so the chart's RBAC is proven by acting
+with a token of the chart's ServiceAccount: every verb the operator uses works, and
+nothing else does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from grpo_testbed.launcher import Testbed, write_kubeconfig
+from grpo_testbed.processes import wait_until
+from grpo_testbed.versions import binary
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts/grpo-operator"
+INSTANCE = "app.kubernetes.io/instance"
+# The API server cannot reach a kwok pod, so the webhooks must not block the tests.
+WEBHOOK_SOFT = ("--set", "webhook.failurePolicy=Ignore", "--set", "webhook.timeoutSeconds=2")
+CHART_CRDS = ("grpojobs.grpo.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
+
+
+def helm(tb: Testbed, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(binary("helm")), *args], env=tb.env(), capture_output=True,
+                          text=True, timeout=240, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def get_json(tb: Testbed, *args: str, kubeconfig: Path | None = None) -> Any:
+    extra = ["--kubeconfig", str(kubeconfig)] if kubeconfig else []
+    return json.loads(tb.kubectl(*extra, "get", *args, "-o", "json").stdout)
+
+
+def operator_pod(tb: Testbed, ns: str, release: str) -> dict[str, Any]:
+    pods = get_json(tb, "pods", "-n", ns, "-l", f"{INSTANCE}={release}")["items"]
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    assert len(live) == 1, [p["metadata"]["name"] for p in live]
+    return dict(live[0])
+
+
+def wait_operator_running(tb: Testbed, ns: str, release: str) -> dict[str, Any]:
+    def running() -> bool:
+        try:
+            return operator_pod(tb, ns, release)["status"].get("phase") == "Running"
+        except AssertionError:
+            return False
+
+    wait_until(f"operator pod of {release} Running", running, 120)
+    return operator_pod(tb, ns, release)
+
+
+@dataclass
+class Release:
+    name: str
+    ns: str
+    sa: str
+    install_output: str
+
+    @property
+    def who(self) -> str:
+        return f"system:serviceaccount:{self.ns}:{self.sa}"
+
+
+def can_i(tb: Testbed, who: str, verb: str, resource: str, *where: str) -> bool:
+    proc = tb.kubectl("auth", "can-i", verb, resource, "--as", who, *where, check=False)
+    answer = proc.stdout.strip()
+    assert answer in {"yes", "no"}, f"can-i {verb} {resource}: {proc.stdout}{proc.stderr}"
+    return answer == "yes"
+
+
+@pytest.fixture(scope="module")
+def release(testbed: Testbed) -> Iterator[Release]:
+    """The chart with its default values (all namespaces), installed once for the module."""
+    ns = testbed.namespace("chart")
+    name = "grpo"
+    proc = helm(testbed, "install", name, str(CHART), "-n", ns, "--wait", "--timeout", "180s",
+                *WEBHOOK_SOFT)
+    yield Release(name, ns, f"{name}-grpo-operator", proc.stdout)
+    helm(testbed, "uninstall", name, "-n", ns, "--wait", "--timeout", "120s", check=False)
+    testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_install_runs_the_operator_on_the_cpu_node_and_says_how_to_start(
+        testbed: Testbed, release: Release) -> None:
+    pod = wait_operator_running(testbed, release.ns, release.name)
+    assert pod["spec"]["nodeName"] == "cpu-0"  # the GPU nodes are tainted
+    c = pod["spec"]["containers"][0]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["serviceAccountName"] == release.sa
+    notes = release.install_output
+    assert "kubectl apply -f examples/grpojob-tiny.yaml" in notes
+    assert "kubectl get grpojobs -w" in notes
+    for crd in CHART_CRDS:
+        testbed.kubectl("get", "crd", crd)
+    peering = get_json(testbed, "clusterkopfpeering", f"{release.name}-grpo-operator")
+    assert peering["metadata"]["labels"][INSTANCE] == release.name
+
+
+# (verb, resource[, subresource]) the operator uses in the namespaces it watches.
+NAMESPACED_VERBS = [
+    *[(v, "grpojobs.grpo.dev", "") for v in ("get", "list", "watch", "patch", "update")],
+    *[(v, "grpojobs.grpo.dev", "status") for v in ("get", "patch", "update")],
+    *[(v, "rayclusters.ray.io", "")
+      for v in ("get", "list", "watch", "create", "patch", "update", "delete")],
+    *[(v, r, "") for r in ("configmaps", "persistentvolumeclaims", "serviceaccounts")
+      for v in ("get", "list", "watch", "create", "patch", "delete")],
+    *[(v, "pods", "") for v in ("get", "list", "watch", "patch")],
+    *[(v, r, "") for r in ("events", "events.events.k8s.io") for v in ("create", "patch")],
+    *[(v, r, "") for r in ("roles.rbac.authorization.k8s.io",
+                           "rolebindings.rbac.authorization.k8s.io")
+      for v in ("get", "list", "watch", "create", "patch", "delete")],
+]
+CLUSTER_VERBS = [
+    *[(v, "customresourcedefinitions.apiextensions.k8s.io") for v in ("get", "list", "watch")],
+    *[(v, "namespaces") for v in ("get", "list", "watch")],
+]
+FORBIDDEN = [
+    ("get", "secrets", "-A"), ("list", "secrets", "-A"), ("watch", "secrets", "-A"),
+    ("delete", "nodes", ""), ("patch", "nodes", ""),
+    ("create", "deployments.apps", "-A"), ("list", "deployments.apps", "-A"),
+    ("create", "jobs.batch", "-A"), ("list", "jobs.batch", "-A"),
+    ("create", "grpojobs.grpo.dev", "-A"), ("delete", "grpojobs.grpo.dev", "-A"),
+    ("delete", "pods", "-A"), ("create", "pods", "-A"),
+    ("create", "pods", "-A --subresource=exec"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io", ""),
+    ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", ""),
+    ("create", "mutatingwebhookconfigurations.admissionregistration.k8s.io", ""),
+    ("create", "clusterroles.rbac.authorization.k8s.io", ""),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", ""),
+    ("escalate", "roles.rbac.authorization.k8s.io", "-A"),
+    ("bind", "roles.rbac.authorization.k8s.io", "-A"),
+    ("impersonate", "serviceaccounts", "-A"),
+    ("create", "serviceaccounts", "-A --subresource=token"),
+    ("delete", "namespaces", ""),
+    ("update", "rayclusters.ray.io", "-A --subresource=status"),
+]
+
+
+def test_service_account_can_do_every_verb_the_operator_uses(
+        testbed: Testbed, release: Release, ns: str) -> None:
+    missing = []
+    for verb, resource, sub in NAMESPACED_VERBS:
+        where = ["-n", ns] + ([f"--subresource={sub}"] if sub else [])
+        if not can_i(testbed, release.who, verb, resource, *where):
+            missing.append(f"{verb} {resource}{'/' + sub if sub else ''} in {ns}")
+    for verb, resource in CLUSTER_VERBS:
+        if not can_i(testbed, release.who, verb, resource):
+            missing.append(f"{verb} {resource}")
+    for verb in ("get", "list", "watch", "patch"):
+        if not can_i(testbed, release.who, verb, "clusterkopfpeerings.kopf.dev"):
+            missing.append(f"{verb} clusterkopfpeerings")
+    assert not missing, f"the chart's RBAC lacks: {missing}"
+
+
+def test_service_account_cannot_read_secrets_delete_nodes_or_touch_other_groups(
+        testbed: Testbed, release: Release) -> None:
+    allowed = [f"{verb} {resource} {where}" for verb, resource, where in FORBIDDEN
+               if can_i(testbed, release.who, verb, resource, *where.split())]
+    assert not allowed, f"the operator's ServiceAccount may: {allowed}"
+
+
+def sa_kubeconfig(tb: Testbed, rel: Release, path: Path) -> Path:
+    token = tb.kubectl("create", "token", rel.sa, "-n", rel.ns, "--duration=20m").stdout.strip()
+    assert tb.pki is not None
+    return write_kubeconfig(path, tb.server, tb.pki.ca_cert, token=token, user=rel.sa)
+
+
+RAYCLUSTER: dict[str, Any] = {
+    "apiVersion": "ray.io/v1", "kind": "RayCluster",
+    "metadata": {"name": "rc", "labels": {"grpo.dev/job": "tiny"}},
+    "spec": {
+        "rayVersion": "2.60.0",
+        "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [{
+            "name": "ray-head", "image": "rayproject/ray:2.60.0",
+            "resources": {"limits": {"cpu": "1", "memory": "2Gi"}}}]}}},
+    },
+}
+
+
+def test_a_token_of_the_service_account_performs_the_operators_work(
+        testbed: Testbed, release: Release, ns: str, tmp_path: Path) -> None:
+    """What the operator does for a job, done with the chart's identity."""
+    kc = sa_kubeconfig(testbed, release, tmp_path / "operator.kubeconfig")
+    try:
+        _operators_work(testbed, release, ns, kc)
+    finally:  # never leave a finalizer that would hold the namespace's deletion
+        testbed.kubectl("patch", "grpojob", "tiny", "-n", ns, "--type=merge",
+                        "-p", '{"metadata":{"finalizers":null}}', check=False)
+
+
+def _operators_work(testbed: Testbed, release: Release, ns: str, kc: Path) -> None:
+
+    def op(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return testbed.kubectl("--kubeconfig", str(kc), *args, input=input, check=False)
+
+    def ok(*args: str, input: str | None = None) -> str:
+        proc = op(*args, input=input)
+        assert proc.returncode == 0, f"as {release.sa}: kubectl {' '.join(args)}: {proc.stderr}"
+        return proc.stdout
+
+    # A user submits a job (admin identity); the operator sees it.
+    testbed.kubectl("apply", "-n", ns, "-f", str(ROOT / "examples/grpojob-tiny.yaml"))
+    assert "tiny" in ok("get", "grpojobs", "-A", "-o", "name")
+    ok("patch", "grpojob", "tiny", "-n", ns, "--type=merge",
+       "-p", '{"metadata":{"finalizers":["grpo.dev/operator"]}}')
+    ok("patch", "grpojob", "tiny", "-n", ns, "--subresource=status", "--type=merge",
+       "-p", '{"status":{"phase":"Starting","progress":{"step":0,"totalSteps":3}}}')
+    assert get_json(testbed, "grpojob", "tiny", "-n", ns)["status"]["phase"] == "Starting"
+
+    # Children: config, checkpoint claim, trainer identity with a Role on its own status.
+    ok("create", "configmap", "tiny-config-1", "-n", ns, "--from-literal=config.yaml=x: 1")
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": "tiny-checkpoints", "namespace": ns},
+           "spec": {"accessModes": ["ReadWriteMany"],
+                    "resources": {"requests": {"storage": "1Gi"}}}}
+    ok("create", "-f", "-", input=json.dumps(pvc))
+    ok("create", "serviceaccount", "tiny-trainer", "-n", ns)
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "tiny-trainer", "namespace": ns},
+            "rules": [{"apiGroups": ["grpo.dev"], "resources": ["grpojobs/status"],
+                       "resourceNames": ["tiny"], "verbs": ["get", "patch"]}]}
+    ok("create", "-f", "-", input=json.dumps(role))
+    ok("create", "rolebinding", "tiny-trainer", "-n", ns, "--role=tiny-trainer",
+       f"--serviceaccount={ns}:tiny-trainer")
+    trainer = f"system:serviceaccount:{ns}:tiny-trainer"
+    assert can_i(testbed, trainer, "patch", "grpojobs.grpo.dev/tiny", "-n", ns,
+                 "--subresource=status")
+    assert not can_i(testbed, trainer, "patch", "grpojobs.grpo.dev/other", "-n", ns,
+                     "--subresource=status")
+
+    # The RayCluster, then KubeRay's pods, which the operator watches and marks.
+    rc = {**RAYCLUSTER, "metadata": {**RAYCLUSTER["metadata"], "namespace": ns}}
+    ok("create", "-f", "-", input=json.dumps(rc))
+    ok("patch", "raycluster", "rc", "-n", ns, "--type=merge",
+       "-p", '{"metadata":{"annotations":{"grpo.dev/attempt":"1"}}}')
+
+    def head_pod() -> str:
+        return ok("get", "pods", "-n", ns, "-l", "ray.io/cluster=rc,ray.io/node-type=head",
+                  "-o", "jsonpath={.items[*].metadata.name}").strip()
+
+    wait_until("KubeRay head pod", lambda: bool(head_pod()), 60)
+    ok("patch", "pod", head_pod(), "-n", ns, "--type=merge",
+       "-p", '{"metadata":{"finalizers":["grpo.dev/operator"]}}')
+    ok("patch", "pod", head_pod(), "-n", ns, "--type=json",
+       "-p", '[{"op":"remove","path":"/metadata/finalizers"}]')
+
+    # Events on the job, both APIs.
+    uid = get_json(testbed, "grpojob", "tiny", "-n", ns)["metadata"]["uid"]
+    ref = {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "name": "tiny",
+           "namespace": ns, "uid": uid}
+    core_event = {"apiVersion": "v1", "kind": "Event",
+                  "metadata": {"name": "tiny.planned", "namespace": ns},
+                  "involvedObject": ref, "reason": "Planned", "message": "1 node",
+                  "type": "Normal", "source": {"component": "grpo-operator"}}
+    ok("create", "-f", "-", input=json.dumps(core_event))
+    # Kopf patches events without reading them (kubectl patch would GET first).
+    from kubernetes import client, config
+
+    api = client.CoreV1Api(config.new_client_from_config(config_file=str(kc)))
+    assert api.patch_namespaced_event("tiny.planned", ns, {"count": 2}).count == 2
+    new_event = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                 "metadata": {"name": "tiny.started", "namespace": ns},
+                 "regarding": ref, "reason": "Started", "note": "attempt 1", "type": "Normal",
+                 "action": "Create", "reportingController": "grpo.dev/operator",
+                 "reportingInstance": "grpo-operator-0",
+                 "eventTime": "2026-01-01T00:00:00.000000Z"}
+    ok("create", "-f", "-", input=json.dumps(new_event))
+
+    # Kopf peering: the operator announces itself in the chart's peering object.
+    ok("patch", "clusterkopfpeering", f"{release.name}-grpo-operator", "--type=merge",
+       "-p", '{"status":{"grpo-operator-0":{"priority":0,"lifetime":60}}}')
+
+    # Discovery, then cleanup of what the operator owns.
+    ok("get", "crd", "grpojobs.grpo.dev")
+    ok("get", "namespaces")
+    ok("delete", "raycluster", "rc", "-n", ns, "--wait=false")
+    for kind, name in (("rolebinding", "tiny-trainer"), ("role", "tiny-trainer"),
+                       ("serviceaccount", "tiny-trainer"), ("pvc", "tiny-checkpoints"),
+                       ("configmap", "tiny-config-1")):
+        ok("delete", kind, name, "-n", ns, "--wait=false")
+    ok("patch", "grpojob", "tiny", "-n", ns, "--type=json",
+       "-p", '[{"op":"remove","path":"/metadata/finalizers"}]')
+
+    # ...and nothing beyond it.
+    for args in (("get", "secrets", "-n", ns), ("get", "secrets", "-n", release.ns),
+                 ("delete", "grpojob", "tiny", "-n", ns),
+                 ("create", "deployment", "x", "-n", ns, "--image=busybox:1.36"),
+                 ("delete", "node", "cpu-0")):
+        proc = op(*args)
+        assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), (args, proc.stderr)
+
+
+def names(tb: Testbed, kinds: str, selector: str, *where: str) -> list[str]:
+    out = tb.kubectl("get", kinds, "-l", selector, "-o", "name", *where).stdout
+    return sorted(out.split())
+
+
+NAMESPACED_KINDS = ("deployments,services,configmaps,secrets,serviceaccounts,roles,"
+                    "rolebindings,kopfpeerings.kopf.dev,pods")
+CLUSTER_KINDS = ("clusterroles,clusterrolebindings,validatingwebhookconfigurations,"
+                 "mutatingwebhookconfigurations,clusterkopfpeerings.kopf.dev")
+
+
+def test_upgrade_to_watched_namespaces_then_uninstall_leaves_no_orphans(
+        testbed: Testbed, ns: str) -> None:
+    home = testbed.namespace("chart")
+    name = "life"
+    sel = f"{INSTANCE}={name}"
+    sa = f"system:serviceaccount:{home}:{name}-grpo-operator"
+    try:
+        helm(testbed, "install", name, str(CHART), "-n", home, "--wait", "--timeout", "180s",
+             "--set", "webhook.enabled=false")
+        assert names(testbed, CLUSTER_KINDS, sel).count(
+            f"validatingwebhookconfiguration.admissionregistration.k8s.io/{name}-grpo-operator"
+        ) == 0
+        assert can_i(testbed, sa, "create", "rayclusters.ray.io", "-n", home)  # all namespaces
+        first_pod = wait_operator_running(testbed, home, name)["metadata"]["name"]
+
+        # Upgrade: watch only `ns`, webhook on, more memory.
+        helm(testbed, "upgrade", name, str(CHART), "-n", home, "--wait", "--timeout", "180s",
+             "--set", f"watchNamespaces={{{ns}}}", "--set", "webhook.enabled=true",
+             "--set", "resources.limits.memory=1Gi", *WEBHOOK_SOFT)
+        status = json.loads(helm(testbed, "status", name, "-n", home, "-o", "json").stdout)
+        assert status["version"] == 2 and status["info"]["status"] == "deployed"
+        pod = wait_operator_running(testbed, home, name)
+        assert pod["metadata"]["name"] != first_pod  # Recreate: a new pod with the new spec
+        c = pod["spec"]["containers"][0]
+        assert f"--namespace={ns}" in c["args"] and "--webhook-port=9443" in c["args"]
+        assert c["resources"]["limits"]["memory"] == "1Gi"
+        assert can_i(testbed, sa, "create", "rayclusters.ray.io", "-n", ns)
+        assert not can_i(testbed, sa, "create", "rayclusters.ray.io", "-n", home)
+        assert can_i(testbed, sa, "patch", "kopfpeerings.kopf.dev", "-n", ns)
+        assert not can_i(testbed, sa, "patch", "clusterkopfpeerings.kopf.dev")
+        assert names(testbed, "clusterkopfpeerings.kopf.dev", sel) == []
+        assert names(testbed, "kopfpeerings.kopf.dev", sel, "-n", ns) == [
+            f"kopfpeering.kopf.dev/{name}-grpo-operator"]
+        secret = get_json(testbed, "secret", f"{name}-grpo-operator-webhook-tls", "-n", home)
+        hook = get_json(testbed, "validatingwebhookconfiguration", f"{name}-grpo-operator")
+        ca = secret["data"]["ca.crt"]
+        assert hook["webhooks"][0]["clientConfig"]["caBundle"] == ca
+        assert base64.b64decode(ca).startswith(b"-----BEGIN CERTIFICATE-----")
+
+        # A second upgrade keeps the generated certificate (no surprise rotation).
+        helm(testbed, "upgrade", name, str(CHART), "-n", home, "--reuse-values",
+             "--set", "logLevel=debug", "--wait", "--timeout", "180s")
+        again = get_json(testbed, "secret", f"{name}-grpo-operator-webhook-tls", "-n", home)
+        assert again["data"] == secret["data"]
+    finally:
+        helm(testbed, "uninstall", name, "-n", home, "--wait", "--timeout", "120s",
+             check=False)
+
+    wait_until("operator pod gone", lambda: names(testbed, "pods", sel, "-n", home) == [], 60)
+    left = (names(testbed, NAMESPACED_KINDS, sel, "-A")
+            + names(testbed, CLUSTER_KINDS, sel))
+    assert not left, f"helm uninstall left {left}"
+    for crd in CHART_CRDS:  # kept, as Helm does: deleting them would delete every job
+        testbed.kubectl("get", "crd", crd)
+    testbed.kubectl("delete", "namespace", home, "--wait=false", check=False)
+
+
+def test_bad_values_fail_helm_install_with_a_message(testbed: Testbed, ns: str) -> None:
+    proc = helm(testbed, "install", "bad", str(CHART), "-n", ns, "--set", "replicaCount=3",
+                check=False)
+    assert proc.returncode != 0
+    assert "/replicaCount" in proc.stderr and "maximum" in proc.stderr
+    assert names(testbed, "deployments", f"{INSTANCE}=bad", "-A") == []
+    listed = yaml.safe_load(helm(testbed, "list", "-A", "-o", "yaml").stdout) or []
+    assert "bad" not in {r["name"] for r in listed}
