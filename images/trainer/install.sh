@@ -7,6 +7,8 @@
 #   images/trainer/install.sh VENV [SRC]       SRC: the repository root (default: .)
 # Needs `uv` on PATH (or $UV) and CPython 3.11 (or $PYTHON); flash-attn needs nvcc
 # unless a prebuilt wheel for this torch/CUDA/Python exists (its setup.py tries that).
+# DRY_RUN=1: check that every locked distribution is available for this platform and
+# stop before installing anything (tests/unit/test_locks.py, on a linux x86_64 host).
 set -euo pipefail
 venv=${1:?usage: install.sh VENV [SRC]}
 src=${2:-.}
@@ -18,9 +20,16 @@ trap 'rm -rf "$work"' EXIT
 awk -v pkg=flash-attn -v out_only="$work/late.txt" -v out_rest="$work/early.txt" '
   /^[A-Za-z0-9]/ { name = $1; sub(/[=\[ ].*/, "", name); late = (name == pkg) }
   { print > (late ? out_only : out_rest) }' "$lock"
+dry=()
+[ "${DRY_RUN:-0}" = 1 ] && dry=(--dry-run)
 "$uv" venv --quiet --python "${PYTHON:-python3.11}" "$venv"
-"$uv" pip install --python "$venv/bin/python" --require-hashes --no-deps \
+"$uv" pip install --python "$venv/bin/python" --require-hashes --no-deps "${dry[@]}" \
   -r "$work/early.txt"
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  # flash-attn is an sdist built against torch; check only that it is the locked one.
+  grep -q '^flash-attn==' "$work/late.txt"
+  exit 0
+fi
 "$uv" pip install --python "$venv/bin/python" --require-hashes --no-deps \
   --no-build-isolation -r "$work/late.txt"
 "$uv" pip install --quiet --python "$venv/bin/python" --no-deps \

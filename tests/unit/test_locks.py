@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass
 from importlib import metadata
@@ -171,7 +172,7 @@ def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.fail("uv is needed to build the operator's virtualenv: run `make setup`",
                     pytrace=False)
     venv = tmp_path_factory.mktemp("operator-image") / "venv"
-    env = {**os.environ, "UV": uv, "PYTHON": "python3.11"}
+    env = {**os.environ, "UV": uv, "PYTHON": sys.executable}
     env.pop("VIRTUAL_ENV", None)
     proc = subprocess.run([str(ROOT / "images/operator/install.sh"), str(venv), str(ROOT)],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -198,3 +199,22 @@ def test_operator_entry_points_run_from_a_clean_venv_built_from_the_lock(
     no_torch = subprocess.run([str(operator_venv / "bin/python"), "-c", "import torch"],
                               capture_output=True, text=True, timeout=60, check=False)
     assert "No module named 'torch'" in no_torch.stderr
+
+
+def test_trainer_lock_is_installable_on_linux_x86_64_py311(tmp_path: Path) -> None:
+    """The trainer image's install script, up to installing: every locked distribution
+    exists for linux x86_64 / CPython 3.11 (this host's platform) at its pinned version."""
+    uv = shutil.which("uv", path=str(ROOT / ".venv/bin")) or shutil.which("uv")
+    assert uv, "uv is needed: run `make setup`"
+    env = {**os.environ, "UV": uv, "PYTHON": sys.executable, "DRY_RUN": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.run([str(ROOT / "images/trainer/install.sh"), str(tmp_path / "v"),
+                           str(ROOT)], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    would = set(re.findall(r"^ \+ (\S+==\S+)$", out, re.M))
+    lock = parse_lock(TRAINER_LOCK)
+    assert len(would) == len(lock) - 1  # all but flash-attn, which is built against torch
+    for pkg in ("torch", "vllm", "ray"):
+        assert f"{pkg}=={lock[pkg].version}" in would
