@@ -187,6 +187,18 @@ def test_servicemonitor_without_its_service_fails_with_a_message() -> None:
     assert "needs metrics.service.enabled" in proc.stderr
 
 
+def test_existing_service_account_must_be_named() -> None:
+    proc = helm("template", "grpo", str(CHART), "--kube-version", KUBE_VERSION,
+                *set_args({"serviceAccount.create": "false"}), check=False)
+    assert proc.returncode != 0
+    assert "serviceAccount.name is required" in proc.stderr
+    docs = render({"serviceAccount.create": "false", "serviceAccount.name": "ops"})
+    assert objects(docs, "ServiceAccount") == []
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ops", "namespace": NS}]
+
+
 def test_too_old_kubernetes_is_refused() -> None:
     proc = helm("template", "grpo", str(CHART), "--kube-version", "1.27.0", check=False)
     assert proc.returncode != 0 and "kubeVersion" in proc.stderr
