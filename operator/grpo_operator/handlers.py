@@ -69,17 +69,21 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, met
     namespace = namespace or "default"
     try:
         generation = int(meta.get("generation") or 0)
-        current = dict(status)
         problem = _claim_problem(dict(spec), namespace)
         if problem:
             patch.status["phase"] = "Pending"
             kopf.warn(body, reason="ClaimMissing", message=problem)
             raise kopf.TemporaryError(problem, delay=15)
-        decision = jobs.reconcile(JobRef(name, namespace, uid), dict(spec), current,
+        decision = jobs.reconcile(JobRef(name, namespace, uid), dict(spec), dict(status),
                                   generation, _now(), SETTINGS["default_image"])
         _apply(body, namespace, decision)
-        for key, value in decision.status.items():
-            patch.status[key] = value
+        if decision.status:
+            # Pod events may have moved the status on meanwhile: write only over what
+            # this decision was made from, else decide again on the fresh object.
+            kube.patch_job_status(namespace, name, decision.status,
+                                  str(meta.get("resourceVersion") or ""))
+    except kube.Conflict as exc:
+        raise kopf.TemporaryError("status changed meanwhile; deciding again", delay=0.2) from exc
     except ApiException as exc:
         metrics.API_ERRORS.labels(operation="reconcile").inc()
         raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
@@ -98,9 +102,21 @@ def grpojob_event(type: str, namespace: str | None, name: str, status: kopf.Stat
 
 
 def _observe(namespace: str, job_name: str, pod: dict[str, Any], deleted: bool) -> None:
+    # Pod events of one job arrive concurrently; each decision is written only if the
+    # job did not change since it was read, else it is made again on fresh state.
+    for _ in range(8):
+        try:
+            _observe_once(namespace, job_name, pod, deleted)
+            return
+        except kube.Conflict:
+            continue
+    raise kopf.TemporaryError(f"{job_name}: status kept changing under us", delay=1)
+
+
+def _observe_once(namespace: str, job_name: str, pod: dict[str, Any], deleted: bool) -> None:
     job = kube.get_job(namespace, job_name)
-    if job is None:
-        return
+    if job is None or job["metadata"].get("deletionTimestamp"):
+        return  # the job is going away: its pods go with it, nothing to record
     status = dict(job.get("status") or {})
     if status.get("phase") in jobs.TERMINAL or status.get("phase") == "Suspended":
         return
@@ -109,12 +125,13 @@ def _observe(namespace: str, job_name: str, pod: dict[str, Any], deleted: bool) 
     if labels.get(ATTEMPT_LABEL) != str(attempt):
         return  # a pod of an earlier attempt, being cleaned up
     generation = int(job["metadata"].get("generation") or 0)
+    rv = str(job["metadata"]["resourceVersion"])
     if labels.get(ROLE_LABEL) == HEAD_ROLE:
         outcome = classify_pod(pod, deleted=deleted)
         if outcome:
             decision = jobs.finish_attempt(status, outcome, generation, _now())
             if decision.status:
-                kube.patch_job_status(namespace, job_name, decision.status)
+                kube.patch_job_status(namespace, job_name, decision.status, rv)
                 _apply(job, namespace, decision)
             return
     rc_name = (status.get("rayCluster") or {}).get("name")
@@ -124,11 +141,14 @@ def _observe(namespace: str, job_name: str, pod: dict[str, Any], deleted: bool) 
     view = attempt_phase(rc, pods, workers)
     change = jobs.observed_status(view, status, generation, _now())
     if change:
-        kube.patch_job_status(namespace, job_name, change)
+        kube.patch_job_status(namespace, job_name, change, rv)
         if view.phase == "Running":
             _post(job, [("Normal", "Running", view.message)])
 
 
+# Pod events only, no pod finalizers: KubeRay deletes a head pod whose container
+# ended right after the kubelet reports it, and that status update reaches us first.
+# A finalizer would make namespace and job deletion wait on the operator.
 @kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT})
 def pod_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.Labels,
               **_: Any) -> None:
@@ -137,11 +157,3 @@ def pod_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.La
     except ApiException:
         metrics.API_ERRORS.labels(operation="observe").inc()
         raise
-
-
-@kopf.on.delete("v1", "pods", labels={JOB_LABEL: kopf.PRESENT, ROLE_LABEL: HEAD_ROLE})
-def pod_delete(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-    """KubeRay deletes a head pod whose trainer ended. Kopf's finalizer on head pods
-    holds the pod until this ran, so the outcome is read even after an operator
-    restart."""
-    _observe(namespace or "", labels[JOB_LABEL], dict(body), deleted=True)

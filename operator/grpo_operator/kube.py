@@ -6,7 +6,8 @@ Everything here is I/O and nothing else; callers decide what to do.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from functools import cache
+from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -23,16 +24,21 @@ def load_config(kubeconfig: str | None = None) -> None:
         config.load_kube_config(config_file=kubeconfig)
 
 
+@cache
+def _api() -> client.ApiClient:
+    return client.ApiClient()  # one connection pool for every call
+
+
 def _core() -> client.CoreV1Api:
-    return client.CoreV1Api()
+    return client.CoreV1Api(_api())
 
 
 def _rbac() -> client.RbacAuthorizationV1Api:
-    return client.RbacAuthorizationV1Api()
+    return client.RbacAuthorizationV1Api(_api())
 
 
 def _custom() -> client.CustomObjectsApi:
-    return client.CustomObjectsApi()
+    return client.CustomObjectsApi(_api())
 
 
 def _creators() -> dict[str, Callable[[str, dict[str, Any]], Any]]:
@@ -63,9 +69,8 @@ def create_if_absent(obj: dict[str, Any]) -> bool:
 
 def get_ray_cluster(namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        rc: dict[str, Any] = _custom().get_namespaced_custom_object(
-            RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name)
-        return rc
+        return cast(dict[str, Any], _custom().get_namespaced_custom_object(
+            RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name))
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -84,9 +89,8 @@ def delete_ray_cluster(namespace: str, name: str) -> bool:
 
 
 def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
-    api = client.ApiClient()
     pods = _core().list_namespaced_pod(namespace, label_selector=selector)
-    return [api.sanitize_for_serialization(p) for p in pods.items]
+    return [_api().sanitize_for_serialization(p) for p in pods.items]
 
 
 def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
@@ -96,21 +100,34 @@ def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
         if exc.status == 404:
             return None
         raise
-    out: dict[str, Any] = client.ApiClient().sanitize_for_serialization(pvc)
+    out: dict[str, Any] = _api().sanitize_for_serialization(pvc)
     return out
 
 
 def get_job(namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        job: dict[str, Any] = _custom().get_namespaced_custom_object(
-            API_GROUP, API_VERSION, namespace, PLURAL, name)
-        return job
+        return cast(dict[str, Any], _custom().get_namespaced_custom_object(
+            API_GROUP, API_VERSION, namespace, PLURAL, name))
     except ApiException as exc:
         if exc.status == 404:
             return None
         raise
 
 
-def patch_job_status(namespace: str, name: str, status: dict[str, Any]) -> None:
-    _custom().patch_namespaced_custom_object_status(
-        API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status})
+class Conflict(Exception):
+    """The job changed since it was read; read it again and decide again."""
+
+
+def patch_job_status(namespace: str, name: str, status: dict[str, Any],
+                     resource_version: str | None = None) -> None:
+    """Merge-patch status; with resource_version, only if nobody wrote in between."""
+    body: dict[str, Any] = {"status": status}
+    if resource_version:
+        body["metadata"] = {"resourceVersion": resource_version}
+    try:
+        _custom().patch_namespaced_custom_object_status(
+            API_GROUP, API_VERSION, namespace, PLURAL, name, body)
+    except ApiException as exc:
+        if exc.status == 409:
+            raise Conflict(name) from exc
+        raise

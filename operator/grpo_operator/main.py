@@ -32,9 +32,27 @@ async def _serve_probes(port: int) -> web.AppRunner:
     return runner
 
 
+@kopf.on.login()
+def operator_login(**_: Any) -> kopf.ConnectionInfo:
+    """Kopf uses the same credentials as our client: --kubeconfig, else in-cluster."""
+    from kubernetes import client
+
+    kube.load_config(OPTIONS.get("kubeconfig"))
+    cfg = client.Configuration.get_default_copy()
+    token = (cfg.api_key or {}).get("authorization", "").removeprefix("Bearer ").strip()
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        scheme="Bearer" if token else None,
+        token=token or None,
+    )
+
+
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    kube.load_config(OPTIONS.get("kubeconfig"))
     # Our own names on objects, and nothing written into status but our fields.
     settings.persistence.finalizer = f"{API_GROUP}/operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
@@ -49,7 +67,8 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     if port:
         settings.admission.server = kopf.WebhookServer(
             addr=OPTIONS["bind"], port=port, host=OPTIONS.get("webhook_host"),
-            certfile=OPTIONS.get("webhook_cert"), pkeyfile=OPTIONS.get("webhook_key"))
+            certfile=OPTIONS.get("webhook_cert"), pkeyfile=OPTIONS.get("webhook_key"),
+            cafile=OPTIONS.get("webhook_ca"))
         if OPTIONS.get("webhook_manage"):
             settings.admission.managed = OPTIONS["webhook_manage"]
     if OPTIONS.get("metrics_port"):
@@ -78,6 +97,8 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
               "the webhook (self-signed certificate when no --webhook-cert).")
 @click.option("--webhook-cert", type=click.Path(exists=True), default=None)
 @click.option("--webhook-key", type=click.Path(exists=True), default=None)
+@click.option("--webhook-ca", type=click.Path(exists=True), default=None,
+              help="CA of --webhook-cert, for the caBundle of managed webhook configurations.")
 @click.option("--webhook-manage", default=None, help="Let the operator create and keep the "
               "webhook configurations of this name (dev and the testbed; the chart makes its own).")
 @click.option("--trainer-image", default=DEFAULT_TRAINER_IMAGE, show_default=True,
@@ -86,8 +107,8 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 @click.option("--verbose", is_flag=True)
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
-        webhook_key: str | None, webhook_manage: str | None, trainer_image: str,
-        peering: str | None, verbose: bool) -> None:
+        webhook_key: str | None, webhook_ca: str | None, webhook_manage: str | None,
+        trainer_image: str, peering: str | None, verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -95,7 +116,7 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         os.environ["KUBECONFIG"] = kubeconfig  # also for Kopf's own login
     OPTIONS.update(kubeconfig=kubeconfig, bind=bind, metrics_port=metrics_port,
                    webhook_port=webhook_port, webhook_host=webhook_host,
-                   webhook_cert=webhook_cert, webhook_key=webhook_key,
+                   webhook_cert=webhook_cert, webhook_key=webhook_key, webhook_ca=webhook_ca,
                    webhook_manage=webhook_manage)
     handlers.SETTINGS["default_image"] = trainer_image
     webhook.DEFAULTS["image"] = trainer_image

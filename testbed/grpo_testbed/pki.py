@@ -64,6 +64,32 @@ def _builder(subject: x509.Name, issuer: x509.Name, pub: ec.EllipticCurvePublicK
     )
 
 
+def issue_serving_cert(pki: Pki, directory: Path, name: str,
+                       hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
+    """A serving certificate signed by the testbed CA, e.g. for a local webhook."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    key = _key()
+    sans: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    cert = (
+        _builder(_name(hosts[0]), ca.subject, key.public_key(), 30)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    crt, pem_key = directory / f"{name}.crt", directory / f"{name}.key"
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(pem_key, key)
+    return crt, pem_key
+
+
 def make_pki(directory: Path) -> Pki:
     """Write a CA, an API-server serving cert, an admin client cert and SA keys."""
     directory.mkdir(parents=True, exist_ok=True)

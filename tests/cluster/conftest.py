@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from grpo_testbed.build import BuildError
 from grpo_testbed.launcher import Testbed, running_testbed
+from grpo_testbed.operator_process import OPERATOR_NS_PREFIX, WEBHOOK_CONFIG, OperatorProcess
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -35,5 +39,33 @@ def ns(testbed: Testbed) -> Iterator[str]:
     would starve the next test's pods.
     """
     name = testbed.namespace("t")
+    yield name
+    testbed.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
+
+
+@pytest.fixture(scope="session")
+def grpo_crd(testbed: Testbed) -> Testbed:
+    testbed.kubectl("apply", "--server-side", "--force-conflicts", "-f",
+                    str(REPO / "crds" / "grpojob.yaml"))
+    testbed.kubectl("wait", "--for", "condition=established", "--timeout=60s",
+                    "crd/grpojobs.grpo.dev")
+    return testbed
+
+
+@pytest.fixture(scope="module")
+def operator(grpo_crd: Testbed, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(grpo_crd, tmp_path_factory.mktemp("operator")).start()
+    yield op
+    op.stop()
+    # Without the operator the webhook would refuse every GRPOJob: remove it too.
+    for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+        grpo_crd.kubectl("delete", kind, WEBHOOK_CONFIG, "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def op_ns(testbed: Testbed) -> Iterator[str]:
+    """A namespace the operator under test watches; deleted after the test."""
+    name = testbed.namespace(OPERATOR_NS_PREFIX)
     yield name
     testbed.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)

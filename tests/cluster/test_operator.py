@@ -1,0 +1,249 @@
+"""The operator reconciles GRPOJobs into real KubeRay clusters on the testbed."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from grpo_testbed.launcher import Testbed
+from grpo_testbed.operator_process import OperatorProcess
+from grpo_testbed.processes import wait_until
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def job_manifest(example: str, name: str, **spec_changes: Any) -> dict[str, Any]:
+    doc = yaml.safe_load((EXAMPLES / example).read_text())
+    doc["metadata"] = {"name": name}
+    for dotted, value in spec_changes.items():
+        node = doc["spec"]
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return doc
+
+
+def apply(tb: Testbed, ns: str, doc: dict[str, Any], check: bool = True) -> Any:
+    return tb.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc), check=check)
+
+
+def job(tb: Testbed, ns: str, name: str) -> dict[str, Any]:
+    return json.loads(tb.kubectl("get", "grpojob", name, "-n", ns, "-o", "json").stdout)
+
+
+def phase(tb: Testbed, ns: str, name: str) -> str:
+    return str(job(tb, ns, name).get("status", {}).get("phase", ""))
+
+
+def wait_phase(tb: Testbed, op: OperatorProcess, ns: str, name: str, want: str,
+               timeout: float = 90) -> dict[str, Any]:
+    try:
+        wait_until(f"{name} {want}", lambda: phase(tb, ns, name) == want, timeout)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\nstatus: {job(tb, ns, name).get('status')}\n"
+                             f"operator log:\n{op.log_tail()}") from None
+    return job(tb, ns, name)
+
+
+def items(tb: Testbed, kind: str, ns: str, selector: str = "") -> list[dict[str, Any]]:
+    args = ["get", kind, "-n", ns, "-o", "json"] + (["-l", selector] if selector else [])
+    return list(json.loads(tb.kubectl(*args).stdout)["items"])
+
+
+def head_pod(tb: Testbed, ns: str, job_name: str) -> dict[str, Any]:
+    pods = items(tb, "pods", ns, f"grpo.dev/job={job_name},grpo.dev/role=head")
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return pods[0]
+
+
+def end_head(tb: Testbed, ns: str, job_name: str, exit_code: int, reason: str,
+             message: str = "") -> None:
+    """Play the trainer exiting, as the kubelet would report it (kwok chaos stage)."""
+    name = head_pod(tb, ns, job_name)["metadata"]["name"]
+    tb.kubectl("annotate", "pod", name, "-n", ns, f"grpo.dev/chaos-exit-code={exit_code}",
+               f"grpo.dev/chaos-reason={reason}", f"grpo.dev/chaos-message={message}")
+    tb.kubectl("label", "pod", name, "-n", ns, "grpo.dev/chaos=terminate")
+
+
+def test_tiny_job_gets_children_owned_by_it_and_runs(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "tiny"))
+    status = wait_phase(testbed, operator, op_ns, "tiny", "Running")["status"]
+    uid = job(testbed, op_ns, "tiny")["metadata"]["uid"]
+    for kind in ("configmap", "persistentvolumeclaim", "serviceaccount", "role",
+                 "rolebinding", "raycluster"):
+        owned = [i for i in items(testbed, kind, op_ns, "grpo.dev/job=tiny")
+                 if any(o["uid"] == uid for o in i["metadata"].get("ownerReferences", []))]
+        assert len(owned) == 1, kind
+    assert status["rayCluster"]["name"] == "tiny-a0"
+    assert status["plan"]["totalGpus"] == 2
+    cond = {c["type"]: c for c in status["conditions"]}
+    assert cond["Ready"]["status"] == "True"
+    assert cond["Ready"]["observedGeneration"] == job(testbed, op_ns, "tiny")["metadata"][
+        "generation"]
+    # The head runs Ray's head and then the trainer, with the planner's env injected.
+    head = head_pod(testbed, op_ns, "tiny")["spec"]["containers"][0]
+    assert "grpo_trainer --config /etc/grpo/config.yaml" in head["args"][0]
+    env = {e["name"]: e.get("value") for e in head["env"]}
+    assert env["GRPO_GRADIENT_CHECKPOINTING"] in ("true", "false")
+    assert env["GRPO_CHECKPOINT_DIR"] == f"/checkpoints/{op_ns}/tiny"
+    assert env["RAY_memory_usage_threshold"] == "0.95"
+    mounts = {m["mountPath"] for m in head["volumeMounts"]}
+    assert {"/checkpoints", "/etc/grpo", "/dev/shm"} <= mounts
+    cm = items(testbed, "configmap", op_ns, "grpo.dev/job=tiny")[0]
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    assert cfg["checkpoint"]["dir"] == f"/checkpoints/{op_ns}/tiny"
+    assert cfg["resources"]["num_workers"] == 2
+
+
+def test_gpu_job_lands_on_its_gpu_type_with_tolerations(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, job_manifest("grpojob-qwen25vl-7b-a100-40gb.yaml", "a100"))
+    wait_phase(testbed, operator, op_ns, "a100", "Running")
+    workers = items(testbed, "pods", op_ns, "grpo.dev/job=a100,grpo.dev/role=worker")
+    assert workers and all(w["spec"]["nodeName"].startswith("a100-40gb") for w in workers)
+    limits = workers[0]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "8"
+    out = testbed.kubectl("get", "grpojobs", "-n", op_ns).stdout
+    assert "Running" in out.splitlines()[1] and " 8 " in out.splitlines()[1]
+
+
+def test_job_larger_than_the_cluster_stays_pending_and_says_why(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, job_manifest("grpojob-qwen2vl-72b-h100.yaml", "big"))
+    status = wait_phase(testbed, operator, op_ns, "big", "Pending", 60)["status"]
+    wait_until("Unschedulable reason", lambda: any(
+        c["reason"] == "Unschedulable" for c in job(testbed, op_ns, "big")["status"][
+            "conditions"] if c["type"] == "Progressing"), 60)
+    assert status["plan"]["rank0Init"] is True
+
+
+def test_progress_patch_shows_step_and_reward_and_exit_0_succeeds(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "done"))
+    wait_phase(testbed, operator, op_ns, "done", "Running")
+    testbed.kubectl("patch", "grpojob", "done", "-n", op_ns, "--subresource=status",
+                    "--type=merge", "-p", json.dumps({"status": {"progress": {
+                        "step": 3, "totalSteps": 3, "rewardMean": 0.75,
+                        "lastCheckpointStep": 3}}}))
+    row = testbed.kubectl("get", "grpojob", "done", "-n", op_ns, "--no-headers").stdout.split()
+    assert row[1:3] == ["Running", "2"] and "3" in row and "0.75" in row
+    end_head(testbed, op_ns, "done", 0, "Completed")
+    status = wait_phase(testbed, operator, op_ns, "done", "Succeeded")["status"]
+    assert status["attempts"][0]["outcome"] == "Succeeded"
+    assert status["progress"]["rewardMean"] == 0.75  # the trainer's fields survive
+    wait_until("RayCluster released", lambda: not items(testbed, "raycluster", op_ns), 60)
+    assert items(testbed, "persistentvolumeclaim", op_ns)  # checkpoints stay
+
+
+def test_head_failure_is_recorded_with_its_class(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "bad",
+                                       restartPolicy={"maxRestarts": 0}))
+    wait_phase(testbed, operator, op_ns, "bad", "Running")
+    msg = json.dumps({"reason": "ConfigError", "step": 0,
+                      "detail": "data.train_files: no such file"})
+    end_head(testbed, op_ns, "bad", 2, "Error", msg)
+    status = wait_phase(testbed, operator, op_ns, "bad", "Failed")["status"]
+    assert status["attempts"][0]["outcome"] == "ConfigError"
+    assert "no such file" in status["attempts"][0]["reason"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "ConfigError"
+
+
+def test_suspend_releases_pods_and_resume_recreates_the_cluster(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "pause"))
+    wait_phase(testbed, operator, op_ns, "pause", "Running")
+    testbed.kubectl("patch", "grpojob", "pause", "-n", op_ns, "--type=merge",
+                    "-p", '{"spec":{"suspend":true}}')
+    wait_phase(testbed, operator, op_ns, "pause", "Suspended")
+    wait_until("pods released", lambda: not items(testbed, "pods", op_ns), 60)
+    assert items(testbed, "persistentvolumeclaim", op_ns)
+    testbed.kubectl("patch", "grpojob", "pause", "-n", op_ns, "--type=merge",
+                    "-p", '{"spec":{"suspend":false}}')
+    status = wait_phase(testbed, operator, op_ns, "pause", "Running")["status"]
+    assert status["attempt"] == 0 and len(items(testbed, "raycluster", op_ns)) == 1
+
+
+def test_delete_cascades_but_keeps_a_claim_the_user_made(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "mine"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "gone",
+                                       checkpoint={"claimName": "mine"}))
+    wait_phase(testbed, operator, op_ns, "gone", "Running")
+    testbed.kubectl("delete", "grpojob", "gone", "-n", op_ns, "--wait=true")
+    for kind in ("raycluster", "configmap", "serviceaccount", "role", "rolebinding"):
+        wait_until(f"{kind} collected",
+                   lambda k=kind: not items(testbed, k, op_ns, "grpo.dev/job=gone"), 60)
+    names = [p["metadata"]["name"] for p in items(testbed, "persistentvolumeclaim", op_ns)]
+    assert names == ["mine"]
+
+
+def test_missing_claim_is_a_condition_not_a_crash(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "noclaim",
+                                       checkpoint={"claimName": "absent"}))
+    wait_until("ClaimMissing event", lambda: "ClaimMissing" in testbed.kubectl(
+        "get", "events", "-n", op_ns).stdout, 60)
+    assert phase(testbed, op_ns, "noclaim") == "Pending"
+    assert not items(testbed, "raycluster", op_ns)
+
+
+def test_webhook_refuses_an_infeasible_job_with_the_planner_numbers(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    doc = job_manifest("grpojob-qwen2vl-72b-h100.yaml", "toobig",
+                       resources={"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1})
+    out = apply(testbed, op_ns, doc, check=False)
+    assert out.returncode != 0
+    assert "memory planner refuses" in out.stderr and "GiB" in out.stderr
+
+
+def test_webhook_refuses_immutable_edits_and_allows_memory_edits(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "edit"))
+    wait_phase(testbed, operator, op_ns, "edit", "Running")
+    bad = testbed.kubectl("patch", "grpojob", "edit", "-n", op_ns, "--type=merge", "-p",
+                          '{"spec":{"model":{"path":"/models/other"}}}', check=False)
+    assert bad.returncode != 0 and "spec.model cannot change" in bad.stderr
+    testbed.kubectl("patch", "grpojob", "edit", "-n", op_ns, "--type=merge", "-p",
+                    '{"spec":{"memory":{"gradientCheckpointing":true}}}')
+    # Takes effect at the next attempt: the running cluster is not replaced.
+    time.sleep(2)
+    assert phase(testbed, op_ns, "edit") == "Running"
+    assert [r["metadata"]["name"] for r in items(testbed, "raycluster", op_ns)] == ["edit-a0"]
+
+
+def test_metrics_and_healthz(testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "seen"))
+    wait_phase(testbed, operator, op_ns, "seen", "Running")
+    text = operator.metrics()
+    running = [ln for ln in text.splitlines()
+               if ln.startswith('grpo_operator_jobs{phase="Running"}')]
+    assert running and float(running[0].split()[-1]) >= 1
+    assert "grpo_operator_reconcile_duration_seconds_count" in text
+
+
+@pytest.mark.parametrize("jobs", [5])
+def test_operator_killed_mid_reconcile_converges_without_duplicates(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str, jobs: int) -> None:
+    for i in range(jobs):
+        apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", f"j{i}"))
+    operator.kill()
+    operator.start()
+    for i in range(jobs):
+        wait_phase(testbed, operator, op_ns, f"j{i}", "Running", 120)
+    clusters = [r["metadata"]["name"] for r in items(testbed, "raycluster", op_ns)]
+    assert sorted(clusters) == sorted(f"j{i}-a0" for i in range(jobs))
+    for i in range(jobs):
+        attempts = job(testbed, op_ns, f"j{i}")["status"]["attempts"]
+        assert [a["index"] for a in attempts] == [0]
