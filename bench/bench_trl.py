@@ -43,6 +43,14 @@ def parse_args() -> argparse.Namespace:
         help="alternate ours/TRL this many times; medians over all rounds "
         "(a shared machine's background load then hits both sides alike)",
     )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="extra config overrides for our side",
+    )
     p.add_argument("--only", choices=["ours", "trl"], default=None)
     return p.parse_args()
 
@@ -86,6 +94,7 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
             },
             "metrics": {"jsonl": False, "progress_bar": "off"},
         },
+        args.overrides,
         environ={},
     )
     init_ray(cfg)

@@ -103,6 +103,10 @@ class ActorConfig(_Strict):
         default="bfloat16", description="compute dtype; master weights stay float32"
     )
     init_strategy: InitStrategy = InitStrategy.RANK0
+    # False keeps each block's gathered parameters from forward to backward: one
+    # all-gather per block per micro-batch instead of two, for one block of extra
+    # memory each. Worth it where the collective is slow relative to compute (gloo).
+    reshard_after_forward: bool = True
     offload_params: bool = False
     offload_optimizer: bool = False
     gradient_checkpointing: bool = False

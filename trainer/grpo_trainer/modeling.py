@@ -81,14 +81,15 @@ def shard_model(
 
     compute = DTYPES[actor.dtype]
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-    kwargs: dict[str, Any] = {"mp_policy": mp}
+    kwargs: dict[str, Any] = {"mp_policy": mp, "reshard_after_forward": actor.reshard_after_forward}
     if actor.offload_params and device.type == "cuda":
         # Params, grads and the optimizer step live on the host (FIELD-NOTES #2:
         # the planner budgets the host RAM this costs).
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     for block in _blocks(model):
         fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+    # The root's parameters (embeddings, head) are needed again right away in backward.
+    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
     if not trainable:
         model.requires_grad_(False)
         model.eval()
