@@ -34,8 +34,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--ranks", type=int, default=1, help="our FSDP ranks")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads per side")
+    p.add_argument("--ranks", type=int, default=os.cpu_count() or 1, help="our FSDP ranks")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="CPU threads for our side (split over ranks)",
+    )
+    p.add_argument(
+        "--trl-threads",
+        default=f"1,{os.cpu_count() or 1}",
+        help="TRL is run at each of these torch thread counts; the fastest is "
+        "the baseline (multi-threaded runs suffer most from background load)",
+    )
     p.add_argument(
         "--rounds",
         type=int,
@@ -121,7 +132,9 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
     }
 
 
-def bench_trl(model: Path, problems: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def bench_trl(
+    model: Path, problems: list[str], args: argparse.Namespace, threads: int
+) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -129,7 +142,7 @@ def bench_trl(model: Path, problems: list[str], args: argparse.Namespace) -> dic
 
     from grpo_trainer.testing.rewards import target_token_reward
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     stamps: list[float] = []
 
     class Stamp(TrainerCallback):  # type: ignore[misc]
@@ -180,7 +193,7 @@ def bench_trl(model: Path, problems: list[str], args: argparse.Namespace) -> dic
     per_step_tokens = [b - a for a, b in itertools.pairwise(tok_counts)]
     tokens = statistics.fmean(per_step_tokens[args.warmup - 1 :]) if per_step_tokens else 0.0
     return {
-        "side": "trl",
+        "side": f"trl@{threads}t",
         "step_s": step_s,
         "samples_per_s": args.prompts * args.n / step_s,
         "tokens_per_s": tokens / step_s,
@@ -197,7 +210,10 @@ def main() -> int:
     except ImportError:
         print("TRL is not installed: uv pip install -e '.[trainer,bench]'", file=sys.stderr)
         return 1
-    sides = [args.only] if args.only else ["ours", "trl"]
+    trl_threads = [int(t) for t in args.trl_threads.split(",") if t]
+    sides = ["ours"] if args.only != "trl" else []
+    if args.only != "ours":
+        sides += [f"trl@{t}t" for t in trl_threads]
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         model, data, problems = build_workload(Path(tmp), args)
@@ -206,9 +222,10 @@ def main() -> int:
                 if side == "ours":
                     res = bench_ours(model, data, args)
                 else:
-                    res = bench_trl(model, problems, args)
+                    res = bench_trl(model, problems, args, int(side[4:-1]))
                     res["trl_version"] = trl.__version__
                 res["round"] = rnd
+                res["load_avg_1m"] = os.getloadavg()[0]
                 runs[side].append(res)
                 print(json.dumps(res), flush=True)
     summary: dict[str, Any] = {"config": vars(args)}
@@ -220,13 +237,12 @@ def main() -> int:
             "samples_per_s": args.prompts * args.n / step_s,
             "tokens_per_s": tokens / step_s,
         }
-    if len(runs) == 2:
-        summary["ratio_samples_per_s"] = (
-            summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
-        )
-        summary["ratio_tokens_per_s"] = (
-            summary["ours"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
-        )
+    trl_sides = [s for s in runs if s.startswith("trl")]
+    if "ours" in runs and trl_sides:
+        best = max(trl_sides, key=lambda s: summary[s]["samples_per_s"])
+        summary["baseline"] = best
+        for unit in ("samples_per_s", "tokens_per_s"):
+            summary[f"ratio_{unit}"] = summary["ours"][unit] / summary[best][unit]
     print(json.dumps(summary))
     return 0
 
