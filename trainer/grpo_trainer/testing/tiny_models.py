@@ -180,6 +180,13 @@ def build_tiny_qwen2(
     return path
 
 
+def _mrope_section(head_dim: int) -> list[int]:
+    half = head_dim // 2
+    t = half // 4
+    h = (half - t) // 2
+    return [t, h, half - t - h]
+
+
 def build_tiny_qwen2_5_vl(
     path: str | Path, hidden: int = 64, layers: int = 2, seed: int = 0, vocab_size: int = 400
 ) -> Path:
@@ -204,7 +211,8 @@ def build_tiny_qwen2_5_vl(
     text["rope_parameters"] = {
         "rope_type": "default",
         "rope_theta": 10000.0,
-        "mrope_section": [2, 3, 3],
+        # Temporal/height/width split of half the head dim, in Qwen's 2:3:3 ratio.
+        "mrope_section": _mrope_section(hidden // text["num_attention_heads"]),
     }
     vision = {
         "depth": 2,
