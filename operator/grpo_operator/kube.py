@@ -29,18 +29,30 @@ def _api() -> client.ApiClient:
     return client.ApiClient()  # one connection pool for every call
 
 
+# Built once: the client's API classes are costly to reach (lazy module imports).
+@cache
 def _core() -> client.CoreV1Api:
     return client.CoreV1Api(_api())
 
 
+@cache
 def _rbac() -> client.RbacAuthorizationV1Api:
     return client.RbacAuthorizationV1Api(_api())
 
 
+@cache
 def _custom() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(_api())
 
 
+def warm_up() -> None:
+    """Import the client's API modules now: their first use takes seconds of CPU under
+    the import lock, which would otherwise stall the first reconciles."""
+    _creators()
+    client.V1Pod, client.V1PersistentVolumeClaim  # noqa: B018 - lazy model imports
+
+
+@cache
 def _creators() -> dict[str, Callable[[str, dict[str, Any]], Any]]:
     core, rbac, custom = _core(), _rbac(), _custom()
     return {

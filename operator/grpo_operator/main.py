@@ -11,7 +11,7 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import handlers, kube, webhook
+from . import handlers, kube
 from .contract import API_GROUP, DEFAULT_TRAINER_IMAGE
 
 OPTIONS: dict[str, Any] = {}
@@ -39,7 +39,11 @@ def operator_login(**_: Any) -> kopf.ConnectionInfo:
 
     kube.load_config(OPTIONS.get("kubeconfig"))
     cfg = client.Configuration.get_default_copy()
-    token = (cfg.api_key or {}).get("authorization", "").removeprefix("Bearer ").strip()
+    # The client keeps a kubeconfig's or the pod's token under "BearerToken" (older
+    # versions: "authorization"); without it Kopf would talk as system:anonymous.
+    raw = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
+        "authorization") or ""
+    token = raw.removeprefix("Bearer ").strip()
     return kopf.ConnectionInfo(
         server=cfg.host,
         ca_path=cfg.ssl_ca_cert,
@@ -53,6 +57,8 @@ def operator_login(**_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    kube.load_config(OPTIONS.get("kubeconfig"))
+    kube.warm_up()
     # Our own names on objects, and nothing written into status but our fields.
     settings.persistence.finalizer = f"{API_GROUP}/operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
@@ -119,7 +125,12 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
                    webhook_cert=webhook_cert, webhook_key=webhook_key, webhook_ca=webhook_ca,
                    webhook_manage=webhook_manage)
     handlers.SETTINGS["default_image"] = trainer_image
-    webhook.DEFAULTS["image"] = trainer_image
+    if webhook_port:
+        # Imported (and so registered with Kopf) only when there is a server for it:
+        # Kopf refuses to run admission handlers without one.
+        from . import webhook
+
+        webhook.DEFAULTS["image"] = trainer_image
     kopf.run(
         clusterwide=not namespaces,
         namespaces=list(namespaces),

@@ -48,7 +48,7 @@ def grpojob_validate(spec: kopf.Spec, old: kopf.Body | None = None,
         raise kopf.AdmissionError(problem, code=422)
 
 
-@kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operation="CREATE")
+@kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])
 def grpojob_default(spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
     """Record the trainer image a job runs, so an operator upgrade does not change it."""
     if not spec.get("image") and DEFAULTS["image"]:
