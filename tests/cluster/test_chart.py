@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from grpo_testbed.launcher import Testbed, write_kubeconfig
+from grpo_testbed.operator_process import OPERATOR_NS_PREFIX, OperatorProcess
 from grpo_testbed.processes import wait_until
 from grpo_testbed.versions import binary
 
@@ -380,3 +381,35 @@ def test_bad_values_fail_helm_install_with_a_message(testbed: Testbed, ns: str) 
     assert names(testbed, "deployments", f"{INSTANCE}=bad", "-A") == []
     listed = yaml.safe_load(helm(testbed, "list", "-A", "-o", "yaml").stdout) or []
     assert "bad" not in {r["name"] for r in listed}
+
+
+def test_operator_under_the_chart_service_account_runs_a_job_to_success(
+        testbed: Testbed, release: Release, tmp_path: Path) -> None:
+    """The chart's RBAC is exactly enough: the real operator, authenticated only by a
+    token of the chart's ServiceAccount, takes a job from apply to Succeeded."""
+    kc = sa_kubeconfig(testbed, release, tmp_path / "sa.kubeconfig")
+    op = OperatorProcess(testbed, tmp_path, kubeconfig=kc, webhook=False).start()
+    ns = testbed.namespace(OPERATOR_NS_PREFIX)
+    try:
+        doc = yaml.safe_load((ROOT / "examples" / "grpojob-tiny.yaml").read_text())
+        testbed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
+
+        def phase() -> str:
+            job = get_json(testbed, "get", "grpojob", "tiny", "-n", ns)
+            return str(job.get("status", {}).get("phase", ""))
+
+        wait_until("tiny Running under the chart's ServiceAccount",
+                   lambda: phase() == "Running", 120)
+        head = get_json(testbed, "get", "pods", "-n", ns, "-l",
+                        "grpo.dev/job=tiny,grpo.dev/role=head")["items"][0]["metadata"]["name"]
+        testbed.kubectl("annotate", "pod", head, "-n", ns, "grpo.dev/chaos-exit-code=0",
+                        "grpo.dev/chaos-reason=Completed")
+        testbed.kubectl("label", "pod", head, "-n", ns, "grpo.dev/chaos=terminate")
+        wait_until("tiny Succeeded", lambda: phase() == "Succeeded", 120)
+        wait_until("RayCluster released", lambda: not get_json(
+            testbed, "get", "rayclusters", "-n", ns)["items"], 60)
+        log = op.log.read_text()
+        assert "403" not in log and "Forbidden" not in log, op.log_tail()
+    finally:
+        op.stop()
+        testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
