@@ -160,6 +160,16 @@ class Testbed:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def restart(self, name: str) -> None:
+        """Stop one component and start it again with the same flags (same port and
+        data), e.g. to check that clients survive an API-server restart."""
+        i, old = next((i, p) for i, p in enumerate(self.procs) if p.name == name)
+        old.stop()
+        self.procs[i] = spawn(name, old.argv, self.log_dir, old.env)
+        if name == "kube-apiserver":
+            wait_until("kube-apiserver back", lambda: self.kubectl(
+                "get", "--raw", "/readyz", check=False).returncode == 0, 90, [self.procs[i]])
+
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Managed:
         p = spawn(name, argv, self.log_dir, env)
         self.procs.append(p)

@@ -32,6 +32,8 @@ class Managed:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    argv: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -72,7 +74,7 @@ def spawn(name: str, argv: Sequence[str], log_dir: Path,
             start_new_session=True,
             preexec_fn=_die_with_parent,  # no threads hold locks at spawn time
         )
-    return Managed(name, proc, log_path)
+    return Managed(name, proc, log_path, tuple(argv), env)
 
 
 def wait_until(what: str, check: object, timeout_s: float, procs: Sequence[Managed] = (),

@@ -247,3 +247,16 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
     for i in range(jobs):
         attempts = job(testbed, op_ns, f"j{i}")["status"]["attempts"]
         assert [a["index"] for a in attempts] == [0]
+
+
+def test_operator_survives_an_api_server_restart(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "before"))
+    wait_phase(testbed, operator, op_ns, "before", "Running")
+    testbed.restart("kube-apiserver")
+    # Watches were cut; the operator must reconnect and keep reconciling.
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "after"))
+    wait_phase(testbed, operator, op_ns, "after", "Running", 180)
+    end_head(testbed, op_ns, "before", 0, "Completed")
+    wait_phase(testbed, operator, op_ns, "before", "Succeeded", 120)
+    assert operator.proc is not None and operator.proc.poll() is None
