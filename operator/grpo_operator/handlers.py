@@ -91,6 +91,37 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, met
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - t0)
 
 
+FAILED_AT: dict[tuple[str, str], float] = {}  # for the time-to-recover histogram
+
+
+def _restart_pending(status: kopf.Status, **_: Any) -> bool:
+    return bool(status.get("nextAttempt"))
+
+
+@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=0.5, when=_restart_pending)
+def grpojob_restart(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta,
+                    name: str, namespace: str | None, uid: str, **_: Any) -> None:
+    """Starts the next attempt once its backoff has passed (a timer, so an operator
+    restart during the backoff neither loses nor repeats it)."""
+    namespace = namespace or "default"
+    decision = jobs.start_next_attempt(JobRef(name, namespace, uid), dict(spec), dict(status),
+                                       int(meta.get("generation") or 0), _now(),
+                                       SETTINGS["default_image"])
+    if decision is None:
+        return
+    try:
+        # Status first, with the resourceVersion read: two timers or an operator restart
+        # cannot both start the attempt. Then its children (create-if-absent).
+        kube.patch_job_status(namespace, name, decision.status,
+                              str(meta.get("resourceVersion") or ""))
+    except kube.Conflict:
+        return  # the next tick decides again on the fresh object
+    _apply(body, namespace, decision)
+    failed = FAILED_AT.pop((namespace, name), None)
+    if failed is not None:
+        metrics.TIME_TO_RECOVER.observe(time.monotonic() - failed)
+
+
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)
 def grpojob_event(type: str, namespace: str | None, name: str, status: kopf.Status,
                   **_: Any) -> None:
@@ -118,7 +149,7 @@ def _observe_once(namespace: str, job_name: str, pod: dict[str, Any], deleted: b
     if job is None or job["metadata"].get("deletionTimestamp"):
         return  # the job is going away: its pods go with it, nothing to record
     status = dict(job.get("status") or {})
-    if status.get("phase") in jobs.TERMINAL or status.get("phase") == "Suspended":
+    if status.get("phase") in (*jobs.TERMINAL, "Suspended", "Restarting"):
         return
     attempt = int(status.get("attempt") or 0)
     labels = pod.get("metadata", {}).get("labels", {})
@@ -129,10 +160,14 @@ def _observe_once(namespace: str, job_name: str, pod: dict[str, Any], deleted: b
     if labels.get(ROLE_LABEL) == HEAD_ROLE:
         outcome = classify_pod(pod, deleted=deleted)
         if outcome:
-            decision = jobs.finish_attempt(status, outcome, generation, _now())
+            decision = jobs.finish_attempt(status, outcome, generation, _now(),
+                                           dict(job.get("spec") or {}))
             if decision.status:
                 kube.patch_job_status(namespace, job_name, decision.status, rv)
                 _apply(job, namespace, decision)
+                if decision.status.get("phase") == "Restarting":
+                    metrics.RESTARTS.labels(reason=outcome.reason.value).inc()
+                    FAILED_AT[(namespace, job_name)] = time.monotonic()
             return
     rc_name = (status.get("rayCluster") or {}).get("name")
     rc = kube.get_ray_cluster(namespace, rc_name) if rc_name else None

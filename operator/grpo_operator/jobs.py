@@ -5,16 +5,22 @@ Handlers gather state, call these, and apply the result.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
 from .api import GRPOJobSpec, SpecError, parse_spec
-from .planner import InfeasibleError, Plan, plan_memory, plan_status
+from .contract import FailureReason
+from .planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_status
 from .reconcile.classify import PodOutcome
 from .reconcile.status import PhaseView, conditions_for
 from .render import JobRef, render_children
 
 TERMINAL = ("Succeeded", "Failed")
+PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
+MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
+_WORDS = {"CudaOOM": "CUDA OOM", "HostOOM": "host OOM (pod OOMKilled)",
+          "RayOOM": "Ray OOM (memory monitor)", "NodeLost": "node or worker lost"}
 
 
 @dataclass
@@ -27,10 +33,30 @@ class Decision:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, msg)
 
 
-def planned(spec_body: dict[str, Any]) -> tuple[GRPOJobSpec, Plan]:
-    """Parse and plan; raises SpecError / InfeasibleError / ValueError with the reason."""
+def planned(spec_body: dict[str, Any],
+            attempts: list[dict[str, Any]] | None = None) -> tuple[GRPOJobSpec, Plan]:
+    """Parse and plan; raises SpecError / InfeasibleError / ValueError with the reason.
+
+    With `attempts`, the plan is the one for the attempt after them: the first plan with
+    every remediation recorded in `attempts` replayed in order (the ladder is
+    deterministic, so the operator keeps no plan state of its own)."""
     spec = parse_spec(spec_body)
-    return spec, plan_memory(spec)
+    plan = plan_memory(spec)
+    for a in attempts or []:
+        if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
+            plan = next_safer_plan(plan, a["outcome"]) or plan
+    return spec, plan
+
+
+def backoff_seconds(spec: GRPOJobSpec, restarts: int) -> int:
+    """Exponential, capped: initial x 2^restarts, at most max."""
+    b = spec.restart_policy.backoff
+    return int(min(b.initial_seconds * 2 ** restarts, b.max_seconds))
+
+
+def _at(now: str, seconds: int) -> str:
+    t = dt.datetime.strptime(now, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    return (t + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def failed_status(view: PhaseView, generation: int, now: str,
@@ -42,10 +68,12 @@ def failed_status(view: PhaseView, generation: int, now: str,
 def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], generation: int,
               now: str, default_image: str = "") -> Decision:
     """Decide children and status for a job on create/resume/spec change."""
-    if status.get("phase") in TERMINAL:
-        return Decision(status={})
+    if status.get("phase") in TERMINAL or status.get("nextAttempt"):
+        return Decision(status={})  # done, or the restart timer owns the next step
+    attempts_so_far = [a for a in status.get("attempts") or []
+                       if a.get("index") != status.get("attempt")]
     try:
-        spec, plan = planned(spec_body)
+        spec, plan = planned(spec_body, attempts_so_far)
     except SpecError as exc:
         view = PhaseView("Failed", "InvalidSpec", str(exc))
         return Decision(failed_status(view, generation, now, status),
@@ -108,13 +136,14 @@ def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
 
 
 def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
-                   now: str) -> Decision:
-    """The head's trainer ended: record the attempt; Succeeded releases the cluster."""
+                   now: str, spec_body: dict[str, Any] | None = None) -> Decision:
+    """The head's trainer ended: record the attempt, then succeed, restart (after a
+    backoff, with the next safer setting for its failure class) or give up."""
     attempt = int(status.get("attempt") or 0)
     attempts = [dict(a) for a in status.get("attempts") or []]
     record = next((a for a in attempts if a.get("index") == attempt), None)
     if record is None or record.get("outcome") != "Running":
-        return Decision(status={})  # already recorded (event and delete handler both call)
+        return Decision(status={})  # already recorded (several pod events report it)
     progress = status.get("progress") or {}
     record.update(endTime=now, outcome=outcome.reason.value, reason=outcome.message)
     step = outcome.step if outcome.step is not None else progress.get("step")
@@ -125,13 +154,84 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
         ckpt = progress.get("lastCheckpointStep")
     if ckpt is not None:
         record["lastCheckpointStep"] = ckpt
-    ok = outcome.reason.value == "Succeeded"
-    view = (PhaseView("Succeeded", "TrainingFinished", f"attempt {attempt}: {outcome.message}")
-            if ok else PhaseView("Failed", outcome.reason.value,
-                                 f"attempt {attempt}: {outcome.message}"))
+    rc = (status.get("rayCluster") or {}).get("name")
+    reason = outcome.reason
+    if reason is FailureReason.SUCCEEDED:
+        view = PhaseView("Succeeded", "TrainingFinished", f"attempt {attempt}: {outcome.message}")
+        return _ended(status, attempts, view, generation, now, rc, "Normal")
+    restarts = int(status.get("restarts") or 0)
+    what = _WORDS.get(reason.value, reason.value)
+    where = f" at step {step}" if step is not None else ""
+    last = next((a["remediation"] for a in reversed(attempts[:-1]) if a.get("remediation")),
+                None)
+    if reason in PERMANENT or spec_body is None:
+        view = PhaseView("Failed", reason.value, f"attempt {attempt}: {outcome.message}; "
+                         "not retried (fix the job and create it again)")
+        return _ended(status, attempts, view, generation, now, rc, "Warning")
+    spec, plan = planned(spec_body, attempts[:-1])
+    if restarts >= spec.restart_policy.max_restarts:
+        view = PhaseView("Failed", reason.value,
+                         f"{what}{where} after {restarts} restarts; last setting tried: "
+                         f"{last or 'the planned settings'}")
+        return _ended(status, attempts, view, generation, now, rc, "Warning")
+    remediation = None
+    if spec.restart_policy.remediate and reason in MEMORY_CLASSES:
+        safer = next_safer_plan(plan, reason)
+        if safer is None:
+            view = PhaseView("Failed", reason.value,
+                             f"{what}{where} after {restarts} restarts; every safer setting "
+                             f"for {reason.value} was tried; last: "
+                             f"{last or 'the planned settings'}")
+            return _ended(status, attempts, view, generation, now, rc, "Warning")
+        remediation = safer.remediations[-1]
+        record["remediation"] = remediation
+    wait = backoff_seconds(spec, restarts)
+    change = remediation or "the same settings (no memory ladder for this failure)"
+    view = PhaseView("Restarting", reason.value,
+                     f"attempt {attempt}: {what}{where}; attempt {attempt + 1} in {wait} s "
+                     f"with {change}, resuming from checkpoint step {ckpt or 0}")
+    return Decision(
+        {"phase": "Restarting", "attempts": attempts, "restarts": restarts + 1,
+         "nextAttempt": {"index": attempt + 1, "notBefore": _at(now, wait)},
+         "conditions": conditions_for(view, generation, now, status.get("conditions"))},
+        delete_ray_cluster=rc,
+        events=[("Warning", reason.value, view.message)],
+    )
+
+
+def _ended(status: dict[str, Any], attempts: list[dict[str, Any]], view: PhaseView,
+           generation: int, now: str, rc: str | None, kind: str) -> Decision:
     return Decision(
         {"phase": view.phase, "attempts": attempts,
          "conditions": conditions_for(view, generation, now, status.get("conditions"))},
-        delete_ray_cluster=(status.get("rayCluster") or {}).get("name"),
-        events=[("Normal" if ok else "Warning", view.reason, view.message)],
+        delete_ray_cluster=rc,
+        events=[(kind, view.reason, view.message)],
+    )
+
+
+def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
+                       generation: int, now: str, default_image: str = "") -> Decision | None:
+    """After the backoff: the next attempt's children with the remediated plan.
+    None while the backoff has not passed."""
+    nxt = status.get("nextAttempt") or {}
+    if not nxt or now < str(nxt.get("notBefore", "")):
+        return None
+    attempts = [dict(a) for a in status.get("attempts") or []]
+    spec, plan = planned(spec_body, attempts)
+    index = int(nxt["index"])
+    resumed = next((a.get("lastCheckpointStep") for a in reversed(attempts)
+                    if a.get("lastCheckpointStep") is not None), None)
+    record: dict[str, Any] = {"index": index, "startTime": now, "outcome": "Running"}
+    if resumed is not None:
+        record["resumedFromStep"] = resumed
+    view = PhaseView("Pending", "CreatingCluster",
+                     f"attempt {index}: creating RayCluster {job.name}-a{index}, resuming "
+                     f"from checkpoint step {resumed or 0}")
+    return Decision(
+        {"phase": "Pending", "attempt": index, "attempts": [*attempts, record],
+         "nextAttempt": None, "rayCluster": {"name": f"{job.name}-a{index}"},
+         "plan": plan_status(plan).to_wire(),
+         "conditions": conditions_for(view, generation, now, status.get("conditions"))},
+        children=render_children(spec, plan, job, index, default_image),
+        events=[("Normal", "Restarted", view.message)],
     )

@@ -29,4 +29,9 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 RESTARTS = Counter("grpo_operator_restarts_total", "Attempt restarts", ["reason"])
+TIME_TO_RECOVER = Histogram(
+    "grpo_operator_time_to_recover_seconds",
+    "From a failed attempt being seen to the next attempt's cluster created (incl. backoff)",
+    buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1200),
+)
 API_ERRORS = Counter("grpo_operator_api_errors_total", "Kubernetes API errors", ["operation"])

@@ -111,6 +111,16 @@ class AttemptRecord(ApiModel):
     )
 
 
+class NextAttempt(ApiModel):
+    """A restart waiting for its backoff (written by the operator)."""
+
+    index: int = Field(ge=0, description="Index of the attempt that will start.")
+    not_before: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="The attempt starts at or after this time (exponential, capped backoff).",
+    )
+
+
 class RayClusterStatus(ApiModel):
     """The KubeRay RayCluster running the current attempt."""
 
@@ -141,3 +151,6 @@ class GRPOJobStatus(ApiModel):
         default_factory=list, description="Every attempt, oldest first."
     )
     ray_cluster: RayClusterStatus | None = Field(None, description="Current RayCluster.")
+    next_attempt: NextAttempt | None = Field(
+        None, description="Set while a restart waits for its backoff; removed when it starts."
+    )

@@ -1,0 +1,184 @@
+"""Recovery: classify how an attempt ended, remediate, restart from the checkpoint."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_testbed.launcher import Testbed
+from grpo_testbed.operator_process import OperatorProcess
+from grpo_testbed.processes import wait_until
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+FAST = {"maxRestarts": 3, "backoff": {"initialSeconds": 2, "maxSeconds": 4}}
+
+
+def manifest(example: str, name: str, restart_policy: dict[str, Any]) -> str:
+    doc = yaml.safe_load((EXAMPLES / example).read_text())
+    doc["metadata"] = {"name": name}
+    doc["spec"]["restartPolicy"] = restart_policy
+    return yaml.safe_dump(doc)
+
+
+def job(tb: Testbed, ns: str, name: str) -> dict[str, Any]:
+    return json.loads(tb.kubectl("get", "grpojob", name, "-n", ns, "-o", "json").stdout)
+
+
+def status(tb: Testbed, ns: str, name: str) -> dict[str, Any]:
+    return dict(job(tb, ns, name).get("status") or {})
+
+
+def wait_status(tb: Testbed, op: OperatorProcess, ns: str, name: str, what: str,
+                check: Any, timeout: float = 120) -> dict[str, Any]:
+    try:
+        wait_until(what, lambda: check(status(tb, ns, name)), timeout)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\nstatus: {status(tb, ns, name)}\n{op.log_tail()}") from None
+    return status(tb, ns, name)
+
+
+def running(attempt: int) -> Any:
+    return lambda s: s.get("phase") == "Running" and s.get("attempt") == attempt
+
+
+def head_env(tb: Testbed, ns: str, rc: str) -> dict[str, str]:
+    obj = json.loads(tb.kubectl("get", "raycluster", rc, "-n", ns, "-o", "json").stdout)
+    c = obj["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", "") for e in c["env"]}
+
+
+def claim_of(tb: Testbed, ns: str, rc: str) -> str:
+    obj = json.loads(tb.kubectl("get", "raycluster", rc, "-n", ns, "-o", "json").stdout)
+    vols = obj["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+    return str(next(v for v in vols if v["name"] == "checkpoints")[
+        "persistentVolumeClaim"]["claimName"])
+
+
+def kill_head(tb: Testbed, ns: str, name: str, exit_code: int = 137, reason: str = "OOMKilled",
+              message: str = "") -> None:
+    pods = json.loads(tb.kubectl("get", "pods", "-n", ns, "-l",
+                                 f"grpo.dev/job={name},grpo.dev/role=head", "-o", "json"
+                                 ).stdout)["items"]
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    pod = live[0]["metadata"]["name"]
+    tb.kubectl("annotate", "pod", pod, "-n", ns, f"grpo.dev/chaos-exit-code={exit_code}",
+               f"grpo.dev/chaos-reason={reason}", f"grpo.dev/chaos-message={message}",
+               "--overwrite")
+    tb.kubectl("label", "pod", pod, "-n", ns, "grpo.dev/chaos=terminate")
+
+
+def report_progress(tb: Testbed, ns: str, name: str, step: int, ckpt: int) -> None:
+    tb.kubectl("patch", "grpojob", name, "-n", ns, "--subresource=status", "--type=merge",
+               "-p", json.dumps({"status": {"progress": {"step": step, "totalSteps": 100,
+                                                         "lastCheckpointStep": ckpt}}}))
+
+
+def test_cuda_oom_restarts_with_the_next_safer_setting_from_the_checkpoint(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-",
+                    input=manifest("grpojob-qwen25vl-7b-a100-40gb.yaml", "oom", FAST))
+    wait_status(testbed, operator, op_ns, "oom", "attempt 0 Running", running(0))
+    env0, claim0 = head_env(testbed, op_ns, "oom-a0"), claim_of(testbed, op_ns, "oom-a0")
+    msg = json.dumps({"reason": "CudaOOM", "step": 12, "lastCheckpointStep": 10,
+                      "detail": "CUDA out of memory. Tried to allocate 2.00 GiB"})
+    t_fail = time.monotonic()
+    kill_head(testbed, op_ns, "oom", 3, "Error", msg)
+    s = wait_status(testbed, operator, op_ns, "oom", "Restarting",
+                    lambda s: s.get("phase") == "Restarting", 60)
+    assert s["attempts"][0]["outcome"] == "CudaOOM"
+    assert s["attempts"][0]["lastCheckpointStep"] == 10
+    remediation = s["attempts"][0]["remediation"]
+    assert remediation.startswith("CudaOOM")
+    s = wait_status(testbed, operator, op_ns, "oom", "attempt 1 Running", running(1))
+    assert time.monotonic() - t_fail >= 2  # the backoff was honoured
+    assert s["restarts"] == 1 and s["attempts"][1]["resumedFromStep"] == 10
+    env1 = head_env(testbed, op_ns, "oom-a1")
+    changed = {k for k in env0.keys() | env1.keys() if env0.get(k) != env1.get(k)} - {
+        "GRPO_ATTEMPT"}
+    assert changed, "the remediated attempt must run with different memory settings"
+    assert any(k.startswith("GRPO_") for k in changed), changed
+    assert claim_of(testbed, op_ns, "oom-a1") == claim0  # same checkpoints
+    # The failed attempt's cluster was released while waiting out the backoff.
+    assert testbed.kubectl("get", "raycluster", "oom-a0", "-n", op_ns,
+                           check=False).returncode != 0
+    events = testbed.kubectl("get", "events", "-n", op_ns).stdout
+    assert "Restarted" in events and "CudaOOM" in events
+
+
+def test_host_oom_kill_of_the_head_is_classified_and_retried(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-",
+                    input=manifest("grpojob-tiny.yaml", "host", FAST))
+    wait_status(testbed, operator, op_ns, "host", "attempt 0 Running", running(0))
+    report_progress(testbed, op_ns, "host", 5, 4)
+    kill_head(testbed, op_ns, "host")  # kwok chaos: OOMKilled, exit 137
+    s = wait_status(testbed, operator, op_ns, "host", "attempt 1 Running", running(1))
+    assert s["attempts"][0]["outcome"] == "HostOOM"
+    assert s["attempts"][1]["resumedFromStep"] == 4
+
+
+def test_config_error_is_not_retried(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-",
+                    input=manifest("grpojob-tiny.yaml", "cfg", FAST))
+    wait_status(testbed, operator, op_ns, "cfg", "attempt 0 Running", running(0))
+    kill_head(testbed, op_ns, "cfg", 2, "Error",
+              json.dumps({"reason": "ConfigError", "detail": "data.train_files: missing"}))
+    s = wait_status(testbed, operator, op_ns, "cfg", "Failed",
+                    lambda s: s.get("phase") == "Failed", 60)
+    time.sleep(3)
+    s = status(testbed, op_ns, "cfg")
+    assert s["restarts"] == 0 and len(s["attempts"]) == 1
+
+
+def test_max_restarts_ends_in_failed_after_exactly_that_many(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    policy = {"maxRestarts": 2, "backoff": {"initialSeconds": 1, "maxSeconds": 2}}
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-",
+                    input=manifest("grpojob-tiny.yaml", "flaky", policy))
+    for attempt in range(3):
+        wait_status(testbed, operator, op_ns, "flaky", f"attempt {attempt} Running",
+                    running(attempt))
+        kill_head(testbed, op_ns, "flaky", 1, "Error", json.dumps({"reason": "Error",
+                                                                    "step": attempt}))
+    s = wait_status(testbed, operator, op_ns, "flaky", "Failed",
+                    lambda s: s.get("phase") == "Failed", 60)
+    assert s["restarts"] == 2 and len(s["attempts"]) == 3
+    failed = next(c for c in s["conditions"] if c["type"] == "Failed")
+    assert "after 2 restarts" in failed["message"]
+
+
+def test_delete_during_backoff_leaves_nothing_behind(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    slow = {"maxRestarts": 3, "backoff": {"initialSeconds": 30, "maxSeconds": 30}}
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-",
+                    input=manifest("grpojob-tiny.yaml", "bye", slow))
+    wait_status(testbed, operator, op_ns, "bye", "attempt 0 Running", running(0))
+    kill_head(testbed, op_ns, "bye")
+    wait_status(testbed, operator, op_ns, "bye", "Restarting",
+                lambda s: s.get("phase") == "Restarting", 60)
+    testbed.kubectl("delete", "grpojob", "bye", "-n", op_ns, "--wait=true")
+    for kind in ("raycluster", "configmap", "persistentvolumeclaim", "serviceaccount", "pods"):
+        wait_until(f"no {kind} left", lambda k=kind: not json.loads(testbed.kubectl(
+            "get", k, "-n", op_ns, "-l", "grpo.dev/job=bye", "-o", "json").stdout)["items"], 60)
+
+
+def test_operator_restart_during_backoff_neither_loses_nor_duplicates_the_attempt(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    policy = {"maxRestarts": 3, "backoff": {"initialSeconds": 6, "maxSeconds": 6}}
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-",
+                    input=manifest("grpojob-tiny.yaml", "survive", policy))
+    wait_status(testbed, operator, op_ns, "survive", "attempt 0 Running", running(0))
+    kill_head(testbed, op_ns, "survive")
+    wait_status(testbed, operator, op_ns, "survive", "Restarting",
+                lambda s: s.get("phase") == "Restarting", 60)
+    operator.kill()
+    operator.start()
+    s = wait_status(testbed, operator, op_ns, "survive", "attempt 1 Running", running(1))
+    assert [a["index"] for a in s["attempts"]] == [0, 1]
+    rcs = json.loads(testbed.kubectl("get", "raycluster", "-n", op_ns, "-o", "json").stdout)
+    assert [r["metadata"]["name"] for r in rcs["items"]] == ["survive-a1"]
