@@ -22,7 +22,7 @@ SETTINGS: dict[str, str] = {"default_image": ""}  # set by main from its flags
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _post(body: Any, events: list[tuple[str, str, str]]) -> None:

@@ -54,9 +54,14 @@ def backoff_seconds(spec: GRPOJobSpec, restarts: int) -> int:
     return int(min(b.initial_seconds * 2 ** restarts, b.max_seconds))
 
 
+def _time(stamp: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
 def _at(now: str, seconds: int) -> str:
-    t = dt.datetime.strptime(now, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    return (t + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """RFC 3339 with milliseconds: the backoff is honoured to the millisecond."""
+    return (_time(now) + dt.timedelta(seconds=seconds)).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def failed_status(view: PhaseView, generation: int, now: str,
@@ -214,7 +219,7 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
     """After the backoff: the next attempt's children with the remediated plan.
     None while the backoff has not passed."""
     nxt = status.get("nextAttempt") or {}
-    if not nxt or now < str(nxt.get("notBefore", "")):
+    if not nxt or _time(now) < _time(str(nxt["notBefore"])):
         return None
     attempts = [dict(a) for a in status.get("attempts") or []]
     spec, plan = planned(spec_body, attempts)

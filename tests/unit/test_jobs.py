@@ -1,0 +1,115 @@
+"""Reconcile and recovery decisions (pure), without a cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_operator.contract import FailureReason as R
+from grpo_operator.jobs import backoff_seconds, finish_attempt, planned, reconcile
+from grpo_operator.jobs import start_next_attempt as start
+from grpo_operator.reconcile.classify import PodOutcome
+from grpo_operator.render import JobRef
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+JOB = JobRef("j", "ns", "uid-1")
+NOW = "2026-11-21T10:00:00Z"
+
+
+def spec(example: str = "grpojob-qwen25vl-7b-a100-40gb.yaml", **restart: Any) -> dict[str, Any]:
+    s: dict[str, Any] = yaml.safe_load((EXAMPLES / example).read_text())["spec"]
+    s["restartPolicy"] = {"maxRestarts": 3, "backoff": {"initialSeconds": 30,
+                                                         "maxSeconds": 100}, **restart}
+    return s
+
+
+def started(sp: dict[str, Any]) -> dict[str, Any]:
+    d = reconcile(JOB, sp, {}, 1, NOW)
+    return d.status
+
+
+def oom(step: int = 12, ckpt: int = 10, reason: R = R.CUDA_OOM) -> PodOutcome:
+    return PodOutcome(reason, 3, f"{reason.value} at step {step}", step, ckpt)
+
+
+def test_first_reconcile_plans_and_renders_attempt_0() -> None:
+    d = reconcile(JOB, spec(), {}, 1, NOW)
+    kinds = [c["kind"] for c in d.children]
+    assert kinds == ["ConfigMap", "PersistentVolumeClaim", "ServiceAccount", "Role",
+                     "RoleBinding", "RayCluster"]
+    assert d.status["phase"] == "Pending" and d.status["attempt"] == 0
+    assert d.status["attempts"] == [{"index": 0, "startTime": NOW, "outcome": "Running"}]
+    assert any(e[1] == "Planned" for e in d.events)
+
+
+def test_infeasible_job_fails_with_numbers_and_no_children() -> None:
+    sp = spec("grpojob-qwen2vl-72b-h100.yaml")
+    sp["resources"] = {"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1}
+    d = reconcile(JOB, sp, {}, 1, NOW)
+    assert d.status["phase"] == "Failed" and not d.children
+    failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "Infeasible" and "GiB" in failed["message"]
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    from grpo_operator.api import parse_spec
+
+    s = parse_spec(spec())
+    assert [backoff_seconds(s, r) for r in range(4)] == [30, 60, 100, 100]
+
+
+def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
+    sp = spec()
+    st = started(sp)
+    d = finish_attempt(st, oom(), 1, NOW, sp)
+    assert d.status["phase"] == "Restarting" and d.status["restarts"] == 1
+    assert d.status["nextAttempt"] == {"index": 1, "notBefore": "2026-11-21T10:00:30.000Z"}
+    rec = d.status["attempts"][0]
+    assert rec["outcome"] == "CudaOOM" and rec["lastCheckpointStep"] == 10
+    assert rec["remediation"].startswith("CudaOOM")
+    assert d.delete_ray_cluster == "j-a0"
+    merged = {**st, **d.status}
+    assert start(JOB, sp, merged, 1, "2026-11-21T10:00:29.999Z") is None  # still backing off
+    nxt = start(JOB, sp, merged, 1, "2026-11-21T10:00:30Z")
+    assert nxt is not None
+    assert nxt.status["attempt"] == 1 and nxt.status["nextAttempt"] is None
+    assert nxt.status["attempts"][1]["resumedFromStep"] == 10
+    rc = next(c for c in nxt.children if c["kind"] == "RayCluster")
+    assert rc["metadata"]["name"] == "j-a1"
+    # The replayed plan is the remediated one, and differs from attempt 0's.
+    _, plan0 = planned(sp)
+    _, plan1 = planned(sp, merged["attempts"])
+    assert plan1.settings != plan0.settings and plan1.remediations
+
+
+def test_remediate_false_restarts_unchanged() -> None:
+    sp = spec(remediate=False)
+    d = finish_attempt(started(sp), oom(), 1, NOW, sp)
+    assert d.status["phase"] == "Restarting" and "remediation" not in d.status["attempts"][0]
+
+
+def test_config_error_is_permanent() -> None:
+    sp = spec()
+    d = finish_attempt(started(sp), PodOutcome(R.CONFIG_ERROR, 2, "bad"), 1, NOW, sp)
+    assert d.status["phase"] == "Failed" and "nextAttempt" not in d.status
+
+
+def test_give_up_message_says_what_happened_and_what_was_tried() -> None:
+    sp = spec(maxRestarts=1)
+    st = started(sp)
+    st = {**st, **finish_attempt(st, oom(), 1, NOW, sp).status}
+    st = {**st, **start(JOB, sp, st, 1, "2026-11-21T10:01:00Z").status}  # type: ignore[union-attr]
+    d = finish_attempt(st, oom(step=20), 1, "2026-11-21T10:02:00Z", sp)
+    failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")
+    assert d.status["phase"] == "Failed"
+    assert failed["message"].startswith("CUDA OOM at step 20 after 1 restarts; last setting tried:")
+    assert "planned settings" not in failed["message"]
+
+
+def test_an_outcome_is_recorded_once() -> None:
+    sp = spec()
+    st = started(sp)
+    st = {**st, **finish_attempt(st, oom(), 1, NOW, sp).status}
+    assert finish_attempt(st, oom(), 1, NOW, sp).status == {}
