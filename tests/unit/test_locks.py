@@ -218,3 +218,9 @@ def test_trainer_lock_is_installable_on_linux_x86_64_py311(tmp_path: Path) -> No
     assert len(would) == len(lock) - 1  # all but flash-attn, which is built against torch
     for pkg in ("torch", "vllm", "ray"):
         assert f"{pkg}=={lock[pkg].version}" in would
+
+
+def test_dev_lock_pins_everything_ci_installs() -> None:
+    """CI installs requirements/dev.lock (hack/setup.sh): a dependency added to
+    pyproject.toml without `make lock` must fail here, not in a fresh CI machine."""
+    assert_satisfies(parse_lock(DEV_LOCK), requirements("trainer", "dev"), "dev.lock")
