@@ -25,6 +25,7 @@ import yaml
 from kubernetes import client, config, watch
 
 from grpo_testbed.launcher import Testbed, running_testbed
+from grpo_testbed.nodes import bulk_cpu_nodes
 from grpo_testbed.operator_process import OperatorProcess
 from grpo_testbed.processes import wait_until
 
@@ -61,19 +62,6 @@ def _watch(fn: Any, ns: str, plural: str | None, on_event: Any, stop: threading.
                     break
         except Exception as exc:  # a dropped watch: log it and watch again (re-lists)
             logging.warning("watch %s restarted after %r", plural, exc)
-
-
-def extra_nodes(tb: Testbed, n: int) -> None:
-    nodes = []
-    for i in range(n):
-        nodes.append({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": f"bench-{i}", "annotations": {"kwok.x-k8s.io/node": "fake"},
-                         "labels": {"type": "kwok", "kubernetes.io/hostname": f"bench-{i}"}},
-            "status": {"capacity": {"cpu": "512", "memory": "2Ti", "pods": "250"},
-                       "allocatable": {"cpu": "512", "memory": "2Ti", "pods": "250"}},
-        })
-    tb.apply(nodes)
 
 
 def grpojobs(n: int) -> list[dict[str, Any]]:
@@ -201,7 +189,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     with running_testbed() as tb:
         config.load_kube_config(str(tb.kubeconfig))
-        extra_nodes(tb, 8)
+        tb.apply(bulk_cpu_nodes(8))
         tb.apply(yaml.safe_load((REPO / "crds" / "grpojob.yaml").read_text()), server_side=True)
         tb.kubectl("wait", "--for", "condition=established", "crd/grpojobs.grpo.dev")
         op = OperatorProcess(tb, Path(tempfile.mkdtemp(prefix="bench-op-"))).start()

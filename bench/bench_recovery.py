@@ -24,6 +24,7 @@ import yaml
 from kubernetes import client, config, watch
 
 from grpo_testbed.launcher import Testbed, running_testbed
+from grpo_testbed.nodes import bulk_cpu_nodes
 from grpo_testbed.operator_process import OperatorProcess
 from grpo_testbed.processes import wait_until
 
@@ -190,6 +191,7 @@ def main() -> None:
     per_job = max(1, a.failures // a.jobs)
     with running_testbed() as tb:
         config.load_kube_config(str(tb.kubeconfig))
+        tb.apply(bulk_cpu_nodes(4))
         tb.apply(yaml.safe_load((REPO / "crds" / "grpojob.yaml").read_text()), server_side=True)
         tb.kubectl("wait", "--for", "condition=established", "crd/grpojobs.grpo.dev")
         op = OperatorProcess(tb, Path(tempfile.mkdtemp(prefix="bench-rec-")),

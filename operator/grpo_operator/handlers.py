@@ -92,6 +92,7 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, met
 
 
 FAILED_AT: dict[tuple[str, str], float] = {}  # for the time-to-recover histogram
+_REPLACED: set[str] = set()  # worker pods already counted (names are unique per pod)
 
 
 def _restart_pending(status: kopf.Status, **_: Any) -> bool:
@@ -169,6 +170,15 @@ def _observe_once(namespace: str, job_name: str, pod: dict[str, Any], deleted: b
                     metrics.RESTARTS.labels(reason=outcome.reason.value).inc()
                     FAILED_AT[(namespace, job_name)] = time.monotonic()
             return
+    elif not deleted and not pod["metadata"].get("deletionTimestamp"):
+        ended = classify_pod(pod)
+        if ended is not None:
+            decision = jobs.worker_replaced(status, pod["metadata"]["name"], ended.message)
+            # Counted once per pod: KubeRay's delete of it is not a second ending.
+            if pod["metadata"]["name"] not in _REPLACED:
+                kube.patch_job_status(namespace, job_name, decision.status, rv)
+                _REPLACED.add(pod["metadata"]["name"])
+                _apply(job, namespace, decision)
     rc_name = (status.get("rayCluster") or {}).get("name")
     rc = kube.get_ray_cluster(namespace, rc_name) if rc_name else None
     pods = kube.list_pods(namespace, f"{JOB_LABEL}={job_name},{ATTEMPT_LABEL}={attempt}")

@@ -126,6 +126,16 @@ def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], ge
     return Decision(new, children=children, events=events)
 
 
+def worker_replaced(status: dict[str, Any], pod_name: str, reason: str) -> Decision:
+    """A worker pod ended but the head (and so the driver) lives on: KubeRay replaces the
+    pod and training goes on. Counted and shown, not an attempt failure."""
+    n = int(status.get("workerReplacements") or 0) + 1
+    return Decision({"workerReplacements": n},
+                    events=[("Warning", "WorkerReplaced",
+                             f"worker pod {pod_name} ended ({reason}); the driver survived "
+                             f"and KubeRay replaces it ({n} so far this job)")])
+
+
 def observed_status(view: PhaseView, status: dict[str, Any], generation: int,
                     now: str) -> dict[str, Any]:
     """Status patch for a live attempt; {} when nothing a user would see changed."""

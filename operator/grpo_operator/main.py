@@ -110,11 +110,13 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 @click.option("--trainer-image", default=DEFAULT_TRAINER_IMAGE, show_default=True,
               help="Trainer image for jobs that do not set spec.image.")
 @click.option("--peering", default=None, help="Kopf peering name: one active replica.")
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="Peering priority: a replica pauses while one of higher priority runs.")
 @click.option("--verbose", is_flag=True)
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
         webhook_key: str | None, webhook_ca: str | None, webhook_manage: str | None,
-        trainer_image: str, peering: str | None, verbose: bool) -> None:
+        trainer_image: str, peering: str | None, priority: int, verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -136,6 +138,7 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         namespaces=list(namespaces),
         standalone=peering is None,
         peering_name=peering,
+        priority=priority,
     )
 
 

@@ -86,3 +86,9 @@ def node_manifest(node: FakeNode) -> dict[str, Any]:
             },
         },
     }
+
+
+def bulk_cpu_nodes(count: int, prefix: str = "bulk") -> list[dict[str, Any]]:
+    """Big CPU-only fake nodes for benchmarks, so no pod ever waits for capacity."""
+    return [node_manifest(FakeNode(f"{prefix}-{i}", None, 512, 2048, "bench.metal"))
+            for i in range(count)]

@@ -21,10 +21,13 @@ class OperatorProcess:
     """`grpo-operator` as a local process against the testbed (what the chart runs)."""
 
     def __init__(self, tb: Testbed, workdir: Path, kubeconfig: Path | None = None,
-                 webhook: bool = True) -> None:
+                 webhook: bool = True, extra_args: tuple[str, ...] = (),
+                 namespaces: tuple[str, ...] = (f"{OPERATOR_NS_PREFIX}-*",)) -> None:
         """webhook=False runs without admission, as under the chart's ServiceAccount
         (which may not manage webhook configurations)."""
         self.webhook = webhook
+        self.extra_args = extra_args
+        self.namespaces = namespaces
         self.tb = tb
         self.workdir = workdir
         self.kubeconfig = kubeconfig or tb.kubeconfig
@@ -39,8 +42,8 @@ class OperatorProcess:
         argv = [
             sys.executable, "-m", "grpo_operator",
             "--kubeconfig", str(self.kubeconfig), "--bind", "127.0.0.1",
-            "--namespace", f"{OPERATOR_NS_PREFIX}-*",
-            "--metrics-port", str(self.metrics_port),
+            *(a for ns in self.namespaces for a in ("--namespace", ns)),
+            "--metrics-port", str(self.metrics_port), *self.extra_args,
         ]
         argv += [] if not self.webhook else [
             "--webhook-port", str(self.webhook_port), "--webhook-host", "127.0.0.1",

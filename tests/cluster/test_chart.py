@@ -392,19 +392,27 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
     ns = testbed.namespace(OPERATOR_NS_PREFIX)
     try:
         doc = yaml.safe_load((ROOT / "examples" / "grpojob-tiny.yaml").read_text())
+        doc["spec"]["restartPolicy"] = {"backoff": {"initialSeconds": 1}}
         testbed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
 
         def phase() -> str:
             job = get_json(testbed, "get", "grpojob", "tiny", "-n", ns)
             return str(job.get("status", {}).get("phase", ""))
 
+        def head(attempt: int) -> str:
+            pods = get_json(testbed, "get", "pods", "-n", ns, "-l",
+                            f"grpo.dev/job=tiny,grpo.dev/role=head,grpo.dev/attempt={attempt}")
+            return str(pods["items"][0]["metadata"]["name"])
+
         wait_until("tiny Running under the chart's ServiceAccount",
                    lambda: phase() == "Running", 120)
-        head = get_json(testbed, "get", "pods", "-n", ns, "-l",
-                        "grpo.dev/job=tiny,grpo.dev/role=head")["items"][0]["metadata"]["name"]
-        testbed.kubectl("annotate", "pod", head, "-n", ns, "grpo.dev/chaos-exit-code=0",
+        # Recovery's main path: an OOM kill, then attempt 1 from the checkpoint.
+        testbed.kubectl("label", "pod", head(0), "-n", ns, "grpo.dev/chaos=terminate")
+        wait_until("attempt 1 Running", lambda: phase() == "Running" and get_json(
+            testbed, "get", "grpojob", "tiny", "-n", ns)["status"]["attempt"] == 1, 120)
+        testbed.kubectl("annotate", "pod", head(1), "-n", ns, "grpo.dev/chaos-exit-code=0",
                         "grpo.dev/chaos-reason=Completed")
-        testbed.kubectl("label", "pod", head, "-n", ns, "grpo.dev/chaos=terminate")
+        testbed.kubectl("label", "pod", head(1), "-n", ns, "grpo.dev/chaos=terminate")
         wait_until("tiny Succeeded", lambda: phase() == "Succeeded", 120)
         wait_until("RayCluster released", lambda: not get_json(
             testbed, "get", "rayclusters", "-n", ns)["items"], 60)

@@ -260,3 +260,31 @@ def test_operator_survives_an_api_server_restart(
     end_head(testbed, op_ns, "before", 0, "Completed")
     wait_phase(testbed, operator, op_ns, "before", "Succeeded", 120)
     assert operator.proc is not None and operator.proc.poll() is None
+
+
+def test_only_one_replica_acts_under_kopf_peering(
+        testbed: Testbed, grpo_crd: Testbed, ns: str, tmp_path: Path) -> None:
+    """Two operators in one peering: the lower-priority one pauses, so each job is
+    reconciled by exactly one replica. (`ns` is outside op-*, which the module's shared
+    operator watches.)"""
+    op_ns = ns
+    testbed.kubectl("apply", "--server-side", "-f",
+                    str(EXAMPLES.parent / "charts/grpo-operator/crds/kopf-peering.yaml"))
+    testbed.kubectl("wait", "--for", "condition=established", "crd/kopfpeerings.kopf.dev")
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "grpo"}}))
+    ops = [OperatorProcess(testbed, tmp_path / n, webhook=False, namespaces=(op_ns,),
+                           extra_args=("--peering", "grpo", "--priority", p))
+           for n, p in (("high", "100"), ("low", "10"))]
+    for op in ops:
+        op.start()
+    try:
+        wait_until("the low-priority replica pauses",
+                   lambda: "Pausing" in ops[1].log.read_text(), 60)
+        apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "peer"))
+        wait_phase(testbed, ops[0], op_ns, "peer", "Running")
+        assert "grpojob_reconcile" in ops[0].log.read_text()
+        assert "grpojob_reconcile" not in ops[1].log.read_text()
+    finally:
+        for op in ops:
+            op.stop()

@@ -182,3 +182,21 @@ def test_operator_restart_during_backoff_neither_loses_nor_duplicates_the_attemp
     assert [a["index"] for a in s["attempts"]] == [0, 1]
     rcs = json.loads(testbed.kubectl("get", "raycluster", "-n", op_ns, "-o", "json").stdout)
     assert [r["metadata"]["name"] for r in rcs["items"]] == ["survive-a1"]
+
+
+def test_worker_replaced_while_the_driver_survives_is_counted_not_restarted(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-",
+                    input=manifest("grpojob-qwen25vl-7b-a100-40gb.yaml", "wk", FAST))
+    wait_status(testbed, operator, op_ns, "wk", "attempt 0 Running", running(0))
+    workers = json.loads(testbed.kubectl("get", "pods", "-n", op_ns, "-l",
+                                         "grpo.dev/job=wk,grpo.dev/role=worker", "-o", "json"
+                                         ).stdout)["items"]
+    victim = workers[0]["metadata"]["name"]
+    testbed.kubectl("label", "pod", victim, "-n", op_ns, "grpo.dev/chaos=terminate")
+    s = wait_status(testbed, operator, op_ns, "wk", "worker replacement counted",
+                    lambda s: s.get("workerReplacements") == 1, 60)
+    s = wait_status(testbed, operator, op_ns, "wk", "Running again with a new worker",
+                    running(0), 120)
+    assert s["restarts"] == 0 and len(s["attempts"]) == 1
+    assert "WorkerReplaced" in testbed.kubectl("get", "events", "-n", op_ns).stdout

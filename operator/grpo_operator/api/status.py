@@ -147,6 +147,14 @@ class GRPOJobStatus(ApiModel):
     progress: ProgressStatus | None = Field(None, description="Training progress.")
     attempt: int | None = Field(None, ge=0, description="Index of the current attempt.")
     restarts: int = Field(0, ge=0, description="Restarts so far.")
+    worker_replacements: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Worker pods that ended while the driver survived (KubeRay replaced them); "
+            "not attempt failures."
+        ),
+    )
     attempts: list[AttemptRecord] = Field(
         default_factory=list, description="Every attempt, oldest first."
     )
