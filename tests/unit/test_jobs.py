@@ -113,3 +113,14 @@ def test_an_outcome_is_recorded_once() -> None:
     st = started(sp)
     st = {**st, **finish_attempt(st, oom(), 1, NOW, sp).status}
     assert finish_attempt(st, oom(), 1, NOW, sp).status == {}
+
+
+def test_worker_replacement_is_counted_and_not_an_attempt_failure() -> None:
+    from grpo_operator.jobs import worker_replaced
+
+    st = started(spec())
+    d = worker_replaced(st, "j-a0-workers-x", "host OOM")
+    assert d.status == {"workerReplacements": 1}
+    assert d.events[0][1] == "WorkerReplaced" and not d.delete_ray_cluster
+    again = worker_replaced({**st, **d.status}, "j-a0-workers-y", "host OOM")
+    assert again.status == {"workerReplacements": 2}
