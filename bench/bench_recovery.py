@@ -89,6 +89,14 @@ def live_head(ns: str, selector: str) -> str | None:
     return None
 
 
+def in_parallel(fn: Any, n: int) -> None:
+    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def oom_kill(tb: Testbed, ns: str, pod: str) -> None:
     tb.kubectl("label", "pod", pod, "-n", ns, "grpo.dev/chaos=terminate")
 
@@ -123,11 +131,7 @@ def grpojob_failures(tb: Testbed, jobs: int, per_job: int) -> list[float]:
             with lock:
                 out.append(t_rc - t_end - BACKOFF_S)
 
-    threads = [threading.Thread(target=one_job, args=(j,)) for j in range(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_parallel(one_job, jobs)
     stop.set()
     return out
 
@@ -168,11 +172,7 @@ def kuberay_failures(tb: Testbed, clusters: int, per_cluster: int) -> list[float
             with lock:
                 out.append(t_new - t_end)
 
-    threads = [threading.Thread(target=one, args=(c,)) for c in range(clusters)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_parallel(one, clusters)
     stop.set()
     return out
 

@@ -99,7 +99,7 @@ def _restart_pending(status: kopf.Status, **_: Any) -> bool:
     return bool(status.get("nextAttempt"))
 
 
-@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=0.5, when=_restart_pending)
+@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=0.25, when=_restart_pending)
 def grpojob_restart(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta,
                     name: str, namespace: str | None, uid: str, **_: Any) -> None:
     """Starts the next attempt once its backoff has passed (a timer, so an operator

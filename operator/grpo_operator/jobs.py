@@ -17,6 +17,7 @@ from .reconcile.status import PhaseView, conditions_for
 from .render import JobRef, render_children
 
 TERMINAL = ("Succeeded", "Failed")
+PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
 MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
 _WORDS = {"CudaOOM": "CUDA OOM", "HostOOM": "host OOM (pod OOMKilled)",
@@ -247,6 +248,9 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
          "nextAttempt": None, "rayCluster": {"name": f"{job.name}-a{index}"},
          "plan": plan_status(plan).to_wire(),
          "conditions": conditions_for(view, generation, now, status.get("conditions"))},
-        children=render_children(spec, plan, job, index, default_image),
+        # Only what is new per attempt: the claim and the trainer's RBAC exist since
+        # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
+        children=[c for c in render_children(spec, plan, job, index, default_image)
+                  if c["kind"] in PER_ATTEMPT_KINDS],
         events=[("Normal", "Restarted", view.message)],
     )

@@ -79,25 +79,25 @@ def create_if_absent(obj: dict[str, Any]) -> bool:
         raise
 
 
-def get_ray_cluster(namespace: str, name: str) -> dict[str, Any] | None:
+def _unless_missing(call: Callable[[], Any]) -> Any | None:
+    """The call's result, or None when the object does not exist (404)."""
     try:
-        return cast(dict[str, Any], _custom().get_namespaced_custom_object(
-            RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name))
+        return call()
     except ApiException as exc:
         if exc.status == 404:
             return None
         raise
 
 
+def get_ray_cluster(namespace: str, name: str) -> dict[str, Any] | None:
+    return cast(dict[str, Any] | None, _unless_missing(lambda: _custom(
+    ).get_namespaced_custom_object(RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name)))
+
+
 def delete_ray_cluster(namespace: str, name: str) -> bool:
-    try:
-        _custom().delete_namespaced_custom_object(
-            RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name)
-        return True
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
+    """True if it was there to delete."""
+    return _unless_missing(lambda: _custom().delete_namespaced_custom_object(
+        RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name)) is not None
 
 
 def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -106,24 +106,14 @@ def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
 
 
 def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        pvc = _core().read_namespaced_persistent_volume_claim(name, namespace)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    out: dict[str, Any] = _api().sanitize_for_serialization(pvc)
-    return out
+    pvc = _unless_missing(lambda: _core().read_namespaced_persistent_volume_claim(
+        name, namespace))
+    return None if pvc is None else cast(dict[str, Any], _api().sanitize_for_serialization(pvc))
 
 
 def get_job(namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        return cast(dict[str, Any], _custom().get_namespaced_custom_object(
-            API_GROUP, API_VERSION, namespace, PLURAL, name))
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return cast(dict[str, Any] | None, _unless_missing(lambda: _custom(
+    ).get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)))
 
 
 class Conflict(Exception):
