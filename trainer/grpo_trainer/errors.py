@@ -56,6 +56,9 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
+_RAY_MEMORY_KILL = "running low on memory"  # Ray's memory monitor's wording
+
+
 def _is_cuda_oom(exc: BaseException) -> bool:
     try:
         import torch
@@ -83,6 +86,10 @@ def classify(exc: BaseException) -> Classified:
         if any(isinstance(e, rex.OutOfMemoryError) for e in chain):
             return Classified(ExitCode.HOST_OOM, FailureReason.RAY_OOM, detail)
         lost = (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError)
+        # An actor that Ray's memory monitor killed surfaces as a dead actor whose
+        # message says so: that is a host-memory problem (RayOOM), not a lost node.
+        if any(isinstance(e, lost) and _RAY_MEMORY_KILL in str(e) for e in chain):
+            return Classified(ExitCode.HOST_OOM, FailureReason.RAY_OOM, detail)
         if any(isinstance(e, lost) for e in chain):
             return Classified(ExitCode.WORKER_LOST, FailureReason.NODE_LOST, detail)
     if any(isinstance(e, MemoryError) for e in chain):
