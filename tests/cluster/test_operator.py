@@ -279,12 +279,22 @@ def test_only_one_replica_acts_under_kopf_peering(
     for op in ops:
         op.start()
     try:
-        wait_until("the low-priority replica pauses",
-                   lambda: "Pausing" in ops[1].log.read_text(), 60)
+        def peers() -> int:
+            obj = json.loads(testbed.kubectl("get", "kopfpeering", "grpo", "-n", op_ns,
+                                             "-o", "json").stdout)
+            return len(obj.get("status") or {})
+
+        wait_until("both replicas in the peering", lambda: peers() >= 2, 60)
         apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "peer"))
         wait_phase(testbed, ops[0], op_ns, "peer", "Running")
         assert "grpojob_reconcile" in ops[0].log.read_text()
         assert "grpojob_reconcile" not in ops[1].log.read_text()
+        # Failover: the active replica stops; the paused one takes over.
+        ops[0].stop()
+        wait_until("the other replica resumes",
+                   lambda: "Resuming operations" in ops[1].log.read_text(), 90)
+        apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "peer2"))
+        wait_phase(testbed, ops[1], op_ns, "peer2", "Running")
     finally:
         for op in ops:
             op.stop()
