@@ -28,6 +28,6 @@ echo "    python dependencies ready in $((SECONDS - t0)) s"
 
 if [ "${1:-}" != "--no-testbed" ]; then
   command -v go >/dev/null || die "Go >= 1.26 is required to build the testbed (go: not found)"
-  step "building or reusing the testbed binaries (cold build: ~20 min on 2 cores)"
+  step "building or reusing the testbed binaries (cold build: 20-35 min on 2 cores)"
   .venv/bin/grpo-testbed build
 fi

@@ -396,11 +396,11 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
         testbed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
 
         def phase() -> str:
-            job = get_json(testbed, "get", "grpojob", "tiny", "-n", ns)
+            job = get_json(testbed, "grpojob", "tiny", "-n", ns)
             return str(job.get("status", {}).get("phase", ""))
 
         def head(attempt: int) -> str:
-            pods = get_json(testbed, "get", "pods", "-n", ns, "-l",
+            pods = get_json(testbed, "pods", "-n", ns, "-l",
                             f"grpo.dev/job=tiny,grpo.dev/role=head,grpo.dev/attempt={attempt}")
             return str(pods["items"][0]["metadata"]["name"])
 
@@ -409,13 +409,13 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
         # Recovery's main path: an OOM kill, then attempt 1 from the checkpoint.
         testbed.kubectl("label", "pod", head(0), "-n", ns, "grpo.dev/chaos=terminate")
         wait_until("attempt 1 Running", lambda: phase() == "Running" and get_json(
-            testbed, "get", "grpojob", "tiny", "-n", ns)["status"]["attempt"] == 1, 120)
+            testbed, "grpojob", "tiny", "-n", ns)["status"]["attempt"] == 1, 120)
         testbed.kubectl("annotate", "pod", head(1), "-n", ns, "grpo.dev/chaos-exit-code=0",
                         "grpo.dev/chaos-reason=Completed")
         testbed.kubectl("label", "pod", head(1), "-n", ns, "grpo.dev/chaos=terminate")
         wait_until("tiny Succeeded", lambda: phase() == "Succeeded", 120)
         wait_until("RayCluster released", lambda: not get_json(
-            testbed, "get", "rayclusters", "-n", ns)["items"], 60)
+            testbed, "rayclusters", "-n", ns)["items"], 60)
         log = op.log.read_text()
         assert "403" not in log and "Forbidden" not in log, op.log_tail()
     finally:
