@@ -45,18 +45,8 @@ def _apply(body: Any, namespace: str, decision: jobs.Decision) -> None:
 
 def _claim_problem(spec: dict[str, Any], namespace: str) -> str | None:
     claim = (spec.get("checkpoint") or {}).get("claimName")
-    if not claim:
-        return None
-    pvc = kube.get_claim(namespace, claim)
-    if pvc is None:
-        return (f"checkpoint.claimName {claim!r} does not exist in {namespace}; create it "
-                "or set checkpoint.size to let the operator create one")
-    nodes = (spec.get("resources") or {}).get("nodes") or 0
-    modes = pvc.get("spec", {}).get("accessModes") or []
-    if nodes > 1 and "ReadWriteMany" not in modes:
-        return (f"checkpoint.claimName {claim!r} is {','.join(modes)}, but {nodes} nodes "
-                "mount it: use a ReadWriteMany claim")
-    return None
+    return jobs.claim_problem(spec, namespace, kube.get_claim(namespace, claim)
+                              if claim else None)
 
 
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)

@@ -71,6 +71,24 @@ def failed_status(view: PhaseView, generation: int, now: str,
             "conditions": conditions_for(view, generation, now, previous.get("conditions"))}
 
 
+def claim_problem(spec_body: dict[str, Any], namespace: str,
+                  pvc: dict[str, Any] | None) -> str | None:
+    """Why the checkpoint claim the spec names cannot serve the job (`pvc` is what the API
+    server returned for it, None if absent); None when fine or the operator makes one."""
+    claim = (spec_body.get("checkpoint") or {}).get("claimName")
+    if not claim:
+        return None
+    if pvc is None:
+        return (f"checkpoint.claimName {claim!r} does not exist in {namespace}; create it "
+                "or set checkpoint.size to let the operator create one")
+    nodes = (spec_body.get("resources") or {}).get("nodes") or 0
+    modes = pvc.get("spec", {}).get("accessModes") or []
+    if nodes > 1 and "ReadWriteMany" not in modes:
+        return (f"checkpoint.claimName {claim!r} is {','.join(modes)}, but {nodes} nodes "
+                "mount it: use a ReadWriteMany claim")
+    return None
+
+
 def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], generation: int,
               now: str, default_image: str = "") -> Decision:
     """Decide children and status for a job on create/resume/spec change."""

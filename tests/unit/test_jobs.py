@@ -124,3 +124,15 @@ def test_worker_replacement_is_counted_and_not_an_attempt_failure() -> None:
     assert d.events[0][1] == "WorkerReplaced" and not d.delete_ray_cluster
     again = worker_replaced({**st, **d.status}, "j-a0-workers-y", "host OOM")
     assert again.status == {"workerReplacements": 2}
+
+
+def test_named_claim_must_exist_and_be_shared_for_multi_node_jobs() -> None:
+    from grpo_operator.jobs import claim_problem
+
+    sp = spec("grpojob-qwen2vl-72b-h100.yaml")
+    sp["checkpoint"] = {"claimName": "ckpt"}
+    assert "does not exist in ns" in str(claim_problem(sp, "ns", None))
+    rwo = {"spec": {"accessModes": ["ReadWriteOnce"]}}
+    assert "use a ReadWriteMany claim" in str(claim_problem(sp, "ns", rwo))
+    assert claim_problem(sp, "ns", {"spec": {"accessModes": ["ReadWriteMany"]}}) is None
+    assert claim_problem(spec(), "ns", None) is None  # size: the operator makes one
