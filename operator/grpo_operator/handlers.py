@@ -67,6 +67,13 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, met
         decision = jobs.reconcile(JobRef(name, namespace, uid), dict(spec), dict(status),
                                   generation, _now(), SETTINGS["default_image"])
         _apply(body, namespace, decision)
+        ckpt = dict(spec.get("checkpoint") or {})
+        if ckpt.get("claimName") and ckpt.get("deleteClaimWithJob"):
+            # The user asked for their claim to go with the job: garbage collection
+            # deletes it once the job is gone.
+            kube.add_owner(namespace, ckpt["claimName"], {
+                "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "GRPOJob",
+                "name": name, "uid": uid, "blockOwnerDeletion": False})
         if decision.status:
             # Pod events may have moved the status on meanwhile: write only over what
             # this decision was made from, else decide again on the fresh object.

@@ -189,6 +189,21 @@ def test_delete_cascades_but_keeps_a_claim_the_user_made(
     assert names == ["mine"]
 
 
+def test_a_users_claim_goes_with_the_job_when_asked(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "mine"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "all",
+                                       checkpoint={"claimName": "mine",
+                                                   "deleteClaimWithJob": True}))
+    wait_phase(testbed, operator, op_ns, "all", "Running")
+    testbed.kubectl("delete", "grpojob", "all", "-n", op_ns, "--wait=true")
+    wait_until("the user's claim deleted too",
+               lambda: not items(testbed, "persistentvolumeclaim", op_ns), 60)
+
+
 def test_missing_claim_is_a_condition_not_a_crash(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
     apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "noclaim",

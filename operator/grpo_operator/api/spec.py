@@ -276,6 +276,13 @@ class CheckpointSpec(ApiModel):
     )
     interval_steps: int = Field(5, ge=1, description="Save every N steps.")
     keep: int = Field(2, ge=1, le=100, description="Complete checkpoints kept (newest N).")
+    delete_claim_with_job: bool = Field(
+        False,
+        description=(
+            "With claimName: delete that claim (and its checkpoints) when the job is "
+            "deleted. A claim the operator created always goes with the job."
+        ),
+    )
 
     @model_validator(mode="after")
     def _claim_xor_size(self) -> Self:
