@@ -15,7 +15,7 @@ from . import jobs, kube, metrics
 from .contract import API_GROUP, API_VERSION, JOB_LABEL, PLURAL
 from .reconcile.classify import classify_pod
 from .reconcile.status import ATTEMPT_LABEL, HEAD_ROLE, ROLE_LABEL, attempt_phase
-from .render import JobRef
+from .render import JobRef, names
 
 log = logging.getLogger("grpo_operator")
 SETTINGS: dict[str, str] = {"default_image": ""}  # set by main from its flags
@@ -176,8 +176,10 @@ def _observe_once(namespace: str, job_name: str, pod: dict[str, Any], deleted: b
                 kube.patch_job_status(namespace, job_name, decision.status, rv)
                 _REPLACED.add(pod["metadata"]["name"])
                 _apply(job, namespace, decision)
-    rc_name = (status.get("rayCluster") or {}).get("name")
-    rc = kube.get_ray_cluster(namespace, rc_name) if rc_name else None
+    # Named from the attempt, not from status.rayCluster: pod events can beat the
+    # reconcile's first status write, and must not report "creating" for a live cluster.
+    rc_name = names.ray_cluster(JobRef(job_name, namespace, ""), attempt)
+    rc = kube.get_ray_cluster(namespace, rc_name)
     pods = kube.list_pods(namespace, f"{JOB_LABEL}={job_name},{ATTEMPT_LABEL}={attempt}")
     workers = int((status.get("plan") or {}).get("nodes") or 0)
     view = attempt_phase(rc, pods, workers)
