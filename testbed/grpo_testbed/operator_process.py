@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .launcher import Testbed, free_ports
 from .pki import issue_serving_cert
-from .processes import wait_until
+from .processes import die_with_parent, wait_until
 
 OPERATOR_NS_PREFIX = "op"  # the operator under test watches only namespaces op-*
 WEBHOOK_CONFIG = "grpo.dev"
@@ -51,8 +51,9 @@ class OperatorProcess:
             "--webhook-key", str(self.key), "--webhook-ca", str(self.ca),
         ]
         with open(self.log, "ab") as out:
+            # Dies with whoever started it, like every testbed process.
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=die_with_parent)
         wait_until("operator /healthz", lambda: urllib.request.urlopen(
             f"http://127.0.0.1:{self.metrics_port}/healthz", timeout=2).status == 200, 60)
         if self.webhook:

@@ -22,7 +22,7 @@ log = logging.getLogger("grpo_testbed")
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -72,7 +72,7 @@ def spawn(name: str, argv: Sequence[str], log_dir: Path,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # no threads hold locks at spawn time
+            preexec_fn=die_with_parent,  # no threads hold locks at spawn time
         )
     return Managed(name, proc, log_path, tuple(argv), env)
 
