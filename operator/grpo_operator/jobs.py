@@ -14,7 +14,7 @@ from .contract import FailureReason
 from .planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_status
 from .reconcile.classify import PodOutcome
 from .reconcile.status import PhaseView, conditions_for
-from .render import JobRef, render_children
+from .render import JobRef, names, render_children
 
 TERMINAL = ("Succeeded", "Failed")
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
@@ -107,7 +107,7 @@ def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], ge
         return Decision(failed_status(view, generation, now, status),
                         events=[("Warning", "Infeasible", str(exc))])
     attempt = int(status.get("attempt") or 0)
-    rc_name = f"{job.name}-a{attempt}"
+    rc_name = names.ray_cluster(job, attempt)
     if spec.suspend:
         view = PhaseView("Suspended", "SuspendedByUser",
                          "spec.suspend is true: Ray pods released, checkpoints and status kept")
@@ -258,12 +258,13 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
     record: dict[str, Any] = {"index": index, "startTime": now, "outcome": "Running"}
     if resumed is not None:
         record["resumedFromStep"] = resumed
+    rc = names.ray_cluster(job, index)
     view = PhaseView("Pending", "CreatingCluster",
-                     f"attempt {index}: creating RayCluster {job.name}-a{index}, resuming "
+                     f"attempt {index}: creating RayCluster {rc}, resuming "
                      f"from checkpoint step {resumed or 0}")
     return Decision(
         {"phase": "Pending", "attempt": index, "attempts": [*attempts, record],
-         "nextAttempt": None, "rayCluster": {"name": f"{job.name}-a{index}"},
+         "nextAttempt": None, "rayCluster": {"name": rc},
          "plan": plan_status(plan).to_wire(),
          "conditions": conditions_for(view, generation, now, status.get("conditions"))},
         # Only what is new per attempt: the claim and the trainer's RBAC exist since

@@ -172,12 +172,17 @@ def test_suspend_releases_pods_and_resume_recreates_the_cluster(
     assert status["attempt"] == 0 and len(items(testbed, "raycluster", op_ns)) == 1
 
 
-def test_delete_cascades_but_keeps_a_claim_the_user_made(
-        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    testbed.kubectl("apply", "-n", op_ns, "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "mine"},
+def user_claim(tb: Testbed, ns: str, name: str) -> None:
+    """A PVC the user made themselves, for checkpoint.claimName."""
+    tb.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
     }))
+
+
+def test_delete_cascades_but_keeps_a_claim_the_user_made(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    user_claim(testbed, op_ns, "mine")
     apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "gone",
                                        checkpoint={"claimName": "mine"}))
     wait_phase(testbed, operator, op_ns, "gone", "Running")
@@ -191,10 +196,7 @@ def test_delete_cascades_but_keeps_a_claim_the_user_made(
 
 def test_a_users_claim_goes_with_the_job_when_asked(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    testbed.kubectl("apply", "-n", op_ns, "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "mine"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-    }))
+    user_claim(testbed, op_ns, "mine")
     apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "all",
                                        checkpoint={"claimName": "mine",
                                                    "deleteClaimWithJob": True}))
