@@ -27,7 +27,8 @@ from typing import Any
 import yaml
 
 from . import build
-from .nodes import FAKE_NODES, node_manifest
+from .local_node.agent import EnvInjection, LocalNodeAgent
+from .nodes import FAKE_NODES, FakeNode, node_manifest
 from .pki import SERVICE_CLUSTER_IP_RANGE, Pki, make_pki
 from .processes import Managed, spawn, wait_until
 from .versions import COMPONENTS, bin_dir, binary, component
@@ -81,6 +82,11 @@ class Testbed:
     procs: list[Managed] = field(default_factory=list)
     api_port: int = 0
     pki: Pki | None = None
+    fake_nodes: tuple[FakeNode, ...] = FAKE_NODES
+    # A node whose pods really run, as local processes (see local_node/agent.py).
+    local_node: bool = False
+    injections: tuple[EnvInjection, ...] = ()
+    agent: LocalNodeAgent | None = None
     _owns_workdir: bool = False
 
     @property
@@ -140,6 +146,11 @@ class Testbed:
             self._start_kwok()
             if self.with_kuberay:
                 self._start_kuberay()
+            if self.local_node:
+                assert self.pki is not None
+                self.agent = LocalNodeAgent(self.kubeconfig, self.workdir / "local-node",
+                                            self.api_port, self.pki.ca_cert,
+                                            injections=self.injections).start()
         except BaseException:
             self.stop()
             raise
@@ -148,6 +159,9 @@ class Testbed:
         return self
 
     def stop(self) -> None:
+        if self.agent is not None:  # its pods' processes first, while the API is up
+            self.agent.stop()
+            self.agent = None
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()
@@ -266,8 +280,8 @@ class Testbed:
             "--cidr", "10.244.0.0/16", "--node-ip", "10.240.0.1",
             "--server-address", f"127.0.0.1:{server_port}",
         ])
-        self.apply([node_manifest(n) for n in FAKE_NODES])
-        names = {n.name for n in FAKE_NODES}
+        self.apply([node_manifest(n) for n in self.fake_nodes])
+        names = {n.name for n in self.fake_nodes}
 
         def nodes_ready() -> bool:
             out = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)
@@ -301,11 +315,19 @@ class Testbed:
 
 
 @contextmanager
-def running_testbed(workdir: Path | None = None, with_kuberay: bool = True) -> Iterator[Testbed]:
-    """A started testbed that is stopped (and its temp dir removed) on exit."""
+def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
+                    local_node: bool = False,
+                    injections: tuple[EnvInjection, ...] = ()) -> Iterator[Testbed]:
+    """A started testbed that is stopped (and its temp dir removed) on exit.
+
+    With ``local_node`` the untainted fake CPU node is left out, so CPU-only pods land
+    on the local node and really run.
+    """
     owns = workdir is None
     wd = Path(tempfile.mkdtemp(prefix="grpo-testbed-")) if workdir is None else workdir
     wd.mkdir(parents=True, exist_ok=True)
-    tb = Testbed(workdir=wd, with_kuberay=with_kuberay, _owns_workdir=owns)
+    nodes = tuple(n for n in FAKE_NODES if n.gpu_type) if local_node else FAKE_NODES
+    tb = Testbed(workdir=wd, with_kuberay=with_kuberay, fake_nodes=nodes,
+                 local_node=local_node, injections=injections, _owns_workdir=owns)
     with tb:
         yield tb

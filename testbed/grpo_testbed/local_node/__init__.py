@@ -1,0 +1,1 @@
+"""A node of the testbed whose pods really run, as local processes."""
