@@ -18,6 +18,7 @@ JOB_LABEL = f"{API_GROUP}/job"  # on every child object
 
 CONFIG_PATH = "/etc/grpo/config.yaml"
 CHECKPOINT_MOUNT = "/checkpoints"  # the job's dir is /checkpoints/<namespace>/<job>/
+MODEL_MOUNT = "/models"  # spec.model.claimName, read-only
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_MESSAGE_MAX_BYTES = 4096
 PROGRESS_MIN_INTERVAL_S = 10.0

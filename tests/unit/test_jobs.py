@@ -136,3 +136,20 @@ def test_named_claim_must_exist_and_be_shared_for_multi_node_jobs() -> None:
     assert "use a ReadWriteMany claim" in str(claim_problem(sp, "ns", rwo))
     assert claim_problem(sp, "ns", {"spec": {"accessModes": ["ReadWriteMany"]}}) is None
     assert claim_problem(spec(), "ns", None) is None  # size: the operator makes one
+
+
+def test_model_claim_is_mounted_read_only_at_models_in_every_ray_pod() -> None:
+    sp = spec("grpojob-qwen25vl-7b-h100.yaml")
+    sp["model"] = {**sp["model"], "claimName": "weights", "path": "/models/qwen2.5-vl-7b"}
+    rc = next(c for c in reconcile(JOB, sp, {}, 1, NOW).children if c["kind"] == "RayCluster")
+    groups = [rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"]]
+    for g in groups:
+        pod = g["template"]["spec"]
+        vol = next(v for v in pod["volumes"] if v["name"] == "models")
+        assert vol["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "models")
+        assert mount == {"name": "models", "mountPath": "/models", "readOnly": True}
+    without = reconcile(JOB, spec("grpojob-qwen25vl-7b-h100.yaml"), {}, 1, NOW).children
+    rc0 = next(c for c in without if c["kind"] == "RayCluster")
+    assert all(v["name"] != "models" for v in rc0["spec"]["headGroupSpec"]["template"]["spec"]
+               ["volumes"])

@@ -18,6 +18,7 @@ from ..contract import (
     DEFAULT_TRAINER_IMAGE,
     JOB_LABEL,
     KIND,
+    MODEL_MOUNT,
     PLURAL,
     RAY_VERSION,
     TERMINATION_LOG,
@@ -91,6 +92,8 @@ def render_children(
         "gpu_resource": GPU_RESOURCE,
         "termination_log": TERMINATION_LOG,
         "checkpoint_mount": CHECKPOINT_MOUNT,
+        "model_claim": spec.model.claim_name,
+        "model_mount": MODEL_MOUNT,
         "config_dir": CONFIG_PATH.rsplit("/", 1)[0],
     }
     files = ["configmap.yaml.j2", "rbac.yaml.j2", "raycluster.yaml.j2"]
