@@ -18,7 +18,7 @@ from typing import Any
 from .checkpoint import Checkpointer, NoCheckpointer
 from .config import Config
 from .data import PromptDataset, Record, StatefulLoader
-from .errors import StepError, parse_fault, raise_injected_oom
+from .errors import StepError, allocate_until_killed, parse_fault, raise_injected_oom
 from .metrics import MetricsLogger
 from .progress import NullProgressReporter, Progress, ProgressReporter
 from .rewards import RewardRunner, resolve_reward_fn
@@ -170,6 +170,8 @@ class GRPOTrainer:
         t_rew = time.perf_counter()
         if self.fault == ("driver_cuda_oom", step):
             raise_injected_oom("driver", step)
+        if self.fault == ("host_oom", step):
+            allocate_until_killed(step)
         per_rank = self.group.call("update", split(adv.tolist(), world), common=[step])
         upd = dict(per_rank[0])
         for key in upd:

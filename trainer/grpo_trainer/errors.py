@@ -155,7 +155,21 @@ def parse_fault(spec: str | None) -> tuple[str, int] | None:
 # cuda_oom: the worker raises a real torch.OutOfMemoryError (labelled as injected).
 # worker_exit: the worker process dies (os._exit), as a lost node looks to Ray.
 # driver_cuda_oom: the same OOM raised in the driver process.
-FAULT_KINDS = ("cuda_oom", "worker_exit", "driver_cuda_oom")
+# host_oom: the driver allocates host memory until the kernel kills it (a real
+#   OOMKilled under a container memory limit; never use it without one).
+FAULT_KINDS = ("cuda_oom", "worker_exit", "driver_cuda_oom", "host_oom")
+
+
+def allocate_until_killed(step: int) -> None:
+    """Touch ever more host memory; under a memory limit the kernel ends this process."""
+    import logging
+
+    logging.getLogger(__name__).error(
+        "INJECTED FAULT (GRPO_FAULT_INJECT) host_oom at step %d: allocating host memory "
+        "until the kernel's OOM killer ends this process", step)
+    hoard = []
+    while True:
+        hoard.append(b"\x01" * (64 << 20))  # written, so the pages are really committed
 
 
 def raise_injected_oom(where: str, step: int) -> None:
