@@ -1,0 +1,86 @@
+"""Progress reports to the operator: ``GRPOJob.status.progress`` patched in-cluster.
+
+Inside a Ray head pod the driver has the job's ServiceAccount (whose Role allows
+``patch`` on its own ``grpojobs/status`` only), ``GRPO_JOB_NAME``/``GRPO_JOB_NAMESPACE``
+from the operator, and the API server's address from the pod environment. Reports
+are merge patches of ``status.progress`` under the ``grpo-trainer`` field manager, at
+most every ``PROGRESS_MIN_INTERVAL_S``; a failed report is logged and never stops
+training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from grpo_operator.contract import (
+    API_GROUP,
+    API_VERSION,
+    PLURAL,
+    PROGRESS_FIELD_MANAGER,
+    PROGRESS_MIN_INTERVAL_S,
+)
+
+from .config import Config
+from .progress import JsonFileProgressReporter, NullProgressReporter, Progress, ProgressReporter
+
+log = logging.getLogger(__name__)
+
+SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+class KubernetesProgressReporter:
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        api: Any = None,
+        min_interval_s: float = PROGRESS_MIN_INTERVAL_S,
+    ) -> None:
+        self.namespace = namespace
+        self.name = name
+        self.min_interval_s = min_interval_s
+        self._api = api
+        self._last = float("-inf")
+
+    def _client(self) -> Any:
+        if self._api is None:
+            from kubernetes import client, config  # slow to import: only when reporting
+
+            config.load_incluster_config()
+            self._api = client.CustomObjectsApi()
+        return self._api
+
+    def report(self, progress: Progress, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self._last < self.min_interval_s:
+            return
+        self._last = now
+        body = {"status": {"progress": progress.to_status()}}
+        try:
+            self._client().patch_namespaced_custom_object_status(
+                API_GROUP,
+                API_VERSION,
+                self.namespace,
+                PLURAL,
+                self.name,
+                body,
+                field_manager=PROGRESS_FIELD_MANAGER,
+            )
+        except Exception as err:  # the API server may be away; training goes on
+            log.warning("progress report for %s/%s failed: %s", self.namespace, self.name, err)
+
+
+def reporter_for(cfg: Config) -> ProgressReporter:
+    """In a pod of a GRPOJob: the status reporter; else a progress file if configured."""
+    tr = cfg.trainer
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SA_TOKEN.exists()
+    if in_cluster and tr.job_name and tr.job_namespace:
+        log.info("reporting progress to GRPOJob %s/%s", tr.job_namespace, tr.job_name)
+        return KubernetesProgressReporter(tr.job_namespace, tr.job_name)
+    if cfg.metrics.progress_file:
+        return JsonFileProgressReporter(cfg.metrics.progress_file)
+    return NullProgressReporter()
