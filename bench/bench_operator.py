@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 
+from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.nodes import bulk_cpu_nodes
 from grpo_testbed.operator_process import OperatorProcess
@@ -65,7 +66,7 @@ def _watch(fn: Any, ns: str, plural: str | None, on_event: Any, stop: threading.
 
 
 def grpojobs(n: int) -> list[dict[str, Any]]:
-    base = yaml.safe_load((REPO / "examples" / "grpojob-tiny.yaml").read_text())
+    base = example_job()
     out = []
     for i in range(n):
         doc = copy.deepcopy(base)

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 
+from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.nodes import bulk_cpu_nodes
 from grpo_testbed.operator_process import OperatorProcess
@@ -106,7 +107,7 @@ def grpojob_failures(tb: Testbed, jobs: int, per_job: int) -> list[float]:
     tb.kubectl("create", "namespace", ns)
     seen, stop = Seen(), threading.Event()
     start_watches(ns, seen, stop)
-    doc = yaml.safe_load((REPO / "examples" / "grpojob-tiny.yaml").read_text())
+    doc = example_job()
     # remediate: false, so the tiny CPU job's short HostOOM ladder does not end the
     # series early; the path measured (classify, record, backoff, new attempt) is the same.
     doc["spec"]["restartPolicy"] = {"maxRestarts": per_job + 1, "remediate": False,

@@ -90,5 +90,20 @@ def run_cmd(no_kuberay: bool, command: tuple[str, ...]) -> None:
     sys.exit(rc)
 
 
+@cli.command("demo")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("demo-output"), show_default=True,
+              help="Where the trained model is exported (kept after teardown).")
+@click.option("--oom-step", type=int, default=None,
+              help="Step at which attempt 0 is OOM-killed (default: the scenario's).")
+def demo_cmd(out: Path, oom_step: int | None) -> None:
+    """The main job end to end: helm install, a tiny GRPOJob that really trains, a real
+    OOM kill, the operator's restart from the last checkpoint, Succeeded, export."""
+    from .demo import run_demo
+
+    _sigterm_as_interrupt()
+    sys.exit(run_demo(out.resolve(), oom_step))
+
+
 def main() -> None:
     cli()

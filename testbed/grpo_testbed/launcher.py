@@ -124,6 +124,14 @@ class Testbed:
                                        else [])
         self.kubectl(*args, input=docs)
 
+    def token_kubeconfig(self, account: str, namespace: str, path: Path,
+                         duration: str = "60m") -> Path:
+        """A kubeconfig that acts as a ServiceAccount (a fresh bound token)."""
+        token = self.kubectl("create", "token", account, "-n", namespace,
+                             f"--duration={duration}").stdout.strip()
+        assert self.pki is not None
+        return write_kubeconfig(path, self.server, self.pki.ca_cert, token=token, user=account)
+
     def namespace(self, prefix: str = "t") -> str:
         """Create a fresh namespace (and wait for its default ServiceAccount)."""
         name = f"{prefix}-{os.urandom(3).hex()}"

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from grpo_testbed.launcher import Testbed, write_kubeconfig
+from grpo_testbed.examples import example_job
+from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OPERATOR_NS_PREFIX, OperatorProcess
 from grpo_testbed.processes import wait_until
 from grpo_testbed.versions import binary
@@ -175,9 +176,7 @@ def test_service_account_cannot_read_secrets_delete_nodes_or_touch_other_groups(
 
 
 def sa_kubeconfig(tb: Testbed, rel: Release, path: Path) -> Path:
-    token = tb.kubectl("create", "token", rel.sa, "-n", rel.ns, "--duration=20m").stdout.strip()
-    assert tb.pki is not None
-    return write_kubeconfig(path, tb.server, tb.pki.ca_cert, token=token, user=rel.sa)
+    return tb.token_kubeconfig(rel.sa, rel.ns, path, duration="20m")
 
 
 RAYCLUSTER: dict[str, Any] = {
@@ -391,8 +390,7 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
     op = OperatorProcess(testbed, tmp_path, kubeconfig=kc, webhook=False).start()
     ns = testbed.namespace(OPERATOR_NS_PREFIX)
     try:
-        doc = yaml.safe_load((ROOT / "examples" / "grpojob-tiny.yaml").read_text())
-        doc["spec"]["restartPolicy"] = {"backoff": {"initialSeconds": 1}}
+        doc = example_job(restartPolicy={"backoff": {"initialSeconds": 1}})
         testbed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
 
         def phase() -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import yaml
 
 from grpo_operator.api import GRPOJobSpec
 from grpo_operator.crd import CRD_NAME
+from grpo_testbed.examples import broken_job
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,21 +93,6 @@ def test_explain_shows_descriptions(crd: Any) -> None:
     assert "Complete checkpoints kept" in deep
 
 
-def broken(case: dict[str, Any]) -> dict[str, Any]:
-    doc = yaml.safe_load((ROOT / "examples/grpojob-tiny.yaml").read_text())
-    doc["metadata"]["name"] = f"broken-{case['name']}"
-    spec = doc["spec"]
-    if "delete" in case:
-        *parents, leaf = case["delete"].split(".")
-        node = spec
-        for p in parents:
-            node = node[p]
-        del node[leaf]
-    for section, values in case.get("set", {}).items():
-        spec[section] = {**spec.get(section, {}), **copy.deepcopy(values)}
-    return dict(doc)
-
-
 def test_at_least_fifteen_broken_manifests() -> None:
     assert len(BROKEN) >= 15
 
@@ -116,7 +101,7 @@ def test_at_least_fifteen_broken_manifests() -> None:
 def test_broken_manifest_is_rejected_naming_the_field(
     crd: Any, ns: str, case: dict[str, Any]
 ) -> None:
-    result = crd.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(broken(case)),
+    result = crd.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(broken_job(case)),
                          check=False)  # fmt: skip
     assert result.returncode != 0, f"{case['name']} was accepted"
     assert case["field"] in result.stderr, result.stderr

@@ -10,23 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OperatorProcess
 from grpo_testbed.processes import wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def job_manifest(example: str, name: str, **spec_changes: Any) -> dict[str, Any]:
-    doc = yaml.safe_load((EXAMPLES / example).read_text())
-    doc["metadata"] = {"name": name}
-    for dotted, value in spec_changes.items():
-        node = doc["spec"]
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return doc
 
 
 def apply(tb: Testbed, ns: str, doc: dict[str, Any], check: bool = True) -> Any:
@@ -73,7 +62,7 @@ def end_head(tb: Testbed, ns: str, job_name: str, exit_code: int, reason: str,
 
 def test_tiny_job_gets_children_owned_by_it_and_runs(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "tiny"))
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "tiny"))
     status = wait_phase(testbed, operator, op_ns, "tiny", "Running")["status"]
     uid = job(testbed, op_ns, "tiny")["metadata"]["uid"]
     for kind in ("configmap", "persistentvolumeclaim", "serviceaccount", "role",
@@ -104,7 +93,7 @@ def test_tiny_job_gets_children_owned_by_it_and_runs(
 
 def test_gpu_job_lands_on_its_gpu_type_with_tolerations(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, job_manifest("grpojob-qwen25vl-7b-a100-40gb.yaml", "a100"))
+    apply(testbed, op_ns, example_job("grpojob-qwen25vl-7b-a100-40gb.yaml", "a100"))
     wait_phase(testbed, operator, op_ns, "a100", "Running")
     workers = items(testbed, "pods", op_ns, "grpo.dev/job=a100,grpo.dev/role=worker")
     assert workers and all(w["spec"]["nodeName"].startswith("a100-40gb") for w in workers)
@@ -116,7 +105,7 @@ def test_gpu_job_lands_on_its_gpu_type_with_tolerations(
 
 def test_job_larger_than_the_cluster_stays_pending_and_says_why(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, job_manifest("grpojob-qwen2vl-72b-h100.yaml", "big"))
+    apply(testbed, op_ns, example_job("grpojob-qwen2vl-72b-h100.yaml", "big"))
     status = wait_phase(testbed, operator, op_ns, "big", "Pending", 60)["status"]
     wait_until("Unschedulable reason", lambda: any(
         c["reason"] == "Unschedulable" for c in job(testbed, op_ns, "big")["status"][
@@ -126,7 +115,7 @@ def test_job_larger_than_the_cluster_stays_pending_and_says_why(
 
 def test_progress_patch_shows_step_and_reward_and_exit_0_succeeds(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "done"))
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "done"))
     wait_phase(testbed, operator, op_ns, "done", "Running")
     testbed.kubectl("patch", "grpojob", "done", "-n", op_ns, "--subresource=status",
                     "--type=merge", "-p", json.dumps({"status": {"progress": {
@@ -144,7 +133,7 @@ def test_progress_patch_shows_step_and_reward_and_exit_0_succeeds(
 
 def test_head_failure_is_recorded_with_its_class(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "bad",
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "bad",
                                        restartPolicy={"maxRestarts": 0}))
     wait_phase(testbed, operator, op_ns, "bad", "Running")
     msg = json.dumps({"reason": "ConfigError", "step": 0,
@@ -159,7 +148,7 @@ def test_head_failure_is_recorded_with_its_class(
 
 def test_suspend_releases_pods_and_resume_recreates_the_cluster(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "pause"))
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "pause"))
     wait_phase(testbed, operator, op_ns, "pause", "Running")
     testbed.kubectl("patch", "grpojob", "pause", "-n", op_ns, "--type=merge",
                     "-p", '{"spec":{"suspend":true}}')
@@ -183,7 +172,7 @@ def user_claim(tb: Testbed, ns: str, name: str) -> None:
 def test_delete_cascades_but_keeps_a_claim_the_user_made(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
     user_claim(testbed, op_ns, "mine")
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "gone",
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "gone",
                                        checkpoint={"claimName": "mine"}))
     wait_phase(testbed, operator, op_ns, "gone", "Running")
     testbed.kubectl("delete", "grpojob", "gone", "-n", op_ns, "--wait=true")
@@ -197,7 +186,7 @@ def test_delete_cascades_but_keeps_a_claim_the_user_made(
 def test_a_users_claim_goes_with_the_job_when_asked(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
     user_claim(testbed, op_ns, "mine")
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "all",
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "all",
                                        checkpoint={"claimName": "mine",
                                                    "deleteClaimWithJob": True}))
     wait_phase(testbed, operator, op_ns, "all", "Running")
@@ -208,7 +197,7 @@ def test_a_users_claim_goes_with_the_job_when_asked(
 
 def test_missing_claim_is_a_condition_not_a_crash(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "noclaim",
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "noclaim",
                                        checkpoint={"claimName": "absent"}))
     wait_until("ClaimMissing event", lambda: "ClaimMissing" in testbed.kubectl(
         "get", "events", "-n", op_ns).stdout, 60)
@@ -218,7 +207,7 @@ def test_missing_claim_is_a_condition_not_a_crash(
 
 def test_webhook_refuses_an_infeasible_job_with_the_planner_numbers(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    doc = job_manifest("grpojob-qwen2vl-72b-h100.yaml", "toobig",
+    doc = example_job("grpojob-qwen2vl-72b-h100.yaml", "toobig",
                        resources={"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1})
     out = apply(testbed, op_ns, doc, check=False)
     assert out.returncode != 0
@@ -227,7 +216,7 @@ def test_webhook_refuses_an_infeasible_job_with_the_planner_numbers(
 
 def test_webhook_refuses_immutable_edits_and_allows_memory_edits(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "edit"))
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "edit"))
     wait_phase(testbed, operator, op_ns, "edit", "Running")
     bad = testbed.kubectl("patch", "grpojob", "edit", "-n", op_ns, "--type=merge", "-p",
                           '{"spec":{"model":{"path":"/models/other"}}}', check=False)
@@ -241,7 +230,7 @@ def test_webhook_refuses_immutable_edits_and_allows_memory_edits(
 
 
 def test_metrics_and_healthz(testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "seen"))
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "seen"))
     wait_phase(testbed, operator, op_ns, "seen", "Running")
     text = operator.metrics()
     running = [ln for ln in text.splitlines()
@@ -254,7 +243,7 @@ def test_metrics_and_healthz(testbed: Testbed, operator: OperatorProcess, op_ns:
 def test_operator_killed_mid_reconcile_converges_without_duplicates(
         testbed: Testbed, operator: OperatorProcess, op_ns: str, jobs: int) -> None:
     for i in range(jobs):
-        apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", f"j{i}"))
+        apply(testbed, op_ns, example_job("grpojob-tiny.yaml", f"j{i}"))
     operator.kill()
     operator.start()
     for i in range(jobs):
@@ -268,11 +257,11 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
 
 def test_operator_survives_an_api_server_restart(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "before"))
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "before"))
     wait_phase(testbed, operator, op_ns, "before", "Running")
     testbed.restart("kube-apiserver")
     # Watches were cut; the operator must reconnect and keep reconciling.
-    apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "after"))
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "after"))
     wait_phase(testbed, operator, op_ns, "after", "Running", 180)
     end_head(testbed, op_ns, "before", 0, "Completed")
     wait_phase(testbed, operator, op_ns, "before", "Succeeded", 120)
@@ -302,7 +291,7 @@ def test_only_one_replica_acts_under_kopf_peering(
             return len(obj.get("status") or {})
 
         wait_until("both replicas in the peering", lambda: peers() >= 2, 60)
-        apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "peer"))
+        apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "peer"))
         wait_phase(testbed, ops[0], op_ns, "peer", "Running")
         assert "grpojob_reconcile" in ops[0].log.read_text()
         assert "grpojob_reconcile" not in ops[1].log.read_text()
@@ -310,7 +299,7 @@ def test_only_one_replica_acts_under_kopf_peering(
         ops[0].stop()
         wait_until("the other replica resumes",
                    lambda: "Resuming operations" in ops[1].log.read_text(), 90)
-        apply(testbed, op_ns, job_manifest("grpojob-tiny.yaml", "peer2"))
+        apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "peer2"))
         wait_phase(testbed, ops[1], op_ns, "peer2", "Running")
     finally:
         for op in ops:

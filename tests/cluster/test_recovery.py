@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OperatorProcess
 from grpo_testbed.processes import wait_until
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FAST = {"maxRestarts": 3, "backoff": {"initialSeconds": 2, "maxSeconds": 4}}
 
 
 def manifest(example: str, name: str, restart_policy: dict[str, Any]) -> str:
-    doc = yaml.safe_load((EXAMPLES / example).read_text())
-    doc["metadata"] = {"name": name}
-    doc["spec"]["restartPolicy"] = restart_policy
-    return yaml.safe_dump(doc)
+    return yaml.safe_dump(example_job(example, name, restartPolicy=restart_policy))
 
 
 def job(tb: Testbed, ns: str, name: str) -> dict[str, Any]:

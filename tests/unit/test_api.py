@@ -11,6 +11,7 @@ import yaml
 from grpo_operator.api import GpuName, SpecError, load_manifest, parse_manifest, parse_spec
 from grpo_operator.api.base import quantity_gib
 from grpo_operator.catalog import GPU_CATALOG
+from grpo_testbed.examples import broken_job
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,24 +143,10 @@ def test_status_round_trips() -> None:
 BROKEN = yaml.safe_load((ROOT / "tests/cluster/broken_grpojobs.yaml").read_text())
 
 
-def _broken(case: dict[str, Any]) -> dict[str, Any]:
-    doc = yaml.safe_load((ROOT / "examples/grpojob-tiny.yaml").read_text())
-    spec = doc["spec"]
-    if "delete" in case:
-        *parents, leaf = case["delete"].split(".")
-        node = spec
-        for p in parents:
-            node = node[p]
-        del node[leaf]
-    for section, values in case.get("set", {}).items():
-        spec[section] = {**spec.get(section, {}), **values}
-    return dict(doc)
-
-
 @pytest.mark.parametrize("case", BROKEN, ids=lambda c: c["name"])
 def test_models_reject_what_the_api_server_rejects(case: dict[str, Any]) -> None:
     """Same table as the cluster test: `grpo plan` and the API server agree."""
     with pytest.raises(SpecError) as err:
-        parse_manifest(_broken(case))
+        parse_manifest(broken_job(case))
     leaf = case["field"].rsplit(".", 1)[-1]
     assert case["field"] in str(err.value) or f"{leaf}:" in str(err.value), str(err.value)

@@ -72,6 +72,7 @@ class LocalNodeAgent:
         self.coord = client.CoordinationV1Api(self.api.api_client)
         self.pods: dict[str, RunningPod] = {}
         self._lock = threading.Lock()
+        self._slot = threading.Lock()  # one running pod at a time, see _run_pod
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -90,14 +91,19 @@ class LocalNodeAgent:
         return self
 
     def stop(self) -> None:
+        """Every pod's processes die before this returns (the daemons Ray starts, too)."""
         self._stop.set()
         with self._lock:
             running = list(self.pods.values())
         for rp in running:
-            self._kill(rp, grace_s=2.0)
+            rp.stopping.set()
+        for rp in running:
+            self._terminate(rp, grace_s=2.0)
         for rp in running:
             if rp.thread:
                 rp.thread.join(15)
+            for cg in rp.cgroups:
+                cg.remove()
 
     # ---- the node ------------------------------------------------------------------
 
@@ -188,22 +194,29 @@ class LocalNodeAgent:
             self._kill(rp, grace_s=0)
 
     def _kill(self, rp: RunningPod, grace_s: float) -> None:
+        """A deleted pod: stop its processes (in the background), then remove the object."""
         if rp.stopping.is_set():
             return
         rp.stopping.set()
-        threading.Thread(target=self._kill_now, args=(rp, grace_s), daemon=True).start()
 
-    def _kill_now(self, rp: RunningPod, grace_s: float) -> None:
-        for cg in rp.cgroups:
+        def kill() -> None:
+            self._terminate(rp, grace_s)
+            if rp.thread:
+                rp.thread.join(30)
+            self._finalise_delete(rp.namespace, rp.name, rp.uid)
+
+        threading.Thread(target=kill, daemon=True).start()
+
+    @staticmethod
+    def _terminate(rp: RunningPod, grace_s: float) -> None:
+        """SIGTERM everything in the pod's cgroups, SIGKILL what is left after the grace."""
+        for cg in list(rp.cgroups):
             cg.kill_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while any(cg.pids() for cg in rp.cgroups) and time.monotonic() < deadline:
+        while any(cg.pids() for cg in list(rp.cgroups)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        for cg in rp.cgroups:
+        for cg in list(rp.cgroups):
             cg.kill_all(signal.SIGKILL)
-        if rp.thread:
-            rp.thread.join(30)
-        self._finalise_delete(rp.namespace, rp.name, rp.uid)
 
     def _finalise_delete(self, namespace: str, name: str, uid: str) -> None:
         """The kubelet's last word: remove the pod object once its processes are gone."""
@@ -238,15 +251,32 @@ class LocalNodeAgent:
             log.warning("pod %s/%s cannot run here: %s", rp.namespace, rp.name, err)
             self._patch_status(rp, podspec.failed_to_start(pod, POD_IP, err, start_time))
             return
+        # Pods here share the host's network, like hostNetwork pods: two Ray heads
+        # would collide on their ports. So one pod runs at a time; the next waits
+        # (Pending, ContainerCreating) until the last one's processes are all gone.
+        while not self._slot.acquire(timeout=0.5):
+            if rp.stopping.is_set():
+                return
+        try:
+            self._run_containers(rp, pod, plans, start_time)
+        finally:
+            self._slot.release()
+
+    def _run_containers(self, rp: RunningPod, pod: dict[str, Any],
+                        plans: list[podspec.ContainerPlan], start_time: str) -> None:
         states: dict[str, dict[str, Any]] = {}
         ids: dict[str, str] = {}
         procs = []
         for plan in plans:
+            if rp.stopping.is_set():  # deleted while waiting or preparing: never start
+                break
             cg = MemoryCgroup(f"grpo-{rp.uid[:13]}-{plan.name}", plan.memory_limit)
             rp.cgroups.append(cg)
             cdir = rp.dir / "containers" / plan.name
             log_path = rp.dir / f"{plan.name}.log"
             proc, term = sandbox.launch(plan, cdir, cg.procs_file, log_path)
+            if rp.stopping.is_set():  # a deletion raced the launch
+                cg.kill_all()
             cid = f"local://{proc.pid}"
             states[plan.name] = {"running": {"startedAt": podspec.now_iso()}}
             ids[plan.name] = cid

@@ -9,6 +9,7 @@ is only visible inside the container's namespace.
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -89,6 +90,8 @@ def launch(plan: ContainerPlan, container_dir: Path, cgroup_procs: Path,
     home.mkdir(exist_ok=True)
     tmp.mkdir(exist_ok=True)
     tmp.chmod(0o1777)
+    # What the container was given, for people and tests (the kubelet has no such file).
+    (container_dir / "env.json").write_text(json.dumps(plan.env, indent=1, sort_keys=True))
     script = container_dir / "start.sh"
     script.write_text(start_script(plan, cgroup_procs, term, profile, tmp))
     # An empty home of its own: the host's dotfiles (pyenv, cargo) would rewrite PATH

@@ -1,0 +1,209 @@
+"""The main job end to end: chart, operator, and a tiny GRPOJob that really trains.
+
+Shared by `grpo-testbed demo` (which narrates it) and the e2e tier (which asserts on
+it). The testbed runs with its local node, so the job's head pod is a real process
+tree: Ray's head, then the trainer driver with two gloo ranks. Attempt 0's head gets
+``GRPO_FAULT_INJECT=host_oom@step=N`` from the node (a testbed fault switch, like
+kwok's chaos stage), so the kernel OOM-kills it under the pod's memory limit and the
+operator has a real OOMKilled pod to classify, remediate and resume from.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .launcher import Testbed, running_testbed
+from .local_node.agent import EnvInjection, LocalNodeAgent
+from .operator_process import OperatorProcess
+from .processes import wait_until
+from .versions import binary
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "grpo-operator"
+EXAMPLE = REPO / "examples" / "grpojob-tiny.yaml"
+JOB_NS = "grpo-demo"
+OPERATOR_NS = "grpo-system"
+RELEASE = "grpo"
+JOB = "tiny"
+OOM_STEP = 5
+TERMINAL = ("Succeeded", "Failed")
+
+
+def oom_injection(step: int = OOM_STEP) -> EnvInjection:
+    """Only attempt 0's head: the restarted attempt must run clean."""
+    return EnvInjection({"grpo.dev/attempt": "0", "grpo.dev/role": "head"},
+                        {"GRPO_FAULT_INJECT": f"host_oom@step={step}"})
+
+
+def example() -> dict[str, Any]:
+    return dict(yaml.safe_load(EXAMPLE.read_text()))
+
+
+@dataclass
+class TinyJob:
+    tb: Testbed
+    workdir: Path
+    say: Callable[[str], None] = print
+    operator: OperatorProcess | None = None
+    seen: list[dict[str, Any]] = field(default_factory=list)  # every job state observed
+
+    @property
+    def agent(self) -> LocalNodeAgent:
+        assert self.tb.agent is not None, "the testbed runs without its local node"
+        return self.tb.agent
+
+    # ---- stages ----------------------------------------------------------------------
+
+    def install_chart(self) -> None:
+        """The chart with the operator's pod scaled to 0: the operator runs here, locally,
+        as the chart's ServiceAccount (so the chart's RBAC is what it gets)."""
+        self.tb.kubectl("create", "namespace", JOB_NS)
+        wait_until(f"ServiceAccount default in {JOB_NS}", lambda: self.tb.kubectl(
+            "get", "sa", "default", "-n", JOB_NS, check=False).returncode == 0, 30)
+        self.helm("install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
+                  "--set", "replicaCount=0", "--set", "webhook.enabled=false",
+                  "--set", "leaderElection.enabled=false",
+                  "--set", f"watchNamespaces={{{JOB_NS}}}", "--wait", "--timeout", "120s")
+
+    def start_operator(self) -> None:
+        account = f"{RELEASE}-grpo-operator"
+        kc = self.tb.token_kubeconfig(account, OPERATOR_NS, self.workdir / "operator.kubeconfig")
+        (self.workdir / "operator").mkdir(parents=True, exist_ok=True)
+        self.operator = OperatorProcess(self.tb, self.workdir / "operator", kubeconfig=kc,
+                                        webhook=False, namespaces=(JOB_NS,)).start()
+
+    def build_assets(self) -> Path:
+        """The tiny Qwen2.5-VL and an EasyR1-layout dataset on the claim the job mounts."""
+        from grpo_trainer.testing.datasets import write_vision_task
+        from grpo_trainer.testing.tiny_models import build_tiny_qwen2_5_vl
+
+        spec = example()["spec"]
+        claim = spec["model"]["claimName"]
+        root = self.agent.claim_dir(JOB_NS, claim)
+        model_dir = root / Path(spec["model"]["path"]).relative_to("/models")
+        data = root / Path(spec["data"]["train"]).relative_to("/models")
+        if not (model_dir / "config.json").exists():
+            build_tiny_qwen2_5_vl(model_dir)
+        data.parent.mkdir(parents=True, exist_ok=True)
+        write_vision_task(data, rows=32)
+        self.tb.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                       "metadata": {"name": claim, "namespace": JOB_NS},
+                       "spec": {"accessModes": ["ReadOnlyMany"],
+                                "resources": {"requests": {"storage": "1Gi"}}}})
+        return root
+
+    def apply_job(self) -> None:
+        self.tb.kubectl("apply", "-n", JOB_NS, "-f", str(EXAMPLE))
+
+    def job(self) -> dict[str, Any]:
+        out = self.tb.kubectl("get", "grpojob", JOB, "-n", JOB_NS, "-o", "json")
+        return dict(json.loads(out.stdout))
+
+    def watch(self, until: Callable[[dict[str, Any]], bool], timeout_s: float,
+              what: str) -> dict[str, Any]:
+        """`kubectl get grpojobs -w` on screen while polling the job until ``until``."""
+        with self._kubectl_watch():
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                job = self.job()
+                if not self.seen or job["metadata"]["resourceVersion"] != \
+                        self.seen[-1]["metadata"]["resourceVersion"]:
+                    self.seen.append(job)
+                if until(job):
+                    return job
+                time.sleep(0.5)
+        raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}; "
+                           f"status: {json.dumps(self.job().get('status'), indent=1)}\n"
+                           f"operator log:\n{self.operator.log_tail() if self.operator else ''}")
+
+    @contextmanager
+    def _kubectl_watch(self) -> Iterator[None]:
+        proc = subprocess.Popen(
+            [str(binary("kubectl")), "--kubeconfig", str(self.tb.kubeconfig), "get",
+             "grpojobs", "-n", JOB_NS, "-w"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                self.say("    " + line.rstrip())
+
+        t = threading.Thread(target=pump, daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            t.join(5)
+
+    # ---- where things are on the node --------------------------------------------------
+
+    def checkpoint_dir(self) -> Path:
+        spec = example()["spec"]
+        claim = spec["checkpoint"].get("claimName") or f"{JOB}-checkpoints"
+        return self.agent.claim_dir(JOB_NS, claim) / JOB_NS / JOB
+
+    def model_dir(self) -> Path:
+        spec = example()["spec"]
+        return self.agent.claim_dir(JOB_NS, spec["model"]["claimName"]) / \
+            Path(spec["model"]["path"]).relative_to("/models")
+
+    def head_pod_dirs(self) -> dict[int, Path]:
+        """attempt -> the agent's directory of that attempt's (last) head pod."""
+        out: dict[int, Path] = {}
+        for d in sorted((self.agent.workdir / "pods").glob(f"{JOB_NS}_*head*"),
+                        key=lambda p: p.stat().st_mtime):
+            env_file = d / "containers" / "ray-head" / "env.json"
+            if env_file.exists():
+                env = json.loads(env_file.read_text())
+                out[int(env.get("GRPO_ATTEMPT", "-1"))] = d
+        return out
+
+    def export(self, out: Path) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "grpo_trainer", "export", "--checkpoint-dir",
+             str(self.checkpoint_dir()), "--out", str(out), "--model-path", str(self.model_dir())],
+            capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"export failed:\n{proc.stdout}\n{proc.stderr}")
+        return proc.stdout.strip()
+
+    def helm(self, *args: str) -> str:
+        proc = subprocess.run([str(binary("helm")), *args], env=self.tb.env(),
+                              capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+        return proc.stdout
+
+    def teardown(self) -> None:
+        self.tb.kubectl("delete", "grpojob", JOB, "-n", JOB_NS, "--ignore-not-found",
+                        "--wait=true", "--timeout=60s", check=False)
+        if self.operator is not None:
+            self.operator.stop()
+        subprocess.run([str(binary("helm")), "uninstall", RELEASE, "-n", OPERATOR_NS,
+                        "--wait", "--timeout", "60s"], env=self.tb.env(),
+                       capture_output=True, check=False)
+
+
+@contextmanager
+def tiny_job_testbed(workdir: Path, oom_step: int | None = OOM_STEP) -> Iterator[TinyJob]:
+    """A testbed with its local node (and the OOM switch for attempt 0), ready for the job."""
+    injections = (oom_injection(oom_step),) if oom_step else ()
+    with running_testbed(local_node=True, injections=injections) as tb:
+        tj = TinyJob(tb, workdir)
+        try:
+            yield tj
+        finally:
+            tj.teardown()
