@@ -14,7 +14,14 @@ from kubernetes.client.exceptions import ApiException
 from . import jobs, kube, metrics
 from .contract import API_GROUP, API_VERSION, JOB_LABEL, PLURAL
 from .reconcile.classify import classify_pod
-from .reconcile.status import ATTEMPT_LABEL, HEAD_ROLE, ROLE_LABEL, attempt_phase
+from .reconcile.status import (
+    ATTEMPT_LABEL,
+    HEAD_ROLE,
+    MEMORY_GROWTH,
+    ROLE_LABEL,
+    attempt_phase,
+    memory_growth_conditions,
+)
 from .render import JobRef, names
 
 log = logging.getLogger("grpo_operator")
@@ -122,12 +129,26 @@ def grpojob_restart(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, meta:
 
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)
 def grpojob_event(type: str, namespace: str | None, name: str, status: kopf.Status,
-                  **_: Any) -> None:
-    """Keeps the jobs-by-phase gauge current."""
+                  body: kopf.Body, **_: Any) -> None:
+    """Keeps the jobs-by-phase gauge current; turns the trainer's memory-growth report
+    into the MemoryGrowth condition (and a Warning event when it appears)."""
     if type == "DELETED":
         metrics.JOB_PHASES.pop((namespace or "", name), None)
-    else:
-        metrics.JOB_PHASES[(namespace or "", name)] = str(status.get("phase") or "Pending")
+        return
+    metrics.JOB_PHASES[(namespace or "", name)] = str(status.get("phase") or "Pending")
+    meta = body.get("metadata", {})
+    new = memory_growth_conditions(status.get("progress"), status.get("conditions"),
+                                   int(meta.get("generation") or 0), _now())
+    if new is None:
+        return
+    try:
+        kube.patch_job_status(namespace or "", name, {"conditions": new},
+                              str(meta["resourceVersion"]))
+    except kube.Conflict:
+        return  # a newer version of the job is on its way here; decide on that one
+    grown = next(c for c in new if c["type"] == MEMORY_GROWTH)
+    if grown["status"] == "True":
+        _post(dict(body), [("Warning", MEMORY_GROWTH, grown["message"])])
 
 
 def _observe(namespace: str, job_name: str, pod: dict[str, Any], deleted: bool) -> None:

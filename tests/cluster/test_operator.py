@@ -123,6 +123,21 @@ def test_progress_patch_shows_step_and_reward_and_exit_0_succeeds(
                         "lastCheckpointStep": 3}}}))
     row = testbed.kubectl("get", "grpojob", "done", "-n", op_ns, "--no-headers").stdout.split()
     assert row[1:3] == ["Running", "2"] and "3" in row and "0.75" in row
+    # The trainer's leak detector reports growth: the operator raises MemoryGrowth.
+    msg = "host RSS of rank 1 grew 4.1 MB/step over the last 20 steps"
+    testbed.kubectl("patch", "grpojob", "done", "-n", op_ns, "--subresource=status",
+                    "--type=merge", "--field-manager=grpo-trainer", "-p", json.dumps(
+                        {"status": {"progress": {"memoryGrowth": msg}}}))
+
+    def growth() -> dict[str, Any] | None:
+        conds = job(testbed, op_ns, "done")["status"]["conditions"]
+        return next((c for c in conds if c["type"] == "MemoryGrowth"), None)
+
+    wait_until("MemoryGrowth condition", lambda: (growth() or {}).get("status") == "True", 30)
+    assert (growth() or {})["message"] == msg
+    events = testbed.kubectl("get", "events", "-n", op_ns,
+                             "--field-selector=reason=MemoryGrowth").stdout
+    assert "grew 4.1 MB/step" in events
     end_head(testbed, op_ns, "done", 0, "Completed")
     status = wait_phase(testbed, operator, op_ns, "done", "Succeeded")["status"]
     assert status["attempts"][0]["outcome"] == "Succeeded"

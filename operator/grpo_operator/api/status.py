@@ -85,6 +85,11 @@ class ProgressStatus(ApiModel):
     updated_at: str | None = Field(
         None, json_schema_extra={"format": "date-time"}, description="Time of this update."
     )
+    memory_growth: str | None = Field(
+        None,
+        max_length=1024,
+        description="Set while the trainer's leak detector sees sustained memory growth.",
+    )
 
 
 class AttemptRecord(ApiModel):

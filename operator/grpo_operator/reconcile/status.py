@@ -67,7 +67,10 @@ _TRUE_FOR = {
 def conditions_for(view: PhaseView, generation: int, now: str,
                    previous: list[dict[str, Any]] | None = None,
                    degraded: PhaseView | None = None) -> list[dict[str, Any]]:
-    """All six conditions for a phase; lastTransitionTime kept while status holds."""
+    """All six conditions for a phase; lastTransitionTime kept while status holds.
+
+    Conditions of other types (MemoryGrowth, from the trainer's report) are kept.
+    """
     before = {c.get("type"): c for c in previous or []}
     true_types = set(_TRUE_FOR.get(view.phase, set()))
     if degraded:
@@ -82,4 +85,30 @@ def conditions_for(view: PhaseView, generation: int, now: str,
         ltt = old["lastTransitionTime"] if old and old.get("status") == status else now
         out.append({"type": t, "status": status, "reason": reason, "message": message,
                     "lastTransitionTime": ltt, "observedGeneration": generation})
-    return out
+    return out + [c for c in previous or [] if c.get("type") not in CONDITION_TYPES]
+
+
+MEMORY_GROWTH = "MemoryGrowth"
+
+
+def memory_growth_conditions(progress: dict[str, Any] | None,
+                             conditions: list[dict[str, Any]] | None, generation: int,
+                             now: str) -> list[dict[str, Any]] | None:
+    """The conditions with MemoryGrowth following the trainer's latest report, or None
+    when nothing changes. The trainer's leak detector writes ``progress.memoryGrowth``
+    (a message) while it sees sustained growth; its absence in a report clears it."""
+    message = (progress or {}).get("memoryGrowth")
+    current = next((c for c in conditions or [] if c.get("type") == MEMORY_GROWTH), None)
+    if message:
+        want = {"status": "True", "reason": "SustainedGrowth", "message": str(message)}
+    elif current is not None and current.get("status") == "True" and progress:
+        want = {"status": "False", "reason": "NoGrowth", "message": ""}
+    else:
+        return None
+    if current is not None and all(current.get(k) == v for k, v in want.items()):
+        return None
+    ltt = current["lastTransitionTime"] if current is not None and \
+        current.get("status") == want["status"] else now
+    cond = {"type": MEMORY_GROWTH, **want, "lastTransitionTime": ltt,
+            "observedGeneration": generation}
+    return [c for c in conditions or [] if c.get("type") != MEMORY_GROWTH] + [cond]

@@ -1,0 +1,145 @@
+"""The main job, end to end, with the operator, KubeRay and the trainer all real.
+
+The testbed's local node runs the head pod as real processes: Ray's head, the trainer
+driver and two gloo ranks. Attempt 0 is OOM-killed by the kernel at the pod's memory
+limit (testbed fault switch), the operator classifies and remediates it, attempt 1
+resumes from the last checkpoint and the job succeeds. One scenario (module fixture),
+several assertions on what a user would look at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from grpo_operator.jobs import planned
+from grpo_operator.render import JobRef
+from grpo_operator.render.children import job_env
+from grpo_testbed.tiny_job import JOB, JOB_NS, OOM_STEP, TERMINAL, TinyJob, tiny_job_testbed
+
+RESUMED = re.compile(r"resumed from checkpoint step (\d+)")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
+    with tiny_job_testbed(tmp_path_factory.mktemp("e2e")) as tj:
+        tj.install_chart()
+        tj.start_operator()
+        tj.build_assets()
+        tj.apply_job()
+        tj.watch(lambda j: j.get("status", {}).get("phase") in TERMINAL, 1500,
+                 "the tiny job to finish")
+        yield tj
+
+
+def status(tj: TinyJob) -> dict[str, Any]:
+    return dict(tj.job()["status"])
+
+
+def step_metrics(log: Path) -> list[dict[str, Any]]:
+    """The trainer's per-step JSON lines from a head container's log."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"step"' in line:
+            out.append(json.loads(line))
+    return out
+
+
+def test_job_succeeds_after_a_real_oom_kill_and_one_restart(tiny: TinyJob) -> None:
+    st = status(tiny)
+    assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
+    first, second = st["attempts"]
+    assert first["outcome"] == "HostOOM" and "OOMKilled" in first["reason"], first
+    assert first["remediation"], "the operator applied no step of the HostOOM ladder"
+    assert second["outcome"] == "Succeeded"
+    assert st["restarts"] == 1
+    head0 = tiny.head_pod_dirs()[0] / "ray-head.log"
+    assert f"host_oom at step {OOM_STEP}" in head0.read_text(errors="replace")
+
+
+def test_the_trainer_received_the_planners_env(tiny: TinyJob) -> None:
+    st = status(tiny)
+    uid = tiny.job()["metadata"]["uid"]
+    for attempt, pod_dir in sorted(tiny.head_pod_dirs().items()):
+        _, plan = planned(tiny.job()["spec"], st["attempts"][:attempt])
+        expected = job_env(plan, JobRef(JOB, JOB_NS, uid), attempt)
+        got = json.loads((pod_dir / "containers" / "ray-head" / "env.json").read_text())
+        wrong = {k: (v, got.get(k)) for k, v in expected.items() if got.get(k) != v}
+        assert not wrong, f"attempt {attempt}: env differs from the plan: {wrong}"
+    # ... and the trainer resolved its config with it (the checkpoint keeps that config).
+    resolved = yaml.safe_load((tiny.checkpoint_dir() / "step-10" / "config.yaml").read_text())
+    assert resolved["actor"]["micro_batch_size"] == plan.settings.micro_batch_size
+    assert resolved["actor"]["init_strategy"] == ("rank0" if plan.settings.rank0_init
+                                                  else "sharded")
+    assert resolved["resources"]["num_workers"] == plan.geometry.world_size == 2
+
+
+def test_progress_reached_the_status_while_training(tiny: TinyJob) -> None:
+    running = [j["status"]["progress"] for j in tiny.seen
+               if j.get("status", {}).get("phase") == "Running"
+               and (j["status"].get("progress") or {}).get("step")]
+    assert running, "no progress was ever reported while the job ran"
+    assert all(p.get("rewardMean") is not None and p.get("totalSteps") == 10 for p in running)
+    final = status(tiny)["progress"]
+    assert final["step"] == 10 and final["lastCheckpointStep"] == 10
+
+
+def test_attempt_1_starts_at_the_checkpoint_step_plus_one(tiny: TinyJob) -> None:
+    heads = tiny.head_pod_dirs()
+    log1 = heads[1] / "ray-head.log"
+    found = RESUMED.search(log1.read_text(errors="replace"))
+    assert found, "attempt 1 did not resume from a checkpoint"
+    ckpt = int(found.group(1))
+    interval = 2  # examples/grpojob-tiny.yaml: checkpoint.intervalSteps
+    assert ckpt == (OOM_STEP - 1) // interval * interval, ckpt
+    steps0 = [m["step"] for m in step_metrics(heads[0] / "ray-head.log")]
+    steps1 = [m["step"] for m in step_metrics(log1)]
+    assert steps0 == list(range(1, OOM_STEP)), steps0
+    assert steps1 == list(range(ckpt + 1, 11)), steps1
+
+
+def test_final_weights_equal_an_uninterrupted_local_run(tiny: TinyJob, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    cm = json.loads(tiny.tb.kubectl("get", "configmap", f"{JOB}-config-1", "-n", JOB_NS,
+                                    "-o", "json").stdout)
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    spec = tiny.job()["spec"]
+    data = tiny.agent.claim_dir(JOB_NS, spec["model"]["claimName"]) / Path(
+        spec["data"]["train"]).relative_to("/models")
+    cfg["model"]["path"] = str(tiny.model_dir())
+    cfg["data"]["train_files"] = [str(data)]
+    cfg["checkpoint"]["dir"] = str(tmp_path / "ckpt")
+    cfg["resources"]["ray_address"] = "local"
+    cfg["metrics"]["prometheus_port"] = None
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    pod_env = json.loads((tiny.head_pod_dirs()[1] / "containers" / "ray-head" / "env.json")
+                         .read_text())
+    env = {**os.environ, **{k: v for k, v in pod_env.items()
+                            if k.startswith(("GRPO_", "OMP_", "TOKENIZERS_"))
+                            and k not in ("GRPO_CHECKPOINT_DIR", "GRPO_FAULT_INJECT")}}
+    run = subprocess.run([sys.executable, "-m", "grpo_trainer", "--config",
+                          str(tmp_path / "config.yaml"), "--no-resume"],
+                         env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    local = tmp_path / "local-export"
+    subprocess.run([sys.executable, "-m", "grpo_trainer", "export", "--checkpoint-dir",
+                    str(tmp_path / "ckpt"), "--out", str(local)], check=True,
+                   capture_output=True)
+    tiny.export(tmp_path / "job-export")
+    a = load_file(str(local / "model.safetensors"))
+    b = load_file(str(tmp_path / "job-export" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"

@@ -1,0 +1,43 @@
+"""The trainer's memory-growth report becomes the MemoryGrowth condition (pure)."""
+
+from __future__ import annotations
+
+from grpo_operator.reconcile.status import PhaseView, conditions_for, memory_growth_conditions
+
+T0, T1 = "2026-11-22T00:00:00Z", "2026-11-22T00:05:00Z"
+RUNNING = conditions_for(PhaseView("Running", "ClusterRunning", "ok"), 1, T0)
+MSG = "host RSS of rank 1 grew 4.1 MB/step over the last 20 steps"
+
+
+def growth(conds: list[dict[str, object]] | None) -> dict[str, object] | None:
+    return next((c for c in conds or [] if c["type"] == "MemoryGrowth"), None)
+
+
+def test_a_growth_report_sets_the_condition_with_the_trainers_message() -> None:
+    new = memory_growth_conditions({"step": 30, "memoryGrowth": MSG}, RUNNING, 1, T1)
+    assert new is not None
+    c = growth(new)
+    assert c is not None
+    assert (c["status"], c["reason"], c["message"]) == ("True", "SustainedGrowth", MSG)
+    assert [x["type"] for x in new[:6]] == [x["type"] for x in RUNNING]  # others untouched
+
+
+def test_nothing_to_write_without_a_report_or_when_already_set() -> None:
+    assert memory_growth_conditions({"step": 3}, RUNNING, 1, T1) is None
+    assert memory_growth_conditions(None, RUNNING, 1, T1) is None
+    flagged = memory_growth_conditions({"memoryGrowth": MSG}, RUNNING, 1, T0)
+    assert memory_growth_conditions({"memoryGrowth": MSG}, flagged, 1, T1) is None
+
+
+def test_a_clean_report_clears_it_and_the_transition_time_moves() -> None:
+    flagged = memory_growth_conditions({"memoryGrowth": MSG}, RUNNING, 1, T0)
+    cleared = memory_growth_conditions({"step": 40}, flagged, 1, T1)
+    c = growth(cleared)
+    assert c is not None and c["status"] == "False" and c["lastTransitionTime"] == T1
+
+
+def test_the_operators_own_condition_rewrite_keeps_memory_growth() -> None:
+    flagged = memory_growth_conditions({"memoryGrowth": MSG}, RUNNING, 1, T0)
+    rewritten = conditions_for(PhaseView("Restarting", "HostOOM", "oom"), 1, T1, flagged)
+    c = growth(rewritten)
+    assert c is not None and c["status"] == "True" and c["message"] == MSG
