@@ -107,6 +107,10 @@ class ActorConfig(_Strict):
     # all-gather per block per micro-batch instead of two, for one block of extra
     # memory each. Worth it where the collective is slow relative to compute (gloo).
     reshard_after_forward: bool = True
+    # Update forward: each group's prompt once, its n responses attending to it through
+    # a 4-D mask (same log-probs; P + sum(R) tokens instead of n*P + sum(R)). Text-only
+    # batches with sdpa or eager attention; others take the plain padded layout.
+    shared_prefix: bool = True
     offload_params: bool = False
     offload_optimizer: bool = False
     gradient_checkpointing: bool = False

@@ -109,21 +109,38 @@ def collate_prompts(prompts: list[EncodedPrompt], pad_id: int) -> dict[str, torc
 
 @dataclass
 class TrainBatch:
-    model_inputs: dict[str, torch.Tensor]  # right-padded prompt+response
-    labels: torch.Tensor  # [B, L-1] next-token targets
-    response_mask: torch.Tensor  # [B, L-1] 1 where the target is a response token
-    positions: list[tuple[int, int]]  # per sample (start in shifted space, length)
+    """A training forward's inputs and where each sample's response tokens land.
+
+    Per-token tensors (``labels``, ``response_mask``, and what ``scatter`` builds) are
+    ``[rows, T]``; sample ``i``'s response tokens are ``[row, start : start + n]`` of
+    ``positions[i] = (row, start, n)``. ``logit_index`` is None when ``rows, T`` are the
+    forward's own batch and shifted sequence (``logits[:, :-1]``); otherwise it picks
+    the ``T`` logit positions, flattened over the forward's ``[B, L]``, into one row.
+    """
+
+    model_inputs: dict[str, torch.Tensor]
+    labels: torch.Tensor  # [rows, T] next-token targets
+    response_mask: torch.Tensor  # [rows, T] 1 where the target is a response token
+    positions: list[tuple[int, int, int]]  # per sample: (row, start, length)
+    logit_index: torch.Tensor | None = None  # [T] flat indices into the forward's [B, L]
+
+    def response_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The forward's ``[B, L, V]`` logits as ``[rows, T, V]``, aligned with ``labels``."""
+        if self.logit_index is None:
+            return logits[:, :-1]
+        flat = logits.reshape(-1, logits.shape[-1])
+        return flat.index_select(0, self.logit_index.to(logits.device)).unsqueeze(0)
 
     def scatter(self, per_sample: list[torch.Tensor]) -> torch.Tensor:
-        """Place per-sample response tensors into the [B, L-1] layout."""
+        """Place per-sample response tensors into the ``[rows, T]`` layout."""
         out = torch.zeros(self.labels.shape, dtype=torch.float32)
-        for i, (start, n) in enumerate(self.positions):
-            out[i, start : start + n] = per_sample[i].float()
+        for (row, start, n), values in zip(self.positions, per_sample, strict=True):
+            out[row, start : start + n] = values.float()
         return out
 
     def gather(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """Inverse of scatter: per-sample response slices of a [B, L-1] tensor."""
-        return [values[i, s : s + n] for i, (s, n) in enumerate(self.positions)]
+        """Inverse of scatter: per-sample response slices of a ``[rows, T]`` tensor."""
+        return [values[row, start : start + n] for row, start, n in self.positions]
 
 
 def collate_train(samples: list[Sample], pad_id: int) -> TrainBatch:
@@ -136,7 +153,7 @@ def collate_train(samples: list[Sample], pad_id: int) -> TrainBatch:
     mask = torch.zeros((b, width), dtype=torch.long)
     extra_keys = sorted({k for s in samples for k in s.prompt.token_extras})
     extras = {k: torch.zeros((b, width), dtype=torch.long) for k in extra_keys}
-    positions: list[tuple[int, int]] = []
+    positions: list[tuple[int, int, int]] = []
     for i, s in enumerate(samples):
         p = s.prompt.input_ids.numel()
         r = s.response_ids.numel()
@@ -146,11 +163,11 @@ def collate_train(samples: list[Sample], pad_id: int) -> TrainBatch:
         for k in extra_keys:
             if k in s.prompt.token_extras:
                 extras[k][i, :p] = s.prompt.token_extras[k]
-        positions.append((p - 1, r))
+        positions.append((i, p - 1, r))
     labels = ids[:, 1:].clone()
     resp = torch.zeros((b, width - 1), dtype=torch.float32)
-    for i, (start, n) in enumerate(positions):
-        resp[i, start : start + n] = 1.0
+    for row, start, n in positions:
+        resp[row, start : start + n] = 1.0
     inputs = {
         "input_ids": ids,
         "attention_mask": mask,
@@ -158,3 +175,74 @@ def collate_train(samples: list[Sample], pad_id: int) -> TrainBatch:
         **_concat_mm([s.prompt for s in samples]),
     }
     return TrainBatch(inputs, labels, resp, positions)
+
+
+def can_pack(samples: list[Sample]) -> bool:
+    """Text-only prompts: multimodal inputs and M-RoPE positions are computed by the model
+    from the unpacked layout, so those batches keep it."""
+    return all(not s.prompt.mm_inputs and not s.prompt.token_extras for s in samples)
+
+
+def collate_packed(samples: list[Sample], pad_id: int) -> TrainBatch:
+    """One row per run of samples that share a prompt: the prompt once, then each
+    response, under a 4-D attention mask in which every response sees the prompt and
+    its own earlier tokens only, with the positions it had in generation.
+
+    A group of n responses to a P-token prompt then costs P + sum(R) tokens of forward
+    and backward instead of n * P + sum(R); the log-probs are those of ``collate_train``
+    (same tokens, positions and visible context), up to float rounding. The first
+    response token of every sample in a row is predicted by the prompt's last position.
+    """
+    runs: list[list[Sample]] = []
+    for s in samples:
+        if runs and runs[-1][0].prompt is s.prompt:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    width = max(
+        r[0].prompt.input_ids.numel() + sum(s.response_ids.numel() for s in r) for r in runs
+    )
+    b = len(runs)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    pos = torch.zeros((b, width), dtype=torch.long)
+    seg = torch.full((b, width), -1, dtype=torch.long)  # 0 prompt, k response k, -1 pad
+    logit_cols: list[int] = []
+    labels: list[torch.Tensor] = []
+    positions: list[tuple[int, int, int]] = []
+    for row, run in enumerate(runs):
+        p = run[0].prompt.input_ids.numel()
+        ids[row, :p] = run[0].prompt.input_ids
+        pos[row, :p] = torch.arange(p)
+        seg[row, :p] = 0
+        col = p
+        for k, s in enumerate(run, start=1):
+            r = s.response_ids.numel()
+            ids[row, col : col + r] = s.response_ids
+            pos[row, col : col + r] = torch.arange(p, p + r)
+            seg[row, col : col + r] = k
+            positions.append((0, len(logit_cols), r))
+            # Token 0 is predicted at the prompt's last position, token j at col + j - 1.
+            cols = [p - 1, *range(col, col + r - 1)] if r else []
+            logit_cols.extend(row * width + c for c in cols)
+            labels.append(s.response_ids)
+            col += r
+    idx = torch.arange(width)
+    causal = idx[None, :] <= idx[:, None]  # [query, key]
+    same = seg[:, :, None] == seg[:, None, :]
+    sees_prompt = (seg == 0)[:, None, :]
+    # Pad queries see the prompt and earlier pads (never an empty row: no NaNs); no
+    # real token sees a pad.
+    mask = causal[None] & (same | sees_prompt)
+    flat_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": mask[:, None],  # [B, 1, L, L], True = may attend
+        "position_ids": pos,
+    }
+    return TrainBatch(
+        inputs,
+        flat_labels[None],
+        torch.ones((1, flat_labels.numel()), dtype=torch.float32),
+        positions,
+        torch.tensor(logit_cols, dtype=torch.long),
+    )

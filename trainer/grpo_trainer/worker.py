@@ -23,7 +23,15 @@ from .errors import parse_fault, raise_injected_oom
 from .grpo_math import entropy_from_logits, grpo_loss, log_probs_from_logits
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
 from .rollout.base import RolloutEngine, SamplingSpec
-from .samples import EncodedPrompt, PromptEncoder, Sample, collate_train
+from .samples import (
+    EncodedPrompt,
+    PromptEncoder,
+    Sample,
+    TrainBatch,
+    can_pack,
+    collate_packed,
+    collate_train,
+)
 
 log = logging.getLogger(__name__)
 
@@ -226,10 +234,10 @@ class Worker:
     def _log_probs(
         self, model: nn.Module, micro: list[Sample], with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
-        batch = collate_train(micro, self.pad_id)
+        batch = self._collate(micro)
         inputs = {k: v.to(self.device) for k, v in batch.model_inputs.items()}
         out = model(**inputs, use_cache=False)
-        logits = out.logits[:, :-1].float() / self.cfg.rollout.temperature
+        logits = batch.response_logits(out.logits).float() / self.cfg.rollout.temperature
         logp = log_probs_from_logits(logits, batch.labels.to(self.device))
         ent = None
         if with_entropy:
@@ -239,6 +247,19 @@ class Worker:
                 with torch.no_grad():
                     ent = entropy_from_logits(logits.detach())
         return logp, ent, batch
+
+    def _collate(self, micro: list[Sample]) -> TrainBatch:
+        packable = self.cfg.model.attn_implementation in ("sdpa", "eager")
+        if self.cfg.actor.shared_prefix and packable and can_pack(micro):
+            batch = collate_packed(micro, self.pad_id)
+            if self.cfg.model.attn_implementation == "eager":  # eager adds its mask
+                allowed = batch.model_inputs["attention_mask"]
+                floor = torch.finfo(self.compute_dtype).min
+                batch.model_inputs["attention_mask"] = torch.zeros(
+                    allowed.shape, dtype=self.compute_dtype
+                ).masked_fill(~allowed, floor)
+            return batch
+        return collate_train(micro, self.pad_id)
 
     @torch.no_grad()
     def _fill(self, model: nn.Module, attr: str) -> None:
@@ -296,7 +317,9 @@ class Worker:
                         if self.ref is not None
                         else None
                     )
-                    adv = torch.tensor([s.advantage for s in micro], device=dev)
+                    adv = batch.scatter(
+                        [torch.full((s.response_ids.numel(),), s.advantage) for s in micro]
+                    ).to(dev)
                     out = grpo_loss(
                         logp,
                         old,

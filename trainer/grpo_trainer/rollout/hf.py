@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from ..grpo_math import log_probs_from_logits
 from ..samples import EncodedPrompt, collate_prompts
@@ -43,13 +44,14 @@ class HFGenerateEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[EncodedPrompt], spec: SamplingSpec) -> list[list[Generation]]:
-        repeated = [p for p in prompts for _ in range(spec.n)]
         device = next(self.model.parameters()).device
-        batch = {k: v.to(device) for k, v in collate_prompts(repeated, self.pad_id).items()}
         if self.sampler == "native":
-            seqs, logps = self._sample(batch, spec)
+            batch = collate_prompts(prompts, self.pad_id)
+            seqs, logps = self._sample({k: v.to(device) for k, v in batch.items()}, spec)
         else:
-            seqs, logps = self._generate(batch, spec)
+            repeated = [p for p in prompts for _ in range(spec.n)]
+            batch = collate_prompts(repeated, self.pad_id)
+            seqs, logps = self._generate({k: v.to(device) for k, v in batch.items()}, spec)
         seqs, logps = seqs.cpu(), logps.cpu()
         eos = torch.tensor(self.eos_ids)
         gens: list[Generation] = []
@@ -87,16 +89,23 @@ class HFGenerateEngine:
         return seqs, log_probs_from_logits(logits, seqs)
 
     def _sample(
-        self, batch: dict[str, torch.Tensor], spec: SamplingSpec
+        self, prompt_batch: dict[str, torch.Tensor], spec: SamplingSpec
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A lean KV-cached sampling loop: same distribution as ``generate``, a fraction of
-        its per-token Python overhead, which dominates small models on CPUs."""
+        its cost on small models on CPUs, where per-token overhead dominates.
+
+        Each prompt is prefilled once and its KV cache copied to its ``spec.n`` rows (the
+        n responses of a group share the prompt); the cache grows in preallocated
+        buffers instead of being concatenated every token; the decode mask is kept as a
+        ready 4-D mask, so the model builds none per token.
+        """
         from transformers import DynamicCache
 
-        model = self.model
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        extra = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
-        b = ids.shape[0]
+        model, n = self.model, spec.n
+        ids, mask = prompt_batch["input_ids"], prompt_batch["attention_mask"]
+        extra = {k: v for k, v in prompt_batch.items() if k not in ("input_ids", "attention_mask")}
+        width = ids.shape[1]
+        b = ids.shape[0] * n
         gen = torch.Generator(device=ids.device).manual_seed(spec.seed)
         cache = DynamicCache(config=model.config)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -104,10 +113,16 @@ class HFGenerateEngine:
         if self.is_vlm:
             # The model derives multimodal (M-RoPE) positions and remembers their offset.
             out = model(
-                input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, **extra
+                input_ids=ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **extra,
             )
             found = getattr(getattr(model, "model", None), "rope_deltas", None)
-            deltas = torch.zeros_like(pos[:, :1]) if found is None else found
+            if found is not None:
+                deltas = found.repeat_interleave(n, dim=0)
         else:
             out = model(
                 input_ids=ids,
@@ -115,15 +130,23 @@ class HFGenerateEngine:
                 position_ids=pos,
                 past_key_values=cache,
                 use_cache=True,
+                logits_to_keep=1,
             )
-        next_pos = pos[:, -1:] + 1
+        capacity = width + spec.max_new_tokens
+        cache.layers = [_GrowingLayer(layer, n, capacity) for layer in cache.layers]
+        # [B, 1, 1, capacity]: True where a query may attend (prompt tokens, then every
+        # generated position; a finished row's pad tokens only feed that row).
+        attend = torch.ones(b, 1, 1, capacity, dtype=torch.bool, device=ids.device)
+        attend[:, 0, 0, :width] = mask.repeat_interleave(n, dim=0).bool()
+        next_pos = pos[:, -1:].repeat_interleave(n, dim=0) + 1
+        logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)
         eos = torch.tensor(self.eos_ids, device=ids.device)
         suppress = list(spec.suppress_ids)
         done = torch.zeros(b, dtype=torch.bool, device=ids.device)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
         for t in range(spec.max_new_tokens):
-            logits = out.logits[:, -1].float() / spec.temperature
+            logits = logits / spec.temperature
             logp_all = torch.log_softmax(logits, dim=-1)
             sample_logits = logits
             if suppress:
@@ -139,20 +162,53 @@ class HFGenerateEngine:
             done = done | torch.isin(nxt, eos)
             if bool(done.all()) or t == spec.max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=mask.device)], dim=1)
             if self.is_vlm:
                 position_ids = (next_pos + deltas).unsqueeze(0).expand(3, b, 1)
             else:
                 position_ids = next_pos
             out = model(
                 input_ids=nxt[:, None],
-                attention_mask=mask,
+                attention_mask=attend[..., : width + t + 1],
                 position_ids=position_ids,
                 past_key_values=cache,
                 use_cache=True,
             )
+            logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
+
+
+class _GrowingLayer(DynamicLayer):
+    """A KV-cache layer in buffers sized for the whole generation: appending a token
+    writes in place, where ``DynamicLayer`` concatenates (copies) the whole cache for
+    every token. Built from a prefilled layer, each row repeated ``repeats`` times."""
+
+    def __init__(self, prefilled: Any, repeats: int, capacity: int) -> None:
+        super().__init__()
+        keys = prefilled.keys.repeat_interleave(repeats, dim=0)
+        values = prefilled.values.repeat_interleave(repeats, dim=0)
+        b, h, length, _ = keys.shape
+        self._keys = keys.new_empty(b, h, capacity, keys.shape[-1])
+        self._values = values.new_empty(b, h, capacity, values.shape[-1])
+        self._keys[:, :, :length] = keys
+        self._values[:, :, :length] = values
+        self._length = length
+        self.keys = self._keys[:, :, :length]
+        self.values = self._values[:, :, :length]
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self._length
+        end = start + key_states.shape[-2]
+        self._keys[:, :, start:end] = key_states
+        self._values[:, :, start:end] = value_states
+        self._length = end
+        self.keys = self._keys[:, :, :end]
+        self.values = self._values[:, :, :end]
+        return self._keys[:, :, :end], self._values[:, :, :end]
 
 
 def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
