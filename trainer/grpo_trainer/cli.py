@@ -1,8 +1,9 @@
 """`grpo-train`: the trainer command line.
 
 ``grpo-train --config FILE [--set k=v ...]`` trains (``train`` is the default
-command, so ``grpo-train train --config FILE`` is the same); ``export`` (issue 5)
-will sit beside it.
+command, so ``grpo-train train --config FILE`` is the same), resuming from the
+newest complete checkpoint in ``checkpoint.dir`` unless ``--no-resume``;
+``grpo-train export`` turns a checkpoint into a Hugging Face directory.
 """
 
 from __future__ import annotations
@@ -23,22 +24,31 @@ _set_opt = click.option(
     metavar="KEY.PATH=VALUE",
     help="override one config value (YAML-parsed); GRPO_* env still wins",
 )
+_resume_opt = click.option(
+    "--resume/--no-resume",
+    default=True,
+    show_default=True,
+    help="continue from the newest complete checkpoint in checkpoint.dir",
+)
 
 
-def _train(config_path: str | None, overrides: tuple[str, ...]) -> None:
+def _train(config_path: str | None, overrides: tuple[str, ...], resume: bool) -> None:
     from grpo_operator.contract import CONFIG_PATH
 
     from .run import run_training
 
-    sys.exit(int(run_training(config_path or CONFIG_PATH, list(overrides))))
+    sys.exit(int(run_training(config_path or CONFIG_PATH, list(overrides), resume=resume)))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(__version__, prog_name="grpo-train")
 @_config_opt
 @_set_opt
+@_resume_opt
 @click.pass_context
-def cli(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...]) -> None:
+def cli(
+    ctx: click.Context, config_path: str | None, overrides: tuple[str, ...], resume: bool
+) -> None:
     """Run GRPO training for vision-language models on Ray + FSDP2.
 
     Without a command, trains with --config (default /etc/grpo/config.yaml).
@@ -46,15 +56,53 @@ def cli(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...])
     5 worker lost.
     """
     if ctx.invoked_subcommand is None:
-        _train(config_path, overrides)
+        _train(config_path, overrides, resume)
 
 
 @cli.command()
 @_config_opt
 @_set_opt
-def train(config_path: str | None, overrides: tuple[str, ...]) -> None:
+@_resume_opt
+def train(config_path: str | None, overrides: tuple[str, ...], resume: bool) -> None:
     """Train (the default command)."""
-    _train(config_path, overrides)
+    _train(config_path, overrides, resume)
+
+
+@cli.command("export")
+@click.option(
+    "--checkpoint-dir",
+    required=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="checkpoint.dir of a run (holds step-<N>/ and latest)",
+)
+@click.option("--step", type=int, default=None, help="step to export (default: latest)")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="output directory")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default=None,
+    help="weights dtype (default: the original model's)",
+)
+@click.option(
+    "--model-path",
+    default=None,
+    help="original model directory, if not where the checkpoint's config says",
+)
+def export_cmd(
+    checkpoint_dir: str, step: int | None, out: str, dtype: str | None, model_path: str | None
+) -> None:
+    """Write a Hugging Face model directory (safetensors + config + tokenizer) from a checkpoint."""
+    import logging
+
+    from .checkpointing.export import ExportError, export
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        done = export(checkpoint_dir, out, step=step, model_path=model_path, dtype=dtype)
+    except ExportError as err:
+        click.echo(f"export failed: {err}", err=True)
+        sys.exit(1)
+    click.echo(f"exported step {done.step} to {done.out} ({done.tensors} tensors)")
 
 
 @cli.command("validate")

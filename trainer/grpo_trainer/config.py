@@ -142,8 +142,12 @@ class RewardConfig(_Strict):
 
 class CheckpointConfig(_Strict):
     dir: str | None = None
+    # 0: only at the end of training.
     interval_steps: int = Field(default=0, ge=0)
     keep: int = Field(default=2, ge=1)
+    # Stage a CPU copy and write it in the background while training goes on; the
+    # tracker still moves only once the whole save is on disk.
+    async_save: bool = False
 
 
 class MetricsConfig(_Strict):

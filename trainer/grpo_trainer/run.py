@@ -14,7 +14,8 @@ from .errors import classify, step_of, termination_log_path, termination_message
 log = logging.getLogger("grpo_trainer")
 
 
-def run_training(config_path: str, overrides: Sequence[str] = ()) -> int:
+def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: bool = True) -> int:
+    """Train, resuming from the newest complete checkpoint in ``checkpoint.dir`` if ``resume``."""
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
@@ -33,6 +34,7 @@ def run_training(config_path: str, overrides: Sequence[str] = ()) -> int:
         )
         return int(ExitCode.CONFIG_ERROR)
 
+    from .checkpointing import make_checkpointer
     from .driver import GRPOTrainer, init_ray
     from .progress import JsonFileProgressReporter, NullProgressReporter, ProgressReporter
 
@@ -44,7 +46,9 @@ def run_training(config_path: str, overrides: Sequence[str] = ()) -> int:
     trainer: GRPOTrainer | None = None
     started_ray = False
     try:
-        trainer = GRPOTrainer(cfg, reporter=reporter)
+        trainer = GRPOTrainer(
+            cfg, reporter=reporter, checkpointer=make_checkpointer(cfg, resume=resume)
+        )
         started_ray = init_ray(cfg)
         trainer.run()
         return int(ExitCode.FINISHED)

@@ -408,6 +408,23 @@ class Worker:
                 if isinstance(value, torch.Tensor) and value.device != device:
                     state[key] = value.to(device, non_blocking=True)
 
+    # -- checkpoints: collective over ranks; the logic is in checkpointing/rank.py --
+    def save_checkpoint(self, path: str, async_save: bool = False) -> dict[str, Any]:
+        return self._checkpoint_io().save(path, async_save)
+
+    def finish_checkpoint(self, wait: bool = True) -> dict[str, Any] | None:
+        return self._checkpoint_io().finish(wait)
+
+    def load_checkpoint(self, verify: dict[str, list[Any]], path: str) -> dict[str, Any]:
+        return self._checkpoint_io().load(path, verify)
+
+    def _checkpoint_io(self) -> Any:
+        if getattr(self, "_ckpt_io", None) is None:
+            from .checkpointing.rank import RankCheckpointer
+
+            self._ckpt_io = RankCheckpointer(self)
+        return self._ckpt_io
+
     # -- introspection (tests, checkpoint seam) ---------------------------------
     def full_params(self) -> dict[str, torch.Tensor]:
         """Full fp32 parameters (collective: call on every rank); rank 0's copy is used."""

@@ -1,0 +1,304 @@
+"""The driver's checkpointer: step directories, manifest, tracker, resume, retention.
+
+Workers write the DCP shards and their own RNG/scheduler file (``rank.py``); the
+driver writes the trainer state and the resolved config, then, once every rank's
+files are durable, the manifest (the step's complete marker) and last the
+tracker. On start it resumes from the newest complete, committed checkpoint,
+checking every file's size (here) and sha256 (on the ranks, in parallel) first;
+a damaged checkpoint is named in the log and skipped for the one before it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import Config
+from .files import atomic_write, file_size, remove_step_dir, sha256_file, write_durable
+from .tracker import (
+    CONFIG,
+    FORMAT,
+    MANIFEST,
+    TRACKER,
+    TRAINER_STATE,
+    FileEntry,
+    Manifest,
+    Tracker,
+    balance,
+    build_manifest,
+    digest_problems,
+    is_due,
+    parse_manifest,
+    parse_step_dir,
+    parse_tracker,
+    plan_retention,
+    plan_startup,
+    size_problems,
+    step_dir_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    step: int
+    path: Path
+    files: dict[str, FileEntry]
+    started: float
+
+
+def read_tracker(root: Path) -> Tracker | None:
+    try:
+        text = (root / TRACKER).read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    tracker = parse_tracker(text)
+    if tracker is None:
+        log.warning("checkpoint tracker %s is unreadable; ignoring it", root / TRACKER)
+    return tracker
+
+
+def read_manifest(step_dir: Path) -> Manifest | None:
+    try:
+        return parse_manifest((step_dir / MANIFEST).read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def scan(root: Path) -> dict[int, bool]:
+    """Step directories under ``root`` -> whether each has a complete marker."""
+    if not root.is_dir():
+        return {}
+    out: dict[int, bool] = {}
+    for p in root.iterdir():
+        step = parse_step_dir(p.name)
+        if step is not None and p.is_dir():
+            out[step] = (p / MANIFEST).is_file()
+    return out
+
+
+def committed_step(root: Path) -> int | None:
+    """What a start would resume from, unverified: the tracker's step, else (no
+    tracker: the first save died before committing, or files were copied by hand)
+    the newest directory with a complete marker."""
+    tracker = read_tracker(root)
+    if tracker is not None:
+        return tracker.step
+    return max((s for s, ok in scan(root).items() if ok), default=None)
+
+
+def check_sizes(step_dir: Path) -> tuple[Manifest | None, list[str]]:
+    """The manifest and the cheap problems (missing files, wrong sizes, no DCP metadata)."""
+    manifest = read_manifest(step_dir)
+    if manifest is None:
+        return None, [f"{MANIFEST} is missing or unreadable"]
+    sizes = {name: file_size(step_dir / name) for name in manifest.files}
+    return manifest, size_problems(manifest, sizes)
+
+
+class DCPCheckpointer:
+    """``Checkpointer`` with torch.distributed.checkpoint under ``checkpoint.dir``."""
+
+    def __init__(self, cfg: Config, *, resume: bool = True) -> None:
+        assert cfg.checkpoint.dir is not None
+        self.cfg = cfg
+        self.root = Path(cfg.checkpoint.dir)
+        self.interval = cfg.checkpoint.interval_steps
+        self.keep = cfg.checkpoint.keep
+        self.async_save = cfg.checkpoint.async_save
+        self.resume = resume
+        # Slot for driver-side algorithm state (a reward normaliser, an adaptive KL
+        # controller): saved in trainer_state.json and handed back on resume.
+        self.algorithm_state: dict[str, Any] = {}
+        self._latest: int | None = None
+        self._latest_known = False
+        self._pending: _Pending | None = None
+        self.last_save: dict[str, float] = {}
+
+    # -- Checkpointer protocol -------------------------------------------------
+    def latest_step(self) -> int | None:
+        if not self._latest_known:
+            # Before restore (a failure while starting): what the next attempt would load.
+            return committed_step(self.root) if self.resume else None
+        return self._latest
+
+    def restore(self, group: Any, loader: Any) -> int:
+        self._latest_known = True
+        plan = plan_startup(scan(self.root), self._tracker_step())
+        for step, why in plan.remove:
+            path = self.root / step_dir_name(step)
+            log.warning("removing checkpoint directory %s: %s", path, why)
+            remove_step_dir(path)
+        if not self.resume:
+            log.info("not resuming (--no-resume): starting from step 0; %s", self.root)
+            return 0
+        for step in plan.candidates:
+            loaded = self._try_load(step, group, loader)
+            if loaded:
+                self._latest = step
+                return step
+        if plan.candidates:
+            log.error("no loadable checkpoint in %s: starting from step 0", self.root)
+        else:
+            log.info("no checkpoint in %s: starting from step 0", self.root)
+        return 0
+
+    def maybe_save(self, step: int, group: Any, loader: Any, *, final: bool) -> None:
+        self._poll(group, wait=False)
+        if not is_due(step, self.interval, final):
+            return
+        self._poll(group, wait=True)
+        t0 = time.perf_counter()
+        path = self.root / step_dir_name(step)
+        if path.exists():  # an abandoned or skipped (corrupt) save of this step
+            remove_step_dir(path)
+        path.mkdir(parents=True)
+        files = self._write_driver_files(path, step, loader, group.world_size)
+        blocked = group.call("save_checkpoint", common=[str(path), self.async_save])
+        self._pending = _Pending(step, path, files, t0)
+        self.last_save = {
+            "step": float(step),
+            "blocked_s": time.perf_counter() - t0,
+            "rank_blocked_s": max(float(b["blocked_s"]) for b in blocked),
+        }
+        if not self.async_save or final:
+            self._poll(group, wait=True)
+
+    # -- internals ---------------------------------------------------------------
+    def _tracker_step(self) -> int | None:
+        tracker = read_tracker(self.root)
+        return tracker.step if tracker else None
+
+    def _write_driver_files(
+        self, path: Path, step: int, loader: Any, world: int
+    ) -> dict[str, FileEntry]:
+        from ..worker import rollout_seed
+
+        seed = self.cfg.rollout.seed
+        state = {
+            "format": FORMAT,
+            "step": step,
+            "epoch": loader.epoch,
+            "loader": loader.state_dict(),
+            "world_size": world,
+            "rollout": {
+                "seed": seed,
+                # What step+1's ranks will sample with (a pure function of these).
+                "next_step_seeds": [rollout_seed(seed, step + 1, r) for r in range(world)],
+            },
+            "algorithm": self.algorithm_state,
+            "saved_at": datetime.now(UTC).isoformat(),
+        }
+        config = yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False)
+        return {
+            TRAINER_STATE: write_durable(
+                path / TRAINER_STATE, json.dumps(state, indent=1).encode()
+            ),
+            CONFIG: write_durable(path / CONFIG, config.encode()),
+        }
+
+    def _poll(self, group: Any, *, wait: bool) -> None:
+        """Commit the save in flight once every rank has it on disk."""
+        pending = self._pending
+        if pending is None:
+            return
+        results = group.call("finish_checkpoint", common=[wait])
+        if any(r is None for r in results):
+            return
+        files = dict(pending.files)
+        for r in results:
+            files.update({k: FileEntry(int(v[0]), str(v[1])) for k, v in r["files"].items()})
+        self._commit(pending, files, len(results))
+        self._pending = None
+
+    def _commit(self, pending: _Pending, files: dict[str, FileEntry], world: int) -> None:
+        created = datetime.now(UTC).isoformat()
+        manifest = build_manifest(pending.step, world, created, files)
+        atomic_write(pending.path / MANIFEST, manifest.model_dump_json(indent=1).encode())
+        tracker = Tracker(step=pending.step, dir=step_dir_name(pending.step))
+        atomic_write(self.root / TRACKER, tracker.model_dump_json().encode())
+        self._latest = pending.step
+        self._latest_known = True
+        elapsed = time.perf_counter() - pending.started
+        total = sum(f.size for f in files.values())
+        self.last_save["save_s"] = elapsed
+        log.info(
+            "checkpoint step %d committed: %s (%.1f MB in %.2f s, %.0f MB/s)",
+            pending.step,
+            pending.path,
+            total / 1e6,
+            elapsed,
+            total / 1e6 / max(elapsed, 1e-9),
+        )
+        for step in plan_retention(scan(self.root), pending.step, self.keep):
+            path = self.root / step_dir_name(step)
+            log.info("retention: removing %s (keep %d)", path, self.keep)
+            remove_step_dir(path)
+
+    def _try_load(self, step: int, group: Any, loader: Any) -> bool:
+        path = self.root / step_dir_name(step)
+        manifest, problems = check_sizes(path)
+        state: dict[str, Any] = {}
+        if manifest is not None and not problems:
+            # The driver's own small files first: the trainer state must be sound.
+            small = {k: v for k, v in manifest.entries().items() if k in (TRAINER_STATE, CONFIG)}
+            problems = digest_problems(small, {k: sha256_file(path / k) for k in small})
+        if manifest is not None and not problems:
+            state = json.loads((path / TRAINER_STATE).read_text())
+            if state.get("step") != step:
+                problems = [f"{TRAINER_STATE} says step {state.get('step')}"]
+        if problems or manifest is None:
+            self._report_bad(path, problems)
+            return False
+        world = group.world_size
+        big = {k: v for k, v in manifest.entries().items() if k not in (TRAINER_STATE, CONFIG)}
+        shares = [{k: [v.size, v.sha256] for k, v in part.items()} for part in balance(big, world)]
+        t0 = time.perf_counter()
+        results = group.call("load_checkpoint", shares, common=[str(path)])
+        if results[0]["bad"]:
+            self._report_bad(path, results[0]["bad"])
+            return False
+        loader.load_state_dict(state["loader"])
+        self.algorithm_state = dict(state.get("algorithm") or {})
+        saved_seed = state.get("rollout", {}).get("seed")
+        if saved_seed is not None and saved_seed != self.cfg.rollout.seed:
+            log.warning(
+                "rollout.seed is %s but the checkpoint was trained with %s: rollouts from "
+                "here on differ from the original run",
+                self.cfg.rollout.seed,
+                saved_seed,
+            )
+        reshard = (
+            ""
+            if manifest.world_size == world
+            else f", resharded {manifest.world_size} -> {world} ranks"
+        )
+        log.info(
+            "resumed from checkpoint step %d (%s, epoch %d%s; rng %s; verify %.2f s, load %.2f s, "
+            "total %.2f s)",
+            step,
+            path,
+            int(state.get("epoch", 0)),
+            reshard,
+            results[0]["rng"],
+            max(r["verify_s"] for r in results),
+            max(r["load_s"] for r in results),
+            time.perf_counter() - t0,
+        )
+        return True
+
+    @staticmethod
+    def _report_bad(path: Path, problems: list[str]) -> None:
+        log.error(
+            "checkpoint %s is corrupt or incomplete, skipping it: %s",
+            path,
+            "; ".join(problems) or "unknown",
+        )

@@ -1,0 +1,217 @@
+"""One rank's side of a checkpoint: DCP shards, RNG streams, LR scheduler.
+
+Runs inside a ``Worker`` (every method is collective over the ranks). The model
+and optimizer go through ``torch.distributed.checkpoint`` with DTensor state
+dicts from ``get_state_dict``, so a checkpoint saved by W ranks loads on any
+other number of ranks. Each file's sha256 is computed while it is written and
+returned to the driver, which writes the manifest.
+
+Async saves stage a CPU copy of the state (the only part that blocks training)
+and write it from DCP's background thread over a separate gloo group, so the
+writer's collectives never interleave with the training step's.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import random
+import time
+from collections.abc import Generator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+from .files import HashingWriter, sha256_file, write_durable
+from .tracker import FileEntry, digest_problems, rank_file
+
+log = logging.getLogger(__name__)
+
+
+class HashingFileSystem(FileSystem):
+    """DCP's file system with a sha256 of every file it writes, keyed by file name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: dict[str, FileEntry] = {}
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str) -> Generator[Any, None, None]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        p = Path(path)
+        with p.open(mode) as raw:
+            writer = HashingWriter(cast(BinaryIO, raw))
+            yield writer
+        self.digests[p.name] = writer.entry()  # dict writes are atomic under the GIL
+
+    def rename(self, path: Any, new_path: Any) -> None:
+        super().rename(path, new_path)
+        entry = self.digests.pop(Path(path).name, None)
+        if entry is not None:
+            self.digests[Path(new_path).name] = entry
+
+
+def _writer(path: str) -> tuple[FileSystemWriter, HashingFileSystem]:
+    writer = FileSystemWriter(path, sync_files=True)
+    fs = HashingFileSystem()
+    writer.fs = fs
+    return writer, fs
+
+
+def _rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), pos, has_gauss, gauss),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RankCheckpointer:
+    """Held by a ``Worker``; reads ``actor``, ``optimizer``, ``scheduler`` from it."""
+
+    def __init__(self, worker: Any) -> None:
+        self.w = worker
+        self._group: Any = None
+        self._pending: Future[Any] | None = None
+        self._fs: HashingFileSystem | None = None
+        self._digests: dict[str, FileEntry] = {}
+        self._result: dict[str, Any] | None = None
+        self._t0 = 0.0
+
+    def _pg(self) -> Any:
+        # Collective: every rank reaches its first save/load together.
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(self.w.actor, self.w.optimizer)
+        return msd, osd
+
+    # -- save ------------------------------------------------------------------
+    def save(self, path: str, async_save: bool) -> dict[str, Any]:
+        """Start (async) or do (sync) this rank's part of the save of step dir ``path``.
+
+        Returns the time training was blocked; the file digests come from ``finish``.
+        """
+        import torch.distributed.checkpoint as dcp
+
+        self.finish(wait=True)  # one save in flight per rank
+        t0 = time.perf_counter()
+        self._t0 = t0
+        pg = self._pg()
+        extra = {
+            "rank": self.w.rank,
+            "world_size": self.w.world_size,
+            "rng": _rng_state(),
+            "scheduler": self.w.scheduler.state_dict(),
+        }
+        buf = io.BytesIO()
+        torch.save(extra, buf)
+        self._digests = {
+            rank_file(self.w.rank): write_durable(
+                Path(path) / rank_file(self.w.rank), buf.getvalue()
+            )
+        }
+        msd, osd = self._state()
+        writer, self._fs = _writer(path)
+        self._result = None
+        state = {"model": msd, "optim": osd}
+        if async_save:
+            fut = dcp.async_save(state, storage_writer=writer, process_group=pg)
+            self._pending = fut if isinstance(fut, Future) else fut.upload_completion
+        else:
+            dcp.save(state, storage_writer=writer, process_group=pg)
+            done: Future[Any] = Future()
+            done.set_result(None)
+            self._pending = done
+        return {"blocked_s": time.perf_counter() - t0}
+
+    def finish(self, wait: bool) -> dict[str, Any] | None:
+        """This rank's file digests once its save is on disk; None while it is not (or none)."""
+        if self._result is not None or self._pending is None:
+            return self._result
+        if not wait and not self._pending.done():
+            return None
+        self._pending.result()  # re-raises a failed background write
+        assert self._fs is not None
+        files = {**self._digests, **self._fs.digests}
+        self._result = {
+            "files": {k: [v.size, v.sha256] for k, v in files.items()},
+            "save_s": time.perf_counter() - self._t0,
+        }
+        return self._result
+
+    # -- load ------------------------------------------------------------------
+    def load(self, path: str, verify: dict[str, list[Any]]) -> dict[str, Any]:
+        """Check this rank's share of the files, then (if every rank agrees) load.
+
+        ``verify`` maps file names to [size, sha256] from the manifest. Returns
+        ``{"bad": [...]}`` naming every bad file found by any rank (nothing loaded),
+        or ``{"bad": [], "rng": ...}`` after loading.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        self.finish(wait=True)
+        pg = self._pg()
+        root = Path(path)
+        t0 = time.perf_counter()
+        expected = {k: FileEntry(int(v[0]), str(v[1])) for k, v in verify.items()}
+        actual = {k: sha256_file(root / k) for k in expected if (root / k).exists()}
+        mine = digest_problems(expected, actual)
+        everyone: list[Any] = [None] * dist.get_world_size(pg)
+        dist.all_gather_object(everyone, mine, group=pg)
+        bad = sorted({p for probs in everyone for p in probs})
+        if bad:
+            return {"bad": bad}
+        t_verify = time.perf_counter() - t0
+
+        msd, osd = self._state()
+        dcp.load(
+            {"model": msd, "optim": osd}, storage_reader=FileSystemReader(path), process_group=pg
+        )
+        set_state_dict(self.w.actor, self.w.optimizer, model_state_dict=msd, optim_state_dict=osd)
+        self.w._optimizer_state_to(self.w._optimizer_home)
+
+        own = root / rank_file(self.w.rank)
+        src = own if own.exists() else root / rank_file(0)
+        extra = torch.load(src, weights_only=True)
+        self.w.scheduler.load_state_dict(extra["scheduler"])
+        rng = "restored"
+        if src == own and extra["world_size"] == self.w.world_size:
+            _set_rng_state(extra["rng"])
+        else:
+            # Resharded: rank r's streams belonged to a different shard of the
+            # work; rollouts do not depend on them (seeded by step and rank).
+            rng = f"not restored (saved by {extra['world_size']} ranks)"
+        return {
+            "bad": [],
+            "rng": rng,
+            "verify_s": t_verify,
+            "load_s": time.perf_counter() - t0 - t_verify,
+        }

@@ -1,0 +1,201 @@
+"""Checkpoint directory layout, tracker, manifest and retention: pure logic, no I/O.
+
+::
+
+    <dir>/latest                   tracker {"step": N, "dir": "step-N"}, replaced last
+    <dir>/step-<N>/                one directory per saved step
+        .metadata, __<r>_<i>.distcp   DCP: model + optimizer, sharded, reshardable
+        rank-<r>.pt                rank r's RNG streams and LR scheduler
+        trainer_state.json         step, epoch, loader position, rollout seeds, algorithm slot
+        config.yaml                the resolved config
+        manifest.json              the complete marker, written last: size + sha256 of each file
+
+The tracker is the commit point: a step directory is complete when its manifest
+exists, and committed when the tracker names it or an older step. A crash at any
+instant leaves the tracker naming the previous complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+TRACKER = "latest"
+MANIFEST = "manifest.json"
+DCP_METADATA = ".metadata"
+TRAINER_STATE = "trainer_state.json"
+CONFIG = "config.yaml"
+FORMAT = 1
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ManifestFile(_Model):
+    size: int
+    sha256: str
+
+
+class Manifest(_Model):
+    format: int = FORMAT
+    step: int
+    world_size: int
+    created_at: str
+    files: dict[str, ManifestFile]
+
+    def entries(self) -> dict[str, FileEntry]:
+        return {k: FileEntry(v.size, v.sha256) for k, v in self.files.items()}
+
+
+class Tracker(_Model):
+    step: int
+    dir: str
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    m = _STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank}.pt"
+
+
+def parse_manifest(text: str) -> Manifest | None:
+    try:
+        return Manifest.model_validate_json(text)
+    except ValidationError:
+        return None
+
+
+def parse_tracker(text: str) -> Tracker | None:
+    try:
+        t = Tracker.model_validate_json(text)
+    except ValidationError:
+        return None
+    return t if parse_step_dir(t.dir) == t.step else None
+
+
+def build_manifest(
+    step: int, world_size: int, created_at: str, files: Mapping[str, FileEntry]
+) -> Manifest:
+    return Manifest(
+        step=step,
+        world_size=world_size,
+        created_at=created_at,
+        files={k: ManifestFile(size=v.size, sha256=v.sha256) for k, v in sorted(files.items())},
+    )
+
+
+def is_due(step: int, interval: int, final: bool) -> bool:
+    """Every ``interval`` steps (0: never on an interval) and always at the end."""
+    return final or (interval > 0 and step % interval == 0)
+
+
+def size_problems(manifest: Manifest, sizes: Mapping[str, int | None]) -> list[str]:
+    """Cheap checks against what is on disk: every file present, at its recorded size.
+
+    ``sizes`` maps each manifest file name to its size on disk (None: missing).
+    """
+    problems: list[str] = []
+    if DCP_METADATA not in manifest.files:
+        problems.append(f"no DCP metadata ({DCP_METADATA}) in the manifest")
+    for name, entry in sorted(manifest.files.items()):
+        got = sizes.get(name)
+        if got is None:
+            problems.append(f"{name} is missing")
+        elif got != entry.size:
+            problems.append(f"{name} is {got} bytes, the manifest says {entry.size}")
+    return problems
+
+
+def digest_problems(
+    expected: Mapping[str, FileEntry], actual: Mapping[str, FileEntry]
+) -> list[str]:
+    problems = []
+    for name, want in sorted(expected.items()):
+        got = actual.get(name)
+        if got is None:
+            problems.append(f"{name} is missing")
+        elif got.size != want.size:
+            problems.append(f"{name} is {got.size} bytes, the manifest says {want.size}")
+        elif got.sha256 != want.sha256:
+            problems.append(
+                f"{name} has sha256 {got.sha256[:12]}..., expected {want.sha256[:12]}..."
+            )
+    return problems
+
+
+def balance(entries: Mapping[str, FileEntry], parts: int) -> list[dict[str, FileEntry]]:
+    """Split files over ``parts`` ranks by size (largest first to the least loaded)."""
+    out: list[dict[str, FileEntry]] = [{} for _ in range(parts)]
+    load = [0] * parts
+    for name, entry in sorted(entries.items(), key=lambda kv: (-kv[1].size, kv[0])):
+        i = min(range(parts), key=lambda j: (load[j], j))
+        out[i][name] = entry
+        load[i] += entry.size
+    return out
+
+
+@dataclass(frozen=True)
+class StartupPlan:
+    """What a starting trainer does with the step directories it finds."""
+
+    candidates: list[int]  # complete and committed, newest first: try in this order
+    remove: list[tuple[int, str]] = field(default_factory=list)  # (step, why)
+
+
+def plan_startup(complete: Mapping[int, bool], tracker_step: int | None) -> StartupPlan:
+    """``complete`` maps each step directory to whether its manifest exists.
+
+    Without a manifest a directory is a save that never finished: removed. With a
+    tracker, complete directories newer than it were never committed (the crash
+    came between manifest and tracker): removed too, so they cannot shadow the
+    timeline the tracker names. Without a tracker every complete directory counts.
+    """
+    remove: list[tuple[int, str]] = []
+    candidates: list[int] = []
+    for step in sorted(complete, reverse=True):
+        if not complete[step]:
+            remove.append((step, "incomplete (no manifest): a save that never finished"))
+        elif tracker_step is not None and step > tracker_step:
+            remove.append((step, f"never committed (the tracker names step {tracker_step})"))
+        else:
+            candidates.append(step)
+    return StartupPlan(candidates, remove)
+
+
+def plan_retention(present: Mapping[int, bool], latest: int, keep: int) -> list[int]:
+    """Steps to delete once ``latest`` is committed, keeping the newest ``keep``.
+
+    ``present`` maps step directories to completeness. Never deletes ``latest``;
+    deletes every directory newer than it (an abandoned timeline: a run restarted
+    without resume, or a corrupt checkpoint that was skipped) and incomplete
+    leftovers older than it.
+    """
+    keep = max(1, keep)
+    kept = [s for s in sorted(present, reverse=True) if s <= latest and present[s]]
+    if latest not in kept:
+        kept.insert(0, latest)
+    survivors = set(kept[:keep]) | {latest}
+    return sorted(s for s in present if s not in survivors)
+
+
+def newest_first(steps: Iterable[int]) -> Sequence[int]:
+    return sorted(steps, reverse=True)
