@@ -1,10 +1,9 @@
 # The two quick-start commands are `make demo` and `make test` (README.md).
 .PHONY: demo test setup testbed lint lock crd
 
-demo: ## set up and run the main job (for now: the local testbed with fake GPU nodes)
+demo: ## set up and run the main job: a tiny GRPOJob that really trains on the testbed
 	hack/setup.sh
-	.venv/bin/grpo-testbed run -- kubectl get nodes \
-	  -L nvidia.com/gpu.product,nvidia.com/gpu.count,node.kubernetes.io/instance-type
+	.venv/bin/grpo-testbed demo
 
 test: ## install everything and run the whole test suite
 	hack/test.sh

@@ -24,8 +24,8 @@ def _attempt_line(rec: dict[str, Any]) -> str:
     return ", ".join(bits) + (f"\n      {rec['reason']}" if rec.get("reason") else "")
 
 
-def _resume_line(log: Path) -> str:
-    for line in log.read_text(errors="replace").splitlines():
+def _resume_line(log: str) -> str:
+    for line in log.splitlines():
         if "resum" in line.lower() and "step" in line.lower():
             return line.strip()
     return "(no resume line in the trainer log)"
@@ -65,16 +65,14 @@ def run_demo(out: Path, oom_step: int | None = None) -> int:
             stage("attempt 1 resumes from the last checkpoint and finishes")
             job = tj.watch(lambda j: j.get("status", {}).get("phase") in TERMINAL, 900,
                            "the job to finish")
-            heads = tj.head_pod_dirs()
-            if 1 in heads:
-                console.print("    trainer, attempt 1: " + _resume_line(heads[1] / "ray-head.log"))
+            console.print("    trainer, attempt 1: " + _resume_line(tj.head_log(1)))
             phase = job["status"]["phase"]
             console.print(f"    {JOB_NS}/{JOB}: {phase}; attempts:")
             for rec in job["status"].get("attempts", []):
                 console.print("      " + _attempt_line(rec))
             if phase != "Succeeded":
-                for attempt, d in sorted(heads.items()):
-                    tail = (d / "ray-head.log").read_text(errors="replace").splitlines()[-25:]
+                for attempt in sorted(tj.head_runs()):
+                    tail = tj.head_log(attempt).splitlines()[-25:]
                     console.print(f"--- trainer log, attempt {attempt}:\n" + "\n".join(tail))
                 return 1
             stage("export the trained model (Hugging Face safetensors + processor)")

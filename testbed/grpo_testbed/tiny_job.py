@@ -160,16 +160,25 @@ class TinyJob:
         return self.agent.claim_dir(JOB_NS, spec["model"]["claimName"]) / \
             Path(spec["model"]["path"]).relative_to("/models")
 
-    def head_pod_dirs(self) -> dict[int, Path]:
-        """attempt -> the agent's directory of that attempt's (last) head pod."""
-        out: dict[int, Path] = {}
-        for d in sorted((self.agent.workdir / "pods").glob(f"{JOB_NS}_*head*"),
-                        key=lambda p: p.stat().st_mtime):
-            env_file = d / "containers" / "ray-head" / "env.json"
-            if env_file.exists():
-                env = json.loads(env_file.read_text())
-                out[int(env.get("GRPO_ATTEMPT", "-1"))] = d
+    def head_runs(self) -> dict[int, list[Path]]:
+        """attempt -> the agent's directories of that attempt's head pods, in start order.
+
+        An attempt can have more than one: KubeRay replaces a head whose container
+        ended, and the replacement runs (briefly) until the operator deletes the cluster.
+        """
+        out: dict[int, list[Path]] = {}
+        started = sorted((self.agent.workdir / "pods").glob(f"{JOB_NS}_*head*/containers/"
+                                                            "ray-head/env.json"),
+                         key=lambda p: p.stat().st_mtime)
+        for env_file in started:
+            attempt = int(json.loads(env_file.read_text()).get("GRPO_ATTEMPT", "-1"))
+            out.setdefault(attempt, []).append(env_file.parents[2])
         return out
+
+    def head_log(self, attempt: int) -> str:
+        """Everything the trainer of one attempt printed, over all its head pods."""
+        return "".join((d / "ray-head.log").read_text(errors="replace")
+                       for d in self.head_runs().get(attempt, []))
 
     def export(self, out: Path) -> str:
         proc = subprocess.run(

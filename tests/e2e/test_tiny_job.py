@@ -45,10 +45,10 @@ def status(tj: TinyJob) -> dict[str, Any]:
     return dict(tj.job()["status"])
 
 
-def step_metrics(log: Path) -> list[dict[str, Any]]:
+def step_metrics(log: str) -> list[dict[str, Any]]:
     """The trainer's per-step JSON lines from a head container's log."""
     out = []
-    for line in log.read_text(errors="replace").splitlines():
+    for line in log.splitlines():
         if line.startswith("{") and '"step"' in line:
             out.append(json.loads(line))
     return out
@@ -62,19 +62,19 @@ def test_job_succeeds_after_a_real_oom_kill_and_one_restart(tiny: TinyJob) -> No
     assert first["remediation"], "the operator applied no step of the HostOOM ladder"
     assert second["outcome"] == "Succeeded"
     assert st["restarts"] == 1
-    head0 = tiny.head_pod_dirs()[0] / "ray-head.log"
-    assert f"host_oom at step {OOM_STEP}" in head0.read_text(errors="replace")
+    assert f"host_oom at step {OOM_STEP}" in tiny.head_log(0)
 
 
 def test_the_trainer_received_the_planners_env(tiny: TinyJob) -> None:
     st = status(tiny)
     uid = tiny.job()["metadata"]["uid"]
-    for attempt, pod_dir in sorted(tiny.head_pod_dirs().items()):
+    for attempt, pod_dirs in sorted(tiny.head_runs().items()):
         _, plan = planned(tiny.job()["spec"], st["attempts"][:attempt])
         expected = job_env(plan, JobRef(JOB, JOB_NS, uid), attempt)
-        got = json.loads((pod_dir / "containers" / "ray-head" / "env.json").read_text())
-        wrong = {k: (v, got.get(k)) for k, v in expected.items() if got.get(k) != v}
-        assert not wrong, f"attempt {attempt}: env differs from the plan: {wrong}"
+        for pod_dir in pod_dirs:
+            got = json.loads((pod_dir / "containers" / "ray-head" / "env.json").read_text())
+            wrong = {k: (v, got.get(k)) for k, v in expected.items() if got.get(k) != v}
+            assert not wrong, f"attempt {attempt}: env differs from the plan: {wrong}"
     # ... and the trainer resolved its config with it (the checkpoint keeps that config).
     resolved = yaml.safe_load((tiny.checkpoint_dir() / "step-10" / "config.yaml").read_text())
     assert resolved["actor"]["micro_batch_size"] == plan.settings.micro_batch_size
@@ -94,14 +94,13 @@ def test_progress_reached_the_status_while_training(tiny: TinyJob) -> None:
 
 
 def test_attempt_1_starts_at_the_checkpoint_step_plus_one(tiny: TinyJob) -> None:
-    heads = tiny.head_pod_dirs()
-    log1 = heads[1] / "ray-head.log"
-    found = RESUMED.search(log1.read_text(errors="replace"))
+    log1 = tiny.head_log(1)
+    found = RESUMED.search(log1)
     assert found, "attempt 1 did not resume from a checkpoint"
     ckpt = int(found.group(1))
     interval = 2  # examples/grpojob-tiny.yaml: checkpoint.intervalSteps
     assert ckpt == (OOM_STEP - 1) // interval * interval, ckpt
-    steps0 = [m["step"] for m in step_metrics(heads[0] / "ray-head.log")]
+    steps0 = [m["step"] for m in step_metrics(tiny.head_log(0))]
     steps1 = [m["step"] for m in step_metrics(log1)]
     assert steps0 == list(range(1, OOM_STEP)), steps0
     assert steps1 == list(range(ckpt + 1, 11)), steps1
@@ -123,7 +122,7 @@ def test_final_weights_equal_an_uninterrupted_local_run(tiny: TinyJob, tmp_path:
     cfg["resources"]["ray_address"] = "local"
     cfg["metrics"]["prometheus_port"] = None
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    pod_env = json.loads((tiny.head_pod_dirs()[1] / "containers" / "ray-head" / "env.json")
+    pod_env = json.loads((tiny.head_runs()[1][0] / "containers" / "ray-head" / "env.json")
                          .read_text())
     env = {**os.environ, **{k: v for k, v in pod_env.items()
                             if k.startswith(("GRPO_", "OMP_", "TOKENIZERS_"))
