@@ -36,13 +36,9 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
 
     from .checkpointing import make_checkpointer
     from .driver import GRPOTrainer, init_ray
-    from .progress import JsonFileProgressReporter, NullProgressReporter, ProgressReporter
+    from .kube_progress import reporter_for
 
-    reporter: ProgressReporter = (
-        JsonFileProgressReporter(cfg.metrics.progress_file)
-        if cfg.metrics.progress_file
-        else NullProgressReporter()
-    )
+    reporter = reporter_for(cfg)
     trainer: GRPOTrainer | None = None
     started_ray = False
     try:
