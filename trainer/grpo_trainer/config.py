@@ -36,7 +36,7 @@ class InitStrategy(StrEnum):
     """How weights reach the FSDP shards (FIELD-NOTES #1)."""
 
     RANK0 = "rank0"  # rank 0 reads the checkpoint, the others start on the meta device
-    SHARDED = "sharded"  # each rank reads only its own shards (issue 5); rank0 until then
+    SHARDED = "sharded"  # every rank reads only its own rows from the safetensors files
     NAIVE = "naive"  # every rank reads everything: benchmark baseline only
 
 
@@ -158,6 +158,22 @@ class MetricsConfig(_Strict):
     progress_file: str | None = None
 
 
+class WatchdogConfig(_Strict):
+    """Memory watchdog (docs/trainer.md "Memory watchdog"): flags sustained growth of a
+    process's host RSS or GPU memory, per step, as a metric, a log line and the job's
+    status.progress.memoryGrowth."""
+
+    enabled: bool = True
+    window_steps: int = Field(default=20, ge=4, description="steps in the sliding window")
+    warmup_steps: int = Field(default=5, ge=0, description="first steps not watched")
+    threshold_mib_per_step: float = Field(
+        default=2.0, gt=0, description="least-squares growth over the window that flags"
+    )
+    min_positive_fraction: float = Field(
+        default=0.6, ge=0, le=1, description="share of step-to-step deltas that must be > 0"
+    )
+
+
 class TrainerConfig(_Strict):
     total_steps: int = Field(default=100, ge=1)
     rollout_batch_size: int = Field(default=8, gt=0, description="prompts per step")
@@ -179,6 +195,7 @@ class Config(_Strict):
     reward: RewardConfig = RewardConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
+    watchdog: WatchdogConfig = WatchdogConfig()
     trainer: TrainerConfig = TrainerConfig()
 
     @property

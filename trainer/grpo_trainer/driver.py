@@ -22,6 +22,7 @@ from .errors import StepError, allocate_until_killed, parse_fault, raise_injecte
 from .metrics import MetricsLogger
 from .progress import NullProgressReporter, Progress, ProgressReporter
 from .rewards import RewardRunner, resolve_reward_fn
+from .watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_process_memory
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,19 @@ class GRPOTrainer:
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.group: WorkerGroup | None = None
+        wd = cfg.watchdog
+        self.watchdog = (
+            MemoryWatchdog(
+                DetectorSettings(
+                    wd.window_steps,
+                    wd.warmup_steps,
+                    wd.threshold_mib_per_step,
+                    wd.min_positive_fraction,
+                )
+            )
+            if wd.enabled
+            else None
+        )
 
     def start(self) -> None:
         self.group = WorkerGroup(self.cfg)
@@ -177,6 +191,8 @@ class GRPOTrainer:
         for key in upd:
             if key.startswith("memory/"):  # the worst rank is the one that will OOM
                 upd[key] = max(r[key] for r in per_rank)
+        upd.update(per_process_memory(per_rank))  # memory/rank<r>/...: a leak has an address
+        upd.update(driver_memory())
         t_end = time.perf_counter()
 
         resp = [o["response_tokens"] for o in flat]
@@ -214,10 +230,20 @@ class GRPOTrainer:
                 self.checkpointer.maybe_save(step, self.group, self.loader, final=step == total)
             except Exception as err:
                 raise StepError(step, err) from err
+            growth = None
+            if self.watchdog is not None:
+                m.update(self.watchdog.observe(m))
+                growth = self.watchdog.message
             self.history.append(m)
             self.metrics.log(step, m)
             self.reporter.report(
-                Progress(step, total, m["reward/mean"], self.checkpointer.latest_step()),
+                Progress(
+                    step,
+                    total,
+                    m["reward/mean"],
+                    self.checkpointer.latest_step(),
+                    memory_growth=growth,
+                ),
                 final=step == total,
             )
         return self.history

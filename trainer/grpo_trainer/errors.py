@@ -137,10 +137,19 @@ def write_termination(path: Path, message: str) -> None:
 
 
 def parse_fault(spec: str | None) -> tuple[str, int] | None:
-    """``GRPO_FAULT_INJECT=<kind>@step=<n>`` -> (kind, n); test-only fault switch."""
+    """``GRPO_FAULT_INJECT=<kind>@step=<n>`` -> (kind, n); test-only fault switch.
+
+    ``leak_host:<MiB>[@step=<n>]`` -> ("leak_host", n): from step n (default 1) on,
+    every rank keeps ``<MiB>`` more host memory per step (``leak_mib_per_step``).
+    """
     if not spec:
         return None
     kind, _, where = spec.partition("@")
+    if kind.startswith("leak_host:"):
+        leak_mib_per_step(spec)  # validates the amount
+        kind = "leak_host"
+        if not where:
+            return kind, 1
     if not where.startswith("step="):
         raise ConfigError("trainer.fault_inject", f"expected <kind>@step=<n>, got {spec!r}")
     try:
@@ -157,7 +166,22 @@ def parse_fault(spec: str | None) -> tuple[str, int] | None:
 # driver_cuda_oom: the same OOM raised in the driver process.
 # host_oom: the driver allocates host memory until the kernel kills it (a real
 #   OOMKilled under a container memory limit; never use it without one).
-FAULT_KINDS = ("cuda_oom", "worker_exit", "driver_cuda_oom", "host_oom")
+# leak_host: every rank keeps a few MiB more per step (the memory watchdog's test).
+FAULT_KINDS = ("cuda_oom", "worker_exit", "driver_cuda_oom", "host_oom", "leak_host")
+
+
+def leak_mib_per_step(spec: str | None) -> float:
+    """MiB per step of a ``leak_host:<MiB>`` fault; 0 for any other spec."""
+    if not spec or not spec.startswith("leak_host:"):
+        return 0.0
+    amount = spec.removeprefix("leak_host:").partition("@")[0]
+    try:
+        mib = float(amount)
+    except ValueError:
+        raise ConfigError("trainer.fault_inject", f"bad MiB in {spec!r}") from None
+    if not 0 < mib <= 1024:
+        raise ConfigError("trainer.fault_inject", f"leak must be in (0, 1024] MiB: {spec!r}")
+    return mib
 
 
 def allocate_until_killed(step: int) -> None:
@@ -166,7 +190,9 @@ def allocate_until_killed(step: int) -> None:
 
     logging.getLogger(__name__).error(
         "INJECTED FAULT (GRPO_FAULT_INJECT) host_oom at step %d: allocating host memory "
-        "until the kernel's OOM killer ends this process", step)
+        "until the kernel's OOM killer ends this process",
+        step,
+    )
     hoard = []
     while True:
         hoard.append(b"\x01" * (64 << 20))  # written, so the pages are really committed

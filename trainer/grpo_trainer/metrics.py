@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
@@ -19,6 +20,11 @@ def _finite(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 
+# memory/<process>/<name> (the watchdog's per-process series) -> one Prometheus gauge
+# grpo_process_<name> with a process="driver"|"rank<r>" label.
+_PER_PROCESS = re.compile(r"^memory/(driver|rank\d+)/(\w+)$")
+
+
 class MetricsLogger:
     def __init__(self, cfg: MetricsConfig, total_steps: int, stream: TextIO | None = None) -> None:
         self.cfg = cfg
@@ -26,6 +32,7 @@ class MetricsLogger:
         self.stream = stream or sys.stdout
         self._tb: Any = None
         self._gauges: dict[str, Any] = {}
+        self._labelled: dict[str, Any] = {}
         self._registry: Any = None
         self._progress: Any = None
         self._task: Any = None
@@ -60,6 +67,18 @@ class MetricsLogger:
             self._gauges[name] = Gauge(safe, f"GRPO trainer metric {name}", registry=self._registry)
         return self._gauges[name]
 
+    def _process_gauge(self, name: str) -> Any:
+        if name not in self._labelled:
+            from prometheus_client import Gauge
+
+            self._labelled[name] = Gauge(
+                f"grpo_process_{name}",
+                f"GRPO trainer per-process metric {name}",
+                ["process"],
+                registry=self._registry,
+            )
+        return self._labelled[name]
+
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.cfg.jsonl:
             record = {"step": step, **{k: _finite(float(v)) for k, v in metrics.items()}}
@@ -75,7 +94,10 @@ class MetricsLogger:
         if self._registry is not None:
             self._gauge("step").set(step)
             for k, v in metrics.items():
-                self._gauge(k).set(float(v))
+                if m := _PER_PROCESS.match(k):
+                    self._process_gauge(m.group(2)).labels(process=m.group(1)).set(float(v))
+                else:
+                    self._gauge(k).set(float(v))
         if self._progress is not None:
             info = f"reward={metrics.get('reward/mean', float('nan')):.3f}"
             self._progress.update(self._task, completed=step, info=info)

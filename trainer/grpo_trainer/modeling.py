@@ -2,14 +2,16 @@
 
 ``rank0``: rank 0 reads the safetensors, every other rank builds the model on the
 meta device; after ``fully_shard`` the full state dict is broadcast from rank 0
-and each rank keeps only its shard (FIELD-NOTES #1). ``naive``: every rank reads
-everything (the benchmark baseline). ``sharded`` (each rank reads only its own
-bytes) is issue 5's; until then it takes the rank-0 path.
+and each rank keeps only its shard (FIELD-NOTES #1). ``sharded``: every rank
+builds on the meta device, shards, and reads only its own rows of each tensor
+from the memory-mapped safetensors (``sharded_load.py``); no rank ever holds the
+whole model. ``naive``: every rank reads everything (the benchmark baseline).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,8 +55,11 @@ def load_full(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:
 
 
 def _build_on_meta(cfg: ModelConfig) -> nn.Module:
+    """Parameters on the meta device; buffers real (rotary ``inv_freq`` as ``__init__`` made it)."""
+    from .sharded_load import params_on_meta
+
     hf_config = load_hf_config(cfg)
-    with torch.device("meta"):
+    with params_on_meta():
         model: nn.Module = _auto_class(hf_config).from_config(
             hf_config,
             dtype=torch.float32,
@@ -112,27 +117,70 @@ def build_sharded(
         model = load_full(mcfg, torch.float32).to(device)
         _prepare(model, actor, trainable)
         return shard_model(model, actor, device, trainable=trainable)
+    if strategy == InitStrategy.SHARDED:
+        sharded = _build_sharded_read(mcfg, actor, device, trainable=trainable)
+        if sharded is not None:
+            return sharded
 
     if rank == 0:
         model = load_full(mcfg, torch.float32)
-        full_sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        # No copy: fully_shard puts each shard in new storage and drops its
+        # reference to the full tensor, so these are the only full copies.
+        full_sd = {k: v.detach() for k, v in model.state_dict().items()}
     else:
         model = _build_on_meta(mcfg)
         full_sd = {}
     _prepare(model, actor, trainable)
     shard_model(model, actor, device, trainable=trainable)
     if rank != 0:
-        model.to_empty(device=device)
+        _materialise(model, device)
     set_model_state_dict(
         model,
         full_sd,
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
     del full_sd
-    # Non-persistent buffers (rotary inv_freq, ...) are not in the state dict and
-    # are garbage after to_empty; take rank 0's.
+    # Non-persistent buffers (rotary inv_freq, ...) are not in the state dict; take
+    # rank 0's, which went through from_pretrained.
     for _, buf in model.named_buffers():
         dist.broadcast(buf.data, src=0)
+    return model
+
+
+def _materialise(model: nn.Module, device: torch.device) -> None:
+    """Storage for the meta parameters (``to_empty``), keeping the real buffers' values."""
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers() if not b.is_meta}
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name in buffers:
+                buf.copy_(buffers[name])
+
+
+def _build_sharded_read(
+    mcfg: ModelConfig, actor: ActorConfig, device: torch.device, *, trainable: bool
+) -> nn.Module | None:
+    """The ``sharded`` strategy; None (on every rank alike) if the checkpoint does not allow it."""
+    from .sharded_load import NotShardable, plan_sources, read_local_shards
+
+    model = _build_on_meta(mcfg)
+    try:
+        # Every rank plans from the same files, so every rank decides the same way.
+        plan = plan_sources(model, mcfg.path)
+    except NotShardable as why:
+        log.warning("init_strategy sharded not possible (%s): loading through rank 0", why)
+        return None
+    _prepare(model, actor, trainable)
+    shard_model(model, actor, device, trainable=trainable)
+    _materialise(model, device)
+    t0 = time.perf_counter()
+    nbytes = read_local_shards(model, plan)
+    log.info(
+        "rank %d read its shards: %.1f MiB in %.2f s",
+        dist.get_rank(),
+        nbytes / 2**20,
+        time.perf_counter() - t0,
+    )
     return model
 
 

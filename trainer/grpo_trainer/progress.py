@@ -25,18 +25,24 @@ class Progress:
     reward_mean: float | None = None
     last_checkpoint_step: int | None = None
     updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
-    conditions: dict[str, str] = field(default_factory=dict)  # e.g. MemoryGrowth (issue 5)
+    # The memory watchdog's message while a process's memory grows, e.g. "host RSS
+    # of rank 1 grew 4.1 MiB/step over the last 20 steps"; the operator turns it
+    # into a MemoryGrowth condition.
+    memory_growth: str | None = None
 
     def to_status(self) -> dict[str, object]:
         """camelCase keys as in GRPOJob.status.progress."""
         d = asdict(self)
-        return {
+        status: dict[str, object] = {
             "step": d["step"],
             "totalSteps": d["total_steps"],
             "rewardMean": d["reward_mean"],
             "lastCheckpointStep": d["last_checkpoint_step"],
             "updatedAt": d["updated_at"],
         }
+        if self.memory_growth:
+            status["memoryGrowth"] = self.memory_growth
+        return status
 
 
 class ProgressReporter(Protocol):

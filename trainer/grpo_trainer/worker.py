@@ -19,7 +19,7 @@ from torch import nn
 
 from .config import Config
 from .data import Record, load_template
-from .errors import parse_fault, raise_injected_oom
+from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
 from .grpo_math import entropy_from_logits, grpo_loss, log_probs_from_logits
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
 from .rollout.base import RolloutEngine, SamplingSpec
@@ -59,6 +59,8 @@ class Worker:
         self.world_size = world_size
         self.samples: list[Sample] = []
         self.fault = parse_fault(cfg.trainer.fault_inject)
+        self._leak_bytes = int(leak_mib_per_step(cfg.trainer.fault_inject) * 2**20)
+        self._leaked: list[torch.Tensor] = []
         use_cuda = cfg.resources.gpus_per_worker > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
         self.backend = "nccl" if use_cuda else "gloo"
@@ -178,10 +180,17 @@ class Worker:
             log.error("INJECTED FAULT (GRPO_FAULT_INJECT): worker rank %d exits", self.rank)
             os._exit(1)
 
+    def _maybe_leak(self, step: int) -> None:
+        """``leak_host`` fault: a real leak, written pages kept alive for good."""
+        if self._leak_bytes and self.fault is not None and step >= self.fault[1]:
+            self._leaked.append(torch.ones(self._leak_bytes, dtype=torch.uint8))
+
     # -- rollout ---------------------------------------------------------------
     def generate(self, records: list[Record], step: int) -> list[dict[str, Any]]:
         """``rollout.n`` responses per record; keeps the samples, returns their text."""
         self._maybe_fault("generate", step)
+        if self.device.type == "cuda":  # memory/gpu_peak_bytes: this step's peak
+            torch.cuda.reset_peak_memory_stats(self.device)
         cfg = self.cfg
         prompts = [self.encoder.encode(r) for r in records]
         for p in prompts:
@@ -277,6 +286,7 @@ class Worker:
     def update(self, advantages: list[float], step: int) -> dict[str, float]:
         """Recompute old (and reference) log-probs, then the clipped GRPO update."""
         self._maybe_fault("update", step)
+        self._maybe_leak(step)
         cfg, alg = self.cfg, self.cfg.algorithm
         if len(advantages) != len(self.samples):
             raise ValueError(f"{len(advantages)} advantages for {len(self.samples)} samples")

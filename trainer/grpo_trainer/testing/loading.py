@@ -1,0 +1,314 @@
+"""Model loading under measurement: random big checkpoints and per-rank load probes.
+
+Shared by ``tests/trainer/test_sharded_loading.py`` and ``bench/bench_loading.py``.
+Memory figures come from ``/proc/self/status``: ``VmHWM`` (peak resident set,
+file-backed pages included) after resetting it through ``/proc/self/clear_refs``,
+and a sampler for the peaks of ``RssAnon`` (private memory) and ``RssFile``
+(mapped file pages, e.g. a memory-mapped safetensors file). Bytes fetched from
+storage come from ``/proc/self/io`` ``read_bytes``, which counts page faults on
+mapped files too; ``evict_page_cache`` makes a file cold for that purpose.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_CACHE = Path.home() / ".cache" / "grpo-operator" / "bench"
+
+
+# -- /proc probes ---------------------------------------------------------------
+def proc_status_bytes() -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon, RssFile of this process in bytes."""
+    keys = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
+    out: dict[str, int] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name = line.split(":", 1)[0]
+            if name in keys:
+                out[name] = int(line.split()[1]) * 1024
+    return out
+
+
+def reset_peak_rss() -> None:
+    """Reset VmHWM to the current RSS (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the kernel (glibc keeps them).
+
+    Without this a load measured after another in the same process starts with
+    the previous model's freed pages still resident, and its RSS rise looks smaller
+    than what it really allocated.
+    """
+    import ctypes
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def read_bytes() -> int:
+    """Bytes this process caused to be fetched from storage (page faults on mmaps too)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no read_bytes")
+
+
+def evict_page_cache(paths: list[Path]) -> None:
+    """Drop these files' clean pages from the page cache (no root needed)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+class PeakSampler:
+    """Peaks of RssAnon and RssFile, sampled every ``interval_s`` in a thread."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+        self.peak_anon = 0
+        self.peak_file = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        s = proc_status_bytes()
+        self.peak_anon = max(self.peak_anon, s["RssAnon"])
+        self.peak_file = max(self.peak_file, s["RssFile"])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> PeakSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+# -- random checkpoints ---------------------------------------------------------
+@dataclass(frozen=True)
+class Qwen2Spec:
+    hidden: int = 2048
+    intermediate: int = 5632
+    layers: int = 8
+    vocab: int = 32000
+    heads: int = 16
+    kv_heads: int = 4
+    files: int = 4
+    dtype: str = "bfloat16"
+    tie: bool = False
+    seed: int = 0
+
+    def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Checkpoint names and shapes, in Qwen2's on-disk layout."""
+        h, kv = self.hidden, self.hidden // self.heads * self.kv_heads
+        out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (self.vocab, h))]
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            out += [
+                (p + "input_layernorm.weight", (h,)),
+                (p + "post_attention_layernorm.weight", (h,)),
+                (p + "self_attn.q_proj.weight", (h, h)),
+                (p + "self_attn.q_proj.bias", (h,)),
+                (p + "self_attn.k_proj.weight", (kv, h)),
+                (p + "self_attn.k_proj.bias", (kv,)),
+                (p + "self_attn.v_proj.weight", (kv, h)),
+                (p + "self_attn.v_proj.bias", (kv,)),
+                (p + "self_attn.o_proj.weight", (h, h)),
+                (p + "mlp.gate_proj.weight", (self.intermediate, h)),
+                (p + "mlp.up_proj.weight", (self.intermediate, h)),
+                (p + "mlp.down_proj.weight", (h, self.intermediate)),
+            ]
+        out.append(("model.norm.weight", (h,)))
+        if not self.tie:
+            out.append(("lm_head.weight", (self.vocab, h)))
+        return out
+
+    def numel(self) -> int:
+        n = 0
+        for _, shape in self.tensors():
+            k = 1
+            for d in shape:
+                k *= d
+            n += k
+        return n
+
+
+def write_random_qwen2(path: Path, spec: Qwen2Spec) -> Path:
+    """A Qwen2ForCausalLM checkpoint with random weights in ``spec.files`` safetensors files."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen2Config
+
+    path.mkdir(parents=True, exist_ok=True)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[spec.dtype]
+    Qwen2Config(
+        vocab_size=spec.vocab,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=spec.tie,
+        dtype=spec.dtype,
+    ).save_pretrained(path)
+    names = spec.tensors()
+    gen = torch.Generator().manual_seed(spec.seed)
+    per_file = -(-len(names) // spec.files)
+    weight_map: dict[str, str] = {}
+    for i in range(spec.files):
+        fname = f"model-{i + 1:05d}-of-{spec.files:05d}.safetensors"
+        part = {}
+        for name, shape in names[i * per_file : (i + 1) * per_file]:
+            part[name] = (torch.randn(shape, generator=gen) * 0.02).to(dtype)
+            weight_map[name] = fname
+        save_file(part, str(path / fname), metadata={"format": "pt"})
+    index = {"metadata": {"total_size": spec.numel() * dtype.itemsize}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    return path
+
+
+def cached_random_qwen2(name: str, spec: Qwen2Spec, root: Path = BENCH_CACHE) -> Path:
+    """``write_random_qwen2`` once per spec; later calls reuse the files."""
+    path = root / name
+    marker = path / "spec.json"
+    want = json.dumps(spec.__dict__, sort_keys=True)
+    if marker.exists() and marker.read_text() == want:
+        return path
+    write_random_qwen2(path, spec)
+    marker.write_text(want)
+    return path
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    return sorted(path.glob("*.safetensors"))
+
+
+# -- per-rank load probe ----------------------------------------------------------
+@dataclass(frozen=True)
+class LoadJob:
+    model_dir: str
+    strategies: tuple[str, ...]
+    gather: bool = False  # rank 0 returns full parameters and buffers
+    evict: bool = False  # make the files cold before each strategy
+
+
+@dataclass
+class LoadResult:
+    strategy: str
+    wall_s: float
+    rss_before: int
+    anon_before: int  # RssAnon before
+    file_before: int  # RssFile before: shared libraries and other mapped files
+    peak_rss: int  # VmHWM during the load (anon + file-backed)
+    peak_anon: int
+    peak_file: int
+    rss_after: int
+    read_bytes: int
+    local_numel: int
+    params: dict[str, Any] = field(default_factory=dict)
+    buffers: dict[str, Any] = field(default_factory=dict)
+
+
+def rank_load(rank: int, world: int, job: LoadJob) -> list[LoadResult]:
+    """Load ``job.model_dir`` with each strategy in turn on this rank; measure each."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from ..config import ActorConfig, ModelConfig
+    from ..modeling import build_sharded
+
+    torch.set_num_threads(1)
+    mcfg = ModelConfig(path=job.model_dir)
+    files = safetensors_files(Path(job.model_dir))
+    results: list[LoadResult] = []
+    for strategy in job.strategies:
+        actor = ActorConfig(init_strategy=strategy, dtype="float32")  # type: ignore[arg-type]
+        release_freed_memory()
+        if job.evict and rank == 0:
+            evict_page_cache(files)
+        dist.barrier()
+        before = proc_status_bytes()
+        reset_peak_rss()
+        io0 = read_bytes()
+        t0 = time.perf_counter()
+        with PeakSampler() as peaks:
+            model = build_sharded(mcfg, actor, torch.device("cpu"), trainable=True)
+            dist.barrier()
+        wall = time.perf_counter() - t0
+        status = proc_status_bytes()
+        local = sum(
+            (p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters()
+        )
+        res = LoadResult(
+            strategy,
+            wall,
+            before["VmRSS"],
+            before["RssAnon"],
+            before["RssFile"],
+            status["VmHWM"],
+            peaks.peak_anon,
+            peaks.peak_file,
+            status["VmRSS"],
+            read_bytes() - io0,
+            local,
+        )
+        if job.gather:
+            for name, p in model.named_parameters():
+                full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+                if rank == 0:
+                    res.params[name] = full.detach().clone()
+            if rank == 0:
+                res.buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+        results.append(res)
+        del model
+        release_freed_memory()
+    return results
+
+
+def save_variant(src: Path, dst: Path, *, tie: bool, dtype: str, odd: bool = False) -> Path:
+    """Re-save a tiny model with tied embeddings and/or another file dtype (random weights).
+
+    ``odd`` gives the vocabulary and the MLP odd sizes, so FSDP's row chunks are uneven.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(src)
+    cfg.tie_word_embeddings = tie
+    if odd:
+        cfg.vocab_size += 1 - cfg.vocab_size % 2
+        cfg.intermediate_size += 1 - cfg.intermediate_size % 2
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+    return dst
+
+
+def rank_load_many(rank: int, world: int, jobs: list[LoadJob]) -> list[list[LoadResult]]:
+    """``rank_load`` for several jobs in one set of processes (spawning costs seconds)."""
+    return [rank_load(rank, world, job) for job in jobs]
