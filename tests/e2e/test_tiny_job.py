@@ -60,6 +60,9 @@ def test_job_succeeds_after_a_real_oom_kill_and_one_restart(tiny: TinyJob) -> No
     first, second = st["attempts"]
     assert first["outcome"] == "HostOOM" and "OOMKilled" in first["reason"], first
     assert first["remediation"], "the operator applied no step of the HostOOM ladder"
+    # SIGKILL leaves no termination message: the step and checkpoint come from the
+    # progress the trainer reported right after its last checkpoint (interval 2).
+    assert first["lastCheckpointStep"] == (OOM_STEP - 1) // 2 * 2, first
     assert second["outcome"] == "Succeeded"
     assert st["restarts"] == 1
     assert f"host_oom at step {OOM_STEP}" in tiny.head_log(0)

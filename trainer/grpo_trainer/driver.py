@@ -144,6 +144,7 @@ class GRPOTrainer:
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.group: WorkerGroup | None = None
+        self._reported_checkpoint: int | None = None
         wd = cfg.watchdog
         self.watchdog = (
             MemoryWatchdog(
@@ -236,16 +237,14 @@ class GRPOTrainer:
                 growth = self.watchdog.message
             self.history.append(m)
             self.metrics.log(step, m)
+            ckpt = self.checkpointer.latest_step()
+            # The last step and a newly completed checkpoint skip the rate limit: the
+            # operator records lastCheckpointStep in attempts[] when a pod dies.
             self.reporter.report(
-                Progress(
-                    step,
-                    total,
-                    m["reward/mean"],
-                    self.checkpointer.latest_step(),
-                    memory_growth=growth,
-                ),
-                final=step == total,
+                Progress(step, total, m["reward/mean"], ckpt, memory_growth=growth),
+                force=step == total or ckpt != self._reported_checkpoint,
             )
+            self._reported_checkpoint = ckpt
         return self.history
 
     def close(self) -> None:

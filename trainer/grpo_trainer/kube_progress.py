@@ -54,9 +54,9 @@ class KubernetesProgressReporter:
             self._api = client.CustomObjectsApi()
         return self._api
 
-    def report(self, progress: Progress, *, final: bool = False) -> None:
+    def report(self, progress: Progress, *, force: bool = False) -> None:
         now = time.monotonic()
-        if not final and now - self._last < self.min_interval_s:
+        if not force and now - self._last < self.min_interval_s:
             return
         self._last = now
         body = {"status": {"progress": progress.to_status()}}

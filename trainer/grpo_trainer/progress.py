@@ -46,11 +46,11 @@ class Progress:
 
 
 class ProgressReporter(Protocol):
-    def report(self, progress: Progress, *, final: bool = False) -> None: ...
+    def report(self, progress: Progress, *, force: bool = False) -> None: ...
 
 
 class NullProgressReporter:
-    def report(self, progress: Progress, *, final: bool = False) -> None:
+    def report(self, progress: Progress, *, force: bool = False) -> None:
         return None
 
 
@@ -62,9 +62,9 @@ class JsonFileProgressReporter:
         self.min_interval_s = min_interval_s
         self._last = float("-inf")
 
-    def report(self, progress: Progress, *, final: bool = False) -> None:
+    def report(self, progress: Progress, *, force: bool = False) -> None:
         now = time.monotonic()
-        if not final and now - self._last < self.min_interval_s:
+        if not force and now - self._last < self.min_interval_s:
             return
         self._last = now
         self.path.parent.mkdir(parents=True, exist_ok=True)
