@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 class _Pending:
     step: int
     path: Path
-    files: dict[str, FileEntry]
+    driver_files: dict[str, bytes]  # written at commit: nothing but a snapshot blocks
     started: float
 
 
@@ -122,6 +122,7 @@ class DCPCheckpointer:
         self._latest_known = False
         self._pending: _Pending | None = None
         self.last_save: dict[str, float] = {}
+        self.last_restore: dict[str, float] = {}
 
     # -- Checkpointer protocol -------------------------------------------------
     def latest_step(self) -> int | None:
@@ -161,7 +162,7 @@ class DCPCheckpointer:
         if path.exists():  # an abandoned or skipped (corrupt) save of this step
             remove_step_dir(path)
         path.mkdir(parents=True)
-        files = self._write_driver_files(path, step, loader, group.world_size)
+        files = self._driver_files(step, loader, group.world_size)
         blocked = group.call("save_checkpoint", common=[str(path), self.async_save])
         self._pending = _Pending(step, path, files, t0)
         self.last_save = {
@@ -172,14 +173,16 @@ class DCPCheckpointer:
         if not self.async_save or final:
             self._poll(group, wait=True)
 
+    def wait(self, group: Any) -> None:
+        """Block until the save in flight (if any) is on disk and committed."""
+        self._poll(group, wait=True)
+
     # -- internals ---------------------------------------------------------------
     def _tracker_step(self) -> int | None:
         tracker = read_tracker(self.root)
         return tracker.step if tracker else None
 
-    def _write_driver_files(
-        self, path: Path, step: int, loader: Any, world: int
-    ) -> dict[str, FileEntry]:
+    def _driver_files(self, step: int, loader: Any, world: int) -> dict[str, bytes]:
         from ..worker import rollout_seed
 
         seed = self.cfg.rollout.seed
@@ -199,10 +202,8 @@ class DCPCheckpointer:
         }
         config = yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False)
         return {
-            TRAINER_STATE: write_durable(
-                path / TRAINER_STATE, json.dumps(state, indent=1).encode()
-            ),
-            CONFIG: write_durable(path / CONFIG, config.encode()),
+            TRAINER_STATE: json.dumps(state, indent=1).encode(),
+            CONFIG: config.encode(),
         }
 
     def _poll(self, group: Any, *, wait: bool) -> None:
@@ -213,7 +214,7 @@ class DCPCheckpointer:
         results = group.call("finish_checkpoint", common=[wait])
         if any(r is None for r in results):
             return
-        files = dict(pending.files)
+        files = {k: write_durable(pending.path / k, v) for k, v in pending.driver_files.items()}
         for r in results:
             files.update({k: FileEntry(int(v[0]), str(v[1])) for k, v in r["files"].items()})
         self._commit(pending, files, len(results))
@@ -244,6 +245,7 @@ class DCPCheckpointer:
             remove_step_dir(path)
 
     def _try_load(self, step: int, group: Any, loader: Any) -> bool:
+        t0 = time.perf_counter()
         path = self.root / step_dir_name(step)
         manifest, problems = check_sizes(path)
         state: dict[str, Any] = {}
@@ -261,7 +263,6 @@ class DCPCheckpointer:
         world = group.world_size
         big = {k: v for k, v in manifest.entries().items() if k not in (TRAINER_STATE, CONFIG)}
         shares = [{k: [v.size, v.sha256] for k, v in part.items()} for part in balance(big, world)]
-        t0 = time.perf_counter()
         results = group.call("load_checkpoint", shares, common=[str(path)])
         if results[0]["bad"]:
             self._report_bad(path, results[0]["bad"])
@@ -281,17 +282,26 @@ class DCPCheckpointer:
             if manifest.world_size == world
             else f", resharded {manifest.world_size} -> {world} ranks"
         )
+        self.last_restore = {
+            "step": float(step),
+            "verify_s": max(float(r["verify_s"]) for r in results),
+            "load_s": max(float(r["load_s"]) for r in results),
+            "total_s": time.perf_counter() - t0,
+            "bytes": float(sum(e.size for e in manifest.entries().values())),
+        }
+        r = self.last_restore
         log.info(
-            "resumed from checkpoint step %d (%s, epoch %d%s; rng %s; verify %.2f s, load %.2f s, "
-            "total %.2f s)",
+            "resumed from checkpoint step %d (%s, epoch %d%s; rng %s; %.1f MB: sha256 check "
+            "%.2f s, load %.2f s, total %.2f s)",
             step,
             path,
             int(state.get("epoch", 0)),
             reshard,
             results[0]["rng"],
-            max(r["verify_s"] for r in results),
-            max(r["load_s"] for r in results),
-            time.perf_counter() - t0,
+            r["bytes"] / 1e6,
+            r["verify_s"],
+            r["load_s"],
+            r["total_s"],
         )
         return True
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,9 @@ def load_model_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
             state[key] = torch.empty(md.size, dtype=md.properties.dtype)
     if not state:
         raise ExportError(f"{step_dir} holds no model tensors")
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=reader, no_dist=True)
     return {k.removeprefix(MODEL_PREFIX): v for k, v in state.items()}
 
 

@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections.abc import Generator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -61,11 +61,50 @@ class HashingFileSystem(FileSystem):
             self.digests[Path(new_path).name] = entry
 
 
-def _writer(path: str) -> tuple[FileSystemWriter, HashingFileSystem]:
-    writer = FileSystemWriter(path, sync_files=True)
+def _writer(path: str, threads: int) -> tuple[FileSystemWriter, HashingFileSystem]:
+    # ``threads`` files per rank, written (and hashed) in parallel.
+    writer = FileSystemWriter(path, sync_files=True, thread_count=threads)
     fs = HashingFileSystem()
     writer.fs = fs
     return writer, fs
+
+
+class CachedStager:
+    """DCP ``AsyncStager`` that copies into one CPU buffer kept across saves.
+
+    A fresh CPU copy per save spends most of its time faulting in new pages; the
+    cached one is a plain copy. Costs one host copy of this rank's model and
+    optimizer shard for as long as async saves are on (pinned when CUDA is there,
+    which DCP's own cached stager requires even without a GPU). Safe to reuse:
+    a rank never starts a save before the previous one finished.
+    """
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        # Private helpers, but the ones DCP's stagers use themselves.
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        if self._cache is not None:
+            try:
+                return dict(_copy_state_dict(state_dict, self._cache))
+            except (KeyError, RuntimeError, ValueError):  # the layout changed: rebuild
+                self._cache = None
+        self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+        return dict(_copy_state_dict(state_dict, self._cache))
+
+    def synchronize_staging(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 def _rng_state() -> dict[str, Any]:
@@ -93,11 +132,13 @@ class RankCheckpointer:
 
     def __init__(self, worker: Any) -> None:
         self.w = worker
+        # I/O and hashing threads: the CPUs this rank was given, within reason.
+        self.threads = max(1, min(8, int(worker.cfg.resources.cpus_per_worker)))
         self._group: Any = None
-        self._pending: Future[Any] | None = None
+        self._pending: Future[FileEntry] | None = None
         self._fs: HashingFileSystem | None = None
-        self._digests: dict[str, FileEntry] = {}
         self._result: dict[str, Any] | None = None
+        self._stager: CachedStager | None = None
         self._t0 = 0.0
 
     def _pg(self) -> Any:
@@ -117,6 +158,8 @@ class RankCheckpointer:
         """Start (async) or do (sync) this rank's part of the save of step dir ``path``.
 
         Returns the time training was blocked; the file digests come from ``finish``.
+        Async: only the snapshot (state dicts staged to CPU, RNG and scheduler state
+        serialised) happens here; every write and fsync happens in the background.
         """
         import torch.distributed.checkpoint as dcp
 
@@ -124,31 +167,43 @@ class RankCheckpointer:
         t0 = time.perf_counter()
         self._t0 = t0
         pg = self._pg()
-        extra = {
-            "rank": self.w.rank,
-            "world_size": self.w.world_size,
-            "rng": _rng_state(),
-            "scheduler": self.w.scheduler.state_dict(),
-        }
         buf = io.BytesIO()
-        torch.save(extra, buf)
-        self._digests = {
-            rank_file(self.w.rank): write_durable(
-                Path(path) / rank_file(self.w.rank), buf.getvalue()
-            )
-        }
+        torch.save(
+            {
+                "rank": self.w.rank,
+                "world_size": self.w.world_size,
+                "rng": _rng_state(),
+                "scheduler": self.w.scheduler.state_dict(),
+            },
+            buf,
+        )
+        extra_path = Path(path) / rank_file(self.w.rank)
+        extra = buf.getvalue()
         msd, osd = self._state()
-        writer, self._fs = _writer(path)
+        writer, self._fs = _writer(path, self.threads)
         self._result = None
         state = {"model": msd, "optim": osd}
+        done: Future[FileEntry] = Future()
         if async_save:
-            fut = dcp.async_save(state, storage_writer=writer, process_group=pg)
-            self._pending = fut if isinstance(fut, Future) else fut.upload_completion
+            if self._stager is None:
+                self._stager = CachedStager()
+            res = dcp.async_save(
+                state, storage_writer=writer, process_group=pg, async_stager=self._stager
+            )
+            upload = res if isinstance(res, Future) else res.upload_completion
+
+            def then_extra(f: Future[Any]) -> None:  # runs on DCP's writer thread
+                try:
+                    f.result()
+                    done.set_result(write_durable(extra_path, extra))
+                except BaseException as err:  # handed to finish(), which re-raises
+                    done.set_exception(err)
+
+            upload.add_done_callback(then_extra)
         else:
             dcp.save(state, storage_writer=writer, process_group=pg)
-            done: Future[Any] = Future()
-            done.set_result(None)
-            self._pending = done
+            done.set_result(write_durable(extra_path, extra))
+        self._pending = done
         return {"blocked_s": time.perf_counter() - t0}
 
     def finish(self, wait: bool) -> dict[str, Any] | None:
@@ -157,9 +212,9 @@ class RankCheckpointer:
             return self._result
         if not wait and not self._pending.done():
             return None
-        self._pending.result()  # re-raises a failed background write
+        extra = self._pending.result()  # re-raises a failed background write
         assert self._fs is not None
-        files = {**self._digests, **self._fs.digests}
+        files = {rank_file(self.w.rank): extra, **self._fs.digests}
         self._result = {
             "files": {k: [v.size, v.sha256] for k, v in files.items()},
             "save_s": time.perf_counter() - self._t0,
@@ -182,7 +237,11 @@ class RankCheckpointer:
         root = Path(path)
         t0 = time.perf_counter()
         expected = {k: FileEntry(int(v[0]), str(v[1])) for k, v in verify.items()}
-        actual = {k: sha256_file(root / k) for k in expected if (root / k).exists()}
+        present = [k for k in expected if (root / k).exists()]
+        with ThreadPoolExecutor(self.threads) as pool:  # hashlib releases the GIL
+            actual = dict(
+                zip(present, pool.map(sha256_file, [root / k for k in present]), strict=True)
+            )
         mine = digest_problems(expected, actual)
         everyone: list[Any] = [None] * dist.get_world_size(pg)
         dist.all_gather_object(everyone, mine, group=pg)
