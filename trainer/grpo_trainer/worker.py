@@ -22,6 +22,7 @@ from .data import Record, load_template
 from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
 from .grpo_math import entropy_from_logits, grpo_loss, log_probs_from_logits
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
+from .param_gather import gather_full_params
 from .rollout.base import RolloutEngine, SamplingSpec
 from .samples import (
     EncodedPrompt,
@@ -202,7 +203,7 @@ class Worker:
                     cfg.data.max_prompt_length,
                 )
         self.engine.wake()
-        self.engine.load_weights(stream_full_params(self.actor, self.compute_dtype))
+        self.engine.load_weights(gather_full_params(self.actor, self.compute_dtype))
         spec = SamplingSpec(
             n=cfg.rollout.n,
             temperature=cfg.rollout.temperature,
