@@ -7,6 +7,7 @@ after a save has begun, then starts the next attempt on the same directory. Ever
 attempt must resume from exactly the step the tracker named when the previous one
 died, never meet a corrupt checkpoint, print the same per-step metrics as an
 uninterrupted run, and every run that finishes must end with bit-identical weights.
+The same server trains a tiny VLM for the export test (no Ray needed there).
 """
 
 from __future__ import annotations
@@ -225,3 +226,39 @@ def test_sigkill_anywhere_resumes_from_a_complete_checkpoint_and_matches(
     assert "not resuming" in text and "resumed from" not in text
     assert sorted(_metrics(log)) == list(range(1, TOTAL_STEPS + 1))
     _assert_same_weights(root / f"step-{TOTAL_STEPS}", ref_final)
+
+
+def test_a_vlm_checkpoint_exports_to_a_loadable_hf_directory(
+    server: CrashServer, tiny_vlm: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from grpo_trainer.checkpointing.export import export
+    from grpo_trainer.testing.datasets import write_vision_task
+
+    data = write_vision_task(tmp_path / "v.parquet")
+    cfg = {
+        "model": {"path": str(tiny_vlm)},
+        "data": {"train_files": [str(data)], "format_prompt": "math"},
+        "rollout": {"n": 4, "max_new_tokens": 6},
+        "actor": {"lr": 1e-3, "micro_batch_size": 4, "dtype": "float32"},
+        "reward": {"type": "math"},
+        "resources": {"num_workers": 1},
+        "trainer": {"total_steps": 1, "rollout_batch_size": 2},
+        "metrics": {"progress_bar": "off"},
+        "checkpoint": {"dir": str(tmp_path / "ckpt")},
+    }
+    (tmp_path / "vlm.yaml").write_text(yaml.safe_dump(cfg))
+    server.start(tmp_path / "vlm.yaml", tmp_path / "vlm.log")
+    assert server.wait() == 0, (tmp_path / "vlm.log").read_text()[-3000:]
+
+    done = export(tmp_path / "ckpt", tmp_path / "hf", dtype="float32")
+    assert done.step == 1
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "hf")
+    assert AutoProcessor.from_pretrained(tmp_path / "hf") is not None
+    exported = model.state_dict()
+    saved = load_model_tensors(tmp_path / "ckpt" / "step-1")
+    assert saved.keys() == exported.keys()
+    assert any("visual" in k for k in saved)
+    for k, v in saved.items():
+        assert torch.equal(exported[k], v), k
