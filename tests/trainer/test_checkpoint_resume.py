@@ -81,7 +81,9 @@ def reference(
 ) -> Reference:
     tmp = tmp_path_factory.mktemp("reference")
     data = write_text_task(tmp / "t.jsonl")
-    _, metrics = _train(build_config(_cfg(tiny_lm, data, tmp / "ckpt"), environ={}))
+    # Async saves: the background writer's collectives run beside the training's.
+    raw = _cfg(tiny_lm, data, tmp / "ckpt", checkpoint={"async_save": True})
+    _, metrics = _train(build_config(raw, environ={}))
     return Reference(tiny_lm, data, tmp / "ckpt", metrics)
 
 
