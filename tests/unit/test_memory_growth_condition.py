@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grpo_operator.api import GRPOJobStatus
 from grpo_operator.reconcile.status import PhaseView, conditions_for, memory_growth_conditions
 
 T0, T1 = "2026-11-22T00:00:00Z", "2026-11-22T00:05:00Z"
@@ -20,6 +21,7 @@ def test_a_growth_report_sets_the_condition_with_the_trainers_message() -> None:
     assert c is not None
     assert (c["status"], c["reason"], c["message"]) == ("True", "SustainedGrowth", MSG)
     assert [x["type"] for x in new[:6]] == [x["type"] for x in RUNNING]  # others untouched
+    GRPOJobStatus.model_validate({"conditions": new})  # what the CRD schema accepts
 
 
 def test_nothing_to_write_without_a_report_or_when_already_set() -> None:

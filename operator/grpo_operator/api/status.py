@@ -8,7 +8,10 @@ from pydantic import Field
 
 from .base import ApiModel
 
-ConditionType = Literal["Ready", "Progressing", "Degraded", "Suspended", "Succeeded", "Failed"]
+# The operator's six, plus MemoryGrowth from the trainer's leak report.
+ConditionType = Literal[
+    "Ready", "Progressing", "Degraded", "Suspended", "Succeeded", "Failed", "MemoryGrowth"
+]
 Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 AttemptOutcome = Literal[
     "Running",
@@ -145,7 +148,7 @@ class GRPOJobStatus(ApiModel):
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
         },
-        description="Ready, Progressing, Degraded, Suspended, Succeeded, Failed.",
+        description="Ready, Progressing, Degraded, Suspended, Succeeded, Failed, MemoryGrowth.",
     )
     phase: Phase | None = Field(None, description="One-word summary for humans.")
     plan: PlanStatus | None = Field(None, description="Resolved plan of the current attempt.")
