@@ -232,21 +232,61 @@ class LoadResult:
     buffers: dict[str, Any] = field(default_factory=dict)
 
 
+# Baselines a benchmark times in the same processes, right beside the loads: rank 0
+# alone reads the files once ("read"), or fills fresh fp32 memory from them ("fill").
+BASELINES = ("read", "fill")
+
+
+def read_sequentially(files: list[Path]) -> None:
+    for f in files:
+        with open(f, "rb", buffering=0) as fh:
+            while fh.read(16 * 2**20):
+                pass
+
+
+def fill_fp32(files: list[Path]) -> None:
+    """What any strategy pays once over all ranks: fp32 weights are new memory."""
+    import torch
+    from safetensors import safe_open
+
+    for f in files:
+        with safe_open(f, framework="pt") as sf:
+            for key in sf.keys():  # noqa: SIM118 (safe_open is not iterable)
+                src = sf.get_tensor(key)  # a view of the mapped file
+                torch.empty(src.shape, dtype=torch.float32).copy_(src)
+
+
+def _load(strategy: str, rank: int, mcfg: Any, files: list[Path]) -> Any:
+    import torch
+
+    from .. import sharded_load
+    from ..config import ActorConfig
+    from ..modeling import build_sharded
+
+    if strategy in BASELINES:
+        if rank == 0:
+            (read_sequentially if strategy == "read" else fill_fp32)(files)
+        return None
+    # "sharded-noprefetch": sharded without its read-ahead hints (what they buy).
+    sharded_load.PREFETCH = strategy != "sharded-noprefetch"
+    init = strategy.removesuffix("-noprefetch")
+    actor = ActorConfig(init_strategy=init, dtype="float32")  # type: ignore[arg-type]
+    return build_sharded(mcfg, actor, torch.device("cpu"), trainable=True)
+
+
 def rank_load(rank: int, world: int, job: LoadJob) -> list[LoadResult]:
     """Load ``job.model_dir`` with each strategy in turn on this rank; measure each."""
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from ..config import ActorConfig, ModelConfig
-    from ..modeling import build_sharded
+    from ..config import ModelConfig
 
     torch.set_num_threads(1)
     mcfg = ModelConfig(path=job.model_dir)
     files = safetensors_files(Path(job.model_dir))
     results: list[LoadResult] = []
     for strategy in job.strategies:
-        actor = ActorConfig(init_strategy=strategy, dtype="float32")  # type: ignore[arg-type]
         release_freed_memory()
         if job.evict and rank == 0:
             evict_page_cache(files)
@@ -256,13 +296,12 @@ def rank_load(rank: int, world: int, job: LoadJob) -> list[LoadResult]:
         io0 = read_bytes()
         t0 = time.perf_counter()
         with PeakSampler() as peaks:
-            model = build_sharded(mcfg, actor, torch.device("cpu"), trainable=True)
+            model = _load(strategy, rank, mcfg, files)
             dist.barrier()
         wall = time.perf_counter() - t0
         status = proc_status_bytes()
-        local = sum(
-            (p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters()
-        )
+        params = list(model.parameters()) if model is not None else []
+        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params)
         res = LoadResult(
             strategy,
             wall,
@@ -276,7 +315,7 @@ def rank_load(rank: int, world: int, job: LoadJob) -> list[LoadResult]:
             read_bytes() - io0,
             local,
         )
-        if job.gather:
+        if job.gather and model is not None:
             for name, p in model.named_parameters():
                 full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
                 if rank == 0:
