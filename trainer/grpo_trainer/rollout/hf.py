@@ -8,6 +8,7 @@ far more than one gather per step. The vLLM engine is the path for large models.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,6 +18,9 @@ from transformers.cache_utils import DynamicLayer
 from ..grpo_math import log_probs_from_logits
 from ..samples import EncodedPrompt, collate_prompts
 from .base import Generation, SamplingSpec
+from .lean_decode import LeanDecoder, supports
+
+log = logging.getLogger(__name__)
 
 
 class HFGenerateEngine:
@@ -29,6 +33,12 @@ class HFGenerateEngine:
         self.model.requires_grad_(False)
         self.pad_id = pad_id
         self.eos_ids = eos_ids
+        # Decode steps without the module stack where the architecture allows; checked
+        # against the model's own forward on the first step (see _decode).
+        self.lean: LeanDecoder | None = None
+        if sampler == "native" and not self.is_vlm and supports(self.model):
+            self.lean = LeanDecoder(self.model)
+        self._lean_checked = False
         self._params = dict(self.model.named_parameters())
 
     def wake(self) -> None:
@@ -166,16 +176,38 @@ class HFGenerateEngine:
                 position_ids = (next_pos + deltas).unsqueeze(0).expand(3, b, 1)
             else:
                 position_ids = next_pos
-            out = model(
-                input_ids=nxt[:, None],
-                attention_mask=attend[..., : width + t + 1],
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits = out.logits[:, -1].float()
+            logits = self._decode(nxt, position_ids, cache, attend[..., : width + t + 1])
             next_pos = next_pos + 1
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
+
+    def _decode(
+        self, nxt: torch.Tensor, position_ids: torch.Tensor, cache: Any, attend: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits for one new token per row, appended to ``cache``."""
+        lean = self.lean
+        if lean is not None and self._lean_checked:
+            return lean.step(nxt, position_ids, cache.layers, attend).float()
+        if lean is not None:
+            # First use: the lean step must reproduce the model's forward, or it is dropped.
+            ours = lean.step(nxt, position_ids, cache.layers, attend).float()
+            for layer in cache.layers:
+                layer.rewind(1)
+        out = self.model(
+            input_ids=nxt[:, None],
+            attention_mask=attend,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logits: torch.Tensor = out.logits[:, -1].float()
+        if lean is not None:
+            self._lean_checked = True
+            tol = 1e-3 if ours.dtype == logits.dtype == torch.float32 else 5e-2
+            err = float((ours - logits).abs().max())
+            if err > tol * (1.0 + float(logits.abs().max())) or not torch.isfinite(ours).all():
+                log.warning("lean decode step differs from the model by %.3g: not used", err)
+                self.lean = None
+        return logits
 
 
 class _GrowingLayer(DynamicLayer):
@@ -197,6 +229,11 @@ class _GrowingLayer(DynamicLayer):
         self.values = self._values[:, :, :length]
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
+
+    def rewind(self, tokens: int) -> None:
+        self._length -= tokens
+        self.keys = self._keys[:, :, : self._length]
+        self.values = self._values[:, :, : self._length]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
