@@ -66,6 +66,12 @@ def run_demo(out: Path, oom_step: int | None = None) -> int:
             job = tj.watch(lambda j: j.get("status", {}).get("phase") in TERMINAL, 900,
                            "the job to finish")
             console.print("    trainer, attempt 1: " + _resume_line(tj.head_log(1)))
+            rewards = [p["rewardMean"] for j in tj.seen
+                       if (p := j.get("status", {}).get("progress") or {}).get("rewardMean")
+                       is not None]
+            if rewards:
+                console.print(f"    reward mean: {rewards[0]:.3f} at the first report, "
+                              f"{rewards[-1]:.3f} at the last")
             phase = job["status"]["phase"]
             console.print(f"    {JOB_NS}/{JOB}: {phase}; attempts:")
             for rec in job["status"].get("attempts", []):

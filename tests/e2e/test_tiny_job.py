@@ -24,9 +24,19 @@ import yaml
 from grpo_operator.jobs import planned
 from grpo_operator.render import JobRef
 from grpo_operator.render.children import job_env
-from grpo_testbed.tiny_job import JOB, JOB_NS, OOM_STEP, TERMINAL, TinyJob, tiny_job_testbed
+from grpo_testbed.tiny_job import (
+    JOB,
+    JOB_NS,
+    OOM_STEP,
+    TERMINAL,
+    TinyJob,
+    example,
+    tiny_job_testbed,
+)
 
 RESUMED = re.compile(r"resumed from checkpoint step (\d+)")
+TOTAL = int(example()["spec"]["training"]["maxSteps"])
+INTERVAL = int(example()["spec"]["checkpoint"]["intervalSteps"])
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +72,7 @@ def test_job_succeeds_after_a_real_oom_kill_and_one_restart(tiny: TinyJob) -> No
     assert first["remediation"], "the operator applied no step of the HostOOM ladder"
     # SIGKILL leaves no termination message: the step and checkpoint come from the
     # progress the trainer reported right after its last checkpoint (interval 2).
-    assert first["lastCheckpointStep"] == (OOM_STEP - 1) // 2 * 2, first
+    assert first["lastCheckpointStep"] == (OOM_STEP - 1) // INTERVAL * INTERVAL, first
     assert second["outcome"] == "Succeeded"
     assert st["restarts"] == 1
     assert f"host_oom at step {OOM_STEP}" in tiny.head_log(0)
@@ -79,7 +89,7 @@ def test_the_trainer_received_the_planners_env(tiny: TinyJob) -> None:
             wrong = {k: (v, got.get(k)) for k, v in expected.items() if got.get(k) != v}
             assert not wrong, f"attempt {attempt}: env differs from the plan: {wrong}"
     # ... and the trainer resolved its config with it (the checkpoint keeps that config).
-    resolved = yaml.safe_load((tiny.checkpoint_dir() / "step-10" / "config.yaml").read_text())
+    resolved = yaml.safe_load((tiny.checkpoint_dir() / f"step-{TOTAL}" / "config.yaml").read_text())
     assert resolved["actor"]["micro_batch_size"] == plan.settings.micro_batch_size
     assert resolved["actor"]["init_strategy"] == ("rank0" if plan.settings.rank0_init
                                                   else "sharded")
@@ -91,9 +101,10 @@ def test_progress_reached_the_status_while_training(tiny: TinyJob) -> None:
                if j.get("status", {}).get("phase") == "Running"
                and (j["status"].get("progress") or {}).get("step")]
     assert running, "no progress was ever reported while the job ran"
-    assert all(p.get("rewardMean") is not None and p.get("totalSteps") == 10 for p in running)
+    assert all(p.get("rewardMean") is not None and p.get("totalSteps") == TOTAL
+               for p in running)
     final = status(tiny)["progress"]
-    assert final["step"] == 10 and final["lastCheckpointStep"] == 10
+    assert final["step"] == TOTAL and final["lastCheckpointStep"] == TOTAL
 
 
 def test_attempt_1_starts_at_the_checkpoint_step_plus_one(tiny: TinyJob) -> None:
@@ -101,12 +112,11 @@ def test_attempt_1_starts_at_the_checkpoint_step_plus_one(tiny: TinyJob) -> None
     found = RESUMED.search(log1)
     assert found, "attempt 1 did not resume from a checkpoint"
     ckpt = int(found.group(1))
-    interval = 2  # examples/grpojob-tiny.yaml: checkpoint.intervalSteps
-    assert ckpt == (OOM_STEP - 1) // interval * interval, ckpt
+    assert ckpt == (OOM_STEP - 1) // INTERVAL * INTERVAL, ckpt
     steps0 = [m["step"] for m in step_metrics(tiny.head_log(0))]
     steps1 = [m["step"] for m in step_metrics(log1)]
     assert steps0 == list(range(1, OOM_STEP)), steps0
-    assert steps1 == list(range(ckpt + 1, 11)), steps1
+    assert steps1 == list(range(ckpt + 1, TOTAL + 1)), steps1
 
 
 def test_final_weights_equal_an_uninterrupted_local_run(tiny: TinyJob, tmp_path: Path) -> None:
