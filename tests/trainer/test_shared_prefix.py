@@ -30,7 +30,10 @@ def _forward(model: torch.nn.Module, batch: TrainBatch) -> list[torch.Tensor]:
     return batch.gather(logp.detach())
 
 
-def test_packed_groups_match_the_padded_layout(tiny_lm: Path) -> None:
+@pytest.mark.parametrize("mask_dtype", [None, torch.float32], ids=["bool", "additive"])
+def test_packed_groups_match_the_padded_layout(
+    tiny_lm: Path, mask_dtype: torch.dtype | None
+) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -53,7 +56,7 @@ def test_packed_groups_match_the_padded_layout(tiny_lm: Path) -> None:
         for n in ns
     ]
     assert can_pack(samples)
-    packed = collate_packed(samples, tok.pad_token_id)
+    packed = collate_packed(samples, tok.pad_token_id, mask_dtype)
     # One row per prompt: each prompt's tokens appear once.
     assert packed.model_inputs["input_ids"].shape[0] == len(prompts)
     plain = collate_train(samples, tok.pad_token_id)

@@ -183,7 +183,9 @@ def can_pack(samples: list[Sample]) -> bool:
     return all(not s.prompt.mm_inputs and not s.prompt.token_extras for s in samples)
 
 
-def collate_packed(samples: list[Sample], pad_id: int) -> TrainBatch:
+def collate_packed(
+    samples: list[Sample], pad_id: int, mask_dtype: torch.dtype | None = None
+) -> TrainBatch:
     """One row per run of samples that share a prompt: the prompt once, then each
     response, under a 4-D attention mask in which every response sees the prompt and
     its own earlier tokens only, with the positions it had in generation.
@@ -192,6 +194,7 @@ def collate_packed(samples: list[Sample], pad_id: int) -> TrainBatch:
     and backward instead of n * P + sum(R); the log-probs are those of ``collate_train``
     (same tokens, positions and visible context), up to float rounding. The first
     response token of every sample in a row is predicted by the prompt's last position.
+    The mask is boolean, or additive (0 / the dtype's minimum) in ``mask_dtype``.
     """
     runs: list[list[Sample]] = []
     for s in samples:
@@ -233,10 +236,14 @@ def collate_packed(samples: list[Sample], pad_id: int) -> TrainBatch:
     # Pad queries see the prompt and earlier pads (never an empty row: no NaNs); no
     # real token sees a pad.
     mask = causal[None] & (same | sees_prompt)
+    attention: torch.Tensor = mask[:, None]  # [B, 1, L, L], True = may attend
+    if mask_dtype is not None:  # additive: sdpa would convert a boolean mask per layer
+        floor = torch.finfo(mask_dtype).min
+        attention = torch.zeros(attention.shape, dtype=mask_dtype).masked_fill(~attention, floor)
     flat_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
     inputs = {
         "input_ids": ids,
-        "attention_mask": mask[:, None],  # [B, 1, L, L], True = may attend
+        "attention_mask": attention,
         "position_ids": pos,
     }
     return TrainBatch(

@@ -95,6 +95,9 @@ class Worker:
             lr=cfg.actor.lr,
             betas=cfg.actor.betas,
             weight_decay=cfg.actor.weight_decay,
+            # One kernel over all parameters instead of a dozen DTensor ops per
+            # parameter (10x less optimizer time on CPU; also the fast path on CUDA).
+            fused=True,
         )
         # Only meaningful on GPUs; on CPU the state is already in host memory.
         offload = cfg.actor.offload_optimizer and self.device.type == "cuda"
@@ -261,14 +264,7 @@ class Worker:
     def _collate(self, micro: list[Sample]) -> TrainBatch:
         packable = self.cfg.model.attn_implementation in ("sdpa", "eager")
         if self.cfg.actor.shared_prefix and packable and can_pack(micro):
-            batch = collate_packed(micro, self.pad_id)
-            if self.cfg.model.attn_implementation == "eager":  # eager adds its mask
-                allowed = batch.model_inputs["attention_mask"]
-                floor = torch.finfo(self.compute_dtype).min
-                batch.model_inputs["attention_mask"] = torch.zeros(
-                    allowed.shape, dtype=self.compute_dtype
-                ).masked_fill(~allowed, floor)
-            return batch
+            return collate_packed(micro, self.pad_id, self.compute_dtype)
         return collate_train(micro, self.pad_id)
 
     @torch.no_grad()
