@@ -41,8 +41,7 @@ from grpo_trainer.testing.loading import (
     safetensors_files,
 )
 
-# sharded-noprefetch: sharded without its POSIX_FADV_WILLNEED read-ahead of the rank's ranges.
-STRATEGIES = ("naive", "rank0", "sharded", "sharded-noprefetch")
+STRATEGIES = ("naive", "rank0", "sharded")
 GiB = 2**30
 
 
@@ -140,7 +139,7 @@ def report(rows: list[dict[str, Any]], model_bytes: int, file_bytes: int) -> Non
         "memory = peak above each rank's pre-load RSS, summed over ranks; medians"
     )
     print(
-        f"{'W':>2} {'strategy':<18} {'cache':<5} {'wall s':>7} {'x read':>6} {'x fill':>6} "
+        f"{'W':>2} {'strategy':<8} {'cache':<5} {'wall s':>7} {'x read':>6} {'x fill':>6} "
         f"{'peak RSS GiB':>12} {'x model':>8} {'anon GiB':>9} {'file GiB':>9} "
         f"{'after GiB':>9} {'read GiB':>9}"
     )
@@ -150,15 +149,15 @@ def report(rows: list[dict[str, Any]], model_bytes: int, file_bytes: int) -> Non
         x_read = r["wall_s"] / read["wall_s"] if read else float("nan")
         x_fill = r["wall_s"] / fill["wall_s"] if fill else float("nan")
         print(
-            f"{r['world']:>2} {r['strategy']:<18} {'cold' if r['cold'] else 'warm':<5} "
+            f"{r['world']:>2} {r['strategy']:<8} {'cold' if r['cold'] else 'warm':<5} "
             f"{r['wall_s']:>7.2f} {x_read:>6.2f} {x_fill:>6.2f} "
             f"{r['peak_rss'] / GiB:>12.2f} {r['peak_rss'] / model_bytes:>8.2f} "
             f"{r['peak_anon'] / GiB:>9.2f} {r['peak_file'] / GiB:>9.2f} "
             f"{r['after_rss'] / GiB:>9.2f} {r['read_bytes'] / GiB:>9.2f}"
         )
-    print("\nratios (sharded* / baseline), per W and cache state:")
+    print("\nratios (sharded / baseline), per W and cache state:")
     for r in rows:
-        if not r["strategy"].startswith("sharded"):
+        if r["strategy"] != "sharded":
             continue
         cache = "cold" if r["cold"] else "warm"
         for base in ("naive", "rank0", "read"):
@@ -167,7 +166,7 @@ def report(rows: list[dict[str, Any]], model_bytes: int, file_bytes: int) -> Non
                 continue
             wall = r["wall_s"] / b["wall_s"]
             mem = "" if base == "read" else f"peak RSS {r['peak_rss'] / b['peak_rss']:.2f}x, "
-            print(f"  W={r['world']} {cache} {r['strategy']}: vs {base}: {mem}wall {wall:.2f}x")
+            print(f"  W={r['world']} {cache}: vs {base}: {mem}wall {wall:.2f}x")
     print(
         "targets: sharded peak RSS summed <= 1.5x model bytes; sharded wall <= 1.5x the "
         "sequential read (x read: cold vs cold read, warm vs warm read; x fill: vs rank 0 "

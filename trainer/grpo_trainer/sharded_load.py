@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import struct
-import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,9 +33,6 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
-# Read-ahead hints for this rank's ranges (``_Prefetcher``); the benchmark turns it
-# off to measure what it buys.
-PREFETCH = True
 
 
 @dataclass(frozen=True)
@@ -178,47 +173,6 @@ def safetensors_layout(path: Path) -> tuple[int, dict[str, tuple[int, int, list[
     return 8 + n, {k: (*v["data_offsets"], v["shape"]) for k, v in header.items()}
 
 
-def byte_range(
-    begin: int, end: int, shape: list[int], region: tuple[slice, ...]
-) -> tuple[int, int]:
-    """File bytes holding ``region`` of a row-major tensor: exact for whole rows (FSDP2's
-    dim-0 shards), the whole tensor otherwise."""
-    whole_rows = all(s == slice(0, n) for s, n in zip(region[1:], shape[1:], strict=True))
-    if not shape or not shape[0] or not whole_rows:
-        return begin, end
-    row = (end - begin) // shape[0]
-    return begin + region[0].start * row, begin + region[0].stop * row
-
-
-class _Prefetcher(threading.Thread):
-    """Asks the kernel to read this rank's byte ranges ahead (POSIX_FADV_WILLNEED).
-
-    Cold files: the disk reads the next ranges while the main thread converts the
-    current ones into fresh fp32 memory, so load time tends to max(I/O, CPU)
-    instead of their sum. Only this rank's ranges: nothing else is fetched.
-    """
-
-    def __init__(self, ranges: list[tuple[Path, int, int]]) -> None:
-        super().__init__(daemon=True, name="shard-prefetch")
-        self.ranges = ranges
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        fds: dict[Path, int] = {}
-        try:
-            for path, offset, length in self.ranges:
-                if self.stop.is_set():
-                    return
-                if path not in fds:
-                    fds[path] = os.open(path, os.O_RDONLY)
-                os.posix_fadvise(fds[path], offset, length, os.POSIX_FADV_WILLNEED)
-        except OSError as err:  # only a hint: never fail the load for it
-            log.debug("prefetch stopped: %s", err)
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-
-
 def read_local_shards(model: nn.Module, plan: dict[str, Source]) -> int:
     """Copy this rank's rows of every planned tensor into the model; returns bytes read."""
     from safetensors import safe_open
@@ -229,44 +183,32 @@ def read_local_shards(model: nn.Module, plan: dict[str, Source]) -> int:
     for mkey, src in plan.items():
         by_file[src.file].append((mkey, src.key))
     # In file order, each file's tensors by offset: sequential reads on a cold disk.
+    # (Asking the kernel to read this rank's ranges ahead with POSIX_FADV_WILLNEED
+    # from a thread was tried: no measurable gain in bench/bench_loading.py.)
     work: list[tuple[Path, list[tuple[str, str, tuple[slice, ...]]]]] = []
-    ranges: list[tuple[Path, int, int]] = []
     for file in sorted(by_file):
-        data_start, layout = safetensors_layout(file)
+        _, layout = safetensors_layout(file)
         items = sorted(by_file[file], key=lambda item: layout[item[1]][0])
-        regions = [(mkey, ckey, local_region(state[mkey])) for mkey, ckey in items]
-        work.append((file, regions))
-        for _, ckey, region in regions:
-            begin, end = byte_range(*layout[ckey], region)
-            if end > begin:
-                ranges.append((file, data_start + begin, end - begin))
-    prefetch = _Prefetcher(ranges) if PREFETCH and hasattr(os, "posix_fadvise") else None
-    if prefetch is not None:
-        prefetch.start()
+        work.append((file, [(mkey, ckey, local_region(state[mkey])) for mkey, ckey in items]))
     read = 0
-    try:
-        with torch.no_grad():
-            for file, regions in work:
-                # One file mapped at a time: its touched pages leave RSS when it closes.
-                with safe_open(file, framework="pt") as f:
-                    for mkey, ckey, region in regions:
-                        target = state[mkey]
-                        sl = f.get_slice(ckey)
-                        if list(sl.get_shape()) != list(target.shape):
-                            raise ValueError(
-                                f"{ckey} in {file.name} has shape {sl.get_shape()}, "
-                                f"the model's {mkey} is {list(target.shape)}"
-                            )
-                        local = target.to_local() if isinstance(target, DTensor) else target
-                        if local.numel() == 0:  # an empty last chunk
-                            continue
-                        # A zero-copy view of the mapped rows; copy_ converts the dtype
-                        # (bf16 file -> fp32 master weights) on the way.
-                        chunk = sl[region] if local.dim() else f.get_tensor(ckey)
-                        local.copy_(chunk)
-                        read += chunk.numel() * chunk.element_size()
-    finally:
-        if prefetch is not None:
-            prefetch.stop.set()
-            prefetch.join()
+    with torch.no_grad():
+        for file, regions in work:
+            # One file mapped at a time: its touched pages leave RSS when it closes.
+            with safe_open(file, framework="pt") as f:
+                for mkey, ckey, region in regions:
+                    target = state[mkey]
+                    sl = f.get_slice(ckey)
+                    if list(sl.get_shape()) != list(target.shape):
+                        raise ValueError(
+                            f"{ckey} in {file.name} has shape {sl.get_shape()}, "
+                            f"the model's {mkey} is {list(target.shape)}"
+                        )
+                    local = target.to_local() if isinstance(target, DTensor) else target
+                    if local.numel() == 0:  # an empty last chunk
+                        continue
+                    # A zero-copy view of the mapped rows; copy_ converts the dtype
+                    # (bf16 file -> fp32 master weights) on the way.
+                    chunk = sl[region] if local.dim() else f.get_tensor(ckey)
+                    local.copy_(chunk)
+                    read += chunk.numel() * chunk.element_size()
     return read

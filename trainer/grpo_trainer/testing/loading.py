@@ -259,7 +259,6 @@ def fill_fp32(files: list[Path]) -> None:
 def _load(strategy: str, rank: int, mcfg: Any, files: list[Path]) -> Any:
     import torch
 
-    from .. import sharded_load
     from ..config import ActorConfig
     from ..modeling import build_sharded
 
@@ -267,10 +266,7 @@ def _load(strategy: str, rank: int, mcfg: Any, files: list[Path]) -> Any:
         if rank == 0:
             (read_sequentially if strategy == "read" else fill_fp32)(files)
         return None
-    # "sharded-noprefetch": sharded without its read-ahead hints (what they buy).
-    sharded_load.PREFETCH = strategy != "sharded-noprefetch"
-    init = strategy.removesuffix("-noprefetch")
-    actor = ActorConfig(init_strategy=init, dtype="float32")  # type: ignore[arg-type]
+    actor = ActorConfig(init_strategy=strategy, dtype="float32")  # type: ignore[arg-type]
     return build_sharded(mcfg, actor, torch.device("cpu"), trainable=True)
 
 
