@@ -48,14 +48,9 @@ def parse_args() -> argparse.Namespace:
 
 def drop_cache(path: Path) -> None:
     """Evict a file (or a directory's files) from the page cache; clean pages only."""
-    files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    from grpo_trainer.testing.loading import evict_page_cache
+
+    evict_page_cache([path] if path.is_file() else [p for p in path.iterdir() if p.is_file()])
 
 
 def dir_bytes(path: Path) -> int:
