@@ -1,14 +1,16 @@
 """GRPO step throughput: this trainer vs TRL's GRPOTrainer, same model and workload, one run.
 
 Both sides get the same tiny Qwen2 (random weights, built here), the same prompts,
-group size, response length, optimizer and fp32 on the CPU; neither uses a
-reference model. Each measures wall time per optimizer step after warm-up steps,
-and counts the prompt + completion tokens it actually processed. Usage:
+group size, response length, optimizer (AdamW, one step per prompts x n samples)
+and fp32 on the CPU; neither uses a reference model. Each side's step time is the
+wall clock between the ends of consecutive steps, after warm-up steps, and tokens
+are each sample's prompt + completion tokens. TRL runs at every combination of
+``--trl-threads`` and ``--trl-micro-batch``; the fastest is the baseline. Usage:
 
-    .venv/bin/python bench/bench_trl.py [--steps 6 --warmup 2 --ranks 1 ...]
+    .venv/bin/python bench/bench_trl.py [--steps 6 --warmup 2 --rounds 3 ...]
 
-Prints one JSON line per side and the ratio (ours / TRL); exits 1 if TRL is
-missing (install the ``bench`` extra).
+Prints one JSON line per side and round, then medians and the ratio (ours / TRL);
+exits 1 if TRL is missing (install the ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -48,9 +50,16 @@ def parse_args() -> argparse.Namespace:
         "the baseline (multi-threaded runs suffer most from background load)",
     )
     p.add_argument(
+        "--trl-micro-batch",
+        default="8,32",
+        help="TRL's per_device_train_batch_size (samples per forward/backward) at each "
+        "thread count; gradient accumulation makes up one optimizer step per prompts x n "
+        "samples. Every combination runs; the fastest is the baseline",
+    )
+    p.add_argument(
         "--rounds",
         type=int,
-        default=2,
+        default=3,
         help="alternate ours/TRL this many times; medians over all rounds "
         "(a shared machine's background load then hits both sides alike)",
     )
@@ -66,6 +75,23 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+Stamp = tuple[float, float]  # (wall clock, CPU seconds of the side's processes)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes (all their threads)."""
+    import psutil
+
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
+
+def per_step(start: Stamp, stamps: list[Stamp], warmup: int) -> tuple[float, float]:
+    """Mean wall seconds and CPU seconds per step after the warm-up steps."""
+    pairs = list(itertools.pairwise([start, *stamps]))[warmup:]
+    wall = statistics.fmean(b[0] - a[0] for a, b in pairs)
+    return wall, statistics.fmean(b[1] - a[1] for a, b in pairs)
+
+
 def build_workload(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, list[str]]:
     from grpo_trainer.testing.datasets import write_text_task
     from grpo_trainer.testing.tiny_models import build_tiny_qwen2
@@ -79,6 +105,7 @@ def build_workload(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, lis
 def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, Any]:
     from grpo_trainer.config import build_config
     from grpo_trainer.driver import GRPOTrainer, init_ray
+    from grpo_trainer.metrics import MetricsLogger
 
     cfg = build_config(
         {
@@ -89,6 +116,8 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
                 "lr": 1e-6,
                 "dtype": "float32",
                 "micro_batch_size": args.prompts * args.n // args.ranks,
+                # gloo: keep gathered parameters until backward (docs/trainer.md).
+                "reshard_after_forward": False,
             },
             "reward": {
                 "type": "function",
@@ -108,10 +137,27 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
         args.overrides,
         environ={},
     )
+    stamps: list[Stamp] = []
+    pids: list[int] = [os.getpid()]  # the driver, then the rank processes
+
+    class Stamped(MetricsLogger):
+        """Wall clock at the end of each step, as the TRL side's callback takes it."""
+
+        def log(self, step: int, metrics: Any) -> None:
+            super().log(step, metrics)
+            stamps.append((time.perf_counter(), cpu_seconds(pids)))
+
     init_ray(cfg)
-    trainer = GRPOTrainer(cfg)
+    trainer = GRPOTrainer(cfg, metrics=Stamped(cfg.metrics, cfg.trainer.total_steps))
     try:
         trainer.start()
+        import ray
+
+        assert trainer.group is not None
+        pids += ray.get(
+            [w.__ray_call__.remote(lambda _: os.getpid()) for w in trainer.group.workers]
+        )
+        start = (time.perf_counter(), cpu_seconds(pids))
         history = trainer.run()
     finally:
         trainer.close()
@@ -119,11 +165,12 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
 
         ray.shutdown()
     timed = history[args.warmup :]
-    step_s = statistics.fmean(m["time/step_s"] for m in timed)
+    step_s, cpu_s = per_step(start, stamps, args.warmup)
     tokens = statistics.fmean(m["throughput/tokens_per_s"] * m["time/step_s"] for m in timed)
     return {
         "side": "ours",
         "step_s": step_s,
+        "cpu_s_per_step": cpu_s,
         "samples_per_s": args.prompts * args.n / step_s,
         "tokens_per_s": tokens / step_s,
         "completion_len": statistics.fmean(m["response/length_mean"] for m in timed),
@@ -133,7 +180,7 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
 
 
 def bench_trl(
-    model: Path, problems: list[str], args: argparse.Namespace, threads: int
+    model: Path, problems: list[str], args: argparse.Namespace, threads: int, micro: int
 ) -> dict[str, Any]:
     import torch
     from datasets import Dataset
@@ -143,11 +190,12 @@ def bench_trl(
     from grpo_trainer.testing.rewards import target_token_reward
 
     torch.set_num_threads(threads)
-    stamps: list[float] = []
+    stamps: list[Stamp] = []
+    me = [os.getpid()]
 
-    class Stamp(TrainerCallback):  # type: ignore[misc]
+    class Stamper(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, *a: Any, **k: Any) -> None:
-            stamps.append(time.perf_counter())
+            stamps.append((time.perf_counter(), cpu_seconds(me)))
 
     def reward(completions: list[Any], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -162,8 +210,8 @@ def bench_trl(
             learning_rate=1e-6,
             num_generations=args.n,
             max_completion_length=args.max_new_tokens,
-            per_device_train_batch_size=args.n,
-            gradient_accumulation_steps=args.prompts,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=args.prompts * args.n // micro,
             max_steps=args.warmup + args.steps,
             beta=0.0,
             temperature=1.0,
@@ -181,20 +229,19 @@ def bench_trl(
             args=cfg,
             train_dataset=ds,
             processing_class=tok,
-            callbacks=[Stamp()],
+            callbacks=[Stamper()],
         )
-        start = time.perf_counter()
+        start = (time.perf_counter(), cpu_seconds(me))
         trainer.train()
         logs = [h for h in trainer.state.log_history if "num_tokens" in h]
-    edges = [start, *stamps]
-    durations = [b - a for a, b in itertools.pairwise(edges)][args.warmup :]
-    step_s = statistics.fmean(durations)
+    step_s, cpu_s = per_step(start, stamps, args.warmup)
     tok_counts = [h["num_tokens"] for h in logs]
     per_step_tokens = [b - a for a, b in itertools.pairwise(tok_counts)]
     tokens = statistics.fmean(per_step_tokens[args.warmup - 1 :]) if per_step_tokens else 0.0
     return {
-        "side": f"trl@{threads}t",
+        "side": f"trl@{threads}t/mb{micro}",
         "step_s": step_s,
+        "cpu_s_per_step": cpu_s,
         "samples_per_s": args.prompts * args.n / step_s,
         "tokens_per_s": tokens / step_s,
         "completion_len": statistics.fmean(
@@ -213,7 +260,8 @@ def main() -> int:
     trl_threads = [int(t) for t in args.trl_threads.split(",") if t]
     sides = ["ours"] if args.only != "trl" else []
     if args.only != "ours":
-        sides += [f"trl@{t}t" for t in trl_threads]
+        micros = [int(m) for m in args.trl_micro_batch.split(",") if m]
+        sides += [f"trl@{t}t/mb{m}" for t in trl_threads for m in micros]
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         model, data, problems = build_workload(Path(tmp), args)
@@ -222,7 +270,8 @@ def main() -> int:
                 if side == "ours":
                     res = bench_ours(model, data, args)
                 else:
-                    res = bench_trl(model, problems, args, int(side[4:-1]))
+                    threads, micro = side[4:].split("t/mb")
+                    res = bench_trl(model, problems, args, int(threads), int(micro))
                     res["trl_version"] = trl.__version__
                 res["round"] = rnd
                 res["load_avg_1m"] = os.getloadavg()[0]
@@ -236,6 +285,8 @@ def main() -> int:
             "step_s": step_s,
             "samples_per_s": args.prompts * args.n / step_s,
             "tokens_per_s": tokens / step_s,
+            "cpu_s_per_step": statistics.median(r["cpu_s_per_step"] for r in results),
+            "load_avg_1m": [round(r["load_avg_1m"], 2) for r in results],
         }
     trl_sides = [s for s in runs if s.startswith("trl")]
     if "ours" in runs and trl_sides:
@@ -243,6 +294,13 @@ def main() -> int:
         summary["baseline"] = best
         for unit in ("samples_per_s", "tokens_per_s"):
             summary[f"ratio_{unit}"] = summary["ours"][unit] / summary[best][unit]
+        # Each round against the fastest TRL run of the same round (similar load).
+        per_round = [
+            runs["ours"][i]["samples_per_s"] / max(runs[s][i]["samples_per_s"] for s in trl_sides)
+            for i in range(args.rounds)
+        ]
+        summary["ratio_samples_per_s_by_round"] = per_round
+        summary["ratio_samples_per_s_median_of_rounds"] = statistics.median(per_round)
     print(json.dumps(summary))
     return 0
 
