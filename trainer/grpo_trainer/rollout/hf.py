@@ -144,10 +144,13 @@ class HFGenerateEngine:
             )
         capacity = width + spec.max_new_tokens
         cache.layers = [_GrowingLayer(layer, n, capacity) for layer in cache.layers]
-        # [B, 1, 1, capacity]: True where a query may attend (prompt tokens, then every
-        # generated position; a finished row's pad tokens only feed that row).
-        attend = torch.ones(b, 1, 1, capacity, dtype=torch.bool, device=ids.device)
-        attend[:, 0, 0, :width] = mask.repeat_interleave(n, dim=0).bool()
+        # [B, 1, 1, capacity], additive (a boolean mask is converted in every attention
+        # call): 0 where a query may attend (prompt tokens, then every generated
+        # position; a finished row's pad tokens only feed that row), else the minimum.
+        dtype = self.model.dtype  # the queries'
+        attend = torch.zeros(b, 1, 1, capacity, dtype=dtype, device=ids.device)
+        padding = mask.repeat_interleave(n, dim=0) == 0
+        attend[:, 0, 0, :width].masked_fill_(padding, torch.finfo(dtype).min)
         next_pos = pos[:, -1:].repeat_interleave(n, dim=0) + 1
         logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)
         eos = torch.tensor(self.eos_ids, device=ids.device)
