@@ -3,10 +3,11 @@
 On a CPU the per-token forward of a small model is dominated by framework overhead:
 module calls, mask and cache bookkeeping, many small kernels. This step does the same
 arithmetic with fewer, larger operations: q/k/v and gate/up each as one matmul over
-weights laid out contiguously, attention straight on the engine's KV buffers, and the
-model's own norm, activation and rotary modules (so their variants stay theirs). The
-projection parameters become views into the fused weights, so the engine's per-step
-weight refresh writes straight into them.
+weights laid out contiguously, RMSNorm as one fused op, queries and keys rotated
+together from a cos/sin table the model's own rotary module computed once, attention
+straight on the engine's KV buffers, the model's own activation. The projection
+parameters become views into the fused weights, so the engine's per-step weight
+refresh writes straight into them.
 
 Only for model types whose decoder layer is exactly norm -> attention -> residual ->
 norm -> gated MLP -> residual with full attention; the engine also checks the first
@@ -15,7 +16,6 @@ step against the Hugging Face forward and falls back to it on any mismatch.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,6 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
+# RoPE variants whose cos/sin depend on the position alone (not on the sequence
+# length, as "dynamic" scaling does), so one table serves every step.
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn", "longrope"})
 
 
 class KVLayer(Protocol):
@@ -34,16 +37,22 @@ class KVLayer(Protocol):
 
 @dataclass
 class _Layer:
-    input_norm: Any
-    post_norm: Any
+    input_norm: tuple[torch.Tensor, float]  # RMSNorm weight, eps
+    post_norm: tuple[torch.Tensor, float]
     q_norm: Any | None
     k_norm: Any | None
     qkv_weight: torch.Tensor
     qkv_bias: torch.Tensor | None
-    o_proj: nn.Linear
+    o_weight: torch.Tensor
+    o_bias: torch.Tensor | None
     gate_up_weight: torch.Tensor
-    down_proj: nn.Linear
+    down_weight: torch.Tensor
+    down_bias: torch.Tensor | None
     act: Any
+
+
+def _rms(module: Any) -> tuple[torch.Tensor, float]:
+    return module.weight, float(module.variance_epsilon)
 
 
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -73,6 +82,15 @@ def supports(model: nn.Module) -> bool:
     inner = getattr(model, "model", None)
     if not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return False
+    norms = [inner.norm]  # type: ignore[union-attr]
+    for layer in inner.layers:  # type: ignore[union-attr]
+        norms += [getattr(layer, "input_layernorm", None)]
+        norms += [getattr(layer, "post_attention_layernorm", None)]
+    # weight * x / rms(x): the plain RMSNorm (Gemma's 1 + weight is not this).
+    if not all(
+        type(n).__name__.endswith("RMSNorm") and hasattr(n, "variance_epsilon") for n in norms
+    ):
+        return False
     for layer in inner.layers:  # type: ignore[union-attr]
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         projections = [getattr(attn, p, None) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
@@ -93,7 +111,8 @@ class LeanDecoder:
         inner: Any = model.model
         self.inner = inner
         first = inner.layers[0].self_attn
-        self.rotate = sys.modules[type(first).__module__].apply_rotary_pos_emb
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.static_rope = getattr(inner.rotary_emb, "rope_type", None) in STATIC_ROPE_TYPES
         self.head_dim = int(first.head_dim)
         self.scaling = float(first.scaling)
         cfg: Any = model.config
@@ -106,18 +125,39 @@ class LeanDecoder:
             gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])
             self.layers.append(
                 _Layer(
-                    input_norm=layer.input_layernorm.forward,
-                    post_norm=layer.post_attention_layernorm.forward,
+                    input_norm=_rms(layer.input_layernorm),
+                    post_norm=_rms(layer.post_attention_layernorm),
                     q_norm=attn.q_norm.forward if hasattr(attn, "q_norm") else None,
                     k_norm=attn.k_norm.forward if hasattr(attn, "k_norm") else None,
                     qkv_weight=qkv_weight,
                     qkv_bias=qkv_bias,
-                    o_proj=attn.o_proj,
+                    o_weight=attn.o_proj.weight,
+                    o_bias=attn.o_proj.bias,
                     gate_up_weight=gate_up,
-                    down_proj=mlp.down_proj,
+                    down_weight=mlp.down_proj.weight,
+                    down_bias=mlp.down_proj.bias,
                     act=mlp.act_fn,
                 )
             )
+        self.final_norm = _rms(inner.norm)
+
+    def _rotary(self, h: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """cos, sin ``[B, 1, 1, hd]`` for ``position_ids [B, 1]``, from a table of every
+        position up to the largest seen (static RoPE), else from the model per step."""
+        if not self.static_rope:
+            cos, sin = self.inner.rotary_emb(h, position_ids)
+            return cos[:, None], sin[:, None]
+        top = int(position_ids.max()) + 1
+        if (
+            self._table is None
+            or self._table[0].shape[0] < top
+            or self._table[0].device != h.device
+        ):
+            positions = torch.arange(max(2 * top, 256), device=h.device)[None]
+            cos, sin = self.inner.rotary_emb(h, positions)
+            self._table = (cos[0], sin[0])
+        cos_t, sin_t = self._table
+        return cos_t[position_ids][:, None], sin_t[position_ids][:, None]
 
     def step(
         self,
@@ -130,30 +170,42 @@ class LeanDecoder:
         layer's new key/value to ``cache``; ``attend [B, 1, 1, kv_len]`` is True where a
         row may attend (the cache after this token)."""
         b, hd = tokens.shape[0], self.head_dim
-        nq, nkv = self.n_heads * hd, self.n_kv * hd
+        nh, nkv = self.n_heads, self.n_kv
         h = self.inner.embed_tokens(tokens[:, None])  # [B, 1, H]
-        cos, sin = self.inner.rotary_emb(h, position_ids)
+        cos, sin = self._rotary(h, position_ids)  # [B, 1, 1, hd]
         for layer, kv in zip(self.layers, cache, strict=True):
-            qkv = F.linear(layer.input_norm(h), layer.qkv_weight, layer.qkv_bias)
-            q = qkv[..., :nq].view(b, 1, self.n_heads, hd)
-            k = qkv[..., nq : nq + nkv].view(b, 1, self.n_kv, hd)
-            v = qkv[..., nq + nkv :].view(b, 1, self.n_kv, hd).transpose(1, 2)
-            if layer.q_norm is not None:
-                q = layer.q_norm(q)
-            if layer.k_norm is not None:
-                k = layer.k_norm(k)
-            q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-            keys, values = kv.update(k, v)
+            x = F.rms_norm(h, h.shape[-1:], *layer.input_norm)
+            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias).view(b, nh + 2 * nkv, 1, hd)
+            if layer.q_norm is None and layer.k_norm is None:
+                # Queries and keys rotated together: one set of elementwise ops.
+                qk = qkv[:, : nh + nkv]
+                qk = qk * cos + _rotate_half(qk) * sin
+                q, k = qk[:, :nh], qk[:, nh:]
+            else:
+                q, k = qkv[:, :nh], qkv[:, nh : nh + nkv]
+                if layer.q_norm is not None:
+                    q = layer.q_norm(q)
+                if layer.k_norm is not None:
+                    k = layer.k_norm(k)
+                q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            keys, values = kv.update(k, qkv[:, nh + nkv :])
             # One query per row: grouped heads as the query axis, one mask for all.
             out = F.scaled_dot_product_attention(
-                q.reshape(b, self.n_kv, self.n_heads // self.n_kv, hd),
+                q.reshape(b, nkv, nh // nkv, hd),
                 keys,
                 values,
                 attn_mask=attend,
                 scale=self.scaling,
             )
-            h = h + layer.o_proj(out.reshape(b, 1, nq))
-            gate, up = F.linear(layer.post_norm(h), layer.gate_up_weight).chunk(2, dim=-1)
-            h = h + layer.down_proj(layer.act(gate) * up)
-        logits: torch.Tensor = self.model.lm_head(self.inner.norm(h))  # type: ignore[operator]
+            h = h + F.linear(out.reshape(b, 1, nh * hd), layer.o_weight, layer.o_bias)
+            x = F.rms_norm(h, h.shape[-1:], *layer.post_norm)
+            gate, up = F.linear(x, layer.gate_up_weight).chunk(2, dim=-1)
+            h = h + F.linear(layer.act(gate) * up, layer.down_weight, layer.down_bias)
+        h = F.rms_norm(h, h.shape[-1:], *self.final_norm)
+        logits: torch.Tensor = self.model.lm_head(h)  # type: ignore[operator]
         return logits[:, -1]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
