@@ -72,6 +72,11 @@ class RolloutConfig(_Strict):
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_new_tokens: int = Field(default=256, gt=0)
     gpu_memory_utilization: float = Field(default=0.6, gt=0, lt=1)
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        description="vLLM: consecutive ranks that share one engine, sharded across them",
+    )
     seed: int = 1
     # vLLM only: free weights + KV cache between rollouts so FSDP gets the GPU.
     enable_sleep_mode: bool = True
@@ -226,6 +231,17 @@ class Config(_Strict):
                 f"actor.mini_batch_size ({mini}) must be divisible by "
                 f"resources.num_workers ({world})"
             )
+        tp = self.rollout.tensor_parallel_size
+        if tp > 1 and self.rollout.engine != "vllm":
+            raise ValueError(
+                f"rollout.tensor_parallel_size ({tp}) needs rollout.engine 'vllm'; "
+                "the hf engine runs one model per rank"
+            )
+        if world % tp:
+            raise ValueError(
+                f"rollout.tensor_parallel_size ({tp}) must divide resources.num_workers "
+                f"({world}): each engine spans whole groups of ranks"
+            )
         if (mini // world) % self.actor.micro_batch_size:
             raise ValueError(
                 f"actor.micro_batch_size ({self.actor.micro_batch_size}) must divide the per-rank "
@@ -243,6 +259,7 @@ ENV_OVERRIDES: dict[str, str] = {
     Env.MICRO_BATCH_SIZE: "actor.micro_batch_size",
     Env.ROLLOUT_GPU_MEMORY_UTILIZATION: "rollout.gpu_memory_utilization",
     Env.ROLLOUT_N: "rollout.n",
+    Env.ROLLOUT_TENSOR_PARALLEL: "rollout.tensor_parallel_size",
     Env.CHECKPOINT_DIR: "checkpoint.dir",
     Env.JOB_NAME: "trainer.job_name",
     Env.JOB_NAMESPACE: "trainer.job_namespace",

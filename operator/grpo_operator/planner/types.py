@@ -57,6 +57,11 @@ class Geometry:
     global_batch_size: int
     kl_coef: float
     data_workers: int
+    rollout_engine: str = "hf"  # "vllm" | "hf", resolved from spec.rollout.engine
+
+    @property
+    def uses_vllm(self) -> bool:
+        return self.rollout_engine == "vllm"
 
     @property
     def world_size(self) -> int:

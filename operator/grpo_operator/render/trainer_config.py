@@ -37,7 +37,8 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             "image_min_pixels": min(spec.data.max_pixels, 4 * 28 * 28),
         },
         "rollout": {
-            "engine": "vllm" if g.is_gpu else "hf",
+            "engine": g.rollout_engine,
+            "tensor_parallel_size": plan.budget.rollout_tensor_parallel,
             "n": s.rollout_n,
             "temperature": alg.temperature,
             "top_p": alg.top_p,

@@ -21,6 +21,9 @@ class SamplingSpec:
     # Never sampled: image/video placeholders in a response would be taken for
     # vision inputs by the training forward (feature/token count mismatch).
     suppress_ids: tuple[int, ...] = ()
+    # One seed per prompt (vLLM): a prompt's samples then depend on the prompt and
+    # step only, not on which rank or tensor-parallel layout generated them.
+    prompt_seeds: tuple[int, ...] = ()
 
 
 @dataclass

@@ -1,22 +1,36 @@
-"""vLLM rollouts colocated with the FSDP actor on the same GPU (gpu tier only).
+"""vLLM rollouts colocated with the FSDP actor, one code path for CUDA and CPU.
 
-One vLLM engine per rank (data-parallel rollout, tensor_parallel_size=1), built
-with sleep mode so it gives its GPU memory back while FSDP trains:
+Each group of ``tensor_parallel_size`` consecutive trainer ranks shares one engine,
+sharded across those ranks: vLLM's ``external_launcher`` executor runs on the
+trainer's own ``torch.distributed`` ranks (as verl and TRL do), so vLLM builds its
+TP groups over the world the trainer already initialised and every rank of a group
+runs the same deterministic scheduler on the same prompts. Ranks of different groups
+generate for different prompts (data parallel).
 
-    sleep(level=1) during the update   -> weights to host, KV cache freed
-    wake(tags=["weights"]) before sync -> weight buffers back, no KV cache yet
-    load_weights(stream)               -> one FSDP parameter at a time
-    wake(tags=["kv_cache"])            -> KV cache re-allocated for generation
+Per step (``RolloutEngine`` lifecycle):
 
-Weights come from the FSDP shards one parameter at a time (``full_tensor`` of a
-single DTensor), so no rank ever holds a full copy of the model. vLLM is imported
-lazily: this module must import on machines without it (CI, the operator).
+    wake()          CUDA: weight buffers back from sleep; CPU: nothing to do
+    load_weights()  vLLM's in-place reload (``reload_weights``), fed lazily from the
+                    FSDP bucket gather: each layer is restored, filled and repacked
+                    as its tensors arrive, so neither a second full copy nor more
+                    than one gathered bucket (plus the layer being filled) is held.
+                    Every TP rank passes full tensors; vLLM's loaders keep only this
+                    rank's slice.
+    generate()      per-prompt seeds, so a prompt's samples do not depend on which
+                    rank or TP layout generated it
+    sleep()         CUDA: weights to host and KV cache freed while FSDP trains;
+                    CPU: sleep mode does not exist, the engine keeps its weights
+                    (the planner's host budget counts them)
+
+vLLM is imported lazily: this module imports on machines without it (the operator).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,66 +38,95 @@ import torch
 from ..samples import EncodedPrompt
 from .base import Generation, SamplingSpec
 
-# Parameters are handed to vLLM in buckets of about this many bytes: large enough
-# to amortise the per-call overhead, small enough to keep the transient bounded.
-BUCKET_BYTES = 256 * 1024 * 1024
+log = logging.getLogger(__name__)
 
 
-def _buckets(
-    weights: Iterable[tuple[str, torch.Tensor]],
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in weights:
-        bucket.append((name, t))
-        size += t.numel() * t.element_size()
-        if size >= BUCKET_BYTES:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
+@dataclass(frozen=True)
+class VLLMEngineConfig:
+    model_path: str
+    dtype: str
+    tensor_parallel_size: int
+    max_model_len: int
+    # Sequences alive at once in one engine: the TP group's prompts x n.
+    max_num_seqs: int
+    # CUDA: fraction of the GPU for weights + KV cache (the planner's number).
+    gpu_memory_utilization: float
+    # CPU: vLLM would reserve gpu_memory_utilization x host RAM for its KV cache;
+    # the trainer sizes the cache for max_num_seqs full-length sequences instead.
+    cpu_kv_cache_bytes: int
+    seed: int
+    enable_sleep_mode: bool
+    trust_remote_code: bool = False
+    max_images_per_prompt: int = 4
+
+
+def kv_cache_bytes(hf_config: Any, dtype: torch.dtype, tokens: int, tp: int) -> int:
+    """Bytes of K and V for ``tokens`` tokens on one TP rank, plus 25% for block rounding."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_token = 2 * int(text.num_hidden_layers) * max(1, kv_heads // tp) * head_dim * itemsize
+    return int(per_token * tokens * 1.25) + (16 << 20)
+
+
+def _distributed_env() -> None:
+    """What vLLM's external launcher reads (torchrun would set them)."""
+    import torch.distributed as dist
+
+    os.environ["RANK"] = str(dist.get_rank())
+    if torch.cuda.is_available():
+        # Each Ray actor sees its own GPU(s); vLLM binds cuda:LOCAL_RANK.
+        os.environ["LOCAL_RANK"] = str(torch.cuda.current_device())
+    else:
+        os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
+    # Any free address: the process group already exists, vLLM only reads these.
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
 
 
 class VLLMEngine:
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: str,
-        gpu_memory_utilization: float,
-        max_model_len: int,
-        seed: int,
-        enable_sleep_mode: bool,
-        trust_remote_code: bool = False,
-        max_images_per_prompt: int = 4,
-    ) -> None:
-        # In-process engine core: weight loading reaches the model object directly.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm import LLM
+    def __init__(self, cfg: VLLMEngineConfig) -> None:
+        import torch.distributed as dist
 
+        # Deterministic, in-process engine core: the external launcher requires it, and
+        # weight reloads then reach the model object without serialising tensors.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.on_cpu = bool(current_platform.is_cpu())
+        self.sleep_mode = (
+            cfg.enable_sleep_mode and not self.on_cpu and current_platform.is_sleep_mode_available()
+        )
         kwargs: dict[str, Any] = {
-            "model": model_path,
-            "dtype": dtype,
-            "tensor_parallel_size": 1,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "max_model_len": max_model_len,
-            "seed": seed,
-            "enable_sleep_mode": enable_sleep_mode,
-            "trust_remote_code": trust_remote_code,
+            "model": cfg.model_path,
+            "dtype": cfg.dtype,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "max_model_len": cfg.max_model_len,
+            "max_num_seqs": max(1, cfg.max_num_seqs),
+            "seed": cfg.seed,
+            "enable_sleep_mode": self.sleep_mode,
+            "trust_remote_code": cfg.trust_remote_code,
             "enable_prefix_caching": False,  # weights change every step
-            "limit_mm_per_prompt": {"image": max_images_per_prompt},
+            "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt},
             # Log-probs after temperature scaling: what the actor recomputes.
             "logprobs_mode": "processed_logprobs",
         }
-        try:
-            self.llm = LLM(**kwargs)
-        except TypeError:  # older vLLM without logprobs_mode
-            kwargs.pop("logprobs_mode")
-            self.llm = LLM(**kwargs)
-        self.sleep_mode = enable_sleep_mode
+        if self.on_cpu:
+            kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_bytes
+            kwargs["enforce_eager"] = True  # no graph capture on CPU
+        else:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if dist.is_available() and dist.is_initialized():
+            _distributed_env()
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        elif cfg.tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size > 1 needs the trainer's torch.distributed")
+        self.llm = LLM(**kwargs)
         self.asleep = False
-        if enable_sleep_mode:
-            self.sleep()
+        self.sleep()
 
     def wake(self) -> None:
         if self.sleep_mode and self.asleep:
@@ -94,54 +137,39 @@ class VLLMEngine:
             self.llm.sleep(level=1)
             self.asleep = True
 
-    def _apply(self, fn: Any) -> None:
-        if hasattr(self.llm, "apply_model"):
-            self.llm.apply_model(fn)
-            return
-        engine = self.llm.llm_engine
-        fn(engine.model_executor.driver_worker.worker.model_runner.model)
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        device = torch.device("cuda", torch.cuda.current_device())
-        for bucket in _buckets(weights):
-            on_gpu = [(n, t.to(device, non_blocking=True)) for n, t in bucket]
-            # vLLM maps Hugging Face names to its own layout (fused qkv, etc.).
-            self._apply(lambda model, b=on_gpu: model.load_weights(weights=b))
-            del on_gpu
+        """Replace every weight in place from a (Hugging Face name, full tensor) stream."""
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": _owned(weights), "is_checkpoint_format": True},
+        )
         if self.sleep_mode and self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
-        self.llm.reset_prefix_cache()
 
     def generate(self, prompts: list[EncodedPrompt], spec: SamplingSpec) -> list[list[Generation]]:
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            n=spec.n,
-            temperature=spec.temperature,
-            top_p=spec.top_p,
-            max_tokens=spec.max_new_tokens,
-            logprobs=0,  # the sampled token's log-prob only
-            seed=spec.seed,
-            logit_bias={i: -100.0 for i in spec.suppress_ids} or None,
-        )
-        inputs: list[dict[str, Any]] = []
-        for p in prompts:
-            item: dict[str, Any] = {"prompt_token_ids": p.raw_prompt_ids}
-            if p.images:
-                # vLLM expands the single placeholder per image itself.
-                item["multi_modal_data"] = {"image": p.images}
-            inputs.append(item)
-        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        seeds = spec.prompt_seeds or tuple(spec.seed + i for i in range(len(prompts)))
+        params = [
+            SamplingParams(
+                n=spec.n,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                max_tokens=spec.max_new_tokens,
+                logprobs=0,  # the sampled token's log-prob only
+                seed=seed,
+                logit_bias={i: -100.0 for i in spec.suppress_ids} or None,
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate(_inputs(prompts), params, use_tqdm=False)
         result: list[list[Generation]] = []
         for out in outputs:
             gens: list[Generation] = []
             for c in out.outputs:
                 ids = list(c.token_ids)
-                lps = [
-                    next(iter(d.values())).logprob if tid not in d else d[tid].logprob
-                    for tid, d in zip(ids, c.logprobs or [], strict=False)
-                ]
+                lps = [_logprob(d, t) for t, d in zip(ids, c.logprobs or [], strict=True)]
                 gens.append(
                     Generation(
                         torch.tensor(ids, dtype=torch.long),
@@ -151,3 +179,47 @@ class VLLMEngine:
                 )
             result.append(gens)
         return result
+
+    def score(
+        self, prompts: list[EncodedPrompt], responses: list[list[int]], temperature: float = 1.0
+    ) -> list[torch.Tensor]:
+        """vLLM's log-probs of given response tokens after each prompt (weight-sync checks)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=1, temperature=temperature, prompt_logprobs=0, logprobs=0
+        )
+        outputs = self.llm.generate(_inputs(prompts, responses), params, use_tqdm=False)
+        scores: list[torch.Tensor] = []
+        for out, resp in zip(outputs, responses, strict=True):
+            # prompt_logprobs[i] scores token i of the submitted sequence.
+            tail = (out.prompt_logprobs or [])[-len(resp) :] if resp else []
+            ids = list(out.prompt_token_ids or [])[-len(resp) :] if resp else []
+            scores.append(torch.tensor([_logprob(d, t) for t, d in zip(ids, tail, strict=True)]))
+        return scores
+
+
+def _logprob(entry: dict[int, Any] | None, token: int) -> float:
+    if entry is None:
+        raise RuntimeError(f"vLLM returned no log-prob for token {token}")
+    return float(entry[token].logprob)
+
+
+def _inputs(prompts: list[EncodedPrompt], responses: list[list[int]] | None = None) -> Any:
+    """vLLM's TokensPrompt dicts (typed loosely: the multimodal variants differ by version)."""
+    items: list[dict[str, Any]] = []
+    for i, p in enumerate(prompts):
+        ids = list(p.raw_prompt_ids) + (list(responses[i]) if responses else [])
+        item: dict[str, Any] = {"prompt_token_ids": ids}
+        if p.images:
+            # vLLM expands the single placeholder per image itself.
+            item["multi_modal_data"] = {"image": p.images}
+        items.append(item)
+    return items
+
+
+def _owned(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Copies of the gathered views, so each bucket's buffer is freed once consumed
+    even while vLLM still buffers the tensors of a half-filled layer."""
+    for name, t in weights:
+        yield name, t.clone()

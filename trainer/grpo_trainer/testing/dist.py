@@ -33,7 +33,8 @@ def _rank_main(rank: int, world: int, port: int, fn: RankFn, arg: Any, queue: An
             torch.save(fn(rank, world, arg), buf)
             queue.put((rank, "ok", buf.getvalue()))
         finally:
-            dist.destroy_process_group()
+            if dist.is_initialized():  # vLLM's engine tears the world down with itself
+                dist.destroy_process_group()
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
         raise

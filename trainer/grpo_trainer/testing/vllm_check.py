@@ -1,0 +1,60 @@
+"""Rank function for the vLLM tier's engine tests (spawned ranks import it by name).
+
+One real ``Worker`` per rank (FSDP2 actor on gloo, vLLM engine through the external
+launcher) runs: a rollout step, an optimizer step with a large learning rate, and
+three scorings of the same (prompt, response) pairs by the engine: before the update,
+after it with the engine NOT yet synced (stale), and after the worker's weight sync.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from grpo_trainer.config import build_config
+    from grpo_trainer.data import Record
+    from grpo_trainer.param_gather import gather_full_params
+    from grpo_trainer.rollout.vllm_engine import VLLMEngine
+    from grpo_trainer.worker import Worker
+
+    cfg = build_config(arg["config"], environ={})
+    worker = Worker(cfg, rank, world)
+    worker.setup("127.0.0.1", 0)  # the process group exists: run_ranks made it
+    per_rank = len(arg["records"]) // world
+    mine = [Record(**r) for r in arg["records"][rank * per_rank : (rank + 1) * per_rank]]
+    worker.generate(mine, step=0)
+    engine = worker.engine
+    assert isinstance(engine, VLLMEngine)
+    prompts = [s.prompt for s in worker.samples]
+    responses = [s.response_ids.tolist() for s in worker.samples]
+
+    def actor_log_probs() -> list[torch.Tensor]:
+        with torch.no_grad():
+            logp, _, batch = worker._log_probs(worker.actor, worker.samples, with_entropy=False)
+            return [t.clone() for t in batch.gather(logp.cpu())]
+
+    def gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+        return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True) if x.numel())
+
+    before = actor_log_probs()
+    synced_at_rollout = gap(engine.score(prompts, responses), before)
+    advantages = [1.0 if i % 2 else -1.0 for i in range(len(worker.samples))]
+    worker.update(advantages, step=0)
+    after = actor_log_probs()
+    stale = gap(engine.score(prompts, responses), after)
+    engine.load_weights(gather_full_params(worker.actor, worker.compute_dtype))
+    synced = gap(engine.score(prompts, responses), after)
+    generated: dict[int, list[list[int]]] = {}
+    for s in worker.samples:
+        generated.setdefault(s.prompt.record.index, []).append(s.response_ids.tolist())
+    return {
+        "generated": generated,
+        "rollout_vs_actor": gap([s.rollout_log_probs for s in worker.samples], before),
+        "synced_at_rollout": synced_at_rollout,
+        "policy_moved": gap(before, after),
+        "stale": stale,
+        "synced": synced,
+    }
