@@ -63,5 +63,5 @@ def test_trainer_refuses_tp_that_does_not_divide_the_ranks() -> None:
     }
     with pytest.raises(ConfigError, match=r"rollout.tensor_parallel_size \(4\) must divide"):
         build_config(raw, environ={})
-    with pytest.raises(ConfigError, match="needs rollout.engine 'vllm'"):
+    with pytest.raises(ConfigError, match=r"needs rollout\.engine 'vllm'"):
         build_config({**raw, "rollout": {"engine": "hf", "tensor_parallel_size": 2}}, environ={})

@@ -19,8 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from grpo_trainer.testing.datasets import png
 from grpo_trainer.testing.dist import run_ranks
 from grpo_trainer.testing.vllm_check import rollout_update_sync
