@@ -38,6 +38,7 @@ RELEASE = "grpo"
 JOB = "tiny"
 OOM_STEP = 5
 TERMINAL = ("Succeeded", "Failed")
+TINY_HIDDEN = 128  # the example's shape: 4 heads of 32 (vLLM's CPU attention needs >= 32)
 
 
 def oom_injection(step: int = OOM_STEP) -> EnvInjection:
@@ -94,7 +95,7 @@ class TinyJob:
         model_dir = root / Path(spec["model"]["path"]).relative_to("/models")
         data = root / Path(spec["data"]["train"]).relative_to("/models")
         if not (model_dir / "config.json").exists():
-            build_tiny_qwen2_5_vl(model_dir)
+            build_tiny_qwen2_5_vl(model_dir, hidden=TINY_HIDDEN)
         data.parent.mkdir(parents=True, exist_ok=True)
         write_vision_task(data, rows=32)
         self.tb.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -103,8 +104,16 @@ class TinyJob:
                                 "resources": {"requests": {"storage": "1Gi"}}}})
         return root
 
-    def apply_job(self) -> None:
-        self.tb.kubectl("apply", "-n", JOB_NS, "-f", str(EXAMPLE))
+    def apply_job(self, engine: str | None = None) -> None:
+        """`kubectl apply -f examples/grpojob-tiny.yaml`; ``engine`` sets spec.rollout.engine."""
+        if engine is None:
+            self.tb.kubectl("apply", "-n", JOB_NS, "-f", str(EXAMPLE))
+            return
+        doc = example()
+        doc["spec"]["rollout"] = {"engine": engine}
+        manifest = self.workdir / f"grpojob-tiny-{engine}.yaml"
+        manifest.write_text(yaml.safe_dump(doc))
+        self.tb.kubectl("apply", "-n", JOB_NS, "-f", str(manifest))
 
     def job(self) -> dict[str, Any]:
         out = self.tb.kubectl("get", "grpojob", JOB, "-n", JOB_NS, "-o", "json")

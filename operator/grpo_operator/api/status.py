@@ -63,6 +63,12 @@ class PlanStatus(ApiModel):
         ge=0, le=1, description="Resolved memory.rolloutGpuMemoryUtilization."
     )
     rollout_n: int = Field(ge=1, description="Generations per prompt in effect.")
+    rollout_engine: str = Field(
+        "hf", description="Rollout engine in effect (vllm or hf), from spec.rollout.engine."
+    )
+    rollout_tensor_parallel: int = Field(
+        1, ge=1, description="Ranks that share one vLLM engine (tensor parallel), planned."
+    )
     peak_gpu_gib: float = Field(
         ge=0, alias="peakGpuGiB", description="Predicted peak GPU memory per GPU, GiB."
     )

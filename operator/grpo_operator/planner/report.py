@@ -95,6 +95,8 @@ def plan_status(plan: Plan) -> PlanStatus:
             "microBatchSize": s.micro_batch_size,
             "rolloutGpuMemoryUtilization": float(s.rollout_gpu_memory_utilization),
             "rolloutN": s.rollout_n,
+            "rolloutEngine": g.rollout_engine,
+            "rolloutTensorParallel": b.rollout_tensor_parallel,
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),
             "details": {

@@ -1,0 +1,53 @@
+"""The tiny job with `spec.rollout.engine: vllm`: the operator plans and configures vLLM,
+and the head pod's ranks generate with vLLM's CPU backend to the end of training.
+
+No fault injection here (tests/e2e/test_tiny_job.py covers the OOM restart with the
+transformers engine); the job must succeed at its first attempt with a rising reward.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from grpo_testbed.tiny_job import JOB, JOB_NS, TERMINAL, TinyJob, example, tiny_job_testbed
+
+TOTAL = int(example()["spec"]["training"]["maxSteps"])
+
+
+@pytest.fixture(scope="module")
+def tiny_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
+    with tiny_job_testbed(tmp_path_factory.mktemp("e2e-vllm"), oom_step=None) as tj:
+        tj.install_chart()
+        tj.start_operator()
+        tj.build_assets()
+        tj.apply_job(engine="vllm")
+        tj.watch(lambda j: j.get("status", {}).get("phase") in TERMINAL, 1800,
+                 "the tiny vLLM job to finish")
+        yield tj
+
+
+def test_vllm_job_succeeds_first_time_and_learns(tiny_vllm: TinyJob) -> None:
+    st = tiny_vllm.job()["status"]
+    assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
+    assert st["restarts"] == 0 and len(st["attempts"]) == 1
+    assert st["progress"]["step"] == TOTAL
+    log = tiny_vllm.head_log(0)
+    assert "Initializing a V1 LLM engine" in log, "the ranks did not start vLLM"
+    rewards = [json.loads(x)["reward/mean"] for x in log.splitlines()
+               if x.startswith("{") and '"reward/mean"' in x]
+    assert len(rewards) == TOTAL
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.15, rewards
+
+
+def test_the_operator_configured_vllm_with_the_planned_tp(tiny_vllm: TinyJob) -> None:
+    cm = json.loads(tiny_vllm.tb.kubectl("get", "configmap", f"{JOB}-config-0", "-n", JOB_NS,
+                                         "-o", "json").stdout)
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    assert cfg["rollout"]["engine"] == "vllm"
+    plan = tiny_vllm.job()["status"]["plan"]
+    assert plan["rolloutEngine"] == "vllm"
+    assert cfg["rollout"]["tensor_parallel_size"] == plan["rolloutTensorParallel"] == 1
