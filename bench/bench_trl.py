@@ -71,6 +71,13 @@ def parse_args() -> argparse.Namespace:
         metavar="KEY.PATH=VALUE",
         help="extra config overrides for our side",
     )
+    p.add_argument(
+        "--trl-vllm",
+        action="store_true",
+        help="also try TRL with its vLLM colocate mode (use_vllm, vllm_mode=colocate) at "
+        "every thread/micro-batch combination; if it cannot run here, its error is "
+        "printed and recorded and the other TRL settings stay the baseline",
+    )
     p.add_argument("--only", choices=["ours", "trl"], default=None)
     return p.parse_args()
 
@@ -180,7 +187,12 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
 
 
 def bench_trl(
-    model: Path, problems: list[str], args: argparse.Namespace, threads: int, micro: int
+    model: Path,
+    problems: list[str],
+    args: argparse.Namespace,
+    threads: int,
+    micro: int,
+    use_vllm: bool = False,
 ) -> dict[str, Any]:
     import torch
     from datasets import Dataset
@@ -221,6 +233,11 @@ def bench_trl(
             save_strategy="no",
             disable_dropout=True,
             dataloader_num_workers=0,
+            **(
+                {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False}
+                if use_vllm
+                else {}
+            ),
         )
         tok = AutoTokenizer.from_pretrained(model)
         trainer = GRPOTrainer(
@@ -239,7 +256,7 @@ def bench_trl(
     per_step_tokens = [b - a for a, b in itertools.pairwise(tok_counts)]
     tokens = statistics.fmean(per_step_tokens[args.warmup - 1 :]) if per_step_tokens else 0.0
     return {
-        "side": f"trl@{threads}t/mb{micro}",
+        "side": f"trl{'-vllm' if use_vllm else ''}@{threads}t/mb{micro}",
         "step_s": step_s,
         "cpu_s_per_step": cpu_s,
         "samples_per_s": args.prompts * args.n / step_s,
@@ -262,22 +279,36 @@ def main() -> int:
     if args.only != "ours":
         micros = [int(m) for m in args.trl_micro_batch.split(",") if m]
         sides += [f"trl@{t}t/mb{m}" for t in trl_threads for m in micros]
+        if args.trl_vllm:
+            sides += [f"trl-vllm@{t}t/mb{m}" for t in trl_threads for m in micros]
+    errors: dict[str, str] = {}
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         model, data, problems = build_workload(Path(tmp), args)
         for rnd in range(args.rounds):
             for side in sides:
+                if side in errors:
+                    continue
                 if side == "ours":
                     res = bench_ours(model, data, args)
                 else:
-                    threads, micro = side[4:].split("t/mb")
-                    res = bench_trl(model, problems, args, int(threads), int(micro))
+                    kind, setting = side.split("@")
+                    threads, micro = setting.split("t/mb")
+                    try:
+                        res = bench_trl(
+                            model, problems, args, int(threads), int(micro), kind == "trl-vllm"
+                        )
+                    except Exception as err:  # TRL's vLLM mode may not run on a CPU
+                        errors[side] = f"{type(err).__name__}: {err}"[:500]
+                        print(json.dumps({"side": side, "error": errors[side]}), flush=True)
+                        continue
                     res["trl_version"] = trl.__version__
                 res["round"] = rnd
                 res["load_avg_1m"] = os.getloadavg()[0]
                 runs[side].append(res)
                 print(json.dumps(res), flush=True)
-    summary: dict[str, Any] = {"config": vars(args)}
+    summary: dict[str, Any] = {"config": vars(args), "errors": errors}
+    runs = {side: results for side, results in runs.items() if results}
     for side, results in runs.items():
         step_s = statistics.median(r["step_s"] for r in results)
         tokens = statistics.median(r["tokens_per_s"] * r["step_s"] for r in results)
