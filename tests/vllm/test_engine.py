@@ -19,11 +19,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from grpo_trainer.testing.datasets import png
 from grpo_trainer.testing.dist import run_ranks
 from grpo_trainer.testing.vllm_check import rollout_update_sync
 
 SYNC_TOLERANCE = 2e-4
+pytestmark = pytest.mark.timeout(1800)  # each run starts vLLM on 2 ranks: minutes on 2 cores
 
 
 def _config(model: Path, tp: int, n: int = 4) -> dict[str, Any]:

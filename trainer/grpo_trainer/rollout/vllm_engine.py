@@ -110,6 +110,9 @@ class VLLMEngine:
             "enable_sleep_mode": self.sleep_mode,
             "trust_remote_code": cfg.trust_remote_code,
             "enable_prefix_caching": False,  # weights change every step
+            # One step at a time: what the external launcher's identical schedulers on
+            # every TP rank rely on, and what makes seeded runs repeat exactly.
+            "async_scheduling": False,
             "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt},
             # Log-probs after temperature scaling: what the actor recomputes.
             "logprobs_mode": "processed_logprobs",
