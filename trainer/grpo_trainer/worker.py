@@ -176,6 +176,35 @@ class Worker:
                 mine = group
         return mine
 
+    def _tp_union(self, items: list[Any]) -> tuple[list[Any], slice]:
+        """Every rank of this TP group's ``items`` in rank order, and where ours are.
+
+        The ranks of a group drive one sharded engine, so each call into it must get the
+        same inputs on every rank of the group (vLLM's external launcher runs identical
+        schedulers); a rank's own results are the ``slice`` of the union."""
+        if self.tp_group is None:
+            return items, slice(0, len(items))
+        tp = self.cfg.rollout.tensor_parallel_size
+        parts: list[list[Any]] = [[] for _ in range(tp)]
+        dist.all_gather_object(parts, items, group=self.tp_group)
+        start = sum(len(p) for p in parts[: self.rank % tp])
+        return [x for p in parts for x in p], slice(start, start + len(items))
+
+    def score(self, responses: list[list[int]] | None = None) -> list[torch.Tensor]:
+        """The rollout engine's log-probs of this rank's samples' response tokens (or of
+        ``responses`` to the same prompts): checks that the engine holds the actor's
+        weights. A collective over the TP group, like ``generate``."""
+        from .rollout.vllm_engine import VLLMEngine
+
+        if not isinstance(self.engine, VLLMEngine):
+            raise TypeError("score needs rollout.engine 'vllm'")
+        resp = responses or [s.response_ids.tolist() for s in self.samples]
+        pairs, own = self._tp_union(list(zip([s.prompt for s in self.samples], resp, strict=True)))
+        scores = self.engine.score(
+            [p for p, _ in pairs], [r for _, r in pairs], self.cfg.rollout.temperature
+        )
+        return scores[own]
+
     def _build_engine(self) -> RolloutEngine:
         cfg = self.cfg
         if cfg.rollout.engine == "vllm":
@@ -229,12 +258,7 @@ class Worker:
         cfg = self.cfg
         # A TP group's ranks run one engine on the same prompts: the group's records,
         # in rank order; each rank keeps the samples of its own records.
-        group_records = [records]
-        if self.tp_group is not None:
-            group_records = [[] for _ in range(cfg.rollout.tensor_parallel_size)]
-            dist.all_gather_object(group_records, records, group=self.tp_group)
-        mine = self.rank % cfg.rollout.tensor_parallel_size
-        everything = [r for part in group_records for r in part]
+        everything, own = self._tp_union(records)
         prompts = [self.encoder.encode(r) for r in everything]
         for p in prompts:
             if p.input_ids.numel() > cfg.data.max_prompt_length:
@@ -257,8 +281,6 @@ class Worker:
         )
         groups = self.engine.generate(prompts, spec) if prompts else []
         self.engine.sleep()
-        start = sum(len(part) for part in group_records[:mine])
-        own = slice(start, start + len(records))
         self.samples = []
         for prompt, gens in zip(prompts[own], groups[own], strict=True):
             for g in gens:

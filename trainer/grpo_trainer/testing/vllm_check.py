@@ -28,8 +28,6 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
     worker.generate(mine, step=0)
     engine = worker.engine
     assert isinstance(engine, VLLMEngine)
-    prompts = [s.prompt for s in worker.samples]
-    responses = [s.response_ids.tolist() for s in worker.samples]
 
     def actor_log_probs() -> list[torch.Tensor]:
         with torch.no_grad():
@@ -40,13 +38,13 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
         return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True) if x.numel())
 
     before = actor_log_probs()
-    synced_at_rollout = gap(engine.score(prompts, responses), before)
+    synced_at_rollout = gap(worker.score(), before)
     advantages = [1.0 if i % 2 else -1.0 for i in range(len(worker.samples))]
     worker.update(advantages, step=0)
     after = actor_log_probs()
-    stale = gap(engine.score(prompts, responses), after)
+    stale = gap(worker.score(), after)
     engine.load_weights(gather_full_params(worker.actor, worker.compute_dtype))
-    synced = gap(engine.score(prompts, responses), after)
+    synced = gap(worker.score(), after)
     generated: dict[int, list[list[int]]] = {}
     for s in worker.samples:
         generated.setdefault(s.prompt.record.index, []).append(s.response_ids.tolist())
