@@ -16,6 +16,7 @@ import yaml
 from grpo_testbed.tiny_job import JOB, JOB_NS, TERMINAL, TinyJob, example, tiny_job_testbed
 
 TOTAL = int(example()["spec"]["training"]["maxSteps"])
+pytestmark = pytest.mark.timeout(2700)  # testbed + vLLM start-up + 20 steps on 2 shared cores
 
 
 @pytest.fixture(scope="module")

@@ -146,6 +146,12 @@ class VLLMEngine:
             "reload_weights",
             kwargs={"weights_iterator": _owned(weights), "is_checkpoint_format": True},
         )
+        # The reload clears the model runner's encoder and multimodal caches; the
+        # scheduler's and the input processor's records of them go too, or the next
+        # step reuses (or looks for) vision embeddings computed with the old weights:
+        # "Encoder cache miss" for an image seen in an earlier step.
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_mm_cache()
         if self.sleep_mode and self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -154,6 +160,8 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         seeds = spec.prompt_seeds or tuple(spec.seed + i for i in range(len(prompts)))
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} prompt seeds for {len(prompts)} prompts")
         params = [
             SamplingParams(
                 n=spec.n,
