@@ -24,7 +24,7 @@ from ..catalog import GPU_CATALOG, GpuType
 from .budget import compute_budget, max_rollout_utilization
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
 from .reasons import explain, explain_pods
-from .resources import build_env, build_pods, object_store_gib
+from .resources import at_least, build_env, build_pods, object_store_gib
 from .types import Budget, Geometry, InfeasibleError, Plan, Settings
 
 MAX_MICRO_BATCH = 4
@@ -314,16 +314,19 @@ def plan_memory(
 
 
 def replan(plan: Plan, settings: Settings, note: str, rung: str = "") -> Plan:
-    """The same job with other settings (used by the remediation ladder)."""
+    """The same job with other settings (used by the remediation ladder); no pod limit
+    below the plan it replaces."""
     geo = plan.geometry
     budget = compute_budget(geo, settings)
     head, worker = build_pods(geo, settings, budget)
+    kept_head = at_least(head, plan.head)
+    assert kept_head is not None
     return replace(
         plan,
         settings=settings,
         budget=budget,
-        head=head,
-        worker=worker,
+        head=kept_head,
+        worker=at_least(worker, plan.worker),
         env=build_env(geo, settings, budget),
         ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
         remediations=(*plan.remediations, note),
