@@ -163,8 +163,18 @@ class TrainingSpec(ApiModel):
             "algorithm.rolloutN (the step's responses split into whole updates)."
         ),
     )
-    epochs: int = Field(1, ge=1, le=1000, description="Passes over the train split.")
-    max_steps: int | None = Field(None, ge=1, description="Stop after this many steps.")
+    epochs: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description=(
+            "Passes over the train split; a pass is its prompts / rolloutBatchSize steps "
+            "(a tail that does not fill a step is dropped). Ignored when maxSteps is set."
+        ),
+    )
+    max_steps: int | None = Field(
+        None, ge=1, description="Stop after this many steps; when set, epochs is ignored."
+    )
     learning_rate: float = Field(1e-6, gt=0, lt=1, description="AdamW learning rate.")
     weight_decay: float = Field(0.01, ge=0, lt=1, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")

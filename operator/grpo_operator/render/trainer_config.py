@@ -81,8 +81,10 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
         },
         "metrics": {"prometheus_port": METRICS_PORT, "progress_bar": "off"},
         "trainer": {
-            # Unset maxSteps: the trainer's own default (epochs are not yet mapped).
+            # maxSteps wins when set; else the trainer runs `epochs` passes over the train
+            # split (only it knows how many prompts the split has).
             **({"total_steps": tr.max_steps} if tr.max_steps else {}),
+            "epochs": tr.epochs,
             "rollout_batch_size": tr.rollout_batch_size,
             "seed": tr.seed,
             "job_name": job.name,
