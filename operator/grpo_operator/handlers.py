@@ -12,6 +12,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from . import jobs, kube, metrics
+from .catalog import GPU_CATALOG, GpuType
 from .contract import API_GROUP, API_VERSION, JOB_LABEL, PLURAL
 from .reconcile.classify import classify_pod
 from .reconcile.status import (
@@ -26,6 +27,8 @@ from .render import JobRef, names
 
 log = logging.getLogger("grpo_operator")
 SETTINGS: dict[str, str] = {"default_image": ""}  # set by main from its flags
+# The effective GPU catalog (built-in + the chart's gpuCatalog); main replaces the contents.
+CATALOG: dict[str, GpuType] = dict(GPU_CATALOG)
 
 
 def _now() -> str:
@@ -72,7 +75,7 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, met
             kopf.warn(body, reason="ClaimMissing", message=problem)
             raise kopf.TemporaryError(problem, delay=15)
         decision = jobs.reconcile(JobRef(name, namespace, uid), dict(spec), dict(status),
-                                  generation, _now(), SETTINGS["default_image"])
+                                  generation, _now(), SETTINGS["default_image"], CATALOG)
         _apply(body, namespace, decision)
         ckpt = dict(spec.get("checkpoint") or {})
         if ckpt.get("claimName") and ckpt.get("deleteClaimWithJob"):
@@ -111,7 +114,7 @@ def grpojob_restart(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, meta:
     namespace = namespace or "default"
     decision = jobs.start_next_attempt(JobRef(name, namespace, uid), dict(spec), dict(status),
                                        int(meta.get("generation") or 0), _now(),
-                                       SETTINGS["default_image"])
+                                       SETTINGS["default_image"], CATALOG)
     if decision is None:
         return
     try:
@@ -180,7 +183,7 @@ def _observe_once(namespace: str, job_name: str, pod: dict[str, Any], deleted: b
         outcome = classify_pod(pod, deleted=deleted)
         if outcome:
             decision = jobs.finish_attempt(status, outcome, generation, _now(),
-                                           dict(job.get("spec") or {}))
+                                           dict(job.get("spec") or {}), CATALOG)
             if decision.status:
                 kube.patch_job_status(namespace, job_name, decision.status, rv)
                 _apply(job, namespace, decision)

@@ -8,14 +8,17 @@ The resolved value and the reason for it appear in `status.plan`.
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 from pydantic.config import JsonDict
 
+from ..catalog import GPU_NAME_PATTERN, GPU_TYPE_NAMES
 from .base import QUANTITY_PATTERN, ApiModel
 
-GpuName = Literal["H100-80GB", "H200-141GB", "A100-40GB", "A100-80GB", "L40S-48GB", "cpu"]
+# Any name in the operator's effective catalog (built-in + the chart's gpuCatalog): the
+# schema checks the form, the webhook and the planner the name (with the known ones listed).
+GpuName = Annotated[str, Field(pattern=GPU_NAME_PATTERN)]
 RewardType = Literal["math", "r1v", "function"]
 
 _NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-1123 label (PVC, StorageClass)
@@ -200,7 +203,11 @@ class ResourcesSpec(ApiModel):
     )
 
     gpu: GpuName = Field(
-        description="GPU type from the catalog, or cpu for a tiny CPU-only job (gloo)."
+        description=(
+            "GPU type: a name in the operator's catalog, or cpu for a tiny CPU-only job "
+            f"(gloo). Built in: {', '.join(GPU_TYPE_NAMES)}; the chart's gpuCatalog value "
+            "adds types. An unknown name is refused with the known ones listed."
+        )
     )
     nodes: int | None = Field(
         None,

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..api.base import quantity_gib
 from ..api.spec import GRPOJobSpec, MemorySpec
-from ..catalog import GPU_CATALOG, GpuType
+from ..catalog import GPU_CATALOG, GpuType, gpu_type
 from .budget import compute_budget, max_rollout_utilization
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
 from .reasons import explain, explain_pods
@@ -281,10 +281,10 @@ def plan_memory(
     catalog: Mapping[str, GpuType] = GPU_CATALOG,
     model_config: dict[str, Any] | None = None,
 ) -> Plan:
-    """The whole plan for a spec. Raises InfeasibleError (numbers + smallest fix) or
-    ValueError (a model that cannot be sized)."""
+    """The whole plan for a spec. Raises InfeasibleError (numbers + smallest fix),
+    UnknownGpuType (not in `catalog`) or ValueError (a model that cannot be sized)."""
+    gpu = gpu_type(spec.resources.gpu, catalog)  # UnknownGpuType lists the known names
     resolved = resolve_shape(spec.model, model_config)
-    gpu = catalog[spec.resources.gpu]
     nodes_reason = "spec.resources.nodes"
     if spec.resources.nodes is not None:
         nodes = spec.resources.nodes
