@@ -18,6 +18,7 @@ import yaml
 from .api.spec import GRPOJobSpec
 from .api.status import GRPOJobStatus
 from .contract import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME, SINGULAR
+from .render.names import JOB_NAME_PATTERN, JOB_NAME_RULE, MAX_JOB_NAME
 
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 CRD_PATHS = ("crds/grpojob.yaml", "charts/grpo-operator/crds/grpojob.yaml")
@@ -180,6 +181,14 @@ def open_api_schema() -> dict[str, Any]:
         "type": "object",
         "description": "GRPOJob runs GRPO fine-tuning of a vision-language model on KubeRay.",
         "required": ["spec"],
+        # Names KubeRay would refuse for the RayCluster are refused here, at apply time.
+        "x-kubernetes-validations": [
+            {
+                "rule": f"self.metadata.name.size() <= {MAX_JOB_NAME} && "
+                f"self.metadata.name.matches('{JOB_NAME_PATTERN}')",
+                "message": JOB_NAME_RULE,
+            }
+        ],
         "properties": {
             "apiVersion": {"type": "string", "description": "grpo.dev/v1alpha1"},
             "kind": {"type": "string", "description": "GRPOJob"},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
 from kubernetes.client.exceptions import ApiException
@@ -42,7 +42,11 @@ def _post(body: Any, events: list[tuple[str, str, str]]) -> None:
 
 def _apply(body: Any, namespace: str, decision: jobs.Decision) -> None:
     for child in decision.children:
-        if kube.create_if_absent(child):
+        try:
+            created = kube.create_if_absent(child)
+        except ApiException as exc:
+            _create_failed(body, namespace, child, exc)
+        if created:
             kopf.info(body, reason="Created",
                       message=f"{child['kind']} {child['metadata']['name']}")
     if decision.delete_ray_cluster and kube.delete_ray_cluster(namespace,
@@ -51,6 +55,20 @@ def _apply(body: Any, namespace: str, decision: jobs.Decision) -> None:
                   message=f"deleted RayCluster {decision.delete_ray_cluster} (GPUs released; "
                           "checkpoint volume and status kept)")
     _post(body, decision.events)
+
+
+def _create_failed(body: Any, namespace: str, child: dict[str, Any],
+                   exc: ApiException) -> NoReturn:
+    """A child the API server refused: status and a Warning event now (jobs.create_failed),
+    then a retry. Without this the job would sit in CreatingCluster, silent."""
+    meta = body["metadata"]
+    failed = jobs.create_failed(dict(body.get("status") or {}), child["kind"],
+                                child["metadata"]["name"], kube.api_message(exc),
+                                int(meta.get("generation") or 0), _now())
+    kube.patch_job_status(namespace, meta["name"], failed.status)  # reported, not decided on
+    _post(body, failed.events)
+    metrics.API_ERRORS.labels(operation="create").inc()
+    raise kopf.TemporaryError(failed.events[0][2], delay=jobs.CREATE_RETRY_SECONDS)
 
 
 def _claim_problem(spec: dict[str, Any], namespace: str) -> str | None:

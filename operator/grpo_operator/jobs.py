@@ -21,6 +21,7 @@ from .render import JobRef, names, render_children
 TERMINAL = ("Succeeded", "Failed")
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
+CREATE_RETRY_SECONDS = 10  # a child the API server refused is tried again this often
 MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
 _WORDS = {"CudaOOM": "CUDA OOM", "HostOOM": "host OOM (pod OOMKilled)",
           "RayOOM": "Ray OOM (memory monitor)", "NodeLost": "node or worker lost"}
@@ -100,6 +101,11 @@ def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], ge
     """Decide children and status for a job on create/resume/spec change."""
     if status.get("phase") in TERMINAL or status.get("nextAttempt"):
         return Decision(status={})  # done, or the restart timer owns the next step
+    bad_name = names.job_name_problem(job.name)  # the CRD refuses these; older CRDs did not
+    if bad_name:
+        view = PhaseView("Failed", "InvalidName", bad_name)
+        return Decision(failed_status(view, generation, now, status),
+                        events=[("Warning", "InvalidName", bad_name)])
     attempts_so_far = [a for a in status.get("attempts") or []
                        if a.get("index") != status.get("attempt")]
     try:
@@ -149,6 +155,21 @@ def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], ge
             events.append(("Normal", "Resumed", f"resuming attempt {attempt} from its "
                            "newest complete checkpoint"))
     return Decision(new, children=children, events=events)
+
+
+def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str,
+                  generation: int, now: str) -> Decision:
+    """The API server refused a child: show it where users look (phase Pending, Degraded
+    and Progressing with reason CreateFailed, a Warning event), with the server's own
+    message, instead of a silent CreatingCluster. The handler retries the create."""
+    view = PhaseView("Pending", "CreateFailed",
+                     f"creating {kind} {name} failed: {api_message} (retrying every "
+                     f"{CREATE_RETRY_SECONDS} s)")
+    return Decision(
+        {"phase": "Pending", "observedGeneration": generation,
+         "conditions": conditions_for(view, generation, now, status.get("conditions"),
+                                      degraded=view)},
+        events=[("Warning", "CreateFailed", view.message)])
 
 
 def worker_replaced(status: dict[str, Any], pod_name: str, reason: str) -> Decision:

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, JsonValue, model_validator
 from pydantic.config import JsonDict
 
 from ..catalog import GPU_NAME_PATTERN, GPU_TYPE_NAMES
+from ..contract import MAX_RESTARTS
 from .base import QUANTITY_PATTERN, ApiModel
 
 # Any name in the operator's effective catalog (built-in + the chart's gpuCatalog): the
@@ -334,7 +335,9 @@ class BackoffSpec(ApiModel):
 class RestartPolicySpec(ApiModel):
     """What happens after a failure."""
 
-    max_restarts: int = Field(3, ge=0, le=100, description="Restarts before the job Fails.")
+    max_restarts: int = Field(
+        3, ge=0, le=MAX_RESTARTS, description="Restarts before the job Fails."
+    )
     backoff: BackoffSpec = Field(
         default_factory=lambda: BackoffSpec.model_validate({}),
         description="Delay between restarts.",
