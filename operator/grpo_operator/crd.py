@@ -129,7 +129,8 @@ def to_structural(
         out.pop("default", None)
     if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
         raise SchemaError(f"{path}: no type")
-    if not out.get("description") and path != "":
+    # Map values are explained by their field's description.
+    if not out.get("description") and path != "" and not path.endswith(".*"):
         raise SchemaError(f"{path}: every field needs a description (kubectl explain)")
     if "properties" in out:
         out.pop("additionalProperties", None)

@@ -16,7 +16,7 @@ from .contract import FailureReason
 from .planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_status
 from .reconcile.classify import PodOutcome
 from .reconcile.status import PhaseView, conditions_for
-from .render import JobRef, names, render_children
+from .render import JobRef, names, pod_settings, render_children
 
 TERMINAL = ("Succeeded", "Failed")
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
@@ -49,6 +49,9 @@ def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = N
         plan = plan_memory(spec, catalog)
     except UnknownGpuType as exc:  # a spec error, not an infeasible plan
         raise SpecError([f"spec.resources.gpu: {exc}"]) from None
+    clashes = pod_settings.conflicts(spec.pods, plan.env)  # never override the operator's
+    if clashes:
+        raise SpecError(clashes)
     for a in attempts or []:
         if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
             plan = next_safer_plan(plan, a["outcome"]) or plan

@@ -16,6 +16,7 @@ from pydantic.config import JsonDict
 from ..catalog import GPU_NAME_PATTERN, GPU_TYPE_NAMES
 from ..contract import MAX_RESTARTS
 from .base import QUANTITY_PATTERN, ApiModel
+from .pods import PodsSpec
 
 # Any name in the operator's effective catalog (built-in + the chart's gpuCatalog): the
 # schema checks the form, the webhook and the planner the name (with the known ones listed).
@@ -391,6 +392,11 @@ class GRPOJobSpec(ApiModel):
     )
     image: str | None = Field(
         None, min_length=1, description="Trainer image; unset: the operator's default."
+    )
+    pods: PodsSpec = Field(
+        default_factory=lambda: PodsSpec.model_validate({}),
+        description="Env, volumes, scheduling, identity and labels for the Ray pods; may "
+        "change (next attempt).",
     )
     suspend: bool = Field(False, description="true stops the Ray cluster, keeping checkpoints.")
 

@@ -27,6 +27,7 @@ from ..contract import (
 from ..planner import Plan
 from . import names
 from .names import JobRef
+from .pod_settings import merged
 from .trainer_config import trainer_config
 
 # The head runs Ray's head without --block (KubeRay always adds it), then the driver
@@ -95,6 +96,8 @@ def render_children(
         "model_claim": spec.model.claim_name,
         "model_mount": MODEL_MOUNT,
         "config_dir": CONFIG_PATH.rsplit("/", 1)[0],
+        # spec.pods, merged per role; conflicts with the above are refused before this.
+        "extra": {"head": merged(spec.pods, "head"), "worker": merged(spec.pods, "workers")},
     }
     files = ["configmap.yaml.j2", "rbac.yaml.j2", "raycluster.yaml.j2"]
     if spec.checkpoint.claim_name is None:
