@@ -142,6 +142,7 @@ def to_structural(
             # (reading back a job shows every effective value).
             if (
                 default_sections
+                and "[]" not in path  # not inside list items (env[].valueFrom: one of)
                 and name not in required
                 and child.get("type") == "object"
                 and "properties" in child

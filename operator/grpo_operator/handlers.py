@@ -21,6 +21,7 @@ from .reconcile.status import (
     MEMORY_GROWTH,
     ROLE_LABEL,
     attempt_phase,
+    hub_fetch_conditions,
     memory_growth_conditions,
 )
 from .render import JobRef, names
@@ -158,8 +159,12 @@ def grpojob_event(type: str, namespace: str | None, name: str, status: kopf.Stat
         return
     metrics.JOB_PHASES[(namespace or "", name)] = str(status.get("phase") or "Pending")
     meta = body.get("metadata", {})
-    new = memory_growth_conditions(status.get("progress"), status.get("conditions"),
-                                   int(meta.get("generation") or 0), _now())
+    generation, now = int(meta.get("generation") or 0), _now()
+    grown = memory_growth_conditions(status.get("progress"), status.get("conditions"),
+                                     generation, now)
+    fetched = hub_fetch_conditions(status.get("progress"), grown or status.get("conditions"),
+                                   generation, now)
+    new = fetched or grown
     if new is None:
         return
     try:
@@ -167,9 +172,9 @@ def grpojob_event(type: str, namespace: str | None, name: str, status: kopf.Stat
                               str(meta["resourceVersion"]))
     except kube.Conflict:
         return  # a newer version of the job is on its way here; decide on that one
-    grown = next(c for c in new if c["type"] == MEMORY_GROWTH)
-    if grown["status"] == "True":
-        _post(dict(body), [("Warning", MEMORY_GROWTH, grown["message"])])
+    growth = next((c for c in grown or [] if c["type"] == MEMORY_GROWTH), None)
+    if growth is not None and growth["status"] == "True":
+        _post(dict(body), [("Warning", MEMORY_GROWTH, growth["message"])])
 
 
 def _observe(namespace: str, job_name: str, pod: dict[str, Any], deleted: bool) -> None:

@@ -32,6 +32,7 @@ PODS = {
         "securityContext": {"runAsUser": 1000, "runAsNonRoot": True, "fsGroup": 2000},
     },
     "workers": {
+        "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],  # a literal: no valueFrom default
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "rl",
                          "effect": "NoSchedule"}],
         "nodeSelector": {"type": "kwok"},
@@ -81,6 +82,7 @@ def test_every_pod_setting_arrives_on_the_real_pods(
             assert {t.get("key") for t in spec["tolerations"]} >= {"nvidia.com/gpu",
                                                                    "dedicated"}
             assert spec["affinity"] == PODS["workers"]["affinity"]
+            assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in c["env"]
             assert spec["nodeName"].startswith("a100-40gb")  # and it still schedules
     binding = json.loads(testbed.kubectl("get", "rolebinding", "settings-trainer", "-n", op_ns,
                                          "-o", "json").stdout)

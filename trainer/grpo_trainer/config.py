@@ -362,12 +362,11 @@ def load_config(
 
 def check_runtime(cfg: Config) -> None:
     """Checks that need the trainer's filesystem (the operator cannot do them)."""
-    for i, f in enumerate(cfg.data.train_files):
-        if not Path(f).exists():
-            raise ConfigError(f"data.train_files[{i}]", f"file not found: {f}")
-    for i, f in enumerate(cfg.data.val_files):
-        if not Path(f).exists():
-            raise ConfigError(f"data.val_files[{i}]", f"file not found: {f}")
+    for key in ("train_files", "val_files"):
+        for i, f in enumerate(getattr(cfg.data, key)):
+            base = f.rpartition("@")[0]  # <dir>@<split>: a fetched hub dataset
+            if not (Path(f).exists() or (base and Path(base).is_dir())):
+                raise ConfigError(f"data.{key}[{i}]", f"file not found: {f}")
     fmt = cfg.data.format_prompt
     if fmt not in BUILTIN_TEMPLATES and not Path(fmt).exists():
         raise ConfigError(

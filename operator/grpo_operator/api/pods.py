@@ -159,38 +159,39 @@ class PodSettings(ApiModel):
     """Settings added to the Ray pods; the operator's own cannot be overridden (refused
     with the field named)."""
 
-    labels: dict[str, str] = Field(
-        default_factory=dict, description="Pod labels (not grpo.dev/ or ray.io/ keys).")
-    annotations: dict[str, str] = Field(
-        default_factory=dict, description="Pod annotations (not grpo.dev/ or ray.io/ keys).")
-    env: list[EnvVar] = Field(
-        default_factory=list,
+    labels: dict[str, str] | None = Field(
+        None, description="Pod labels (not grpo.dev/ or ray.io/ keys).")
+    annotations: dict[str, str] | None = Field(
+        None, description="Pod annotations (not grpo.dev/ or ray.io/ keys).")
+    env: list[EnvVar] | None = Field(
+        None,
         description="Env of the Ray container, e.g. HF_TOKEN from a Secret; not the "
         "operator's (GRPO_*, the planner's).")
-    env_from: list[EnvFromSource] = Field(
-        default_factory=list, description="Every key of a Secret or ConfigMap as env.")
-    volumes: list[Volume] = Field(
-        default_factory=list, description="Pod volumes (not checkpoints, config, dshm, models).")
-    volume_mounts: list[VolumeMount] = Field(
-        default_factory=list, description="Mounts in the Ray container (not the operator's "
+    env_from: list[EnvFromSource] | None = Field(
+        None, description="Every key of a Secret or ConfigMap as env.")
+    volumes: list[Volume] | None = Field(
+        None, description="Pod volumes (not checkpoints, config, dshm, models).")
+    volume_mounts: list[VolumeMount] | None = Field(
+        None, description="Mounts in the Ray container (not the operator's "
         "paths /checkpoints, /etc/grpo, /dev/shm, /models).")
-    tolerations: list[Toleration] = Field(
-        default_factory=list, description="Added to the operator's tolerations.")
-    node_selector: dict[str, str] = Field(
-        default_factory=dict,
+    tolerations: list[Toleration] | None = Field(
+        None, description="Added to the operator's tolerations.")
+    node_selector: dict[str, str] | None = Field(
+        None,
         description="Added to the operator's (which selects the GPU type on workers).")
     affinity: dict[str, Any] | None = Field(
         None, json_schema_extra=_OPEN, description="Pod affinity, as in a Pod spec.")
     priority_class_name: str | None = Field(
         None, pattern=_SUBDOMAIN, description="PriorityClass of the pods.")
-    image_pull_secrets: list[NameRef] = Field(
-        default_factory=list, description="Secrets for pulling the trainer image.")
+    image_pull_secrets: list[NameRef] | None = Field(
+        None, description="Secrets for pulling the trainer image.")
     service_account_name: str | None = Field(
         None, pattern=_SUBDOMAIN,
         description="ServiceAccount of the pods (cloud identity); on the head it is also "
         "granted the trainer's right to report progress.")
-    security_context: PodSecurityContext | None = Field(
-        None, description="Pod-level securityContext.")
+    security_context: PodSecurityContext = Field(  # the API server defaults it to {}
+        default_factory=lambda: PodSecurityContext.model_validate({}),
+        description="Pod-level securityContext.")
 
     @model_validator(mode="before")
     @classmethod

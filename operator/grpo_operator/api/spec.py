@@ -16,6 +16,7 @@ from pydantic.config import JsonDict
 from ..catalog import GPU_NAME_PATTERN, GPU_TYPE_NAMES
 from ..contract import MAX_RESTARTS
 from .base import QUANTITY_PATTERN, ApiModel
+from .hub import HubSpec
 from .pods import PodsSpec
 
 # Any name in the operator's effective catalog (built-in + the chart's gpuCatalog): the
@@ -48,7 +49,8 @@ class ModelShape(ApiModel):
 
 
 class ModelSpec(ApiModel):
-    """The policy model: a hub id prefetched by an init container, or a path on a volume."""
+    """The policy model: a hub id fetched onto the job's volume by an init container of the
+    head pod (spec.hub), or a path on a volume."""
 
     path: str = Field(
         min_length=1,
@@ -76,7 +78,9 @@ class DataSpec(ApiModel):
     """Training data in the EasyR1 column layout (images / problem / answer)."""
 
     train: str = Field(
-        min_length=1, description="Train split: a parquet/jsonl path or hub dataset id@split."
+        min_length=1,
+        description="Train split: a parquet/jsonl path, or a hub dataset owner/name@split "
+        "(fetched like the model; parquet files in the Hugging Face / EasyR1 layout).",
     )
     val: str | None = Field(None, description="Validation split, same forms as train.")
     image_key: str = Field("images", min_length=1, description="Column holding the images.")
@@ -392,6 +396,10 @@ class GRPOJobSpec(ApiModel):
     )
     image: str | None = Field(
         None, min_length=1, description="Trainer image; unset: the operator's default."
+    )
+    hub: HubSpec = Field(
+        default_factory=lambda: HubSpec.model_validate({}),
+        description="Token and endpoint for fetching hub models and datasets.",
     )
     pods: PodsSpec = Field(
         default_factory=lambda: PodsSpec.model_validate({}),

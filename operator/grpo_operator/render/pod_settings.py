@@ -34,14 +34,20 @@ def merged(pods: PodsSpec, role: str) -> dict[str, Any]:
             out[key] = [*base[key], *value]
         elif isinstance(value, dict) and key in ("labels", "annotations", "nodeSelector"):
             out[key] = {**base[key], **value}
-        elif value is not None:
+        elif value not in (None, {}):  # the API server defaults unset sections to {}
             out[key] = value
     return out
 
 
+LISTS = ("env", "envFrom", "volumes", "volumeMounts", "tolerations", "imagePullSecrets")
+MAPS = ("labels", "annotations", "nodeSelector")
+
+
 def _wire(s: PodSettings) -> dict[str, Any]:
-    """Every field (unset ones as None, [] or {}), nested objects without their Nones."""
-    return {k: _no_none(v) for k, v in s.model_dump(by_alias=True, mode="json").items()}
+    """Every field: unset lists as [], maps as {}, other unset ones as None; nested
+    objects without their unset fields."""
+    out = {k: _no_none(v) for k, v in s.model_dump(by_alias=True, mode="json").items()}
+    return out | {k: out[k] or [] for k in LISTS} | {k: out[k] or {} for k in MAPS}
 
 
 def _no_none(v: Any) -> Any:
@@ -65,24 +71,24 @@ def conflicts(pods: PodsSpec, operator_env: Iterable[str]) -> list[str]:
     for section in ("common", *ROLES):
         s: PodSettings = getattr(pods, section)
         at = f"spec.pods.{section}"
-        for i, e in enumerate(s.env):
+        for i, e in enumerate(s.env or []):
             if e.name in env or e.name.startswith(OPERATOR_ENV_PREFIX):
                 out.append(f"{at}.env[{i}].name: {e.name} is set by the operator (the "
                            "planner's settings and the job's identity); set spec.memory.* "
                            "or leave it out")
-        for i, v in enumerate(s.volumes):
+        for i, v in enumerate(s.volumes or []):
             if v.name in OPERATOR_VOLUMES:
                 out.append(f"{at}.volumes[{i}].name: {v.name!r} is the operator's volume; "
                            "choose another name")
-        for i, m in enumerate(s.volume_mounts):
+        for i, m in enumerate(s.volume_mounts or []):
             hit = next((p for p in OPERATOR_MOUNTS if _under(m.mount_path, p)), None)
             if hit:
                 out.append(f"{at}.volumeMounts[{i}].mountPath: {m.mount_path} would hide or "
                            f"shadow the operator's mount at {hit}; choose another path")
-        if GPU_PRODUCT_LABEL in s.node_selector:
+        if GPU_PRODUCT_LABEL in (s.node_selector or {}):
             out.append(f"{at}.nodeSelector.{GPU_PRODUCT_LABEL}: the GPU type is "
                        "spec.resources.gpu; set that instead")
-        for field, values in (("labels", s.labels), ("annotations", s.annotations)):
+        for field, values in (("labels", s.labels or {}), ("annotations", s.annotations or {})):
             for key in values:
                 if key.startswith(RESERVED_PREFIXES):
                     out.append(f"{at}.{field}.{key}: the {key.split('/')[0]}/ prefix is the "
