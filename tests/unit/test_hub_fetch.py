@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import yaml
 
-from grpo_operator.api import parse_spec
 from grpo_operator.jobs import reconcile
 from grpo_operator.reconcile.classify import classify_pod
 from grpo_operator.reconcile.status import hub_fetch_conditions
@@ -138,9 +137,14 @@ def test_the_head_fetches_before_ray_starts_and_the_trainer_gets_local_paths() -
         "/checkpoints/ns/geo/hub/datasets/hiyouga/geometry3k@train"]
     assert config["data"]["val_files"] == [
         "/checkpoints/ns/geo/hub/datasets/hiyouga/geometry3k@test"]
-    local = dict(SPEC, model={"path": "/models/m", "claimName": "models",
-                              "shape": parse_spec(SPEC).model.shape})
-    assert local["model"]  # a path on a claim is never fetched
+
+
+def test_paths_on_volumes_are_never_fetched() -> None:
+    local = dict(SPEC, model={"path": "Qwen/Qwen2.5-VL-7B-Instruct", "claimName": "models"},
+                 data={"train": "/models/geo/train.parquet"})
+    d = reconcile(JobRef("geo", "ns", "u"), local, {}, 1, "2026-01-01T00:00:00Z", "img")
+    rc = next(c for c in d.children if c["kind"] == "RayCluster")["spec"]
+    assert "initContainers" not in rc["headGroupSpec"]["template"]["spec"]
 
 
 def test_progress_and_failure_are_the_hubfetch_condition() -> None:
