@@ -9,10 +9,27 @@ override host RAM and CPUs per node when its nodes differ (`spec.resources`).
 `product_label` is the value of the `nvidia.com/gpu.product` node label published by
 NVIDIA GPU feature discovery; the operator selects nodes by it and the testbed's fake
 nodes carry exactly these values.
+
+Sources of the newer entries (per-GPU memory as nvidia-smi reports it, node shapes as
+the clouds sell them, dense BF16 TFLOPS from NVIDIA's datasheets):
+- L4: NVIDIA L4 datasheet (24 GB GDDR6, 121 TFLOPS BF16 dense, PCIe Gen4); nvidia-smi
+  23034 MiB (modal-labs/modal-client#2797); node AWS g6.48xlarge (8 x L4, 192 vCPU,
+  768 GiB, 100 Gbit/s).
+- A10G: AWS's A10 variant; nvidia-smi 23028 MiB (NVIDIA/DCGM#232); BF16 from the NVIDIA
+  A10 datasheet (125 TFLOPS dense; NVIDIA publishes no A10G sheet, so this is an upper
+  bound); node AWS g5.48xlarge (8 x A10G, 192 vCPU, 768 GiB, 100 Gbit/s).
+- H20: NVIDIA H20 product brief (96 GB HBM3, 148 TFLOPS BF16 dense, NVLink 900 GB/s);
+  96 GiB less the driver's reserve in H100's proportion (81559 of 81920 MiB) gives
+  ~97871 MiB; node as HGX H100 (8 GPUs, 2 TiB, 192 CPUs, 8 x 400 Gbit/s).
+- B200: NVIDIA DGX B200 datasheet (8 x B200 with 1,440 GB in all, 2 TB RAM, 2 x 56-core
+  Xeon 8570 = 224 threads, NVLink 5 at 1.8 TB/s per GPU, 8 x 400 Gbit/s); nvidia-smi
+  183359 MiB (NVIDIA/TensorRT-LLM#10278); BF16 2.25 PFLOPS dense (HGX B200 datasheet,
+  36 PFLOPS sparse for 8).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -104,6 +121,54 @@ GPU_CATALOG: dict[str, GpuType] = {
             bf16_tflops=362,
         ),
         GpuType(
+            name="L4-24GB",
+            memory_gib=22.5,  # 23034 MiB
+            product_label="NVIDIA-L4",
+            host_memory_gib=768,
+            cpus=192,
+            gpus_per_node=8,
+            interconnect="PCIe Gen4 (no NVLink)",
+            intra_node_gbps=32,
+            inter_node_gbps=12.5,
+            bf16_tflops=121,
+        ),
+        GpuType(
+            name="A10G-24GB",
+            memory_gib=22.5,  # 23028 MiB
+            product_label="NVIDIA-A10G",
+            host_memory_gib=768,
+            cpus=192,
+            gpus_per_node=8,
+            interconnect="PCIe Gen4 (no NVLink)",
+            intra_node_gbps=32,
+            inter_node_gbps=12.5,
+            bf16_tflops=125,
+        ),
+        GpuType(
+            name="H20-96GB",
+            memory_gib=95.5,  # ~97871 MiB (see the module docstring)
+            product_label="NVIDIA-H20",
+            host_memory_gib=2048,
+            cpus=192,
+            gpus_per_node=8,
+            interconnect="NVLink4/NVSwitch",
+            intra_node_gbps=900,
+            inter_node_gbps=400,
+            bf16_tflops=148,
+        ),
+        GpuType(
+            name="B200-180GB",
+            memory_gib=179.0,  # 183359 MiB
+            product_label="NVIDIA-B200",
+            host_memory_gib=2048,
+            cpus=224,
+            gpus_per_node=8,
+            interconnect="NVLink5/NVSwitch",
+            intra_node_gbps=1800,
+            inter_node_gbps=400,
+            bf16_tflops=2250,
+        ),
+        GpuType(
             # The tiny CPU job (tests, laptops): ranks are CPU processes using gloo.
             name=CPU_GPU_TYPE,
             memory_gib=0.0,
@@ -120,12 +185,21 @@ GPU_CATALOG: dict[str, GpuType] = {
 }
 
 GPU_TYPE_NAMES: tuple[str, ...] = tuple(GPU_CATALOG)
+# What a GPU type's name may look like (CRD pattern, chart overrides): a label-like token.
+GPU_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
 
 
-def gpu_type(name: str) -> GpuType:
+class UnknownGpuType(ValueError):
+    """A GPU type the catalog in use does not have; the message lists those it has."""
+
+
+def gpu_type(name: str, catalog: Mapping[str, GpuType] = GPU_CATALOG) -> GpuType:
     """Look a type up by name, with an error that lists the known names."""
     try:
-        return GPU_CATALOG[name]
+        return catalog[name]
     except KeyError:
-        known = ", ".join(GPU_TYPE_NAMES)
-        raise KeyError(f"unknown GPU type {name!r}; known types: {known}") from None
+        known = ", ".join(catalog)
+        raise UnknownGpuType(
+            f"unknown GPU type {name!r}; known types: {known} (the chart's gpuCatalog "
+            "value adds types)"
+        ) from None

@@ -52,7 +52,14 @@ def crd(write: bool, root: Path) -> None:
     default=None,
     help="Directory that absolute model paths are relative to (where config.json is read).",
 )
-def plan(file: Path, output: str, model_root: Path | None) -> None:
+@click.option(
+    "--gpu-catalog",
+    envvar="GRPO_GPU_CATALOG",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="GPU types merged over the built-in catalog, as the operator's (chart gpuCatalog).",
+)
+def plan(file: Path, output: str, model_root: Path | None, gpu_catalog: Path | None) -> None:
     """Plan the memory settings and cluster for the GRPOJob in FILE."""
     from rich.console import Console
 
@@ -63,7 +70,7 @@ def plan(file: Path, output: str, model_root: Path | None) -> None:
     try:
         # Piped or captured output gets a fixed, wide layout instead of 80 columns.
         width = None if sys.stdout.isatty() else 140
-        plan_file(file, output, model_root, Console(width=width))
+        plan_file(file, output, model_root, Console(width=width), gpu_catalog)
     except (SpecError, InfeasibleError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

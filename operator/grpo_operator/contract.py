@@ -15,6 +15,7 @@ PLURAL = "grpojobs"
 SINGULAR = "grpojob"
 SHORT_NAME = "gj"
 JOB_LABEL = f"{API_GROUP}/job"  # on every child object
+MAX_RESTARTS = 100  # spec.restartPolicy.maxRestarts: attempts are numbered 0..100
 
 CONFIG_PATH = "/etc/grpo/config.yaml"
 CHECKPOINT_MOUNT = "/checkpoints"  # the job's dir is /checkpoints/<namespace>/<job>/

@@ -18,6 +18,7 @@ import yaml
 from .api.spec import GRPOJobSpec
 from .api.status import GRPOJobStatus
 from .contract import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME, SINGULAR
+from .render.names import JOB_NAME_PATTERN, JOB_NAME_RULE, MAX_JOB_NAME
 
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 CRD_PATHS = ("crds/grpojob.yaml", "charts/grpo-operator/crds/grpojob.yaml")
@@ -128,7 +129,8 @@ def to_structural(
         out.pop("default", None)
     if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
         raise SchemaError(f"{path}: no type")
-    if not out.get("description") and path != "":
+    # Map values are explained by their field's description.
+    if not out.get("description") and path != "" and not path.endswith(".*"):
         raise SchemaError(f"{path}: every field needs a description (kubectl explain)")
     if "properties" in out:
         out.pop("additionalProperties", None)
@@ -140,6 +142,7 @@ def to_structural(
             # (reading back a job shows every effective value).
             if (
                 default_sections
+                and "[]" not in path  # not inside list items (env[].valueFrom: one of)
                 and name not in required
                 and child.get("type") == "object"
                 and "properties" in child
@@ -180,6 +183,14 @@ def open_api_schema() -> dict[str, Any]:
         "type": "object",
         "description": "GRPOJob runs GRPO fine-tuning of a vision-language model on KubeRay.",
         "required": ["spec"],
+        # Names KubeRay would refuse for the RayCluster are refused here, at apply time.
+        "x-kubernetes-validations": [
+            {
+                "rule": f"self.metadata.name.size() <= {MAX_JOB_NAME} && "
+                f"self.metadata.name.matches('{JOB_NAME_PATTERN}')",
+                "message": JOB_NAME_RULE,
+            }
+        ],
         "properties": {
             "apiVersion": {"type": "string", "description": "grpo.dev/v1alpha1"},
             "kind": {"type": "string", "description": "GRPOJob"},

@@ -6,12 +6,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
 from . import jobs, kube, metrics
+from .catalog import GPU_CATALOG, GpuType
 from .contract import API_GROUP, API_VERSION, JOB_LABEL, PLURAL
 from .reconcile.classify import classify_pod
 from .reconcile.status import (
@@ -20,12 +21,15 @@ from .reconcile.status import (
     MEMORY_GROWTH,
     ROLE_LABEL,
     attempt_phase,
+    hub_fetch_conditions,
     memory_growth_conditions,
 )
 from .render import JobRef, names
 
 log = logging.getLogger("grpo_operator")
 SETTINGS: dict[str, str] = {"default_image": ""}  # set by main from its flags
+# The effective GPU catalog (built-in + the chart's gpuCatalog); main replaces the contents.
+CATALOG: dict[str, GpuType] = dict(GPU_CATALOG)
 
 
 def _now() -> str:
@@ -39,7 +43,11 @@ def _post(body: Any, events: list[tuple[str, str, str]]) -> None:
 
 def _apply(body: Any, namespace: str, decision: jobs.Decision) -> None:
     for child in decision.children:
-        if kube.create_if_absent(child):
+        try:
+            created = kube.create_if_absent(child)
+        except ApiException as exc:
+            _create_failed(body, namespace, child, exc)
+        if created:
             kopf.info(body, reason="Created",
                       message=f"{child['kind']} {child['metadata']['name']}")
     if decision.delete_ray_cluster and kube.delete_ray_cluster(namespace,
@@ -48,6 +56,20 @@ def _apply(body: Any, namespace: str, decision: jobs.Decision) -> None:
                   message=f"deleted RayCluster {decision.delete_ray_cluster} (GPUs released; "
                           "checkpoint volume and status kept)")
     _post(body, decision.events)
+
+
+def _create_failed(body: Any, namespace: str, child: dict[str, Any],
+                   exc: ApiException) -> NoReturn:
+    """A child the API server refused: status and a Warning event now (jobs.create_failed),
+    then a retry. Without this the job would sit in CreatingCluster, silent."""
+    meta = body["metadata"]
+    failed = jobs.create_failed(dict(body.get("status") or {}), child["kind"],
+                                child["metadata"]["name"], kube.api_message(exc),
+                                int(meta.get("generation") or 0), _now())
+    kube.patch_job_status(namespace, meta["name"], failed.status)  # reported, not decided on
+    _post(body, failed.events)
+    metrics.API_ERRORS.labels(operation="create").inc()
+    raise kopf.TemporaryError(failed.events[0][2], delay=jobs.CREATE_RETRY_SECONDS)
 
 
 def _claim_problem(spec: dict[str, Any], namespace: str) -> str | None:
@@ -72,7 +94,7 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, met
             kopf.warn(body, reason="ClaimMissing", message=problem)
             raise kopf.TemporaryError(problem, delay=15)
         decision = jobs.reconcile(JobRef(name, namespace, uid), dict(spec), dict(status),
-                                  generation, _now(), SETTINGS["default_image"])
+                                  generation, _now(), SETTINGS["default_image"], CATALOG)
         _apply(body, namespace, decision)
         ckpt = dict(spec.get("checkpoint") or {})
         if ckpt.get("claimName") and ckpt.get("deleteClaimWithJob"):
@@ -111,7 +133,7 @@ def grpojob_restart(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, meta:
     namespace = namespace or "default"
     decision = jobs.start_next_attempt(JobRef(name, namespace, uid), dict(spec), dict(status),
                                        int(meta.get("generation") or 0), _now(),
-                                       SETTINGS["default_image"])
+                                       SETTINGS["default_image"], CATALOG)
     if decision is None:
         return
     try:
@@ -137,8 +159,12 @@ def grpojob_event(type: str, namespace: str | None, name: str, status: kopf.Stat
         return
     metrics.JOB_PHASES[(namespace or "", name)] = str(status.get("phase") or "Pending")
     meta = body.get("metadata", {})
-    new = memory_growth_conditions(status.get("progress"), status.get("conditions"),
-                                   int(meta.get("generation") or 0), _now())
+    generation, now = int(meta.get("generation") or 0), _now()
+    grown = memory_growth_conditions(status.get("progress"), status.get("conditions"),
+                                     generation, now)
+    fetched = hub_fetch_conditions(status.get("progress"), grown or status.get("conditions"),
+                                   generation, now)
+    new = fetched or grown
     if new is None:
         return
     try:
@@ -146,9 +172,9 @@ def grpojob_event(type: str, namespace: str | None, name: str, status: kopf.Stat
                               str(meta["resourceVersion"]))
     except kube.Conflict:
         return  # a newer version of the job is on its way here; decide on that one
-    grown = next(c for c in new if c["type"] == MEMORY_GROWTH)
-    if grown["status"] == "True":
-        _post(dict(body), [("Warning", MEMORY_GROWTH, grown["message"])])
+    growth = next((c for c in grown or [] if c["type"] == MEMORY_GROWTH), None)
+    if growth is not None and growth["status"] == "True":
+        _post(dict(body), [("Warning", MEMORY_GROWTH, growth["message"])])
 
 
 def _observe(namespace: str, job_name: str, pod: dict[str, Any], deleted: bool) -> None:
@@ -180,7 +206,7 @@ def _observe_once(namespace: str, job_name: str, pod: dict[str, Any], deleted: b
         outcome = classify_pod(pod, deleted=deleted)
         if outcome:
             decision = jobs.finish_attempt(status, outcome, generation, _now(),
-                                           dict(job.get("spec") or {}))
+                                           dict(job.get("spec") or {}), CATALOG)
             if decision.status:
                 kube.patch_job_status(namespace, job_name, decision.status, rv)
                 _apply(job, namespace, decision)

@@ -6,19 +6,22 @@ Handlers gather state, call these, and apply the result.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .api import GRPOJobSpec, SpecError, parse_spec
+from .catalog import GPU_CATALOG, GpuType, UnknownGpuType
 from .contract import FailureReason
 from .planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_status
 from .reconcile.classify import PodOutcome
 from .reconcile.status import PhaseView, conditions_for
-from .render import JobRef, names, render_children
+from .render import JobRef, names, pod_settings, render_children
 
 TERMINAL = ("Succeeded", "Failed")
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
+CREATE_RETRY_SECONDS = 10  # a child the API server refused is tried again this often
 MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
 _WORDS = {"CudaOOM": "CUDA OOM", "HostOOM": "host OOM (pod OOMKilled)",
           "RayOOM": "Ray OOM (memory monitor)", "NodeLost": "node or worker lost"}
@@ -34,15 +37,21 @@ class Decision:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, msg)
 
 
-def planned(spec_body: dict[str, Any],
-            attempts: list[dict[str, Any]] | None = None) -> tuple[GRPOJobSpec, Plan]:
+def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = None,
+            catalog: Mapping[str, GpuType] = GPU_CATALOG) -> tuple[GRPOJobSpec, Plan]:
     """Parse and plan; raises SpecError / InfeasibleError / ValueError with the reason.
 
     With `attempts`, the plan is the one for the attempt after them: the first plan with
     every remediation recorded in `attempts` replayed in order (the ladder is
     deterministic, so the operator keeps no plan state of its own)."""
     spec = parse_spec(spec_body)
-    plan = plan_memory(spec)
+    try:
+        plan = plan_memory(spec, catalog)
+    except UnknownGpuType as exc:  # a spec error, not an infeasible plan
+        raise SpecError([f"spec.resources.gpu: {exc}"]) from None
+    clashes = pod_settings.conflicts(spec.pods, plan.env)  # never override the operator's
+    if clashes:
+        raise SpecError(clashes)
     for a in attempts or []:
         if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
             plan = next_safer_plan(plan, a["outcome"]) or plan
@@ -90,14 +99,20 @@ def claim_problem(spec_body: dict[str, Any], namespace: str,
 
 
 def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], generation: int,
-              now: str, default_image: str = "") -> Decision:
+              now: str, default_image: str = "",
+              catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Decision:
     """Decide children and status for a job on create/resume/spec change."""
     if status.get("phase") in TERMINAL or status.get("nextAttempt"):
         return Decision(status={})  # done, or the restart timer owns the next step
+    bad_name = names.job_name_problem(job.name)  # the CRD refuses these; older CRDs did not
+    if bad_name:
+        view = PhaseView("Failed", "InvalidName", bad_name)
+        return Decision(failed_status(view, generation, now, status),
+                        events=[("Warning", "InvalidName", bad_name)])
     attempts_so_far = [a for a in status.get("attempts") or []
                        if a.get("index") != status.get("attempt")]
     try:
-        spec, plan = planned(spec_body, attempts_so_far)
+        spec, plan = planned(spec_body, attempts_so_far, catalog)
     except SpecError as exc:
         view = PhaseView("Failed", "InvalidSpec", str(exc))
         return Decision(failed_status(view, generation, now, status),
@@ -145,6 +160,21 @@ def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], ge
     return Decision(new, children=children, events=events)
 
 
+def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str,
+                  generation: int, now: str) -> Decision:
+    """The API server refused a child: show it where users look (phase Pending, Degraded
+    and Progressing with reason CreateFailed, a Warning event), with the server's own
+    message, instead of a silent CreatingCluster. The handler retries the create."""
+    view = PhaseView("Pending", "CreateFailed",
+                     f"creating {kind} {name} failed: {api_message} (retrying every "
+                     f"{CREATE_RETRY_SECONDS} s)")
+    return Decision(
+        {"phase": "Pending", "observedGeneration": generation,
+         "conditions": conditions_for(view, generation, now, status.get("conditions"),
+                                      degraded=view)},
+        events=[("Warning", "CreateFailed", view.message)])
+
+
 def worker_replaced(status: dict[str, Any], pod_name: str, reason: str) -> Decision:
     """A worker pod ended but the head (and so the driver) lives on: KubeRay replaces the
     pod and training goes on. Counted and shown, not an attempt failure."""
@@ -170,7 +200,8 @@ def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
 
 
 def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
-                   now: str, spec_body: dict[str, Any] | None = None) -> Decision:
+                   now: str, spec_body: dict[str, Any] | None = None,
+                   catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Decision:
     """The head's trainer ended: record the attempt, then succeed, restart (after a
     backoff, with the next safer setting for its failure class) or give up."""
     attempt = int(status.get("attempt") or 0)
@@ -202,7 +233,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
         view = PhaseView("Failed", reason.value, f"attempt {attempt}: {outcome.message}; "
                          "not retried (fix the job and create it again)")
         return _ended(status, attempts, view, generation, now, rc, "Warning")
-    spec, plan = planned(spec_body, attempts[:-1])
+    spec, plan = planned(spec_body, attempts[:-1], catalog)
     if restarts >= spec.restart_policy.max_restarts:
         view = PhaseView("Failed", reason.value,
                          f"{what}{where} after {restarts} restarts; last setting tried: "
@@ -244,14 +275,15 @@ def _ended(status: dict[str, Any], attempts: list[dict[str, Any]], view: PhaseVi
 
 
 def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
-                       generation: int, now: str, default_image: str = "") -> Decision | None:
+                       generation: int, now: str, default_image: str = "",
+                       catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Decision | None:
     """After the backoff: the next attempt's children with the remediated plan.
     None while the backoff has not passed."""
     nxt = status.get("nextAttempt") or {}
     if not nxt or _time(now) < _time(str(nxt["notBefore"])):
         return None
     attempts = [dict(a) for a in status.get("attempts") or []]
-    spec, plan = planned(spec_body, attempts)
+    spec, plan = planned(spec_body, attempts, catalog)
     index = int(nxt["index"])
     resumed = next((a.get("lastCheckpointStep") for a in reversed(attempts)
                     if a.get("lastCheckpointStep") is not None), None)

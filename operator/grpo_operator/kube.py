@@ -5,6 +5,7 @@ Everything here is I/O and nothing else; callers decide what to do.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from functools import cache
 from typing import Any, cast
@@ -77,6 +78,16 @@ def create_if_absent(obj: dict[str, Any]) -> bool:
         if exc.status == 409:
             return False
         raise
+
+
+def api_message(exc: ApiException) -> str:
+    """The API server's own words for a refusal (the Status body's message), with the
+    HTTP status, e.g. "403 Forbidden: configmaps "x" is forbidden: exceeded quota: ..."."""
+    try:
+        message = str(json.loads(exc.body or "{}").get("message") or "")
+    except (ValueError, AttributeError):
+        message = ""
+    return f"{exc.status} {exc.reason}: {message}" if message else f"{exc.status} {exc.reason}"
 
 
 def _unless_missing(call: Callable[[], Any]) -> Any | None:

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import handlers, kube
+from .catalog_file import CatalogError, load_catalog
 from .contract import API_GROUP, DEFAULT_TRAINER_IMAGE
 
 OPTIONS: dict[str, Any] = {}
@@ -109,6 +110,9 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
               "webhook configurations of this name (dev and the testbed; the chart makes its own).")
 @click.option("--trainer-image", default=DEFAULT_TRAINER_IMAGE, show_default=True,
               help="Trainer image for jobs that do not set spec.image.")
+@click.option("--gpu-catalog", envvar="GRPO_GPU_CATALOG", type=click.Path(dir_okay=False),
+              default=None, help="YAML mapping of GPU types merged over the built-in catalog "
+              "(the chart's gpuCatalog value) [env GRPO_GPU_CATALOG].")
 @click.option("--peering", default=None, help="Kopf peering name: one active replica.")
 @click.option("--priority", type=int, default=0, show_default=True,
               help="Peering priority: a replica pauses while one of higher priority runs.")
@@ -116,7 +120,8 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
         webhook_key: str | None, webhook_ca: str | None, webhook_manage: str | None,
-        trainer_image: str, peering: str | None, priority: int, verbose: bool) -> None:
+        trainer_image: str, gpu_catalog: str | None, peering: str | None, priority: int,
+        verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -127,6 +132,12 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
                    webhook_cert=webhook_cert, webhook_key=webhook_key, webhook_ca=webhook_ca,
                    webhook_manage=webhook_manage)
     handlers.SETTINGS["default_image"] = trainer_image
+    try:
+        catalog = load_catalog(gpu_catalog)
+    except CatalogError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu-catalog") from None
+    handlers.CATALOG.clear()
+    handlers.CATALOG.update(catalog)
     if webhook_port:
         # Imported (and so registered with Kopf) only when there is a server for it:
         # Kopf refuses to run admission handlers without one.

@@ -3,12 +3,15 @@ planner's numbers, and refuse changes to fields that cannot change mid-job."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from .api import SpecError
+from .catalog import GPU_CATALOG, GpuType
 from .contract import API_GROUP, API_VERSION, PLURAL
+from .handlers import CATALOG
 from .jobs import planned
 from .planner import InfeasibleError
 
@@ -19,7 +22,8 @@ IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "training", "resou
 DEFAULTS: dict[str, str] = {"image": ""}  # set by main
 
 
-def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None) -> str | None:
+def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
+                      catalog: Mapping[str, GpuType] = GPU_CATALOG) -> str | None:
     """Why the API server should refuse this spec, or None (pure)."""
     if old_spec is not None and old_spec == spec:
         return None  # metadata/finalizer updates must never be blocked by a newer planner
@@ -31,7 +35,7 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None) -> 
                     "spec.memory, spec.restartPolicy, spec.image and spec.suspend may change "
                     "and take effect at the next attempt")
     try:
-        planned(spec)
+        planned(spec, catalog=catalog)
     except SpecError as exc:
         return str(exc)
     except (InfeasibleError, ValueError) as exc:
@@ -43,7 +47,7 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None) -> 
 def grpojob_validate(spec: kopf.Spec, old: kopf.Body | None = None,
                      operation: str | None = None, **_: Any) -> None:
     old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
-    problem = admission_problem(dict(spec), old_spec)
+    problem = admission_problem(dict(spec), old_spec, CATALOG)
     if problem:
         raise kopf.AdmissionError(problem, code=422)
 

@@ -11,12 +11,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from grpo_testbed.build import BuildError
 from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.operator_process import OPERATOR_NS_PREFIX, WEBHOOK_CONFIG, OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
+# A GPU type the operator's catalog file adds (the chart's gpuCatalog value, mounted).
+ADDED_GPU = "MI300X-192GB"
+ADDED_GPU_ENTRY = {"memoryGiB": 191.5, "productLabel": "AMD-Instinct-MI300X",
+                   "hostMemoryGiB": 2048, "cpus": 192, "gpusPerNode": 8}
+
+
+@pytest.fixture(scope="session")
+def added_gpu() -> tuple[str, dict[str, object]]:
+    """The GPU type the session's operator has on top of the built-in catalog."""
+    return ADDED_GPU, ADDED_GPU_ENTRY
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +66,10 @@ def grpo_crd(testbed: Testbed) -> Testbed:
 @pytest.fixture(scope="module")
 def operator(grpo_crd: Testbed, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(grpo_crd, tmp_path_factory.mktemp("operator")).start()
+    workdir = tmp_path_factory.mktemp("operator")
+    catalog = workdir / "gpu-catalog.yaml"  # as the chart mounts its gpuCatalog value
+    catalog.write_text(yaml.safe_dump({ADDED_GPU: ADDED_GPU_ENTRY}))
+    op = OperatorProcess(grpo_crd, workdir, extra_args=("--gpu-catalog", str(catalog))).start()
     yield op
     op.stop()
     # Without the operator the webhook would refuse every GRPOJob: remove it too.

@@ -229,6 +229,24 @@ def test_webhook_refuses_an_infeasible_job_with_the_planner_numbers(
     assert "memory planner refuses" in out.stderr and "GiB" in out.stderr
 
 
+def test_gpu_types_are_the_operators_catalog_with_the_charts_additions(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str,
+        added_gpu: tuple[str, dict[str, Any]]) -> None:
+    gpu, entry = added_gpu
+    unknown = example_job("grpojob-qwen25vl-7b-h100.yaml", "unknown-gpu",
+                          resources={"gpu": "H900-96GB", "nodes": 1})
+    out = apply(testbed, op_ns, unknown, check=False)
+    assert out.returncode != 0
+    assert "spec.resources.gpu: unknown GPU type 'H900-96GB'" in out.stderr
+    assert "B200-180GB" in out.stderr and gpu in out.stderr  # the known ones, listed
+    apply(testbed, op_ns, example_job("grpojob-qwen25vl-7b-h100.yaml", "added-gpu",
+                                      resources={"gpu": gpu, "nodes": 1}))
+    wait_until("RayCluster added-gpu-a0", lambda: bool(items(testbed, "raycluster", op_ns)), 30)
+    worker = items(testbed, "raycluster", op_ns)[0]["spec"]["workerGroupSpecs"][0]
+    selector = worker["template"]["spec"]["nodeSelector"]
+    assert selector == {"nvidia.com/gpu.product": entry["productLabel"]}
+
+
 def test_webhook_refuses_immutable_edits_and_allows_memory_edits(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
     apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "edit"))

@@ -126,7 +126,11 @@ def test_4xh100_turns_gradient_checkpointing_on_and_keeps_8_generations() -> Non
     assert "without it training peaks at" in reason
 
 
-def test_4xh100_cuda_oom_ladder_reduces_generations_last_and_mildly() -> None:
+def test_4xh100_cuda_oom_ladder_never_cuts_generations() -> None:
+    """The field note cut generations because that trainer generated with the policy
+    model (KV cache per sequence). Here vLLM's KV cache is sized by its utilisation and
+    the update goes by micro-batch, so no modelled GPU term depends on rolloutN: cutting
+    it would change the algorithm for no headroom, and the ladder stops before it."""
     spec = four_h100_eight_generations()
     spec = spec.model_copy(
         update={"memory": spec.memory.model_copy(update={"gradient_checkpointing": None})}
@@ -136,5 +140,5 @@ def test_4xh100_cuda_oom_ladder_reduces_generations_last_and_mildly() -> None:
     while (nxt := next_safer_plan(plan, FailureReason.CUDA_OOM)) is not None:
         rungs.append(nxt.rungs[-1])
         plan = nxt
-    assert rungs[-1] == "fewer generations per prompt"
-    assert plan.settings.rollout_n in (6, 7)  # field note: 6-7 rather than 4
+    assert rungs[-1] == "offload params"
+    assert plan.settings.rollout_n == 8

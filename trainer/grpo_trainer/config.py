@@ -180,7 +180,10 @@ class WatchdogConfig(_Strict):
 
 
 class TrainerConfig(_Strict):
-    total_steps: int = Field(default=100, ge=1)
+    total_steps: int | None = Field(
+        default=None, ge=1, description="stop after this many steps; unset: run `epochs`"
+    )
+    epochs: int = Field(default=1, ge=1, description="passes over the train split")
     rollout_batch_size: int = Field(default=8, gt=0, description="prompts per step")
     seed: int = 1
     job_name: str | None = None
@@ -188,6 +191,14 @@ class TrainerConfig(_Strict):
     attempt: int = Field(default=0, ge=0)
     termination_log: str | None = None
     fault_inject: str | None = None
+
+    def steps(self, prompts: int) -> int:
+        """Steps to run over `prompts` train prompts: total_steps when set (it wins, as
+        max_steps does in Hugging Face's Trainer), else epochs x whole batches per pass
+        (the loader drops a pass's tail that does not fill a batch)."""
+        if self.total_steps is not None:
+            return self.total_steps
+        return self.epochs * max(1, prompts // self.rollout_batch_size)
 
 
 class Config(_Strict):
@@ -351,12 +362,11 @@ def load_config(
 
 def check_runtime(cfg: Config) -> None:
     """Checks that need the trainer's filesystem (the operator cannot do them)."""
-    for i, f in enumerate(cfg.data.train_files):
-        if not Path(f).exists():
-            raise ConfigError(f"data.train_files[{i}]", f"file not found: {f}")
-    for i, f in enumerate(cfg.data.val_files):
-        if not Path(f).exists():
-            raise ConfigError(f"data.val_files[{i}]", f"file not found: {f}")
+    for key in ("train_files", "val_files"):
+        for i, f in enumerate(getattr(cfg.data, key)):
+            base = f.rpartition("@")[0]  # <dir>@<split>: a fetched hub dataset
+            if not (Path(f).exists() or (base and Path(base).is_dir())):
+                raise ConfigError(f"data.{key}[{i}]", f"file not found: {f}")
     fmt = cfg.data.format_prompt
     if fmt not in BUILTIN_TEMPLATES and not Path(fmt).exists():
         raise ConfigError(

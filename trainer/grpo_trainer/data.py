@@ -44,6 +44,26 @@ class Record:
     images: list[bytes] = field(default_factory=list)
 
 
+# Where a split's parquet files sit in a hub dataset (the Hugging Face / EasyR1 layout,
+# e.g. hiyouga/geometry3k: data/train-00000-of-00001.parquet), most specific first.
+SPLIT_GLOBS = ("data/{split}-*.parquet", "data/{split}.parquet", "{split}-*.parquet",
+               "{split}.parquet", "{split}/*.parquet", "**/{split}-*.parquet")
+
+
+def data_files(entry: str) -> list[Path]:
+    """The files of one data entry: a parquet/jsonl file, or `<dir>@<split>` for a hub
+    dataset fetched onto the volume (its parquet files for that split)."""
+    base, _, split = entry.rpartition("@")
+    if not (base and Path(base).is_dir()):
+        return [Path(entry)]
+    for pattern in SPLIT_GLOBS:
+        found = sorted(Path(base).glob(pattern.format(split=split)))
+        if found:
+            return found
+    raise ConfigError("data.train_files", f"{base} has no parquet files for split {split!r} "
+                      f"(looked for {', '.join(g.format(split=split) for g in SPLIT_GLOBS)})")
+
+
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -72,8 +92,7 @@ class PromptDataset:
     def __init__(self, files: list[str], cfg: DataConfig) -> None:
         self.cfg = cfg
         self.records: list[Record] = []
-        for f in files:
-            path = Path(f)
+        for path in (p for f in files for p in data_files(f)):
             for row in _read_rows(path):
                 missing = [k for k in (cfg.prompt_key, cfg.answer_key) if k not in row]
                 if missing:

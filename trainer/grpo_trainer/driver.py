@@ -132,9 +132,10 @@ class GRPOTrainer:
         self.cfg = cfg
         self.reporter = reporter or NullProgressReporter()
         self.checkpointer = checkpointer or NoCheckpointer()
-        self.metrics = metrics or MetricsLogger(cfg.metrics, cfg.trainer.total_steps)
         self.fault = parse_fault(cfg.trainer.fault_inject)
         dataset = PromptDataset(cfg.data.train_files, cfg.data)
+        self.total_steps = cfg.trainer.steps(len(dataset))
+        self.metrics = metrics or MetricsLogger(cfg.metrics, self.total_steps)
         self.loader = StatefulLoader(
             dataset, cfg.trainer.rollout_batch_size, cfg.data.seed, cfg.data.shuffle
         )
@@ -222,8 +223,7 @@ class GRPOTrainer:
     def run(self) -> list[dict[str, float]]:
         if self.group is None:
             self.start()
-        cfg = self.cfg
-        total = cfg.trainer.total_steps
+        total = self.total_steps
         while self.step < total:
             step = self.step + 1
             try:

@@ -8,14 +8,20 @@ The resolved value and the reason for it appear in `status.plan`.
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 from pydantic.config import JsonDict
 
+from ..catalog import GPU_NAME_PATTERN, GPU_TYPE_NAMES
+from ..contract import MAX_RESTARTS
 from .base import QUANTITY_PATTERN, ApiModel
+from .hub import HubSpec
+from .pods import PodsSpec
 
-GpuName = Literal["H100-80GB", "H200-141GB", "A100-40GB", "A100-80GB", "L40S-48GB", "cpu"]
+# Any name in the operator's effective catalog (built-in + the chart's gpuCatalog): the
+# schema checks the form, the webhook and the planner the name (with the known ones listed).
+GpuName = Annotated[str, Field(pattern=GPU_NAME_PATTERN)]
 RewardType = Literal["math", "r1v", "function"]
 
 _NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-1123 label (PVC, StorageClass)
@@ -43,7 +49,8 @@ class ModelShape(ApiModel):
 
 
 class ModelSpec(ApiModel):
-    """The policy model: a hub id prefetched by an init container, or a path on a volume."""
+    """The policy model: a hub id fetched onto the job's volume by an init container of the
+    head pod (spec.hub), or a path on a volume."""
 
     path: str = Field(
         min_length=1,
@@ -71,7 +78,9 @@ class DataSpec(ApiModel):
     """Training data in the EasyR1 column layout (images / problem / answer)."""
 
     train: str = Field(
-        min_length=1, description="Train split: a parquet/jsonl path or hub dataset id@split."
+        min_length=1,
+        description="Train split: a parquet/jsonl path, or a hub dataset owner/name@split "
+        "(fetched like the model; parquet files in the Hugging Face / EasyR1 layout).",
     )
     val: str | None = Field(None, description="Validation split, same forms as train.")
     image_key: str = Field("images", min_length=1, description="Column holding the images.")
@@ -163,8 +172,18 @@ class TrainingSpec(ApiModel):
             "algorithm.rolloutN (the step's responses split into whole updates)."
         ),
     )
-    epochs: int = Field(1, ge=1, le=1000, description="Passes over the train split.")
-    max_steps: int | None = Field(None, ge=1, description="Stop after this many steps.")
+    epochs: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description=(
+            "Passes over the train split; a pass is its prompts / rolloutBatchSize steps "
+            "(a tail that does not fill a step is dropped). Ignored when maxSteps is set."
+        ),
+    )
+    max_steps: int | None = Field(
+        None, ge=1, description="Stop after this many steps; when set, epochs is ignored."
+    )
     learning_rate: float = Field(1e-6, gt=0, lt=1, description="AdamW learning rate.")
     weight_decay: float = Field(0.01, ge=0, lt=1, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
@@ -190,7 +209,11 @@ class ResourcesSpec(ApiModel):
     )
 
     gpu: GpuName = Field(
-        description="GPU type from the catalog, or cpu for a tiny CPU-only job (gloo)."
+        description=(
+            "GPU type: a name in the operator's catalog, or cpu for a tiny CPU-only job "
+            f"(gloo). Built in: {', '.join(GPU_TYPE_NAMES)}; the chart's gpuCatalog value "
+            "adds types. An unknown name is refused with the known ones listed."
+        )
     )
     nodes: int | None = Field(
         None,
@@ -317,7 +340,9 @@ class BackoffSpec(ApiModel):
 class RestartPolicySpec(ApiModel):
     """What happens after a failure."""
 
-    max_restarts: int = Field(3, ge=0, le=100, description="Restarts before the job Fails.")
+    max_restarts: int = Field(
+        3, ge=0, le=MAX_RESTARTS, description="Restarts before the job Fails."
+    )
     backoff: BackoffSpec = Field(
         default_factory=lambda: BackoffSpec.model_validate({}),
         description="Delay between restarts.",
@@ -371,6 +396,15 @@ class GRPOJobSpec(ApiModel):
     )
     image: str | None = Field(
         None, min_length=1, description="Trainer image; unset: the operator's default."
+    )
+    hub: HubSpec = Field(
+        default_factory=lambda: HubSpec.model_validate({}),
+        description="Token and endpoint for fetching hub models and datasets.",
+    )
+    pods: PodsSpec = Field(
+        default_factory=lambda: PodsSpec.model_validate({}),
+        description="Env, volumes, scheduling, identity and labels for the Ray pods; may "
+        "change (next attempt).",
     )
     suspend: bool = Field(False, description="true stops the Ray cluster, keeping checkpoints.")
 

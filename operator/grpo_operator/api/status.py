@@ -82,6 +82,17 @@ class PlanStatus(ApiModel):
     )
 
 
+class FetchProgress(ApiModel):
+    """Fetching hub repos onto the job's volume; shown as the HubFetch condition."""
+
+    repo: str = Field(description="The repo being fetched (owner/name).")
+    file: str = Field("", description="The file being fetched, if any.")
+    bytes_done: int = Field(0, ge=0, description="Bytes of the repo on the volume.")
+    bytes_total: int = Field(0, ge=0, description="Bytes of the repo.")
+    state: Literal["Fetching", "Fetched", "Failed"] = Field(description="Where it stands.")
+    message: str | None = Field(None, max_length=1024, description="Why it failed.")
+
+
 class ProgressStatus(ApiModel):
     """Training progress, patched by the trainer driver at most every 10 s."""
 
@@ -98,6 +109,9 @@ class ProgressStatus(ApiModel):
         None,
         max_length=1024,
         description="Set while the trainer's leak detector sees sustained memory growth.",
+    )
+    fetch: FetchProgress | None = Field(
+        None, description="The head's hub fetch (grpo_trainer.hub_fetch), while and after."
     )
 
 

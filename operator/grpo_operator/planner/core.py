@@ -20,11 +20,11 @@ from typing import Any
 
 from ..api.base import quantity_gib
 from ..api.spec import GRPOJobSpec, MemorySpec
-from ..catalog import GPU_CATALOG, GpuType
+from ..catalog import GPU_CATALOG, GpuType, gpu_type
 from .budget import compute_budget, max_rollout_utilization
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
 from .reasons import explain, explain_pods
-from .resources import build_env, build_pods, object_store_gib
+from .resources import at_least, build_env, build_pods, object_store_gib
 from .types import Budget, Geometry, InfeasibleError, Plan, Settings
 
 MAX_MICRO_BATCH = 4
@@ -281,10 +281,10 @@ def plan_memory(
     catalog: Mapping[str, GpuType] = GPU_CATALOG,
     model_config: dict[str, Any] | None = None,
 ) -> Plan:
-    """The whole plan for a spec. Raises InfeasibleError (numbers + smallest fix) or
-    ValueError (a model that cannot be sized)."""
+    """The whole plan for a spec. Raises InfeasibleError (numbers + smallest fix),
+    UnknownGpuType (not in `catalog`) or ValueError (a model that cannot be sized)."""
+    gpu = gpu_type(spec.resources.gpu, catalog)  # UnknownGpuType lists the known names
     resolved = resolve_shape(spec.model, model_config)
-    gpu = catalog[spec.resources.gpu]
     nodes_reason = "spec.resources.nodes"
     if spec.resources.nodes is not None:
         nodes = spec.resources.nodes
@@ -314,16 +314,19 @@ def plan_memory(
 
 
 def replan(plan: Plan, settings: Settings, note: str, rung: str = "") -> Plan:
-    """The same job with other settings (used by the remediation ladder)."""
+    """The same job with other settings (used by the remediation ladder); no pod limit
+    below the plan it replaces."""
     geo = plan.geometry
     budget = compute_budget(geo, settings)
     head, worker = build_pods(geo, settings, budget)
+    kept_head = at_least(head, plan.head)
+    assert kept_head is not None
     return replace(
         plan,
         settings=settings,
         budget=budget,
-        head=head,
-        worker=worker,
+        head=kept_head,
+        worker=at_least(worker, plan.worker),
         env=build_env(geo, settings, budget),
         ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
         remediations=(*plan.remediations, note),

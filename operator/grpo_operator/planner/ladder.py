@@ -1,13 +1,17 @@
 """Remediation after an OOM: the next safer plan, one rung per restart (DESIGN.md).
 
 CudaOOM:        gradient checkpointing on -> halve micro-batch -> lower rollout GPU memory
-                utilisation -> offload optimizer -> offload params -> fewer generations
+                utilisation -> offload optimizer -> offload params
 HostOOM/RayOOM: params offload off -> optimizer offload off -> smaller Ray object store ->
                 pod memory up to node allocatable
-Each rung applies at most once and only if it changes something, leaves alone what the
-spec pinned, and does not push the other resource over its budget (never offload into host
-RAM that is not there; never pull back onto a GPU that cannot hold it). Other failures
-(NodeLost, Error, ...) have no memory ladder: restart with the same plan.
+Each rung applies at most once, leaves alone what the spec pinned, does not push the other
+resource over its budget (never offload into host RAM that is not there; never pull back
+onto a GPU that cannot hold it), and is kept only if it lowers no pod limit and raises the
+modelled headroom for the failure (headroom.improves); otherwise the next rung is tried.
+Fewer generations per prompt is not a rung: it changes the algorithm, and no modelled
+term depends on it (vLLM's KV cache is sized by its utilisation, the update goes by
+micro-batch), so it could never show more headroom. Other failures (NodeLost, Error, ...)
+have no memory ladder: restart with the same plan.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ..catalog import GPU_CATALOG, GpuType
 from ..contract import FailureReason
 from .budget import compute_budget
 from .core import _micro_batches, plan_memory, replan
+from .headroom import changed_limits, improves
 from .resources import STORE_MIN_GIB
 from .types import Budget, Plan, Settings
 
@@ -61,16 +66,6 @@ def _switch(knob: str, value: bool) -> Rung:
     return rung
 
 
-def _fewer_generations(p: Plan) -> Settings | None:
-    """Down to 75% of rolloutN at most (field note 3: 6-7 of 8, not 4), keeping
-    globalBatchSize | rolloutBatchSize x rolloutN."""
-    n, geo = p.settings.rollout_n, p.geometry
-    for cand in range(n - 1, max(2, math.ceil(0.75 * n)) - 1, -1):
-        if (geo.rollout_batch_size * cand) % geo.global_batch_size == 0:
-            return replace(p.settings, rollout_n=cand)
-    return None
-
-
 def _smaller_store(p: Plan) -> Settings | None:
     if "ray_object_store_gib" in p.pinned or p.settings.ray_object_store_gib <= STORE_MIN_GIB:
         return None
@@ -91,7 +86,6 @@ _CUDA: tuple[tuple[str, Rung], ...] = (
     ("lower rollout GPU memory utilisation", _lower_utilization),
     ("offload optimizer", _switch("offload_optimizer", True)),
     ("offload params", _switch("offload_params", True)),
-    ("fewer generations per prompt", _fewer_generations),
 )
 _HOST: tuple[tuple[str, Rung], ...] = (
     ("params offload off", _switch("offload_params", False)),
@@ -155,5 +149,13 @@ def next_safer_plan(
         if not _acceptable(failure, budget):
             continue
         note = f"{failure.value}: " + _describe(plan.settings, settings, name, plan.budget, budget)
-        return replan(plan, settings, note, name)
+        safer = replan(plan, settings, note, name)
+        if not improves(plan, safer, failure):  # it would change nothing that helps
+            continue
+        limits = changed_limits(plan, safer)
+        if limits:  # the pod limits a user sees change too: say so in the same line
+            moved = ", ".join(f"{k} {a:g} -> {b:g}" for k, (a, b) in limits.items())
+            note += f"; pod limits {moved}"
+            safer = replace(safer, remediations=(*plan.remediations, note))
+        return safer
     return None

@@ -154,8 +154,8 @@ def explain(
             "rolloutN",
             str(st.rollout_n),
             "spec",
-            "the planner never lowers generations per prompt; only the last CudaOOM "
-            "remediation does",
+            "never lowered by the planner or a remediation: it is the algorithm's, and "
+            "no modelled memory term depends on it (vLLM's KV cache is sized by its share)",
         )
     )
     default_store = ray_default_store_gib(geo.host_memory_gib)

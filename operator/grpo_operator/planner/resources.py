@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from ..contract import PYTORCH_CUDA_ALLOC_CONF, Env
@@ -40,20 +41,28 @@ def object_store_gib(geo: Geometry, rollout_n: int = 8) -> float:
 
 
 def _pod_memory(need: float, geo: Geometry, at_allocatable: bool) -> int:
-    allocatable = host_capacity_gib(geo, True)
+    """Whole GiB, never above the node's allocatable: rounding up past it would make the
+    pod unschedulable and the "pod memory to node allocatable" rung a step down."""
+    allocatable = math.floor(host_capacity_gib(geo, True))
     if at_allocatable:
-        return int(allocatable)
-    return int(min(allocatable, max(need / HOST_HEADROOM, need + 4)) + 0.999)
+        return allocatable
+    return min(allocatable, math.ceil(max(need / HOST_HEADROOM, need + 4)))
+
+
+def pod_need_gib(geo: Geometry, st: Settings, budget: Budget, role: str) -> float:
+    """Host memory the model predicts for one pod of `role` (head or worker)."""
+    if role == "worker" or geo.nodes == 0:  # a head without workers also runs the ranks
+        return budget.peak_host_gib
+    return driver_gib(geo) + st.ray_object_store_gib
 
 
 def build_pods(
     geo: Geometry, st: Settings, budget: Budget
 ) -> tuple[PodResources, PodResources | None]:
     store = st.ray_object_store_gib
-    head_need = driver_gib(geo) + store
+    head_need = pod_need_gib(geo, st, budget, "head")
     head_cpus = 2 + geo.data_workers
     if geo.nodes == 0:  # the head is the only pod: it also runs the ranks
-        head_need = budget.peak_host_gib
         head_cpus = max(head_cpus, geo.ranks_per_node + 2)
     head_cpus = min(head_cpus, geo.cpus_per_node)
     head_mem = _pod_memory(head_need, geo, st.pod_memory_at_allocatable and geo.nodes == 0)
@@ -67,7 +76,8 @@ def build_pods(
     )
     if geo.nodes == 0:
         return head, None
-    mem = _pod_memory(budget.peak_host_gib, geo, st.pod_memory_at_allocatable)
+    worker_need = pod_need_gib(geo, st, budget, "worker")
+    mem = _pod_memory(worker_need, geo, st.pod_memory_at_allocatable)
     worker = PodResources(
         role="worker",
         replicas=geo.nodes,
@@ -83,6 +93,20 @@ def build_pods(
         ),
     )
     return head, worker
+
+
+def at_least(new: PodResources | None, old: PodResources | None) -> PodResources | None:
+    """`new` with no limit below `old`'s: a restart keeps what the last attempt had (a
+    rung that lowers the need does not shrink the pod; headroom is what it buys)."""
+    if new is None or old is None:
+        return new
+    return replace(
+        new,
+        memory_gib=max(new.memory_gib, old.memory_gib),
+        shm_gib=max(new.shm_gib, old.shm_gib),
+        cpus=max(new.cpus, old.cpus),
+        gpus=max(new.gpus, old.gpus),
+    )
 
 
 def _flag(value: bool) -> str:

@@ -62,6 +62,13 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
         kind = (FailureReason.PREEMPTED if "Preempt" in str(disruption.get("reason"))
                 else FailureReason.EVICTED)
         return PodOutcome(kind, None, disruption.get("message") or str(disruption.get("reason")))
+    for init in status.get("initContainerStatuses") or []:  # the head's hub fetch
+        failed = (init.get("state") or {}).get("terminated") or {}
+        if failed and failed.get("exitCode", 0) != 0:
+            code = int(failed["exitCode"])
+            why = str(failed.get("message") or failed.get("reason") or "")[:300]
+            return PodOutcome(FailureReason.ERROR, code,
+                              f"init container {init.get('name')} failed (exit {code}): {why}")
     term = container_state(pod, container).get("terminated")
     if not term:
         if deleted:

@@ -105,10 +105,41 @@ def memory_growth_conditions(progress: dict[str, Any] | None,
         want = {"status": "False", "reason": "NoGrowth", "message": ""}
     else:
         return None
+    return _with_condition(conditions, MEMORY_GROWTH, want, generation, now)
+
+
+def _with_condition(conditions: list[dict[str, Any]] | None, kind: str, want: dict[str, str],
+                    generation: int, now: str) -> list[dict[str, Any]] | None:
+    """`conditions` with the one of type `kind` set to `want`; None if it already is."""
+    current = next((c for c in conditions or [] if c.get("type") == kind), None)
     if current is not None and all(current.get(k) == v for k, v in want.items()):
         return None
     ltt = current["lastTransitionTime"] if current is not None and \
         current.get("status") == want["status"] else now
-    cond = {"type": MEMORY_GROWTH, **want, "lastTransitionTime": ltt,
-            "observedGeneration": generation}
-    return [c for c in conditions or [] if c.get("type") != MEMORY_GROWTH] + [cond]
+    cond = {"type": kind, **want, "lastTransitionTime": ltt, "observedGeneration": generation}
+    return [c for c in conditions or [] if c.get("type") != kind] + [cond]
+
+
+HUB_FETCH = "HubFetch"
+
+
+def hub_fetch_conditions(progress: dict[str, Any] | None,
+                         conditions: list[dict[str, Any]] | None, generation: int,
+                         now: str) -> list[dict[str, Any]] | None:
+    """The conditions with HubFetch following the head's fetch report (bytes done of
+    total, the file), or None when nothing changes."""
+    fetch = (progress or {}).get("fetch")
+    if not fetch:
+        return None
+    done, total = int(fetch.get("bytesDone") or 0), int(fetch.get("bytesTotal") or 0)
+    size = f"{done / 2**30:.2f} of {total / 2**30:.2f} GiB"
+    state = fetch.get("state")
+    if state == "Fetched":
+        want = {"status": "True", "reason": "Fetched", "message": f"{fetch['repo']}: {size}"}
+    elif state == "Failed":
+        want = {"status": "False", "reason": "FetchFailed",
+                "message": str(fetch.get("message") or fetch["repo"])}
+    else:
+        want = {"status": "False", "reason": "Fetching",
+                "message": f"{fetch['repo']}: {size}, now {fetch.get('file') or '-'}"}
+    return _with_condition(conditions, HUB_FETCH, want, generation, now)

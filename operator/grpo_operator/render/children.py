@@ -26,7 +26,9 @@ from ..contract import (
 )
 from ..planner import Plan
 from . import names
+from .hub import hub_fetch
 from .names import JobRef
+from .pod_settings import merged
 from .trainer_config import trainer_config
 
 # The head runs Ray's head without --block (KubeRay always adds it), then the driver
@@ -95,6 +97,10 @@ def render_children(
         "model_claim": spec.model.claim_name,
         "model_mount": MODEL_MOUNT,
         "config_dir": CONFIG_PATH.rsplit("/", 1)[0],
+        # spec.pods, merged per role; conflicts with the above are refused before this.
+        "extra": {"head": merged(spec.pods, "head"), "worker": merged(spec.pods, "workers")},
+        "hub_args": hub_fetch(spec, job).args,
+        "hub": spec.hub,
     }
     files = ["configmap.yaml.j2", "rbac.yaml.j2", "raycluster.yaml.j2"]
     if spec.checkpoint.claim_name is None:

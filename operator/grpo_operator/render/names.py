@@ -1,10 +1,38 @@
-"""Names of a job's children: one function each, so handlers and tests agree."""
+"""Names of a job's children: one function each, so handlers and tests agree.
+
+Every name here derives from the job's name, so the job's name carries their limits.
+The tightest is KubeRay's (v1.6.1, `utils.ValidateRayClusterMetadata`): a RayCluster
+name must be a DNS-1035 label of at most 53 characters (63 minus its longest service
+suffix, "-serve-svc"); otherwise KubeRay only records an event on the RayCluster and
+the job would wait for pods that never come. The RayCluster is `<job>-a<attempt>`, so a
+job name is a DNS-1035 label of at most 53 - len("-a100") = 48 characters. The CRD
+refuses other names (a CEL rule with this message); every other child name and label
+value is then valid too (tests/unit/test_names.py).
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from ..contract import CHECKPOINT_MOUNT
+from ..contract import CHECKPOINT_MOUNT, MAX_RESTARTS
+
+KUBERAY_MAX_CLUSTER_NAME = 53  # KubeRay v1.6.1 utils.MaxRayClusterNameLength
+MAX_JOB_NAME = KUBERAY_MAX_CLUSTER_NAME - len(f"-a{MAX_RESTARTS}")
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # DNS-1035 label
+JOB_NAME_RULE = (
+    f"metadata.name must be at most {MAX_JOB_NAME} characters of lowercase letters, digits "
+    "and '-', starting with a letter and ending with a letter or digit (a DNS-1035 label): "
+    "the operator names the job's RayCluster <name>-a<attempt>, and KubeRay accepts only "
+    f"DNS-1035 labels of at most {KUBERAY_MAX_CLUSTER_NAME} characters"
+)
+
+
+def job_name_problem(name: str) -> str | None:
+    """Why a job of this name cannot get valid children (JOB_NAME_RULE), or None."""
+    if len(name) <= MAX_JOB_NAME and re.match(JOB_NAME_PATTERN, name):
+        return None
+    return f"{name!r}: {JOB_NAME_RULE}"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from grpo_trainer.config import Config
 
 from ..api import GRPOJobSpec
 from ..planner import Plan
+from .hub import hub_fetch
 from .names import JobRef, checkpoint_dir
 
 METRICS_PORT = 9100  # the trainer's Prometheus /metrics on the head pod
@@ -21,11 +22,12 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
     s, g = plan.settings, plan.geometry
     tr, alg = spec.training, spec.algorithm
     samples = tr.rollout_batch_size * s.rollout_n
+    local = hub_fetch(spec, job)  # hub ids -> where the head's init container put them
     cfg: dict[str, Any] = {
-        "model": {"path": spec.model.path},
+        "model": {"path": local.model_path},
         "data": {
-            "train_files": [spec.data.train],
-            "val_files": [spec.data.val] if spec.data.val else [],
+            "train_files": [local.train],
+            "val_files": [local.val] if local.val else [],
             "prompt_key": spec.data.prompt_key,
             "answer_key": spec.data.answer_key,
             "image_key": spec.data.image_key,
@@ -81,8 +83,10 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
         },
         "metrics": {"prometheus_port": METRICS_PORT, "progress_bar": "off"},
         "trainer": {
-            # Unset maxSteps: the trainer's own default (epochs are not yet mapped).
+            # maxSteps wins when set; else the trainer runs `epochs` passes over the train
+            # split (only it knows how many prompts the split has).
             **({"total_steps": tr.max_steps} if tr.max_steps else {}),
+            "epochs": tr.epochs,
             "rollout_batch_size": tr.rollout_batch_size,
             "seed": tr.seed,
             "job_name": job.name,

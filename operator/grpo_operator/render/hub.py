@@ -1,0 +1,44 @@
+"""Hub repos a spec names, where they land on the job's volume, and the init container's
+arguments (pure). The fetch itself is grpo_trainer.hub_fetch, run on the head pod."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from grpo_trainer.hub_fetch import HubRepo, is_hub_id
+
+from ..api import GRPOJobSpec
+from .names import JobRef, checkpoint_dir
+
+
+@dataclass(frozen=True)
+class HubFetch:
+    """What the trainer reads (local paths) and what the init container fetches."""
+
+    model_path: str
+    train: str
+    val: str | None
+    args: list[str] = field(default_factory=list)  # empty: nothing to fetch
+
+
+def hub_root(job: JobRef) -> str:
+    return f"{checkpoint_dir(job)}/hub"
+
+
+def hub_fetch(spec: GRPOJobSpec, job: JobRef) -> HubFetch:
+    root, args = hub_root(job), []
+    model = spec.model.path
+    if spec.model.claim_name is None and is_hub_id(model):
+        rev = f"@{spec.model.revision}" if spec.model.revision else ""
+        args += ["--model", f"{model}{rev}"]
+        model = str(HubRepo("model", model).local_dir_str(root))
+    data: list[str | None] = []
+    for entry in (spec.data.train, spec.data.val):
+        if entry is not None and is_hub_id(entry):
+            repo, _, split = entry.partition("@")
+            args += ["--dataset", repo]
+            entry = f"{HubRepo('dataset', repo).local_dir_str(root)}@{split or 'train'}"
+        data.append(entry)
+    if args:
+        args = ["python", "-m", "grpo_trainer.hub_fetch", "--root", root, *args]
+    return HubFetch(model, str(data[0]), data[1], args)

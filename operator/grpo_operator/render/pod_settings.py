@@ -1,0 +1,116 @@
+"""spec.pods on the Ray pods (pure): merge `common` with a role, and refuse what would
+override the operator's own settings, naming the field.
+
+What the operator owns on a Ray pod: its env (every GRPO_* name and whatever the plan
+sets), its volumes and mount paths, the GPU node selector, and the reserved label and
+annotation prefixes. Resources, image and command are not settable at all (api/pods.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import PurePosixPath
+from typing import Any
+
+from ..api.pods import PodSettings, PodsSpec
+from ..catalog import GPU_PRODUCT_LABEL
+from ..contract import API_GROUP, CHECKPOINT_MOUNT, CONFIG_PATH, MODEL_MOUNT
+
+ROLES = ("head", "workers")
+OPERATOR_VOLUMES = {"checkpoints", "config", "dshm", "models"}
+OPERATOR_MOUNTS = (CHECKPOINT_MOUNT, str(PurePosixPath(CONFIG_PATH).parent), "/dev/shm",
+                   MODEL_MOUNT)
+RESERVED_PREFIXES = (f"{API_GROUP}/", "ray.io/")
+OPERATOR_ENV_PREFIX = "GRPO_"
+
+
+def merged(pods: PodsSpec, role: str) -> dict[str, Any]:
+    """The settings of `role` (head or workers) on top of `common`, in Pod wire form:
+    lists appended, maps merged, the role's scalars winning."""
+    base, own = (_wire(pods.common), _wire(getattr(pods, role)))
+    out = dict(base)
+    for key, value in own.items():
+        if isinstance(value, list):
+            out[key] = [*base[key], *value]
+        elif isinstance(value, dict) and key in ("labels", "annotations", "nodeSelector"):
+            out[key] = {**base[key], **value}
+        elif value not in (None, {}):  # the API server defaults unset sections to {}
+            out[key] = value
+    return out
+
+
+LISTS = ("env", "envFrom", "volumes", "volumeMounts", "tolerations", "imagePullSecrets")
+MAPS = ("labels", "annotations", "nodeSelector")
+
+
+def _wire(s: PodSettings) -> dict[str, Any]:
+    """Every field: unset lists as [], maps as {}, other unset ones as None; nested
+    objects without their unset fields."""
+    out = {k: _no_none(v) for k, v in s.model_dump(by_alias=True, mode="json").items()}
+    return out | {k: out[k] or [] for k in LISTS} | {k: out[k] or {} for k in MAPS}
+
+
+def _no_none(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _no_none(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_no_none(x) for x in v]
+    return v
+
+
+def _under(a: str, b: str) -> bool:
+    """Whether one path is `b` or inside it, either way round (one would hide the other)."""
+    pa, pb = PurePosixPath(a), PurePosixPath(b)
+    return pa == pb or pb in pa.parents or pa in pb.parents
+
+
+def conflicts(pods: PodsSpec, operator_env: Iterable[str]) -> list[str]:
+    """Every setting that would override the operator's, as "spec.pods.<path>: why"."""
+    env = set(operator_env)
+    out: list[str] = []
+    for section in ("common", *ROLES):
+        s: PodSettings = getattr(pods, section)
+        at = f"spec.pods.{section}"
+        for i, e in enumerate(s.env or []):
+            if e.name in env or e.name.startswith(OPERATOR_ENV_PREFIX):
+                out.append(f"{at}.env[{i}].name: {e.name} is set by the operator (the "
+                           "planner's settings and the job's identity); set spec.memory.* "
+                           "or leave it out")
+        for i, v in enumerate(s.volumes or []):
+            if v.name in OPERATOR_VOLUMES:
+                out.append(f"{at}.volumes[{i}].name: {v.name!r} is the operator's volume; "
+                           "choose another name")
+        for i, m in enumerate(s.volume_mounts or []):
+            hit = next((p for p in OPERATOR_MOUNTS if _under(m.mount_path, p)), None)
+            if hit:
+                out.append(f"{at}.volumeMounts[{i}].mountPath: {m.mount_path} would hide or "
+                           f"shadow the operator's mount at {hit}; choose another path")
+        if GPU_PRODUCT_LABEL in (s.node_selector or {}):
+            out.append(f"{at}.nodeSelector.{GPU_PRODUCT_LABEL}: the GPU type is "
+                       "spec.resources.gpu; set that instead")
+        for field, values in (("labels", s.labels or {}), ("annotations", s.annotations or {})):
+            for key in values:
+                if key.startswith(RESERVED_PREFIXES):
+                    out.append(f"{at}.{field}.{key}: the {key.split('/')[0]}/ prefix is the "
+                               "operator's and KubeRay's")
+    for role in ROLES:
+        out += _role_conflicts(pods, role)
+    return out
+
+
+def _role_conflicts(pods: PodsSpec, role: str) -> list[str]:
+    """Within one pod (common + role): duplicate names, mounts of unknown volumes."""
+    m = merged(pods, role)
+    out = []
+    for field in ("env", "volumes"):
+        names = [x["name"] for x in m.get(field, [])]
+        for dup in sorted({n for n in names if names.count(n) > 1}):
+            out.append(f"spec.pods.{role}.{field}: {dup!r} is set twice (in common and "
+                       f"{role}, or twice in one); keep one")
+    volumes = {v["name"] for v in m.get("volumes", [])}
+    for mount in m.get("volumeMounts", []):
+        if mount["name"] not in volumes:
+            out.append(f"spec.pods.{role}: volumeMount {mount['name']!r} at "
+                       f"{mount['mountPath']} names no volume in spec.pods.common.volumes "
+                       f"or spec.pods.{role}.volumes")
+    return out
