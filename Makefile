@@ -1,5 +1,5 @@
 # The two quick-start commands are `make demo` and `make test` (README.md).
-.PHONY: demo test setup testbed lint lock crd
+.PHONY: demo test setup testbed images lint lock crd
 
 demo: ## set up and run the main job: a tiny GRPOJob that really trains on the testbed
 	hack/setup.sh
@@ -14,6 +14,10 @@ setup: ## install Python dependencies and build the testbed
 testbed: ## start the testbed in the foreground (Ctrl-C stops it)
 	hack/setup.sh
 	.venv/bin/grpo-testbed up
+
+images: ## build (or reuse: cached by content) the operator and CPU trainer images
+	hack/setup.sh --no-testbed
+	.venv/bin/grpo-testbed images
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/mypy

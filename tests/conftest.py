@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "trainer", "vllm", "cluster", "e2e", "gpu")
+TIERS = ("unit", "trainer", "vllm", "cluster", "e2e", "images", "gpu")
 _DIR_TIER = {"unit": "unit", "trainer": "trainer", "vllm": "vllm", "cluster": "cluster",
-             "e2e": "e2e", "gpu": "gpu"}
+             "e2e": "e2e", "images": "images", "gpu": "gpu"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

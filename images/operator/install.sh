@@ -5,13 +5,20 @@
 # then `grpo --help` from the result.
 #
 #   images/operator/install.sh VENV [SRC]      SRC: the repository root (default: .)
+# STAGE=deps installs only the lock, STAGE=project only the project (the Dockerfile runs
+# them as two layers, so a code change does not reinstall the dependencies).
 # Needs `uv` on PATH (or $UV) and CPython 3.11 (or $PYTHON).
 set -euo pipefail
 venv=${1:?usage: install.sh VENV [SRC]}
 src=${2:-.}
 uv=${UV:-uv}
-"$uv" venv --quiet --python "${PYTHON:-python3.11}" "$venv"
-"$uv" pip install --quiet --python "$venv/bin/python" --require-hashes --no-deps \
-  --only-binary :all: -r "$src/images/operator/requirements.lock"
-"$uv" pip install --quiet --python "$venv/bin/python" --no-deps \
-  --build-constraints "$src/images/build-constraints.txt" "$src"
+stage=${STAGE:-all}
+if [ "$stage" != project ]; then
+  "$uv" venv --quiet --python "${PYTHON:-python3.11}" "$venv"
+  "$uv" pip install --quiet --python "$venv/bin/python" --require-hashes --no-deps \
+    --only-binary :all: -r "$src/images/operator/requirements.lock"
+fi
+if [ "$stage" != deps ]; then
+  "$uv" pip install --quiet --python "$venv/bin/python" --no-deps \
+    --build-constraints "$src/images/build-constraints.txt" "$src"
+fi

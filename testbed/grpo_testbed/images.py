@@ -1,0 +1,272 @@
+"""`grpo-testbed images`: the product's images, built from this checkout into local storage.
+
+No registry is reachable here, so the Dockerfiles' base images come from elsewhere, as
+build arguments (the same Dockerfiles build on a CI with registry access unchanged):
+
+- a Debian bookworm base, made by ``mmdebstrap`` from the apt mirror and imported
+  with ``podman import`` (Debian's CPython 3.11 stands in for python:3.11-slim and uv's
+  managed CPython);
+- a uv image holding the uv binary of this checkout's .venv (PyPI's uv, at the
+  version hack/setup.sh pins) in place of ghcr.io/astral-sh/uv.
+
+``buildah bud --isolation chroot`` then builds images/operator and images/trainer (its
+CPU variant) into the storage podman and runc use. Each image is labelled with a hash
+of its inputs (Dockerfile, the files its .dockerignore lets in, build arguments, the
+bases' IDs) and rebuilt only when that hash changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("grpo_testbed.images")
+
+REPO = Path(__file__).resolve().parents[2]
+UV_VERSION = "0.13.8"  # hack/setup.sh installs this uv into .venv
+DEBIAN_SUITE = "bookworm"
+# passwd: useradd/groupadd in the Dockerfiles; procps: `ray status`, ps.
+BASE_PACKAGES = ("python3", "ca-certificates", "passwd", "procps")
+BASE_TAG = f"localhost/grpo-base:{DEBIAN_SUITE}"
+UV_TAG = f"localhost/uv:{UV_VERSION}"
+SYSTEM_PYTHON = "/usr/bin/python3.11"
+INPUTS_LABEL = "dev.grpo-operator.inputs"
+TOOLS = {"buildah": "buildah", "podman": "podman", "mmdebstrap": "mmdebstrap",
+         "runc": "runc"}
+# The uv cache of the machine (hack/setup.sh fills it with the same wheels the CPU
+# trainer's lock pins), mounted into the trainer build so a cold build downloads little.
+HOST_UV_CACHE = Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv"))
+BUILD_UV_CACHE = "/root/.cache/uv-host"
+# This machine's CA bundle, bind-mounted read-only over the image's during RUN steps
+# (never into the image): where egress goes through a TLS proxy, PyPI's certificate is
+# signed by a CA only the machine trusts. Debian's path; SSL_CERT_FILE overrides it.
+BUILD_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+CONTAINERS_CONF = Path(__file__).parent / "config" / "containers.conf"
+
+
+def podman_env() -> dict[str, str]:
+    """The environment for podman: this machine's settings (runc, the host's ulimits)."""
+    return {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image this repository ships, as built here."""
+
+    name: str
+    tag: str
+    dockerfile: str  # relative to the repository root, which is the build context
+    build_args: Mapping[str, str] = field(default_factory=dict)
+    lock: str = ""  # the hash-checked lock its virtualenv is installed from
+    uv_cache: bool = False  # mount the host's uv cache for the dependency layer
+
+    @property
+    def ignorefile(self) -> Path:
+        return REPO / f"{self.dockerfile}.dockerignore"
+
+
+OPERATOR = Image(
+    "operator", "localhost/grpo-operator/operator:0.1.0", "images/operator/Dockerfile",
+    {"PYTHON_IMAGE": BASE_TAG, "UV_IMAGE": UV_TAG, "PYTHON": SYSTEM_PYTHON},
+    lock="images/operator/requirements.lock")
+TRAINER_CPU = Image(
+    "trainer-cpu", "localhost/grpo-operator/trainer:0.1.0-cpu", "images/trainer/Dockerfile",
+    {"BUILD_IMAGE": BASE_TAG, "RUNTIME_IMAGE": BASE_TAG, "UV_IMAGE": UV_TAG,
+     "PYTHON": SYSTEM_PYTHON, "VARIANT": "cpu", "UV_CACHE_DIR": BUILD_UV_CACHE},
+    lock="images/trainer/requirements-cpu.lock", uv_cache=True)
+IMAGES = (OPERATOR, TRAINER_CPU)
+
+
+# ---- pure: what goes into an image ------------------------------------------------
+
+
+def context_files(root: Path, ignore_lines: Iterable[str]) -> list[Path]:
+    """The files a .dockerignore of the form ``*`` + ``!path`` lets into the context.
+
+    Only that form is understood (it is the one images/*/Dockerfile.dockerignore use);
+    ``**/__pycache__`` and ``**/*.pyc`` are dropped as BuildKit would.
+    """
+    allowed: list[str] = []
+    for raw in ignore_lines:
+        line = raw.strip()
+        if line.startswith("!"):
+            allowed.append(line[1:].rstrip("/"))
+        elif line and not line.startswith("#") and line not in ("*", "**/__pycache__",
+                                                                  "**/*.pyc"):
+            raise ImageError(f"unsupported .dockerignore line: {line!r}")
+    files: list[Path] = []
+    for rel in allowed:
+        path = root / rel
+        found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        files += [p for p in found if "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    return sorted(set(files))
+
+
+def inputs_hash(root: Path, dockerfile: Path, files: Iterable[Path],
+                build_args: Mapping[str, str], base_ids: Iterable[str]) -> str:
+    """Everything the image is a function of; a change in any of it means a rebuild."""
+    h = hashlib.sha256()
+    h.update(dockerfile.read_bytes())
+    for path in files:
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    h.update(json.dumps(dict(sorted(build_args.items()))).encode())
+    for base in base_ids:
+        h.update(base.encode())
+    return h.hexdigest()[:32]
+
+
+def base_hash() -> str:
+    return hashlib.sha256(json.dumps([DEBIAN_SUITE, "minbase", *BASE_PACKAGES]).encode()
+                          ).hexdigest()[:32]
+
+
+# ---- edges: podman, buildah, mmdebstrap -------------------------------------------
+
+
+def require_tools() -> None:
+    missing = [t for t in TOOLS.values() if shutil.which(t) is None]
+    if missing:
+        raise ImageError(f"image builds need {', '.join(missing)}: run hack/setup.sh "
+                         f"(or `apt-get install {' '.join(missing)}` on Debian)")
+
+
+def _run(argv: list[str], what: str, log_file: Path | None = None) -> str:
+    """Run a tool; its output goes to ``log_file`` (with a line per build step here)."""
+    t0 = time.monotonic()
+    if log_file is None:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise ImageError(f"{what} failed ({done.returncode}): {done.stderr.strip()}")
+        return done.stdout
+    with open(log_file, "a") as out, subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
+            if "STEP " in line or line.startswith("COMMIT "):
+                log.info("  %s [t+%.0f s] %s", what, time.monotonic() - t0, line.strip()[:110])
+    if proc.returncode != 0:
+        tail = "".join(log_file.read_text(errors="replace").splitlines(True)[-30:])
+        raise ImageError(f"{what} failed ({proc.returncode}); log {log_file}:\n{tail}")
+    return ""
+
+
+def label(tag: str, key: str = INPUTS_LABEL) -> str | None:
+    """A label of a local image, or None when there is no such image."""
+    proc = subprocess.run(["podman", "image", "inspect", tag], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        return None
+    labels = json.loads(proc.stdout)[0].get("Labels") or {}
+    return str(labels.get(key, ""))
+
+
+def image_id(tag: str) -> str:
+    return _run(["podman", "image", "inspect", "--format", "{{.Id}}", tag],
+                f"inspect {tag}").strip()
+
+
+def ensure_base(workdir: Path) -> None:
+    want = base_hash()
+    if label(BASE_TAG) == want:
+        return
+    t0 = time.monotonic()
+    log.info("base %s: mmdebstrap %s minbase + %s", BASE_TAG, DEBIAN_SUITE,
+             ",".join(BASE_PACKAGES))
+    tar = workdir / "rootfs.tar"
+    _run(["mmdebstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES),
+          "--aptopt=Acquire::Retries=3", DEBIAN_SUITE, str(tar)], "mmdebstrap",
+         workdir / "mmdebstrap.log")
+    _run(["podman", "import", "--change", f"LABEL {INPUTS_LABEL}={want}",
+          "--change", 'CMD ["/bin/bash"]', str(tar), BASE_TAG], "podman import")
+    log.info("base %s: built in %.0f s", BASE_TAG, time.monotonic() - t0)
+
+
+def ensure_uv(workdir: Path) -> None:
+    uv = REPO / ".venv" / "bin" / "uv"
+    version = subprocess.run([str(uv), "--version"], capture_output=True, text=True,
+                             check=False).stdout.split()
+    if version[1:2] != [UV_VERSION]:
+        raise ImageError(f"{uv} is not uv {UV_VERSION} ({version}): run hack/setup.sh")
+    want = hashlib.sha256(uv.read_bytes()).hexdigest()[:32]
+    if label(UV_TAG) == want:
+        return
+    ctx = workdir / "uv-context"
+    ctx.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(uv, ctx / "uv")
+    # Like ghcr.io/astral-sh/uv: the binary at /uv and nothing else.
+    (ctx / "Containerfile").write_text(f"FROM scratch\nCOPY uv /uv\n"
+                                       f"LABEL {INPUTS_LABEL}={want}\n")
+    _run(["buildah", "bud", "--isolation", "chroot", "-t", UV_TAG, str(ctx)], "uv image",
+         workdir / "uv.log")
+    log.info("uv image %s from %s", UV_TAG, uv)
+
+
+def build_image(image: Image, workdir: Path, force: bool = False) -> bool:
+    """Build ``image`` unless an image with the same inputs is there. True if built."""
+    ignore = image.ignorefile.read_text().splitlines()
+    files = context_files(REPO, ignore)
+    bases = [image_id(t) for t in sorted(set(image.build_args.values()))
+             if t in (BASE_TAG, UV_TAG)]
+    want = inputs_hash(REPO, REPO / image.dockerfile, [image.ignorefile, *files],
+                       image.build_args, bases)
+    if not force and label(image.tag) == want:
+        log.info("%s: up to date (%s, inputs %s)", image.name, image.tag, want[:12])
+        return False
+    t0 = time.monotonic()
+    log.info("%s: building %s from %s (%d context files); log %s", image.name, image.tag,
+             image.dockerfile, len(files), workdir / f"{image.name}.log")
+    argv = ["buildah", "bud", "--isolation", "chroot", "--layers", "-f",
+            str(REPO / image.dockerfile), "--ignorefile", str(image.ignorefile),
+            "-t", image.tag, "--label", f"{INPUTS_LABEL}={want}"]
+    for key, value in image.build_args.items():
+        argv += ["--build-arg", f"{key}={value}"]
+    host_ca = Path(os.environ.get("SSL_CERT_FILE", BUILD_CA_BUNDLE))
+    if host_ca.is_file():
+        argv += ["--volume", f"{host_ca}:{BUILD_CA_BUNDLE}:ro",
+                 "--build-arg", "UV_SYSTEM_CERTS=true"]
+    if image.uv_cache:
+        HOST_UV_CACHE.mkdir(parents=True, exist_ok=True)
+        argv += ["--volume", f"{HOST_UV_CACHE}:{BUILD_UV_CACHE}"]
+    _run([*argv, str(REPO)], image.name, workdir / f"{image.name}.log")
+    log.info("%s: built in %.0f s, %.2f GB", image.name, time.monotonic() - t0,
+             image_size(image.tag) / 1e9)
+    return True
+
+
+def image_size(tag: str) -> int:
+    out = _run(["podman", "image", "inspect", "--format", "{{.Size}}", tag], "inspect")
+    return int(out.strip())
+
+
+def build_all(names: Iterable[str] | None = None, force: bool = False,
+              workdir: Path | None = None) -> list[Image]:
+    """Build (or reuse) the named images (default: all); returns those built."""
+    require_tools()
+    wanted = set(names or [i.name for i in IMAGES])
+    unknown = wanted - {i.name for i in IMAGES}
+    if unknown:
+        raise ImageError(f"unknown image(s) {sorted(unknown)}; known: "
+                         f"{[i.name for i in IMAGES]}")
+    logs = workdir or Path(tempfile.mkdtemp(prefix="grpo-images-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    ensure_base(logs)
+    ensure_uv(logs)
+    return [i for i in IMAGES if i.name in wanted and build_image(i, logs, force)]

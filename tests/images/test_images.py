@@ -1,0 +1,193 @@
+"""The product's images, built from this checkout (`grpo-testbed images`) and run.
+
+Each image runs as its non-root user with exactly its lock installed; the operator
+image's entrypoint answers --help and serves /healthz against a real API server; the
+CPU trainer image trains the tiny task to completion and exports a model that
+transformers loads. A missing tool or a failed build fails the tier with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo_testbed import images
+from grpo_testbed.images import IMAGES, OPERATOR, TRAINER_CPU, Image
+
+pytestmark = pytest.mark.images
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = ("grpo-operator", "0.1.0")  # the distribution the images install with --no-deps
+
+
+@pytest.fixture(scope="session")
+def built() -> None:
+    try:
+        images.build_all()
+    except images.ImageError as exc:
+        pytest.fail(f"the images tier needs the images, which could not be built: {exc}",
+                    pytrace=False)
+
+
+def run(image: Image, *argv: str, entrypoint: str | None = None, timeout: float = 300,
+        opts: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    cmd = ["podman", "run", "--rm", *opts]
+    if entrypoint is not None:
+        cmd += ["--entrypoint", entrypoint]
+    return subprocess.run([*cmd, image.tag, *argv], env=images.podman_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def lock_pins(path: Path) -> dict[str, str]:
+    text = path.read_text()
+    return {canon(n): v for n, v in re.findall(r"^([A-Za-z0-9][\w.-]*)==(\S+)", text, re.M)}
+
+
+def canon(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@pytest.mark.parametrize("image", IMAGES, ids=[i.name for i in IMAGES])
+def test_image_runs_as_its_non_root_user(built: None, image: Image) -> None:
+    proc = run(image, "-u", entrypoint="id")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "10001"
+
+
+@pytest.mark.parametrize("image", IMAGES, ids=[i.name for i in IMAGES])
+def test_installed_packages_are_exactly_the_lock(built: None, image: Image) -> None:
+    script = ("import importlib.metadata as m, json; print(json.dumps("
+              "{d.metadata['Name']: d.version for d in m.distributions()}))")
+    proc = run(image, "-c", script, entrypoint="python")
+    assert proc.returncode == 0, proc.stderr
+    installed = {canon(n): v for n, v in json.loads(proc.stdout).items()}
+    want = lock_pins(ROOT / image.lock) | {PROJECT[0]: PROJECT[1]}
+    extra = {n: v for n, v in installed.items() if want.get(n) != v}
+    missing = {n: v for n, v in want.items() if installed.get(n) != v}
+    assert not extra and not missing, f"{image.tag} differs from {image.lock}: " \
+        f"installed but not locked {extra}; locked but not installed {missing}"
+
+
+def test_operator_entrypoint_answers_help(built: None) -> None:
+    proc = run(OPERATOR, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Usage: grpo-operator")
+    assert "--metrics-port" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A real API server with the GRPOJob CRD; yields a directory holding a kubeconfig
+    (a ServiceAccount token, as in a pod) that the image's user can read."""
+    from grpo_testbed.build import BuildError
+    from grpo_testbed.launcher import running_testbed
+
+    kube = tmp_path_factory.mktemp("kube")
+    try:
+        with running_testbed(with_kuberay=False) as tb:
+            tb.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "grpojob.yaml"))
+            tb.kubectl("create", "serviceaccount", "op", "-n", "default")
+            tb.kubectl("create", "clusterrolebinding", "op", "--clusterrole=cluster-admin",
+                       "--serviceaccount=default:op")
+            assert tb.pki is not None
+            shutil.copy(tb.pki.ca_cert, kube / "ca.crt")
+            token = tb.kubectl("create", "token", "op", "-n", "default").stdout.strip()
+            cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "t",
+                   "clusters": [{"name": "t", "cluster": {
+                       "server": tb.server, "certificate-authority": "/kube/ca.crt"}}],
+                   "users": [{"name": "op", "user": {"token": token}}],
+                   "contexts": [{"name": "t", "context": {"cluster": "t", "user": "op"}}]}
+            (kube / "config").write_text(yaml.safe_dump(cfg))
+            for f in kube.iterdir():
+                f.chmod(0o644)
+            kube.chmod(0o755)  # mounted into the image, read by its user
+            yield kube
+    except BuildError as exc:
+        pytest.fail(f"the operator's /healthz check needs the testbed: {exc}", pytrace=False)
+
+
+def test_operator_image_serves_healthz_against_an_api_server(built: None,
+                                                             api_server: Path) -> None:
+    from grpo_testbed.launcher import free_ports
+
+    (port,) = free_ports(1)
+    name = f"grpo-healthz-{port}"
+    start = subprocess.run(
+        ["podman", "run", "-d", "--name", name, "--network", "host",
+         "-v", f"{api_server}:/kube:ro", OPERATOR.tag, "--kubeconfig", "/kube/config",
+         "--bind", "127.0.0.1", "--metrics-port", str(port), "--namespace", "default"],
+        env=images.podman_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert start.returncode == 0, start.stderr
+    def logs() -> str:
+        out = subprocess.run(["podman", "logs", name], env=images.podman_env(),
+                             capture_output=True, text=True, check=False)
+        return out.stdout[-3000:] + out.stderr[-3000:]
+
+    def running() -> bool:
+        state = subprocess.run(["podman", "inspect", "--format", "{{.State.Running}}", name],
+                               env=images.podman_env(), capture_output=True, text=True,
+                               check=False)
+        return state.stdout.strip() == "true"
+
+    try:
+        deadline, last = time.monotonic() + 120, ""
+        while time.monotonic() < deadline:
+            if not running():
+                pytest.fail(f"the operator container exited; its log:\n{logs()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    assert r.status == 200
+                    break
+            except OSError as err:
+                last = str(err)
+                time.sleep(1)
+        else:
+            pytest.fail(f"no /healthz in 120 s ({last}); operator log:\n{logs()}")
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert b"grpo" in metrics.read()
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "2", name], env=images.podman_env(),
+                       capture_output=True, check=False)
+
+
+TRAIN = textwrap.dedent("""\
+    set -eu
+    python - <<'EOF'
+    import yaml
+    from grpo_trainer.testing.configs import text_config
+    from grpo_trainer.testing.datasets import write_text_task
+    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
+    model = build_tiny_qwen2("/work/model")
+    data = write_text_task("/work/train.jsonl")
+    cfg = text_config(model, data, checkpoint={"dir": "/work/ckpt", "interval_steps": 2})
+    open("/work/config.yaml", "w").write(yaml.safe_dump(cfg))
+    EOF
+    grpo-train --config /work/config.yaml
+    grpo-train export --checkpoint-dir /work/ckpt --out /work/export --model-path /work/model
+    """)
+
+
+def test_cpu_trainer_image_trains_the_tiny_task_and_exports_the_model(
+        built: None, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)  # written by the image's user, 10001
+    proc = run(TRAINER_CPU, "-c", TRAIN, entrypoint="bash", timeout=900,
+               opts=("-v", f"{work}:/work", "--shm-size", "1g", "--network", "none"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "exported step 2" in out, out[-3000:]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(work / "export")
+    assert sum(p.numel() for p in model.parameters()) > 0
