@@ -44,7 +44,10 @@ def operator_login(**_: Any) -> kopf.ConnectionInfo:
     # versions: "authorization"); without it Kopf would talk as system:anonymous.
     raw = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
         "authorization") or ""
-    token = raw.removeprefix("Bearer ").strip()
+    # In-cluster, the client stores "bearer <token>" (lower case); a kubeconfig's has
+    # "Bearer ". Either way Kopf wants the bare token.
+    scheme, _sep, rest = raw.partition(" ")
+    token = (rest if scheme.lower() == "bearer" else raw).strip()
     return kopf.ConnectionInfo(
         server=cfg.host,
         ca_path=cfg.ssl_ca_cert,
