@@ -58,10 +58,10 @@ def _run(model: Path, tp: int, images: bool) -> list[dict[str, Any]]:
     return run_ranks(rollout_update_sync, 2, arg, timeout_s=1200)
 
 
-def _check_sync(results: list[dict[str, Any]]) -> None:
+def _check_sync(results: list[dict[str, Any]], sampled_tolerance: float = SYNC_TOLERANCE) -> None:
     for r in results:
         # The engine sampled from the actor's weights: same log-probs for its tokens.
-        assert r["rollout_vs_actor"] < SYNC_TOLERANCE, r
+        assert r["rollout_vs_actor"] < sampled_tolerance, r
         assert r["synced_at_rollout"] < SYNC_TOLERANCE, r
         # The update moved the policy far beyond the tolerance; a skipped sync shows.
         assert r["policy_moved"] > 100 * SYNC_TOLERANCE, r
@@ -86,4 +86,7 @@ def test_text_tp2_and_2x_tp1_sample_alike_and_sync_weights(vllm_lm: Path) -> Non
 
 def test_vlm_with_images_syncs_weights_under_tp2(vllm_vlm: Path) -> None:
     results = _run(vllm_vlm, tp=2, images=True)
-    _check_sync(results)
+    # Sampled log-probs are of the distribution without the vision placeholder tokens
+    # (never sampled: logit bias -100), renormalised: log(1 - p(placeholders)), ~0.01
+    # for a random tiny model. Scoring the same tokens has no bias and agrees to 2e-4.
+    _check_sync(results, sampled_tolerance=0.05)
