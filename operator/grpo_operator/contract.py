@@ -15,6 +15,8 @@ PLURAL = "grpojobs"
 SINGULAR = "grpojob"
 SHORT_NAME = "gj"
 JOB_LABEL = f"{API_GROUP}/job"  # on every child object
+ATTEMPT_LABEL = f"{API_GROUP}/attempt"  # on per-attempt children and the Ray pods
+ROLE_LABEL = f"{API_GROUP}/role"  # on the Ray pods: a Role value
 
 CONFIG_PATH = "/etc/grpo/config.yaml"
 CHECKPOINT_MOUNT = "/checkpoints"  # the job's dir is /checkpoints/<namespace>/<job>/
@@ -23,6 +25,29 @@ TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_MESSAGE_MAX_BYTES = 4096
 PROGRESS_MIN_INTERVAL_S = 10.0
 PROGRESS_FIELD_MANAGER = "grpo-trainer"
+
+
+class Role(StrEnum):
+    """A Ray pod's part in the job (ROLE_LABEL)."""
+
+    HEAD = "head"
+    WORKER = "worker"
+
+
+class Phase(StrEnum):
+    """GRPOJob status.phase, for humans; conditions carry the detail."""
+
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+TERMINAL_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
+ATTEMPT_RUNNING = "Running"  # status.attempts[].outcome until the attempt ends
 
 
 class ExitCode(IntEnum):

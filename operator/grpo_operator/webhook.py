@@ -8,15 +8,15 @@ from typing import Any
 import kopf
 
 from .api import SpecError
+from .config import from_memo
 from .contract import API_GROUP, API_VERSION, PLURAL
-from .jobs import planned
 from .planner import InfeasibleError
+from .reconcile import planned
 
 # What a running job is: changing these would make its checkpoints meaningless.
 # memory, restartPolicy, image and suspend may change; they apply at the next attempt.
 IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "training", "resources",
                       "checkpoint")
-DEFAULTS: dict[str, str] = {"image": ""}  # set by main
 
 
 def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None) -> str | None:
@@ -49,7 +49,7 @@ def grpojob_validate(spec: kopf.Spec, old: kopf.Body | None = None,
 
 
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])
-def grpojob_default(spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
+def grpojob_default(spec: kopf.Spec, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Record the trainer image a job runs, so an operator upgrade does not change it."""
-    if not spec.get("image") and DEFAULTS["image"]:
-        patch.spec["image"] = DEFAULTS["image"]
+    if not spec.get("image"):
+        patch.spec["image"] = from_memo(memo).default_image

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from grpo_operator.jobs import planned
+from grpo_operator.reconcile import planned
 from grpo_operator.render import JobRef
 from grpo_operator.render.children import job_env
 from grpo_testbed.tiny_job import (
