@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 
+from grpo_operator.contract import Phase
 from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.nodes import bulk_cpu_nodes
@@ -129,7 +130,7 @@ def run_grpojobs(tb: Testbed, op: OperatorProcess, n: int) -> dict[str, float]:
     def on_job(t: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         sw.mark(sw.created, name)
-        if (obj.get("status") or {}).get("phase") == "Running":
+        if (obj.get("status") or {}).get("phase") == Phase.RUNNING:
             sw.mark(sw.running, name)
 
     def on_rc(t: str, obj: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""The trainer <-> operator contract (DESIGN.md): names both sides must agree on.
+"""The trainer <-> operator contract: names both sides must agree on.
 
 Torch-free on purpose: the operator imports it, and so does the trainer, so each
 name lives here once.
@@ -62,7 +62,7 @@ class ExitCode(IntEnum):
 
 
 class FailureReason(StrEnum):
-    """Failure classes (DESIGN.md); also the `reason` of the termination message."""
+    """Failure classes the operator acts on; also the `reason` of the termination message."""
 
     SUCCEEDED = "Succeeded"
     HOST_OOM = "HostOOM"

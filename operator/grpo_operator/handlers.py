@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from . import kube, metrics
 from . import reconcile as rec
 from .config import OperatorConfig, from_memo
-from .contract import API_GROUP, API_VERSION, ATTEMPT_LABEL, JOB_LABEL, KIND, PLURAL
+from .contract import API_GROUP, API_VERSION, ATTEMPT_LABEL, JOB_LABEL, KIND, PLURAL, Phase
 from .reconcile import Action, Event, Observed
 
 log = logging.getLogger("grpo_operator")
@@ -114,7 +114,7 @@ def grpojob_event(type: str, body: kopf.Body, namespace: str | None, name: str,
         metrics.JOB_PHASES.pop(key, None)
         return
     job = _job(body)
-    metrics.JOB_PHASES[key] = str((job.get("status") or {}).get("phase") or "Pending")
+    metrics.JOB_PHASES[key] = str((job.get("status") or {}).get("phase") or Phase.PENDING)
     try:
         _apply(job, rec.reconcile(job, Observed(), rec.JobChanged(), _now(), from_memo(memo)))
     except kube.Conflict:
