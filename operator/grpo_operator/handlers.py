@@ -140,12 +140,16 @@ def _decide_fresh(namespace: str, job_name: str, event: Event, config: OperatorC
 # Pod events only, no pod finalizers: KubeRay deletes a head pod whose container
 # ended right after the kubelet reports it, and that status update reaches us first.
 # A finalizer would make namespace and job deletion wait on the operator.
-@kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT})
+def _pod_matters(type: str, body: kopf.Body, **_: Any) -> bool:
+    # A Kopf filter runs in the event loop: the many pod events that cannot change a job
+    # cost no worker thread and no API call.
+    return rec.pod_matters(rec.PodChanged(dict(body), deleted=type == "DELETED"))
+
+
+@kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, when=_pod_matters)
 def pod_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.Labels,
               memo: kopf.Memo, **_: Any) -> None:
     event = rec.PodChanged(dict(body), deleted=type == "DELETED")
-    if not rec.pod_matters(event):
-        return
     try:
         _decide_fresh(namespace or "", labels[JOB_LABEL], event, from_memo(memo))
     except ApiException:
