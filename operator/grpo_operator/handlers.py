@@ -149,9 +149,15 @@ def _pod_matters(type: str, body: kopf.Body, **_: Any) -> bool:
 @kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, when=_pod_matters)
 def pod_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.Labels,
               memo: kopf.Memo, **_: Any) -> None:
-    event = rec.PodChanged(dict(body), deleted=type == "DELETED")
+    ns, event = namespace or "", rec.PodChanged(dict(body), deleted=type == "DELETED")
+    selector = f"{JOB_LABEL}={labels[JOB_LABEL]},{ATTEMPT_LABEL}={labels.get(ATTEMPT_LABEL)}"
+
+    def gather(job: dict[str, Any]) -> Observed:
+        return Observed(pods=kube.list_pods(ns, selector) if rec.pod_needs_pods(job, event)
+                        else [])
+
     try:
-        _decide_fresh(namespace or "", labels[JOB_LABEL], event, from_memo(memo))
+        _decide_fresh(ns, labels[JOB_LABEL], event, from_memo(memo), gather)
     except ApiException:
         metrics.API_ERRORS.labels(operation="observe").inc()
         raise

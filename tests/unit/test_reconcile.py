@@ -107,7 +107,7 @@ def test_a_cluster_not_ready_yet_shows_what_its_pods_wait_for() -> None:
 
 
 def test_only_pod_events_that_can_change_the_job_cost_a_read() -> None:
-    assert not rec.pod_matters(rec.PodChanged(pod("head")))
+    assert rec.pod_matters(rec.PodChanged(pod("head")))  # running: the job may be Running now
     assert not rec.pod_matters(rec.PodChanged(pod("worker", phase="Pending")))
     assert rec.pod_matters(rec.PodChanged(pod("head"), deleted=True))  # node lost
     ended = {"exitCode": 3, "reason": "Error"}
@@ -115,6 +115,19 @@ def test_only_pod_events_that_can_change_the_job_cost_a_read() -> None:
     assert rec.pod_matters(rec.PodChanged(pod("worker", phase="Failed", terminated=ended)))
     assert not rec.pod_matters(rec.PodChanged(pod("worker", phase="Failed", terminated=ended),
                                       deleted=True))  # KubeRay's delete of an ended worker
+
+
+def test_running_pods_make_the_job_running_before_kuberay_updates_its_cluster() -> None:
+    job, _ = step(new_job(), rec.SpecChanged())
+    head, worker = pod("head"), pod("worker", phase="Pending", name="w")
+    event = rec.PodChanged(head)
+    assert rec.pod_needs_pods(job, event)
+    job, action = step(job, event, observed=Observed(pods=[head, worker]))
+    assert job["status"]["phase"] == "Starting" and not action.events
+    pods = [head, pod("worker", name="w")]
+    job, action = step(job, rec.PodChanged(pods[1]), observed=Observed(pods=pods))
+    assert job["status"]["phase"] == "Running" and action.events[0][1] == "Running"
+    assert not rec.pod_needs_pods(job, event)  # Running already: one read, no list
 
 
 def test_a_worker_pod_is_counted_once_in_one_write_even_after_an_operator_restart() -> None:

@@ -14,6 +14,7 @@ from .core import (
     SpecChanged,
     cluster_needs_pods,
     pod_matters,
+    pod_needs_pods,
     reconcile,
     restart_pending,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "cluster_needs_pods",
     "planned",
     "pod_matters",
+    "pod_needs_pods",
     "reconcile",
     "restart_pending",
 ]

@@ -87,15 +87,26 @@ def restart_pending(status: dict[str, Any]) -> bool:
 
 
 def pod_matters(event: PodChanged) -> bool:
-    """Whether a pod event can change the job (an ended or deleted Ray pod, or one the
-    scheduler cannot place); the rest cost no API call. Phase progress comes from the
-    RayCluster, whose status KubeRay updates as the pods become ready."""
+    """Whether a pod event can change the job: a Ray pod that ended or was deleted, one
+    the scheduler cannot place, or a running one (the job may now be Running: noticed
+    from the pods at once, not when KubeRay next writes the cluster's status). Pending
+    pods' many other events cost no API call."""
     pod = event.pod
     if role(pod) == Role.HEAD and classify_pod(pod, deleted=event.deleted) is not None:
         return True
     if event.deleted or pod.get("metadata", {}).get("deletionTimestamp"):
         return False
-    return classify_pod(pod) is not None or unschedulable(pod) is not None
+    return (classify_pod(pod) is not None or unschedulable(pod) is not None
+            or pod.get("status", {}).get("phase") == "Running")
+
+
+def pod_needs_pods(job: dict[str, Any], event: PodChanged) -> bool:
+    """A running pod of the current attempt of a job not yet Running: whether the job
+    is Running depends on all its pods."""
+    status = job.get("status") or {}
+    return (status.get("phase") not in (*_QUIET, Phase.RUNNING)
+            and _attempt_of(event.pod) == str(status.get("attempt") or 0)
+            and event.pod.get("status", {}).get("phase") == "Running")
 
 
 def cluster_needs_pods(job: dict[str, Any], ray_cluster: dict[str, Any]) -> bool:
@@ -130,7 +141,7 @@ def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
         case JobChanged():
             return _on_job(status, generation, now)
         case PodChanged(pod=pod, deleted=deleted):
-            return _on_pod(spec, status, generation, now, pod, deleted)
+            return _on_pod(spec, status, generation, now, pod, deleted, observed.pods)
         case ClusterChanged(ray_cluster=rc):
             return _on_cluster(status, generation, now, rc, observed.pods)
     raise TypeError(f"unknown event {event!r}")
@@ -164,7 +175,7 @@ def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:
 
 
 def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: str,
-            pod: dict[str, Any], deleted: bool) -> Action:
+            pod: dict[str, Any], deleted: bool, pods: list[dict[str, Any]]) -> Action:
     if status.get("phase") in _QUIET:
         return Action()
     if _attempt_of(pod) != str(status.get("attempt") or 0):
@@ -179,7 +190,18 @@ def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: 
         if ended is not None:
             return worker_replaced(status, str(meta.get("name")), ended.message)
     view = None if deleted else unschedulable_view(pod)
-    return Action(observed_status(view, status, generation, now)) if view else Action()
+    if view is None and pods and status.get("phase") != Phase.RUNNING:
+        # Its pods exist, so its RayCluster does: the phase follows from the pods.
+        view = attempt_phase({}, pods, int((status.get("plan") or {}).get("nodes") or 0))
+    return _seen(view, status, generation, now) if view else Action()
+
+
+def _seen(view: PhaseView, status: dict[str, Any], generation: int, now: str) -> Action:
+    """The live attempt's phase as seen: a status patch when it changed, an event when
+    the job starts running."""
+    change = observed_status(view, status, generation, now)
+    running = change.get("phase") == Phase.RUNNING
+    return Action(change, events=[("Normal", "Running", view.message)] if running else [])
 
 
 def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str, Any],
@@ -187,11 +209,8 @@ def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str,
     if status.get("phase") in _QUIET or _attempt_of(rc) != str(status.get("attempt") or 0):
         return Action()
     workers = int((status.get("plan") or {}).get("nodes") or 0)
-    view = attempt_phase(rc, pods, workers)
-    change = observed_status(view, status, generation, now)
+    action = _seen(attempt_phase(rc, pods, workers), status, generation, now)
     state = (rc.get("status") or {}).get("state")
     if state != (status.get("rayCluster") or {}).get("state"):
-        change["rayCluster"] = {"name": rc["metadata"]["name"], "state": state}
-    events = [("Normal", "Running", view.message)] if change.get("phase") == Phase.RUNNING \
-        else []
-    return Action(change, events=events)
+        action.status["rayCluster"] = {"name": rc["metadata"]["name"], "state": state}
+    return action
