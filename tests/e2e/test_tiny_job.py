@@ -85,6 +85,7 @@ PLANNED = {
     "offloadOptimizer": ("actor", "offload_optimizer", "GRPO_OFFLOAD_OPTIMIZER"),
     "rank0Init": ("actor", "init_strategy", "GRPO_RANK0_INIT"),
     "rolloutN": ("rollout", "n", "GRPO_ROLLOUT_N"),
+    "rolloutTensorParallel": ("rollout", "tensor_parallel_size", "GRPO_ROLLOUT_TENSOR_PARALLEL"),
 }
 
 

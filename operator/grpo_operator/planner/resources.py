@@ -58,7 +58,7 @@ def build_pods(
     head_cpus = min(head_cpus, geo.cpus_per_node)
     head_mem = _pod_memory(head_need, geo, st.pod_memory_at_allocatable and geo.nodes == 0)
     head = PodResources(
-        role=Role.HEAD,
+        role=Role.HEAD.value,
         replicas=1,
         gpus=0,
         cpus=head_cpus,
@@ -69,7 +69,7 @@ def build_pods(
         return head, None
     mem = _pod_memory(budget.peak_host_gib, geo, st.pod_memory_at_allocatable)
     worker = PodResources(
-        role=Role.WORKER,
+        role=Role.WORKER.value,
         replicas=geo.nodes,
         gpus=geo.gpus_per_node if geo.is_gpu else 0,
         cpus=max(1, int(geo.cpus_per_node * 0.9)),
