@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime as dt
 import logging
 import statistics
 import tempfile
@@ -24,6 +25,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 
+from grpo_operator.contract import Phase
 from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.nodes import bulk_cpu_nodes
@@ -36,7 +38,8 @@ BASE_NS = "rayjob-bench"
 
 
 class Stopwatch:
-    """Client-side first-seen times per object name, from watch streams."""
+    """Per object name: its creation as the API server recorded it, and the first time a
+    client watch saw its RayCluster and its Running state (wall clock, one machine)."""
 
     def __init__(self) -> None:
         self.created: dict[str, float] = {}
@@ -46,7 +49,15 @@ class Stopwatch:
 
     def mark(self, table: dict[str, float], name: str) -> None:
         with self.lock:
-            table.setdefault(name, time.monotonic())
+            table.setdefault(name, time.time())
+
+    def mark_created(self, obj: dict[str, Any]) -> None:
+        # creationTimestamp, not first-seen: a watch that restarts under load would see
+        # some objects late and shorten their times (1 s resolution, both sides alike).
+        stamp = obj["metadata"]["creationTimestamp"].replace("Z", "+00:00")
+        with self.lock:
+            self.created.setdefault(obj["metadata"]["name"],
+                                    dt.datetime.fromisoformat(stamp).timestamp())
 
 
 def _watch(fn: Any, ns: str, plural: str | None, on_event: Any, stop: threading.Event) -> None:
@@ -62,7 +73,8 @@ def _watch(fn: Any, ns: str, plural: str | None, on_event: Any, stop: threading.
                 if stop.is_set():
                     break
         except Exception as exc:  # a dropped watch: log it and watch again (re-lists)
-            logging.warning("watch %s restarted after %r", plural, exc)
+            logging.warning("watch %s restarted after %s %s", plural,
+                            getattr(exc, "status", ""), getattr(exc, "reason", exc))
 
 
 def grpojobs(n: int) -> list[dict[str, Any]]:
@@ -128,8 +140,8 @@ def run_grpojobs(tb: Testbed, op: OperatorProcess, n: int) -> dict[str, float]:
 
     def on_job(t: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
-        sw.mark(sw.created, name)
-        if (obj.get("status") or {}).get("phase") == "Running":
+        sw.mark_created(obj)
+        if (obj.get("status") or {}).get("phase") == Phase.RUNNING:
             sw.mark(sw.running, name)
 
     def on_rc(t: str, obj: dict[str, Any]) -> None:
@@ -154,7 +166,7 @@ def run_rayjobs(tb: Testbed, n: int, head: dict[str, Any]) -> dict[str, float]:
 
     def on_job(t: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
-        sw.mark(sw.created, name)
+        sw.mark_created(obj)
         if (obj.get("status") or {}).get("jobDeploymentStatus") == "Running":
             sw.mark(sw.running, name)
 

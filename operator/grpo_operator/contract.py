@@ -1,4 +1,4 @@
-"""The trainer <-> operator contract (DESIGN.md): names both sides must agree on.
+"""The trainer <-> operator contract: names both sides must agree on.
 
 Torch-free on purpose: the operator imports it, and so does the trainer, so each
 name lives here once.
@@ -16,6 +16,8 @@ SINGULAR = "grpojob"
 SHORT_NAME = "gj"
 JOB_LABEL = f"{API_GROUP}/job"  # on every child object
 MAX_RESTARTS = 100  # spec.restartPolicy.maxRestarts: attempts are numbered 0..100
+ATTEMPT_LABEL = f"{API_GROUP}/attempt"  # on per-attempt children and the Ray pods
+ROLE_LABEL = f"{API_GROUP}/role"  # on the Ray pods: a Role value
 
 CONFIG_PATH = "/etc/grpo/config.yaml"
 CHECKPOINT_MOUNT = "/checkpoints"  # the job's dir is /checkpoints/<namespace>/<job>/
@@ -24,6 +26,43 @@ TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_MESSAGE_MAX_BYTES = 4096
 PROGRESS_MIN_INTERVAL_S = 10.0
 PROGRESS_FIELD_MANAGER = "grpo-trainer"
+
+
+# Hub repos on the job's volume: the operator renders these paths, the head's hub fetch
+# (grpo_trainer.hub_fetch) writes them.
+def is_hub_id(text: str) -> bool:
+    """owner/name (optionally @split or @revision): not a path, not a file."""
+    repo = text.split("@", 1)[0]
+    return (not repo.startswith(("/", ".", "~")) and repo.count("/") == 1
+            and not repo.endswith((".parquet", ".jsonl", ".json")))
+
+
+def hub_local_dir(root: str, kind: str, repo_id: str) -> str:
+    """Where a hub repo of `kind` ("model" or "dataset") lands under `root`."""
+    return f"{root}/{'models' if kind == 'model' else 'datasets'}/{repo_id}"
+
+
+class Role(StrEnum):
+    """A Ray pod's part in the job (ROLE_LABEL)."""
+
+    HEAD = "head"
+    WORKER = "worker"
+
+
+class Phase(StrEnum):
+    """GRPOJob status.phase, for humans; conditions carry the detail."""
+
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+TERMINAL_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
+ATTEMPT_RUNNING = "Running"  # status.attempts[].outcome until the attempt ends
 
 
 class ExitCode(IntEnum):
@@ -38,7 +77,7 @@ class ExitCode(IntEnum):
 
 
 class FailureReason(StrEnum):
-    """Failure classes (DESIGN.md); also the `reason` of the termination message."""
+    """Failure classes the operator acts on; also the `reason` of the termination message."""
 
     SUCCEEDED = "Succeeded"
     HOST_OOM = "HostOOM"

@@ -1,113 +1,108 @@
-"""Kopf handlers, named <resource>_<event>. They only gather state, call the pure
-functions in `jobs`, `reconcile` and `render`, and apply the result idempotently."""
+"""Kopf handlers, named <resource>_<event>. Each gathers the job and what its event
+needs, calls `reconcile.reconcile` once and applies the Action it returns; no decisions
+and no state live here."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import jobs, kube, metrics
-from .catalog import GPU_CATALOG, GpuType
-from .contract import API_GROUP, API_VERSION, JOB_LABEL, PLURAL
-from .reconcile.classify import classify_pod
-from .reconcile.status import (
-    ATTEMPT_LABEL,
-    HEAD_ROLE,
-    MEMORY_GROWTH,
-    ROLE_LABEL,
-    attempt_phase,
-    hub_fetch_conditions,
-    memory_growth_conditions,
-)
-from .render import JobRef, names
+from . import kube, metrics
+from . import reconcile as rec
+from .config import OperatorConfig, from_memo
+from .contract import API_GROUP, API_VERSION, ATTEMPT_LABEL, JOB_LABEL, KIND, PLURAL, Phase
+from .reconcile import Action, Event, Observed
 
 log = logging.getLogger("grpo_operator")
-SETTINGS: dict[str, str] = {"default_image": ""}  # set by main from its flags
-# The effective GPU catalog (built-in + the chart's gpuCatalog); main replaces the contents.
-CATALOG: dict[str, GpuType] = dict(GPU_CATALOG)
+# A pod and a cluster event of one job at once: the loser of the status write reads the
+# job again and decides again; this many times before Kopf retries the event later.
+_DECIDE_TRIES = 8
 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _post(body: Any, events: list[tuple[str, str, str]]) -> None:
-    for kind, reason, message in events:
-        (kopf.warn if kind == "Warning" else kopf.info)(body, reason=reason, message=message)
+def _post(job: Any, kind: str, reason: str, message: str) -> None:
+    """A Kubernetes event on the job (Kopf posts them in the background)."""
+    (kopf.warn if kind == "Warning" else kopf.info)(job, reason=reason, message=message)
 
 
-def _apply(body: Any, namespace: str, decision: jobs.Decision) -> None:
-    for child in decision.children:
+def _apply(job: dict[str, Any], action: Action, config: OperatorConfig) -> None:
+    """Status first, only over the resourceVersion the action was decided from (raises
+    kube.Conflict and does nothing else when the job changed); then the children, the
+    release of a cluster, events and metrics. A child the API server refuses is decided
+    on like any event (`_create_failed`)."""
+    meta = job["metadata"]
+    namespace, name = str(meta.get("namespace") or "default"), str(meta["name"])
+    if action.status:
+        kube.patch_job_status(namespace, name, action.status, str(meta.get("resourceVersion")
+                                                                  or ""))
+    for child in action.children:
         try:
             created = kube.create_if_absent(child)
         except ApiException as exc:
-            _create_failed(body, namespace, child, exc)
+            _create_failed(job, child, exc, config)
         if created:
-            kopf.info(body, reason="Created",
-                      message=f"{child['kind']} {child['metadata']['name']}")
-    if decision.delete_ray_cluster and kube.delete_ray_cluster(namespace,
-                                                               decision.delete_ray_cluster):
-        kopf.info(body, reason="Released",
-                  message=f"deleted RayCluster {decision.delete_ray_cluster} (GPUs released; "
-                          "checkpoint volume and status kept)")
-    _post(body, decision.events)
+            _post(job, "Normal", "Created", f"{child['kind']} {child['metadata']['name']}")
+    if action.own_claim:
+        kube.add_owner(namespace, action.own_claim, {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": name,
+            "uid": meta.get("uid"), "blockOwnerDeletion": False})
+    if action.delete_ray_cluster and kube.delete_ray_cluster(namespace,
+                                                             action.delete_ray_cluster):
+        _post(job, "Normal", "Released", f"deleted RayCluster {action.delete_ray_cluster} "
+              "(GPUs released; checkpoint volume and status kept)")
+    for kind, reason, message in action.events:
+        _post(job, kind, reason, message)
+    if action.restart_reason:
+        metrics.RESTARTS.labels(reason=action.restart_reason).inc()
+    if action.recovered_after is not None:
+        metrics.TIME_TO_RECOVER.observe(action.recovered_after)
 
 
-def _create_failed(body: Any, namespace: str, child: dict[str, Any],
-                   exc: ApiException) -> NoReturn:
-    """A child the API server refused: status and a Warning event now (jobs.create_failed),
-    then a retry. Without this the job would sit in CreatingCluster, silent."""
-    meta = body["metadata"]
-    failed = jobs.create_failed(dict(body.get("status") or {}), child["kind"],
-                                child["metadata"]["name"], kube.api_message(exc),
-                                int(meta.get("generation") or 0), _now())
-    kube.patch_job_status(namespace, meta["name"], failed.status)  # reported, not decided on
-    _post(body, failed.events)
+def _create_failed(job: dict[str, Any], child: dict[str, Any], exc: ApiException,
+                   config: OperatorConfig) -> NoReturn:
+    """A child the API server refused (quota, admission, RBAC): `reconcile` decides the
+    status (CreateFailed) and Warning event, applied like any Action on the job as it is
+    now (the status above moved it on); then Kopf tries again. Without this the job would
+    sit in CreatingCluster, silent."""
     metrics.API_ERRORS.labels(operation="create").inc()
-    raise kopf.TemporaryError(failed.events[0][2], delay=jobs.CREATE_RETRY_SECONDS)
+    meta = job["metadata"]
+    fresh = kube.get_job(str(meta.get("namespace") or "default"), str(meta["name"])) or job
+    event = rec.CreateFailed(str(child["kind"]), str(child["metadata"]["name"]),
+                             kube.api_message(exc))
+    action = rec.reconcile(fresh, Observed(), event, _now(), config)
+    _apply(fresh, action, config)
+    why, delay = action.retry or (str(event), 10.0)
+    raise kopf.TemporaryError(why, delay=delay)
 
 
-def _claim_problem(spec: dict[str, Any], namespace: str) -> str | None:
-    claim = (spec.get("checkpoint") or {}).get("claimName")
-    return jobs.claim_problem(spec, namespace, kube.get_claim(namespace, claim)
-                              if claim else None)
+def _job(body: kopf.Body) -> dict[str, Any]:
+    return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, **dict(body)}
 
 
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec")
-def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta,
-                      name: str, namespace: str | None, uid: str, patch: kopf.Patch,
-                      **_: Any) -> None:
+def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, namespace: str | None,
+                      memo: kopf.Memo, **_: Any) -> None:
     t0 = time.monotonic()
-    namespace = namespace or "default"
     try:
-        generation = int(meta.get("generation") or 0)
-        problem = _claim_problem(dict(spec), namespace)
-        if problem:
-            patch.status["phase"] = "Pending"
-            kopf.warn(body, reason="ClaimMissing", message=problem)
-            raise kopf.TemporaryError(problem, delay=15)
-        decision = jobs.reconcile(JobRef(name, namespace, uid), dict(spec), dict(status),
-                                  generation, _now(), SETTINGS["default_image"], CATALOG)
-        _apply(body, namespace, decision)
-        ckpt = dict(spec.get("checkpoint") or {})
-        if ckpt.get("claimName") and ckpt.get("deleteClaimWithJob"):
-            # The user asked for their claim to go with the job: garbage collection
-            # deletes it once the job is gone.
-            kube.add_owner(namespace, ckpt["claimName"], {
-                "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "GRPOJob",
-                "name": name, "uid": uid, "blockOwnerDeletion": False})
-        if decision.status:
-            # Pod events may have moved the status on meanwhile: write only over what
-            # this decision was made from, else decide again on the fresh object.
-            kube.patch_job_status(namespace, name, decision.status,
-                                  str(meta.get("resourceVersion") or ""))
+        claim = (spec.get("checkpoint") or {}).get("claimName")
+        observed = Observed(claim=kube.get_claim(namespace or "default", claim)
+                            if claim else None)
+        config = from_memo(memo)
+        action = rec.reconcile(_job(body), observed, rec.SpecChanged(), _now(), config)
+        _apply(_job(body), action, config)
+        if action.retry:
+            raise kopf.TemporaryError(action.retry[0], delay=action.retry[1])
     except kube.Conflict as exc:
         raise kopf.TemporaryError("status changed meanwhile; deciding again", delay=0.2) from exc
     except ApiException as exc:
@@ -117,134 +112,96 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, met
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - t0)
 
 
-FAILED_AT: dict[tuple[str, str], float] = {}  # for the time-to-recover histogram
-_REPLACED: set[str] = set()  # worker pods already counted (names are unique per pod)
-
-
 def _restart_pending(status: kopf.Status, **_: Any) -> bool:
-    return bool(status.get("nextAttempt"))
+    return rec.restart_pending(dict(status))
 
 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=0.25, when=_restart_pending)
-def grpojob_restart(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta,
-                    name: str, namespace: str | None, uid: str, **_: Any) -> None:
+def grpojob_restart(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Starts the next attempt once its backoff has passed (a timer, so an operator
     restart during the backoff neither loses nor repeats it)."""
-    namespace = namespace or "default"
-    decision = jobs.start_next_attempt(JobRef(name, namespace, uid), dict(spec), dict(status),
-                                       int(meta.get("generation") or 0), _now(),
-                                       SETTINGS["default_image"], CATALOG)
-    if decision is None:
-        return
+    job, config = _job(body), from_memo(memo)
     try:
-        # Status first, with the resourceVersion read: two timers or an operator restart
-        # cannot both start the attempt. Then its children (create-if-absent).
-        kube.patch_job_status(namespace, name, decision.status,
-                              str(meta.get("resourceVersion") or ""))
+        _apply(job, rec.reconcile(job, Observed(), rec.BackoffTimer(), _now(), config), config)
     except kube.Conflict:
         return  # the next tick decides again on the fresh object
-    _apply(body, namespace, decision)
-    failed = FAILED_AT.pop((namespace, name), None)
-    if failed is not None:
-        metrics.TIME_TO_RECOVER.observe(time.monotonic() - failed)
 
 
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)
-def grpojob_event(type: str, namespace: str | None, name: str, status: kopf.Status,
-                  body: kopf.Body, **_: Any) -> None:
-    """Keeps the jobs-by-phase gauge current; turns the trainer's memory-growth report
-    into the MemoryGrowth condition (and a Warning event when it appears)."""
+def grpojob_event(type: str, body: kopf.Body, namespace: str | None, name: str,
+                  memo: kopf.Memo, **_: Any) -> None:
+    """Keeps the jobs-by-phase gauge current and lets `reconcile` see the trainer's
+    progress reports (the MemoryGrowth and HubFetch conditions)."""
+    key = (namespace or "", name)
     if type == "DELETED":
-        metrics.JOB_PHASES.pop((namespace or "", name), None)
+        metrics.JOB_PHASES.pop(key, None)
         return
-    metrics.JOB_PHASES[(namespace or "", name)] = str(status.get("phase") or "Pending")
-    meta = body.get("metadata", {})
-    generation, now = int(meta.get("generation") or 0), _now()
-    grown = memory_growth_conditions(status.get("progress"), status.get("conditions"),
-                                     generation, now)
-    fetched = hub_fetch_conditions(status.get("progress"), grown or status.get("conditions"),
-                                   generation, now)
-    new = fetched or grown
-    if new is None:
-        return
+    job, config = _job(body), from_memo(memo)
+    metrics.JOB_PHASES[key] = str((job.get("status") or {}).get("phase") or Phase.PENDING)
     try:
-        kube.patch_job_status(namespace or "", name, {"conditions": new},
-                              str(meta["resourceVersion"]))
+        _apply(job, rec.reconcile(job, Observed(), rec.JobChanged(), _now(), config), config)
     except kube.Conflict:
         return  # a newer version of the job is on its way here; decide on that one
-    growth = next((c for c in grown or [] if c["type"] == MEMORY_GROWTH), None)
-    if growth is not None and growth["status"] == "True":
-        _post(dict(body), [("Warning", MEMORY_GROWTH, growth["message"])])
 
 
-def _observe(namespace: str, job_name: str, pod: dict[str, Any], deleted: bool) -> None:
-    # Pod events of one job arrive concurrently; each decision is written only if the
-    # job did not change since it was read, else it is made again on fresh state.
-    for _ in range(8):
+def _decide_fresh(namespace: str, job_name: str, event: Event, config: OperatorConfig,
+                  gather: Callable[[dict[str, Any]], Observed] = lambda _: Observed()) -> None:
+    """Read the job, decide, apply; on a conflict (another event of the job was written
+    first) read and decide again, so no stale decision overwrites a newer one."""
+    for _ in range(_DECIDE_TRIES):
+        job = kube.get_job(namespace, job_name)
+        if job is None:
+            return
         try:
-            _observe_once(namespace, job_name, pod, deleted)
+            _apply(job, rec.reconcile(job, gather(job), event, _now(), config), config)
             return
         except kube.Conflict:
             continue
     raise kopf.TemporaryError(f"{job_name}: status kept changing under us", delay=1)
 
 
-def _observe_once(namespace: str, job_name: str, pod: dict[str, Any], deleted: bool) -> None:
-    job = kube.get_job(namespace, job_name)
-    if job is None or job["metadata"].get("deletionTimestamp"):
-        return  # the job is going away: its pods go with it, nothing to record
-    status = dict(job.get("status") or {})
-    if status.get("phase") in (*jobs.TERMINAL, "Suspended", "Restarting"):
-        return
-    attempt = int(status.get("attempt") or 0)
-    labels = pod.get("metadata", {}).get("labels", {})
-    if labels.get(ATTEMPT_LABEL) != str(attempt):
-        return  # a pod of an earlier attempt, being cleaned up
-    generation = int(job["metadata"].get("generation") or 0)
-    rv = str(job["metadata"]["resourceVersion"])
-    if labels.get(ROLE_LABEL) == HEAD_ROLE:
-        outcome = classify_pod(pod, deleted=deleted)
-        if outcome:
-            decision = jobs.finish_attempt(status, outcome, generation, _now(),
-                                           dict(job.get("spec") or {}), CATALOG)
-            if decision.status:
-                kube.patch_job_status(namespace, job_name, decision.status, rv)
-                _apply(job, namespace, decision)
-                if decision.status.get("phase") == "Restarting":
-                    metrics.RESTARTS.labels(reason=outcome.reason.value).inc()
-                    FAILED_AT[(namespace, job_name)] = time.monotonic()
-            return
-    elif not deleted and not pod["metadata"].get("deletionTimestamp"):
-        ended = classify_pod(pod)
-        if ended is not None:
-            decision = jobs.worker_replaced(status, pod["metadata"]["name"], ended.message)
-            # Counted once per pod: KubeRay's delete of it is not a second ending.
-            if pod["metadata"]["name"] not in _REPLACED:
-                kube.patch_job_status(namespace, job_name, decision.status, rv)
-                _REPLACED.add(pod["metadata"]["name"])
-                _apply(job, namespace, decision)
-    # Named from the attempt, not from status.rayCluster: pod events can beat the
-    # reconcile's first status write, and must not report "creating" for a live cluster.
-    rc_name = names.ray_cluster(JobRef(job_name, namespace, ""), attempt)
-    rc = kube.get_ray_cluster(namespace, rc_name)
-    pods = kube.list_pods(namespace, f"{JOB_LABEL}={job_name},{ATTEMPT_LABEL}={attempt}")
-    workers = int((status.get("plan") or {}).get("nodes") or 0)
-    view = attempt_phase(rc, pods, workers)
-    change = jobs.observed_status(view, status, generation, _now())
-    if change:
-        kube.patch_job_status(namespace, job_name, change, rv)
-        if view.phase == "Running":
-            _post(job, [("Normal", "Running", view.message)])
-
-
 # Pod events only, no pod finalizers: KubeRay deletes a head pod whose container
 # ended right after the kubelet reports it, and that status update reaches us first.
 # A finalizer would make namespace and job deletion wait on the operator.
-@kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT})
+def _pod_matters(type: str, body: kopf.Body, **_: Any) -> bool:
+    # A Kopf filter runs in the event loop: the many pod events that cannot change a job
+    # cost no worker thread and no API call.
+    return rec.pod_matters(rec.PodChanged(dict(body), deleted=type == "DELETED"))
+
+
+@kopf.on.event("v1", "pods", labels={JOB_LABEL: kopf.PRESENT}, when=_pod_matters)
 def pod_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.Labels,
-              **_: Any) -> None:
+              memo: kopf.Memo, **_: Any) -> None:
+    ns, event = namespace or "", rec.PodChanged(dict(body), deleted=type == "DELETED")
+    selector = f"{JOB_LABEL}={labels[JOB_LABEL]},{ATTEMPT_LABEL}={labels.get(ATTEMPT_LABEL)}"
+
+    def gather(job: dict[str, Any]) -> Observed:
+        return Observed(pods=kube.list_pods(ns, selector) if rec.pod_needs_pods(job, event)
+                        else [])
+
     try:
-        _observe(namespace or "", labels[JOB_LABEL], dict(body), deleted=type == "DELETED")
+        _decide_fresh(ns, labels[JOB_LABEL], event, from_memo(memo), gather)
+    except ApiException:
+        metrics.API_ERRORS.labels(operation="observe").inc()
+        raise
+
+
+@kopf.on.event("ray.io", "v1", "rayclusters", labels={JOB_LABEL: kopf.PRESENT})
+def raycluster_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.Labels,
+                     memo: kopf.Memo, **_: Any) -> None:
+    """KubeRay writes the cluster's status as its pods come up: the job's phase follows
+    it at once (no polling, one read of the job per cluster change)."""
+    if type == "DELETED":
+        return  # deleted by us (attempt ended, suspend) or with the job
+    ns, rc = namespace or "", dict(body)
+    selector = f"{JOB_LABEL}={labels[JOB_LABEL]},{ATTEMPT_LABEL}={labels.get(ATTEMPT_LABEL)}"
+
+    def gather(job: dict[str, Any]) -> Observed:
+        return Observed(pods=kube.list_pods(ns, selector) if rec.cluster_needs_pods(job, rc)
+                        else [])
+
+    try:
+        _decide_fresh(ns, labels[JOB_LABEL], rec.ClusterChanged(rc), from_memo(memo), gather)
     except ApiException:
         metrics.API_ERRORS.labels(operation="observe").inc()
         raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from types import MappingProxyType
 from typing import Any
 
 import click
@@ -11,14 +12,13 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import handlers, kube
+from . import handlers, kube  # noqa: F401 - importing handlers registers them with Kopf
 from .catalog_file import CatalogError, load_catalog
+from .config import MEMO_KEY, OperatorConfig, WebhookConfig, from_memo
 from .contract import API_GROUP, DEFAULT_TRAINER_IMAGE
 
-OPTIONS: dict[str, Any] = {}
 
-
-async def _serve_probes(port: int) -> web.AppRunner:
+async def _serve_probes(bind: str, port: int) -> web.AppRunner:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -29,16 +29,16 @@ async def _serve_probes(port: int) -> web.AppRunner:
     app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, OPTIONS["bind"], port).start()
+    await web.TCPSite(runner, bind, port).start()
     return runner
 
 
 @kopf.on.login()
-def operator_login(**_: Any) -> kopf.ConnectionInfo:
+def operator_login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """Kopf uses the same credentials as our client: --kubeconfig, else in-cluster."""
     from kubernetes import client
 
-    kube.load_config(OPTIONS.get("kubeconfig"))
+    kube.load_config(from_memo(memo).kubeconfig)
     cfg = client.Configuration.get_default_copy()
     # The client keeps a kubeconfig's or the pod's token under "BearerToken" (older
     # versions: "authorization"); without it Kopf would talk as system:anonymous.
@@ -61,7 +61,8 @@ def operator_login(**_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    kube.load_config(OPTIONS.get("kubeconfig"))
+    config = from_memo(memo)
+    kube.load_config(config.kubeconfig)
     kube.warm_up()
     # Our own names on objects, and nothing written into status but our fields.
     settings.persistence.finalizer = f"{API_GROUP}/operator"
@@ -73,16 +74,15 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.watching.server_timeout = 300  # re-list regularly; survives API restarts
     settings.watching.connect_timeout = 10
     settings.networking.error_backoffs = [1, 2, 5, 10]
-    port = OPTIONS.get("webhook_port") or 0
-    if port:
+    hook = config.webhook
+    if hook.port:
         settings.admission.server = kopf.WebhookServer(
-            addr=OPTIONS["bind"], port=port, host=OPTIONS.get("webhook_host"),
-            certfile=OPTIONS.get("webhook_cert"), pkeyfile=OPTIONS.get("webhook_key"),
-            cafile=OPTIONS.get("webhook_ca"))
-        if OPTIONS.get("webhook_manage"):
-            settings.admission.managed = OPTIONS["webhook_manage"]
-    if OPTIONS.get("metrics_port"):
-        memo.probes = await _serve_probes(OPTIONS["metrics_port"])
+            addr=config.bind, port=hook.port, host=hook.host, certfile=hook.cert,
+            pkeyfile=hook.key, cafile=hook.ca)
+        if hook.manage:
+            settings.admission.managed = hook.manage
+    if config.metrics_port:
+        memo.probes = await _serve_probes(config.bind, config.metrics_port)
 
 
 @kopf.on.cleanup()
@@ -130,24 +130,21 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig  # also for Kopf's own login
-    OPTIONS.update(kubeconfig=kubeconfig, bind=bind, metrics_port=metrics_port,
-                   webhook_port=webhook_port, webhook_host=webhook_host,
-                   webhook_cert=webhook_cert, webhook_key=webhook_key, webhook_ca=webhook_ca,
-                   webhook_manage=webhook_manage)
-    handlers.SETTINGS["default_image"] = trainer_image
     try:
         catalog = load_catalog(gpu_catalog)
     except CatalogError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu-catalog") from None
-    handlers.CATALOG.clear()
-    handlers.CATALOG.update(catalog)
+    config = OperatorConfig(
+        default_image=trainer_image, catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
+        bind=bind, metrics_port=metrics_port,
+        webhook=WebhookConfig(port=webhook_port, host=webhook_host, cert=webhook_cert,
+                              key=webhook_key, ca=webhook_ca, manage=webhook_manage))
     if webhook_port:
         # Imported (and so registered with Kopf) only when there is a server for it:
         # Kopf refuses to run admission handlers without one.
-        from . import webhook
-
-        webhook.DEFAULTS["image"] = trainer_image
+        from . import webhook  # noqa: F401
     kopf.run(
+        memo=kopf.Memo({MEMO_KEY: config}),
         clusterwide=not namespaces,
         namespaces=list(namespaces),
         standalone=peering is None,

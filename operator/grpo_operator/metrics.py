@@ -9,7 +9,9 @@ from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-PHASES = ("Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+from .contract import Phase
+
+PHASES = tuple(p.value for p in Phase)
 JOB_PHASES: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase, from job events
 
 

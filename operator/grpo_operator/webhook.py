@@ -10,16 +10,15 @@ import kopf
 
 from .api import SpecError
 from .catalog import GPU_CATALOG, GpuType
+from .config import from_memo
 from .contract import API_GROUP, API_VERSION, PLURAL
-from .handlers import CATALOG
-from .jobs import planned
 from .planner import InfeasibleError
+from .reconcile import planned
 
 # What a running job is: changing these would make its checkpoints meaningless.
 # memory, restartPolicy, image and suspend may change; they apply at the next attempt.
 IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "training", "resources",
                       "checkpoint")
-DEFAULTS: dict[str, str] = {"image": ""}  # set by main
 
 
 def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
@@ -44,16 +43,16 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
 
 
 @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
-def grpojob_validate(spec: kopf.Spec, old: kopf.Body | None = None,
+def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, old: kopf.Body | None = None,
                      operation: str | None = None, **_: Any) -> None:
     old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
-    problem = admission_problem(dict(spec), old_spec, CATALOG)
+    problem = admission_problem(dict(spec), old_spec, from_memo(memo).catalog)
     if problem:
         raise kopf.AdmissionError(problem, code=422)
 
 
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])
-def grpojob_default(spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
+def grpojob_default(spec: kopf.Spec, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Record the trainer image a job runs, so an operator upgrade does not change it."""
-    if not spec.get("image") and DEFAULTS["image"]:
-        patch.spec["image"] = DEFAULTS["image"]
+    if not spec.get("image"):
+        patch.spec["image"] = from_memo(memo).default_image

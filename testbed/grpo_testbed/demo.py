@@ -9,6 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
+from grpo_operator.contract import Phase
+
 from .tiny_job import EXAMPLE, JOB, JOB_NS, OOM_STEP, TERMINAL, tiny_job_testbed
 
 console = Console(highlight=False)
@@ -76,7 +78,7 @@ def run_demo(out: Path, oom_step: int | None = None) -> int:
             console.print(f"    {JOB_NS}/{JOB}: {phase}; attempts:")
             for rec in job["status"].get("attempts", []):
                 console.print("      " + _attempt_line(rec))
-            if phase != "Succeeded":
+            if phase != Phase.SUCCEEDED:
                 for attempt in sorted(tj.head_runs()):
                     tail = tj.head_log(attempt).splitlines()[-25:]
                     console.print(f"--- trainer log, attempt {attempt}:\n" + "\n".join(tail))

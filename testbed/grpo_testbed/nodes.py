@@ -1,8 +1,8 @@
 """Fake nodes that look like real GPU nodes to the scheduler and to KubeRay.
 
 kwok manages every node annotated `kwok.x-k8s.io/node: fake`: it keeps them Ready
-and runs their pods in name only. Host RAM and CPU follow the machines in the field
-notes (FIELD-NOTES.md: 8 x H100 with 2 TiB; 8 x A100-40GB with 760 GiB), which is why
+and runs their pods in name only. Host RAM and CPU follow the machines of the incidents
+in docs/incidents.md (8 x H100 with 2 TiB; 8 x A100-40GB with 760 GiB), which is why
 they are set here rather than taken from the catalog's typical node shape.
 """
 

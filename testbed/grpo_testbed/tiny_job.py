@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from grpo_operator.contract import ATTEMPT_LABEL, ROLE_LABEL, TERMINAL_PHASES, Env, Role
+
 from .launcher import Testbed, running_testbed
 from .local_node.agent import EnvInjection, LocalNodeAgent
 from .operator_process import OperatorProcess
@@ -37,14 +39,14 @@ OPERATOR_NS = "grpo-system"
 RELEASE = "grpo"
 JOB = "tiny"
 OOM_STEP = 5
-TERMINAL = ("Succeeded", "Failed")
+TERMINAL = tuple(p.value for p in TERMINAL_PHASES)
 TINY_HIDDEN = 128  # the example's shape: 4 heads of 32 (vLLM's CPU attention needs >= 32)
 
 
 def oom_injection(step: int = OOM_STEP) -> EnvInjection:
     """Only attempt 0's head: the restarted attempt must run clean."""
-    return EnvInjection({"grpo.dev/attempt": "0", "grpo.dev/role": "head"},
-                        {"GRPO_FAULT_INJECT": f"host_oom@step={step}"})
+    return EnvInjection({ATTEMPT_LABEL: "0", ROLE_LABEL: Role.HEAD.value},
+                        {Env.FAULT_INJECT.value: f"host_oom@step={step}"})
 
 
 def example() -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from typing import Any
@@ -150,17 +151,32 @@ def test_max_restarts_ends_in_failed_after_exactly_that_many(
 
 def test_delete_during_backoff_leaves_nothing_behind(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    slow = {"maxRestarts": 3, "backoff": {"initialSeconds": 30, "maxSeconds": 30}}
+    """Deleted while waiting out its backoff, the job must stay gone: watched until well
+    past the moment its next attempt was due, nothing of it may come back."""
+    slow = {"maxRestarts": 3, "backoff": {"initialSeconds": 10, "maxSeconds": 10}}
     testbed.kubectl("apply", "-n", op_ns, "-f", "-",
                     input=manifest("grpojob-tiny.yaml", "bye", slow))
     wait_status(testbed, operator, op_ns, "bye", "attempt 0 Running", running(0))
     kill_head(testbed, op_ns, "bye")
-    wait_status(testbed, operator, op_ns, "bye", "Restarting",
-                lambda s: s.get("phase") == "Restarting", 60)
+    s = wait_status(testbed, operator, op_ns, "bye", "Restarting",
+                    lambda s: s.get("phase") == "Restarting", 60)
+    due = dt.datetime.fromisoformat(s["nextAttempt"]["notBefore"].replace("Z", "+00:00"))
+    deleted_at = dt.datetime.now(dt.UTC).replace(microsecond=0)
     testbed.kubectl("delete", "grpojob", "bye", "-n", op_ns, "--wait=true")
-    for kind in ("raycluster", "configmap", "persistentvolumeclaim", "serviceaccount", "pods"):
-        wait_until(f"no {kind} left", lambda k=kind: not json.loads(testbed.kubectl(
-            "get", k, "-n", op_ns, "-l", "grpo.dev/job=bye", "-o", "json").stdout)["items"], 60)
+    assert dt.datetime.now(dt.UTC) < due, "deleted too late to test the backoff"
+
+    def left(kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [i for k in kinds for i in json.loads(testbed.kubectl(
+            "get", k, "-n", op_ns, "-l", "grpo.dev/job=bye", "-o", "json").stdout)["items"]]
+
+    ours = ("raycluster", "configmap", "persistentvolumeclaim", "serviceaccount")
+    while dt.datetime.now(dt.UTC) < due + dt.timedelta(seconds=8):
+        new = [f"{i['kind']}/{i['metadata']['name']}" for i in left(ours)
+               if dt.datetime.fromisoformat(i["metadata"]["creationTimestamp"].replace(
+                   "Z", "+00:00")) >= deleted_at]
+        assert not new, f"created after the delete: {new}\n{operator.log_tail()}"
+        time.sleep(0.5)
+    wait_until("nothing of the job left", lambda: not left((*ours, "pods")), 60)
 
 
 def test_operator_restart_during_backoff_neither_loses_nor_duplicates_the_attempt(

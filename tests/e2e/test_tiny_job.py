@@ -21,9 +21,6 @@ from typing import Any
 import pytest
 import yaml
 
-from grpo_operator.jobs import planned
-from grpo_operator.render import JobRef
-from grpo_operator.render.children import job_env
 from grpo_testbed.tiny_job import (
     JOB,
     JOB_NS,
@@ -78,22 +75,50 @@ def test_job_succeeds_after_a_real_oom_kill_and_one_restart(tiny: TinyJob) -> No
     assert f"host_oom at step {OOM_STEP}" in tiny.head_log(0)
 
 
-def test_the_trainer_received_the_planners_env(tiny: TinyJob) -> None:
+# Each planned setting: where status.plan reports it, where the trainer's config holds it,
+# and the env var that carries it too (written out here, not taken from the operator's
+# code, so a setting the operator drops from a channel, or renames, fails the test).
+PLANNED = {
+    "microBatchSize": ("actor", "micro_batch_size", "GRPO_MICRO_BATCH_SIZE"),
+    "gradientCheckpointing": ("actor", "gradient_checkpointing", "GRPO_GRADIENT_CHECKPOINTING"),
+    "offloadParams": ("actor", "offload_params", "GRPO_OFFLOAD_PARAMS"),
+    "offloadOptimizer": ("actor", "offload_optimizer", "GRPO_OFFLOAD_OPTIMIZER"),
+    "rank0Init": ("actor", "init_strategy", "GRPO_RANK0_INIT"),
+    "rolloutN": ("rollout", "n", "GRPO_ROLLOUT_N"),
+    "rolloutTensorParallel": ("rollout", "tensor_parallel_size", "GRPO_ROLLOUT_TENSOR_PARALLEL"),
+}
+
+
+def _as_config(key: str, value: Any) -> Any:
+    return ("rank0" if value else "sharded") if key == "rank0Init" else value
+
+
+def _env_value(key: str, raw: str) -> Any:
+    value = yaml.safe_load(raw)
+    return _as_config(key, value) if isinstance(value, bool) else value
+
+
+def test_the_trainer_ran_with_the_settings_the_status_reports(tiny: TinyJob) -> None:
     st = status(tiny)
-    uid = tiny.job()["metadata"]["uid"]
+    plan = st["plan"]  # attempt 1's plan, as the operator reported it to the user
+    resolved = yaml.safe_load((tiny.checkpoint_dir() / f"step-{TOTAL}" / "config.yaml")
+                              .read_text())
+    configs = {}
     for attempt, pod_dirs in sorted(tiny.head_runs().items()):
-        _, plan = planned(tiny.job()["spec"], st["attempts"][:attempt])
-        expected = job_env(plan, JobRef(JOB, JOB_NS, uid), attempt)
+        cm = json.loads(tiny.tb.kubectl("get", "configmap", f"{JOB}-config-{attempt}", "-n",
+                                        JOB_NS, "-o", "json").stdout)
+        configs[attempt] = yaml.safe_load(cm["data"]["config.yaml"])
         for pod_dir in pod_dirs:
-            got = json.loads((pod_dir / "containers" / "ray-head" / "env.json").read_text())
-            wrong = {k: (v, got.get(k)) for k, v in expected.items() if got.get(k) != v}
-            assert not wrong, f"attempt {attempt}: env differs from the plan: {wrong}"
-    # ... and the trainer resolved its config with it (the checkpoint keeps that config).
-    resolved = yaml.safe_load((tiny.checkpoint_dir() / f"step-{TOTAL}" / "config.yaml").read_text())
-    assert resolved["actor"]["micro_batch_size"] == plan.settings.micro_batch_size
-    assert resolved["actor"]["init_strategy"] == ("rank0" if plan.settings.rank0_init
-                                                  else "sharded")
-    assert resolved["resources"]["num_workers"] == plan.geometry.world_size == 2
+            env = json.loads((pod_dir / "containers" / "ray-head" / "env.json").read_text())
+            for key, (section, field, var) in PLANNED.items():
+                shipped = configs[attempt][section][field]
+                assert var in env, f"attempt {attempt}: {key} not in the env ({var})"
+                assert _env_value(key, env[var]) == shipped, (attempt, key, env[var], shipped)
+    for key, (section, field, _) in PLANNED.items():
+        want = _as_config(key, plan[key])
+        assert configs[1][section][field] == want, f"ConfigMap {key}: {configs[1][section]}"
+        assert resolved[section][field] == want, f"the trainer ran {key}={resolved[section]}"
+    assert resolved["resources"]["num_workers"] == plan["totalGpus"] == 2
 
 
 def test_progress_reached_the_status_while_training(tiny: TinyJob) -> None:

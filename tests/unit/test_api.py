@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
@@ -153,3 +153,10 @@ def test_models_reject_what_the_api_server_rejects(case: dict[str, Any]) -> None
         parse_manifest(broken_job(case))
     leaf = case["field"].rsplit(".", 1)[-1]
     assert case["field"] in str(err.value) or f"{leaf}:" in str(err.value), str(err.value)
+
+
+def test_the_status_phases_are_the_contracts_phases() -> None:
+    from grpo_operator.api.status import Phase as WirePhase
+    from grpo_operator.contract import Phase
+
+    assert set(get_args(WirePhase)) == {p.value for p in Phase}

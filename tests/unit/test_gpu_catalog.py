@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from grpo_operator.catalog import GPU_CATALOG
 from grpo_operator.catalog_file import CatalogError, load_catalog, merge_catalog
-from grpo_operator.jobs import reconcile
+from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.render import JobRef
 from grpo_operator.webhook import admission_problem
 

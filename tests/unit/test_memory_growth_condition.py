@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from grpo_operator.api import GRPOJobStatus
-from grpo_operator.reconcile.status import PhaseView, conditions_for, memory_growth_conditions
+from grpo_operator.reconcile.conditions import PhaseView, conditions_for, memory_growth_conditions
 
 T0, T1 = "2026-11-22T00:00:00Z", "2026-11-22T00:05:00Z"
 RUNNING = conditions_for(PhaseView("Running", "ClusterRunning", "ok"), 1, T0)

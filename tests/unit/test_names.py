@@ -13,9 +13,10 @@ from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.api import load_manifest
 from grpo_operator.crd import crd
-from grpo_operator.jobs import create_failed, reconcile
 from grpo_operator.kube import api_message
 from grpo_operator.planner import plan_memory
+from grpo_operator.reconcile.attempts import create_failed
+from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.render import JobRef, render_children
 from grpo_operator.render.names import JOB_NAME_RULE, MAX_JOB_NAME, job_name_problem
 

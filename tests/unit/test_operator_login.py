@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import kopf
 import pytest
 from kubernetes import client
 
@@ -17,5 +18,5 @@ def test_login_hands_kopf_the_bare_token(monkeypatch: pytest.MonkeyPatch, stored
     cfg.api_key = {"BearerToken": stored}
     monkeypatch.setattr(kube, "load_config", lambda kubeconfig=None: None)
     monkeypatch.setattr(client.Configuration, "get_default_copy", staticmethod(lambda: cfg))
-    info = main.operator_login()
+    info = main.operator_login(memo=kopf.Memo())
     assert (info.scheme, info.token, info.server) == ("Bearer", "tok-123", cfg.host)

@@ -33,7 +33,7 @@ class _Strict(BaseModel):
 
 
 class InitStrategy(StrEnum):
-    """How weights reach the FSDP shards (FIELD-NOTES #1)."""
+    """How weights reach the FSDP shards (docs/incidents.md #1)."""
 
     RANK0 = "rank0"  # rank 0 reads the checkpoint, the others start on the meta device
     SHARDED = "sharded"  # every rank reads only its own rows from the safetensors files

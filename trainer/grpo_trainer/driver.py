@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .checkpoint import Checkpointer, NoCheckpointer
+from .checkpointing.seam import Checkpointer, NoCheckpointer
 from .config import Config
 from .data import PromptDataset, Record, StatefulLoader
 from .errors import StepError, allocate_until_killed, parse_fault, raise_injected_oom

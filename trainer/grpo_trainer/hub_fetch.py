@@ -31,7 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_operator.contract import TERMINATION_LOG, TERMINATION_MESSAGE_MAX_BYTES
+from grpo_operator.contract import (
+    TERMINATION_LOG,
+    TERMINATION_MESSAGE_MAX_BYTES,
+    hub_local_dir,
+)
 
 log = logging.getLogger("grpo_trainer.hub_fetch")
 MARKER = ".grpo-fetched"
@@ -53,15 +57,8 @@ class HubRepo:
         return Path(self.local_dir_str(str(root)))
 
     def local_dir_str(self, root: str) -> str:
-        """The same as a string, for the operator rendering paths it never touches."""
-        return f"{root}/{self.folder}/{self.repo_id}"
-
-
-def is_hub_id(text: str) -> bool:
-    """owner/name (optionally @split or @revision): not a path, not a file."""
-    repo = text.split("@", 1)[0]
-    return (not repo.startswith(("/", ".", "~")) and repo.count("/") == 1
-            and not repo.endswith((".parquet", ".jsonl", ".json")))
+        """The same as a string (the layout the operator renders: contract.hub_local_dir)."""
+        return hub_local_dir(root, self.kind, self.repo_id)
 
 
 def fetch(repo: HubRepo, root: Path, report: Progress = lambda _: None,

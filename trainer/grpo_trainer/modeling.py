@@ -2,7 +2,7 @@
 
 ``rank0``: rank 0 reads the safetensors, every other rank builds the model on the
 meta device; after ``fully_shard`` the full state dict is broadcast from rank 0
-and each rank keeps only its shard (FIELD-NOTES #1). ``sharded``: every rank
+and each rank keeps only its shard (docs/incidents.md #1). ``sharded``: every rank
 builds on the meta device, shards, and reads only its own rows of each tensor
 from the memory-mapped safetensors (``sharded_load.py``); no rank ever holds the
 whole model. ``naive``: every rank reads everything (the benchmark baseline).
@@ -88,7 +88,7 @@ def shard_model(
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     kwargs: dict[str, Any] = {"mp_policy": mp, "reshard_after_forward": actor.reshard_after_forward}
     if actor.offload_params and device.type == "cuda":
-        # Params, grads and the optimizer step live on the host (FIELD-NOTES #2:
+        # Params, grads and the optimizer step live on the host (docs/incidents.md #2:
         # the planner budgets the host RAM this costs).
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     for block in _blocks(model):

@@ -1,6 +1,6 @@
 """Memory watchdog: per-process memory each step, and a detector for sustained growth.
 
-FIELD-NOTES #4: a slow host-memory leak (references never released) grew RSS
+docs/incidents.md #4: a slow host-memory leak (references never released) grew RSS
 linearly until Ray killed the workers a few steps later; nothing said "leak"
 before the kill. Here every step records host RSS of the driver and of every
 rank (and CUDA allocated/reserved/peak memory on GPUs), and a detector flags a

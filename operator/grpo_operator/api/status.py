@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -13,6 +13,7 @@ ConditionType = Literal[
     "Ready", "Progressing", "Degraded", "Suspended", "Succeeded", "Failed", "MemoryGrowth"
 ]
 Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+# (contract.Phase lists the same values for code; test_api checks that they agree.)
 AttemptOutcome = Literal[
     "Running",
     "Succeeded",
@@ -181,6 +182,16 @@ class GRPOJobStatus(ApiModel):
         description=(
             "Worker pods that ended while the driver survived (KubeRay replaced them); "
             "not attempt failures."
+        ),
+    )
+    replaced_worker_pods: list[
+        Annotated[str, Field(max_length=253, description="A worker pod's name.")]
+    ] = Field(
+        default_factory=list,
+        max_length=20,
+        description=(
+            "The current attempt's worker pods counted in workerReplacements (the newest "
+            "20), so each is counted once, also across operator restarts."
         ),
     )
     attempts: list[AttemptRecord] = Field(

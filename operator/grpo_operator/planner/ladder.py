@@ -1,4 +1,4 @@
-"""Remediation after an OOM: the next safer plan, one rung per restart (DESIGN.md).
+"""Remediation after an OOM: the next safer plan, one rung per restart (docs/memory-model.md).
 
 CudaOOM:        gradient checkpointing on -> halve micro-batch -> lower rollout GPU memory
                 utilisation -> offload optimizer -> offload params

@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 
 from ..catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
-from ..contract import PYTORCH_CUDA_ALLOC_CONF, Env
+from ..contract import PYTORCH_CUDA_ALLOC_CONF, Env, Role
 from .budget import (
     GIB,
     HOST_HEADROOM,
@@ -67,7 +67,7 @@ def build_pods(
     head_cpus = min(head_cpus, geo.cpus_per_node)
     head_mem = _pod_memory(head_need, geo, st.pod_memory_at_allocatable and geo.nodes == 0)
     head = PodResources(
-        role="head",
+        role=Role.HEAD.value,
         replicas=1,
         gpus=0,
         cpus=head_cpus,
@@ -79,7 +79,7 @@ def build_pods(
     worker_need = pod_need_gib(geo, st, budget, "worker")
     mem = _pod_memory(worker_need, geo, st.pod_memory_at_allocatable)
     worker = PodResources(
-        role="worker",
+        role=Role.WORKER.value,
         replicas=geo.nodes,
         gpus=geo.gpus_per_node if geo.is_gpu else 0,
         cpus=max(1, int(geo.cpus_per_node * 0.9)),

@@ -143,7 +143,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class PodResources:
-    role: str  # "head" | "worker"
+    role: str  # a contract.Role
     replicas: int
     gpus: int
     cpus: int

@@ -13,6 +13,7 @@ from ..catalog import GPU_RESOURCE
 from ..contract import (
     API_GROUP,
     API_VERSION,
+    ATTEMPT_LABEL,
     CHECKPOINT_MOUNT,
     CONFIG_PATH,
     DEFAULT_TRAINER_IMAGE,
@@ -21,8 +22,10 @@ from ..contract import (
     MODEL_MOUNT,
     PLURAL,
     RAY_VERSION,
+    ROLE_LABEL,
     TERMINATION_LOG,
     Env,
+    Role,
 )
 from ..planner import Plan
 from . import names
@@ -32,7 +35,7 @@ from .pod_settings import merged
 from .trainer_config import trainer_config
 
 # The head runs Ray's head without --block (KubeRay always adds it), then the driver
-# in the foreground: the container's exit code is the trainer's (DESIGN.md contract).
+# in the foreground: the container's exit code is the trainer's (docs/architecture.md).
 HEAD_COMMAND = (
     "ulimit -n 65536; ${KUBERAY_GEN_RAY_START_CMD// --block/} && "
     f"exec python -m grpo_trainer --config {CONFIG_PATH}"
@@ -71,6 +74,9 @@ def render_children(
         "spec": spec,
         "attempt": attempt,
         "job_label": JOB_LABEL,
+        "attempt_label": ATTEMPT_LABEL,
+        "role_label": ROLE_LABEL,
+        "roles": {r.name.lower(): r.value for r in Role},
         "api_version": f"{API_GROUP}/{API_VERSION}",
         "kind": KIND,
         "group": API_GROUP,

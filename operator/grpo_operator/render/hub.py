@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grpo_trainer.hub_fetch import HubRepo, is_hub_id
-
 from ..api import GRPOJobSpec
+from ..contract import hub_local_dir, is_hub_id
 from .names import JobRef, checkpoint_dir
 
 
@@ -31,13 +30,13 @@ def hub_fetch(spec: GRPOJobSpec, job: JobRef) -> HubFetch:
     if spec.model.claim_name is None and is_hub_id(model):
         rev = f"@{spec.model.revision}" if spec.model.revision else ""
         args += ["--model", f"{model}{rev}"]
-        model = str(HubRepo("model", model).local_dir_str(root))
+        model = hub_local_dir(root, "model", model)
     data: list[str | None] = []
     for entry in (spec.data.train, spec.data.val):
         if entry is not None and is_hub_id(entry):
             repo, _, split = entry.partition("@")
             args += ["--dataset", repo]
-            entry = f"{HubRepo('dataset', repo).local_dir_str(root)}@{split or 'train'}"
+            entry = f"{hub_local_dir(root, 'dataset', repo)}@{split or 'train'}"
         data.append(entry)
     if args:
         args = ["python", "-m", "grpo_trainer.hub_fetch", "--root", root, *args]

@@ -1,14 +1,15 @@
 """Crash-safe, reshardable checkpoints (torch.distributed.checkpoint) and HF export.
 
-``tracker`` is the pure layout/manifest/retention logic, ``files`` the durable
-writes, ``rank`` each worker's side, ``dcp`` the driver's ``Checkpointer`` and
-``export`` the offline conversion to a Hugging Face directory.
+``seam`` is the ``Checkpointer`` protocol the driver calls, ``tracker`` the pure
+layout/manifest/retention logic, ``files`` the durable writes, ``rank`` each worker's
+side, ``dcp`` the driver's ``Checkpointer`` and ``export`` the offline conversion to a
+Hugging Face directory.
 """
 
 from __future__ import annotations
 
-from ..checkpoint import Checkpointer, NoCheckpointer
 from ..config import Config
+from .seam import Checkpointer, NoCheckpointer
 
 
 def make_checkpointer(cfg: Config, *, resume: bool = True) -> Checkpointer:

@@ -1,11 +1,11 @@
 """The checkpoint seam the driver calls; ``checkpointing.dcp.DCPCheckpointer`` implements it.
 
-What a checkpoint must hold (FIELD-NOTES #3) and where each piece comes from:
+What a checkpoint must hold (docs/incidents.md) and where each piece comes from:
 model + optimizer + LR scheduler (``Worker`` holds ``actor``/``optimizer``/
 ``scheduler``, all rank-local FSDP2 state), the step, the data-loader position
 (``StatefulLoader.state_dict``), every rank's RNG streams (rollouts are already a
 pure function of ``rollout.seed``, step and rank, see ``worker.rollout_seed``).
-``checkpointing.make_checkpointer`` picks the implementation from the config.
+``make_checkpointer`` (this package) picks the implementation from the config.
 """
 
 from __future__ import annotations

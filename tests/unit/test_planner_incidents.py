@@ -1,4 +1,4 @@
-"""The four incidents in FIELD-NOTES.md, as the planner must handle them."""
+"""The incidents in docs/incidents.md, as the planner must handle them."""
 
 from __future__ import annotations
 

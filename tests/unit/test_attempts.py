@@ -1,4 +1,4 @@
-"""Reconcile and recovery decisions (pure), without a cluster."""
+"""An attempt's life (pure): start, record how it ended, restart with the next plan."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 import yaml
 
 from grpo_operator.contract import FailureReason as R
-from grpo_operator.jobs import backoff_seconds, finish_attempt, planned, reconcile
-from grpo_operator.jobs import start_next_attempt as start
+from grpo_operator.reconcile.attempts import backoff_seconds, finish_attempt, planned
+from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
+from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome
 from grpo_operator.render import JobRef
 
@@ -116,18 +117,20 @@ def test_an_outcome_is_recorded_once() -> None:
 
 
 def test_worker_replacement_is_counted_and_not_an_attempt_failure() -> None:
-    from grpo_operator.jobs import worker_replaced
+    from grpo_operator.reconcile.attempts import worker_replaced
 
     st = started(spec())
     d = worker_replaced(st, "j-a0-workers-x", "host OOM")
-    assert d.status == {"workerReplacements": 1}
+    assert d.status["workerReplacements"] == 1
     assert d.events[0][1] == "WorkerReplaced" and not d.delete_ray_cluster
-    again = worker_replaced({**st, **d.status}, "j-a0-workers-y", "host OOM")
-    assert again.status == {"workerReplacements": 2}
+    st = {**st, **d.status}
+    assert worker_replaced(st, "j-a0-workers-x", "host OOM").status == {}  # counted once
+    again = worker_replaced(st, "j-a0-workers-y", "host OOM")
+    assert again.status["workerReplacements"] == 2
 
 
 def test_named_claim_must_exist_and_be_shared_for_multi_node_jobs() -> None:
-    from grpo_operator.jobs import claim_problem
+    from grpo_operator.reconcile.attempts import claim_problem
 
     sp = spec("grpojob-qwen2vl-72b-h100.yaml")
     sp["checkpoint"] = {"claimName": "ckpt"}

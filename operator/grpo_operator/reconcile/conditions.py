@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-HEAD_ROLE = "head"
-ROLE_LABEL = "grpo.dev/role"
-ATTEMPT_LABEL = "grpo.dev/attempt"
+from ..contract import ROLE_LABEL, Phase, Role
+
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Suspended", "Succeeded", "Failed")
 
 
@@ -18,15 +17,28 @@ class PhaseView:
     message: str
 
 
-def _role(pod: dict[str, Any]) -> str:
+def role(pod: dict[str, Any]) -> str:
     return str(pod.get("metadata", {}).get("labels", {}).get(ROLE_LABEL, ""))
 
 
-def _unschedulable(pod: dict[str, Any]) -> str | None:
+def unschedulable(pod: dict[str, Any]) -> str | None:
+    """Why the scheduler cannot place the pod, or None."""
     for c in pod.get("status", {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
             return str(c.get("message") or c.get("reason") or "not scheduled")
     return None
+
+
+def unschedulable_view(pod: dict[str, Any]) -> PhaseView | None:
+    why = unschedulable(pod)
+    if why is None:
+        return None
+    return PhaseView(Phase.PENDING, "Unschedulable",
+                     f"pod {pod['metadata']['name']} cannot be scheduled: {why}")
+
+
+# KubeRay's RayCluster .status.state once every Ray pod is running and ready.
+RAY_CLUSTER_READY = "ready"
 
 
 def attempt_phase(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any]],
@@ -34,33 +46,34 @@ def attempt_phase(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any]]
     """Pending / Starting / Running for the live attempt (terminal outcomes come from
     classify_pod on the head)."""
     if ray_cluster is None:
-        return PhaseView("Pending", "CreatingCluster", "creating the RayCluster")
+        return PhaseView(Phase.PENDING, "CreatingCluster", "creating the RayCluster")
     live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
     for p in live:
-        why = _unschedulable(p)
-        if why:
-            return PhaseView("Pending", "Unschedulable",
-                             f"pod {p['metadata']['name']} cannot be scheduled: {why}")
-    heads = [p for p in live if _role(p) == HEAD_ROLE]
-    workers = [p for p in live if _role(p) != HEAD_ROLE]
-    if not heads:
-        return PhaseView("Pending", "WaitingForPods", "waiting for KubeRay to create the head pod")
+        view = unschedulable_view(p)
+        if view:
+            return view
+    heads = [p for p in live if role(p) == Role.HEAD]
+    workers = [p for p in live if role(p) != Role.HEAD]
     running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
-    if len(running) == len(live) and len(workers) >= workers_expected:
-        return PhaseView("Running", "ClusterRunning",
-                         f"head and {len(workers)} worker pod(s) running")
-    return PhaseView("Starting", "PodsStarting",
+    if (ray_cluster.get("status") or {}).get("state") == RAY_CLUSTER_READY or (
+            heads and len(running) == len(live) and len(workers) >= workers_expected):
+        return PhaseView(Phase.RUNNING, "ClusterRunning",
+                         f"head and {workers_expected} worker pod(s) running")
+    if not heads:
+        return PhaseView(Phase.PENDING, "WaitingForPods",
+                         "waiting for KubeRay to create the head pod")
+    return PhaseView(Phase.STARTING, "PodsStarting",
                      f"{len(running)} of {1 + workers_expected} Ray pods running")
 
 
-_TRUE_FOR = {
-    "Pending": {"Progressing"},
-    "Starting": {"Progressing"},
-    "Running": {"Ready", "Progressing"},
-    "Restarting": {"Progressing", "Degraded"},
-    "Suspended": {"Suspended"},
-    "Succeeded": {"Succeeded"},
-    "Failed": {"Failed"},
+_TRUE_FOR: dict[str, set[str]] = {
+    Phase.PENDING: {"Progressing"},
+    Phase.STARTING: {"Progressing"},
+    Phase.RUNNING: {"Ready", "Progressing"},
+    Phase.RESTARTING: {"Progressing", "Degraded"},
+    Phase.SUSPENDED: {"Suspended"},
+    Phase.SUCCEEDED: {"Succeeded"},
+    Phase.FAILED: {"Failed"},
 }
 
 

@@ -1,6 +1,6 @@
-"""Reconcile decisions for one GRPOJob (pure): what to create, what status to write.
+"""An attempt's life (pure): start it, record how it ended, start the next one.
 
-Handlers gather state, call these, and apply the result.
+`core.reconcile` calls these; each returns the Action for one event.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api import GRPOJobSpec, SpecError, parse_spec
-from .catalog import GPU_CATALOG, GpuType, UnknownGpuType
-from .contract import FailureReason
-from .planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_status
-from .reconcile.classify import PodOutcome
-from .reconcile.status import PhaseView, conditions_for
-from .render import JobRef, names, pod_settings, render_children
+from ..api import GRPOJobSpec, SpecError, parse_spec
+from ..catalog import GPU_CATALOG, GpuType, UnknownGpuType
+from ..contract import ATTEMPT_RUNNING, TERMINAL_PHASES, FailureReason, Phase
+from ..planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_status
+from ..render import JobRef, names, pod_settings, render_children
+from .classify import PodOutcome
+from .conditions import PhaseView, conditions_for
 
-TERMINAL = ("Succeeded", "Failed")
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
 CREATE_RETRY_SECONDS = 10  # a child the API server refused is tried again this often
@@ -27,14 +26,24 @@ _WORDS = {"CudaOOM": "CUDA OOM", "HostOOM": "host OOM (pod OOMKilled)",
           "RayOOM": "Ray OOM (memory monitor)", "NodeLost": "node or worker lost"}
 
 
-@dataclass
-class Decision:
-    """The result of reconciling a job once."""
+# Worker pods already counted in workerReplacements, newest last: enough to count each
+# ended pod once (KubeRay deletes it within seconds), bounded for a long job.
+REPLACED_PODS_KEPT = 20
 
-    status: dict[str, Any]
-    children: list[dict[str, Any]] = field(default_factory=list)
+
+@dataclass
+class Action:
+    """What one event calls for; the handler applies it: status first (one merge patch,
+    only over the resourceVersion it was decided from), then the rest."""
+
+    status: dict[str, Any] = field(default_factory=dict)  # merge patch; {}: nothing to write
+    children: list[dict[str, Any]] = field(default_factory=list)  # create if absent
     delete_ray_cluster: str | None = None
+    own_claim: str | None = None  # the user's claim, to be owned by (and go with) the job
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, msg)
+    retry: tuple[str, float] | None = None  # (why, seconds): cannot go on yet, decide again
+    restart_reason: str | None = None  # an attempt failed and will be retried (metric)
+    recovered_after: float | None = None  # seconds from a failure to the next attempt
 
 
 def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = None,
@@ -76,7 +85,7 @@ def _at(now: str, seconds: int) -> str:
 
 def failed_status(view: PhaseView, generation: int, now: str,
                   previous: dict[str, Any]) -> dict[str, Any]:
-    return {"phase": "Failed", "observedGeneration": generation,
+    return {"phase": Phase.FAILED, "observedGeneration": generation,
             "conditions": conditions_for(view, generation, now, previous.get("conditions"))}
 
 
@@ -98,36 +107,36 @@ def claim_problem(spec_body: dict[str, Any], namespace: str,
     return None
 
 
-def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], generation: int,
-              now: str, default_image: str = "",
-              catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Decision:
-    """Decide children and status for a job on create/resume/spec change."""
-    if status.get("phase") in TERMINAL or status.get("nextAttempt"):
-        return Decision(status={})  # done, or the restart timer owns the next step
+def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
+                   generation: int, now: str, default_image: str = "",
+                   catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
+    """Children and status of the current attempt, on create/resume/spec change."""
+    if status.get("phase") in TERMINAL_PHASES or status.get("nextAttempt"):
+        return Action(status={})  # done, or the restart timer owns the next step
     bad_name = names.job_name_problem(job.name)  # the CRD refuses these; older CRDs did not
     if bad_name:
-        view = PhaseView("Failed", "InvalidName", bad_name)
-        return Decision(failed_status(view, generation, now, status),
-                        events=[("Warning", "InvalidName", bad_name)])
+        view = PhaseView(Phase.FAILED, "InvalidName", bad_name)
+        return Action(failed_status(view, generation, now, status),
+                      events=[("Warning", "InvalidName", bad_name)])
     attempts_so_far = [a for a in status.get("attempts") or []
                        if a.get("index") != status.get("attempt")]
     try:
         spec, plan = planned(spec_body, attempts_so_far, catalog)
     except SpecError as exc:
-        view = PhaseView("Failed", "InvalidSpec", str(exc))
-        return Decision(failed_status(view, generation, now, status),
-                        events=[("Warning", "InvalidSpec", str(exc))])
+        view = PhaseView(Phase.FAILED, "InvalidSpec", str(exc))
+        return Action(failed_status(view, generation, now, status),
+                      events=[("Warning", "InvalidSpec", str(exc))])
     except (InfeasibleError, ValueError) as exc:
-        view = PhaseView("Failed", "Infeasible", str(exc))
-        return Decision(failed_status(view, generation, now, status),
-                        events=[("Warning", "Infeasible", str(exc))])
+        view = PhaseView(Phase.FAILED, "Infeasible", str(exc))
+        return Action(failed_status(view, generation, now, status),
+                      events=[("Warning", "Infeasible", str(exc))])
     attempt = int(status.get("attempt") or 0)
     rc_name = names.ray_cluster(job, attempt)
     if spec.suspend:
-        view = PhaseView("Suspended", "SuspendedByUser",
+        view = PhaseView(Phase.SUSPENDED, "SuspendedByUser",
                          "spec.suspend is true: Ray pods released, checkpoints and status kept")
-        return Decision(
-            {"phase": "Suspended", "observedGeneration": generation,
+        return Action(
+            {"phase": Phase.SUSPENDED, "observedGeneration": generation,
              "conditions": conditions_for(view, generation, now, status.get("conditions"))},
             delete_ray_cluster=rc_name,
             events=[("Normal", "Suspended", view.message)],
@@ -138,7 +147,7 @@ def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], ge
                            "rayCluster": {"name": rc_name}}
     events: list[tuple[str, str, str]] = []
     if not any(a.get("index") == attempt for a in attempts):
-        attempts.append({"index": attempt, "startTime": now, "outcome": "Running"})
+        attempts.append({"index": attempt, "startTime": now, "outcome": ATTEMPT_RUNNING})
         new["attempts"] = attempts
         new["plan"] = plan_status(plan).to_wire()
         new["restarts"] = int(status.get("restarts") or 0)
@@ -150,39 +159,45 @@ def reconcile(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any], ge
                        f"{settings.offload_optimizer}, micro-batch {settings.micro_batch_size}; "
                        f"peak {plan.budget.peak_gpu_gib:.1f} GiB/GPU, "
                        f"{plan.budget.peak_host_gib:.0f} GiB host/node"))
-    if status.get("phase") in (None, "Suspended"):
-        view = PhaseView("Pending", "CreatingCluster", f"creating RayCluster {rc_name}")
-        new["phase"] = "Pending"
+    if status.get("phase") in (None, Phase.SUSPENDED):
+        view = PhaseView(Phase.PENDING, "CreatingCluster", f"creating RayCluster {rc_name}")
+        new["phase"] = Phase.PENDING
+        new["rayCluster"] = {"name": rc_name, "state": None}  # a new cluster: no state yet
         new["conditions"] = conditions_for(view, generation, now, status.get("conditions"))
-        if status.get("phase") == "Suspended":
+        if status.get("phase") == Phase.SUSPENDED:
             events.append(("Normal", "Resumed", f"resuming attempt {attempt} from its "
                            "newest complete checkpoint"))
-    return Decision(new, children=children, events=events)
+    return Action(new, children=children, events=events)
 
 
 def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str,
-                  generation: int, now: str) -> Decision:
+                  generation: int, now: str) -> Action:
     """The API server refused a child: show it where users look (phase Pending, Degraded
     and Progressing with reason CreateFailed, a Warning event), with the server's own
-    message, instead of a silent CreatingCluster. The handler retries the create."""
-    view = PhaseView("Pending", "CreateFailed",
+    message, instead of a silent CreatingCluster; the handler retries the create."""
+    view = PhaseView(Phase.PENDING, "CreateFailed",
                      f"creating {kind} {name} failed: {api_message} (retrying every "
                      f"{CREATE_RETRY_SECONDS} s)")
-    return Decision(
-        {"phase": "Pending", "observedGeneration": generation,
+    return Action(
+        {"phase": Phase.PENDING, "observedGeneration": generation,
          "conditions": conditions_for(view, generation, now, status.get("conditions"),
                                       degraded=view)},
-        events=[("Warning", "CreateFailed", view.message)])
+        events=[("Warning", "CreateFailed", view.message)],
+        retry=(view.message, CREATE_RETRY_SECONDS))
 
 
-def worker_replaced(status: dict[str, Any], pod_name: str, reason: str) -> Decision:
+def worker_replaced(status: dict[str, Any], pod_name: str, reason: str) -> Action:
     """A worker pod ended but the head (and so the driver) lives on: KubeRay replaces the
     pod and training goes on. Counted and shown, not an attempt failure."""
+    seen = list(status.get("replacedWorkerPods") or [])
+    if pod_name in seen:
+        return Action()  # counted once per pod: its later events are not a second ending
     n = int(status.get("workerReplacements") or 0) + 1
-    return Decision({"workerReplacements": n},
-                    events=[("Warning", "WorkerReplaced",
-                             f"worker pod {pod_name} ended ({reason}); the driver survived "
-                             f"and KubeRay replaces it ({n} so far this job)")])
+    return Action({"workerReplacements": n,
+                   "replacedWorkerPods": [*seen, pod_name][-REPLACED_PODS_KEPT:]},
+                  events=[("Warning", "WorkerReplaced",
+                           f"worker pod {pod_name} ended ({reason}); the driver survived "
+                           f"and KubeRay replaces it ({n} so far this job)")])
 
 
 def observed_status(view: PhaseView, status: dict[str, Any], generation: int,
@@ -201,14 +216,14 @@ def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
 
 def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
                    now: str, spec_body: dict[str, Any] | None = None,
-                   catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Decision:
+                   catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
     """The head's trainer ended: record the attempt, then succeed, restart (after a
     backoff, with the next safer setting for its failure class) or give up."""
     attempt = int(status.get("attempt") or 0)
     attempts = [dict(a) for a in status.get("attempts") or []]
     record = next((a for a in attempts if a.get("index") == attempt), None)
-    if record is None or record.get("outcome") != "Running":
-        return Decision(status={})  # already recorded (several pod events report it)
+    if record is None or record.get("outcome") != ATTEMPT_RUNNING:
+        return Action(status={})  # already recorded (several pod events report it)
     progress = status.get("progress") or {}
     record.update(endTime=now, outcome=outcome.reason.value, reason=outcome.message)
     step = outcome.step if outcome.step is not None else progress.get("step")
@@ -222,7 +237,8 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
     rc = (status.get("rayCluster") or {}).get("name")
     reason = outcome.reason
     if reason is FailureReason.SUCCEEDED:
-        view = PhaseView("Succeeded", "TrainingFinished", f"attempt {attempt}: {outcome.message}")
+        view = PhaseView(Phase.SUCCEEDED, "TrainingFinished",
+                         f"attempt {attempt}: {outcome.message}")
         return _ended(status, attempts, view, generation, now, rc, "Normal")
     restarts = int(status.get("restarts") or 0)
     what = _WORDS.get(reason.value, reason.value)
@@ -230,12 +246,12 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
     last = next((a["remediation"] for a in reversed(attempts[:-1]) if a.get("remediation")),
                 None)
     if reason in PERMANENT or spec_body is None:
-        view = PhaseView("Failed", reason.value, f"attempt {attempt}: {outcome.message}; "
+        view = PhaseView(Phase.FAILED, reason.value, f"attempt {attempt}: {outcome.message}; "
                          "not retried (fix the job and create it again)")
         return _ended(status, attempts, view, generation, now, rc, "Warning")
     spec, plan = planned(spec_body, attempts[:-1], catalog)
     if restarts >= spec.restart_policy.max_restarts:
-        view = PhaseView("Failed", reason.value,
+        view = PhaseView(Phase.FAILED, reason.value,
                          f"{what}{where} after {restarts} restarts; last setting tried: "
                          f"{last or 'the planned settings'}")
         return _ended(status, attempts, view, generation, now, rc, "Warning")
@@ -243,7 +259,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
     if spec.restart_policy.remediate and reason in MEMORY_CLASSES:
         safer = next_safer_plan(plan, reason)
         if safer is None:
-            view = PhaseView("Failed", reason.value,
+            view = PhaseView(Phase.FAILED, reason.value,
                              f"{what}{where} after {restarts} restarts; every safer setting "
                              f"for {reason.value} was tried; last: "
                              f"{last or 'the planned settings'}")
@@ -252,21 +268,22 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
         record["remediation"] = remediation
     wait = backoff_seconds(spec, restarts)
     change = remediation or "the same settings (no memory ladder for this failure)"
-    view = PhaseView("Restarting", reason.value,
+    view = PhaseView(Phase.RESTARTING, reason.value,
                      f"attempt {attempt}: {what}{where}; attempt {attempt + 1} in {wait} s "
                      f"with {change}, resuming from checkpoint step {ckpt or 0}")
-    return Decision(
-        {"phase": "Restarting", "attempts": attempts, "restarts": restarts + 1,
+    return Action(
+        {"phase": Phase.RESTARTING, "attempts": attempts, "restarts": restarts + 1,
          "nextAttempt": {"index": attempt + 1, "notBefore": _at(now, wait)},
          "conditions": conditions_for(view, generation, now, status.get("conditions"))},
         delete_ray_cluster=rc,
         events=[("Warning", reason.value, view.message)],
+        restart_reason=reason.value,
     )
 
 
 def _ended(status: dict[str, Any], attempts: list[dict[str, Any]], view: PhaseView,
-           generation: int, now: str, rc: str | None, kind: str) -> Decision:
-    return Decision(
+           generation: int, now: str, rc: str | None, kind: str) -> Action:
+    return Action(
         {"phase": view.phase, "attempts": attempts,
          "conditions": conditions_for(view, generation, now, status.get("conditions"))},
         delete_ray_cluster=rc,
@@ -276,7 +293,7 @@ def _ended(status: dict[str, Any], attempts: list[dict[str, Any]], view: PhaseVi
 
 def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
                        generation: int, now: str, default_image: str = "",
-                       catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Decision | None:
+                       catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action | None:
     """After the backoff: the next attempt's children with the remediated plan.
     None while the backoff has not passed."""
     nxt = status.get("nextAttempt") or {}
@@ -287,16 +304,17 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
     index = int(nxt["index"])
     resumed = next((a.get("lastCheckpointStep") for a in reversed(attempts)
                     if a.get("lastCheckpointStep") is not None), None)
-    record: dict[str, Any] = {"index": index, "startTime": now, "outcome": "Running"}
+    record: dict[str, Any] = {"index": index, "startTime": now, "outcome": ATTEMPT_RUNNING}
     if resumed is not None:
         record["resumedFromStep"] = resumed
     rc = names.ray_cluster(job, index)
-    view = PhaseView("Pending", "CreatingCluster",
+    view = PhaseView(Phase.PENDING, "CreatingCluster",
                      f"attempt {index}: creating RayCluster {rc}, resuming "
                      f"from checkpoint step {resumed or 0}")
-    return Decision(
-        {"phase": "Pending", "attempt": index, "attempts": [*attempts, record],
-         "nextAttempt": None, "rayCluster": {"name": rc},
+    return Action(
+        {"phase": Phase.PENDING, "attempt": index, "attempts": [*attempts, record],
+         "nextAttempt": None, "rayCluster": {"name": rc, "state": None},
+         "replacedWorkerPods": None,
          "plan": plan_status(plan).to_wire(),
          "conditions": conditions_for(view, generation, now, status.get("conditions"))},
         # Only what is new per attempt: the claim and the trainer's RBAC exist since
@@ -304,4 +322,12 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
         children=[c for c in render_children(spec, plan, job, index, default_image)
                   if c["kind"] in PER_ATTEMPT_KINDS],
         events=[("Normal", "Restarted", view.message)],
+        recovered_after=failed_for(attempts, now),
     )
+
+
+def failed_for(attempts: list[dict[str, Any]], now: str) -> float | None:
+    """Seconds since the last attempt ended (from status, so an operator restart during
+    the backoff keeps the figure)."""
+    ended = attempts[-1].get("endTime") if attempts else None
+    return (_time(now) - _time(str(ended))).total_seconds() if ended else None

@@ -1,0 +1,50 @@
+"""The operator's configuration: one immutable object, built once from `grpo-operator`'s
+flags and handed to every handler through Kopf's memo (no module globals)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from .catalog import GPU_CATALOG, GpuType
+from .contract import DEFAULT_TRAINER_IMAGE
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    """The admission webhook server (on only when `port` is set)."""
+
+    port: int = 0
+    host: str | None = None  # name the API server uses; self-signed cert without `cert`
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    manage: str | None = None  # webhook configuration name the operator keeps itself
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything the operator is told at start; the pure core reads `default_image`,
+    `catalog` and `claim_retry_seconds`, the edges the rest."""
+
+    default_image: str = DEFAULT_TRAINER_IMAGE  # for jobs that do not set spec.image
+    # The effective GPU catalog: built-in, with --gpu-catalog (the chart's gpuCatalog)
+    # merged over it; read-only, like the rest of the configuration.
+    catalog: Mapping[str, GpuType] = field(
+        default_factory=lambda: MappingProxyType(dict(GPU_CATALOG)))
+    kubeconfig: str | None = None
+    bind: str = "0.0.0.0"
+    metrics_port: int = 8080
+    webhook: WebhookConfig = WebhookConfig()
+    claim_retry_seconds: float = 15.0  # a missing checkpoint claim is looked for again
+
+
+MEMO_KEY = "config"
+
+
+def from_memo(memo: Any) -> OperatorConfig:
+    """The configuration `main` put in Kopf's memo (defaults when run without it)."""
+    config = memo.get(MEMO_KEY) if memo is not None else None
+    return config if isinstance(config, OperatorConfig) else OperatorConfig()

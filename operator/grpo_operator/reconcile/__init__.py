@@ -1,0 +1,40 @@
+"""Reconciling a GRPOJob (pure): `reconcile(job, observed, event, now, config)` returns
+the one Action for an event; `classify`, `conditions` and `attempts` are its parts."""
+
+from __future__ import annotations
+
+from .attempts import Action, backoff_seconds, planned
+from .core import (
+    BackoffTimer,
+    ClusterChanged,
+    CreateFailed,
+    Event,
+    JobChanged,
+    Observed,
+    PodChanged,
+    SpecChanged,
+    cluster_needs_pods,
+    pod_matters,
+    pod_needs_pods,
+    reconcile,
+    restart_pending,
+)
+
+__all__ = [
+    "Action",
+    "BackoffTimer",
+    "ClusterChanged",
+    "CreateFailed",
+    "Event",
+    "JobChanged",
+    "Observed",
+    "PodChanged",
+    "SpecChanged",
+    "backoff_seconds",
+    "cluster_needs_pods",
+    "planned",
+    "pod_matters",
+    "pod_needs_pods",
+    "reconcile",
+    "restart_pending",
+]

@@ -1,0 +1,240 @@
+"""The reconcile function (pure): (job, observed children, event) -> one Action.
+
+KubeRay-style: every handler gathers the job and what the event needs, calls
+`reconcile` once and applies the Action, whose status is one merge patch written with
+the resourceVersion it was decided from. Facts that must outlive the operator process
+(what was counted, when an attempt failed) are read from and written to status only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import OperatorConfig
+from ..contract import ATTEMPT_LABEL, TERMINAL_PHASES, Phase, Role
+from ..render import JobRef
+from .attempts import (
+    Action,
+    claim_problem,
+    create_failed,
+    ensure_attempt,
+    finish_attempt,
+    observed_status,
+    start_next_attempt,
+    worker_replaced,
+)
+from .classify import classify_pod
+from .conditions import (
+    MEMORY_GROWTH,
+    RAY_CLUSTER_READY,
+    PhaseView,
+    attempt_phase,
+    hub_fetch_conditions,
+    memory_growth_conditions,
+    role,
+    unschedulable,
+    unschedulable_view,
+)
+
+# Phases in which the Ray pods and cluster say nothing new: the job ended, is suspended,
+# or waits for its next attempt (whose cluster does not exist yet).
+_QUIET = (*TERMINAL_PHASES, Phase.SUSPENDED, Phase.RESTARTING)
+
+
+@dataclass(frozen=True)
+class SpecChanged:
+    """The job was created, edited, or seen again at operator start."""
+
+
+@dataclass(frozen=True)
+class BackoffTimer:
+    """The restart timer ticked (the job has status.nextAttempt)."""
+
+
+@dataclass(frozen=True)
+class JobChanged:
+    """Any change of the job, e.g. the trainer's progress report."""
+
+
+@dataclass(frozen=True)
+class PodChanged:
+    """A Ray pod of the job changed or was deleted."""
+
+    pod: dict[str, Any]
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterChanged:
+    """The job's RayCluster changed (KubeRay writes its status as pods become ready)."""
+
+    ray_cluster: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CreateFailed:
+    """The API server refused a child the last Action asked for (quota, admission, RBAC):
+    reported in status and an event, and tried again, not left as a silent
+    CreatingCluster."""
+
+    kind: str
+    name: str
+    message: str  # the API server's own words (kube.api_message)
+
+
+Event = (SpecChanged | BackoffTimer | JobChanged | PodChanged | ClusterChanged
+         | CreateFailed)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the handler read besides the job, for the events that need it."""
+
+    claim: dict[str, Any] | None = None  # the PVC spec.checkpoint.claimName names
+    pods: list[dict[str, Any]] = field(default_factory=list)  # the cluster's Ray pods
+
+
+def restart_pending(status: dict[str, Any]) -> bool:
+    """The restart timer runs only for a job waiting out a backoff."""
+    return bool(status.get("nextAttempt"))
+
+
+def pod_matters(event: PodChanged) -> bool:
+    """Whether a pod event can change the job: a Ray pod that ended or was deleted, one
+    the scheduler cannot place, or a running one (the job may now be Running: noticed
+    from the pods at once, not when KubeRay next writes the cluster's status). Pending
+    pods' many other events cost no API call."""
+    pod = event.pod
+    if role(pod) == Role.HEAD and classify_pod(pod, deleted=event.deleted) is not None:
+        return True
+    if event.deleted or pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    return (classify_pod(pod) is not None or unschedulable(pod) is not None
+            or pod.get("status", {}).get("phase") == "Running")
+
+
+def pod_needs_pods(job: dict[str, Any], event: PodChanged) -> bool:
+    """A running pod of the current attempt of a job not yet Running: whether the job
+    is Running depends on all its pods."""
+    status = job.get("status") or {}
+    return (status.get("phase") not in (*_QUIET, Phase.RUNNING)
+            and _attempt_of(event.pod) == str(status.get("attempt") or 0)
+            and event.pod.get("status", {}).get("phase") == "Running")
+
+
+def cluster_needs_pods(job: dict[str, Any], ray_cluster: dict[str, Any]) -> bool:
+    """A ready cluster says Running by itself; otherwise the pods tell what it waits on."""
+    status = job.get("status") or {}
+    return (status.get("phase") not in _QUIET
+            and _attempt_of(ray_cluster) == str(status.get("attempt") or 0)
+            and (ray_cluster.get("status") or {}).get("state") != RAY_CLUSTER_READY)
+
+
+def _attempt_of(obj: dict[str, Any]) -> str | None:
+    return (obj.get("metadata", {}).get("labels") or {}).get(ATTEMPT_LABEL)
+
+
+def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
+              config: OperatorConfig) -> Action:
+    """The one decision for `event` on `job`, with its status patch computed once."""
+    meta = job.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return Action()  # going away: owner references take its children with it
+    spec = dict(job.get("spec") or {})
+    status = dict(job.get("status") or {})
+    generation = int(meta.get("generation") or 0)
+    ref = JobRef(str(meta.get("name")), str(meta.get("namespace") or "default"),
+                 str(meta.get("uid") or ""))
+    match event:
+        case SpecChanged():
+            return _on_spec(ref, spec, status, generation, now, observed, config)
+        case BackoffTimer():
+            return start_next_attempt(ref, spec, status, generation, now,
+                                      config.default_image, config.catalog) or Action()
+        case JobChanged():
+            return _on_job(status, generation, now)
+        case PodChanged(pod=pod, deleted=deleted):
+            return _on_pod(spec, status, generation, now, pod, deleted, observed.pods,
+                           config)
+        case ClusterChanged(ray_cluster=rc):
+            return _on_cluster(status, generation, now, rc, observed.pods)
+        case CreateFailed(kind=kind, name=name, message=message):
+            return create_failed(status, kind, name, message, generation, now)
+    raise TypeError(f"unknown event {event!r}")
+
+
+def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,
+             now: str, observed: Observed, config: OperatorConfig) -> Action:
+    problem = claim_problem(spec, ref.namespace, observed.claim)
+    if problem:
+        view = PhaseView(Phase.PENDING, "ClaimMissing", problem)
+        return Action(observed_status(view, status, generation, now),
+                      events=[("Warning", "ClaimMissing", problem)],
+                      retry=(problem, config.claim_retry_seconds))
+    action = ensure_attempt(ref, spec, status, generation, now, config.default_image,
+                            config.catalog)
+    ckpt = spec.get("checkpoint") or {}
+    if ckpt.get("claimName") and ckpt.get("deleteClaimWithJob"):
+        # The user asked for their claim to go with the job: garbage collection deletes
+        # it once the job is gone.
+        action.own_claim = str(ckpt["claimName"])
+    return action
+
+
+def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:
+    """The trainer's progress report: the MemoryGrowth and HubFetch conditions."""
+    grown = memory_growth_conditions(status.get("progress"), status.get("conditions"),
+                                     generation, now)
+    fetched = hub_fetch_conditions(status.get("progress"), grown or status.get("conditions"),
+                                   generation, now)
+    new = fetched or grown
+    if new is None:
+        return Action()
+    growth = next((c for c in grown or [] if c["type"] == MEMORY_GROWTH), None)
+    events = ([("Warning", MEMORY_GROWTH, growth["message"])]
+              if growth is not None and growth["status"] == "True" else [])
+    return Action({"conditions": new}, events=events)
+
+
+def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: str,
+            pod: dict[str, Any], deleted: bool, pods: list[dict[str, Any]],
+            config: OperatorConfig) -> Action:
+    if status.get("phase") in _QUIET:
+        return Action()
+    if _attempt_of(pod) != str(status.get("attempt") or 0):
+        return Action()  # a pod of an earlier attempt, being cleaned up
+    meta = pod.get("metadata", {})
+    if role(pod) == Role.HEAD:
+        outcome = classify_pod(pod, deleted=deleted)
+        if outcome:
+            return finish_attempt(status, outcome, generation, now, spec, config.catalog)
+    elif not deleted and not meta.get("deletionTimestamp"):
+        ended = classify_pod(pod)
+        if ended is not None:
+            return worker_replaced(status, str(meta.get("name")), ended.message)
+    view = None if deleted else unschedulable_view(pod)
+    if view is None and pods and status.get("phase") != Phase.RUNNING:
+        # Its pods exist, so its RayCluster does: the phase follows from the pods.
+        view = attempt_phase({}, pods, int((status.get("plan") or {}).get("nodes") or 0))
+    return _seen(view, status, generation, now) if view else Action()
+
+
+def _seen(view: PhaseView, status: dict[str, Any], generation: int, now: str) -> Action:
+    """The live attempt's phase as seen: a status patch when it changed, an event when
+    the job starts running."""
+    change = observed_status(view, status, generation, now)
+    running = change.get("phase") == Phase.RUNNING
+    return Action(change, events=[("Normal", "Running", view.message)] if running else [])
+
+
+def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str, Any],
+                pods: list[dict[str, Any]]) -> Action:
+    if status.get("phase") in _QUIET or _attempt_of(rc) != str(status.get("attempt") or 0):
+        return Action()
+    workers = int((status.get("plan") or {}).get("nodes") or 0)
+    action = _seen(attempt_phase(rc, pods, workers), status, generation, now)
+    state = (rc.get("status") or {}).get("state")
+    if state != (status.get("rayCluster") or {}).get("state"):
+        action.status["rayCluster"] = {"name": rc["metadata"]["name"], "state": state}
+    return action

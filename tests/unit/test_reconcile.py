@@ -1,0 +1,194 @@
+"""The reconcile function: one status patch per event, facts kept in status (pure)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_operator import reconcile as rec
+from grpo_operator.config import OperatorConfig
+from grpo_operator.reconcile import Action, Observed
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+T0 = "2026-11-21T10:00:00.000Z"
+CONFIG = OperatorConfig(default_image="registry.example/trainer:test")
+
+
+def new_job(example: str = "grpojob-qwen25vl-7b-a100-40gb.yaml") -> dict[str, Any]:
+    doc = yaml.safe_load((EXAMPLES / example).read_text())
+    spec = doc["spec"]
+    spec["restartPolicy"] = {"maxRestarts": 3, "backoff": {"initialSeconds": 30,
+                                                           "maxSeconds": 60}}
+    return {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u1", "generation": 1,
+                         "resourceVersion": "1"}, "spec": spec, "status": {}}
+
+
+def applied(job: dict[str, Any], action: Action) -> dict[str, Any]:
+    """The job after the API server merged the action's status patch."""
+    out = copy.deepcopy(job)
+    status = out["status"]
+    for k, v in action.status.items():
+        if v is None:
+            status.pop(k, None)
+        elif isinstance(v, dict) and isinstance(status.get(k), dict):
+            status[k] = {**status[k], **v}
+        else:
+            status[k] = v
+    out["metadata"]["resourceVersion"] = str(int(out["metadata"]["resourceVersion"]) + 1)
+    return out
+
+
+def step(job: dict[str, Any], event: Any, now: str = T0,
+         observed: Observed | None = None) -> tuple[dict[str, Any], Action]:
+    action = rec.reconcile(job, observed or Observed(), event, now, CONFIG)
+    return applied(job, action), action
+
+
+def pod(role: str, attempt: int = 0, name: str = "p", phase: str = "Running",
+        terminated: dict[str, Any] | None = None, **status: Any) -> dict[str, Any]:
+    state = {"terminated": terminated} if terminated else {"running": {}}
+    return {"metadata": {"name": name, "labels": {"grpo.dev/job": "j",
+                                                  "grpo.dev/attempt": str(attempt),
+                                                  "grpo.dev/role": role}},
+            "status": {"phase": phase, "containerStatuses": [{"name": "ray", "state": state}],
+                       **status}}
+
+
+def cluster(attempt: int = 0, state: str | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": f"j-a{attempt}", "labels": {"grpo.dev/job": "j",
+                                                            "grpo.dev/attempt": str(attempt)}},
+            "status": {"state": state} if state else {}}
+
+
+def running_job() -> dict[str, Any]:
+    job, _ = step(new_job(), rec.SpecChanged())
+    job, _ = step(job, rec.ClusterChanged(cluster(state="ready")))
+    assert job["status"]["phase"] == "Running"
+    return job
+
+
+def test_first_reconcile_writes_status_once_and_names_the_children() -> None:
+    job, action = step(new_job(), rec.SpecChanged())
+    assert job["status"]["phase"] == "Pending" and job["status"]["attempt"] == 0
+    assert [c["kind"] for c in action.children][-1] == "RayCluster"
+    rc = action.children[-1]
+    image = rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "registry.example/trainer:test"  # the configured default image
+    # Seen again (operator restart): children re-ensured, nothing new to write.
+    again = rec.reconcile(job, Observed(), rec.SpecChanged(), "2026-11-21T10:05:00Z", CONFIG)
+    assert again.children and "attempts" not in again.status
+
+
+def test_a_ready_ray_cluster_makes_the_job_running_once() -> None:
+    job, _ = step(new_job(), rec.SpecChanged())
+    job, action = step(job, rec.ClusterChanged(cluster(state="ready")))
+    assert job["status"]["phase"] == "Running"
+    assert job["status"]["rayCluster"] == {"name": "j-a0", "state": "ready"}
+    assert [e[1] for e in action.events] == ["Running"]
+    _, again = step(job, rec.ClusterChanged(cluster(state="ready")))
+    assert again == Action()
+
+
+def test_a_cluster_not_ready_yet_shows_what_its_pods_wait_for() -> None:
+    job, _ = step(new_job(), rec.SpecChanged())
+    rc = cluster()
+    assert rec.cluster_needs_pods(job, rc)
+    stuck = pod("worker", phase="Pending", conditions=[
+        {"type": "PodScheduled", "status": "False", "message": "0/5 nodes: Insufficient gpu"}])
+    job, _ = step(job, rec.ClusterChanged(rc), observed=Observed(pods=[pod("head"), stuck]))
+    progressing = next(c for c in job["status"]["conditions"] if c["type"] == "Progressing")
+    assert job["status"]["phase"] == "Pending" and progressing["reason"] == "Unschedulable"
+    assert not rec.cluster_needs_pods(job, cluster(state="ready"))
+    assert not rec.cluster_needs_pods(job, cluster(attempt=1))  # not this attempt's cluster
+
+
+def test_only_pod_events_that_can_change_the_job_cost_a_read() -> None:
+    assert rec.pod_matters(rec.PodChanged(pod("head")))  # running: the job may be Running now
+    assert not rec.pod_matters(rec.PodChanged(pod("worker", phase="Pending")))
+    assert rec.pod_matters(rec.PodChanged(pod("head"), deleted=True))  # node lost
+    ended = {"exitCode": 3, "reason": "Error"}
+    assert rec.pod_matters(rec.PodChanged(pod("head", phase="Failed", terminated=ended)))
+    assert rec.pod_matters(rec.PodChanged(pod("worker", phase="Failed", terminated=ended)))
+    assert not rec.pod_matters(rec.PodChanged(pod("worker", phase="Failed", terminated=ended),
+                                      deleted=True))  # KubeRay's delete of an ended worker
+
+
+def test_running_pods_make_the_job_running_before_kuberay_updates_its_cluster() -> None:
+    job, _ = step(new_job(), rec.SpecChanged())
+    head, worker = pod("head"), pod("worker", phase="Pending", name="w")
+    event = rec.PodChanged(head)
+    assert rec.pod_needs_pods(job, event)
+    job, action = step(job, event, observed=Observed(pods=[head, worker]))
+    assert job["status"]["phase"] == "Starting" and not action.events
+    pods = [head, pod("worker", name="w")]
+    job, action = step(job, rec.PodChanged(pods[1]), observed=Observed(pods=pods))
+    assert job["status"]["phase"] == "Running" and action.events[0][1] == "Running"
+    assert not rec.pod_needs_pods(job, event)  # Running already: one read, no list
+
+
+def test_a_worker_pod_is_counted_once_in_one_write_even_after_an_operator_restart() -> None:
+    job = running_job()
+    ended = pod("worker", name="j-a0-workers-x", phase="Failed",
+                terminated={"exitCode": 137, "reason": "OOMKilled"})
+    job, action = step(job, rec.PodChanged(ended))
+    assert job["status"]["workerReplacements"] == 1
+    assert [e[1] for e in action.events] == ["WorkerReplaced"]
+    # The same pod reported again, by this operator or a restarted one (nothing is kept
+    # in process memory): no second count, nothing to write.
+    _, again = step(job, rec.PodChanged(ended))
+    assert again == Action()
+    other = pod("worker", name="j-a0-workers-y", phase="Failed",
+                terminated={"exitCode": 1, "reason": "Error"})
+    job, _ = step(job, rec.PodChanged(other))
+    assert job["status"]["workerReplacements"] == 2
+
+
+def test_head_failure_restarts_after_the_backoff_and_measures_recovery_from_status() -> None:
+    job = running_job()
+    msg = '{"reason": "CudaOOM", "step": 12, "lastCheckpointStep": 10}'
+    head = pod("head", phase="Failed", terminated={"exitCode": 3, "message": msg})
+    job, action = step(job, rec.PodChanged(head))
+    assert job["status"]["phase"] == "Restarting" and action.restart_reason == "CudaOOM"
+    assert action.delete_ray_cluster == "j-a0"
+    # Pods and the cluster of the failed attempt say nothing while it waits.
+    assert step(job, rec.PodChanged(head))[1] == Action()
+    assert step(job, rec.ClusterChanged(cluster(state="ready")))[1] == Action()
+    assert step(job, rec.BackoffTimer(), "2026-11-21T10:00:29.000Z")[1] == Action()
+    job, action = step(job, rec.BackoffTimer(), "2026-11-21T10:00:31.500Z")
+    assert job["status"]["attempt"] == 1 and job["status"]["phase"] == "Pending"
+    assert action.recovered_after == 31.5  # from attempts[0].endTime, not process memory
+    assert [c["metadata"]["name"] for c in action.children] == ["j-config-1", "j-a1"]
+
+
+def test_a_job_being_deleted_gets_nothing_created() -> None:
+    job = running_job()
+    job["metadata"]["deletionTimestamp"] = T0
+    job["status"]["nextAttempt"] = {"index": 1, "notBefore": T0}
+    ready = rec.ClusterChanged(cluster(state="ready"))
+    for event in (rec.SpecChanged(), rec.BackoffTimer(), ready):
+        assert rec.reconcile(job, Observed(), event, "2026-11-21T11:00:00Z", CONFIG) == Action()
+
+
+def test_a_missing_claim_is_a_condition_and_a_retry() -> None:
+    job = new_job()
+    job["spec"]["checkpoint"] = {"claimName": "absent"}
+    job, action = step(job, rec.SpecChanged())
+    assert job["status"]["phase"] == "Pending" and not action.children
+    progressing = next(c for c in job["status"]["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "ClaimMissing"
+    assert action.retry is not None and "absent" in action.retry[0]
+    _, again = step(job, rec.SpecChanged())
+    assert again.status == {} and again.retry  # same condition: nothing to write
+
+
+def test_the_trainers_growth_report_sets_the_condition_once() -> None:
+    job = running_job()
+    job["status"]["progress"] = {"step": 3, "memoryGrowth": "RSS grew 4 MB/step"}
+    job, action = step(job, rec.JobChanged())
+    growth = next(c for c in job["status"]["conditions"] if c["type"] == "MemoryGrowth")
+    assert growth["status"] == "True" and action.events[0][1] == "MemoryGrowth"
+    assert step(job, rec.JobChanged())[1] == Action()
