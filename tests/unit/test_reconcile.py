@@ -192,3 +192,39 @@ def test_the_trainers_growth_report_sets_the_condition_once() -> None:
     growth = next(c for c in job["status"]["conditions"] if c["type"] == "MemoryGrowth")
     assert growth["status"] == "True" and action.events[0][1] == "MemoryGrowth"
     assert step(job, rec.JobChanged())[1] == Action()
+
+
+def test_a_refused_child_is_a_create_failed_status_an_event_and_a_retry() -> None:
+    job, _ = step(new_job(), rec.SpecChanged())
+    refused = rec.CreateFailed("ConfigMap", "j-config-0", "403 Forbidden: exceeded quota")
+    job, action = step(job, refused)
+    assert job["status"]["phase"] == "Pending" and not action.children
+    degraded = next(c for c in job["status"]["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "CreateFailed"
+    assert "exceeded quota" in degraded["message"]
+    assert action.events == [("Warning", "CreateFailed", degraded["message"])]
+    assert action.retry is not None and action.retry[1] > 0
+
+
+def test_the_hub_fetch_report_sets_the_hubfetch_condition_once() -> None:
+    job = running_job()
+    job["status"]["progress"] = {"fetch": {"repo": "acme/m", "file": "", "bytesDone": 2**30,
+                                           "bytesTotal": 2**30, "state": "Fetched"}}
+    job, action = step(job, rec.JobChanged())
+    fetch = next(c for c in job["status"]["conditions"] if c["type"] == "HubFetch")
+    assert fetch["status"] == "True" and fetch["reason"] == "Fetched" and not action.events
+    assert step(job, rec.JobChanged())[1] == Action()
+
+
+def test_the_configured_gpu_catalog_is_the_one_planned_with() -> None:
+    from grpo_operator.catalog_file import merge_catalog
+
+    job = new_job()
+    job["spec"]["resources"]["gpu"] = "A100-40GB-X"
+    failed = rec.reconcile(job, Observed(), rec.SpecChanged(), T0, CONFIG)
+    assert failed.status["phase"] == "Failed" and not failed.children  # not in the built-in
+    a100 = {"memoryGiB": 39.4, "productLabel": "NVIDIA-A100-SXM4-40GB-X",
+            "hostMemoryGiB": 1007, "cpus": 240, "gpusPerNode": 8}
+    config = OperatorConfig(catalog=merge_catalog({"A100-40GB-X": a100}))
+    action = rec.reconcile(job, Observed(), rec.SpecChanged(), T0, config)
+    assert action.status["phase"] == "Pending" and action.children
