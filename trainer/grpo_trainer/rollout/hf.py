@@ -190,11 +190,29 @@ class HFGenerateEngine:
         lean = self.lean
         if lean is not None and self._lean_checked:
             return lean.step(nxt, position_ids, cache.layers, attend).float()
-        if lean is not None:
-            # First use: the lean step must reproduce the model's forward, or it is dropped.
-            ours = lean.step(nxt, position_ids, cache.layers, attend).float()
-            for layer in cache.layers:
-                layer.rewind(1)
+        logits = self._model_step(nxt, position_ids, cache, attend)
+        if lean is None:
+            return logits
+        # First use: the lean step must reproduce the model's forward, or it is dropped.
+        # When it passes, its own logits and keys/values are what this step keeps, so a
+        # process that starts mid-run (a resume) samples exactly like one that did not.
+        for layer in cache.layers:
+            layer.rewind(1)
+        ours = lean.step(nxt, position_ids, cache.layers, attend).float()
+        self._lean_checked = True
+        tol = 1e-3 if ours.dtype == logits.dtype == torch.float32 else 5e-2
+        err = float((ours - logits).abs().max())
+        if err <= tol * (1.0 + float(logits.abs().max())) and bool(torch.isfinite(ours).all()):
+            return ours
+        log.warning("lean decode step differs from the model by %.3g: not used", err)
+        self.lean = None
+        for layer in cache.layers:
+            layer.rewind(1)
+        return self._model_step(nxt, position_ids, cache, attend)
+
+    def _model_step(
+        self, nxt: torch.Tensor, position_ids: torch.Tensor, cache: Any, attend: torch.Tensor
+    ) -> torch.Tensor:
         out = self.model(
             input_ids=nxt[:, None],
             attention_mask=attend,
@@ -203,13 +221,6 @@ class HFGenerateEngine:
             use_cache=True,
         )
         logits: torch.Tensor = out.logits[:, -1].float()
-        if lean is not None:
-            self._lean_checked = True
-            tol = 1e-3 if ours.dtype == logits.dtype == torch.float32 else 5e-2
-            err = float((ours - logits).abs().max())
-            if err > tol * (1.0 + float(logits.abs().max())) or not torch.isfinite(ours).all():
-                log.warning("lean decode step differs from the model by %.3g: not used", err)
-                self.lean = None
         return logits
 
 
