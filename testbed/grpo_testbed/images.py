@@ -96,24 +96,41 @@ IMAGES = (OPERATOR, TRAINER_CPU)
 
 
 def context_files(root: Path, ignore_lines: Iterable[str]) -> list[Path]:
-    """The files a .dockerignore of the form ``*`` + ``!path`` lets into the context.
+    """The files a .dockerignore of the form ``*``, then ``!path`` and ``path`` lines,
+    lets into the context: as in Docker, the last line that matches a file decides.
 
-    Only that form is understood (it is the one images/*/Dockerfile.dockerignore use);
-    ``**/__pycache__`` and ``**/*.pyc`` are dropped as BuildKit would.
+    Only plain paths are understood besides ``*`` (the form images/*/Dockerfile.dockerignore
+    use); ``**/__pycache__`` and ``**/*.pyc`` are dropped as BuildKit would.
     """
-    allowed: list[str] = []
+    rules: list[tuple[bool, str]] = []  # (let in, path), in file order
     for raw in ignore_lines:
         line = raw.strip()
-        if line.startswith("!"):
-            allowed.append(line[1:].rstrip("/"))
-        elif line and not line.startswith("#") and line not in ("*", "**/__pycache__",
-                                                                  "**/*.pyc"):
-            raise ImageError(f"unsupported .dockerignore line: {line!r}")
+        if not line or line.startswith("#") or line in ("*", "**/__pycache__", "**/*.pyc"):
+            continue
+        keep = line.startswith("!")
+        prefix = line.lstrip("!").rstrip("/")
+        if any(c in prefix for c in "*?["):
+            raise ImageError(f"unsupported .dockerignore line: {line!r} (plain paths only)")
+        rules.append((keep, prefix))
+
+    def let_in(rel: str) -> bool:
+        verdict = False
+        for keep, prefix in rules:
+            if rel == prefix or rel.startswith(prefix + "/"):
+                verdict = keep
+        return verdict
+
     files: list[Path] = []
-    for rel in allowed:
-        path = root / rel
+    for keep, prefix in rules:
+        if not keep:
+            continue
+        path = root / prefix
         found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        files += [p for p in found if "__pycache__" not in p.parts and p.suffix != ".pyc"]
+        files += [
+            p for p in found
+            if "__pycache__" not in p.parts and p.suffix != ".pyc"
+            and let_in(p.relative_to(root).as_posix())
+        ]
     return sorted(set(files))
 
 

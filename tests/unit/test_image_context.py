@@ -1,0 +1,34 @@
+"""What the image builder sends into a build context: the .dockerignore's last matching
+line decides, as in Docker, so test helpers excluded after `!trainer/` stay out."""
+
+from pathlib import Path
+
+import pytest
+
+from grpo_testbed.images import REPO, ImageError, context_files
+
+
+def _tree(root: Path, *files: str) -> None:
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+
+
+def test_a_later_exclusion_wins_over_an_earlier_inclusion(tmp_path: Path) -> None:
+    _tree(tmp_path, "pkg/a.py", "pkg/testing/helpers.py", "pkg/__pycache__/a.pyc", "other.txt")
+    lines = ["*", "!pkg/", "**/__pycache__", "pkg/testing/"]
+    got = [p.relative_to(tmp_path).as_posix() for p in context_files(tmp_path, lines)]
+    assert got == ["pkg/a.py"]
+
+
+def test_a_glob_other_than_the_known_ones_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ImageError, match="plain paths only"):
+        context_files(tmp_path, ["*", "!pkg/*.py"])
+
+
+def test_the_shipped_images_leave_the_test_helpers_out() -> None:
+    for image in ("operator", "trainer"):
+        lines = (REPO / "images" / image / "Dockerfile.dockerignore").read_text().splitlines()
+        files = [p.relative_to(REPO).as_posix() for p in context_files(REPO, lines)]
+        assert "trainer/grpo_trainer/worker.py" in files
+        assert not [f for f in files if f.startswith("trainer/grpo_trainer/testing/")]
