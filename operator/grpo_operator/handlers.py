@@ -30,8 +30,9 @@ def _now() -> str:
 
 
 def _post(job: Any, kind: str, reason: str, message: str) -> None:
-    """A Kubernetes event on the job (Kopf posts them in the background)."""
-    (kopf.warn if kind == "Warning" else kopf.info)(job, reason=reason, message=message)
+    """A Kubernetes event on the job (Kopf posts them in the background). kopf.event, not
+    kopf.info: those follow settings.posting.level, which keeps Kopf's own chatter out."""
+    kopf.event(job, type=kind, reason=reason, message=message)
 
 
 def _apply(job: dict[str, Any], action: Action, config: OperatorConfig) -> None:
@@ -112,8 +113,8 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, namespace: str | None,
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - t0)
 
 
-def _restart_pending(status: kopf.Status, **_: Any) -> bool:
-    return rec.restart_pending(dict(status))
+def _restart_pending(body: kopf.Body, **_: Any) -> bool:
+    return rec.restart_pending(_job(body))
 
 
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=0.25, when=_restart_pending)

@@ -69,7 +69,10 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=API_GROUP, key="last-handled-spec")
-    settings.posting.level = logging.INFO
+    # Only warnings become Events on the job. At INFO, Kopf posts every "Handler/Timer
+    # succeeded" line: the restart timer alone (every 0.25 s during a backoff) flooded
+    # the API server. The operator's own Events (Running, Restarting, ...) are explicit.
+    settings.posting.level = logging.WARNING
     settings.execution.max_workers = 32
     settings.watching.server_timeout = 300  # re-list regularly; survives API restarts
     settings.watching.connect_timeout = 10

@@ -162,16 +162,6 @@ def test_operator_image_serves_healthz_against_an_api_server(built: None,
 
 TRAIN = textwrap.dedent("""\
     set -eu
-    python - <<'EOF'
-    import yaml
-    from grpo_trainer.testing.configs import text_config
-    from grpo_trainer.testing.datasets import write_text_task
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
-    model = build_tiny_qwen2("/work/model")
-    data = write_text_task("/work/train.jsonl")
-    cfg = text_config(model, data, checkpoint={"dir": "/work/ckpt", "interval_steps": 2})
-    open("/work/config.yaml", "w").write(yaml.safe_dump(cfg))
-    EOF
     grpo-train --config /work/config.yaml
     grpo-train export --checkpoint-dir /work/ckpt --out /work/export --model-path /work/model
     """)
@@ -179,11 +169,28 @@ TRAIN = textwrap.dedent("""\
 
 def test_cpu_trainer_image_trains_the_tiny_task_and_exports_the_model(
         built: None, tmp_path: Path) -> None:
+    # The test helpers are not in the image (its .dockerignore), so the host builds the
+    # model, data and config, and the reward module is mounted the way a user's own is.
+    from grpo_trainer.testing import rewards
+    from grpo_trainer.testing.configs import text_config
+    from grpo_trainer.testing.datasets import write_text_task
+    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
+
     work = tmp_path / "work"
     work.mkdir()
-    work.chmod(0o777)  # written by the image's user, 10001
+    build_tiny_qwen2(work / "model")
+    write_text_task(work / "train.jsonl")
+    shutil.copy(rewards.__file__, work / "task_reward.py")
+    cfg = text_config(Path("/work/model"), Path("/work/train.jsonl"),
+                      checkpoint={"dir": "/work/ckpt", "interval_steps": 2},
+                      reward={"type": "function",
+                              "function": "task_reward:target_token_reward"})
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    for path in [work, *work.rglob("*")]:
+        path.chmod(0o777 if path.is_dir() else 0o666)  # written by the image's user, 10001
     proc = run(TRAINER_CPU, "-c", TRAIN, entrypoint="bash", timeout=900,
-               opts=("-v", f"{work}:/work", "--shm-size", "1g", "--network", "none"))
+               opts=("-v", f"{work}:/work", "-e", "PYTHONPATH=/work", "--shm-size", "1g",
+                     "--network", "none"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "exported step 2" in out, out[-3000:]

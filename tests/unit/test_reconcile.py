@@ -228,3 +228,14 @@ def test_the_configured_gpu_catalog_is_the_one_planned_with() -> None:
     config = OperatorConfig(catalog=merge_catalog({"A100-40GB-X": a100}))
     action = rec.reconcile(job, Observed(), rec.SpecChanged(), T0, config)
     assert action.status["phase"] == "Pending" and action.children
+
+
+def test_the_restart_timer_runs_for_a_backoff_but_not_for_a_job_being_deleted() -> None:
+    # Deleting a namespace deletes the head pod first, which reads as a failure and
+    # schedules a restart; the timer must not then try to create in a dying namespace.
+    waiting = {"metadata": {"name": "j"}, "status": {"nextAttempt": {"index": 1}}}
+    assert rec.restart_pending(waiting)
+    deleting = copy.deepcopy(waiting)
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-23T11:36:00Z"
+    assert not rec.restart_pending(deleting)
+    assert not rec.restart_pending({"metadata": {"name": "j"}, "status": {"phase": "Running"}})

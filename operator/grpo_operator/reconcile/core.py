@@ -95,9 +95,14 @@ class Observed:
     pods: list[dict[str, Any]] = field(default_factory=list)  # the cluster's Ray pods
 
 
-def restart_pending(status: dict[str, Any]) -> bool:
-    """The restart timer runs only for a job waiting out a backoff."""
-    return bool(status.get("nextAttempt"))
+def restart_pending(job: dict[str, Any]) -> bool:
+    """The restart timer runs only for a job waiting out a backoff, and never for one
+    being deleted: deleting a namespace deletes the head pod first, which reads as a
+    failure, and the timer would try to start the next attempt where nothing can be
+    created any more."""
+    meta = job.get("metadata") or {}
+    return bool((job.get("status") or {}).get("nextAttempt")) and not meta.get(
+        "deletionTimestamp")
 
 
 def pod_matters(event: PodChanged) -> bool:
