@@ -176,9 +176,12 @@ def pod_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.La
     ns, event = namespace or "", rec.PodChanged(dict(body), deleted=type == "DELETED")
     selector = f"{JOB_LABEL}={labels[JOB_LABEL]},{ATTEMPT_LABEL}={labels.get(ATTEMPT_LABEL)}"
 
+    going = event.deleted or bool(body.get("metadata", {}).get("deletionTimestamp"))
+
     def gather(job: dict[str, Any]) -> Observed:
         return Observed(pods=kube.list_pods(ns, selector) if rec.pod_needs_pods(job, event)
-                        else [])
+                        else [],
+                        namespace_terminating=going and kube.namespace_terminating(ns))
 
     try:
         _decide_fresh(ns, labels[JOB_LABEL], event, from_memo(memo), gather)

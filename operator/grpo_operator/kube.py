@@ -129,6 +129,17 @@ def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
     return [_api().sanitize_for_serialization(p) for p in pods.items]
 
 
+def namespace_terminating(namespace: str) -> bool:
+    """Whether the namespace is being deleted (or gone). Unreadable counts as live: a
+    restart that then fails to create is reported; a restart skipped is lost."""
+    try:
+        ns = _core().read_namespace(namespace)
+    except ApiException as exc:
+        return exc.status == 404
+    deleting = ns.metadata is not None and ns.metadata.deletion_timestamp is not None
+    return deleting or (ns.status is not None and ns.status.phase == "Terminating")
+
+
 def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
     pvc = _unless_missing(lambda: _core().read_namespaced_persistent_volume_claim(
         name, namespace))

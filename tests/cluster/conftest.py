@@ -24,6 +24,24 @@ ADDED_GPU_ENTRY = {"memoryGiB": 191.5, "productLabel": "AMD-Instinct-MI300X",
                    "hostMemoryGiB": 2048, "cpus": 192, "gpusPerNode": 8}
 
 
+def delete_namespace(testbed: Testbed, name: str, timeout_s: int = 180) -> None:
+    """Delete a test's namespace and wait for it; if it will not go, fail naming what
+    still holds it (objects left, with their finalizers) instead of a bare timeout."""
+    proc = testbed.kubectl("delete", "namespace", name, "--wait=true",
+                           f"--timeout={timeout_s}s", check=False, timeout=timeout_s + 30)
+    if proc.returncode == 0 or "NotFound" in proc.stderr:
+        return
+    left = testbed.kubectl(
+        "get", "grpojobs,rayclusters,pods,jobs", "-n", name, "--ignore-not-found", "-o",
+        "custom-columns=KIND:.kind,NAME:.metadata.name,DELETING:.metadata.deletionTimestamp,"
+        "FINALIZERS:.metadata.finalizers", check=False)
+    ns = testbed.kubectl("get", "namespace", name, "-o", "jsonpath={.status.conditions}",
+                         check=False)
+    pytest.fail(f"namespace {name} not deleted in {timeout_s} s: {proc.stderr.strip()}\n"
+                f"left:\n{left.stdout}{left.stderr}\nnamespace conditions: {ns.stdout}",
+                pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def added_gpu() -> tuple[str, dict[str, object]]:
     """The GPU type the session's operator has on top of the built-in catalog."""
@@ -51,7 +69,7 @@ def ns(testbed: Testbed) -> Iterator[str]:
     """
     name = testbed.namespace("t")
     yield name
-    testbed.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
+    delete_namespace(testbed, name)
 
 
 @pytest.fixture(scope="session")
@@ -82,4 +100,4 @@ def op_ns(testbed: Testbed) -> Iterator[str]:
     """A namespace the operator under test watches; deleted after the test."""
     name = testbed.namespace(OPERATOR_NS_PREFIX)
     yield name
-    testbed.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
+    delete_namespace(testbed, name)

@@ -239,3 +239,11 @@ def test_the_restart_timer_runs_for_a_backoff_but_not_for_a_job_being_deleted() 
     deleting["metadata"]["deletionTimestamp"] = "2026-11-23T11:36:00Z"
     assert not rec.restart_pending(deleting)
     assert not rec.restart_pending({"metadata": {"name": "j"}, "status": {"phase": "Running"}})
+
+
+def test_a_head_pod_deleted_with_its_namespace_starts_no_restart() -> None:
+    job = running_job()
+    gone = rec.PodChanged(pod("head"), deleted=True)
+    assert step(job, gone)[0]["status"]["phase"] == "Restarting"  # a node loss
+    _, action = step(job, gone, observed=Observed(namespace_terminating=True))
+    assert action == Action()

@@ -93,6 +93,9 @@ class Observed:
 
     claim: dict[str, Any] | None = None  # the PVC spec.checkpoint.claimName names
     pods: list[dict[str, Any]] = field(default_factory=list)  # the cluster's Ray pods
+    # Read when a pod is deleted: deleting a namespace deletes the pods before the job,
+    # which would otherwise read as a node loss and start a restart nothing can create.
+    namespace_terminating: bool = False
 
 
 def restart_pending(job: dict[str, Any]) -> bool:
@@ -144,7 +147,7 @@ def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
               config: OperatorConfig) -> Action:
     """The one decision for `event` on `job`, with its status patch computed once."""
     meta = job.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
+    if meta.get("deletionTimestamp") or observed.namespace_terminating:
         return Action()  # going away: owner references take its children with it
     spec = dict(job.get("spec") or {})
     status = dict(job.get("status") or {})
