@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from grpo_operator.api import GRPOJobSpec, parse_spec
-from grpo_operator.contract import FailureReason
+from grpo_api.contract import FailureReason
+from grpo_api.job import GRPOJobSpec, parse_spec
 from grpo_operator.planner import Plan, next_safer_plan, plan_memory, remediation_ladder
 
 pytestmark = pytest.mark.unit

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from grpo_operator.api import load_manifest, parse_spec
-from grpo_operator.catalog import GPU_CATALOG, GPU_PRODUCT_LABEL
-from grpo_operator.contract import Env
+from grpo_api.catalog import GPU_CATALOG, GPU_PRODUCT_LABEL
+from grpo_api.contract import Env
+from grpo_api.job import load_manifest, parse_spec
 from grpo_operator.planner import (
     KNOWN_MODELS,
     InfeasibleError,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_operator.api import GRPOJobSpec, load_manifest, parse_spec
-from grpo_operator.contract import FailureReason
+from grpo_api.contract import FailureReason
+from grpo_api.job import GRPOJobSpec, load_manifest, parse_spec
 from grpo_operator.planner import InfeasibleError, next_safer_plan, plan_memory
 from grpo_operator.planner.budget import BF16_B, GIB
 

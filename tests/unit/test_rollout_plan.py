@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_operator.api import load_manifest, parse_spec
-from grpo_operator.contract import Env
+from grpo_api.contract import Env
+from grpo_api.job import load_manifest, parse_spec
 from grpo_operator.planner import plan_memory
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config

@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..api.base import quantity_gib
-from ..api.spec import GRPOJobSpec, MemorySpec
-from ..catalog import GPU_CATALOG, GpuType, gpu_type
+from grpo_api.catalog import GPU_CATALOG, GpuType, gpu_type
+from grpo_api.job.base import quantity_gib
+from grpo_api.job.spec import GRPOJobSpec, MemorySpec
+
 from .budget import compute_budget, max_rollout_utilization
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
 from .reasons import explain, explain_pods

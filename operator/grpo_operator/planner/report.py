@@ -8,7 +8,8 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
-from ..api.status import PlanStatus
+from grpo_api.job.status import PlanStatus
+
 from .types import Plan, PodResources
 
 

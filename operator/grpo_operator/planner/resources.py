@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
-from ..contract import PYTORCH_CUDA_ALLOC_CONF, Env, Role
+from grpo_api.catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from grpo_api.contract import PYTORCH_CUDA_ALLOC_CONF, Env, Role
+
 from .budget import (
     GIB,
     HOST_HEADROOM,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_trainer.config import Config
+from grpo_api.job import GRPOJobSpec
+from grpo_api.trainer_config import Config
 
-from ..api import GRPOJobSpec
 from ..planner import Plan
 from .hub import hub_fetch
 from .names import JobRef, checkpoint_dir
