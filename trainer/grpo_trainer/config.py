@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from grpo_api.contract import Env
+from grpo_api.knobs import ENV_PATHS
 from grpo_api.trainer_config import Config
 
 
@@ -28,15 +29,10 @@ class ConfigError(ValueError):
         self.message = message
 
 
-# GRPO_* variables the operator injects -> dotted config path (env wins).
+# GRPO_* variables the operator injects -> dotted config path (env wins): the planned
+# knobs' (declared once, in grpo_api.knobs), then the per-process ones.
 ENV_OVERRIDES: dict[str, str] = {
-    Env.RANK0_INIT: "actor.init_strategy",
-    Env.OFFLOAD_PARAMS: "actor.offload_params",
-    Env.OFFLOAD_OPTIMIZER: "actor.offload_optimizer",
-    Env.GRADIENT_CHECKPOINTING: "actor.gradient_checkpointing",
-    Env.MICRO_BATCH_SIZE: "actor.micro_batch_size",
-    Env.ROLLOUT_GPU_MEMORY_UTILIZATION: "rollout.gpu_memory_utilization",
-    Env.ROLLOUT_N: "rollout.n",
+    **ENV_PATHS,
     Env.ROLLOUT_TENSOR_PARALLEL: "rollout.tensor_parallel_size",
     Env.CHECKPOINT_DIR: "checkpoint.dir",
     Env.JOB_NAME: "trainer.job_name",
