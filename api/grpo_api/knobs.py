@@ -1,11 +1,11 @@
 """The planned settings, each declared once: its spec name, its plan name, its trainer path.
 
 The planner resolves every knob into its `Settings` (grpo_operator.planner.types); from
-this table the operator derives which knobs a spec pins, the env it injects, status.plan
-and the knobs' entries in the trainer config it renders, and the trainer derives which
-`GRPO_*` variable overrides which config path. tests/unit/test_knobs.py checks every
-name here against the models that hold it, so a knob added to a model but not here (or
-here with a typo) fails there.
+this table the operator derives which knobs a spec pins, status.plan and the knobs'
+entries in the per-attempt trainer config, which is the one channel a planned setting
+travels to the trainer (no env var carries it too). tests/unit/test_knobs.py checks
+every name here against the models that hold it, so a knob added to a model but not
+here (or here with a typo) fails there.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from .contract import Env
 
 
 @dataclass(frozen=True)
@@ -24,7 +22,6 @@ class Knob:
     setting: str  # the planner's Settings field, and status.plan's field (snake_case)
     spec: str  # where a user pins it: spec.memory.<spec> (spec.algorithm for rolloutN)
     trainer: str | None  # dotted path in the trainer config; None: Ray's, not the trainer's
-    env: Env | None  # the GRPO_* variable that carries it too; None: none
     pinnable: bool = True  # False: not in spec.memory, the planner never chooses it
     in_status: bool = True  # a field of status.plan (PlanStatus)
 
@@ -34,34 +31,21 @@ class Knob:
             return "rank0" if value else "sharded"
         return value
 
-    def env_value(self, value: Any) -> str:
-        """The planned value as an env var: YAML scalars the trainer parses back."""
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, float):
-            return f"{value:.2f}"
-        return str(value)
-
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("rank0_init", "rank0Init", "actor.init_strategy", Env.RANK0_INIT),
-    Knob("offload_params", "offloadParams", "actor.offload_params", Env.OFFLOAD_PARAMS),
-    Knob("offload_optimizer", "offloadOptimizer", "actor.offload_optimizer",
-         Env.OFFLOAD_OPTIMIZER),
-    Knob("gradient_checkpointing", "gradientCheckpointing", "actor.gradient_checkpointing",
-         Env.GRADIENT_CHECKPOINTING),
-    Knob("micro_batch_size", "microBatchSize", "actor.micro_batch_size", Env.MICRO_BATCH_SIZE),
+    Knob("rank0_init", "rank0Init", "actor.init_strategy"),
+    Knob("offload_params", "offloadParams", "actor.offload_params"),
+    Knob("offload_optimizer", "offloadOptimizer", "actor.offload_optimizer"),
+    Knob("gradient_checkpointing", "gradientCheckpointing", "actor.gradient_checkpointing"),
+    Knob("micro_batch_size", "microBatchSize", "actor.micro_batch_size"),
     Knob("rollout_gpu_memory_utilization", "rolloutGpuMemoryUtilization",
-         "rollout.gpu_memory_utilization", Env.ROLLOUT_GPU_MEMORY_UTILIZATION),
+         "rollout.gpu_memory_utilization"),
     # The algorithm's, not a memory knob: the planner passes it through (only the last
     # rung of the CudaOOM ladder lowers it).
-    Knob("rollout_n", "rolloutN", "rollout.n", Env.ROLLOUT_N, pinnable=False),
+    Knob("rollout_n", "rolloutN", "rollout.n", pinnable=False),
     # Ray's object store: reaches Ray through its own env and start params, not the trainer.
-    Knob("ray_object_store_gib", "rayObjectStoreMemory", None, None, in_status=False),
+    Knob("ray_object_store_gib", "rayObjectStoreMemory", None, in_status=False),
 )
 
 PINNABLE: Mapping[str, str] = {k.setting: k.spec for k in KNOBS if k.pinnable}
 """Settings field -> spec.memory field, for the knobs a spec may pin."""
-
-ENV_PATHS: Mapping[str, str] = {k.env.value: k.trainer for k in KNOBS if k.env and k.trainer}
-"""GRPO_* variable -> trainer config path, for the knobs that travel as env too."""

@@ -1,6 +1,7 @@
 """Each planned setting is declared once (grpo_api.knobs), and that declaration matches
 every model that holds the knob: a knob added to a model but not declared, or declared
-under a name a model lacks, fails here; so does a plan whose channels disagree."""
+under a name a model lacks, fails here. And a planned setting travels one channel, the
+per-attempt trainer config: one also sent as env, or not sent at all, fails here."""
 
 from __future__ import annotations
 
@@ -50,18 +51,16 @@ def test_every_knob_is_declared_and_every_declaration_names_real_fields() -> Non
             assert aliases(PlanStatus).get(knob.spec) == knob.setting, knob
         if knob.trainer:
             assert trainer_field(knob.trainer), knob
-        if knob.env:
-            assert ENV_OVERRIDES[knob.env] == knob.trainer, knob
+            assert knob.trainer not in ENV_OVERRIDES.values(), f"{knob} has a second channel"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_the_plan_reaches_status_config_and_env_alike(path: Path) -> None:
+def test_the_plan_reaches_status_and_the_config_and_not_the_env(path: Path) -> None:
     spec = load_manifest(path).spec
     plan = plan_memory(spec)
     raw = trainer_config(spec, plan, JobRef("j", "ns", "uid"), attempt=0)
     alone = build_config(raw, environ={})
-    env = {k: v for k, v in plan.env.items() if k.startswith("GRPO_")}
-    assert build_config(raw, environ=env) == alone, "the env and the ConfigMap disagree"
+    assert build_config(raw, environ=plan.env) == alone, "the env changes a setting"
     status = plan_status(plan).to_wire()
     for knob in KNOBS:
         value = getattr(plan.settings, knob.setting)
@@ -74,6 +73,7 @@ def test_the_plan_reaches_status_config_and_env_alike(path: Path) -> None:
 
 
 def test_values_are_spelled_as_the_trainer_reads_them() -> None:
-    init = Knob("rank0_init", "rank0Init", "actor.init_strategy", None)
+    init = Knob("rank0_init", "rank0Init", "actor.init_strategy")
     assert (init.trainer_value(True), init.trainer_value(False)) == ("rank0", "sharded")
-    assert [init.env_value(v) for v in (True, False, 3, 0.456)] == ["true", "false", "3", "0.46"]
+    micro = Knob("micro_batch_size", "microBatchSize", "actor.micro_batch_size")
+    assert micro.trainer_value(3) == 3

@@ -16,7 +16,6 @@ import yaml
 from pydantic import ValidationError
 
 from grpo_api.contract import Env
-from grpo_api.knobs import ENV_PATHS
 from grpo_api.trainer_config import Config
 
 
@@ -29,11 +28,9 @@ class ConfigError(ValueError):
         self.message = message
 
 
-# GRPO_* variables the operator injects -> dotted config path (env wins): the planned
-# knobs' (declared once, in grpo_api.knobs), then the per-process ones.
+# GRPO_* variables the operator injects -> dotted config path (env wins). Only the job's
+# identity and per-process switches: the planned settings come in the config file alone.
 ENV_OVERRIDES: dict[str, str] = {
-    **ENV_PATHS,
-    Env.ROLLOUT_TENSOR_PARALLEL: "rollout.tensor_parallel_size",
     Env.CHECKPOINT_DIR: "checkpoint.dir",
     Env.JOB_NAME: "trainer.job_name",
     Env.JOB_NAMESPACE: "trainer.job_namespace",
@@ -43,11 +40,7 @@ ENV_OVERRIDES: dict[str, str] = {
 }
 
 
-def _normalise_env(path: str, value: str) -> Any:
-    if path == "actor.init_strategy":
-        # The operator speaks booleans as well as strategy names.
-        low = value.strip().lower()
-        return {"true": "rank0", "1": "rank0", "false": "sharded", "0": "sharded"}.get(low, low)
+def _normalise_env(value: str) -> Any:
     return yaml.safe_load(value) if value.strip() else value
 
 
@@ -100,7 +93,7 @@ def build_config(
     env = os.environ if environ is None else environ
     for name, path in ENV_OVERRIDES.items():
         if name in env:
-            _set_path(tree, path, _normalise_env(path, env[name]))
+            _set_path(tree, path, _normalise_env(env[name]))
     try:
         return Config.model_validate(tree)
     except ValidationError as err:

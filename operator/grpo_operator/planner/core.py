@@ -290,7 +290,7 @@ def plan_memory(
         decisions=(*decisions, *explain_pods(head, worker, budget)),
         head=head,
         worker=worker,
-        env=build_env(geo, settings, budget),
+        env=build_env(geo, settings),
         ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
     )
 
@@ -309,7 +309,7 @@ def replan(plan: Plan, settings: Settings, note: str, rung: str = "") -> Plan:
         budget=budget,
         head=kept_head,
         worker=at_least(worker, plan.worker),
-        env=build_env(geo, settings, budget),
+        env=build_env(geo, settings),
         ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
         remediations=(*plan.remediations, note),
         rungs=(*plan.rungs, rung) if rung else plan.rungs,

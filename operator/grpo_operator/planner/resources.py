@@ -6,8 +6,7 @@ import math
 from dataclasses import replace
 
 from grpo_api.catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
-from grpo_api.contract import PYTORCH_CUDA_ALLOC_CONF, Env, Role
-from grpo_api.knobs import KNOBS
+from grpo_api.contract import PYTORCH_CUDA_ALLOC_CONF, Role
 
 from .budget import (
     GIB,
@@ -111,13 +110,10 @@ def at_least(new: PodResources | None, old: PodResources | None) -> PodResources
     )
 
 
-def build_env(geo: Geometry, st: Settings, budget: Budget) -> dict[str, str]:
-    knobs = {k.env.value: k.env_value(getattr(st, k.setting)) for k in KNOBS if k.env}
-    if not geo.is_gpu:  # no GPU memory to share with vLLM: the trainer's default stands
-        del knobs[Env.ROLLOUT_GPU_MEMORY_UTILIZATION.value]
+def build_env(geo: Geometry, st: Settings) -> dict[str, str]:
+    """What Ray, NCCL, the allocator and the tokenizers read from the environment, before
+    or beside the trainer's config; the planned settings travel in that config only."""
     env = {
-        **knobs,
-        Env.ROLLOUT_TENSOR_PARALLEL.value: str(budget.rollout_tensor_parallel),
         # Ray's memory monitor kills workers above this fraction; the plan stays below
         # 90% of the pod limit, so Ray's default is kept rather than raised.
         "RAY_memory_usage_threshold": str(RAY_MEMORY_USAGE_THRESHOLD),
