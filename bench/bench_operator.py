@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, watch
 
-from grpo_operator.contract import Phase
+from grpo_api.contract import Phase
 from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.nodes import bulk_cpu_nodes

@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from grpo_operator.api import parse_manifest
-from grpo_operator.catalog import GPU_CATALOG
+from grpo_api.catalog import GPU_CATALOG
+from grpo_api.job import parse_manifest
 from grpo_operator.planner import KNOWN_MODELS, InfeasibleError, plan_memory
 
 ROOT = Path(__file__).resolve().parents[1]

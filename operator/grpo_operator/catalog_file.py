@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .catalog import CPU_GPU_TYPE, GPU_CATALOG, GPU_NAME_PATTERN, GpuType
+from grpo_api.catalog import CPU_GPU_TYPE, GPU_CATALOG, GPU_NAME_PATTERN, GpuType
 
 # A new type must say at least this much for the planner to size it (chart values.yaml).
 REQUIRED_FOR_NEW = ("memoryGiB", "productLabel", "hostMemoryGiB", "cpus", "gpusPerNode")

@@ -63,7 +63,8 @@ def plan(file: Path, output: str, model_root: Path | None, gpu_catalog: Path | N
     """Plan the memory settings and cluster for the GRPOJob in FILE."""
     from rich.console import Console
 
-    from .api import SpecError
+    from grpo_api.job import SpecError
+
     from .plan_cli import plan_file
     from .planner import InfeasibleError
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .catalog import GPU_CATALOG, GpuType
-from .contract import DEFAULT_TRAINER_IMAGE
+from grpo_api.catalog import GPU_CATALOG, GpuType
+from grpo_api.contract import DEFAULT_TRAINER_IMAGE
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,11 @@ from typing import Any, NoReturn
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from grpo_api.contract import API_GROUP, API_VERSION, ATTEMPT_LABEL, JOB_LABEL, KIND, PLURAL, Phase
+
 from . import kube, metrics
 from . import reconcile as rec
 from .config import OperatorConfig, from_memo
-from .contract import API_GROUP, API_VERSION, ATTEMPT_LABEL, JOB_LABEL, KIND, PLURAL, Phase
 from .reconcile import Action, Event, Observed
 
 log = logging.getLogger("grpo_operator")

@@ -13,7 +13,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from .contract import API_GROUP, API_VERSION, PLURAL
+from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
 
 RAY_GROUP, RAY_VERSION_API, RAY_PLURAL = "ray.io", "v1", "rayclusters"
 

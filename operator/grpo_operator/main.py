@@ -12,10 +12,11 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE
+
 from . import handlers, kube  # noqa: F401 - importing handlers registers them with Kopf
 from .catalog_file import CatalogError, load_catalog
 from .config import MEMO_KEY, OperatorConfig, WebhookConfig, from_memo
-from .contract import API_GROUP, DEFAULT_TRAINER_IMAGE
 
 
 async def _serve_probes(bind: str, port: int) -> web.AppRunner:

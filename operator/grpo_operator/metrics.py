@@ -9,7 +9,7 @@ from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .contract import Phase
+from grpo_api.contract import Phase
 
 PHASES = tuple(p.value for p in Phase)
 JOB_PHASES: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase, from job events

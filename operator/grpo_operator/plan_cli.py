@@ -8,7 +8,8 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from .api import load_manifest
+from grpo_api.job import load_manifest
+
 from .catalog_file import load_catalog
 from .planner import plan_memory, plan_to_dict, read_model_config
 from .planner.report import plan_tables

@@ -8,10 +8,11 @@ from typing import Any
 
 import kopf
 
-from .api import SpecError
-from .catalog import GPU_CATALOG, GpuType
+from grpo_api.catalog import GPU_CATALOG, GpuType
+from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
+from grpo_api.job import SpecError
+
 from .config import from_memo
-from .contract import API_GROUP, API_VERSION, PLURAL
 from .planner import InfeasibleError
 from .reconcile import planned
 

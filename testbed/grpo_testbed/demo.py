@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from grpo_operator.contract import Phase
+from grpo_api.contract import Phase
 
 from .tiny_job import EXAMPLE, JOB, JOB_NS, OOM_STEP, TERMINAL, tiny_job_testbed
 

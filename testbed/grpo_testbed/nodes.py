@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_operator.catalog import GPU_CATALOG, GPU_PRODUCT_LABEL, GPU_RESOURCE
+from grpo_api.catalog import GPU_CATALOG, GPU_PRODUCT_LABEL, GPU_RESOURCE
 
 from .versions import KUBERNETES_VERSION
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from grpo_operator.contract import ATTEMPT_LABEL, ROLE_LABEL, TERMINAL_PHASES, Env, Role
+from grpo_api.contract import ATTEMPT_LABEL, ROLE_LABEL, TERMINAL_PHASES, Env, Role
 
 from .launcher import Testbed, running_testbed
 from .local_node.agent import EnvInjection, LocalNodeAgent

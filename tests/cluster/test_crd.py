@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from grpo_operator.api import GRPOJobSpec
+from grpo_api.job import GRPOJobSpec
 from grpo_operator.crd import CRD_NAME
 from grpo_testbed.examples import broken_job
 

@@ -76,11 +76,12 @@ def test_tiny_job_gets_children_owned_by_it_and_runs(
     assert cond["Ready"]["status"] == "True"
     assert cond["Ready"]["observedGeneration"] == job(testbed, op_ns, "tiny")["metadata"][
         "generation"]
-    # The head runs Ray's head and then the trainer, with the planner's env injected.
+    # The head runs Ray's head and then the trainer, with the job's identity and Ray's
+    # settings as env; the planned settings are in the trainer's config only.
     head = head_pod(testbed, op_ns, "tiny")["spec"]["containers"][0]
     assert "grpo_trainer --config /etc/grpo/config.yaml" in head["args"][0]
     env = {e["name"]: e.get("value") for e in head["env"]}
-    assert env["GRPO_GRADIENT_CHECKPOINTING"] in ("true", "false")
+    assert "GRPO_GRADIENT_CHECKPOINTING" not in env
     assert env["GRPO_CHECKPOINT_DIR"] == f"/checkpoints/{op_ns}/tiny"
     assert env["RAY_memory_usage_threshold"] == "0.95"
     mounts = {m["mountPath"] for m in head["volumeMounts"]}
@@ -89,6 +90,7 @@ def test_tiny_job_gets_children_owned_by_it_and_runs(
     cfg = yaml.safe_load(cm["data"]["config.yaml"])
     assert cfg["checkpoint"]["dir"] == f"/checkpoints/{op_ns}/tiny"
     assert cfg["resources"]["num_workers"] == 2
+    assert isinstance(cfg["actor"]["gradient_checkpointing"], bool)
 
 
 def test_gpu_job_lands_on_its_gpu_type_with_tolerations(

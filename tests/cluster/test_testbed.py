@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from grpo_operator.api import quantity_gib
-from grpo_operator.catalog import GPU_CATALOG, GPU_PRODUCT_LABEL, GPU_RESOURCE
+from grpo_api.catalog import GPU_CATALOG, GPU_PRODUCT_LABEL, GPU_RESOURCE
+from grpo_api.job import quantity_gib
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.processes import wait_until
 

@@ -23,12 +23,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from grpo_api.trainer_config import Config
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer, read_tracker, scan
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.checkpointing.files import atomic_write
 from grpo_trainer.checkpointing.tracker import Tracker
 from grpo_trainer.cli import cli
-from grpo_trainer.config import Config, build_config
+from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.metrics import MetricsLogger
 from grpo_trainer.testing.configs import text_config

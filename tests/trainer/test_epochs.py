@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from grpo_operator.api import parse_spec
+from grpo_api.job import parse_spec
 from grpo_operator.planner import plan_memory
 from grpo_operator.render import JobRef
 from grpo_operator.render.trainer_config import trainer_config

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_operator.contract import ExitCode
+from grpo_api.contract import ExitCode
 from grpo_trainer.run import run_training
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_trainer.config import ModelConfig
+from grpo_api.trainer_config import ModelConfig
 from grpo_trainer.modeling import load_full
 from grpo_trainer.testing.dist import run_ranks
 from grpo_trainer.testing.loading import (

@@ -8,9 +8,9 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from grpo_operator.api import SpecError, load_manifest, parse_manifest, parse_spec
-from grpo_operator.api.base import quantity_gib
-from grpo_operator.catalog import GPU_CATALOG
+from grpo_api.catalog import GPU_CATALOG
+from grpo_api.job import SpecError, load_manifest, parse_manifest, parse_spec
+from grpo_api.job.base import quantity_gib
 from grpo_testbed.examples import broken_job
 
 pytestmark = pytest.mark.unit
@@ -125,7 +125,7 @@ def test_quantities(text: str, gib: float) -> None:
 
 
 def test_status_round_trips() -> None:
-    from grpo_operator.api import GRPOJobStatus
+    from grpo_api.job import GRPOJobStatus
 
     status = GRPOJobStatus.model_validate(
         {
@@ -156,7 +156,7 @@ def test_models_reject_what_the_api_server_rejects(case: dict[str, Any]) -> None
 
 
 def test_the_status_phases_are_the_contracts_phases() -> None:
-    from grpo_operator.api.status import Phase as WirePhase
-    from grpo_operator.contract import Phase
+    from grpo_api.contract import Phase
+    from grpo_api.job.status import Phase as WirePhase
 
     assert set(get_args(WirePhase)) == {p.value for p in Phase}

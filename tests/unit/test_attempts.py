@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from grpo_operator.contract import FailureReason as R
+from grpo_api.contract import FailureReason as R
 from grpo_operator.reconcile.attempts import backoff_seconds, finish_attempt, planned
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.reconcile.attempts import start_next_attempt as start
@@ -55,7 +55,7 @@ def test_infeasible_job_fails_with_numbers_and_no_children() -> None:
 
 
 def test_backoff_is_exponential_and_capped() -> None:
-    from grpo_operator.api import parse_spec
+    from grpo_api.job import parse_spec
 
     s = parse_spec(spec())
     assert [backoff_seconds(s, r) for r in range(4)] == [30, 60, 100, 100]

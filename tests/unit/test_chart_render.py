@@ -17,7 +17,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from grpo_operator import contract
+from grpo_api import contract
 from grpo_testbed.versions import binary
 
 pytestmark = pytest.mark.unit
@@ -332,7 +332,7 @@ def test_gpu_catalog_overrides_reach_the_operator_as_a_mounted_file() -> None:
     )["data"]["gpu-catalog.yaml"]) == {}
 
 
-# ---- versions and images agree with grpo_operator.contract ----------------------------
+# ---- versions and images agree with grpo_api.contract ------------------------------------
 
 def test_chart_versions_and_default_images_come_from_the_contract() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())

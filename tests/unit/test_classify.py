@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from grpo_operator.contract import FailureReason as R
+from grpo_api.contract import FailureReason as R
 from grpo_operator.reconcile.classify import classify_pod
 
 

@@ -34,7 +34,7 @@ def test_plan_table_shows_decisions_memory_pods_and_env() -> None:
         "GPU training",
         "host steady",
         "NVIDIA-A100-SXM4-40GB",
-        "GRPO_OFFLOAD_PARAMS",
+        "RAY_memory_usage_threshold",
     ):
         assert text in out, text
 
@@ -48,7 +48,8 @@ def test_plan_json_is_machine_readable() -> None:
     assert data["pods"]["worker"]["nodeSelector"] == {
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"
     }
-    assert data["env"]["GRPO_RANK0_INIT"] == "true"
+    assert data["settings"]["rank0Init"] is True
+    assert data["env"]["TOKENIZERS_PARALLELISM"] == "false"
 
 
 def test_plan_yaml() -> None:

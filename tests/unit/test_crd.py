@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from grpo_operator import contract
+from grpo_api import contract
 from grpo_operator.crd import CRD_PATHS, crd, crd_yaml, write_crds
 
 pytestmark = pytest.mark.unit

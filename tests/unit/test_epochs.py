@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_trainer.config import TrainerConfig
+from grpo_api.trainer_config import TrainerConfig
 
 pytestmark = pytest.mark.unit
 

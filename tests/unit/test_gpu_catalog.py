@@ -11,7 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from grpo_operator.catalog import GPU_CATALOG
+from grpo_api.catalog import GPU_CATALOG
 from grpo_operator.catalog_file import CatalogError, load_catalog, merge_catalog
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.render import JobRef

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,21 +16,16 @@ BASE = {"model": {"path": "m"}, "data": {"train_files": ["a.jsonl"]}}
 def test_set_overrides_file_and_env_overrides_set() -> None:
     cfg = build_config(BASE, ["actor.micro_batch_size=4", "rollout.n=4"], environ={})
     assert cfg.actor.micro_batch_size == 4 and cfg.rollout.n == 4
-    env = {
-        "GRPO_MICRO_BATCH_SIZE": "1",
-        "GRPO_OFFLOAD_OPTIMIZER": "true",
-        "GRPO_GRADIENT_CHECKPOINTING": "true",
-        "GRPO_ROLLOUT_GPU_MEMORY_UTILIZATION": "0.4",
-        "GRPO_RANK0_INIT": "true",
-        "GRPO_CHECKPOINT_DIR": "/ck",
-        "GRPO_ATTEMPT": "3",
-    }
-    cfg = build_config(BASE, ["actor.micro_batch_size=4"], environ=env)
-    assert cfg.actor.micro_batch_size == 1
-    assert cfg.actor.offload_optimizer and cfg.actor.gradient_checkpointing
-    assert cfg.rollout.gpu_memory_utilization == 0.4
-    assert cfg.actor.init_strategy == "rank0"
+    env = {"GRPO_CHECKPOINT_DIR": "/ck", "GRPO_ATTEMPT": "3"}
+    cfg = build_config(BASE, ["checkpoint.dir=/elsewhere"], environ=env)
     assert cfg.checkpoint.dir == "/ck" and cfg.trainer.attempt == 3
+
+
+def test_planned_settings_come_from_the_file_only() -> None:
+    """One channel: a GRPO_* variable named like a planned knob is not read."""
+    env = {"GRPO_MICRO_BATCH_SIZE": "1", "GRPO_GRADIENT_CHECKPOINTING": "true"}
+    cfg = build_config(BASE, ["actor.micro_batch_size=4"], environ=env)
+    assert cfg.actor.micro_batch_size == 4 and not cfg.actor.gradient_checkpointing
 
 
 @pytest.mark.parametrize(
@@ -59,8 +53,8 @@ def test_bad_config_names_the_field(raw: dict, sets: list[str], field: str) -> N
 
 def test_env_value_of_wrong_type_is_reported_against_its_field() -> None:
     with pytest.raises(ConfigError) as err:
-        build_config(BASE, [], environ={"GRPO_MICRO_BATCH_SIZE": "lots"})
-    assert err.value.field == "actor.micro_batch_size"
+        build_config(BASE, [], environ={"GRPO_ATTEMPT": "lots"})
+    assert err.value.field == "trainer.attempt"
 
 
 def test_missing_data_file_is_a_runtime_config_error(tmp_path: Path) -> None:
@@ -77,13 +71,3 @@ def test_load_config_reads_yaml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(tmp_path / "missing.yaml", environ={})
     assert err.value.field == "--config"
-
-
-def test_config_module_stays_torch_free() -> None:
-    # The operator imports the config to render ConfigMaps and has no torch.
-    import subprocess
-
-    code = (
-        "import sys, grpo_trainer.config; sys.exit(1 if {'torch', 'ray'} & set(sys.modules) else 0)"
-    )
-    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer.config import ConfigError, DataConfig
+from grpo_api.trainer_config import DataConfig
+from grpo_trainer.config import ConfigError
 from grpo_trainer.data import PromptDataset, StatefulLoader, build_messages, load_template
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from grpo_operator.contract import TERMINATION_MESSAGE_MAX_BYTES, ExitCode, FailureReason
+from grpo_api.contract import TERMINATION_MESSAGE_MAX_BYTES, ExitCode, FailureReason
 from grpo_trainer.config import ConfigError
 from grpo_trainer.errors import StepError, classify, parse_fault, step_of, termination_message
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ray import exceptions as rex
 
-from grpo_operator.contract import ExitCode, FailureReason
+from grpo_api.contract import ExitCode, FailureReason
 from grpo_trainer.errors import classify
 
 MONITOR = ("Task was killed due to the node running low on memory. Memory on the node "

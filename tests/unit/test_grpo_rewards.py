@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_trainer.config import RewardConfig
+from grpo_api.trainer_config import RewardConfig
 from grpo_trainer.rewards import RewardRunner, resolve_reward_fn
 from grpo_trainer.rewards.math_answer import extract_boxed, math_reward
 from grpo_trainer.rewards.r1v import r1v_reward

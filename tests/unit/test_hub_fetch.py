@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_api.trainer_config import DataConfig
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.reconcile.classify import classify_pod
 from grpo_operator.reconcile.conditions import hub_fetch_conditions
 from grpo_operator.render import JobRef
-from grpo_trainer.config import DataConfig, build_config, check_runtime
+from grpo_trainer.config import build_config, check_runtime
 from grpo_trainer.data import PromptDataset
 from grpo_trainer.hub_fetch import MARKER, main
 from grpo_trainer.testing.datasets import write_vision_task

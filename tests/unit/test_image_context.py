@@ -26,9 +26,20 @@ def test_a_glob_other_than_the_known_ones_is_refused(tmp_path: Path) -> None:
         context_files(tmp_path, ["*", "!pkg/*.py"])
 
 
-def test_the_shipped_images_leave_the_test_helpers_out() -> None:
-    for image in ("operator", "trainer"):
-        lines = (REPO / "images" / image / "Dockerfile.dockerignore").read_text().splitlines()
-        files = [p.relative_to(REPO).as_posix() for p in context_files(REPO, lines)]
-        assert "trainer/grpo_trainer/worker.py" in files
-        assert not [f for f in files if f.startswith("trainer/grpo_trainer/testing/")]
+# What each image's build context holds: the shared package, its own side's package, the
+# files its Dockerfile copies; never the other side's package, the testbed or test helpers.
+SIDES = {"operator": ("api/grpo_api/", "operator/grpo_operator/"),
+         "trainer": ("api/grpo_api/", "trainer/grpo_trainer/")}
+SOURCE_ROOTS = ("api/", "operator/", "trainer/", "testbed/")
+
+
+@pytest.mark.parametrize("image", sorted(SIDES))
+def test_each_image_gets_only_its_sides_code(image: str) -> None:
+    lines = (REPO / "images" / image / "Dockerfile.dockerignore").read_text().splitlines()
+    files = [p.relative_to(REPO).as_posix() for p in context_files(REPO, lines)]
+    for package in SIDES[image]:
+        assert f"{package}__init__.py" in files, package
+    sources = {f for f in files if f.startswith(SOURCE_ROOTS)}
+    foreign = sorted(f for f in sources if not f.startswith(SIDES[image]))
+    assert not foreign, f"the {image} image would get {foreign[:5]}"
+    assert not [f for f in files if f.startswith("trainer/grpo_trainer/testing/")]

@@ -1,8 +1,18 @@
-"""Which way the packages depend: the operator runs without torch or the trainer's code.
+"""Which way the packages depend: grpo_api at the bottom, the operator and the trainer on it.
 
-Two checks that fail on a new crossing: every module of grpo_operator imported in a
-fresh interpreter (so whatever any of them pulls in is seen), and a static read of every
-import statement in both source trees (an import inside a function counts too).
+The proof is static: every import statement of every module (one inside a function or
+under TYPE_CHECKING counts too) is read with `ast`, and the imports are followed
+transitively through the first-party source, so a crossing two hops away is found as
+surely as a direct one. A failure names each hop: file, line and the import statement.
+
+- grpo_api imports neither side, nor the testbed, torch, Kopf or the Kubernetes client;
+- grpo_operator never imports grpo_trainer (nor torch and the rest of the GPU stack);
+- grpo_trainer never imports grpo_operator (nor Kopf);
+- no shipped package imports the testbed, and nothing shipped imports the trainer's
+  test helpers (which the images leave out).
+
+One runtime check stays: importing every operator module in a fresh interpreter, which
+also sees what third-party packages pull in.
 """
 
 from __future__ import annotations
@@ -11,21 +21,188 @@ import ast
 import json
 import subprocess
 import sys
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-OPERATOR = ROOT / "operator" / "grpo_operator"
-TRAINER = ROOT / "trainer" / "grpo_trainer"
-HEAVY = ("torch", "ray", "vllm", "transformers", "safetensors", "numpy")
-# The crossings that remain until the shared contract and config schema move to a
-# package of their own (issue 16): the list may only shrink.
-OPERATOR_MAY_IMPORT = {"grpo_trainer.config"}
-TRAINER_MAY_IMPORT = {"grpo_operator.contract"}
+# Package -> its source root (pyproject.toml's [tool.setuptools.packages.find] `where`).
+SOURCES = {
+    "grpo_api": ROOT / "api",
+    "grpo_operator": ROOT / "operator",
+    "grpo_trainer": ROOT / "trainer",
+    "grpo_testbed": ROOT / "testbed",
+}
+GPU_STACK = {"torch", "ray", "vllm", "transformers", "safetensors", "numpy", "torchvision"}
+# What each shipped package must never reach, directly or through another module.
+FORBIDDEN = {
+    "grpo_api": {"grpo_operator", "grpo_trainer", "grpo_testbed", "kopf", "kubernetes",
+                 *GPU_STACK},
+    "grpo_operator": {"grpo_trainer", "grpo_testbed", *GPU_STACK},
+    "grpo_trainer": {"grpo_operator", "grpo_testbed", "kopf"},
+}
+TEST_HELPERS = "grpo_trainer.testing"
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement: who imports, where, and the module it resolves to."""
+
+    importer: str  # dotted module name
+    path: Path
+    line: int
+    statement: str
+    target: str  # a first-party module, or a third-party dotted name
+
+    def describe(self, root: Path) -> str:
+        try:
+            where = self.path.relative_to(root)
+        except ValueError:
+            where = self.path
+        return f"{where}:{self.line}: {self.statement}"
+
+
+def modules_of(sources: Mapping[str, Path]) -> dict[str, Path]:
+    """Every first-party module by dotted name (a package by its __init__.py)."""
+    found: dict[str, Path] = {}
+    for package, root in sources.items():
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _resolve(name: str, modules: Mapping[str, Path]) -> str:
+    """`a.b.c` as imported: the longest prefix that is a first-party module, else as is."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in modules:
+            return ".".join(parts[:n])
+    return name
+
+
+def imports_of(module: str, path: Path, modules: Mapping[str, Path]) -> list[Import]:
+    """The modules one file imports, relative imports resolved, in source order."""
+    source = path.read_text()
+    lines = source.splitlines()
+    is_package = path.name == "__init__.py"
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    out: list[Import] = []
+    for node in ast.walk(ast.parse(source, str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            parent = ".".join([*base, *([node.module] if node.module else [])])
+            # `from p import x`: x is a submodule of p, or a name defined in p.
+            names = [parent, *(f"{parent}.{a.name}" for a in node.names if a.name != "*")]
+        else:
+            continue
+        text = " ".join(line.strip() for line in lines[node.lineno - 1 : node.end_lineno])
+        for target in dict.fromkeys(_resolve(n, modules) for n in names):
+            out.append(Import(module, path, node.lineno, text, target))
+    return out
+
+
+def _with_parents(module: str, modules: Mapping[str, Path]) -> list[str]:
+    """Importing a.b.c runs a/__init__.py and a/b/__init__.py first."""
+    parts = module.split(".")
+    return [m for n in range(1, len(parts) + 1) if (m := ".".join(parts[:n])) in modules]
+
+
+def violations(package: str, forbidden: set[str],
+               sources: Mapping[str, Path] = SOURCES) -> list[str]:
+    """Every forbidden top-level package `package` reaches, each with its chain of imports."""
+    modules = modules_of(sources)
+    # Breadth first from every module of the package: the chain found is a shortest one.
+    came_from: dict[str, Import | None] = {m: None for m in modules
+                                           if m.split(".")[0] == package}
+    queue = deque(came_from)
+    found: list[str] = []
+    reported: set[tuple[Path, int]] = set()  # one report per statement
+    while queue:
+        module = queue.popleft()
+        for imp in imports_of(module, modules[module], modules):
+            top = imp.target.split(".")[0]
+            if top in forbidden:
+                if (imp.path, imp.line) in reported:
+                    continue
+                reported.add((imp.path, imp.line))
+                chain = [imp]
+                while (prev := came_from[chain[-1].importer]) is not None:
+                    chain.append(prev)
+                hops = "\n    ".join(i.describe(ROOT) for i in reversed(chain))
+                found.append(f"{package} reaches {imp.target}:\n    {hops}")
+                continue
+            for target in _with_parents(imp.target, modules):
+                if target not in came_from:
+                    came_from[target] = imp
+                    queue.append(target)
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_package_reaches_what_it_must_not(package: str) -> None:
+    found = violations(package, FORBIDDEN[package])
+    assert not found, "\n".join(found)
+
+
+def test_shipped_code_never_imports_the_test_helpers() -> None:
+    """grpo_trainer.testing stays out of the images (test_image_context.py): nothing
+    shipped may need it."""
+    modules = modules_of(SOURCES)
+    shipped = {m: p for m, p in modules.items()
+               if m.split(".")[0] in FORBIDDEN and not m.startswith(TEST_HELPERS)}
+    found = [imp.describe(ROOT) for m, p in shipped.items() for imp in imports_of(m, p, modules)
+             if imp.target == TEST_HELPERS or imp.target.startswith(TEST_HELPERS + ".")]
+    assert not found, "\n".join(found)
+
+
+# ---- the checker can fail: a planted crossing, two hops deep -------------------------
+
+
+def _plant(root: Path, files: Mapping[str, str]) -> dict[str, Path]:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return {p: root / p.split("_")[1] for p in ("grpo_api", "grpo_operator", "grpo_trainer")}
+
+
+def test_a_transitive_crossing_is_reported_with_every_hop(tmp_path: Path) -> None:
+    sources = _plant(tmp_path, {
+        "api/grpo_api/__init__.py": "",
+        "api/grpo_api/shapes.py": "def f() -> None:\n    import torch  # lazily\n",
+        "operator/grpo_operator/__init__.py": "",
+        "operator/grpo_operator/render/__init__.py": "from .config import x\n",
+        "operator/grpo_operator/render/config.py": "from grpo_trainer.loading import (\n"
+                                                   "    x,\n)\n",
+        "trainer/grpo_trainer/__init__.py": "",
+        "trainer/grpo_trainer/loading.py": "from grpo_api import shapes\nx = 1\n",
+    })
+    operator = violations("grpo_operator", FORBIDDEN["grpo_operator"], sources)
+    assert len(operator) == 1, operator
+    assert "grpo_operator reaches grpo_trainer.loading" in operator[0]
+    assert "operator/grpo_operator/render/config.py:1: from grpo_trainer.loading import " \
+        "( x, )" in operator[0]
+    api = violations("grpo_api", FORBIDDEN["grpo_api"], sources)
+    assert len(api) == 1 and "api/grpo_api/shapes.py:2: import torch" in api[0], api
+    # The trainer reaches torch only through grpo_api, which is allowed for it; and
+    # importing grpo_api.shapes runs grpo_api/__init__.py, which is followed too.
+    assert violations("grpo_trainer", FORBIDDEN["grpo_trainer"], sources) == []
+
+
+# ---- runtime: what third-party packages pull in --------------------------------------
 
 _IMPORT_EVERYTHING = """
 import importlib, json, pkgutil, sys
-import grpo_operator
-names = [m.name for m in pkgutil.walk_packages(grpo_operator.__path__, "grpo_operator.")
+import grpo_api, grpo_operator
+names = [m.name for p in (grpo_api, grpo_operator)
+         for m in pkgutil.walk_packages(p.__path__, p.__name__ + ".")
          if not m.name.endswith("__main__")]  # __main__ would start the operator
 for name in names:
     importlib.import_module(name)
@@ -33,58 +210,12 @@ print(json.dumps({"imported": names, "modules": sorted(sys.modules)}))
 """
 
 
-def imports_of(tree: Path, prefix: str) -> dict[str, set[str]]:
-    """Every module named `prefix...` that a file of `tree` imports, by file."""
-    found: dict[str, set[str]] = {}
-    for path in tree.rglob("*.py"):
-        package = list(path.relative_to(tree.parent).parts[:-1])  # __init__.py's too
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                # `from .x import y` and `from . import y`: resolved against the package.
-                base = package[:len(package) - node.level + 1] if node.level else []
-                module = ".".join([*base, *([node.module] if node.module else [])])
-                names = [module, *(f"{module}.{a.name}" for a in node.names)]
-            else:
-                continue
-            hits = {n for n in names if n == prefix or n.startswith(prefix + ".")}
-            if hits:
-                found.setdefault(str(path.relative_to(ROOT)), set()).update(hits)
-    return found
-
-
 def test_every_operator_module_imports_without_torch_or_the_trainer() -> None:
     out = subprocess.run([sys.executable, "-c", _IMPORT_EVERYTHING], capture_output=True,
                          text=True, check=True, timeout=120)
     seen = json.loads(out.stdout.splitlines()[-1])
-    assert {"grpo_operator.handlers", "grpo_operator.render.children",
-            "grpo_operator.webhook", "grpo_operator.main"} <= set(seen["imported"])
-    modules = set(seen["modules"])
-    heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
-    assert not heavy, f"the operator pulled in {heavy[:5]}"
-    trainer = {m for m in modules if m.startswith("grpo_trainer.")}
-    assert trainer <= OPERATOR_MAY_IMPORT, sorted(trainer - OPERATOR_MAY_IMPORT)
-
-
-def beyond(found: dict[str, set[str]], allowed: set[str]) -> dict[str, set[str]]:
-    """The imports in `found` that are not an allowed module or a name in one."""
-    out = {f: {n for n in names if not any(n == a or n.startswith(a + ".") for a in allowed)}
-           for f, names in found.items()}
-    return {f: names for f, names in out.items() if names}
-
-
-def test_no_new_import_crosses_between_operator_and_trainer() -> None:
-    assert not beyond(imports_of(OPERATOR, "grpo_trainer"), OPERATOR_MAY_IMPORT)
-    assert not beyond(imports_of(TRAINER, "grpo_operator"), TRAINER_MAY_IMPORT)
-
-
-def test_shipped_code_never_imports_the_test_helpers() -> None:
-    """grpo_trainer.testing is left out of the images (their .dockerignore): nothing else
-    in the package may need it."""
-    shipped = {f: m for f, m in imports_of(TRAINER, "grpo_trainer.testing").items()
-               if "/testing/" not in f}
-    assert not shipped, shipped
-    for image in ("trainer", "operator"):
-        ignore = (ROOT / "images" / image / "Dockerfile.dockerignore").read_text().split()
-        assert "trainer/grpo_trainer/testing/" in ignore, image
+    assert {"grpo_operator.handlers", "grpo_operator.render.children", "grpo_api.job",
+            "grpo_api.trainer_config", "grpo_operator.main"} <= set(seen["imported"])
+    pulled = sorted(m for m in seen["modules"]
+                    if m.split(".")[0] in FORBIDDEN["grpo_operator"])
+    assert not pulled, f"the operator pulled in {pulled[:5]}"

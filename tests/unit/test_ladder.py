@@ -6,11 +6,14 @@ from typing import Any
 
 import pytest
 
-from grpo_operator.api import GRPOJobSpec, parse_spec
-from grpo_operator.contract import FailureReason
+from grpo_api.contract import FailureReason
+from grpo_api.job import GRPOJobSpec, parse_spec
 from grpo_operator.planner import Plan, next_safer_plan, plan_memory, remediation_ladder
+from grpo_operator.render.names import JobRef
+from grpo_operator.render.trainer_config import trainer_config
 
 pytestmark = pytest.mark.unit
+JOB = JobRef("j", "ns", "uid")
 
 
 def spec(rollout_batch: int = 64, **memory: Any) -> GRPOJobSpec:
@@ -56,7 +59,8 @@ def test_cuda_oom_turns_checkpointing_on_first_and_keeps_generations() -> None:
     assert first is not None
     assert first.settings.gradient_checkpointing
     assert first.settings.rollout_n == 8
-    assert first.env["GRPO_GRADIENT_CHECKPOINTING"] == "true"
+    config = trainer_config(spec(), first, JOB, attempt=1)  # the next attempt's ConfigMap
+    assert config["actor"]["gradient_checkpointing"] is True
     assert first.remediations[-1].startswith("CudaOOM: gradient checkpointing on:")
     assert "predicted GPU" in first.remediations[-1]
 
@@ -100,7 +104,7 @@ def test_host_oom_after_cuda_remediation_undoes_offload() -> None:
     after = next_safer_plan(plan, FailureReason.RAY_OOM)
     assert after is not None
     assert not after.settings.offload_params
-    assert after.env["GRPO_OFFLOAD_PARAMS"] == "false"
+    assert trainer_config(spec(), after, JOB, attempt=2)["actor"]["offload_params"] is False
 
 
 def test_accepts_a_spec_and_returns_none_for_non_memory_failures() -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from grpo_operator.api import GRPOJobSpec, load_manifest, parse_spec, quantity_bytes
-from grpo_operator.contract import FailureReason
+from grpo_api.contract import FailureReason
+from grpo_api.job import GRPOJobSpec, load_manifest, parse_spec, quantity_bytes
 from grpo_operator.planner import InfeasibleError, Plan, next_safer_plan, plan_memory
 from grpo_operator.planner.headroom import headroom
 from grpo_operator.render import JobRef, render_children

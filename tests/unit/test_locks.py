@@ -2,7 +2,8 @@
 
 images/lock.sh writes them with `uv pip compile` for linux x86_64 / CPython 3.11. The
 last test installs the operator from its lock into a clean virtualenv, exactly as its
-Dockerfile does, and runs its entry points.
+Dockerfile does (from the same build context: the files its .dockerignore lets in), and
+runs its entry points.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from grpo_operator import contract
+from grpo_api import contract
+from grpo_testbed.images import context_files
 
 pytestmark = pytest.mark.unit
 
@@ -189,15 +191,21 @@ def test_dockerfiles_pin_bases_run_non_root_and_install_from_the_lock(image: str
 
 @pytest.fixture(scope="session")
 def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A clean virtualenv built by images/operator/install.sh (what the image runs)."""
+    """A clean virtualenv built by images/operator/install.sh (what the image runs), from
+    a copy of the image's build context, so what the image lacks this venv lacks too."""
     uv = shutil.which("uv", path=str(ROOT / ".venv/bin")) or shutil.which("uv")
     if uv is None:
         pytest.fail("uv is needed to build the operator's virtualenv: run `make setup`",
                     pytrace=False)
-    venv = tmp_path_factory.mktemp("operator-image") / "venv"
+    work = tmp_path_factory.mktemp("operator-image")
+    venv, src = work / "venv", work / "src"
+    ignore = (ROOT / "images/operator/Dockerfile.dockerignore").read_text().splitlines()
+    for file in context_files(ROOT, ignore):
+        (src / file.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(file, src / file.relative_to(ROOT))
     env = {**os.environ, "UV": uv, "PYTHON": sys.executable}
     env.pop("VIRTUAL_ENV", None)
-    proc = subprocess.run([str(ROOT / "images/operator/install.sh"), str(venv), str(ROOT)],
+    proc = subprocess.run([str(src / "images/operator/install.sh"), str(venv), str(src)],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, f"install.sh failed:\n{proc.stdout}\n{proc.stderr}"
     return venv
@@ -219,9 +227,10 @@ def test_operator_entry_points_run_from_a_clean_venv_built_from_the_lock(
                                    "COLUMNS": "200"})
         assert plan.returncode == 0, plan.stderr
         assert "Plan for GRPOJob tiny" in plan.stdout
-    no_torch = subprocess.run([str(operator_venv / "bin/python"), "-c", "import torch"],
+    for absent in ("torch", "grpo_trainer", "grpo_testbed"):
+        proc = subprocess.run([str(operator_venv / "bin/python"), "-c", f"import {absent}"],
                               capture_output=True, text=True, timeout=60, check=False)
-    assert "No module named 'torch'" in no_torch.stderr
+        assert f"No module named '{absent}'" in proc.stderr, absent
 
 
 @pytest.mark.parametrize("variant", ["gpu", "cpu"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpo_operator.api import GRPOJobStatus
+from grpo_api.job import GRPOJobStatus
 from grpo_operator.reconcile.conditions import PhaseView, conditions_for, memory_growth_conditions
 
 T0, T1 = "2026-11-22T00:00:00Z", "2026-11-22T00:05:00Z"

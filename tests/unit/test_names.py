@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from grpo_operator.api import load_manifest
+from grpo_api.job import load_manifest
 from grpo_operator.crd import crd
 from grpo_operator.kube import api_message
 from grpo_operator.planner import plan_memory

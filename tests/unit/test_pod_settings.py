@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from grpo_operator.api import load_manifest
+from grpo_api.job import load_manifest
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.render import JobRef
 from grpo_operator.webhook import admission_problem

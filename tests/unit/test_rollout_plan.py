@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_operator.api import load_manifest, parse_spec
-from grpo_operator.contract import Env
+from grpo_api.job import load_manifest, parse_spec
 from grpo_operator.planner import plan_memory
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
@@ -23,10 +22,8 @@ def test_plan_and_trainer_agree_on_engine_and_tp(path: Path) -> None:
     spec = load_manifest(path).spec
     plan = plan_memory(spec)
     raw = trainer_config(spec, plan, JOB, attempt=0)
-    env = {k: v for k, v in plan.env.items() if k.startswith("GRPO_")}
-    cfg = build_config(raw, environ=env)  # what the trainer resolves in the pod
+    cfg = build_config(raw, environ=plan.env)  # what the trainer resolves in the pod
     assert cfg.rollout.tensor_parallel_size == plan.budget.rollout_tensor_parallel
-    assert env[Env.ROLLOUT_TENSOR_PARALLEL] == str(plan.budget.rollout_tensor_parallel)
     assert cfg.rollout.engine == ("vllm" if plan.geometry.is_gpu else "hf")
     assert cfg.resources.num_workers % cfg.rollout.tensor_parallel_size == 0
 

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from grpo_trainer.config import ConfigError, MetricsConfig, build_config
+from grpo_api.trainer_config import MetricsConfig
+from grpo_trainer.config import ConfigError, build_config
 from grpo_trainer.errors import leak_mib_per_step, parse_fault
 from grpo_trainer.metrics import MetricsLogger
 from grpo_trainer.progress import Progress
@@ -154,12 +155,10 @@ def test_prometheus_gets_one_gauge_per_kind_labelled_by_process() -> None:
     assert "grpo_memory_host_rss_bytes 7.0" in text
 
 
-def test_config_section_and_the_operators_rank0_flag() -> None:
+def test_config_section() -> None:
     base = {"model": {"path": "m"}, "data": {"train_files": ["a.jsonl"]}}
     cfg = build_config(base, ["watchdog.threshold_mib_per_step=8"], environ={})
     assert cfg.watchdog.window_steps == 20 and cfg.watchdog.threshold_mib_per_step == 8
     with pytest.raises(ConfigError) as err:
         build_config(base, ["watchdog.window_steps=2"], environ={})
     assert err.value.field == "watchdog.window_steps"
-    # The operator says GRPO_RANK0_INIT=false when rank-0 init is not wanted: sharded.
-    assert build_config(base, environ={"GRPO_RANK0_INIT": "false"}).actor.init_strategy == "sharded"

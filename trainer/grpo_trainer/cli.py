@@ -33,7 +33,7 @@ _resume_opt = click.option(
 
 
 def _train(config_path: str | None, overrides: tuple[str, ...], resume: bool) -> None:
-    from grpo_operator.contract import CONFIG_PATH
+    from grpo_api.contract import CONFIG_PATH
 
     from .run import run_training
 

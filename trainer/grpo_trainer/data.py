@@ -18,7 +18,9 @@ from typing import Any
 import jinja2
 import numpy as np
 
-from .config import ConfigError, DataConfig
+from grpo_api.trainer_config import DataConfig
+
+from .config import ConfigError
 
 # Our wording of the common reasoning formats (EasyR1 math / R1-V style).
 BUILTIN_TEMPLATE_TEXT = {

@@ -15,8 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from grpo_api.trainer_config import Config
+
 from .checkpointing.seam import Checkpointer, NoCheckpointer
-from .config import Config
 from .data import PromptDataset, Record, StatefulLoader
 from .errors import StepError, allocate_until_killed, parse_fault, raise_injected_oom
 from .metrics import MetricsLogger

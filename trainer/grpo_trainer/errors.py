@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_operator.contract import (
+from grpo_api.contract import (
     TERMINATION_LOG,
     TERMINATION_MESSAGE_MAX_BYTES,
     ExitCode,

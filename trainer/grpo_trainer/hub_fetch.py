@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_operator.contract import (
+from grpo_api.contract import (
     TERMINATION_LOG,
     TERMINATION_MESSAGE_MAX_BYTES,
     hub_local_dir,
@@ -135,7 +135,7 @@ def _reporter() -> Progress:
         return lambda p: log.info("fetch %s", p) if due(p) else None
     from kubernetes import client, config
 
-    from grpo_operator.contract import API_GROUP, API_VERSION, PLURAL, PROGRESS_FIELD_MANAGER
+    from grpo_api.contract import API_GROUP, API_VERSION, PLURAL, PROGRESS_FIELD_MANAGER
 
     config.load_incluster_config()
     api = client.CustomObjectsApi()

@@ -16,15 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_operator.contract import (
+from grpo_api.contract import (
     API_GROUP,
     API_VERSION,
     PLURAL,
     PROGRESS_FIELD_MANAGER,
     PROGRESS_MIN_INTERVAL_S,
 )
+from grpo_api.trainer_config import Config
 
-from .config import Config
 from .progress import JsonFileProgressReporter, NullProgressReporter, Progress, ProgressReporter
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from .config import MetricsConfig
+from grpo_api.trainer_config import MetricsConfig
 
 
 def _finite(v: float) -> float | None:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import ActorConfig, InitStrategy, ModelConfig
+from grpo_api.trainer_config import ActorConfig, InitStrategy, ModelConfig
 
 log = logging.getLogger(__name__)
 

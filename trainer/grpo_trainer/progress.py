@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from grpo_operator.contract import PROGRESS_MIN_INTERVAL_S
+from grpo_api.contract import PROGRESS_MIN_INTERVAL_S
 
 
 @dataclass

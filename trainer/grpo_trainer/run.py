@@ -6,7 +6,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from grpo_operator.contract import ExitCode, FailureReason
+from grpo_api.contract import ExitCode, FailureReason
 
 from .config import ConfigError, check_runtime, load_config
 from .errors import classify, step_of, termination_log_path, termination_message, write_termination

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import Config
+from grpo_api.trainer_config import Config
+
 from .data import Record, load_template
 from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
 from .grpo_math import entropy_from_logits, grpo_loss, log_probs_from_logits

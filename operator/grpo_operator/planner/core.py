@@ -18,9 +18,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..api.base import quantity_gib
-from ..api.spec import GRPOJobSpec, MemorySpec
-from ..catalog import GPU_CATALOG, GpuType, gpu_type
+from grpo_api.catalog import GPU_CATALOG, GpuType, gpu_type
+from grpo_api.job.base import quantity_gib
+from grpo_api.job.spec import GRPOJobSpec, MemorySpec
+from grpo_api.knobs import PINNABLE
+
 from .budget import compute_budget, max_rollout_utilization
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
 from .reasons import explain, explain_pods
@@ -39,30 +41,10 @@ def _micro_batches(geo: Geometry) -> list[int]:
     return [d for d in range(min(MAX_MICRO_BATCH, per_rank), 0, -1) if per_rank % d == 0]
 
 
-# Settings field -> spec.memory field (camelCase, as users write it).
-PINNED_FIELDS = {
-    "rank0_init": "rank0Init",
-    "offload_params": "offloadParams",
-    "offload_optimizer": "offloadOptimizer",
-    "gradient_checkpointing": "gradientCheckpointing",
-    "micro_batch_size": "microBatchSize",
-    "rollout_gpu_memory_utilization": "rolloutGpuMemoryUtilization",
-    "ray_object_store_gib": "rayObjectStoreMemory",
-}
-
-
 def _pinned(spec: GRPOJobSpec) -> frozenset[str]:
-    m = spec.memory
-    names = {
-        "rank0_init": m.rank0_init,
-        "offload_params": m.offload_params,
-        "offload_optimizer": m.offload_optimizer,
-        "gradient_checkpointing": m.gradient_checkpointing,
-        "micro_batch_size": m.micro_batch_size,
-        "rollout_gpu_memory_utilization": m.rollout_gpu_memory_utilization,
-        "ray_object_store_gib": m.ray_object_store_memory,
-    }
-    return frozenset(k for k, v in names.items() if v is not None)
+    """The Settings fields the spec sets (spec.memory by the names users write)."""
+    memory = spec.memory.model_dump(by_alias=True)
+    return frozenset(setting for setting, name in PINNABLE.items() if memory[name] is not None)
 
 
 def with_auto_utilization(geo: Geometry, st: Settings, pinned: frozenset[str]) -> Settings:
@@ -246,7 +228,7 @@ def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> li
     if pinned:
         auto = spec.model_copy(update={"memory": MemorySpec.model_validate({})})
         if _fits(geo, auto, frozenset()):
-            names = ", ".join(f"memory.{PINNED_FIELDS[k]}" for k in sorted(pinned))
+            names = ", ".join(f"memory.{PINNABLE[k]}" for k in sorted(pinned))
             out.append(f"unset {names} (let the planner choose)")
     if geo.is_gpu:
         gpn, nodes = geo.gpus_per_node, max(1, geo.nodes)
@@ -308,7 +290,7 @@ def plan_memory(
         decisions=(*decisions, *explain_pods(head, worker, budget)),
         head=head,
         worker=worker,
-        env=build_env(geo, settings, budget),
+        env=build_env(geo, settings),
         ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
     )
 
@@ -327,7 +309,7 @@ def replan(plan: Plan, settings: Settings, note: str, rung: str = "") -> Plan:
         budget=budget,
         head=kept_head,
         worker=at_least(worker, plan.worker),
-        env=build_env(geo, settings, budget),
+        env=build_env(geo, settings),
         ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
         remediations=(*plan.remediations, note),
         rungs=(*plan.rungs, rung) if rung else plan.rungs,

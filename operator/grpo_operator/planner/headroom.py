@@ -13,7 +13,8 @@ A rung that changes none of these changes nothing a restart could benefit from.
 
 from __future__ import annotations
 
-from ..contract import FailureReason
+from grpo_api.contract import FailureReason
+
 from .budget import RAY_MEMORY_USAGE_THRESHOLD
 from .resources import pod_need_gib
 from .types import Plan, PodResources

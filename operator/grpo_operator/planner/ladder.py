@@ -21,9 +21,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..api.spec import GRPOJobSpec
-from ..catalog import GPU_CATALOG, GpuType
-from ..contract import FailureReason
+from grpo_api.catalog import GPU_CATALOG, GpuType
+from grpo_api.contract import FailureReason
+from grpo_api.job.spec import GRPOJobSpec
+
 from .budget import compute_budget
 from .core import _micro_batches, plan_memory, replan
 from .headroom import changed_limits, improves

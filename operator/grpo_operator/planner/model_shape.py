@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..api.spec import ModelSpec
+from grpo_api.job.spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
-from ..api.status import PlanStatus
+from grpo_api.job.status import PlanStatus
+from grpo_api.knobs import KNOBS
+
 from .types import Plan, PodResources
 
 
@@ -31,6 +33,11 @@ def _pod(p: PodResources | None) -> dict[str, Any] | None:
     }
 
 
+def _knobs(plan: Plan) -> dict[str, Any]:
+    """The planned knobs status.plan reports, by the names users write (grpo_api.knobs)."""
+    return {k.spec: getattr(plan.settings, k.setting) for k in KNOBS if k.in_status}
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     g, s, b = plan.geometry, plan.settings, plan.budget
     return {
@@ -51,13 +58,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "rolloutTensorParallel": b.rollout_tensor_parallel,
         },
         "settings": {
-            "rank0Init": s.rank0_init,
-            "offloadParams": s.offload_params,
-            "offloadOptimizer": s.offload_optimizer,
-            "gradientCheckpointing": s.gradient_checkpointing,
-            "microBatchSize": s.micro_batch_size,
-            "rolloutGpuMemoryUtilization": s.rollout_gpu_memory_utilization,
-            "rolloutN": s.rollout_n,
+            **_knobs(plan),
             "rayObjectStoreGiB": s.ray_object_store_gib,
             "podMemoryAtAllocatable": s.pod_memory_at_allocatable,
         },
@@ -81,20 +82,14 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 def plan_status(plan: Plan) -> PlanStatus:
     """The typed summary for status.plan; the full dict goes under `details`."""
-    g, s, b = plan.geometry, plan.settings, plan.budget
+    g, b = plan.geometry, plan.budget
     return PlanStatus.model_validate(
         {
             "gpu": g.gpu,
             "nodes": g.nodes,
             "gpusPerNode": g.gpus_per_node,
             "totalGpus": g.world_size,
-            "rank0Init": s.rank0_init,
-            "offloadParams": s.offload_params,
-            "offloadOptimizer": s.offload_optimizer,
-            "gradientCheckpointing": s.gradient_checkpointing,
-            "microBatchSize": s.micro_batch_size,
-            "rolloutGpuMemoryUtilization": float(s.rollout_gpu_memory_utilization),
-            "rolloutN": s.rollout_n,
+            **_knobs(plan),
             "rolloutEngine": g.rollout_engine,
             "rolloutTensorParallel": b.rollout_tensor_parallel,
             "peakGpuGiB": round(b.peak_gpu_gib, 2),

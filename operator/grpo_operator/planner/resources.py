@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
-from ..contract import PYTORCH_CUDA_ALLOC_CONF, Env, Role
+from grpo_api.catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from grpo_api.contract import PYTORCH_CUDA_ALLOC_CONF, Role
+
 from .budget import (
     GIB,
     HOST_HEADROOM,
@@ -109,19 +110,10 @@ def at_least(new: PodResources | None, old: PodResources | None) -> PodResources
     )
 
 
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def build_env(geo: Geometry, st: Settings, budget: Budget) -> dict[str, str]:
+def build_env(geo: Geometry, st: Settings) -> dict[str, str]:
+    """What Ray, NCCL, the allocator and the tokenizers read from the environment, before
+    or beside the trainer's config; the planned settings travel in that config only."""
     env = {
-        Env.RANK0_INIT.value: _flag(st.rank0_init),
-        Env.OFFLOAD_PARAMS.value: _flag(st.offload_params),
-        Env.OFFLOAD_OPTIMIZER.value: _flag(st.offload_optimizer),
-        Env.GRADIENT_CHECKPOINTING.value: _flag(st.gradient_checkpointing),
-        Env.MICRO_BATCH_SIZE.value: str(st.micro_batch_size),
-        Env.ROLLOUT_N.value: str(st.rollout_n),
-        Env.ROLLOUT_TENSOR_PARALLEL.value: str(budget.rollout_tensor_parallel),
         # Ray's memory monitor kills workers above this fraction; the plan stays below
         # 90% of the pod limit, so Ray's default is kept rather than raised.
         "RAY_memory_usage_threshold": str(RAY_MEMORY_USAGE_THRESHOLD),
@@ -132,7 +124,6 @@ def build_env(geo: Geometry, st: Settings, budget: Budget) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
     }
     if geo.is_gpu:
-        env[Env.ROLLOUT_GPU_MEMORY_UTILIZATION.value] = f"{st.rollout_gpu_memory_utilization:.2f}"
         env["PYTORCH_CUDA_ALLOC_CONF"] = PYTORCH_CUDA_ALLOC_CONF  # against fragmentation
         env["NCCL_DEBUG"] = "WARN"
         # FSDP: free comm buffers as soon as the stream is done (lower peaks).

@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import GRPOJobSpec, SpecError, parse_spec
-from ..catalog import GPU_CATALOG, GpuType, UnknownGpuType
-from ..contract import ATTEMPT_RUNNING, TERMINAL_PHASES, FailureReason, Phase
+from grpo_api.catalog import GPU_CATALOG, GpuType, UnknownGpuType
+from grpo_api.contract import ATTEMPT_RUNNING, TERMINAL_PHASES, FailureReason, Phase
+from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
+
 from ..planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_status
 from ..render import JobRef, names, pod_settings, render_children
 from .classify import PodOutcome

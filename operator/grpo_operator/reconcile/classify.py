@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract import ExitCode, FailureReason
+from grpo_api.contract import ExitCode, FailureReason
 
 _EXIT_CLASSES = {
     ExitCode.FINISHED: FailureReason.SUCCEEDED,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract import ROLE_LABEL, Phase, Role
+from grpo_api.contract import ROLE_LABEL, Phase, Role
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Suspended", "Succeeded", "Failed")
 

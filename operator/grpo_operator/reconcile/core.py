@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_api.contract import ATTEMPT_LABEL, TERMINAL_PHASES, Phase, Role
+
 from ..config import OperatorConfig
-from ..contract import ATTEMPT_LABEL, TERMINAL_PHASES, Phase, Role
 from ..render import JobRef
 from .attempts import (
     Action,

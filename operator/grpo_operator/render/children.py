@@ -8,9 +8,8 @@ from typing import Any
 import jinja2
 import yaml
 
-from ..api import GRPOJobSpec
-from ..catalog import GPU_RESOURCE
-from ..contract import (
+from grpo_api.catalog import GPU_RESOURCE
+from grpo_api.contract import (
     API_GROUP,
     API_VERSION,
     ATTEMPT_LABEL,
@@ -27,6 +26,8 @@ from ..contract import (
     Env,
     Role,
 )
+from grpo_api.job import GRPOJobSpec
+
 from ..planner import Plan
 from . import names
 from .hub import hub_fetch

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..api import GRPOJobSpec
-from ..contract import hub_local_dir, is_hub_id
+from grpo_api.contract import hub_local_dir, is_hub_id
+from grpo_api.job import GRPOJobSpec
+
 from .names import JobRef, checkpoint_dir
 
 

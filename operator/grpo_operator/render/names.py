@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..contract import CHECKPOINT_MOUNT, MAX_RESTARTS
+from grpo_api.contract import CHECKPOINT_MOUNT, MAX_RESTARTS
 
 KUBERAY_MAX_CLUSTER_NAME = 53  # KubeRay v1.6.1 utils.MaxRayClusterNameLength
 MAX_JOB_NAME = KUBERAY_MAX_CLUSTER_NAME - len(f"-a{MAX_RESTARTS}")

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from pathlib import PurePosixPath
 from typing import Any
 
-from ..api.pods import PodSettings, PodsSpec
-from ..catalog import GPU_PRODUCT_LABEL
-from ..contract import API_GROUP, CHECKPOINT_MOUNT, CONFIG_PATH, MODEL_MOUNT
+from grpo_api.catalog import GPU_PRODUCT_LABEL
+from grpo_api.contract import API_GROUP, CHECKPOINT_MOUNT, CONFIG_PATH, MODEL_MOUNT
+from grpo_api.job.pods import PodSettings, PodsSpec
 
 ROLES = ("head", "workers")
 OPERATOR_VOLUMES = {"checkpoints", "config", "dshm", "models"}

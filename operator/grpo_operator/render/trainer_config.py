@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_trainer.config import Config
+from grpo_api.job import GRPOJobSpec
+from grpo_api.knobs import KNOBS
+from grpo_api.trainer_config import Config
 
-from ..api import GRPOJobSpec
 from ..planner import Plan
 from .hub import hub_fetch
 from .names import JobRef, checkpoint_dir
@@ -41,11 +42,9 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
         "rollout": {
             "engine": g.rollout_engine,
             "tensor_parallel_size": plan.budget.rollout_tensor_parallel,
-            "n": s.rollout_n,
             "temperature": alg.temperature,
             "top_p": alg.top_p,
             "max_new_tokens": spec.data.max_response_length,
-            "gpu_memory_utilization": s.rollout_gpu_memory_utilization if g.is_gpu else 0.5,
             "seed": tr.seed,
         },
         "algorithm": {
@@ -59,12 +58,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             "max_grad_norm": tr.max_grad_norm,
             # globalBatchSize responses per optimizer update, as in the spec.
             "mini_batch_size": min(tr.global_batch_size, samples),
-            "micro_batch_size": s.micro_batch_size,
             "dtype": "bfloat16" if g.is_gpu else "float32",
-            "init_strategy": "rank0" if s.rank0_init else "sharded",
-            "offload_params": s.offload_params,
-            "offload_optimizer": s.offload_optimizer,
-            "gradient_checkpointing": s.gradient_checkpointing,
         },
         "resources": {
             "num_workers": g.world_size,
@@ -94,5 +88,11 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             "attempt": attempt,
         },
     }
+    for knob in KNOBS:  # the planned settings, by their trainer paths (grpo_api.knobs)
+        if knob.trainer:
+            section, key = knob.trainer.split(".")
+            cfg[section][key] = knob.trainer_value(getattr(s, knob.setting))
+    if not g.is_gpu:  # no GPU memory to share with vLLM; a fixed, valid fraction
+        cfg["rollout"]["gpu_memory_utilization"] = 0.5
     Config.model_validate(cfg)  # raises with the field named; handlers report it
     return cfg

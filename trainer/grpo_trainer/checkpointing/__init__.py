@@ -8,7 +8,8 @@ Hugging Face directory.
 
 from __future__ import annotations
 
-from ..config import Config
+from grpo_api.trainer_config import Config
+
 from .seam import Checkpointer, NoCheckpointer
 
 

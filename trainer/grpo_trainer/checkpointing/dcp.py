@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from ..config import Config
+from grpo_api.trainer_config import Config
+
 from .files import atomic_write, file_size, remove_step_dir, sha256_file, write_durable
 from .tracker import (
     CONFIG,

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import yaml
 
-from ..config import Config, ModelConfig
+from grpo_api.trainer_config import Config, ModelConfig
+
 from .dcp import check_sizes, committed_step
 from .files import sha256_file
 from .tracker import CONFIG, digest_problems, step_dir_name

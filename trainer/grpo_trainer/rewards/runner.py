@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..config import ConfigError, RewardConfig
+from grpo_api.trainer_config import RewardConfig
+
+from ..config import ConfigError
 from .math_answer import math_reward
 from .r1v import r1v_reward
 

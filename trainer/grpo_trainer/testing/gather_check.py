@@ -10,7 +10,7 @@ def compare_gathers(rank: int, world: int, arg: Any) -> dict[str, dict[str, Any]
     of ``arg["dtypes"]``."""
     import torch
 
-    from grpo_trainer.config import ActorConfig, ModelConfig
+    from grpo_api.trainer_config import ActorConfig, ModelConfig
     from grpo_trainer.modeling import build_sharded, stream_full_params
     from grpo_trainer.param_gather import gather_full_params
 

@@ -259,7 +259,8 @@ def fill_fp32(files: list[Path]) -> None:
 def _load(strategy: str, rank: int, mcfg: Any, files: list[Path]) -> Any:
     import torch
 
-    from ..config import ActorConfig
+    from grpo_api.trainer_config import ActorConfig
+
     from ..modeling import build_sharded
 
     if strategy in BASELINES:
@@ -276,7 +277,7 @@ def rank_load(rank: int, world: int, job: LoadJob) -> list[LoadResult]:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from ..config import ModelConfig
+    from grpo_api.trainer_config import ModelConfig
 
     torch.set_num_threads(1)
     mcfg = ModelConfig(path=job.model_dir)

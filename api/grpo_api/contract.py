@@ -91,16 +91,12 @@ class FailureReason(StrEnum):
 
 
 class Env(StrEnum):
-    """Environment variables the operator injects and the trainer honours (env wins)."""
+    """Environment variables the operator injects and the trainer honours (env wins).
 
-    RANK0_INIT = "GRPO_RANK0_INIT"  # "rank0" | "sharded" | "naive" | "true"/"false"
-    OFFLOAD_PARAMS = "GRPO_OFFLOAD_PARAMS"  # "true" | "false"
-    OFFLOAD_OPTIMIZER = "GRPO_OFFLOAD_OPTIMIZER"
-    GRADIENT_CHECKPOINTING = "GRPO_GRADIENT_CHECKPOINTING"
-    MICRO_BATCH_SIZE = "GRPO_MICRO_BATCH_SIZE"  # per-GPU micro-batch for the update
-    ROLLOUT_GPU_MEMORY_UTILIZATION = "GRPO_ROLLOUT_GPU_MEMORY_UTILIZATION"
-    ROLLOUT_N = "GRPO_ROLLOUT_N"  # generations per prompt
-    ROLLOUT_TENSOR_PARALLEL = "GRPO_ROLLOUT_TENSOR_PARALLEL"  # vLLM TP size per engine
+    Only what belongs to the process and the job's identity: the planned settings reach
+    the trainer through one channel, the per-attempt config (grpo_api.knobs).
+    """
+
     CHECKPOINT_DIR = "GRPO_CHECKPOINT_DIR"
     JOB_NAME = "GRPO_JOB_NAME"
     JOB_NAMESPACE = "GRPO_JOB_NAMESPACE"

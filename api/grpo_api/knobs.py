@@ -1,0 +1,51 @@
+"""The planned settings, each declared once: its spec name, its plan name, its trainer path.
+
+The planner resolves every knob into its `Settings` (grpo_operator.planner.types); from
+this table the operator derives which knobs a spec pins, status.plan and the knobs'
+entries in the per-attempt trainer config, which is the one channel a planned setting
+travels to the trainer (no env var carries it too). tests/unit/test_knobs.py checks
+every name here against the models that hold it, so a knob added to a model but not
+here (or here with a typo) fails there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One planned setting and every name it goes by."""
+
+    setting: str  # the planner's Settings field, and status.plan's field (snake_case)
+    spec: str  # where a user pins it: spec.memory.<spec> (spec.algorithm for rolloutN)
+    trainer: str | None  # dotted path in the trainer config; None: Ray's, not the trainer's
+    pinnable: bool = True  # False: not in spec.memory, the planner never chooses it
+    in_status: bool = True  # a field of status.plan (PlanStatus)
+
+    def trainer_value(self, value: Any) -> Any:
+        """The planned value as the trainer config spells it."""
+        if self.setting == "rank0_init":  # a strategy name in the trainer (InitStrategy)
+            return "rank0" if value else "sharded"
+        return value
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("rank0_init", "rank0Init", "actor.init_strategy"),
+    Knob("offload_params", "offloadParams", "actor.offload_params"),
+    Knob("offload_optimizer", "offloadOptimizer", "actor.offload_optimizer"),
+    Knob("gradient_checkpointing", "gradientCheckpointing", "actor.gradient_checkpointing"),
+    Knob("micro_batch_size", "microBatchSize", "actor.micro_batch_size"),
+    Knob("rollout_gpu_memory_utilization", "rolloutGpuMemoryUtilization",
+         "rollout.gpu_memory_utilization"),
+    # The algorithm's, not a memory knob: the planner passes it through (only the last
+    # rung of the CudaOOM ladder lowers it).
+    Knob("rollout_n", "rolloutN", "rollout.n", pinnable=False),
+    # Ray's object store: reaches Ray through its own env and start params, not the trainer.
+    Knob("ray_object_store_gib", "rayObjectStoreMemory", None, in_status=False),
+)
+
+PINNABLE: Mapping[str, str] = {k.setting: k.spec for k in KNOBS if k.pinnable}
+"""Settings field -> spec.memory field, for the knobs a spec may pin."""
