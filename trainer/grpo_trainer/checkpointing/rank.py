@@ -3,8 +3,8 @@
 Runs inside a ``Worker`` (every method is collective over the ranks). The model
 and optimizer go through ``torch.distributed.checkpoint`` with DTensor state
 dicts from ``get_state_dict``, so a checkpoint saved by W ranks loads on any
-other number of ranks. Each file's sha256 is computed while it is written and
-returned to the driver, which writes the manifest.
+other number of ranks. Each file's digest (xxh3-128) is computed while it is
+written and returned to the driver, which writes the manifest.
 
 Async saves stage a CPU copy of the state (the only part that blocks training)
 and write it from DCP's background thread over a separate gloo group, so the
@@ -29,14 +29,14 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from .files import HashingWriter, sha256_file, write_durable
-from .tracker import FileEntry, digest_problems, rank_file
+from .files import HashingWriter, digest_file, write_durable
+from .tracker import FileEntry, digest_problems, from_wire, rank_file, to_wire
 
 log = logging.getLogger(__name__)
 
 
 class HashingFileSystem(FileSystem):
-    """DCP's file system with a sha256 of every file it writes, keyed by file name."""
+    """DCP's file system with a digest of every file it writes, keyed by file name."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -216,7 +216,7 @@ class RankCheckpointer:
         assert self._fs is not None
         files = {rank_file(self.w.rank): extra, **self._fs.digests}
         self._result = {
-            "files": {k: [v.size, v.sha256] for k, v in files.items()},
+            "files": {k: to_wire(v) for k, v in files.items()},
             "save_s": time.perf_counter() - self._t0,
         }
         return self._result
@@ -225,9 +225,9 @@ class RankCheckpointer:
     def load(self, path: str, verify: dict[str, list[Any]]) -> dict[str, Any]:
         """Check this rank's share of the files, then (if every rank agrees) load.
 
-        ``verify`` maps file names to [size, sha256] from the manifest. Returns
-        ``{"bad": [...]}`` naming every bad file found by any rank (nothing loaded),
-        or ``{"bad": [], "rng": ...}`` after loading.
+        ``verify`` maps file names to [size, digest, algorithm] from the manifest.
+        Returns ``{"bad": [...]}`` naming every bad file found by any rank (nothing
+        loaded), or ``{"bad": [], "rng": ...}`` after loading.
         """
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -236,12 +236,15 @@ class RankCheckpointer:
         pg = self._pg()
         root = Path(path)
         t0 = time.perf_counter()
-        expected = {k: FileEntry(int(v[0]), str(v[1])) for k, v in verify.items()}
+        expected = {k: from_wire(v) for k, v in verify.items()}
         present = [k for k in expected if (root / k).exists()]
-        with ThreadPoolExecutor(self.threads) as pool:  # hashlib releases the GIL
-            actual = dict(
-                zip(present, pool.map(sha256_file, [root / k for k in present]), strict=True)
-            )
+
+        def check(name: str) -> FileEntry:
+            return digest_file(root / name, expected[name].algorithm)
+
+        # Files in parallel: reads and both hashes release the GIL.
+        with ThreadPoolExecutor(self.threads) as pool:
+            actual = dict(zip(present, pool.map(check, present), strict=True))
         mine = digest_problems(expected, actual)
         everyone: list[Any] = [None] * dist.get_world_size(pg)
         dist.all_gather_object(everyone, mine, group=pg)
