@@ -292,6 +292,9 @@ class DCPCheckpointer:
             "load_s": max(float(r["load_s"]) for r in results),
             "total_s": time.perf_counter() - t0,
             "bytes": float(sum(e.size for e in manifest.entries().values())),
+            # Tensors read straight into place vs through torch.load (reader.py).
+            "direct_items": float(sum(r.get("direct_items", 0) for r in results)),
+            "stock_items": float(sum(r.get("stock_items", 0) for r in results)),
         }
         r = self.last_restore
         log.info(

@@ -26,10 +26,11 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from .files import HashingWriter, digest_file, write_durable
+from .reader import DirectReader
 from .tracker import FileEntry, digest_problems, from_wire, rank_file, to_wire
 
 log = logging.getLogger(__name__)
@@ -254,9 +255,8 @@ class RankCheckpointer:
         t_verify = time.perf_counter() - t0
 
         msd, osd = self._state()
-        dcp.load(
-            {"model": msd, "optim": osd}, storage_reader=FileSystemReader(path), process_group=pg
-        )
+        reader = DirectReader(path)
+        dcp.load({"model": msd, "optim": osd}, storage_reader=reader, process_group=pg)
         set_state_dict(self.w.actor, self.w.optimizer, model_state_dict=msd, optim_state_dict=osd)
         self.w._optimizer_state_to(self.w._optimizer_home)
 
@@ -276,4 +276,6 @@ class RankCheckpointer:
             "rng": rng,
             "verify_s": t_verify,
             "load_s": time.perf_counter() - t0 - t_verify,
+            "direct_items": reader.direct_items,
+            "stock_items": reader.stock_items,
         }
