@@ -128,6 +128,49 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class _Verification:
+    """This rank's share of the digests, computed in background threads.
+
+    ``wait`` is collective: it gathers every rank's problems, so all ranks decide
+    alike; it runs once and then returns the same verdict.
+    """
+
+    def __init__(self, root: Path, verify: dict[str, list[Any]], threads: int, pg: Any) -> None:
+        self._pg = pg
+        self._expected = {k: from_wire(v) for k, v in verify.items()}
+        present = [k for k in self._expected if (root / k).exists()]
+        # Files in parallel: reads and both hashes release the GIL.
+        self._pool = ThreadPoolExecutor(threads)
+        self._futures = {
+            k: self._pool.submit(digest_file, root / k, self._expected[k].algorithm)
+            for k in present
+        }
+        self._bad: list[str] | None = None
+        self.finished = 0.0
+
+    def wait(self) -> list[str]:
+        if self._bad is None:
+            try:
+                actual = {k: f.result() for k, f in self._futures.items()}
+            finally:
+                self._pool.shutdown(cancel_futures=True)
+            mine = digest_problems(self._expected, actual)
+            everyone: list[Any] = [None] * dist.get_world_size(self._pg)
+            dist.all_gather_object(everyone, mine, group=self._pg)
+            self._bad = sorted({p for probs in everyone for p in probs})
+            self.finished = time.perf_counter()
+        return self._bad
+
+    def gate(self) -> None:
+        """Called by the reader before it writes anything: raises if any rank found damage."""
+        if self.wait():
+            raise CorruptCheckpoint("; ".join(self.wait()))
+
+
+class CorruptCheckpoint(Exception):
+    """A file's digest or size does not match the manifest (the message names it)."""
+
+
 class RankCheckpointer:
     """Held by a ``Worker``; reads ``actor``, ``optimizer``, ``scheduler`` from it."""
 
@@ -224,11 +267,13 @@ class RankCheckpointer:
 
     # -- load ------------------------------------------------------------------
     def load(self, path: str, verify: dict[str, list[Any]]) -> dict[str, Any]:
-        """Check this rank's share of the files, then (if every rank agrees) load.
+        """Check this rank's share of the files and, if every rank agrees, load.
 
         ``verify`` maps file names to [size, digest, algorithm] from the manifest.
-        Returns ``{"bad": [...]}`` naming every bad file found by any rank (nothing
-        loaded), or ``{"bad": [], "rng": ...}`` after loading.
+        The digests are computed in background threads while DCP plans the load;
+        the reader waits for every rank's verdict before it writes a single byte
+        into the model or optimizer. Returns ``{"bad": [...]}`` naming every bad
+        file any rank found (nothing loaded), or ``{"bad": [], "rng": ...}``.
         """
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -237,28 +282,23 @@ class RankCheckpointer:
         pg = self._pg()
         root = Path(path)
         t0 = time.perf_counter()
-        expected = {k: from_wire(v) for k, v in verify.items()}
-        present = [k for k in expected if (root / k).exists()]
-
-        def check(name: str) -> FileEntry:
-            return digest_file(root / name, expected[name].algorithm)
-
-        # Files in parallel: reads and both hashes release the GIL.
-        with ThreadPoolExecutor(self.threads) as pool:
-            actual = dict(zip(present, pool.map(check, present), strict=True))
-        mine = digest_problems(expected, actual)
-        everyone: list[Any] = [None] * dist.get_world_size(pg)
-        dist.all_gather_object(everyone, mine, group=pg)
-        bad = sorted({p for probs in everyone for p in probs})
-        if bad:
-            return {"bad": bad}
-        t_verify = time.perf_counter() - t0
-
-        msd, osd = self._state()
-        reader = DirectReader(path)
-        dcp.load({"model": msd, "optim": osd}, storage_reader=reader, process_group=pg)
+        check = _Verification(root, verify, self.threads, pg)
+        reader = DirectReader(path, before_read=check.gate)
+        try:
+            msd, osd = self._state()
+            dcp.load({"model": msd, "optim": osd}, storage_reader=reader, process_group=pg)
+        except BaseException:  # DCP's CheckpointException is a BaseException
+            # The gate's refusal comes back wrapped by DCP; a damaged .metadata can also
+            # break DCP's planning on every rank alike before the gate ran: either way
+            # the digests name the file here. Anything else goes on up.
+            if check.wait():
+                return {"bad": check.wait()}
+            raise
+        if check.wait():  # the reader never ran (no plan items): still refuse
+            return {"bad": check.wait()}
         set_state_dict(self.w.actor, self.w.optimizer, model_state_dict=msd, optim_state_dict=osd)
         self.w._optimizer_state_to(self.w._optimizer_home)
+        t_verify = check.finished - t0
 
         own = root / rank_file(self.w.rank)
         src = own if own.exists() else root / rank_file(0)

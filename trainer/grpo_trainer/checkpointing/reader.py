@@ -10,8 +10,8 @@ directly into the destination. Anything unusual (GPU destinations, a narrow that
 is not a run of whole rows, another dtype or layout, transforms) takes the stock
 path, item by item, so results are identical either way.
 
-Integrity is not this module's job: ``rank.py`` verifies every file's digest before
-anything is read into the live state.
+Integrity is checked by ``rank.py`` in parallel with DCP's planning; its gate
+(``before_read``) holds the reads until every rank's digests match.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from typing import IO, Any, cast
 
 import torch
@@ -94,13 +95,19 @@ def _byte_view(t: torch.Tensor) -> memoryview:
 class DirectReader(FileSystemReader):
     """``FileSystemReader`` whose whole-row tensor reads bypass ``torch.load``."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], before_read: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(path)
+        # Runs before the first byte is read into place (rank.py: the digest gate).
+        self._before_read = before_read
         self.direct_items = 0
         self.stock_items = 0
         self._layouts: list[tuple[int, bytes, torch.Tensor, int]] = []
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
+        if self._before_read is not None:
+            self._before_read()
         per_file: dict[str, list[ReadItem]] = defaultdict(list)
         for item in plan.items:
             per_file[self.storage_data[item.storage_index].relative_path].append(item)
