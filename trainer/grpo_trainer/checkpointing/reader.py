@@ -17,6 +17,7 @@ Integrity is checked by ``rank.py`` in parallel with DCP's planning; its gate
 from __future__ import annotations
 
 import io
+import math
 import os
 from collections import defaultdict
 from collections.abc import Callable
@@ -141,7 +142,7 @@ class DirectReader(FileSystemReader):
         start = _row_run(tuple(saved.shape), tuple(item.storage_offsets), tuple(item.lengths))
         if start is None or tuple(item.lengths) != tuple(target.shape):
             return False
-        row_bytes = saved[0].numel() * saved.element_size() if saved.dim() else 0
+        row_bytes = math.prod(saved.shape[1:]) * saved.element_size()
         _pread_exact(fd, _byte_view(target), info.offset + data_at + start * row_bytes)
         planner.commit_tensor(item, target)
         return True
