@@ -202,7 +202,7 @@ def test_sigkill_anywhere_resumes_from_a_complete_checkpoint_and_matches(
         print(f"  {k}")
     assert in_save >= 5
 
-    # A flipped byte (same size) in the newest checkpoint: caught by its sha256,
+    # A flipped byte (same size) in the newest checkpoint: caught by its xxh3 digest,
     # named in the log, skipped for the previous one; the run redoes the step.
     root = finished[-1]
     shard = max((root / f"step-{TOTAL_STEPS}").glob("*.distcp"), key=lambda p: p.stat().st_size)
@@ -214,7 +214,7 @@ def test_sigkill_anywhere_resumes_from_a_complete_checkpoint_and_matches(
     assert server.wait() == 0
     text = log.read_text()
     assert f"checkpoint {root / f'step-{TOTAL_STEPS}'} is corrupt" in text
-    assert shard.name in text and "sha256" in text
+    assert shard.name in text and "has xxh3_128" in text
     assert f"resumed from checkpoint step {TOTAL_STEPS - 1} " in text
     _assert_same_weights(root / f"step-{TOTAL_STEPS}", ref_final)
 

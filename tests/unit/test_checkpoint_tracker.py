@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer, committed_step
 from grpo_trainer.checkpointing.files import (
     HashingWriter,
     atomic_write,
+    digest_file,
     remove_step_dir,
-    sha256_file,
     write_durable,
 )
 from grpo_trainer.checkpointing.tracker import (
@@ -23,6 +25,7 @@ from grpo_trainer.checkpointing.tracker import (
     balance,
     build_manifest,
     digest_problems,
+    from_wire,
     is_due,
     parse_manifest,
     parse_step_dir,
@@ -31,6 +34,7 @@ from grpo_trainer.checkpointing.tracker import (
     plan_startup,
     size_problems,
     step_dir_name,
+    to_wire,
 )
 from grpo_trainer.config import build_config
 
@@ -78,7 +82,9 @@ def test_digest_problems_catch_a_changed_byte_of_the_same_size() -> None:
     want = {"a": FileEntry(3, "aa" * 32), "b": FileEntry(3, "bb" * 32)}
     assert digest_problems(want, dict(want)) == []
     got = {"a": FileEntry(3, "aa" * 32), "b": FileEntry(3, "cc" * 32)}
-    assert digest_problems(want, got) == [f"b has sha256 {'c' * 12}..., expected {'b' * 12}..."]
+    assert digest_problems(want, got) == [
+        f"b has xxh3_128 {'c' * 12}..., expected xxh3_128 {'b' * 12}..."
+    ]
     assert digest_problems(want, {"a": want["a"]}) == ["b is missing"]
 
 
@@ -87,6 +93,34 @@ def test_manifest_round_trips_and_junk_is_not_a_manifest() -> None:
     back = parse_manifest(m.model_dump_json())
     assert back is not None and back.entries() == {"x": FileEntry(1, "ab" * 32)}
     assert parse_manifest("{}") is None and parse_manifest("not json") is None
+
+
+def test_a_format_1_sha256_manifest_still_parses_and_names_its_algorithm() -> None:
+    # Verbatim shape of what saves before the xxh3 switch wrote.
+    old = {
+        "format": 1,
+        "step": 4,
+        "world_size": 2,
+        "created_at": "2026-11-20T00:00:00+00:00",
+        "files": {".metadata": {"size": 10, "sha256": "ab" * 32}},
+    }
+    m = parse_manifest(json.dumps(old))
+    assert m is not None and m.algorithm == "sha256"
+    assert m.entries() == {".metadata": FileEntry(10, "ab" * 32, "sha256")}
+    # A digest of the right value but another algorithm is not a match.
+    assert digest_problems(m.entries(), {".metadata": FileEntry(10, "ab" * 32)}) != []
+
+
+def test_new_manifests_record_xxh3_and_refuse_mixed_algorithms() -> None:
+    m = build_manifest(1, 1, "now", {"a": FileEntry(1, "0" * 32)})
+    assert json.loads(m.model_dump_json())["algorithm"] == "xxh3_128"
+    assert json.loads(m.model_dump_json())["format"] == 2
+    with pytest.raises(ValueError, match="different algorithms"):
+        build_manifest(1, 1, "now", {"a": FileEntry(1, "0"), "b": FileEntry(1, "0", "sha256")})
+    e = FileEntry(5, "ff" * 16, "sha256")
+    assert from_wire(to_wire(e)) == e
+    with pytest.raises(ValueError, match="md5"):
+        from_wire([5, "ff", "md5"])
 
 
 def test_verification_is_balanced_over_ranks_by_bytes() -> None:
@@ -120,14 +154,17 @@ def test_retention_keeps_the_newest_and_never_the_latest() -> None:
     assert 7 not in plan_retention({5: True, 6: True, 7: True}, 7, keep=1)
 
 
-def test_hashing_writer_and_durable_writes_agree_with_sha256(tmp_path: Path) -> None:
+def test_hashing_writer_and_durable_writes_agree_with_xxh3(tmp_path: Path) -> None:
     data = bytes(range(256)) * 1000
     with open(tmp_path / "a", "wb") as raw:
         w = HashingWriter(raw)
         w.write(data[:100])
         w.write(memoryview(data)[100:])
-    want = FileEntry(len(data), hashlib.sha256(data).hexdigest())
-    assert w.entry() == want == sha256_file(tmp_path / "a")
+    want = FileEntry(len(data), xxhash.xxh3_128_hexdigest(data), "xxh3_128")
+    assert w.entry() == want == digest_file(tmp_path / "a")
+    # The old algorithm, by name: what verifying a format-1 checkpoint uses.
+    old = FileEntry(len(data), hashlib.sha256(data).hexdigest(), "sha256")
+    assert digest_file(tmp_path / "a", "sha256") == old
     assert write_durable(tmp_path / "b", data) == want
     assert atomic_write(tmp_path / "c", b"old").size == 3
     assert atomic_write(tmp_path / "c", data) == want

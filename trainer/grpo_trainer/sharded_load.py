@@ -173,6 +173,32 @@ def safetensors_layout(path: Path) -> tuple[int, dict[str, tuple[int, int, list[
     return 8 + n, {k: (*v["data_offsets"], v["shape"]) for k, v in header.items()}
 
 
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
+
+
+def populate(tensors: list[torch.Tensor]) -> bool:
+    """Fault in the pages of fresh CPU tensors in one system call each.
+
+    New fp32 weights are untouched memory; filling them page fault by page fault is
+    the largest cost of loading on a VM (docs/benchmarks.md "Model loading").
+    ``MADV_POPULATE_WRITE`` maps the same pages without a trap per page. False
+    (nothing done) where the kernel lacks it.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = 4096
+    for t in tensors:
+        if t.device.type != "cpu" or t.numel() == 0:
+            continue
+        start = t.data_ptr() & ~(page - 1)
+        end = (t.data_ptr() + t.numel() * t.element_size() + page - 1) & ~(page - 1)
+        if libc.madvise(start, end - start, _MADV_POPULATE_WRITE) != 0:
+            return False
+    return True
+
+
 def read_local_shards(model: nn.Module, plan: dict[str, Source]) -> int:
     """Copy this rank's rows of every planned tensor into the model; returns bytes read."""
     from safetensors import safe_open
@@ -191,6 +217,8 @@ def read_local_shards(model: nn.Module, plan: dict[str, Source]) -> int:
         items = sorted(by_file[file], key=lambda item: layout[item[1]][0])
         work.append((file, [(mkey, ckey, local_region(state[mkey])) for mkey, ckey in items]))
     read = 0
+    locals_ = [t.to_local() if isinstance(t, DTensor) else t for t in state.values()]
+    populate([t for t in locals_ if not t.is_meta])
     with torch.no_grad():
         for file, regions in work:
             # One file mapped at a time: its touched pages leave RSS when it closes.

@@ -313,6 +313,14 @@ class CheckpointSpec(ApiModel):
     )
     interval_steps: int = Field(5, ge=1, description="Save every N steps.")
     keep: int = Field(2, ge=1, le=100, description="Complete checkpoints kept (newest N).")
+    async_save: bool = Field(
+        False,
+        description=(
+            "true: a save blocks the step only while the state is copied into a host "
+            "buffer, written in the background; each rank keeps that buffer (its fp32 "
+            "weights and Adam state), which the plan budgets in host RAM."
+        ),
+    )
     delete_claim_with_job: bool = Field(
         False,
         description=(

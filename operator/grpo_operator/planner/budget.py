@@ -155,7 +155,6 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         }
 
     ranks = geo.ranks_per_node
-    ranks = geo.ranks_per_node
     rank_gib = RANK_PROCESS_GIB if geo.is_gpu else RANK_PROCESS_CPU_GIB
     host: dict[str, float] = {
         "rank_processes": ranks * rank_gib,
@@ -167,6 +166,11 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         "offloaded_optimizer": ranks * shard * ADAM_B / GIB if st.offload_optimizer else 0.0,
         "vllm_sleep_weights": ranks * weights_gib / tp if geo.is_gpu and geo.uses_vllm else 0.0,
         "ray_object_store": st.ray_object_store_gib,
+        # Async checkpoint saves stage each rank's fp32 weights and Adam moments in a host
+        # buffer kept across saves (pinned on GPU nodes), whatever is offloaded.
+        "async_save_staging": (
+            ranks * shard * (MASTER_B + ADAM_B) / GIB if geo.async_save else 0.0
+        ),
     }
     if not geo.is_gpu:  # CPU ranks keep their whole training state in host RAM
         host["cpu_rank_training_state"] = ranks * sum(

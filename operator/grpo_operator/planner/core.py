@@ -153,6 +153,7 @@ def geometry(
             if spec.rollout.engine == "auto"
             else spec.rollout.engine
         ),
+        async_save=spec.checkpoint.async_save,
     )
 
 

@@ -58,6 +58,7 @@ class Geometry:
     kl_coef: float
     data_workers: int
     rollout_engine: str = "hf"  # "vllm" | "hf", resolved from spec.rollout.engine
+    async_save: bool = False  # spec.checkpoint.asyncSave: a host copy of each rank's state
 
     @property
     def uses_vllm(self) -> bool:

@@ -74,6 +74,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             "dir": checkpoint_dir(job),
             "interval_steps": spec.checkpoint.interval_steps,
             "keep": spec.checkpoint.keep,
+            "async_save": spec.checkpoint.async_save,
         },
         "metrics": {"prometheus_port": METRICS_PORT, "progress_bar": "off"},
         "trainer": {

@@ -4,7 +4,7 @@ Workers write the DCP shards and their own RNG/scheduler file (``rank.py``); the
 driver writes the trainer state and the resolved config, then, once every rank's
 files are durable, the manifest (the step's complete marker) and last the
 tracker. On start it resumes from the newest complete, committed checkpoint,
-checking every file's size (here) and sha256 (on the ranks, in parallel) first;
+checking every file's size (here) and digest (on the ranks, in parallel) first;
 a damaged checkpoint is named in the log and skipped for the one before it.
 """
 
@@ -22,7 +22,7 @@ import yaml
 
 from grpo_api.trainer_config import Config
 
-from .files import atomic_write, file_size, remove_step_dir, sha256_file, write_durable
+from .files import atomic_write, digest_file, file_size, remove_step_dir, write_durable
 from .tracker import (
     CONFIG,
     FORMAT,
@@ -35,6 +35,7 @@ from .tracker import (
     balance,
     build_manifest,
     digest_problems,
+    from_wire,
     is_due,
     parse_manifest,
     parse_step_dir,
@@ -43,6 +44,7 @@ from .tracker import (
     plan_startup,
     size_problems,
     step_dir_name,
+    to_wire,
 )
 
 log = logging.getLogger(__name__)
@@ -217,7 +219,7 @@ class DCPCheckpointer:
             return
         files = {k: write_durable(pending.path / k, v) for k, v in pending.driver_files.items()}
         for r in results:
-            files.update({k: FileEntry(int(v[0]), str(v[1])) for k, v in r["files"].items()})
+            files.update({k: from_wire(v) for k, v in r["files"].items()})
         self._commit(pending, files, len(results))
         self._pending = None
 
@@ -253,7 +255,9 @@ class DCPCheckpointer:
         if manifest is not None and not problems:
             # The driver's own small files first: the trainer state must be sound.
             small = {k: v for k, v in manifest.entries().items() if k in (TRAINER_STATE, CONFIG)}
-            problems = digest_problems(small, {k: sha256_file(path / k) for k in small})
+            problems = digest_problems(
+                small, {k: digest_file(path / k, manifest.algorithm) for k in small}
+            )
         if manifest is not None and not problems:
             state = json.loads((path / TRAINER_STATE).read_text())
             if state.get("step") != step:
@@ -263,7 +267,7 @@ class DCPCheckpointer:
             return False
         world = group.world_size
         big = {k: v for k, v in manifest.entries().items() if k not in (TRAINER_STATE, CONFIG)}
-        shares = [{k: [v.size, v.sha256] for k, v in part.items()} for part in balance(big, world)]
+        shares = [{k: to_wire(v) for k, v in part.items()} for part in balance(big, world)]
         results = group.call("load_checkpoint", shares, common=[str(path)])
         if results[0]["bad"]:
             self._report_bad(path, results[0]["bad"])
@@ -289,10 +293,13 @@ class DCPCheckpointer:
             "load_s": max(float(r["load_s"]) for r in results),
             "total_s": time.perf_counter() - t0,
             "bytes": float(sum(e.size for e in manifest.entries().values())),
+            # Tensors read straight into place vs through torch.load (reader.py).
+            "direct_items": float(sum(r.get("direct_items", 0) for r in results)),
+            "stock_items": float(sum(r.get("stock_items", 0) for r in results)),
         }
         r = self.last_restore
         log.info(
-            "resumed from checkpoint step %d (%s, epoch %d%s; rng %s; %.1f MB: sha256 check "
+            "resumed from checkpoint step %d (%s, epoch %d%s; rng %s; %.1f MB: %s check "
             "%.2f s, load %.2f s, total %.2f s)",
             step,
             path,
@@ -300,6 +307,7 @@ class DCPCheckpointer:
             reshard,
             results[0]["rng"],
             r["bytes"] / 1e6,
+            manifest.algorithm,
             r["verify_s"],
             r["load_s"],
             r["total_s"],

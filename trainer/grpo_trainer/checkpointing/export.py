@@ -25,7 +25,7 @@ import yaml
 from grpo_api.trainer_config import Config, ModelConfig
 
 from .dcp import check_sizes, committed_step
-from .files import sha256_file
+from .files import digest_file
 from .tracker import CONFIG, digest_problems, step_dir_name
 
 log = logging.getLogger(__name__)
@@ -56,11 +56,12 @@ def pick_step(root: Path, step: int | None) -> int:
 
 
 def verify(step_dir: Path) -> None:
-    """Every file present, at its size and sha256; raises naming what is wrong."""
+    """Every file present, at its size and digest; raises naming what is wrong."""
     manifest, problems = check_sizes(step_dir)
     if manifest is not None and not problems:
         entries = manifest.entries()
-        problems = digest_problems(entries, {k: sha256_file(step_dir / k) for k in entries})
+        actual = {k: digest_file(step_dir / k, manifest.algorithm) for k in entries}
+        problems = digest_problems(entries, actual)
     if problems or manifest is None:
         raise ExportError(f"checkpoint {step_dir} is corrupt or incomplete: {'; '.join(problems)}")
 

@@ -15,25 +15,42 @@ import os
 import shutil
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
-from .tracker import MANIFEST, FileEntry
+import xxhash
+
+from .tracker import HASH_ALGORITHM, MANIFEST, FileEntry, HashAlgorithm
 
 CHUNK = 8 * 1024 * 1024
 
 
-class HashingWriter:
-    """A write-only stream that feeds every byte to sha256 on its way to ``raw``."""
+class Hash(Protocol):
+    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
+    def hexdigest(self) -> str: ...
 
-    def __init__(self, raw: BinaryIO) -> None:
+
+def new_hash(algorithm: HashAlgorithm) -> Hash:
+    """A streaming hash; both release the GIL on large buffers, so threads overlap."""
+    if algorithm == "xxh3_128":
+        return xxhash.xxh3_128()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unknown checkpoint digest algorithm {algorithm!r}")
+
+
+class HashingWriter:
+    """A write-only stream that feeds every byte to the hash on its way to ``raw``."""
+
+    def __init__(self, raw: BinaryIO, algorithm: HashAlgorithm = HASH_ALGORITHM) -> None:
         self._raw = raw
-        self._sha = hashlib.sha256()
+        self._algorithm: HashAlgorithm = algorithm
+        self._hash = new_hash(algorithm)
         self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data)
         self._raw.write(view)
-        self._sha.update(view)
+        self._hash.update(view)
         self.size += view.nbytes
         return view.nbytes
 
@@ -63,7 +80,7 @@ class HashingWriter:
         self._raw.close()
 
     def entry(self) -> FileEntry:
-        return FileEntry(size=self.size, sha256=self._sha.hexdigest())
+        return FileEntry(self.size, self._hash.hexdigest(), self._algorithm)
 
     def __enter__(self) -> HashingWriter:
         return self
@@ -87,7 +104,7 @@ def fsync_dir(path: str | Path) -> None:
 
 
 def write_durable(path: str | Path, data: bytes) -> FileEntry:
-    """Write ``data`` to ``path`` and fsync it; returns its size and sha256."""
+    """Write ``data`` to ``path`` and fsync it; returns its size and digest."""
     with open(path, "wb") as raw:
         h = HashingWriter(raw)
         h.write(data)
@@ -106,8 +123,9 @@ def atomic_write(path: str | Path, data: bytes) -> FileEntry:
     return entry
 
 
-def sha256_file(path: str | Path) -> FileEntry:
-    h = hashlib.sha256()
+def digest_file(path: str | Path, algorithm: HashAlgorithm = HASH_ALGORITHM) -> FileEntry:
+    """Size and digest of a file, read once in large chunks."""
+    h = new_hash(algorithm)
     size = 0
     with open(path, "rb", buffering=0) as f:
         buf = bytearray(CHUNK)
@@ -115,7 +133,7 @@ def sha256_file(path: str | Path) -> FileEntry:
         while n := f.readinto(buf):
             h.update(view[:n])
             size += n
-    return FileEntry(size=size, sha256=h.hexdigest())
+    return FileEntry(size, h.hexdigest(), algorithm)
 
 
 def file_size(path: str | Path) -> int | None:
