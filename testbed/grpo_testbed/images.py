@@ -247,7 +247,7 @@ def build_image(image: Image, workdir: Path, force: bool = False) -> bool:
     if not force and label(image.tag) == want:
         log.info("%s: up to date (%s, inputs %s)", image.name, image.tag, want[:12])
         return False
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     log.info("%s: building %s from %s (%d context files); log %s", image.name, image.tag,
              image.dockerfile, len(files), workdir / f"{image.name}.log")
     argv = ["buildah", "bud", "--isolation", "chroot", "--layers", "-f",
@@ -265,7 +265,16 @@ def build_image(image: Image, workdir: Path, force: bool = False) -> bool:
     _run([*argv, str(REPO)], image.name, workdir / f"{image.name}.log")
     log.info("%s: built in %.0f s, %.2f GB", image.name, time.monotonic() - t0,
              image_size(image.tag) / 1e9)
+    prune_older_than(started)
     return True
+
+
+def prune_older_than(timestamp: str) -> None:
+    """Drop untagged images made before this build: the replaced image and the stages of
+    earlier builds (several GB each for the trainer; a disk filled up without this).
+    This build's own stages stay as the layer cache of the next one."""
+    subprocess.run(["podman", "image", "prune", "-f", "--filter", f"until={timestamp}"],
+                   env=podman_env(), capture_output=True, check=False, timeout=600)
 
 
 def image_size(tag: str) -> int:
