@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: install, lint, type-check, then every tier
-# that runs without a GPU (unit, trainer, cluster, e2e). Extra args go to pytest.
+# that runs without a GPU (unit, trainer, vllm, cluster, e2e, images). Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$SECONDS
