@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from grpo_testbed.local_node import podspec
+from grpo_testbed.local_node import podspec, sandbox
 from grpo_testbed.local_node.sandbox import start_script
 
 POD: dict[str, Any] = {
@@ -81,9 +81,23 @@ def test_container_plan_mounts_and_limit() -> None:
     lines = script.splitlines()
     assert lines[1] == "echo $$ > /cg/cgroup.procs"  # in the cgroup before anything runs
     assert "mount -o remount,bind,ro /etc/grpo" in lines
-    assert lines.index("mount --bind /t/tmp /tmp") > lines.index(
+    assert lines.index("mount --rbind /t/tmp /tmp") > lines.index(
         "mount --bind /pod/config /etc/grpo")  # /tmp last: sources may live under it
     assert lines[-1] == 'exec "$@"'
+
+
+def test_an_image_under_the_hosts_tmp_stays_visible_in_the_private_tmp(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A checkout cloned under /tmp: its virtualenv is the "image" and must not vanish
+    # behind the container's own /tmp (`ray: command not found` in every attempt).
+    monkeypatch.setattr(sandbox, "IMAGE_ROOTS", (Path("/tmp/clone/.venv"), Path("/opt/x")))
+    plan = podspec.container_plan(POD, POD["spec"]["containers"][0], {
+        "checkpoints": "/c", "config": "/p", "dshm": ""}, podspec.volume_plans(POD), {})
+    lines = sandbox.start_script(plan, Path("/cg"), Path("/t/term"), Path("/t/profile"),
+                                 Path("/t/tmp")).splitlines()
+    bind = "mount --bind /tmp/clone/.venv /t/tmp/clone/.venv"
+    assert lines.index(bind) < lines.index("mount --rbind /t/tmp /tmp")
+    assert not [line for line in lines if "/opt/x" in line]  # not under /tmp: untouched
 
 
 def test_a_container_without_command_cannot_run_here() -> None:

@@ -20,6 +20,9 @@ from pathlib import Path
 from .podspec import ContainerPlan, Mount
 
 IMAGE_BIN = str(Path(sys.executable).parent)
+# What the "image" is made of: the environment and the checkout its editable installs
+# point into. Either may live under /tmp, which each container gets privately.
+IMAGE_ROOTS = (Path(sys.prefix).resolve(), Path(__file__).resolve().parents[3])
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -68,12 +71,18 @@ def start_script(plan: ContainerPlan, cgroup_procs: Path, termination_file: Path
     """
     mounts = [*plan.mounts,
               Mount(plan.termination_path, str(termination_file)),
-              Mount("/etc/profile", str(profile), read_only=True),
-              Mount("/tmp", str(tmp))]
+              Mount("/etc/profile", str(profile), read_only=True)]
     lines = ["set -e", f"echo $$ > {shlex.quote(str(cgroup_procs))}"]
     for m in mounts:
         lines += _mount_lines(m)
-    lines += ["cd /", 'exec "$@"']
+    # The private /tmp must not hide the image: an image root under the host's /tmp is
+    # bound into it first, and /tmp is bound recursively so that it comes along.
+    for root in IMAGE_ROOTS:
+        if root.is_relative_to("/tmp"):
+            inner = shlex.quote(str(tmp / root.relative_to("/tmp")))
+            lines += [f"mkdir -p {inner}", f"mount --bind {shlex.quote(str(root))} {inner}"]
+    lines += ["mkdir -p /tmp", f"mount --rbind {shlex.quote(str(tmp))} /tmp",
+              "cd /", 'exec "$@"']
     return "\n".join(lines) + "\n"
 
 
