@@ -177,12 +177,13 @@ def pod_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.La
     ns, event = namespace or "", rec.PodChanged(dict(body), deleted=type == "DELETED")
     selector = f"{JOB_LABEL}={labels[JOB_LABEL]},{ATTEMPT_LABEL}={labels.get(ATTEMPT_LABEL)}"
 
+    # Read once, not per conflict retry: only a pod going away asks about its namespace.
     going = event.deleted or bool(body.get("metadata", {}).get("deletionTimestamp"))
+    terminating = going and kube.namespace_terminating(ns)
 
     def gather(job: dict[str, Any]) -> Observed:
         return Observed(pods=kube.list_pods(ns, selector) if rec.pod_needs_pods(job, event)
-                        else [],
-                        namespace_terminating=going and kube.namespace_terminating(ns))
+                        else [], namespace_terminating=terminating)
 
     try:
         _decide_fresh(ns, labels[JOB_LABEL], event, from_memo(memo), gather)
