@@ -244,10 +244,12 @@ def build_image(image: Image, workdir: Path, force: bool = False) -> bool:
              if t in (BASE_TAG, UV_TAG)]
     want = inputs_hash(REPO, REPO / image.dockerfile, [image.ignorefile, *files],
                        image.build_args, bases)
-    if not force and label(image.tag) == want:
+    current = label(image.tag)
+    if not force and current == want:
         log.info("%s: up to date (%s, inputs %s)", image.name, image.tag, want[:12])
         return False
-    t0, started = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    replaced = image_id(image.tag) if current is not None else None
+    t0 = time.monotonic()
     log.info("%s: building %s from %s (%d context files); log %s", image.name, image.tag,
              image.dockerfile, len(files), workdir / f"{image.name}.log")
     argv = ["buildah", "bud", "--isolation", "chroot", "--layers", "-f",
@@ -265,16 +267,17 @@ def build_image(image: Image, workdir: Path, force: bool = False) -> bool:
     _run([*argv, str(REPO)], image.name, workdir / f"{image.name}.log")
     log.info("%s: built in %.0f s, %.2f GB", image.name, time.monotonic() - t0,
              image_size(image.tag) / 1e9)
-    prune_older_than(started)
+    if replaced is not None and replaced != image_id(image.tag):
+        drop_image(replaced)
     return True
 
 
-def prune_older_than(timestamp: str) -> None:
-    """Drop untagged images made before this build: the replaced image and the stages of
-    earlier builds (several GB each for the trainer; a disk filled up without this).
-    This build's own stages stay as the layer cache of the next one."""
-    subprocess.run(["podman", "image", "prune", "-f", "--filter", f"until={timestamp}"],
-                   env=podman_env(), capture_output=True, check=False, timeout=600)
+def drop_image(ident: str) -> None:
+    """Remove the image a build replaced (7 GB for the trainer: rebuilds filled a disk).
+    Only that one: untagged stage images of any image are the layer cache of its next
+    build. Kept when a container still uses it."""
+    subprocess.run(["podman", "rmi", ident], env=podman_env(), capture_output=True,
+                   check=False, timeout=600)
 
 
 def image_size(tag: str) -> int:
