@@ -204,19 +204,27 @@ def test_operator_restart_during_backoff_neither_loses_nor_duplicates_the_attemp
     assert [r["metadata"]["name"] for r in rcs["items"]] == ["survive-a1"]
 
 
-def test_worker_replaced_while_the_driver_survives_is_counted_not_restarted(
+def test_an_oom_killed_worker_pod_is_host_oom_and_the_next_attempt_is_remediated(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    """A GPU job's ranks live on its worker pods: the kernel killing one at its memory
+    limit ends the attempt as HostOOM and the next attempt runs with the host-memory
+    ladder's next setting (not the same settings again until maxRestarts)."""
     testbed.kubectl("apply", "-n", op_ns, "-f", "-",
                     input=manifest("grpojob-qwen25vl-7b-a100-40gb.yaml", "wk", FAST))
     wait_status(testbed, operator, op_ns, "wk", "attempt 0 Running", running(0))
+    plan0 = status(testbed, op_ns, "wk")["plan"]
+    report_progress(testbed, op_ns, "wk", 9, 8)
     workers = json.loads(testbed.kubectl("get", "pods", "-n", op_ns, "-l",
                                          "grpo.dev/job=wk,grpo.dev/role=worker", "-o", "json"
                                          ).stdout)["items"]
     victim = workers[0]["metadata"]["name"]
-    testbed.kubectl("label", "pod", victim, "-n", op_ns, "grpo.dev/chaos=terminate")
-    s = wait_status(testbed, operator, op_ns, "wk", "worker replacement counted",
-                    lambda s: s.get("workerReplacements") == 1, 60)
-    s = wait_status(testbed, operator, op_ns, "wk", "Running again with a new worker",
-                    running(0), 120)
-    assert s["restarts"] == 0 and len(s["attempts"]) == 1
-    assert "WorkerReplaced" in testbed.kubectl("get", "events", "-n", op_ns).stdout
+    testbed.kubectl("label", "pod", victim, "-n", op_ns, "grpo.dev/chaos=terminate")  # 137
+    s = wait_status(testbed, operator, op_ns, "wk", "attempt 1 Running", running(1), 120)
+    first = s["attempts"][0]
+    assert first["outcome"] == "HostOOM" and victim in first["reason"]
+    assert first["remediation"].startswith("HostOOM: ")
+    assert s["restarts"] == 1 and s["attempts"][1]["resumedFromStep"] == 8
+    plan1 = s["plan"]
+    changed = {k for k in plan0 if k != "details" and plan0[k] != plan1.get(k)}
+    assert changed, f"attempt 1 runs the same plan: {plan1}"
+    assert "HostOOM" in testbed.kubectl("get", "events", "-n", op_ns).stdout

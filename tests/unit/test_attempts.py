@@ -116,19 +116,6 @@ def test_an_outcome_is_recorded_once() -> None:
     assert finish_attempt(st, oom(), 1, NOW, sp).status == {}
 
 
-def test_worker_replacement_is_counted_and_not_an_attempt_failure() -> None:
-    from grpo_operator.reconcile.attempts import worker_replaced
-
-    st = started(spec())
-    d = worker_replaced(st, "j-a0-workers-x", "host OOM")
-    assert d.status["workerReplacements"] == 1
-    assert d.events[0][1] == "WorkerReplaced" and not d.delete_ray_cluster
-    st = {**st, **d.status}
-    assert worker_replaced(st, "j-a0-workers-x", "host OOM").status == {}  # counted once
-    again = worker_replaced(st, "j-a0-workers-y", "host OOM")
-    assert again.status["workerReplacements"] == 2
-
-
 def test_named_claim_must_exist_and_be_shared_for_multi_node_jobs() -> None:
     from grpo_operator.reconcile.attempts import claim_problem
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -110,3 +111,21 @@ def test_host_oom_after_cuda_remediation_undoes_offload() -> None:
 def test_accepts_a_spec_and_returns_none_for_non_memory_failures() -> None:
     assert next_safer_plan(spec(), FailureReason.CUDA_OOM) is not None
     assert next_safer_plan(spec(), FailureReason.ERROR) is None
+
+
+def test_the_remediation_note_names_every_setting_the_rung_moved_rollout_tp_too() -> None:
+    """Lowering vLLM's memory share of the 72B job doubles its rollout TP: the note on
+    the attempt must say so, not only the knob the rung turned."""
+    import yaml
+
+    from grpo_operator.reconcile.attempts import planned
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples"
+                          / "grpojob-qwen2vl-72b-h100.yaml").read_text())
+    _, plan = planned(doc["spec"])
+    while plan is not None and "lower rollout GPU memory utilisation" not in plan.rungs:
+        plan = next_safer_plan(plan, "CudaOOM")
+    assert plan is not None
+    note = plan.remediations[-1]
+    assert "settings.rolloutGpuMemoryUtilization" in note
+    assert "cluster.rolloutTensorParallel 4 -> 8" in note

@@ -113,8 +113,6 @@ def test_only_pod_events_that_can_change_the_job_cost_a_read() -> None:
     ended = {"exitCode": 3, "reason": "Error"}
     assert rec.pod_matters(rec.PodChanged(pod("head", phase="Failed", terminated=ended)))
     assert rec.pod_matters(rec.PodChanged(pod("worker", phase="Failed", terminated=ended)))
-    assert not rec.pod_matters(rec.PodChanged(pod("worker", phase="Failed", terminated=ended),
-                                      deleted=True))  # KubeRay's delete of an ended worker
 
 
 def test_running_pods_make_the_job_running_before_kuberay_updates_its_cluster() -> None:
@@ -130,21 +128,49 @@ def test_running_pods_make_the_job_running_before_kuberay_updates_its_cluster() 
     assert not rec.pod_needs_pods(job, event)  # Running already: one read, no list
 
 
-def test_a_worker_pod_is_counted_once_in_one_write_even_after_an_operator_restart() -> None:
+def test_an_oom_killed_worker_pod_ends_the_attempt_as_host_oom_and_runs_the_ladder() -> None:
     job = running_job()
     ended = pod("worker", name="j-a0-workers-x", phase="Failed",
                 terminated={"exitCode": 137, "reason": "OOMKilled"})
+    assert rec.pod_matters(rec.PodChanged(ended))
     job, action = step(job, rec.PodChanged(ended))
-    assert job["status"]["workerReplacements"] == 1
-    assert [e[1] for e in action.events] == ["WorkerReplaced"]
-    # The same pod reported again, by this operator or a restarted one (nothing is kept
-    # in process memory): no second count, nothing to write.
-    _, again = step(job, rec.PodChanged(ended))
-    assert again == Action()
-    other = pod("worker", name="j-a0-workers-y", phase="Failed",
-                terminated={"exitCode": 1, "reason": "Error"})
-    job, _ = step(job, rec.PodChanged(other))
-    assert job["status"]["workerReplacements"] == 2
+    record = job["status"]["attempts"][0]
+    assert job["status"]["phase"] == "Restarting" and action.restart_reason == "HostOOM"
+    assert record["outcome"] == "HostOOM" and "j-a0-workers-x" in record["reason"]
+    assert record["remediation"].startswith("HostOOM: ")  # the host-memory ladder ran
+    assert action.delete_ray_cluster == "j-a0"
+    # The driver's exit 5 that follows (its ranks died with the pod) changes nothing.
+    head = pod("head", phase="Failed", terminated={"exitCode": 5, "reason": "Error"})
+    assert step(job, rec.PodChanged(head))[1] == Action()
+
+
+def test_a_head_that_lost_its_ranks_takes_the_class_of_the_worker_that_died_first() -> None:
+    job = running_job()
+    msg = '{"reason": "NodeLost", "step": 7, "lastCheckpointStep": 6, "detail": "actor died"}'
+    head = pod("head", phase="Failed", terminated={"exitCode": 5, "message": msg})
+    oomed = pod("worker", name="j-a0-workers-y", phase="Failed",
+                terminated={"exitCode": 137, "reason": "OOMKilled"})
+    event = rec.PodChanged(head)
+    assert rec.pod_needs_pods(job, event)  # the head's loss asks what its workers show
+    job, action = step(job, event, observed=Observed(pods=[head, pod("worker"), oomed]))
+    record = job["status"]["attempts"][0]
+    assert record["outcome"] == "HostOOM" and action.restart_reason == "HostOOM"
+    assert "j-a0-workers-y" in record["reason"] and "actor died" in record["reason"]
+    assert record["step"] == 7 and record["lastCheckpointStep"] == 6
+    # With every worker still running, the head's own class stands.
+    lone, _ = step(running_job(), event, observed=Observed(pods=[head, pod("worker")]))
+    assert lone["status"]["attempts"][0]["outcome"] == "NodeLost"
+
+
+def test_a_worker_deleted_while_it_ran_is_a_lost_node_one_that_never_ran_is_nothing() -> None:
+    job = running_job()
+    never_ran = pod("worker", name="w0", phase="Pending")
+    never_ran["status"]["containerStatuses"] = [{"name": "ray", "state": {"waiting": {}}}]
+    assert not rec.pod_matters(rec.PodChanged(never_ran, deleted=True))
+    assert step(job, rec.PodChanged(never_ran, deleted=True))[1] == Action()
+    job, action = step(job, rec.PodChanged(pod("worker", name="w1"), deleted=True))
+    assert job["status"]["attempts"][0]["outcome"] == "NodeLost"
+    assert action.restart_reason == "NodeLost" and "w1" in job["status"]["attempts"][0]["reason"]
 
 
 def test_head_failure_restarts_after_the_backoff_and_measures_recovery_from_status() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -176,24 +176,6 @@ class GRPOJobStatus(ApiModel):
     progress: ProgressStatus | None = Field(None, description="Training progress.")
     attempt: int | None = Field(None, ge=0, description="Index of the current attempt.")
     restarts: int = Field(0, ge=0, description="Restarts so far.")
-    worker_replacements: int = Field(
-        0,
-        ge=0,
-        description=(
-            "Worker pods that ended while the driver survived (KubeRay replaced them); "
-            "not attempt failures."
-        ),
-    )
-    replaced_worker_pods: list[
-        Annotated[str, Field(max_length=253, description="A worker pod's name.")]
-    ] = Field(
-        default_factory=list,
-        max_length=20,
-        description=(
-            "The current attempt's worker pods counted in workerReplacements (the newest "
-            "20), so each is counted once, also across operator restarts."
-        ),
-    )
     attempts: list[AttemptRecord] = Field(
         default_factory=list, description="Every attempt, oldest first."
     )

@@ -27,7 +27,8 @@ from grpo_api.job.spec import GRPOJobSpec
 
 from .budget import compute_budget
 from .core import _micro_batches, plan_memory, replan
-from .headroom import changed_limits, improves
+from .headroom import improves
+from .report import plan_changes
 from .resources import STORE_MIN_GIB
 from .types import Budget, Plan, Settings
 
@@ -113,18 +114,6 @@ def _acceptable(failure: FailureReason, budget: Budget) -> bool:
     return gpu_ok
 
 
-def _describe(old: Settings, new: Settings, name: str, a: Budget, b: Budget) -> str:
-    changed = [
-        f"{k} {getattr(old, k)} -> {getattr(new, k)}"
-        for k in old.__dataclass_fields__
-        if getattr(old, k) != getattr(new, k)
-    ]
-    return (
-        f"{name}: {', '.join(changed)} (predicted GPU {a.peak_gpu_gib:.1f} -> "
-        f"{b.peak_gpu_gib:.1f} GiB, host {a.peak_host_gib:.1f} -> {b.peak_host_gib:.1f} GiB)"
-    )
-
-
 def next_safer_plan(
     plan_or_spec: Plan | GRPOJobSpec,
     failure: FailureReason | str,
@@ -149,14 +138,13 @@ def next_safer_plan(
         budget = compute_budget(plan.geometry, settings)
         if not _acceptable(failure, budget):
             continue
-        note = f"{failure.value}: " + _describe(plan.settings, settings, name, plan.budget, budget)
-        safer = replan(plan, settings, note, name)
+        safer = replan(plan, settings, "", name)
         if not improves(plan, safer, failure):  # it would change nothing that helps
             continue
-        limits = changed_limits(plan, safer)
-        if limits:  # the pod limits a user sees change too: say so in the same line
-            moved = ", ".join(f"{k} {a:g} -> {b:g}" for k, (a, b) in limits.items())
-            note += f"; pod limits {moved}"
-            safer = replace(safer, remediations=(*plan.remediations, note))
-        return safer
+        # The note lists every difference between the two plans, not only the rung's
+        # knob: a rung can move the rollout TP, a pod limit or Ray's store with it.
+        note = (f"{failure.value}: {name}: {', '.join(plan_changes(plan, safer))} "
+                f"(predicted GPU {plan.budget.peak_gpu_gib:.1f} -> {budget.peak_gpu_gib:.1f} "
+                f"GiB, host {plan.budget.peak_host_gib:.1f} -> {budget.peak_host_gib:.1f} GiB)")
+        return replace(safer, remediations=(*plan.remediations, note))
     return None

@@ -80,6 +80,30 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+# What a restart can change and a user should be told of: the planned settings, the
+# cluster's shape (rollout TP among it), every pod limit, the env and Ray's start params.
+_COMPARED = ("cluster", "settings", "pods", "env", "rayStartParams")
+
+
+def plan_changes(old: Plan, new: Plan) -> list[str]:
+    """Every user-visible difference between two plans, as "name old -> new"."""
+    a, b = plan_to_dict(old), plan_to_dict(new)
+    before = _flat({k: a[k] for k in _COMPARED})
+    after = _flat({k: b[k] for k in _COMPARED})
+    return [f"{k} {before.get(k, '-')} -> {after.get(k, '-')}"
+            for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)]
+
+
 def plan_status(plan: Plan) -> PlanStatus:
     """The typed summary for status.plan; the full dict goes under `details`."""
     g, b = plan.geometry, plan.budget

@@ -27,11 +27,6 @@ _WORDS = {"CudaOOM": "CUDA OOM", "HostOOM": "host OOM (pod OOMKilled)",
           "RayOOM": "Ray OOM (memory monitor)", "NodeLost": "node or worker lost"}
 
 
-# Worker pods already counted in workerReplacements, newest last: enough to count each
-# ended pod once (KubeRay deletes it within seconds), bounded for a long job.
-REPLACED_PODS_KEPT = 20
-
-
 @dataclass
 class Action:
     """What one event calls for; the handler applies it: status first (one merge patch,
@@ -187,20 +182,6 @@ def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str
         retry=(view.message, CREATE_RETRY_SECONDS))
 
 
-def worker_replaced(status: dict[str, Any], pod_name: str, reason: str) -> Action:
-    """A worker pod ended but the head (and so the driver) lives on: KubeRay replaces the
-    pod and training goes on. Counted and shown, not an attempt failure."""
-    seen = list(status.get("replacedWorkerPods") or [])
-    if pod_name in seen:
-        return Action()  # counted once per pod: its later events are not a second ending
-    n = int(status.get("workerReplacements") or 0) + 1
-    return Action({"workerReplacements": n,
-                   "replacedWorkerPods": [*seen, pod_name][-REPLACED_PODS_KEPT:]},
-                  events=[("Warning", "WorkerReplaced",
-                           f"worker pod {pod_name} ended ({reason}); the driver survived "
-                           f"and KubeRay replaces it ({n} so far this job)")])
-
-
 def observed_status(view: PhaseView, status: dict[str, Any], generation: int,
                     now: str) -> dict[str, Any]:
     """Status patch for a live attempt; {} when nothing a user would see changed."""
@@ -315,7 +296,6 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
     return Action(
         {"phase": Phase.PENDING, "attempt": index, "attempts": [*attempts, record],
          "nextAttempt": None, "rayCluster": {"name": rc, "state": None},
-         "replacedWorkerPods": None,
          "plan": plan_status(plan).to_wire(),
          "conditions": conditions_for(view, generation, now, status.get("conditions"))},
         # Only what is new per attempt: the claim and the trainer's RBAC exist since

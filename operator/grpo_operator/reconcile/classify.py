@@ -94,3 +94,51 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
     text = "finished" if reason is FailureReason.SUCCEEDED else f"{reason.value}{where}"
     return PodOutcome(reason, code, f"{text} (exit {code}){': ' + detail if detail else ''}",
                       step, ckpt)
+
+
+# A worker pod that ends takes its ranks with it (the trainer has no elasticity), so the
+# attempt ends; these causes of a worker's end are kept as the attempt's class (HostOOM
+# runs the host-memory ladder). Any other end of a worker (an exit of `ray start`, a
+# delete while it ran) is a lost node: its exit code says nothing about the job.
+_WORKER_CLASSES = (FailureReason.HOST_OOM, FailureReason.EVICTED, FailureReason.PREEMPTED)
+
+
+def _ran(pod: dict[str, Any]) -> bool:
+    """Whether any container of the pod started (a pod that never ran lost no rank)."""
+    status = pod.get("status", {})
+    if status.get("phase") in ("Running", "Succeeded", "Failed"):
+        return True
+    return any(set(cs.get("state") or {}) & {"running", "terminated"}
+               for cs in status.get("containerStatuses") or [])
+
+
+def worker_outcome(pod: dict[str, Any], deleted: bool = False) -> PodOutcome | None:
+    """What a worker pod's end means for its attempt; None while it has not ended, or
+    when it was deleted before it ever ran (KubeRay creates another)."""
+    if deleted and not _ran(pod):
+        return None
+    out = classify_pod(pod, deleted=deleted)
+    if out is None:
+        return None
+    name = pod.get("metadata", {}).get("name", "?")
+    reason = out.reason if out.reason in _WORKER_CLASSES else FailureReason.NODE_LOST
+    return PodOutcome(reason, out.exit_code, f"worker pod {name}: {out.message}")
+
+
+
+# A head whose driver exited for these lost ranks it did not cause: when a worker pod of
+# the attempt ended too, that pod's cause is the attempt's (an OOM-killed worker's ranks
+# die, the driver sees dead actors and exits 5; the pod that died decides).
+LOST_RANKS = (FailureReason.NODE_LOST,)
+
+
+def first_worker_end(head: PodOutcome, pods: list[dict[str, Any]]) -> PodOutcome:
+    """The head's outcome, or the cause of the worker pod that ended before it (a
+    memory class first), with the driver's own words kept after it."""
+    ended = [o for o in (worker_outcome(p) for p in pods) if o is not None]
+    if not ended:
+        return head
+    cause = next((o for o in ended if o.reason is not FailureReason.NODE_LOST), ended[0])
+    return PodOutcome(cause.reason, head.exit_code,
+                      f"{cause.message}; then the driver: {head.message}",
+                      head.step, head.last_checkpoint_step)

@@ -23,9 +23,8 @@ from .attempts import (
     finish_attempt,
     observed_status,
     start_next_attempt,
-    worker_replaced,
 )
-from .classify import classify_pod
+from .classify import LOST_RANKS, PodOutcome, classify_pod, first_worker_end, worker_outcome
 from .conditions import (
     MEMORY_GROWTH,
     RAY_CLUSTER_READY,
@@ -110,25 +109,39 @@ def restart_pending(job: dict[str, Any]) -> bool:
 
 
 def pod_matters(event: PodChanged) -> bool:
-    """Whether a pod event can change the job: a Ray pod that ended or was deleted, one
-    the scheduler cannot place, or a running one (the job may now be Running: noticed
-    from the pods at once, not when KubeRay next writes the cluster's status). Pending
-    pods' many other events cost no API call."""
+    """Whether a pod event can change the job: a Ray pod that ended or was deleted while
+    it ran (a worker's end ends the attempt too: its ranks are gone), one the scheduler
+    cannot place, or a running one (the job may now be Running: noticed from the pods at
+    once, not when KubeRay next writes the cluster's status). Pending pods' many other
+    events cost no API call."""
     pod = event.pod
-    if role(pod) == Role.HEAD and classify_pod(pod, deleted=event.deleted) is not None:
+    if _ended(pod, event.deleted) is not None:
         return True
     if event.deleted or pod.get("metadata", {}).get("deletionTimestamp"):
         return False
-    return (classify_pod(pod) is not None or unschedulable(pod) is not None
-            or pod.get("status", {}).get("phase") == "Running")
+    return unschedulable(pod) is not None or pod.get("status", {}).get("phase") == "Running"
+
+
+def _ended(pod: dict[str, Any], deleted: bool = False) -> PodOutcome | None:
+    """How a Ray pod's end ends its attempt, by its role; None while it has not."""
+    if role(pod) == Role.HEAD:
+        return classify_pod(pod, deleted=deleted)
+    return worker_outcome(pod, deleted=deleted)
 
 
 def pod_needs_pods(job: dict[str, Any], event: PodChanged) -> bool:
-    """A running pod of the current attempt of a job not yet Running: whether the job
-    is Running depends on all its pods."""
+    """Whether deciding on this pod event needs the attempt's other pods: a running pod
+    of a job not yet Running (Running depends on all its pods), and a head that lost its
+    ranks (a worker that ended first tells why: the pod that died decides)."""
     status = job.get("status") or {}
-    return (status.get("phase") not in (*_QUIET, Phase.RUNNING)
-            and _attempt_of(event.pod) == str(status.get("attempt") or 0)
+    if (status.get("phase") in _QUIET
+            or _attempt_of(event.pod) != str(status.get("attempt") or 0)):
+        return False
+    if role(event.pod) == Role.HEAD:
+        ended = classify_pod(event.pod, deleted=event.deleted)
+        if ended is not None and ended.reason in LOST_RANKS:
+            return True
+    return (status.get("phase") != Phase.RUNNING
             and event.pod.get("status", {}).get("phase") == "Running")
 
 
@@ -213,15 +226,11 @@ def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: 
         return Action()
     if _attempt_of(pod) != str(status.get("attempt") or 0):
         return Action()  # a pod of an earlier attempt, being cleaned up
-    meta = pod.get("metadata", {})
-    if role(pod) == Role.HEAD:
-        outcome = classify_pod(pod, deleted=deleted)
-        if outcome:
-            return finish_attempt(status, outcome, generation, now, spec, config.catalog)
-    elif not deleted and not meta.get("deletionTimestamp"):
-        ended = classify_pod(pod)
-        if ended is not None:
-            return worker_replaced(status, str(meta.get("name")), ended.message)
+    outcome = _ended(pod, deleted)
+    if outcome is not None:
+        if role(pod) == Role.HEAD and outcome.reason in LOST_RANKS:
+            outcome = first_worker_end(outcome, pods)
+        return finish_attempt(status, outcome, generation, now, spec, config.catalog)
     view = None if deleted else unschedulable_view(pod)
     if view is None and pods and status.get("phase") != Phase.RUNNING:
         # Its pods exist, so its RayCluster does: the phase follows from the pods.
