@@ -61,6 +61,26 @@ class Phase(StrEnum):
     FAILED = "Failed"
 
 
+class ConditionType(StrEnum):
+    """GRPOJob status.conditions types (the CRD's enum is generated from this)."""
+
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    MEMORY_GROWTH = "MemoryGrowth"  # from the trainer's leak detector (status.progress)
+    HUB_FETCH = "HubFetch"  # from the head's hub fetch (status.progress.fetch)
+
+
+# The operator rewrites these on every phase change; it keeps the others as they are.
+PHASE_CONDITIONS = (
+    ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED,
+    ConditionType.SUSPENDED, ConditionType.SUCCEEDED, ConditionType.FAILED,
+)
+
+
 TERMINAL_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
 ATTEMPT_RUNNING = "Running"  # status.attempts[].outcome until the attempt ends
 

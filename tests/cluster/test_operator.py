@@ -14,6 +14,7 @@ from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OperatorProcess
 from grpo_testbed.processes import wait_until
+from grpo_trainer.progress import Progress
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -140,6 +141,27 @@ def test_progress_patch_shows_step_and_reward_and_exit_0_succeeds(
     events = testbed.kubectl("get", "events", "-n", op_ns,
                              "--field-selector=reason=MemoryGrowth").stdout
     assert "grew 4.1 MB/step" in events
+    # The trainer's next report, as it sends it, without growth: the API server's merge
+    # removes memoryGrowth (explicit null) and the operator clears the condition.
+    calm = Progress(3, 3, 0.75, 3).to_status()
+    testbed.kubectl("patch", "grpojob", "done", "-n", op_ns, "--subresource=status",
+                    "--type=merge", "--field-manager=grpo-trainer", "-p", json.dumps(
+                        {"status": {"progress": calm}}))
+    wait_until("MemoryGrowth cleared", lambda: (growth() or {}).get("status") == "False", 30)
+    # The head's hub fetch report is shown as the HubFetch condition (its type is in the
+    # CRD's enum, or the API server would refuse the operator's whole status write).
+    fetch = {"repo": "acme/tiny", "file": "model.safetensors", "bytesDone": 2**29,
+             "bytesTotal": 2**30, "state": "Fetching"}
+    testbed.kubectl("patch", "grpojob", "done", "-n", op_ns, "--subresource=status",
+                    "--type=merge", "--field-manager=grpo-trainer", "-p", json.dumps(
+                        {"status": {"progress": {"fetch": fetch}}}))
+
+    def hub() -> dict[str, Any]:
+        conds = job(testbed, op_ns, "done")["status"]["conditions"]
+        return next((c for c in conds if c["type"] == "HubFetch"), {})
+
+    wait_until("HubFetch condition", lambda: hub().get("reason") == "Fetching", 30)
+    assert "acme/tiny: 0.50 of 1.00 GiB" in hub()["message"]
     end_head(testbed, op_ns, "done", 0, "Completed")
     status = wait_phase(testbed, operator, op_ns, "done", "Succeeded")["status"]
     assert status["attempts"][0]["outcome"] == "Succeeded"

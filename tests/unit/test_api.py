@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import pytest
 import yaml
@@ -155,8 +155,12 @@ def test_models_reject_what_the_api_server_rejects(case: dict[str, Any]) -> None
     assert case["field"] in str(err.value) or f"{leaf}:" in str(err.value), str(err.value)
 
 
-def test_the_status_phases_are_the_contracts_phases() -> None:
-    from grpo_api.contract import Phase
-    from grpo_api.job.status import Phase as WirePhase
+def test_the_crd_enums_are_the_contracts_phases_and_condition_types() -> None:
+    """Declared once (grpo_api.contract): the CRD the API server enforces lists them."""
+    from grpo_api.contract import ConditionType, Phase
+    from grpo_operator.crd import open_api_schema
 
-    assert set(get_args(WirePhase)) == {p.value for p in Phase}
+    status = open_api_schema()["properties"]["status"]["properties"]
+    assert status["phase"]["enum"] == [p.value for p in Phase]
+    assert status["conditions"]["items"]["properties"]["type"]["enum"] == [
+        c.value for c in ConditionType]

@@ -43,3 +43,22 @@ def test_the_operators_own_condition_rewrite_keeps_memory_growth() -> None:
     rewritten = conditions_for(PhaseView("Restarting", "HostOOM", "oom"), 1, T1, flagged)
     c = growth(rewritten)
     assert c is not None and c["status"] == "True" and c["message"] == MSG
+
+
+def test_growth_set_then_cleared_through_the_trainers_real_patches() -> None:
+    """The trainer's own report bodies, merged as the API server merges them: a report
+    without growth must clear the condition (an omitted key would keep the old value)."""
+    from grpo_testbed.wire import apply_status_patch
+    from grpo_trainer.progress import Progress
+
+    status: dict[str, object] = {"conditions": RUNNING}
+    grown = Progress(30, 100, 0.5, 25, updated_at=T0, memory_growth=MSG).to_status()
+    status = apply_status_patch(status, {"progress": grown})
+    flagged = memory_growth_conditions(status["progress"], RUNNING, 1, T0)  # type: ignore[arg-type]
+    assert flagged is not None and growth(flagged)["status"] == "True"  # type: ignore[index]
+    status = apply_status_patch(status, {"conditions": flagged})
+    calm = Progress(31, 100, 0.5, 25, updated_at=T1).to_status()
+    status = apply_status_patch(status, {"progress": calm})
+    assert "memoryGrowth" not in status["progress"]  # type: ignore[operator]
+    cleared = memory_growth_conditions(status["progress"], flagged, 1, T1)  # type: ignore[arg-type]
+    assert cleared is not None and growth(cleared)["status"] == "False"  # type: ignore[index]

@@ -11,6 +11,7 @@ import yaml
 from grpo_operator import reconcile as rec
 from grpo_operator.config import OperatorConfig
 from grpo_operator.reconcile import Action, Observed
+from grpo_testbed.wire import apply_status_patch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 T0 = "2026-11-21T10:00:00.000Z"
@@ -28,16 +29,10 @@ def new_job(example: str = "grpojob-qwen25vl-7b-a100-40gb.yaml") -> dict[str, An
 
 
 def applied(job: dict[str, Any], action: Action) -> dict[str, Any]:
-    """The job after the API server merged the action's status patch."""
+    """The job after the API server merged the action's status patch (RFC 7386) and
+    checked the result against the CRD's schema (grpo_testbed.wire)."""
     out = copy.deepcopy(job)
-    status = out["status"]
-    for k, v in action.status.items():
-        if v is None:
-            status.pop(k, None)
-        elif isinstance(v, dict) and isinstance(status.get(k), dict):
-            status[k] = {**status[k], **v}
-        else:
-            status[k] = v
+    out["status"] = apply_status_patch(out["status"], action.status)
     out["metadata"]["resourceVersion"] = str(int(out["metadata"]["resourceVersion"]) + 1)
     return out
 

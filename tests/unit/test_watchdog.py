@@ -118,8 +118,8 @@ def test_per_process_keys_from_rank_results() -> None:
     }
 
 
-def test_progress_status_has_memory_growth_only_when_set() -> None:
-    assert "memoryGrowth" not in Progress(3, 10).to_status()
+def test_progress_status_clears_memory_growth_with_an_explicit_null() -> None:
+    assert Progress(3, 10).to_status()["memoryGrowth"] is None
     msg = "host RSS of rank 1 grew 4.1 MiB/step over the last 20 steps"
     assert Progress(3, 10, memory_growth=msg).to_status()["memoryGrowth"] == msg
 

@@ -1,8 +1,8 @@
 """Progress reports to the operator: the seam the driver calls once per step.
 
 The Kubernetes implementation (patching ``status.progress`` with its own field
-manager) belongs to the operator integration; here are the interface, a no-op and
-a JSON-file reporter (used by tests and handy for local runs).
+manager) is in ``kube_progress``; here are the interface, a no-op and a JSON-file
+reporter (used by tests and handy for local runs).
 """
 
 from __future__ import annotations
@@ -31,18 +31,18 @@ class Progress:
     memory_growth: str | None = None
 
     def to_status(self) -> dict[str, object]:
-        """camelCase keys as in GRPOJob.status.progress."""
+        """camelCase keys as in GRPOJob.status.progress. Every field is sent, unset
+        ones as null: the report is a merge patch, where an absent key keeps the old
+        value and only null removes it (a growth that stopped must clear)."""
         d = asdict(self)
-        status: dict[str, object] = {
+        return {
             "step": d["step"],
             "totalSteps": d["total_steps"],
             "rewardMean": d["reward_mean"],
             "lastCheckpointStep": d["last_checkpoint_step"],
             "updatedAt": d["updated_at"],
+            "memoryGrowth": self.memory_growth or None,
         }
-        if self.memory_growth:
-            status["memoryGrowth"] = self.memory_growth
-        return status
 
 
 class ProgressReporter(Protocol):

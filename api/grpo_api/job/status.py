@@ -6,14 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from ..contract import ConditionType, Phase
 from .base import ApiModel
 
-# The operator's six, plus MemoryGrowth from the trainer's leak report.
-ConditionType = Literal[
-    "Ready", "Progressing", "Degraded", "Suspended", "Succeeded", "Failed", "MemoryGrowth"
-]
-Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
-# (contract.Phase lists the same values for code; test_api checks that they agree.)
 AttemptOutcome = Literal[
     "Running",
     "Succeeded",
@@ -33,7 +28,8 @@ _REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 class Condition(ApiModel):
     """A Kubernetes-style condition (metav1.Condition)."""
 
-    type: ConditionType = Field(description="Condition type.")
+    # Not strict: the wire (and code) spell the enum as its string.
+    type: ConditionType = Field(strict=False, description="Condition type.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(
         min_length=1, max_length=1024, pattern=_REASON_PATTERN, description="CamelCase cause."
@@ -169,9 +165,10 @@ class GRPOJobStatus(ApiModel):
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
         },
-        description="Ready, Progressing, Degraded, Suspended, Succeeded, Failed, MemoryGrowth.",
+        description="Ready, Progressing, Degraded, Suspended, Succeeded, Failed (the operator's); "
+        "MemoryGrowth, HubFetch (from the trainer's reports).",
     )
-    phase: Phase | None = Field(None, description="One-word summary for humans.")
+    phase: Phase | None = Field(None, strict=False, description="One-word summary for humans.")
     plan: PlanStatus | None = Field(None, description="Resolved plan of the current attempt.")
     progress: ProgressStatus | None = Field(None, description="Training progress.")
     attempt: int | None = Field(None, ge=0, description="Index of the current attempt.")

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.contract import ROLE_LABEL, Phase, Role
-
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Suspended", "Succeeded", "Failed")
+from grpo_api.contract import PHASE_CONDITIONS, ROLE_LABEL, ConditionType, Phase, Role
 
 
 @dataclass(frozen=True)
@@ -89,19 +87,19 @@ def conditions_for(view: PhaseView, generation: int, now: str,
     if degraded:
         true_types.add("Degraded")
     out = []
-    for t in CONDITION_TYPES:
+    for t in PHASE_CONDITIONS:
         status = "True" if t in true_types else "False"
         src = degraded if (t == "Degraded" and degraded) else view
         reason, message = (src.reason, src.message) if status == "True" or t in (
             "Ready", "Progressing") else (f"Not{t}", "")
         old = before.get(t)
         ltt = old["lastTransitionTime"] if old and old.get("status") == status else now
-        out.append({"type": t, "status": status, "reason": reason, "message": message,
+        out.append({"type": t.value, "status": status, "reason": reason, "message": message,
                     "lastTransitionTime": ltt, "observedGeneration": generation})
-    return out + [c for c in previous or [] if c.get("type") not in CONDITION_TYPES]
+    return out + [c for c in previous or [] if c.get("type") not in PHASE_CONDITIONS]
 
 
-MEMORY_GROWTH = "MemoryGrowth"
+MEMORY_GROWTH = ConditionType.MEMORY_GROWTH
 
 
 def memory_growth_conditions(progress: dict[str, Any] | None,
@@ -129,11 +127,11 @@ def _with_condition(conditions: list[dict[str, Any]] | None, kind: str, want: di
         return None
     ltt = current["lastTransitionTime"] if current is not None and \
         current.get("status") == want["status"] else now
-    cond = {"type": kind, **want, "lastTransitionTime": ltt, "observedGeneration": generation}
+    cond = {"type": str(kind), **want, "lastTransitionTime": ltt, "observedGeneration": generation}
     return [c for c in conditions or [] if c.get("type") != kind] + [cond]
 
 
-HUB_FETCH = "HubFetch"
+HUB_FETCH = ConditionType.HUB_FETCH
 
 
 def hub_fetch_conditions(progress: dict[str, Any] | None,

@@ -214,7 +214,7 @@ def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:
     if new is None:
         return Action()
     growth = next((c for c in grown or [] if c["type"] == MEMORY_GROWTH), None)
-    events = ([("Warning", MEMORY_GROWTH, growth["message"])]
+    events = ([("Warning", MEMORY_GROWTH.value, growth["message"])]
               if growth is not None and growth["status"] == "True" else [])
     return Action({"conditions": new}, events=events)
 
