@@ -13,6 +13,7 @@ from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome
 from grpo_operator.render import JobRef
+from grpo_testbed.wire import apply_status_patch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOB = JobRef("j", "ns", "uid-1")
@@ -28,7 +29,7 @@ def spec(example: str = "grpojob-qwen25vl-7b-a100-40gb.yaml", **restart: Any) ->
 
 def started(sp: dict[str, Any]) -> dict[str, Any]:
     d = reconcile(JOB, sp, {}, 1, NOW)
-    return d.status
+    return apply_status_patch({}, d.status)
 
 
 def oom(step: int = 12, ckpt: int = 10, reason: R = R.CUDA_OOM) -> PodOutcome:
@@ -71,7 +72,7 @@ def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
     assert rec["outcome"] == "CudaOOM" and rec["lastCheckpointStep"] == 10
     assert rec["remediation"].startswith("CudaOOM")
     assert d.delete_ray_cluster == "j-a0"
-    merged = {**st, **d.status}
+    merged = apply_status_patch(st, d.status)
     assert start(JOB, sp, merged, 1, "2026-11-21T10:00:29.999Z") is None  # still backing off
     nxt = start(JOB, sp, merged, 1, "2026-11-21T10:00:30Z")
     assert nxt is not None
@@ -100,8 +101,8 @@ def test_config_error_is_permanent() -> None:
 def test_give_up_message_says_what_happened_and_what_was_tried() -> None:
     sp = spec(maxRestarts=1)
     st = started(sp)
-    st = {**st, **finish_attempt(st, oom(), 1, NOW, sp).status}
-    st = {**st, **start(JOB, sp, st, 1, "2026-11-21T10:01:00Z").status}  # type: ignore[union-attr]
+    st = apply_status_patch(st, finish_attempt(st, oom(), 1, NOW, sp).status)
+    st = apply_status_patch(st, start(JOB, sp, st, 1, "2026-11-21T10:01:00Z").status)  # type: ignore[union-attr]
     d = finish_attempt(st, oom(step=20), 1, "2026-11-21T10:02:00Z", sp)
     failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")
     assert d.status["phase"] == "Failed"
@@ -112,7 +113,7 @@ def test_give_up_message_says_what_happened_and_what_was_tried() -> None:
 def test_an_outcome_is_recorded_once() -> None:
     sp = spec()
     st = started(sp)
-    st = {**st, **finish_attempt(st, oom(), 1, NOW, sp).status}
+    st = apply_status_patch(st, finish_attempt(st, oom(), 1, NOW, sp).status)
     assert finish_attempt(st, oom(), 1, NOW, sp).status == {}
 
 
