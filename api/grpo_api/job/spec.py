@@ -136,7 +136,13 @@ class RewardSpec(ApiModel):
 class AlgorithmSpec(ApiModel):
     """GRPO: group-normalised advantages, clipped token-level policy loss, KL loss term."""
 
-    rollout_n: int = Field(5, ge=1, le=64, description="Generations per prompt (group size).")
+    rollout_n: int = Field(
+        5,
+        ge=2,
+        le=64,
+        description="Generations per prompt (group size); at least 2: GRPO's advantage is a "
+        "response's reward against its group's.",
+    )
     kl_coef: float = Field(
         0.01, ge=0, description="KL loss coefficient; 0 drops the reference model."
     )

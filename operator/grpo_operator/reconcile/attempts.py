@@ -10,12 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from grpo_api.catalog import GPU_CATALOG, GpuType, UnknownGpuType
 from grpo_api.contract import ATTEMPT_RUNNING, TERMINAL_PHASES, FailureReason, Phase
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
+from grpo_api.knobs import KNOBS
 
 from ..planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_status
 from ..render import JobRef, names, pod_settings, render_children
+from ..render.trainer_config import SPEC_SOURCES, trainer_config
 from .classify import PodOutcome
 from .conditions import PhaseView, conditions_for
 
@@ -57,10 +61,38 @@ def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = N
     clashes = pod_settings.conflicts(spec.pods, plan.env)  # never override the operator's
     if clashes:
         raise SpecError(clashes)
+    _check_trainer_config(spec, plan)
     for a in attempts or []:
         if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
             plan = next_safer_plan(plan, a["outcome"]) or plan
     return spec, plan
+
+
+# The trainer config is rendered per attempt for a job's own name; any name renders the
+# same fields, so admission checks it under this one.
+_ADMISSION_REF = JobRef("admission-check", "default", "")
+
+
+def _check_trainer_config(spec: GRPOJobSpec, plan: Plan) -> None:
+    """What the webhook admits, reconcile can render: the trainer config this spec and
+    plan make must pass the trainer's own schema (a job the API server stores but whose
+    config cannot be rendered would never get a status)."""
+    try:
+        trainer_config(spec, plan, _ADMISSION_REF, 0)
+    except ValidationError as exc:
+        raise SpecError([_spec_problem(e["loc"], e["msg"]) for e in exc.errors()]) from None
+
+
+def _spec_problem(loc: tuple[int | str, ...], msg: str) -> str:
+    """A trainer config error as the spec fields a user changes: each config path in the
+    location or the message names its spec field (a planned knob's by grpo_api.knobs,
+    the others' by SPEC_SOURCES)."""
+    where = ".".join(str(p) for p in loc)
+    sources = {k.trainer: f"spec.{'memory' if k.pinnable else 'algorithm'}.{k.spec}"
+               for k in KNOBS if k.trainer} | SPEC_SOURCES
+    fields = [field for path, field in sources.items() if path == where or path in msg]
+    named = ", ".join(dict.fromkeys(fields)) or "spec"
+    return f"{named}: {msg.removeprefix('Value error, ')} (trainer config {where or 'check'})"
 
 
 def backoff_seconds(spec: GRPOJobSpec, restarts: int) -> int:

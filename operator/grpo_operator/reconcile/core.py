@@ -20,6 +20,7 @@ from .attempts import (
     claim_problem,
     create_failed,
     ensure_attempt,
+    failed_status,
     finish_attempt,
     observed_status,
     start_next_attempt,
@@ -168,6 +169,14 @@ def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
     generation = int(meta.get("generation") or 0)
     ref = JobRef(str(meta.get("name")), str(meta.get("namespace") or "default"),
                  str(meta.get("uid") or ""))
+    try:
+        return _decide(ref, spec, status, generation, now, observed, event, config)
+    except Exception as exc:  # a defect in pure code: never a job without a status
+        return _internal_error(event, exc, status, generation, now)
+
+
+def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,
+            now: str, observed: Observed, event: Event, config: OperatorConfig) -> Action:
     match event:
         case SpecChanged():
             return _on_spec(ref, spec, status, generation, now, observed, config)
@@ -184,6 +193,24 @@ def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
         case CreateFailed(kind=kind, name=name, message=message):
             return create_failed(status, kind, name, message, generation, now)
     raise TypeError(f"unknown event {event!r}")
+
+
+INTERNAL_ERROR = "InternalError"
+
+
+def _internal_error(event: Event, exc: Exception, status: dict[str, Any], generation: int,
+                    now: str) -> Action:
+    """An exception from the operator's own code ends the job Failed with its message,
+    once: Kopf would retry the handler forever and the job would never get a status.
+    The job's children stay (owner references take them with the job)."""
+    if status.get("phase") == Phase.FAILED:
+        return Action()
+    message = (f"the operator failed deciding on {type(event).__name__}: "
+               f"{type(exc).__name__}: {exc}"[:2000]
+               + "; this is an operator defect: please report it with this message")
+    view = PhaseView(Phase.FAILED, INTERNAL_ERROR, message)
+    return Action(failed_status(view, generation, now, status),
+                  events=[("Warning", INTERNAL_ERROR, message)])
 
 
 def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,

@@ -19,6 +19,19 @@ from .names import JobRef, checkpoint_dir
 METRICS_PORT = 9100  # the trainer's Prometheus /metrics on the head pod
 
 
+# Trainer config paths rendered straight from a spec field (the planned knobs' own are
+# in grpo_api.knobs): the webhook names these spec fields when the trainer's schema
+# refuses a config (its cross-field checks speak in config paths).
+SPEC_SOURCES = {
+    "trainer.rollout_batch_size": "spec.training.rolloutBatchSize",
+    "actor.mini_batch_size": "spec.training.globalBatchSize",
+    "resources.num_workers": "spec.resources.nodes x spec.resources.gpusPerNode",
+    "rollout.tensor_parallel_size": "spec.rollout",
+    "rollout.engine": "spec.rollout.engine",
+    "reward.function": "spec.reward.function",
+}
+
+
 def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> dict[str, Any]:
     s, g = plan.settings, plan.geometry
     tr, alg = spec.training, spec.algorithm
