@@ -79,7 +79,7 @@ def initial_settings(geo: Geometry, spec: GRPOJobSpec) -> Settings:
     store = (
         quantity_gib(m.ray_object_store_memory)
         if m.ray_object_store_memory
-        else object_store_gib(geo)
+        else object_store_gib(geo, spec.algorithm.rollout_n)
     )
     return Settings(
         rank0_init=m.rank0_init if m.rank0_init is not None else geo.world_size > 1,

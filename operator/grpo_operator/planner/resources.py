@@ -35,7 +35,7 @@ def step_data_gib(geo: Geometry, rollout_n: int) -> float:
     return (tokens + images) / GIB
 
 
-def object_store_gib(geo: Geometry, rollout_n: int = 8) -> float:
+def object_store_gib(geo: Geometry, rollout_n: int) -> float:
     """What the job moves through Ray, not Ray's 30%-of-RAM default (field note 2)."""
     want = max(STORE_MIN_GIB, STORE_STEP_COPIES * step_data_gib(geo, rollout_n))
     return round(min(want, ray_default_store_gib(geo.host_memory_gib)), 1)
