@@ -63,7 +63,11 @@ class ModelSpec(ApiModel):
     claim_name: str | None = Field(
         None,
         pattern=_NAME_PATTERN,
-        description="Existing PersistentVolumeClaim that holds the model; mounted at /models.",
+        description=(
+            "Existing PersistentVolumeClaim that holds the model; mounted read-only at "
+            "/models in every Ray pod (ReadOnlyMany or ReadWriteMany unless the head "
+            "runs alone)."
+        ),
     )
     shape: ModelShape | None = Field(
         None,
@@ -303,7 +307,10 @@ class CheckpointSpec(ApiModel):
     )
 
     claim_name: str | None = Field(
-        None, pattern=_NAME_PATTERN, description="Existing PVC (ReadWriteMany for multi-node)."
+        None, pattern=_NAME_PATTERN, description=(
+            "Existing PVC; every Ray pod writes to it, so ReadWriteMany unless the head "
+            "runs alone (cpu, nodes 0)."
+        ),
     )
     size: str | None = Field(
         None, pattern=QUANTITY_PATTERN, description="Size of a new PVC the operator creates."

@@ -171,3 +171,10 @@ class Plan:
     @property
     def world_size(self) -> int:
         return self.geometry.world_size
+
+    @property
+    def pods(self) -> int:
+        """Ray pods of one attempt: the head and its workers. With more than one, every
+        volume they share is mounted from several nodes (the CPU head and the GPU
+        workers rarely share one), so `nodes: 1` is already two pods."""
+        return self.head.replicas + (self.worker.replicas if self.worker else 0)

@@ -88,7 +88,7 @@ def render_children(
             "account": names.trainer_account(job),
             "ray_cluster": names.ray_cluster(job, attempt),
         },
-        "multi_node": plan.geometry.nodes > 1,
+        "multi_pod": plan.pods > 1,
         "config_yaml": yaml.safe_dump(trainer_config(spec, plan, job, attempt), sort_keys=False),
         "image": spec.image or default_image or DEFAULT_TRAINER_IMAGE,
         "ray_version": RAY_VERSION,
