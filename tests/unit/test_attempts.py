@@ -209,3 +209,24 @@ def test_model_claim_is_mounted_read_only_at_models_in_every_ray_pod() -> None:
     rc0 = next(c for c in without if c["kind"] == "RayCluster")
     assert all(v["name"] != "models" for v in rc0["spec"]["headGroupSpec"]["template"]["spec"]
                ["volumes"])
+
+
+def ray_cluster(example: str) -> dict[str, Any]:
+    kids = reconcile(JOB, spec(example), {}, 1, NOW).children
+    return next(c for c in kids if c["kind"] == "RayCluster")
+
+
+def test_a_head_with_workers_offers_ray_no_cpu_or_gpu_for_ranks() -> None:
+    rc = ray_cluster("grpojob-qwen25vl-7b-h100.yaml")
+    head = rc["spec"]["headGroupSpec"]["rayStartParams"]
+    worker = rc["spec"]["workerGroupSpecs"][0]["rayStartParams"]
+    assert head["num-cpus"] == "0" and head["num-gpus"] == "0"
+    assert head["object-store-memory"] == worker["object-store-memory"]
+    # The workers' CPUs and GPUs come from their limits (KubeRay derives them).
+    assert "num-cpus" not in worker and "num-gpus" not in worker
+
+
+def test_a_head_that_runs_the_ranks_itself_keeps_its_cpus() -> None:
+    rc = ray_cluster("grpojob-tiny.yaml")
+    assert "workerGroupSpecs" not in rc["spec"]
+    assert "num-cpus" not in rc["spec"]["headGroupSpec"]["rayStartParams"]

@@ -189,7 +189,12 @@ def explain_pods(head: PodResources, worker: PodResources | None, b: Budget) -> 
             f"{head.cpus} CPU, {head.memory_gib}Gi, shm {head.shm_gib}Gi",
             "auto",
             "Ray head + driver + data workers"
-            + ("" if worker else f" + the ranks (host peak {_g(b.peak_host_gib)})")
+            + (
+                "; offers Ray no CPU or GPU (num-cpus 0, num-gpus 0), so every rank "
+                "actor goes to a worker"
+                if worker
+                else f" + the ranks (host peak {_g(b.peak_host_gib)})"
+            )
             + "; /dev/shm = object store + 2 GiB; no GPU, no GPU node selector",
         )
     ]

@@ -75,6 +75,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "pods": {"head": _pod(plan.head), "worker": _pod(plan.worker)},
         "env": dict(plan.env),
         "rayStartParams": dict(plan.ray_start_params),
+        "headRayStartParams": plan.head_ray_start_params,
         "decisions": [asdict(d) for d in plan.decisions],
         "remediations": list(plan.remediations),
     }

@@ -164,13 +164,23 @@ class Plan:
     head: PodResources
     worker: PodResources | None
     env: dict[str, str]
-    ray_start_params: dict[str, str]
+    ray_start_params: dict[str, str]  # the workers' (and a head's that runs alone)
     remediations: tuple[str, ...] = ()  # one line per applied rung, with the numbers
     rungs: tuple[str, ...] = ()  # names of the applied rungs (each applies once)
 
     @property
     def world_size(self) -> int:
         return self.geometry.world_size
+
+    @property
+    def head_ray_start_params(self) -> dict[str, str]:
+        """With workers, the head offers Ray no CPU and no GPU: KubeRay would derive its
+        --num-cpus from a CPU limit sized for the driver, and rank actors would land
+        there; the trainer places its ranks on the workers. A head without workers (cpu,
+        nodes 0) runs the ranks itself and keeps the common parameters."""
+        if self.worker is None:
+            return dict(self.ray_start_params)
+        return {**self.ray_start_params, "num-cpus": "0", "num-gpus": "0"}
 
     @property
     def pods(self) -> int:
