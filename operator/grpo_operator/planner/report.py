@@ -30,6 +30,8 @@ def _pod(p: PodResources | None) -> dict[str, Any] | None:
         "shmGiB": p.shm_gib,
         "nodeSelector": dict(p.node_selector),
         "tolerations": [dict(t) for t in p.tolerations],
+        "devices": dict(p.devices),
+        "capabilities": list(p.capabilities),
     }
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from grpo_api.catalog import GPU_RESOURCE
+
 from .model_shape import Shape
 
 
@@ -59,6 +61,9 @@ class Geometry:
     data_workers: int
     rollout_engine: str = "hf"  # "vllm" | "hf", resolved from spec.rollout.engine
     async_save: bool = False  # spec.checkpoint.asyncSave: a host copy of each rank's state
+    devices: dict[str, int] = field(default_factory=dict)  # spec.resources.devices, per worker
+    fabric: str | None = None  # the catalog's RDMA fabric between nodes of this GPU type
+    user_env: frozenset[str] = frozenset()  # env names spec.pods sets (theirs to tune)
 
     @property
     def uses_vllm(self) -> bool:
@@ -152,6 +157,14 @@ class PodResources:
     shm_gib: int
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict[str, str], ...] = ()
+    devices: dict[str, int] = field(default_factory=dict)  # extended resources, e.g. rdma/ib
+    capabilities: tuple[str, ...] = ()  # Linux capabilities the devices need (IPC_LOCK)
+
+    @property
+    def extended_resources(self) -> dict[str, str]:
+        """GPUs and devices, as the container's requests and limits (equal for these)."""
+        gpus = {GPU_RESOURCE: str(self.gpus)} if self.gpus else {}
+        return gpus | {name: str(n) for name, n in self.devices.items()}
 
 
 @dataclass(frozen=True)

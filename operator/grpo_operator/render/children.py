@@ -8,7 +8,6 @@ from typing import Any
 import jinja2
 import yaml
 
-from grpo_api.catalog import GPU_RESOURCE
 from grpo_api.contract import (
     API_GROUP,
     API_VERSION,
@@ -99,7 +98,6 @@ def render_children(
         "head_command": HEAD_COMMAND,
         "worker_command": WORKER_COMMAND,
         "env": job_env(plan, job, attempt),
-        "gpu_resource": GPU_RESOURCE,
         "termination_log": TERMINATION_LOG,
         "checkpoint_mount": CHECKPOINT_MOUNT,
         "model_claim": spec.model.claim_name,
