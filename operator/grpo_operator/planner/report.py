@@ -136,7 +136,8 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
             ", ".join(f"{k} {v:.1f}" for k, v in terms.items() if v),
         )
     pods = Table(title="Pods", title_justify="left")
-    for col in ("Role", "Replicas", "GPU", "CPU", "Memory", "/dev/shm", "nodeSelector"):
+    for col in ("Role", "Replicas", "GPU", "CPU", "Memory", "/dev/shm", "nodeSelector",
+                "Devices"):
         pods.add_column(col, overflow="fold")
     for p in (plan.head, plan.worker):
         if p is not None:
@@ -148,6 +149,7 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
                 f"{p.memory_gib}Gi",
                 f"{p.shm_gib}Gi",
                 ", ".join(f"{k}={v}" for k, v in p.node_selector.items()) or "-",
+                ", ".join(f"{k}: {v}" for k, v in p.devices.items()) or "-",
             )
     env = Table(title="Env", title_justify="left")
     env.add_column("Name", overflow="fold")
