@@ -152,7 +152,9 @@ def test_named_claim_must_exist_and_be_shared_by_every_pod() -> None:
         claim_problem(sp, "ns", pvc("ReadWriteOncePod"), None, 9))
     assert claim_problem(sp, "ns", RWX, None, 2) is None
     assert claim_problem(sp, "ns", RWO, None, 1) is None  # the head alone (cpu, nodes 0)
-    assert "read-write: use a ReadWriteMany claim" in str(claim_problem(sp, "ns", ROX, None, 1))
+    assert claim_problem(sp, "ns", ROX, None, 1) == (
+        "checkpoint.claimName 'ckpt' is ReadOnlyMany (read-only mounts only), but the job's "
+        "one pod mounts it read-write: use a ReadWriteMany claim")
     assert claim_problem(spec(), "ns", None, None, 2) is None  # size: the operator makes one
 
 

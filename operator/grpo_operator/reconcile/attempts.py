@@ -101,7 +101,7 @@ def planned_pods(spec_body: dict[str, Any],
 
 
 _MODES_REACH = {"ReadWriteOnce": "one node", "ReadWriteOncePod": "one pod",
-                "ReadOnlyMany": "read-only"}
+                "ReadOnlyMany": "read-only mounts"}
 
 
 def _one_claim_problem(field: str, claim: str, namespace: str, pvc: dict[str, Any] | None,
@@ -118,10 +118,10 @@ def _one_claim_problem(field: str, claim: str, namespace: str, pvc: dict[str, An
         return None
     reach = " and ".join(_MODES_REACH[m] for m in modes if m in _MODES_REACH)
     who = (f"all {pods} Ray pods of this job (the head and its workers, as a rule on "
-           "different nodes)" if pods > 1 else "the job's one pod")
+           "different nodes) mount" if pods > 1 else "the job's one pod mounts")
     return (f"{field} {claim!r} is {','.join(modes) or 'without access modes'}"
             + (f" ({reach} only)" if reach else "")
-            + f", but {who} mount it {access}: use a {' or '.join(shared)} claim")
+            + f", but {who} it {access}: use a {' or '.join(shared)} claim")
 
 
 def claim_problem(spec_body: dict[str, Any], namespace: str,
