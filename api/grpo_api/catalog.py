@@ -10,6 +10,12 @@ override host RAM and CPUs per node when its nodes differ (`spec.resources`).
 NVIDIA GPU feature discovery; the operator selects nodes by it and the testbed's fake
 nodes carry exactly these values.
 
+`fabric` is the RDMA network between nodes that clusters of a type typically have:
+InfiniBand for the DGX/HGX shapes (DGX H100/H200/B200 and DGX A100 80GB ship with
+ConnectX InfiniBand HCAs, one per GPU); none assumed for A100-40GB (DGX A100 has IB,
+AWS's p4d has EFA), the PCIe cards and H20. Clusters differ: the chart's `gpuCatalog`
+sets it per type (`fabric: efa` for p5 H100s, `none` for Ethernet-only nodes).
+
 Sources of the newer entries (per-GPU memory as nvidia-smi reports it, node shapes as
 the clouds sell them, dense BF16 TFLOPS from NVIDIA's datasheets):
 - L4: NVIDIA L4 datasheet (24 GB GDDR6, 121 TFLOPS BF16 dense, PCIe Gen4); nvidia-smi
@@ -36,6 +42,26 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
 CPU_GPU_TYPE = "cpu"
 
+# The RDMA fabric between a GPU type's nodes, as its typical clusters have it (`fabric`):
+# on-prem DGX/HGX nodes carry InfiniBand HCAs, AWS's p4d/p5 carry EFA. Which fabric a
+# cluster really has varies, so the chart's gpuCatalog can set it per type (or "none").
+INFINIBAND, EFA = "infiniband", "efa"
+FABRICS = (INFINIBAND, EFA)
+# How a worker pod asks for a fabric's devices (spec.resources.devices): the extended
+# resources their device plugins advertise. InfiniBand/RoCE: the NVIDIA (Mellanox) RDMA
+# shared device plugin advertises `rdma/<name>` (e.g. rdma/ib, rdma/rdma_shared_device_a);
+# EFA: the AWS EFA device plugin advertises `vpc.amazonaws.com/efa`.
+FABRIC_DEVICE_PREFIXES: dict[str, tuple[str, ...]] = {
+    INFINIBAND: ("rdma/",),
+    EFA: ("vpc.amazonaws.com/efa",),
+}
+
+
+def device_fabric(resource: str) -> str | None:
+    """The fabric an extended resource of a worker pod belongs to, if one is known."""
+    return next((f for f, prefixes in FABRIC_DEVICE_PREFIXES.items()
+                 if resource.startswith(prefixes)), None)
+
 
 @dataclass(frozen=True)
 class GpuType:
@@ -51,6 +77,7 @@ class GpuType:
     intra_node_gbps: float  # GB/s per GPU within a node (NVLink or PCIe)
     inter_node_gbps: float  # GB/s per node across nodes (IB/EFA), typical
     bf16_tflops: float  # dense, for rough throughput notes only
+    fabric: str | None = None  # RDMA fabric between nodes (FABRICS), None: TCP only
 
     @property
     def is_gpu(self) -> bool:
@@ -71,6 +98,7 @@ GPU_CATALOG: dict[str, GpuType] = {
             intra_node_gbps=900,
             inter_node_gbps=400,
             bf16_tflops=989,
+            fabric=INFINIBAND,
         ),
         GpuType(
             name="H200-141GB",
@@ -83,6 +111,7 @@ GPU_CATALOG: dict[str, GpuType] = {
             intra_node_gbps=900,
             inter_node_gbps=400,
             bf16_tflops=989,
+            fabric=INFINIBAND,
         ),
         GpuType(
             name="A100-40GB",
@@ -107,6 +136,7 @@ GPU_CATALOG: dict[str, GpuType] = {
             intra_node_gbps=600,
             inter_node_gbps=50,
             bf16_tflops=312,
+            fabric=INFINIBAND,
         ),
         GpuType(
             name="L40S-48GB",
@@ -167,6 +197,7 @@ GPU_CATALOG: dict[str, GpuType] = {
             intra_node_gbps=1800,
             inter_node_gbps=400,
             bf16_tflops=2250,
+            fabric=INFINIBAND,
         ),
         GpuType(
             # The tiny CPU job (tests, laptops): ranks are CPU processes using gloo.

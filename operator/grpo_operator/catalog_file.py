@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -41,6 +41,8 @@ class CatalogEntry(BaseModel):
     intra_node_gbps: float | None = Field(None, ge=0, alias="intraNodeGBps")
     inter_node_gbps: float | None = Field(None, ge=0, alias="interNodeGBps")
     bf16_tflops: float | None = Field(None, ge=0, alias="bf16Tflops")
+    # The RDMA fabric between this type's nodes; "none" clears a built-in one.
+    fabric: Literal["infiniband", "efa", "none"] | None = None  # grpo_api.catalog.FABRICS
 
 
 def _entry(name: str, raw: Any) -> CatalogEntry:
@@ -65,7 +67,9 @@ def merge_catalog(
     out = dict(base)
     for name, raw in overrides.items():
         entry = _entry(name, raw)
-        given = entry.model_dump(exclude_none=True)
+        given: dict[str, Any] = entry.model_dump(exclude_none=True)
+        if given.get("fabric") == "none":
+            given["fabric"] = None  # Ethernet-only nodes: NCCL over TCP is expected
         if name in out:
             out[name] = replace(out[name], **given)
             continue
@@ -81,6 +85,7 @@ def merge_catalog(
             intra_node_gbps=entry.intra_node_gbps or 0.0,
             inter_node_gbps=entry.inter_node_gbps or 0.0,
             bf16_tflops=entry.bf16_tflops or 0.0,
+            fabric=given.get("fabric"),
             **{k: given[k] for k in map(_field, REQUIRED_FOR_NEW)},
         )
     return out

@@ -97,9 +97,11 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, namespace: str | None,
                       memo: kopf.Memo, **_: Any) -> None:
     t0 = time.monotonic()
     try:
+        ns = namespace or "default"
         claim = (spec.get("checkpoint") or {}).get("claimName")
-        observed = Observed(claim=kube.get_claim(namespace or "default", claim)
-                            if claim else None)
+        model_claim = (spec.get("model") or {}).get("claimName")
+        observed = Observed(claim=kube.get_claim(ns, claim) if claim else None,
+                            model_claim=kube.get_claim(ns, model_claim) if model_claim else None)
         config = from_memo(memo)
         action = rec.reconcile(_job(body), observed, rec.SpecChanged(), _now(), config)
         _apply(_job(body), action, config)

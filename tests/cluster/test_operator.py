@@ -102,6 +102,18 @@ def test_gpu_job_lands_on_its_gpu_type_with_tolerations(
     assert workers and all(w["spec"]["nodeName"].startswith("a100-40gb") for w in workers)
     limits = workers[0]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "8"
+    # KubeRay keeps the head's num-cpus/num-gpus 0 in the `ray start` it generates (else
+    # it derives them from the limits, as for the workers): no rank lands on the head.
+    def ray_start(pod: dict[str, Any]) -> str:
+        env = {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+        return env["KUBERAY_GEN_RAY_START_CMD"]
+
+    head_cmd, worker_cmd = ray_start(head_pod(testbed, op_ns, "a100")), ray_start(workers[0])
+    assert "--num-cpus=0" in head_cmd and "--num-gpus=0" in head_cmd, head_cmd
+    assert "--num-gpus=8" in worker_cmd and "--num-cpus=0" not in worker_cmd, worker_cmd
+    # A head and a worker on different nodes share the operator's claim.
+    claim = items(testbed, "persistentvolumeclaim", op_ns, "grpo.dev/job=a100")[0]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     out = testbed.kubectl("get", "grpojobs", "-n", op_ns).stdout
     assert "Running" in out.splitlines()[1] and " 8 " in out.splitlines()[1]
 

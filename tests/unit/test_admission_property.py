@@ -106,7 +106,10 @@ def test_every_stored_spec_is_refused_with_its_field_or_reconciles(spec: dict[st
     if problem is not None:
         assert "spec." in problem or "planner refuses" in problem, problem
         return
-    action = rec.reconcile(_job(spec), Observed(), rec.SpecChanged(), T0, CONFIG)
+    shared = {"spec": {"accessModes": ["ReadWriteMany"]}}  # the claims it names exist
+    observed = Observed(claim=shared if spec.get("checkpoint", {}).get("claimName") else None,
+                        model_claim=shared if spec["model"].get("claimName") else None)
+    action = rec.reconcile(_job(spec), observed, rec.SpecChanged(), T0, CONFIG)
     status = apply_status_patch({}, action.status)  # a write the API server accepts
     assert status["phase"] == "Pending", status.get("conditions")
     assert [c["kind"] for c in action.children][-1] == "RayCluster"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from grpo_api.contract import FailureReason as R
@@ -117,16 +118,70 @@ def test_an_outcome_is_recorded_once() -> None:
     assert finish_attempt(st, oom(), 1, NOW, sp).status == {}
 
 
-def test_named_claim_must_exist_and_be_shared_for_multi_node_jobs() -> None:
+def pvc(*modes: str) -> dict[str, Any]:
+    return {"spec": {"accessModes": list(modes)}}
+
+
+RWO, RWX, ROX = pvc("ReadWriteOnce"), pvc("ReadWriteMany"), pvc("ReadOnlyMany")
+
+
+def test_named_claim_must_exist_and_be_shared_by_every_pod() -> None:
     from grpo_operator.reconcile.attempts import claim_problem
 
-    sp = spec("grpojob-qwen2vl-72b-h100.yaml")
+    sp = spec("grpojob-qwen25vl-7b-h100.yaml")  # nodes: 1, i.e. a head and a worker pod
     sp["checkpoint"] = {"claimName": "ckpt"}
-    assert "does not exist in ns" in str(claim_problem(sp, "ns", None))
-    rwo = {"spec": {"accessModes": ["ReadWriteOnce"]}}
-    assert "use a ReadWriteMany claim" in str(claim_problem(sp, "ns", rwo))
-    assert claim_problem(sp, "ns", {"spec": {"accessModes": ["ReadWriteMany"]}}) is None
-    assert claim_problem(spec(), "ns", None) is None  # size: the operator makes one
+    assert "checkpoint.claimName 'ckpt' does not exist in ns" in str(
+        claim_problem(sp, "ns", None, None, 2))
+    assert claim_problem(sp, "ns", RWO, None, 2) == (
+        "checkpoint.claimName 'ckpt' is ReadWriteOnce (one node only), but all 2 Ray pods "
+        "of this job (the head and its workers, as a rule on different nodes) mount it "
+        "read-write: use a ReadWriteMany claim")
+    assert "ReadWriteOncePod (one pod only)" in str(
+        claim_problem(sp, "ns", pvc("ReadWriteOncePod"), None, 9))
+    assert claim_problem(sp, "ns", RWX, None, 2) is None
+    assert claim_problem(sp, "ns", RWO, None, 1) is None  # the head alone (cpu, nodes 0)
+    assert claim_problem(sp, "ns", ROX, None, 1) == (
+        "checkpoint.claimName 'ckpt' is ReadOnlyMany (read-only mounts only), but the job's "
+        "one pod mounts it read-write: use a ReadWriteMany claim")
+    assert claim_problem(spec(), "ns", None, None, 2) is None  # size: the operator makes one
+
+
+def test_a_model_claim_must_exist_and_be_readable_from_every_pod() -> None:
+    from grpo_operator.reconcile.attempts import claim_problem
+
+    sp = spec("grpojob-qwen25vl-7b-h100.yaml")
+    sp["model"] = {**sp["model"], "claimName": "weights", "path": "/models/qwen"}
+    assert "model.claimName 'weights' does not exist in ns" in str(
+        claim_problem(sp, "ns", None, None, 2))
+    assert claim_problem(sp, "ns", None, RWO, 2) == (
+        "model.claimName 'weights' is ReadWriteOnce (one node only), but all 2 Ray pods of "
+        "this job (the head and its workers, as a rule on different nodes) mount it "
+        "read-only: use a ReadOnlyMany or ReadWriteMany claim")
+    assert claim_problem(sp, "ns", None, ROX, 2) is None  # mounted read-only everywhere
+    assert claim_problem(sp, "ns", None, RWX, 2) is None
+    assert claim_problem(sp, "ns", None, RWO, 1) is None
+
+
+def test_the_pods_a_claim_must_serve_come_from_the_plan() -> None:
+    from grpo_operator.reconcile.attempts import planned_pods
+
+    one_node = spec("grpojob-qwen25vl-7b-h100.yaml")
+    assert planned_pods(one_node) == 2  # `nodes: 1` is a CPU head and a GPU worker
+    unset = spec("grpojob-qwen2vl-72b-h100.yaml")
+    del unset["resources"]["nodes"]  # the planner resolves it
+    assert planned_pods(unset) > 2
+    assert planned_pods(spec("grpojob-tiny.yaml")) == 1  # the head runs the ranks
+
+
+@pytest.mark.parametrize(("example", "mode"), [
+    ("grpojob-qwen25vl-7b-h100.yaml", "ReadWriteMany"),  # nodes: 1 is already two pods
+    ("grpojob-tiny.yaml", "ReadWriteOnce"),  # one pod
+])
+def test_the_operators_claim_is_shared_whenever_the_job_has_several_pods(
+        example: str, mode: str) -> None:
+    kids = reconcile(JOB, spec(example), {}, 1, NOW).children
+    claim = next(c for c in kids if c["kind"] == "PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == [mode]
 
 
 def test_model_claim_is_mounted_read_only_at_models_in_every_ray_pod() -> None:
@@ -144,3 +199,24 @@ def test_model_claim_is_mounted_read_only_at_models_in_every_ray_pod() -> None:
     rc0 = next(c for c in without if c["kind"] == "RayCluster")
     assert all(v["name"] != "models" for v in rc0["spec"]["headGroupSpec"]["template"]["spec"]
                ["volumes"])
+
+
+def ray_cluster(example: str) -> dict[str, Any]:
+    kids = reconcile(JOB, spec(example), {}, 1, NOW).children
+    return next(c for c in kids if c["kind"] == "RayCluster")
+
+
+def test_a_head_with_workers_offers_ray_no_cpu_or_gpu_for_ranks() -> None:
+    rc = ray_cluster("grpojob-qwen25vl-7b-h100.yaml")
+    head = rc["spec"]["headGroupSpec"]["rayStartParams"]
+    worker = rc["spec"]["workerGroupSpecs"][0]["rayStartParams"]
+    assert head["num-cpus"] == "0" and head["num-gpus"] == "0"
+    assert head["object-store-memory"] == worker["object-store-memory"]
+    # The workers' CPUs and GPUs come from their limits (KubeRay derives them).
+    assert "num-cpus" not in worker and "num-gpus" not in worker
+
+
+def test_a_head_that_runs_the_ranks_itself_keeps_its_cpus() -> None:
+    rc = ray_cluster("grpojob-tiny.yaml")
+    assert "workerGroupSpecs" not in rc["spec"]
+    assert "num-cpus" not in rc["spec"]["headGroupSpec"]["rayStartParams"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from itertools import product
 from pathlib import Path
 from typing import Any
@@ -226,3 +227,22 @@ def test_pods_are_explained() -> None:
     assert "NVIDIA-H100-80GB-HBM3" in by_knob["workerPods"].reason
     assert "headPod" in by_knob
 
+
+
+@pytest.mark.parametrize("rollout_n", [4, 16])
+def test_object_store_is_sized_for_the_jobs_own_rollout_n(rollout_n: int) -> None:
+    """The store holds a step's data, which grows with generations per prompt: the
+    size and the reason shown come from the same rolloutN."""
+    d = doc(nodes=1) | {"algorithm": {"rolloutN": rollout_n},
+                        "data": {"train": "t", "maxPromptLength": 8192,
+                                 "maxResponseLength": 8192}}
+    plan = plan_memory(parse_spec(d))
+    reason = next(x for x in plan.decisions if x.knob == "rayObjectStoreMemory")
+    step = float(re.search(r"a step moves ~([\d.]+) GiB", reason.reason).group(1))  # type: ignore[union-attr]
+    assert plan.settings.ray_object_store_gib == pytest.approx(4 * step, abs=0.25)
+    assert reason.value == f"{plan.settings.ray_object_store_gib:.1f} GiB"
+    assert plan.ray_start_params["object-store-memory"] == str(
+        int(plan.settings.ray_object_store_gib * 2**30))
+    # 4 x (512 prompts x n x 16384 tokens x 24 B + 512 images x 1003520 px x 3 B)
+    tokens, images = 512 * rollout_n * 16384 * 24, 512 * 1003520 * 3
+    assert plan.settings.ray_object_store_gib == round(4 * (tokens + images) / 2**30, 1)

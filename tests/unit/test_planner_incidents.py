@@ -27,8 +27,13 @@ def test_72b_gets_rank0_init_full_sharding_and_bounded_load_peak() -> None:
     assert plan.world_size == 64
     assert plan.settings.rank0_init
     full_copy = plan.geometry.shape.parameters * BF16_B / GIB  # ~137 GiB
-    eight_copies = 8 * full_copy
-    assert plan.budget.load_host_peak_gib < eight_copies / 4
+    eight_copies = 8 * full_copy  # the incident: every rank of a node loaded the model
+    # Rank 0 alone holds the checkpoint, in float32 as the trainer loads it (~301 GiB):
+    # a third of the incident's load, and within a DGX H100 node's usable RAM.
+    rank0_load = plan.budget.host_load_terms["rank0_full_model_fp32"]
+    assert rank0_load == pytest.approx(1.1 * 4 * plan.geometry.shape.parameters / GIB)
+    assert plan.budget.load_host_peak_gib < eight_copies / 3
+    assert plan.budget.load_host_peak_gib < plan.budget.host_capacity_gib
     # Full sharding: per-GPU training state is 1/64 of fp32 params + grads + Adam.
     training = plan.budget.gpu_phases["training"]
     state = 16 * plan.geometry.shape.parameters / GIB / 64

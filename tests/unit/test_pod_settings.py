@@ -95,6 +95,14 @@ def test_every_setting_reaches_its_pods_next_to_the_operators() -> None:
          "spec.pods.head.env[0].name: GRPO_OFFLOAD_PARAMS is set by the operator"),
         ({"workers": {"env": [{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "x"}]}},
          "spec.pods.workers.env[0].name: PYTORCH_CUDA_ALLOC_CONF is set by the operator"),
+        ({"workers": {"env": [{"name": "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
+                               "value": "1"}]}},
+         "spec.pods.workers.env[0].name: RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES would "
+         "stop Ray masking each actor's devices; the trainer relies on that"),
+        ({"common": {"env": [HF_TOKEN, {"name": "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES",
+                                        "value": "1"}]}},
+         "spec.pods.common.env[1].name: RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES would "
+         "stop Ray masking"),
         ({"common": {"volumes": [{"name": "dshm", "emptyDir": {}}]}},
          "spec.pods.common.volumes[0].name: 'dshm' is the operator's volume"),
         ({"common": {"volumes": [{"name": "v", "emptyDir": {}}],

@@ -268,3 +268,22 @@ def test_a_head_pod_deleted_with_its_namespace_starts_no_restart() -> None:
     assert step(job, gone)[0]["status"]["phase"] == "Restarting"  # a node loss
     _, action = step(job, gone, observed=Observed(namespace_terminating=True))
     assert action == Action()
+
+
+def test_a_claim_one_node_cannot_share_holds_the_job_pending_even_with_nodes_unset() -> None:
+    """The planner resolves nodes; a head and its workers all mount the claims."""
+    job = new_job("grpojob-qwen25vl-7b-h100.yaml")
+    del job["spec"]["resources"]["nodes"]
+    job["spec"]["checkpoint"] = {"claimName": "ckpt"}
+    job["spec"]["model"] = {**job["spec"]["model"], "claimName": "weights"}
+    rwo, rox = ({"spec": {"accessModes": [m]}} for m in ("ReadWriteOnce", "ReadOnlyMany"))
+    rwx = {"spec": {"accessModes": ["ReadWriteMany"]}}
+    _, held = step(job, rec.SpecChanged(), observed=Observed(claim=rwo, model_claim=rox))
+    assert held.status["phase"] == "Pending" and not held.children and held.retry
+    assert held.events[0][1] == "ClaimMissing" and "checkpoint.claimName 'ckpt'" in (
+        held.events[0][2])
+    _, held = step(job, rec.SpecChanged(), observed=Observed(claim=rwx, model_claim=rwo))
+    assert not held.children and "model.claimName 'weights' is ReadWriteOnce" in (
+        held.events[0][2])
+    _, ok = step(job, rec.SpecChanged(), observed=Observed(claim=rwx, model_claim=rox))
+    assert ok.children and ok.status["phase"] == "Pending"

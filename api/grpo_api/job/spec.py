@@ -8,12 +8,13 @@ The resolved value and the reason for it appear in `status.plan`.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, Self
 
-from pydantic import ConfigDict, Field, JsonValue, model_validator
+from pydantic import ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from ..catalog import GPU_NAME_PATTERN, GPU_TYPE_NAMES
+from ..catalog import GPU_NAME_PATTERN, GPU_RESOURCE, GPU_TYPE_NAMES
 from ..contract import MAX_RESTARTS
 from .base import QUANTITY_PATTERN, ApiModel
 from .hub import HubSpec
@@ -25,6 +26,33 @@ GpuName = Annotated[str, Field(pattern=GPU_NAME_PATTERN)]
 RewardType = Literal["math", "r1v", "function"]
 
 _NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-1123 label (PVC, StorageClass)
+
+
+# An extended resource name (Kubernetes `IsExtendedResourceName`): a qualified name whose
+# prefix, a DNS-1123 subdomain, is required and outside kubernetes.io; `requests.` is
+# reserved for quota. The device plugin that advertises it chose the name.
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_EXTENDED_RESOURCE = re.compile(
+    rf"^(?P<prefix>{_DNS_SUBDOMAIN})/[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
+)
+
+
+def extended_resource_problem(name: str) -> str | None:
+    """Why `name` cannot be a device resource of a worker pod, or None."""
+    m = _EXTENDED_RESOURCE.match(name)
+    if m is None or len(m["prefix"]) > 253:
+        return (
+            f"{name!r} is not an extended resource name: <domain>/<name> as the device "
+            "plugin advertises it, e.g. rdma/ib or vpc.amazonaws.com/efa"
+        )
+    prefix = m["prefix"]
+    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io") or name.startswith(
+        "requests."
+    ):
+        return f"{name!r}: the kubernetes.io domain and requests. are reserved by Kubernetes"
+    if name == GPU_RESOURCE:
+        return f"{name!r}: GPUs come from resources.gpu and resources.gpusPerNode"
+    return None
 
 
 def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
@@ -63,7 +91,11 @@ class ModelSpec(ApiModel):
     claim_name: str | None = Field(
         None,
         pattern=_NAME_PATTERN,
-        description="Existing PersistentVolumeClaim that holds the model; mounted at /models.",
+        description=(
+            "Existing PersistentVolumeClaim that holds the model; mounted read-only at "
+            "/models in every Ray pod (ReadOnlyMany or ReadWriteMany unless the head "
+            "runs alone)."
+        ),
     )
     shape: ModelShape | None = Field(
         None,
@@ -244,11 +276,34 @@ class ResourcesSpec(ApiModel):
     cpus_per_node: int | None = Field(
         None, ge=1, le=1024, description="Allocatable CPUs per node, if not the catalog's."
     )
+    devices: dict[str, Annotated[int, Field(ge=1, le=1024)]] | None = Field(
+        None,
+        description=(
+            "Extra device resources per worker pod, name -> count, requested and limited "
+            "on its Ray container: the fast network between nodes, e.g. {rdma/ib: 1} "
+            "(InfiniBand via the RDMA device plugin) or {vpc.amazonaws.com/efa: 32} (AWS "
+            "EFA). For rdma/* and vpc.amazonaws.com/efa the planner adds the NCCL/libfabric "
+            "env and the IPC_LOCK capability RDMA needs."
+        ),
+    )
+
+    @field_validator("devices")
+    @classmethod
+    def _device_names(cls, devices: dict[str, int] | None) -> dict[str, int] | None:
+        problems = [p for p in map(extended_resource_problem, devices or {}) if p]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return devices
 
     @model_validator(mode="after")
     def _nodes_for_gpu(self) -> Self:
         if self.gpu != "cpu" and self.nodes == 0:
             raise ValueError("nodes: must be at least 1 for a GPU type (0 only for cpu)")
+        if self.devices and self.gpu == "cpu" and not self.nodes:
+            raise ValueError(
+                "devices: go on worker pods, and this cpu job has none (its head runs the "
+                "ranks); set resources.nodes >= 1 or leave devices out"
+            )
         return self
 
 
@@ -309,7 +364,10 @@ class CheckpointSpec(ApiModel):
     )
 
     claim_name: str | None = Field(
-        None, pattern=_NAME_PATTERN, description="Existing PVC (ReadWriteMany for multi-node)."
+        None, pattern=_NAME_PATTERN, description=(
+            "Existing PVC; every Ray pod writes to it, so ReadWriteMany unless the head "
+            "runs alone (cpu, nodes 0)."
+        ),
     )
     size: str | None = Field(
         None, pattern=QUANTITY_PATTERN, description="Size of a new PVC the operator creates."

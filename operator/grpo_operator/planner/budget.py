@@ -9,7 +9,8 @@ GIB = 2**30
 # Mixed-precision FSDP with AdamW: fp32 master params (4 B) + fp32 grads (4 B) + Adam m and
 # v (2 x 4 B) per parameter, sharded over the world; bf16 (2 B) for compute copies.
 MASTER_B, GRAD_B, ADAM_B, BF16_B = 4, 4, 8, 2
-FP32_B = 4  # CPU jobs compute in float32
+FP32_B = 4  # CPU jobs compute in float32; rank-0 init loads the checkpoint in float32
+LOAD_OVERHEAD = 1.1  # a full-model load holds ~10% more than the weights (loader buffers)
 CUDA_CONTEXT_GIB = 1.5  # CUDA context + NCCL buffers + cuBLAS workspace per GPU process
 GPU_USABLE = 0.95  # leave 5% for fragmentation even with expandable_segments
 VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its utilisation
@@ -179,12 +180,17 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         host["cpu_rollout_engine"] = ranks * cpu_engine_gib(geo, st.rollout_n)
     if geo.nodes == 0:  # head runs everything
         host["driver_and_data_workers"] = driver_gib(geo)
-    load_per_rank = 0.0 if st.rank0_init else weights_gib
+    # Rank 0 reads the whole checkpoint in float32 (the trainer's rank-0 init loads
+    # `load_full(..., torch.float32)` and shards from that copy); x 1.1 for the loader's
+    # transient buffers.
+    load_term = (
+        {"rank0_full_model_fp32": p * FP32_B / GIB * LOAD_OVERHEAD}
+        if st.rank0_init
+        else {"every_rank_full_model_bf16": ranks * weights_gib * LOAD_OVERHEAD}
+    )
     host_load = {
         "rank_processes": ranks * rank_gib,
-        "rank0_full_model_bf16" if st.rank0_init else "every_rank_full_model_bf16": (
-            weights_gib * 1.1 if st.rank0_init else ranks * load_per_rank * 1.1
-        ),
+        **load_term,
         "ray_object_store": st.ray_object_store_gib,
     }
     gpu_cap = geo.gpu_memory_gib * GPU_USABLE if geo.is_gpu else 0.0

@@ -25,6 +25,7 @@ from grpo_api.knobs import PINNABLE
 
 from .budget import compute_budget, max_rollout_utilization
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
+from .network import plan_network
 from .reasons import explain, explain_pods
 from .resources import at_least, build_env, build_pods, object_store_gib
 from .types import Budget, Geometry, InfeasibleError, Plan, Settings
@@ -79,7 +80,7 @@ def initial_settings(geo: Geometry, spec: GRPOJobSpec) -> Settings:
     store = (
         quantity_gib(m.ray_object_store_memory)
         if m.ray_object_store_memory
-        else object_store_gib(geo)
+        else object_store_gib(geo, spec.algorithm.rollout_n)
     )
     return Settings(
         rank0_init=m.rank0_init if m.rank0_init is not None else geo.world_size > 1,
@@ -154,6 +155,13 @@ def geometry(
             else spec.rollout.engine
         ),
         async_save=spec.checkpoint.async_save,
+        devices=dict(r.devices or {}),
+        fabric=gpu.fabric,
+        user_env=frozenset(
+            e.name
+            for section in (spec.pods.common, spec.pods.head, spec.pods.workers)
+            for e in section.env or []
+        ),
     )
 
 
@@ -283,6 +291,9 @@ def plan_memory(
     settings, budget, trail = search(geo, spec, pinned)
     head, worker = build_pods(geo, settings, budget)
     decisions = explain(geo, settings, budget, trail, pinned, nodes_reason)
+    network = plan_network(geo).decision
+    if network is not None:
+        decisions.append(network)
     return Plan(
         geometry=geo,
         settings=settings,

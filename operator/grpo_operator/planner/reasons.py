@@ -53,15 +53,17 @@ def explain(
         return "spec" if knob in pinned else "auto"
 
     every_rank = geo.ranks_per_node * weights
+    rank0_load = b.host_load_terms.get("rank0_full_model_fp32", 0.0)
     out.append(
         Decision(
             "rank0Init",
             str(st.rank0_init).lower(),
             src("rank0_init"),
             (
-                f"only rank 0 loads the {_g(weights)} bf16 model; otherwise "
-                f"{geo.ranks_per_node} ranks per node would hold {_g(every_rank)} of host RAM "
-                f"and each {'GPU' if geo.is_gpu else 'rank'} a full copy at load"
+                f"only rank 0 loads the model, in float32 as the trainer reads it "
+                f"({_g(rank0_load)} host RAM with loader buffers, on rank 0's node); "
+                f"otherwise {geo.ranks_per_node} ranks per node would hold {_g(every_rank)} "
+                f"of host RAM and each {'GPU' if geo.is_gpu else 'rank'} a full copy at load"
                 if st.rank0_init
                 else f"single rank: loading the {_g(weights)} model once is the same either way"
                 if geo.world_size == 1
@@ -187,7 +189,12 @@ def explain_pods(head: PodResources, worker: PodResources | None, b: Budget) -> 
             f"{head.cpus} CPU, {head.memory_gib}Gi, shm {head.shm_gib}Gi",
             "auto",
             "Ray head + driver + data workers"
-            + ("" if worker else f" + the ranks (host peak {_g(b.peak_host_gib)})")
+            + (
+                "; offers Ray no CPU or GPU (num-cpus 0, num-gpus 0), so every rank "
+                "actor goes to a worker"
+                if worker
+                else f" + the ranks (host peak {_g(b.peak_host_gib)})"
+            )
             + "; /dev/shm = object store + 2 GiB; no GPU, no GPU node selector",
         )
     ]

@@ -30,6 +30,8 @@ def _pod(p: PodResources | None) -> dict[str, Any] | None:
         "shmGiB": p.shm_gib,
         "nodeSelector": dict(p.node_selector),
         "tolerations": [dict(t) for t in p.tolerations],
+        "devices": dict(p.devices),
+        "capabilities": list(p.capabilities),
     }
 
 
@@ -75,6 +77,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "pods": {"head": _pod(plan.head), "worker": _pod(plan.worker)},
         "env": dict(plan.env),
         "rayStartParams": dict(plan.ray_start_params),
+        "headRayStartParams": plan.head_ray_start_params,
         "decisions": [asdict(d) for d in plan.decisions],
         "remediations": list(plan.remediations),
     }
@@ -157,7 +160,8 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
             ", ".join(f"{k} {v:.1f}" for k, v in terms.items() if v),
         )
     pods = Table(title="Pods", title_justify="left")
-    for col in ("Role", "Replicas", "GPU", "CPU", "Memory", "/dev/shm", "nodeSelector"):
+    for col in ("Role", "Replicas", "GPU", "CPU", "Memory", "/dev/shm", "nodeSelector",
+                "Devices"):
         pods.add_column(col, overflow="fold")
     for p in (plan.head, plan.worker):
         if p is not None:
@@ -169,6 +173,7 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
                 f"{p.memory_gib}Gi",
                 f"{p.shm_gib}Gi",
                 ", ".join(f"{k}={v}" for k, v in p.node_selector.items()) or "-",
+                ", ".join(f"{k}: {v}" for k, v in p.devices.items()) or "-",
             )
     env = Table(title="Env", title_justify="left")
     env.add_column("Name", overflow="fold")

@@ -15,6 +15,7 @@ from .budget import (
     driver_gib,
     host_capacity_gib,
 )
+from .network import plan_network
 from .types import Budget, Geometry, PodResources, Settings
 
 RAY_DEFAULT_STORE_FRACTION = 0.3  # Ray: 30% of available memory ...
@@ -35,7 +36,7 @@ def step_data_gib(geo: Geometry, rollout_n: int) -> float:
     return (tokens + images) / GIB
 
 
-def object_store_gib(geo: Geometry, rollout_n: int = 8) -> float:
+def object_store_gib(geo: Geometry, rollout_n: int) -> float:
     """What the job moves through Ray, not Ray's 30%-of-RAM default (field note 2)."""
     want = max(STORE_MIN_GIB, STORE_STEP_COPIES * step_data_gib(geo, rollout_n))
     return round(min(want, ray_default_store_gib(geo.host_memory_gib)), 1)
@@ -80,6 +81,8 @@ def build_pods(
     worker_need = pod_need_gib(geo, st, budget, "worker")
     mem = _pod_memory(worker_need, geo, st.pod_memory_at_allocatable)
     worker = PodResources(
+        devices=dict(geo.devices),
+        capabilities=plan_network(geo).capabilities,
         role=Role.WORKER.value,
         replicas=geo.nodes,
         gpus=geo.gpus_per_node if geo.is_gpu else 0,
@@ -130,6 +133,7 @@ def build_env(geo: Geometry, st: Settings) -> dict[str, str]:
         env["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
         # vLLM's sleep mode and NCCL's cuMem allocations do not mix; vLLM sets the same.
         env["NCCL_CUMEM_ENABLE"] = "0"
+        env |= plan_network(geo).env  # the fabric the workers' devices connect to
     else:
         threads = max(1, geo.cpus_per_node // max(1, geo.ranks_per_node))
         env["OMP_NUM_THREADS"] = str(threads)  # one rank per process must not oversubscribe

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from grpo_api.catalog import GPU_RESOURCE
+
 from .model_shape import Shape
 
 
@@ -59,6 +61,9 @@ class Geometry:
     data_workers: int
     rollout_engine: str = "hf"  # "vllm" | "hf", resolved from spec.rollout.engine
     async_save: bool = False  # spec.checkpoint.asyncSave: a host copy of each rank's state
+    devices: dict[str, int] = field(default_factory=dict)  # spec.resources.devices, per worker
+    fabric: str | None = None  # the catalog's RDMA fabric between nodes of this GPU type
+    user_env: frozenset[str] = frozenset()  # env names spec.pods sets (theirs to tune)
 
     @property
     def uses_vllm(self) -> bool:
@@ -152,6 +157,14 @@ class PodResources:
     shm_gib: int
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict[str, str], ...] = ()
+    devices: dict[str, int] = field(default_factory=dict)  # extended resources, e.g. rdma/ib
+    capabilities: tuple[str, ...] = ()  # Linux capabilities the devices need (IPC_LOCK)
+
+    @property
+    def extended_resources(self) -> dict[str, str]:
+        """GPUs and devices, as the container's requests and limits (equal for these)."""
+        gpus = {GPU_RESOURCE: str(self.gpus)} if self.gpus else {}
+        return gpus | {name: str(n) for name, n in self.devices.items()}
 
 
 @dataclass(frozen=True)
@@ -164,10 +177,27 @@ class Plan:
     head: PodResources
     worker: PodResources | None
     env: dict[str, str]
-    ray_start_params: dict[str, str]
+    ray_start_params: dict[str, str]  # the workers' (and a head's that runs alone)
     remediations: tuple[str, ...] = ()  # one line per applied rung, with the numbers
     rungs: tuple[str, ...] = ()  # names of the applied rungs (each applies once)
 
     @property
     def world_size(self) -> int:
         return self.geometry.world_size
+
+    @property
+    def head_ray_start_params(self) -> dict[str, str]:
+        """With workers, the head offers Ray no CPU and no GPU: KubeRay would derive its
+        --num-cpus from a CPU limit sized for the driver, and rank actors would land
+        there; the trainer places its ranks on the workers. A head without workers (cpu,
+        nodes 0) runs the ranks itself and keeps the common parameters."""
+        if self.worker is None:
+            return dict(self.ray_start_params)
+        return {**self.ray_start_params, "num-cpus": "0", "num-gpus": "0"}
+
+    @property
+    def pods(self) -> int:
+        """Ray pods of one attempt: the head and its workers. With more than one, every
+        volume they share is mounted from several nodes (the CPU head and the GPU
+        workers rarely share one), so `nodes: 1` is already two pods."""
+        return self.head.replicas + (self.worker.replicas if self.worker else 0)

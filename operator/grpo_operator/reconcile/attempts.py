@@ -117,22 +117,59 @@ def failed_status(view: PhaseView, generation: int, now: str,
             "conditions": conditions_for(view, generation, now, previous.get("conditions"))}
 
 
-def claim_problem(spec_body: dict[str, Any], namespace: str,
-                  pvc: dict[str, Any] | None) -> str | None:
-    """Why the checkpoint claim the spec names cannot serve the job (`pvc` is what the API
-    server returned for it, None if absent); None when fine or the operator makes one."""
-    claim = (spec_body.get("checkpoint") or {}).get("claimName")
-    if not claim:
-        return None
+def planned_pods(spec_body: dict[str, Any],
+                 catalog: Mapping[str, GpuType] = GPU_CATALOG) -> int:
+    """Ray pods the job's plan has (the planner resolves an unset resources.nodes); 1 when
+    the spec cannot be planned (ensure_attempt then refuses it with the reason)."""
+    try:
+        return planned(spec_body, None, catalog)[1].pods
+    except (SpecError, InfeasibleError, ValueError):
+        return 1
+
+
+_MODES_REACH = {"ReadWriteOnce": "one node", "ReadWriteOncePod": "one pod",
+                "ReadOnlyMany": "read-only mounts"}
+
+
+def _one_claim_problem(field: str, claim: str, namespace: str, pvc: dict[str, Any] | None,
+                       pods: int, access: str, shared: tuple[str, ...],
+                       create_hint: str) -> str | None:
+    """Why the claim at `field` cannot be mounted (`access`: read-write or read-only) by
+    all `pods` Ray pods: absent, or no access mode that allows it (`shared`: the modes
+    that do for pods on several nodes)."""
     if pvc is None:
-        return (f"checkpoint.claimName {claim!r} does not exist in {namespace}; create it "
-                "or set checkpoint.size to let the operator create one")
-    nodes = (spec_body.get("resources") or {}).get("nodes") or 0
-    modes = pvc.get("spec", {}).get("accessModes") or []
-    if nodes > 1 and "ReadWriteMany" not in modes:
-        return (f"checkpoint.claimName {claim!r} is {','.join(modes)}, but {nodes} nodes "
-                "mount it: use a ReadWriteMany claim")
-    return None
+        return f"{field} {claim!r} does not exist in {namespace}; create it {create_hint}"
+    modes = list(pvc.get("spec", {}).get("accessModes") or [])
+    ok = set(shared) if pods > 1 else {*shared, "ReadWriteOnce", "ReadWriteOncePod"}
+    if ok & set(modes):
+        return None
+    reach = " and ".join(_MODES_REACH[m] for m in modes if m in _MODES_REACH)
+    who = (f"all {pods} Ray pods of this job (the head and its workers, as a rule on "
+           "different nodes) mount" if pods > 1 else "the job's one pod mounts")
+    return (f"{field} {claim!r} is {','.join(modes) or 'without access modes'}"
+            + (f" ({reach} only)" if reach else "")
+            + f", but {who} it {access}: use a {' or '.join(shared)} claim")
+
+
+def claim_problem(spec_body: dict[str, Any], namespace: str,
+                  checkpoint_pvc: dict[str, Any] | None, model_pvc: dict[str, Any] | None,
+                  pods: int) -> str | None:
+    """Why a claim the spec names cannot serve the job's `pods` Ray pods (`*_pvc` is what
+    the API server returned for spec.checkpoint.claimName / spec.model.claimName, None if
+    absent), or None. Every pod mounts both: checkpoints read-write, so a job of several
+    pods needs ReadWriteMany; the model read-only, so ReadOnlyMany will do."""
+    ckpt = (spec_body.get("checkpoint") or {}).get("claimName")
+    model = (spec_body.get("model") or {}).get("claimName")
+    problem = None
+    if ckpt:
+        problem = _one_claim_problem(
+            "checkpoint.claimName", ckpt, namespace, checkpoint_pvc, pods, "read-write",
+            ("ReadWriteMany",), "or set checkpoint.size to let the operator create one")
+    if model and not problem:
+        problem = _one_claim_problem(
+            "model.claimName", model, namespace, model_pvc, pods, "read-only",
+            ("ReadOnlyMany", "ReadWriteMany"), "holding the model at model.path")
+    return problem
 
 
 def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],

@@ -23,6 +23,7 @@ from .attempts import (
     failed_status,
     finish_attempt,
     observed_status,
+    planned_pods,
     start_next_attempt,
 )
 from .classify import LOST_RANKS, PodOutcome, classify_pod, first_worker_end, worker_outcome
@@ -93,6 +94,7 @@ class Observed:
     """What the handler read besides the job, for the events that need it."""
 
     claim: dict[str, Any] | None = None  # the PVC spec.checkpoint.claimName names
+    model_claim: dict[str, Any] | None = None  # the PVC spec.model.claimName names
     pods: list[dict[str, Any]] = field(default_factory=list)  # the cluster's Ray pods
     # Read when a pod is deleted: deleting a namespace deletes the pods before the job,
     # which would otherwise read as a node loss and start a restart nothing can create.
@@ -215,7 +217,8 @@ def _internal_error(event: Event, exc: Exception, status: dict[str, Any], genera
 
 def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,
              now: str, observed: Observed, config: OperatorConfig) -> Action:
-    problem = claim_problem(spec, ref.namespace, observed.claim)
+    problem = claim_problem(spec, ref.namespace, observed.claim, observed.model_claim,
+                            planned_pods(spec, config.catalog))
     if problem:
         view = PhaseView(Phase.PENDING, "ClaimMissing", problem)
         return Action(observed_status(view, status, generation, now),

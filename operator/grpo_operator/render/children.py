@@ -8,7 +8,6 @@ from typing import Any
 import jinja2
 import yaml
 
-from grpo_api.catalog import GPU_RESOURCE
 from grpo_api.contract import (
     API_GROUP,
     API_VERSION,
@@ -88,17 +87,17 @@ def render_children(
             "account": names.trainer_account(job),
             "ray_cluster": names.ray_cluster(job, attempt),
         },
-        "multi_node": plan.geometry.nodes > 1,
+        "multi_pod": plan.pods > 1,
         "config_yaml": yaml.safe_dump(trainer_config(spec, plan, job, attempt), sort_keys=False),
         "image": spec.image or default_image or DEFAULT_TRAINER_IMAGE,
         "ray_version": RAY_VERSION,
-        "ray_start_params": plan.ray_start_params,
+        "ray_start_params": {"head": plan.head_ray_start_params,
+                             "worker": plan.ray_start_params},
         "head": plan.head,
         "worker": plan.worker,
         "head_command": HEAD_COMMAND,
         "worker_command": WORKER_COMMAND,
         "env": job_env(plan, job, attempt),
-        "gpu_resource": GPU_RESOURCE,
         "termination_log": TERMINATION_LOG,
         "checkpoint_mount": CHECKPOINT_MOUNT,
         "model_claim": spec.model.claim_name,

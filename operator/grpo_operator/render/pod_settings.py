@@ -2,8 +2,9 @@
 override the operator's own settings, naming the field.
 
 What the operator owns on a Ray pod: its env (every GRPO_* name and whatever the plan
-sets), its volumes and mount paths, the GPU node selector, and the reserved label and
-annotation prefixes. Resources, image and command are not settable at all (api/pods.py).
+sets; Ray's RAY_EXPERIMENTAL_NOSET_* device-masking switches are refused too), its
+volumes and mount paths, the GPU node selector, and the reserved label and annotation
+prefixes. Resources, image and command are not settable at all (api/pods.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ OPERATOR_MOUNTS = (CHECKPOINT_MOUNT, str(PurePosixPath(CONFIG_PATH).parent), "/d
                    MODEL_MOUNT)
 RESERVED_PREFIXES = (f"{API_GROUP}/", "ray.io/")
 OPERATOR_ENV_PREFIX = "GRPO_"
+# Ray's switches that stop it setting CUDA_VISIBLE_DEVICES (and the ROCm, Ascend, ...
+# equivalents) per actor: RAY_EXPERIMENTAL_NOSET_<X>_VISIBLE_DEVICES and kin.
+RAY_NOSET_PREFIX = "RAY_EXPERIMENTAL_NOSET_"
 
 
 def merged(pods: PodsSpec, role: str) -> dict[str, Any]:
@@ -76,6 +80,10 @@ def conflicts(pods: PodsSpec, operator_env: Iterable[str]) -> list[str]:
                 out.append(f"{at}.env[{i}].name: {e.name} is set by the operator (the "
                            "planner's settings and the job's identity); set spec.memory.* "
                            "or leave it out")
+            elif e.name.startswith(RAY_NOSET_PREFIX):
+                out.append(f"{at}.env[{i}].name: {e.name} would stop Ray masking each "
+                           "actor's devices; the trainer relies on that (each rank and "
+                           "vLLM worker sees only the GPUs Ray gave it); leave it out")
         for i, v in enumerate(s.volumes or []):
             if v.name in OPERATOR_VOLUMES:
                 out.append(f"{at}.volumes[{i}].name: {v.name!r} is the operator's volume; "
