@@ -122,6 +122,7 @@ class Env(StrEnum):
     JOB_NAMESPACE = "GRPO_JOB_NAMESPACE"
     ATTEMPT = "GRPO_ATTEMPT"
     FAULT_INJECT = "GRPO_FAULT_INJECT"  # test-only fault switch, documented in docs/
+    TERMINATION_LOG = "GRPO_TERMINATION_LOG"  # where the driver writes it (tests: a file)
 
 
 PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"

@@ -40,8 +40,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("micro_batch_size", "microBatchSize", "actor.micro_batch_size"),
     Knob("rollout_gpu_memory_utilization", "rolloutGpuMemoryUtilization",
          "rollout.gpu_memory_utilization"),
-    # The algorithm's, not a memory knob: the planner passes it through (only the last
-    # rung of the CudaOOM ladder lowers it).
+    # The algorithm's, not a memory knob: the planner passes it through and no rung of
+    # the recovery ladder changes it (planner/ladder.py says why).
     Knob("rollout_n", "rolloutN", "rollout.n", pinnable=False),
     # Ray's object store: reaches Ray through its own env and start params, not the trainer.
     Knob("ray_object_store_gib", "rayObjectStoreMemory", None, in_status=False),

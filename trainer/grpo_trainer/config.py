@@ -36,7 +36,7 @@ ENV_OVERRIDES: dict[str, str] = {
     Env.JOB_NAMESPACE: "trainer.job_namespace",
     Env.ATTEMPT: "trainer.attempt",
     Env.FAULT_INJECT: "trainer.fault_inject",
-    "GRPO_TERMINATION_LOG": "trainer.termination_log",
+    Env.TERMINATION_LOG: "trainer.termination_log",
 }
 
 

@@ -6,10 +6,10 @@ Search order (cheapest first; the same order the CudaOOM ladder walks after a fa
   3. halve the micro-batch, down to 1;
   4. offload the optimizer to host RAM, only if the host has room;
   5. offload parameters too, only if the host has room.
-Generations per prompt (rolloutN) are never changed by the planner: that changes the
-algorithm, so only the last rung of the recovery ladder touches it. rank-0 init is on for
-every multi-rank job (N ranks must never each hold the whole model), and the vLLM memory
-fraction is whatever the actor leaves free during rollout.
+Generations per prompt (rolloutN) are never changed by the planner or the recovery
+ladder: that changes the algorithm (planner/ladder.py says why it is not a rung).
+rank-0 init is on for every multi-rank job (N ranks must never each hold the whole
+model), and the vLLM memory fraction is whatever the actor leaves free during rollout.
 """
 
 from __future__ import annotations

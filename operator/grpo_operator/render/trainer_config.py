@@ -1,7 +1,8 @@
 """The resolved trainer config (the per-attempt ConfigMap) from spec + plan.
 
-Validated with the trainer's own pydantic model (`grpo_trainer.config`, torch-free),
-so a job the trainer would reject with exit 2 is caught here, before any pod starts.
+Validated with the trainer's own schema (`grpo_api.trainer_config`, which the trainer
+loads its file into), so a job the trainer would reject with exit 2 is caught here; the
+webhook renders it too (reconcile.attempts.planned), so such a job is refused at apply.
 """
 
 from __future__ import annotations
