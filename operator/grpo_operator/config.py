@@ -39,6 +39,11 @@ class OperatorConfig:
     metrics_port: int = 8080
     webhook: WebhookConfig = WebhookConfig()
     claim_retry_seconds: float = 15.0  # a missing checkpoint claim is looked for again
+    # The next attempt waits, at most this long past its backoff, for the pods of earlier
+    # attempts to be gone (two drivers of one job never overlap); a pod stuck Terminating
+    # on a lost node cannot hold a restart longer (the trainer's checkpoint fence still
+    # keeps an older driver from committing).
+    previous_attempt_grace_seconds: float = 120.0
 
 
 MEMO_KEY = "config"

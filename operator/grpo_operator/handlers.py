@@ -124,9 +124,14 @@ def _restart_pending(body: kopf.Body, **_: Any) -> bool:
 def grpojob_restart(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Starts the next attempt once its backoff has passed (a timer, so an operator
     restart during the backoff neither loses nor repeats it)."""
-    job, config = _job(body), from_memo(memo)
+    job, config, now = _job(body), from_memo(memo), _now()
+    namespace, name = str(body["metadata"].get("namespace")), str(body["metadata"]["name"])
+    # Once due, the next attempt waits for the earlier attempts' pods to be gone.
+    pods = (kube.list_pods(namespace, f"{JOB_LABEL}={name}") if rec.restart_due(job, now)
+            else [])
     try:
-        _apply(job, rec.reconcile(job, Observed(), rec.BackoffTimer(), _now(), config), config)
+        _apply(job, rec.reconcile(job, Observed(pods=pods), rec.BackoffTimer(), now, config),
+               config)
     except kube.Conflict:
         return  # the next tick decides again on the fresh object
 

@@ -185,6 +185,34 @@ def test_head_failure_restarts_after_the_backoff_and_measures_recovery_from_stat
     assert [c["metadata"]["name"] for c in action.children] == ["j-config-1", "j-a1"]
 
 
+def test_the_next_attempt_waits_for_the_failed_attempts_pods_to_be_gone() -> None:
+    """Two drivers of one job never overlap: KubeRay may already have started a
+    replacement head for the failed attempt; attempt 1 starts once it is gone."""
+    job = running_job()
+    head = pod("head", phase="Failed", terminated={"exitCode": 137, "reason": "OOMKilled"})
+    job, _ = step(job, rec.PodChanged(head))
+    due = "2026-11-21T10:00:31.000Z"
+    assert not rec.restart_due(job, "2026-11-21T10:00:29.000Z") and rec.restart_due(job, due)
+    replacement = pod("head", name="j-a0-head-new")  # running, attempt 0
+    waiting, action = step(job, rec.BackoffTimer(), due,
+                           observed=Observed(pods=[head, replacement]))
+    progressing = next(c for c in waiting["status"]["conditions"]
+                       if c["type"] == "Progressing")
+    assert waiting["status"]["phase"] == "Restarting" and not action.children
+    assert progressing["reason"] == "WaitingForPreviousAttempt"
+    assert "j-a0-head-new" in progressing["message"] and "OOMKilled" not in progressing["message"]
+    again = rec.reconcile(waiting, Observed(pods=[replacement]), rec.BackoffTimer(),
+                          "2026-11-21T10:00:32.000Z", CONFIG)
+    assert again == Action()  # nothing new to say: no write per tick
+    started, action = step(waiting, rec.BackoffTimer(), "2026-11-21T10:00:33.000Z",
+                           observed=Observed(pods=[head]))  # only the ended head is left
+    assert started["status"]["attempt"] == 1 and action.children
+    # A pod that will not go (a lost node) holds the restart for the grace period only.
+    late = rec.reconcile(waiting, Observed(pods=[replacement]), rec.BackoffTimer(),
+                         "2026-11-21T10:02:32.000Z", CONFIG)
+    assert late.children and "PreviousAttemptLingers" in [e[1] for e in late.events]
+
+
 def test_a_job_being_deleted_gets_nothing_created() -> None:
     job = running_job()
     job["metadata"]["deletionTimestamp"] = T0

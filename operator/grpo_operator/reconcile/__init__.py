@@ -17,6 +17,7 @@ from .core import (
     pod_matters,
     pod_needs_pods,
     reconcile,
+    restart_due,
     restart_pending,
 )
 
@@ -36,5 +37,6 @@ __all__ = [
     "pod_matters",
     "pod_needs_pods",
     "reconcile",
+    "restart_due",
     "restart_pending",
 ]

@@ -13,7 +13,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpo_api.catalog import GPU_CATALOG, GpuType, UnknownGpuType
-from grpo_api.contract import ATTEMPT_RUNNING, TERMINAL_PHASES, FailureReason, Phase
+from grpo_api.contract import (
+    ATTEMPT_LABEL,
+    ATTEMPT_RUNNING,
+    TERMINAL_PHASES,
+    FailureReason,
+    Phase,
+)
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.knobs import KNOBS
 
@@ -344,12 +350,43 @@ def _ended(status: dict[str, Any], attempts: list[dict[str, Any]], view: PhaseVi
 
 def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
                        generation: int, now: str, default_image: str = "",
-                       catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action | None:
-    """After the backoff: the next attempt's children with the remediated plan.
-    None while the backoff has not passed."""
+                       catalog: Mapping[str, GpuType] = GPU_CATALOG,
+                       pods: list[dict[str, Any]] | None = None,
+                       grace_seconds: float = 120.0) -> Action | None:
+    """After the backoff, once the earlier attempts' pods are gone: the next attempt's
+    children with the remediated plan. None while the backoff has not passed."""
     nxt = status.get("nextAttempt") or {}
     if not nxt or _time(now) < _time(str(nxt["notBefore"])):
         return None
+    index = int(nxt["index"])
+    lingering = sorted(str(p.get("metadata", {}).get("name")) for p in pods or []
+                       if _attempt_label(p) != str(index)
+                       and p.get("status", {}).get("phase") not in ("Succeeded", "Failed"))
+    waited = (_time(now) - _time(str(nxt["notBefore"]))).total_seconds()
+    if lingering and waited < grace_seconds:
+        # Two drivers of one job must never overlap on its checkpoints.
+        view = PhaseView(Phase.RESTARTING, "WaitingForPreviousAttempt",
+                         f"attempt {index} starts once {len(lingering)} pod(s) of earlier "
+                         f"attempts are gone: {', '.join(lingering[:5])} (at most "
+                         f"{grace_seconds:g} s more)")
+        return Action(observed_status(view, status, generation, now))
+    action = _next_attempt(job, spec_body, status, generation, now, default_image, catalog)
+    if lingering:
+        action.events.append(("Warning", "PreviousAttemptLingers",
+                               f"started attempt {index} although {', '.join(lingering[:5])} "
+                               f"still exist after {waited:.0f} s (a lost node?); an older "
+                               "driver cannot commit a checkpoint once a newer attempt exists"))
+    return action
+
+
+def _attempt_label(pod: dict[str, Any]) -> str | None:
+    return (pod.get("metadata", {}).get("labels") or {}).get(ATTEMPT_LABEL)
+
+
+def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
+                  generation: int, now: str, default_image: str,
+                  catalog: Mapping[str, GpuType]) -> Action:
+    nxt = status["nextAttempt"]
     attempts = [dict(a) for a in status.get("attempts") or []]
     spec, plan = planned(spec_body, attempts, catalog)
     index = int(nxt["index"])

@@ -95,7 +95,8 @@ class Observed:
 
     claim: dict[str, Any] | None = None  # the PVC spec.checkpoint.claimName names
     model_claim: dict[str, Any] | None = None  # the PVC spec.model.claimName names
-    pods: list[dict[str, Any]] = field(default_factory=list)  # the cluster's Ray pods
+    # The cluster's Ray pods; for the restart timer, every pod of the job.
+    pods: list[dict[str, Any]] = field(default_factory=list)
     # Read when a pod is deleted: deleting a namespace deletes the pods before the job,
     # which would otherwise read as a node loss and start a restart nothing can create.
     namespace_terminating: bool = False
@@ -109,6 +110,13 @@ def restart_pending(job: dict[str, Any]) -> bool:
     meta = job.get("metadata") or {}
     return bool((job.get("status") or {}).get("nextAttempt")) and not meta.get(
         "deletionTimestamp")
+
+
+def restart_due(job: dict[str, Any], now: str) -> bool:
+    """Whether the restart timer's next decision needs the job's pods: once the backoff
+    has passed (the next attempt starts only when the earlier ones' pods are gone)."""
+    nxt = (job.get("status") or {}).get("nextAttempt") or {}
+    return bool(nxt) and now >= str(nxt.get("notBefore") or "")
 
 
 def pod_matters(event: PodChanged) -> bool:
@@ -184,7 +192,8 @@ def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
             return _on_spec(ref, spec, status, generation, now, observed, config)
         case BackoffTimer():
             return start_next_attempt(ref, spec, status, generation, now,
-                                      config.default_image, config.catalog) or Action()
+                                      config.default_image, config.catalog, observed.pods,
+                                      config.previous_attempt_grace_seconds) or Action()
         case JobChanged():
             return _on_job(status, generation, now)
         case PodChanged(pod=pod, deleted=deleted):
