@@ -75,7 +75,10 @@ def test_first_reconcile_writes_status_once_and_names_the_children() -> None:
     assert image == "registry.example/trainer:test"  # the configured default image
     # Seen again (operator restart): children re-ensured, nothing new to write.
     again = rec.reconcile(job, Observed(), rec.SpecChanged(), "2026-11-21T10:05:00Z", CONFIG)
-    assert again.children and "attempts" not in again.status
+    assert again.children and again.status == {}  # one builder: a write only on a change
+    running = running_job()
+    assert rec.reconcile(running, Observed(), rec.SpecChanged(), "2026-11-21T10:05:00Z",
+                         CONFIG).status == {}
 
 
 def test_a_ready_ray_cluster_makes_the_job_running_once() -> None:

@@ -27,7 +27,7 @@ from ..planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_
 from ..render import JobRef, names, pod_settings, render_children
 from ..render.trainer_config import SPEC_SOURCES, trainer_config
 from .classify import PodOutcome
-from .conditions import PhaseView, conditions_for
+from .conditions import PhaseView, status_patch
 
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
@@ -117,10 +117,6 @@ def _at(now: str, seconds: int) -> str:
         timespec="milliseconds").replace("+00:00", "Z")
 
 
-def failed_status(view: PhaseView, generation: int, now: str,
-                  previous: dict[str, Any]) -> dict[str, Any]:
-    return {"phase": Phase.FAILED, "observedGeneration": generation,
-            "conditions": conditions_for(view, generation, now, previous.get("conditions"))}
 
 
 def planned_pods(spec_body: dict[str, Any],
@@ -187,7 +183,7 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
     bad_name = names.job_name_problem(job.name)  # the CRD refuses these; older CRDs did not
     if bad_name:
         view = PhaseView(Phase.FAILED, "InvalidName", bad_name)
-        return Action(failed_status(view, generation, now, status),
+        return Action(status_patch(status, generation, now, view),
                       events=[("Warning", "InvalidName", bad_name)])
     attempts_so_far = [a for a in status.get("attempts") or []
                        if a.get("index") != status.get("attempt")]
@@ -195,11 +191,11 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
         spec, plan = planned(spec_body, attempts_so_far, catalog)
     except SpecError as exc:
         view = PhaseView(Phase.FAILED, "InvalidSpec", str(exc))
-        return Action(failed_status(view, generation, now, status),
+        return Action(status_patch(status, generation, now, view),
                       events=[("Warning", "InvalidSpec", str(exc))])
     except (InfeasibleError, ValueError) as exc:
         view = PhaseView(Phase.FAILED, "Infeasible", str(exc))
-        return Action(failed_status(view, generation, now, status),
+        return Action(status_patch(status, generation, now, view),
                       events=[("Warning", "Infeasible", str(exc))])
     attempt = int(status.get("attempt") or 0)
     rc_name = names.ray_cluster(job, attempt)
@@ -207,21 +203,18 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
         view = PhaseView(Phase.SUSPENDED, "SuspendedByUser",
                          "spec.suspend is true: Ray pods released, checkpoints and status kept")
         return Action(
-            {"phase": Phase.SUSPENDED, "observedGeneration": generation,
-             "conditions": conditions_for(view, generation, now, status.get("conditions"))},
+            status_patch(status, generation, now, view),
             delete_ray_cluster=rc_name,
             events=[("Normal", "Suspended", view.message)],
         )
     children = render_children(spec, plan, job, attempt, default_image)
     attempts = list(status.get("attempts") or [])
-    new: dict[str, Any] = {"observedGeneration": generation, "attempt": attempt,
-                           "rayCluster": {"name": rc_name}}
+    fields: dict[str, Any] = {"attempt": attempt, "rayCluster": {"name": rc_name}}
     events: list[tuple[str, str, str]] = []
     if not any(a.get("index") == attempt for a in attempts):
         attempts.append({"index": attempt, "startTime": now, "outcome": ATTEMPT_RUNNING})
-        new["attempts"] = attempts
-        new["plan"] = plan_status(plan).to_wire()
-        new["restarts"] = int(status.get("restarts") or 0)
+        fields |= {"attempts": attempts, "plan": plan_status(plan).to_wire(),
+                   "restarts": int(status.get("restarts") or 0)}
         settings = plan.settings
         events.append(("Normal", "Planned",
                        f"{plan.world_size} x {plan.geometry.gpu}; gradient checkpointing "
@@ -230,15 +223,16 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
                        f"{settings.offload_optimizer}, micro-batch {settings.micro_batch_size}; "
                        f"peak {plan.budget.peak_gpu_gib:.1f} GiB/GPU, "
                        f"{plan.budget.peak_host_gib:.0f} GiB host/node"))
+    # A live attempt's phase follows its pods and cluster, not the spec.
+    start: PhaseView | None = None
     if status.get("phase") in (None, Phase.SUSPENDED):
-        view = PhaseView(Phase.PENDING, "CreatingCluster", f"creating RayCluster {rc_name}")
-        new["phase"] = Phase.PENDING
-        new["rayCluster"] = {"name": rc_name, "state": None}  # a new cluster: no state yet
-        new["conditions"] = conditions_for(view, generation, now, status.get("conditions"))
+        start = PhaseView(Phase.PENDING, "CreatingCluster", f"creating RayCluster {rc_name}")
+        fields["rayCluster"] = {"name": rc_name, "state": None}  # a new cluster: no state yet
         if status.get("phase") == Phase.SUSPENDED:
             events.append(("Normal", "Resumed", f"resuming attempt {attempt} from its "
                            "newest complete checkpoint"))
-    return Action(new, children=children, events=events)
+    return Action(status_patch(status, generation, now, start, **fields), children=children,
+                  events=events)
 
 
 def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str,
@@ -250,25 +244,9 @@ def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str
                      f"creating {kind} {name} failed: {api_message} (retrying every "
                      f"{CREATE_RETRY_SECONDS} s)")
     return Action(
-        {"phase": Phase.PENDING, "observedGeneration": generation,
-         "conditions": conditions_for(view, generation, now, status.get("conditions"),
-                                      degraded=view)},
+        status_patch(status, generation, now, view, degraded=view),
         events=[("Warning", "CreateFailed", view.message)],
         retry=(view.message, CREATE_RETRY_SECONDS))
-
-
-def observed_status(view: PhaseView, status: dict[str, Any], generation: int,
-                    now: str) -> dict[str, Any]:
-    """Status patch for a live attempt; {} when nothing a user would see changed."""
-    conds = conditions_for(view, generation, now, status.get("conditions"))
-    if status.get("phase") == view.phase and _same(conds, status.get("conditions") or []):
-        return {}
-    return {"phase": view.phase, "conditions": conds}
-
-
-def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
-    key = ("type", "status", "reason", "message")
-    return [tuple(c.get(k) for k in key) for c in a] == [tuple(c.get(k) for k in key) for c in b]
 
 
 def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
@@ -329,9 +307,8 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
                      f"attempt {attempt}: {what}{where}; attempt {attempt + 1} in {wait} s "
                      f"with {change}, resuming from checkpoint step {ckpt or 0}")
     return Action(
-        {"phase": Phase.RESTARTING, "attempts": attempts, "restarts": restarts + 1,
-         "nextAttempt": {"index": attempt + 1, "notBefore": _at(now, wait)},
-         "conditions": conditions_for(view, generation, now, status.get("conditions"))},
+        status_patch(status, generation, now, view, attempts=attempts, restarts=restarts + 1,
+                     nextAttempt={"index": attempt + 1, "notBefore": _at(now, wait)}),
         delete_ray_cluster=rc,
         events=[("Warning", reason.value, view.message)],
         restart_reason=reason.value,
@@ -341,8 +318,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
 def _ended(status: dict[str, Any], attempts: list[dict[str, Any]], view: PhaseView,
            generation: int, now: str, rc: str | None, kind: str) -> Action:
     return Action(
-        {"phase": view.phase, "attempts": attempts,
-         "conditions": conditions_for(view, generation, now, status.get("conditions"))},
+        status_patch(status, generation, now, view, attempts=attempts),
         delete_ray_cluster=rc,
         events=[(kind, view.reason, view.message)],
     )
@@ -369,7 +345,7 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
                          f"attempt {index} starts once {len(lingering)} pod(s) of earlier "
                          f"attempts are gone: {', '.join(lingering[:5])} (at most "
                          f"{grace_seconds:g} s more)")
-        return Action(observed_status(view, status, generation, now))
+        return Action(status_patch(status, generation, now, view))
     action = _next_attempt(job, spec_body, status, generation, now, default_image, catalog)
     if lingering:
         action.events.append(("Warning", "PreviousAttemptLingers",
@@ -400,10 +376,9 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
                      f"attempt {index}: creating RayCluster {rc}, resuming "
                      f"from checkpoint step {resumed or 0}")
     return Action(
-        {"phase": Phase.PENDING, "attempt": index, "attempts": [*attempts, record],
-         "nextAttempt": None, "rayCluster": {"name": rc, "state": None},
-         "plan": plan_status(plan).to_wire(),
-         "conditions": conditions_for(view, generation, now, status.get("conditions"))},
+        status_patch(status, generation, now, view, attempt=index,
+                     attempts=[*attempts, record], nextAttempt=None,
+                     rayCluster={"name": rc, "state": None}, plan=plan_status(plan).to_wire()),
         # Only what is new per attempt: the claim and the trainer's RBAC exist since
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
         children=[c for c in render_children(spec, plan, job, index, default_image)

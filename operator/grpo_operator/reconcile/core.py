@@ -20,9 +20,7 @@ from .attempts import (
     claim_problem,
     create_failed,
     ensure_attempt,
-    failed_status,
     finish_attempt,
-    observed_status,
     planned_pods,
     start_next_attempt,
 )
@@ -35,6 +33,7 @@ from .conditions import (
     hub_fetch_conditions,
     memory_growth_conditions,
     role,
+    status_patch,
     unschedulable,
     unschedulable_view,
 )
@@ -220,7 +219,7 @@ def _internal_error(event: Event, exc: Exception, status: dict[str, Any], genera
                f"{type(exc).__name__}: {exc}"[:2000]
                + "; this is an operator defect: please report it with this message")
     view = PhaseView(Phase.FAILED, INTERNAL_ERROR, message)
-    return Action(failed_status(view, generation, now, status),
+    return Action(status_patch(status, generation, now, view),
                   events=[("Warning", INTERNAL_ERROR, message)])
 
 
@@ -230,7 +229,7 @@ def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generati
                             planned_pods(spec, config.catalog))
     if problem:
         view = PhaseView(Phase.PENDING, "ClaimMissing", problem)
-        return Action(observed_status(view, status, generation, now),
+        return Action(status_patch(status, generation, now, view),
                       events=[("Warning", "ClaimMissing", problem)],
                       retry=(problem, config.claim_retry_seconds))
     action = ensure_attempt(ref, spec, status, generation, now, config.default_image,
@@ -280,7 +279,7 @@ def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: 
 def _seen(view: PhaseView, status: dict[str, Any], generation: int, now: str) -> Action:
     """The live attempt's phase as seen: a status patch when it changed, an event when
     the job starts running."""
-    change = observed_status(view, status, generation, now)
+    change = status_patch(status, generation, now, view)
     running = change.get("phase") == Phase.RUNNING
     return Action(change, events=[("Normal", "Running", view.message)] if running else [])
 
