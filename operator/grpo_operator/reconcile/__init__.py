@@ -19,6 +19,7 @@ from .core import (
     reconcile,
     restart_pending,
 )
+from .refusals import refusal_pending
 
 __all__ = [
     "Action",
@@ -36,5 +37,6 @@ __all__ = [
     "pod_matters",
     "pod_needs_pods",
     "reconcile",
+    "refusal_pending",
     "restart_pending",
 ]
