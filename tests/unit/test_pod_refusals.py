@@ -25,24 +25,38 @@ T0 = "2026-11-24T10:00:00.000Z"
 ADMISSION = ('pods "j-a0-head-x7k2p" is forbidden: violates PodSecurity "restricted:latest": '
              'allowPrivilegeEscalation != false (container "ray-head" must set '
              "securityContext.allowPrivilegeEscalation=false)")
+LIMIT_RANGE = ('pods "j-a0-head-xcpkt" is forbidden: maximum memory usage per Container is '
+               "1Gi, but limit is 13Gi")
 QUOTA = ('pods "j-a0-workers-worker-4zq9d" is forbidden: exceeded quota: pods, requested: '
          "pods=1, used: pods=1, limited: pods=1")
 
 
 def ray_cluster(*conditions: dict[str, Any], attempt: int = 0) -> dict[str, Any]:
-    """A RayCluster as KubeRay v1.6.1 writes it while it cannot create a pod."""
+    """A RayCluster as the real KubeRay v1.6.1 writes it while it cannot create the head
+    pod (dumped from the testbed, tests/cluster/test_pod_admission.py)."""
+    since = "2026-11-24T09:59:58Z"
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster",
             "metadata": {"name": f"j-a{attempt}", "namespace": "ns",
                          "labels": {"grpo.dev/job": "j", "grpo.dev/attempt": str(attempt)}},
             "status": {"conditions": [
+                *conditions,
                 {"type": "HeadPodReady", "status": "False", "reason": "HeadPodNotFound",
-                 "message": "Head Pod not found", "lastTransitionTime": "2026-11-24T09:59:58Z"},
+                 "message": "Head Pod not found", "lastTransitionTime": since},
                 {"type": "RayClusterProvisioned", "status": "False",
                  "reason": "RayClusterPodsProvisioning",
                  "message": "RayCluster Pods are being provisioned for first time",
-                 "lastTransitionTime": "2026-11-24T09:59:58Z"}, *conditions],
-                "desiredWorkerReplicas": 1, "maxWorkerReplicas": 1, "minWorkerReplicas": 1,
-                "observedGeneration": 1}}
+                 "lastTransitionTime": since},
+                {"type": "RayClusterSuspended", "status": "False",
+                 "reason": "RayClusterSuspended", "message": "", "lastTransitionTime": since},
+                {"type": "RayClusterSuspending", "status": "False",
+                 "reason": "RayClusterSuspending", "message": "",
+                 "lastTransitionTime": since}],
+                "desiredCPU": "2", "desiredGPU": "0", "desiredMemory": "13Gi",
+                "desiredTPU": "0", "endpoints": {"client": "10001", "dashboard": "8265",
+                                                 "gcs-server": "6379", "metrics": "8080",
+                                                 "serve": "8000"},
+                "head": {"serviceName": f"j-a{attempt}-head-svc"},
+                "lastUpdateTime": "2026-11-24T09:59:59Z", "observedGeneration": 1}}
 
 
 def failure(reason: str, message: str, since: str = "2026-11-24T09:59:59Z"
@@ -79,6 +93,8 @@ def conditions(j: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_kuberays_refusal_record_is_read_with_the_admission_message_and_since() -> None:
     assert pod_create_refusal(ray_cluster(failure("FailedCreateHeadPod", ADMISSION))) == \
         Refusal("head", ADMISSION, "2026-11-24T09:59:59Z")
+    assert pod_create_refusal(ray_cluster(failure("FailedCreateHeadPod", LIMIT_RANGE))) == \
+        Refusal("head", LIMIT_RANGE, "2026-11-24T09:59:59Z")
     assert pod_create_refusal(ray_cluster(failure("FailedCreateWorkerPod", QUOTA))) == \
         Refusal("worker", QUOTA, "2026-11-24T09:59:59Z")
     # Not a create refusal: a failed delete, a cleared condition, no condition at all.
