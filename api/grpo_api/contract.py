@@ -23,6 +23,9 @@ CONFIG_PATH = "/etc/grpo/config.yaml"
 CHECKPOINT_MOUNT = "/checkpoints"  # the job's dir is /checkpoints/<namespace>/<job>/
 MODEL_MOUNT = "/models"  # spec.model.claimName, read-only
 TERMINATION_LOG = "/dev/termination-log"
+# The images' non-root user and group (`USER 10001:10001` in images/*/Dockerfile): the
+# Ray pods run as it, so they pass Pod Security `restricted`.
+IMAGE_UID = 10001
 TERMINATION_MESSAGE_MAX_BYTES = 4096
 PROGRESS_MIN_INTERVAL_S = 10.0
 PROGRESS_FIELD_MANAGER = "grpo-trainer"

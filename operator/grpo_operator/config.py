@@ -27,7 +27,7 @@ class WebhookConfig:
 @dataclass(frozen=True)
 class OperatorConfig:
     """Everything the operator is told at start; the pure core reads `default_image`,
-    `catalog` and `claim_retry_seconds`, the edges the rest."""
+    `catalog`, `claim_retry_seconds` and `pod_create_deadline_seconds`, the edges the rest."""
 
     default_image: str = DEFAULT_TRAINER_IMAGE  # for jobs that do not set spec.image
     # The effective GPU catalog: built-in, with --gpu-catalog (the chart's gpuCatalog)
@@ -44,6 +44,9 @@ class OperatorConfig:
     # on a lost node cannot hold a restart longer (the trainer's checkpoint fence still
     # keeps an older driver from committing).
     previous_attempt_grace_seconds: float = 120.0
+    # A Ray pod the API server keeps refusing (admission, quota) fails the attempt after
+    # this long (--pod-create-deadline); until then the job shows the refusal.
+    pod_create_deadline_seconds: float = 300.0
 
 
 MEMO_KEY = "config"

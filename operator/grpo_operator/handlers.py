@@ -206,15 +206,37 @@ def raycluster_event(type: str, body: kopf.Body, namespace: str | None, labels: 
     it at once (no polling, one read of the job per cluster change)."""
     if type == "DELETED":
         return  # deleted by us (attempt ended, suspend) or with the job
-    ns, rc = namespace or "", dict(body)
-    selector = f"{JOB_LABEL}={labels[JOB_LABEL]},{ATTEMPT_LABEL}={labels.get(ATTEMPT_LABEL)}"
+    _decide_on_cluster(namespace or "", labels[JOB_LABEL], dict(body), from_memo(memo))
+
+
+def _decide_on_cluster(ns: str, job_name: str, rc: dict[str, Any],
+                       config: OperatorConfig) -> None:
+    labels = rc.get("metadata", {}).get("labels") or {}
+    selector = f"{JOB_LABEL}={job_name},{ATTEMPT_LABEL}={labels.get(ATTEMPT_LABEL)}"
 
     def gather(job: dict[str, Any]) -> Observed:
         return Observed(pods=kube.list_pods(ns, selector) if rec.cluster_needs_pods(job, rc)
                         else [])
 
     try:
-        _decide_fresh(ns, labels[JOB_LABEL], rec.ClusterChanged(rc), from_memo(memo), gather)
+        _decide_fresh(ns, job_name, rec.ClusterChanged(rc), config, gather)
     except ApiException:
         metrics.API_ERRORS.labels(operation="observe").inc()
         raise
+
+
+def _refusal_pending(body: kopf.Body, **_: Any) -> bool:
+    return rec.refusal_pending(_job(body))
+
+
+@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=5, when=_refusal_pending)
+def grpojob_refused(body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo,
+                    **_: Any) -> None:
+    """While KubeRay's pod creates are refused it writes nothing new on the RayCluster, so
+    no cluster event would come when the refusal's deadline passes: this timer decides
+    on the cluster again (only while the job shows PodCreateRefused)."""
+    ns = namespace or ""
+    rc_name = ((body.get("status") or {}).get("rayCluster") or {}).get("name")
+    rc = kube.get_ray_cluster(ns, str(rc_name)) if rc_name else None
+    if rc is not None:
+        _decide_on_cluster(ns, name, rc, from_memo(memo))

@@ -140,6 +140,24 @@ def namespace_terminating(namespace: str) -> bool:
     return deleting or (ns.status is not None and ns.status.phase == "Terminating")
 
 
+def namespace_labels(namespace: str) -> dict[str, str]:
+    """The namespace's labels ({} if it does not exist yet)."""
+    ns = _unless_missing(lambda: _core().read_namespace(namespace))
+    return dict((ns.metadata.labels or {}) if ns is not None and ns.metadata else {})
+
+
+def resource_quotas(namespace: str, resource: str) -> list[tuple[str, str, str]]:
+    """(name, hard, used) of every ResourceQuota in the namespace that limits `resource`."""
+    out = []
+    for q in _core().list_namespaced_resource_quota(namespace).items:
+        hard = (q.spec.hard if q.spec else None) or {}
+        if resource in hard:
+            used = ((q.status.used if q.status else None) or {}).get(resource, "0")
+            name = q.metadata.name if q.metadata else ""
+            out.append((str(name), str(hard[resource]), str(used)))
+    return out
+
+
 def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
     pvc = _unless_missing(lambda: _core().read_namespaced_persistent_volume_claim(
         name, namespace))

@@ -120,6 +120,9 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 @click.option("--gpu-catalog", envvar="GRPO_GPU_CATALOG", type=click.Path(dir_okay=False),
               default=None, help="YAML mapping of GPU types merged over the built-in catalog "
               "(the chart's gpuCatalog value) [env GRPO_GPU_CATALOG].")
+@click.option("--pod-create-deadline", type=click.FloatRange(min=0), default=300.0,
+              show_default=True, help="Seconds a Ray pod the API server keeps refusing "
+              "(admission, quota) may take before the attempt fails with the refusal.")
 @click.option("--peering", default=None, help="Kopf peering name: one active replica.")
 @click.option("--priority", type=int, default=0, show_default=True,
               help="Peering priority: a replica pauses while one of higher priority runs.")
@@ -127,8 +130,8 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
         webhook_key: str | None, webhook_ca: str | None, webhook_manage: str | None,
-        trainer_image: str, gpu_catalog: str | None, peering: str | None, priority: int,
-        verbose: bool) -> None:
+        trainer_image: str, gpu_catalog: str | None, pod_create_deadline: float,
+        peering: str | None, priority: int, verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -140,7 +143,7 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         raise click.BadParameter(str(exc), param_hint="--gpu-catalog") from None
     config = OperatorConfig(
         default_image=trainer_image, catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
-        bind=bind, metrics_port=metrics_port,
+        bind=bind, metrics_port=metrics_port, pod_create_deadline_seconds=pod_create_deadline,
         webhook=WebhookConfig(port=webhook_port, host=webhook_host, cert=webhook_cert,
                               key=webhook_key, ca=webhook_ca, manage=webhook_manage))
     if webhook_port:

@@ -1,20 +1,37 @@
 """Admission: refuse invalid or infeasible jobs at `kubectl apply` time, with the
-planner's numbers, and refuse changes to fields that cannot change mid-job."""
+planner's numbers; refuse changes to fields that cannot change mid-job; and refuse
+what the job's namespace would refuse its pods (Pod Security level, GPU quota), which
+would otherwise only show once KubeRay tries to create them."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
 from grpo_api.job import SpecError
 
+from . import kube
 from .config import from_memo
+from .namespace_policy import (
+    GPU_QUOTA,
+    GpuQuota,
+    NamespaceFacts,
+    gpu_quota_problem,
+    pod_security_problem,
+    template_gpus,
+    templates,
+)
 from .planner import InfeasibleError
 from .reconcile import planned
+from .render import JobRef, render_children
+
+log = logging.getLogger("grpo_operator")
 
 # What a running job is: changing these would make its checkpoints meaningless.
 # memory, restartPolicy, image and suspend may change; they apply at the next attempt.
@@ -23,8 +40,13 @@ IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "training", "resou
 
 
 def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
-                      catalog: Mapping[str, GpuType] = GPU_CATALOG) -> str | None:
-    """Why the API server should refuse this spec, or None (pure)."""
+                      catalog: Mapping[str, GpuType] = GPU_CATALOG,
+                      namespace: NamespaceFacts | None = None,
+                      name: str = "job") -> str | None:
+    """Why the API server should refuse this spec, or None (pure). With `namespace`,
+    also what that namespace would refuse the job's pods (checked on the pods as
+    rendered for the first attempt); its GPU quota only on create (a live job's own pods
+    count as used)."""
     if old_spec is not None and old_spec == spec:
         return None  # metadata/finalizer updates must never be blocked by a newer planner
     if old_spec is not None:
@@ -35,19 +57,41 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
                     "spec.memory, spec.restartPolicy, spec.image and spec.suspend may change "
                     "and take effect at the next attempt")
     try:
-        planned(spec, catalog=catalog)
+        parsed, plan = planned(spec, catalog=catalog)
     except SpecError as exc:
         return str(exc)
     except (InfeasibleError, ValueError) as exc:
         return f"the memory planner refuses this job: {exc}"
-    return None
+    if namespace is None:
+        return None
+    rc = next(c for c in render_children(parsed, plan, JobRef(name, namespace.name, ""), 0)
+              if c["kind"] == "RayCluster")
+    security = pod_security_problem(spec.get("pods") or {}, templates(rc), namespace)
+    quota = gpu_quota_problem(template_gpus(rc), namespace) if old_spec is None else None
+    return "; ".join(p for p in (security, quota) if p) or None
+
+
+def namespace_facts(namespace: str) -> NamespaceFacts | None:
+    """The namespace's Pod Security labels and GPU quotas; None when they cannot be read
+    (then only the spec itself is checked: a refusal the webhook cannot see still shows
+    in the job's status once KubeRay tries to create the pods)."""
+    try:
+        return NamespaceFacts(namespace, kube.namespace_labels(namespace), tuple(
+            GpuQuota(*q) for q in kube.resource_quotas(namespace, GPU_QUOTA)))
+    except ApiException as exc:
+        log.warning("admission: cannot read namespace %s or its quotas (%s); checking the "
+                    "spec only", namespace, kube.api_message(exc))
+        return None
 
 
 @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
-def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, old: kopf.Body | None = None,
+def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, name: str | None,
+                     namespace: str | None, old: kopf.Body | None = None,
                      operation: str | None = None, **_: Any) -> None:
     old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
-    problem = admission_problem(dict(spec), old_spec, from_memo(memo).catalog)
+    facts = namespace_facts(namespace) if namespace and old_spec != dict(spec) else None
+    problem = admission_problem(dict(spec), old_spec, from_memo(memo).catalog, facts,
+                                name or "job")
     if problem:
         raise kopf.AdmissionError(problem, code=422)
 

@@ -121,6 +121,7 @@ NAMESPACED_VERBS = [
     *[(v, r, "") for r in ("configmaps", "persistentvolumeclaims", "serviceaccounts")
       for v in ("get", "list", "watch", "create", "patch", "delete")],
     *[(v, "pods", "") for v in ("get", "list", "watch", "patch")],
+    *[(v, "resourcequotas", "") for v in ("get", "list")],
     *[(v, r, "") for r in ("events", "events.events.k8s.io") for v in ("create", "patch")],
     *[(v, r, "") for r in ("roles.rbac.authorization.k8s.io",
                            "rolebindings.rbac.authorization.k8s.io")

@@ -75,7 +75,10 @@ def test_every_pod_setting_arrives_on_the_real_pods(
         assert spec["priorityClassName"] == "grpo-test-training", role
         assert spec["priority"] == 1000, role  # resolved by the API server's admission
         assert spec["serviceAccountName"] == "storage-reader", role
-        assert spec["securityContext"] == PODS["common"]["securityContext"], role
+        # The user's fields win; the operator's other Pod Security defaults stay.
+        assert spec["securityContext"] == {
+            **PODS["common"]["securityContext"], "runAsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"}}, role
         if role == "worker":
             assert spec["nodeSelector"]["type"] == "kwok"
             assert spec["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"

@@ -38,6 +38,7 @@ NAMESPACED_RIGHTS: set[Rule] = {
     *{("", r, v) for r in ("configmaps", "persistentvolumeclaims", "serviceaccounts")
       for v in ("get", "list", "watch", "create", "patch", "delete")},
     *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
+    *{("", "resourcequotas", v) for v in ("get", "list")},
     *{(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")},
     *{("rbac.authorization.k8s.io", r, v) for r in ("roles", "rolebindings")
       for v in ("get", "list", "watch", "create", "patch", "delete")},
@@ -299,6 +300,7 @@ def test_deployment_flags_follow_values() -> None:
     assert _args() == [
         "--metrics-port=8080",
         f"--trainer-image={contract.DEFAULT_TRAINER_IMAGE}",
+        "--pod-create-deadline=300",
         "--peering=grpo-grpo-operator",
         "--webhook-port=9443",
         "--webhook-cert=/etc/grpo-operator/webhook/tls.crt",

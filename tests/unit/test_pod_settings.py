@@ -74,7 +74,10 @@ def test_every_setting_reaches_its_pods_next_to_the_operators() -> None:
         assert pod["imagePullSecrets"] == [{"name": "registry"}]
         assert pod["priorityClassName"] == "training"
         assert pod["serviceAccountName"] == "storage-reader"
-        assert pod["securityContext"] == {"runAsUser": 1000, "fsGroup": 1000}
+        # The user's fields win over the operator's non-root defaults, field by field.
+        assert pod["securityContext"] == {
+            "runAsUser": 1000, "fsGroup": 1000, "runAsGroup": 10001, "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"}}
         assert c["resources"]["limits"]["memory"].endswith("Gi")  # still the planner's
     assert head["spec"]["nodeSelector"] == {"node-pool": "cpu"}
     assert worker["spec"]["nodeSelector"] == {"node-pool": "h100-spot",

@@ -20,6 +20,7 @@ from .core import (
     restart_due,
     restart_pending,
 )
+from .refusals import refusal_pending
 
 __all__ = [
     "Action",
@@ -37,6 +38,7 @@ __all__ = [
     "pod_matters",
     "pod_needs_pods",
     "reconcile",
+    "refusal_pending",
     "restart_due",
     "restart_pending",
 ]

@@ -37,6 +37,7 @@ from .conditions import (
     unschedulable,
     unschedulable_view,
 )
+from .refusals import pod_create_refusal, refusal_shown, refused
 
 # Phases in which the Ray pods and cluster say nothing new: the job ended, is suspended,
 # or waits for its next attempt (whose cluster does not exist yet).
@@ -199,7 +200,7 @@ def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
             return _on_pod(spec, status, generation, now, pod, deleted, observed.pods,
                            config)
         case ClusterChanged(ray_cluster=rc):
-            return _on_cluster(status, generation, now, rc, observed.pods)
+            return _on_cluster(status, generation, now, rc, observed.pods, config)
         case CreateFailed(kind=kind, name=name, message=message):
             return create_failed(status, kind, name, message, generation, now)
     raise TypeError(f"unknown event {event!r}")
@@ -273,6 +274,10 @@ def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: 
     if view is None and pods and status.get("phase") != Phase.RUNNING:
         # Its pods exist, so its RayCluster does: the phase follows from the pods.
         view = attempt_phase({}, pods, int((status.get("plan") or {}).get("nodes") or 0))
+    if view is not None and view.phase != Phase.RUNNING and refusal_shown(status):
+        # A worker still refused: the head's pod events must not hide it (the cluster's
+        # events say when KubeRay's refusal goes, and its deadline keeps running).
+        return Action()
     return _seen(view, status, generation, now) if view else Action()
 
 
@@ -285,9 +290,13 @@ def _seen(view: PhaseView, status: dict[str, Any], generation: int, now: str) ->
 
 
 def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str, Any],
-                pods: list[dict[str, Any]]) -> Action:
+                pods: list[dict[str, Any]], config: OperatorConfig) -> Action:
     if status.get("phase") in _QUIET or _attempt_of(rc) != str(status.get("attempt") or 0):
         return Action()
+    refusal = pod_create_refusal(rc)
+    if refusal is not None and status.get("phase") != Phase.RUNNING:
+        return refused(status, refusal, rc["metadata"]["name"], generation, now,
+                       config.pod_create_deadline_seconds)
     workers = int((status.get("plan") or {}).get("nodes") or 0)
     action = _seen(attempt_phase(rc, pods, workers), status, generation, now)
     state = (rc.get("status") or {}).get("state")

@@ -32,15 +32,20 @@ from . import names
 from .hub import hub_fetch
 from .names import JobRef
 from .pod_settings import merged
+from .security import container_security_context, pod_security_context
 from .trainer_config import trainer_config
 
+# Ray wants many open files. The containers run as non-root with every capability
+# dropped, so they cannot raise the hard limit: 65536 where the node's hard limit allows
+# it, else up to that hard limit (render/security.py).
+OPEN_FILES = "ulimit -n 65536 2>/dev/null || ulimit -n hard; "
 # The head runs Ray's head without --block (KubeRay always adds it), then the driver
 # in the foreground: the container's exit code is the trainer's (docs/architecture.md).
 HEAD_COMMAND = (
-    "ulimit -n 65536; ${KUBERAY_GEN_RAY_START_CMD// --block/} && "
+    f"{OPEN_FILES}${{KUBERAY_GEN_RAY_START_CMD// --block/}} && "
     f"exec python -m grpo_trainer --config {CONFIG_PATH}"
 )
-WORKER_COMMAND = "ulimit -n 65536; exec $KUBERAY_GEN_RAY_START_CMD"
+WORKER_COMMAND = f"{OPEN_FILES}exec $KUBERAY_GEN_RAY_START_CMD"
 
 
 @cache
@@ -107,6 +112,8 @@ def render_children(
         "extra": {"head": merged(spec.pods, "head"), "worker": merged(spec.pods, "workers")},
         "hub_args": hub_fetch(spec, job).args,
         "hub": spec.hub,
+        "container_security_context": container_security_context,
+        "pod_security_context": pod_security_context,
     }
     files = ["configmap.yaml.j2", "rbac.yaml.j2", "raycluster.yaml.j2"]
     if spec.checkpoint.claim_name is None:
