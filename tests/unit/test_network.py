@@ -130,3 +130,26 @@ def test_the_charts_catalog_sets_or_clears_a_types_fabric() -> None:
     schema = json.loads((ROOT / "charts/grpo-operator/values.schema.json").read_text())
     fabric = schema["properties"]["gpuCatalog"]["additionalProperties"]["properties"]["fabric"]
     assert set(fabric["enum"]) == {*FABRICS, "none"}
+
+
+def test_an_rdma_job_adds_ipc_lock_and_a_baseline_namespace_refuses_it_at_apply() -> None:
+    """The fabric's capability reaches the worker container (render/security.py), and
+    the webhook says which namespace level refuses it before KubeRay is refused."""
+    from grpo_operator.namespace_policy import NamespaceFacts
+    from grpo_operator.reconcile.attempts import planned
+    from grpo_operator.render import render_children
+
+    spec_body = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples"
+                                / "grpojob-qwen2vl-72b-h100.yaml").read_text())["spec"]
+    assert spec_body["resources"]["devices"] == {"rdma/ib": 1}
+    spec, plan = planned(spec_body)
+    rc = next(c for c in render_children(spec, plan, JobRef("j", "ns", "u"), 0)
+              if c["kind"] == "RayCluster")
+    worker = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert worker["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"], "drop": ["ALL"]}
+    level = "pod-security.kubernetes.io/enforce"
+    assert admission_problem(spec_body, None, namespace=NamespaceFacts(
+        "ns", {level: "privileged"})) is None
+    problem = admission_problem(spec_body, None,
+                                namespace=NamespaceFacts("ns", {level: "baseline"}))
+    assert problem is not None and "IPC_LOCK" in problem and "baseline" in problem, problem
