@@ -64,6 +64,7 @@ def test_sharded_and_rank0_match_from_pretrained_and_sharded_reads_its_share(
         LoadJob(str(tiny_lm), strategies, gather=True),
         LoadJob(str(tiny_vlm), strategies, gather=True),
         LoadJob(str(tied), strategies, gather=True),
+        # Last: the loads before it did the imports, whose .py reads rchar would count.
         LoadJob(str(big), ("sharded",), record_reads=True),
     ]
     per_rank = run_ranks(rank_load_many, WORLD, jobs)
