@@ -18,7 +18,10 @@ does not); "warm" runs right after, with the files cached. Usage:
 
 "Model bytes" is the size of the fp32 weights the trainer holds (twice the bf16
 file). Memory: VmHWM (peak RSS, file-backed pages included) after resetting it via
-/proc/self/clear_refs; RssAnon and RssFile peaks are sampled every 5 ms.
+/proc/self/clear_refs; RssAnon and RssFile peaks are sampled every 5 ms. "file/rank x
+files": the busiest rank's peak of mapped file pages over the files' size (a sharded
+rank maps about 1/W of them; the test asserts the byte ranges it reads instead, which
+do not depend on the page cache).
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ def summarise(results: list[LoadResult]) -> dict[str, float]:
         "peak_rss": sum(r.peak_rss - r.rss_before for r in results),
         "peak_anon": sum(r.peak_anon - r.anon_before for r in results),
         "peak_file": sum(r.peak_file - r.file_before for r in results),
+        # The busiest rank's mapped file pages: a sharded rank's share of the file
+        # (about 1/W, more with fault-around; depends on the page cache).
+        "peak_file_rank": max(r.peak_file - r.file_before for r in results),
         "after_rss": sum(r.rss_after - r.rss_before for r in results),
         "read_bytes": sum(r.read_bytes for r in results),
     }
@@ -141,7 +147,7 @@ def report(rows: list[dict[str, Any]], model_bytes: int, file_bytes: int) -> Non
     print(
         f"{'W':>2} {'strategy':<8} {'cache':<5} {'wall s':>7} {'x read':>6} {'x fill':>6} "
         f"{'peak RSS GiB':>12} {'x model':>8} {'anon GiB':>9} {'file GiB':>9} "
-        f"{'after GiB':>9} {'read GiB':>9}"
+        f"{'after GiB':>9} {'read GiB':>9} {'file/rank x files':>17}"
     )
     for r in rows:
         read = find(r["world"], "read", r["cold"])
@@ -153,7 +159,8 @@ def report(rows: list[dict[str, Any]], model_bytes: int, file_bytes: int) -> Non
             f"{r['wall_s']:>7.2f} {x_read:>6.2f} {x_fill:>6.2f} "
             f"{r['peak_rss'] / GiB:>12.2f} {r['peak_rss'] / model_bytes:>8.2f} "
             f"{r['peak_anon'] / GiB:>9.2f} {r['peak_file'] / GiB:>9.2f} "
-            f"{r['after_rss'] / GiB:>9.2f} {r['read_bytes'] / GiB:>9.2f}"
+            f"{r['after_rss'] / GiB:>9.2f} {r['read_bytes'] / GiB:>9.2f} "
+            f"{r['peak_file_rank'] / file_bytes:>17.2f}"
         )
     print("\nratios (sharded / baseline), per W and cache state:")
     for r in rows:

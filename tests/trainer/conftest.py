@@ -27,6 +27,13 @@ def ray_local() -> Iterator[None]:
     """A real local Ray with a small object store, shared by the tier's tests."""
     import ray
 
-    ray.init(num_cpus=4, object_store_memory=200 * 1024 * 1024, include_dashboard=False)
+    # "local": a cluster of our own even when another runs on the machine (without an
+    # address Ray joins the one in /tmp/ray/ray_current_cluster, and refuses num_cpus).
+    ray.init(
+        address="local",
+        num_cpus=4,
+        object_store_memory=200 * 1024 * 1024,
+        include_dashboard=False,
+    )
     yield
     ray.shutdown()

@@ -16,11 +16,14 @@ sum in another order than transformers). On GPUs in bf16 the same comparison giv
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from grpo_trainer.rollout.engine_limits import VLLM_CPU_HEAD_SIZES
 from grpo_trainer.testing.datasets import png
 from grpo_trainer.testing.dist import run_ranks
 from grpo_trainer.testing.vllm_check import rollout_update_sync
@@ -90,3 +93,21 @@ def test_vlm_with_images_syncs_weights_under_tp2(vllm_vlm: Path) -> None:
     # (never sampled: logit bias -100), renormalised: log(1 - p(placeholders)), ~0.01
     # for a random tiny model. Scoring the same tokens has no bias and agrees to 2e-4.
     _check_sync(results, sampled_tolerance=0.05)
+
+
+def test_config_check_knows_vllms_cpu_head_sizes() -> None:
+    """The config check's copy of the CPU attention head sizes is the installed vLLM's.
+
+    Read from the source (importing vLLM costs tens of seconds on 2 cores)."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.origin is not None
+    source = Path(spec.origin).parent / "v1" / "attention" / "backends" / "cpu_attn.py"
+    tree = ast.parse(source.read_text())
+    found = [
+        ast.literal_eval(node.value)
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef) and fn.name == "get_supported_head_sizes"
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Return) and node.value is not None
+    ]
+    assert found == [list(VLLM_CPU_HEAD_SIZES)]

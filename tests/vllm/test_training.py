@@ -1,5 +1,11 @@
 """GRPO with ``rollout.engine: vllm`` for real: the reward rises, and a SIGKILLed run
-resumes to the same weights as an uninterrupted one.
+restarted at once on the same machine resumes to the same weights as an uninterrupted one.
+
+The restart starts over the killed run's shared memory: vLLM's CPU TP communicator
+names its segments the same in every run (``/dev/shm/-tp:0-[0-1]-cpushm_0``) and
+creates them exclusively, so the trainer removes the stale ones first
+(rollout/stale_shm.py). So does every run after another on the machine: Ray kills
+the actors at the end of a run before vLLM unlinks them.
 
 Every run is the real command line (``python -m grpo_trainer --config``) in its own
 process with its own local Ray: 2 FSDP ranks as Ray actors, one vLLM engine sharded
@@ -30,6 +36,7 @@ import yaml
 from grpo_trainer.checkpointing.dcp import read_tracker
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.checkpointing.tracker import step_dir_name
+from grpo_trainer.rollout.stale_shm import SHM_DIR, VLLM_CPU_SHM
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task, write_vision_task
 
@@ -49,6 +56,9 @@ def _start(cfg: dict[str, Any], workdir: Path, name: str) -> subprocess.Popen[st
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_")}
+    # A Ray cluster someone else started on this machine is not ours to join: Ray's
+    # ray.init() without an address would (it reads /tmp/ray/ray_current_cluster).
+    env["RAY_ADDRESS"] = "local"
     return subprocess.Popen(
         [sys.executable, "-m", "grpo_trainer", "--config", str(path)],
         stdout=(workdir / f"{name}.out").open("w"),
@@ -121,6 +131,12 @@ def test_sigkill_and_resume_end_bit_identical(text_run: dict[str, Any], tmp_path
     proc.wait(timeout=60)
     killed = _metrics((tmp_path / "killed.out").read_text())
     assert killed and max(killed) < STEPS
+    # The killed run's TP segments are still there, under the names the restart's
+    # engine is about to create (vLLM alone would fail with EEXIST, errno 17). Its Ray
+    # workers (process groups of their own) may map them a moment longer: they exit
+    # once they see their raylet gone, long before the restart's engine starts.
+    left = [n for n in os.listdir(SHM_DIR) if VLLM_CPU_SHM.search(n)]
+    assert left, f"no vLLM segment left in {SHM_DIR}: the restart below proves nothing"
 
     resumed = _finish(_start(cfg, tmp_path, "resumed"), tmp_path, "resumed")
     log = (tmp_path / "resumed.out").read_text()

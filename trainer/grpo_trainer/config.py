@@ -7,6 +7,7 @@ Precedence, lowest first: model defaults < YAML file < ``--set key.path=value`` 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -131,6 +132,22 @@ def check_runtime(cfg: Config) -> None:
     model = Path(cfg.model.path)
     if (model.is_absolute() or cfg.model.path.startswith(".")) and not model.exists():
         raise ConfigError("model.path", f"directory not found: {model}")
+    check_engine_limits(cfg)
+
+
+def check_engine_limits(cfg: Config) -> None:
+    """What the rollout engine cannot run, from the model's config.json (a local model's)."""
+    if cfg.rollout.engine != "vllm" or cfg.resources.gpus_per_worker > 0:
+        return  # only vLLM's CPU backend has a limit known before loading
+    config_json = Path(cfg.model.path) / "config.json"
+    try:
+        model_config = json.loads(config_json.read_text())
+    except (OSError, ValueError):
+        return  # a hub id fetched later, or no readable config: the engine will say
+    from .rollout.engine_limits import vllm_cpu_problem
+
+    if isinstance(model_config, dict) and (problem := vllm_cpu_problem(model_config)):
+        raise ConfigError("rollout.engine", f"{problem} (model.path {cfg.model.path})")
 
 
 BUILTIN_TEMPLATES = ("plain", "math", "r1v")

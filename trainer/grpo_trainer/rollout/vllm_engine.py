@@ -37,6 +37,7 @@ import torch
 
 from ..samples import EncodedPrompt
 from .base import Generation, SamplingSpec
+from .stale_shm import remove_stale_vllm_segments
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +123,19 @@ class VLLMEngine:
             kwargs["enforce_eager"] = True  # no graph capture on CPU
         else:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-        if dist.is_available() and dist.is_initialized():
+        distributed = dist.is_available() and dist.is_initialized()
+        if distributed:
             _distributed_env()
             kwargs["distributed_executor_backend"] = "external_launcher"
         elif cfg.tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size > 1 needs the trainer's torch.distributed")
+        if self.on_cpu:
+            # A killed run's TP segments have the names ours are about to get (EEXIST).
+            remove_stale_vllm_segments()
+            if distributed:
+                # No rank creates its segment while another may still be removing one
+                # it judged stale a moment earlier.
+                dist.barrier()
         self.llm = LLM(**kwargs)
         self.asleep = False
         self.sleep()

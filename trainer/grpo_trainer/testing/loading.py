@@ -7,6 +7,11 @@ and a sampler for the peaks of ``RssAnon`` (private memory) and ``RssFile``
 (mapped file pages, e.g. a memory-mapped safetensors file). Bytes fetched from
 storage come from ``/proc/self/io`` ``read_bytes``, which counts page faults on
 mapped files too; ``evict_page_cache`` makes a file cold for that purpose.
+
+Those figures depend on the machine (page cache, read-ahead, fault-around): the
+benchmark reports them. What a test asserts comes from ``recording_reads``, which
+notes every byte range the loader asks safetensors for, and from ``/proc/self/io``
+``rchar`` (bytes returned by ``read()`` calls, cached or not).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +71,15 @@ def read_bytes() -> int:
     raise RuntimeError("/proc/self/io has no read_bytes")
 
 
+def read_call_bytes() -> int:
+    """Bytes this process got from ``read()``-like calls (page cache hits included)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no rchar")
+
+
 def evict_page_cache(paths: list[Path]) -> None:
     """Drop these files' clean pages from the page cache (no root needed)."""
     for p in paths:
@@ -104,6 +120,88 @@ class PeakSampler:
         self._stop.set()
         self._thread.join()
         self._sample()
+
+
+# -- which bytes of a checkpoint a loader reads -----------------------------------
+@dataclass(frozen=True)
+class FileRead:
+    """One tensor read through safetensors: ``[start, end)`` bytes of ``file``."""
+
+    file: str
+    key: str
+    start: int
+    end: int
+
+
+def _span(data_start: int, begin: int, end: int, shape: list[int], region: Any) -> tuple[int, int]:
+    """File bytes of the rows a slice selects (whole rows: what a row-major read touches)."""
+    rows = shape[0] if shape else 1
+    first = region[0] if isinstance(region, tuple) and region else region
+    lo, hi, _ = first.indices(rows) if isinstance(first, slice) else (0, rows, 1)
+    row_bytes = (end - begin) // rows if rows else 0
+    return data_start + begin + lo * row_bytes, data_start + begin + max(lo, hi) * row_bytes
+
+
+class _RecordingSlice:
+    def __init__(self, inner: Any, file: Path, key: str, reads: list[FileRead]) -> None:
+        self._inner, self._file, self._key, self._reads = inner, file, key, reads
+
+    def __getattr__(self, name: str) -> Any:  # get_shape, get_dtype
+        return getattr(self._inner, name)
+
+    def __getitem__(self, region: Any) -> Any:
+        from ..sharded_load import safetensors_layout
+
+        data_start, layout = safetensors_layout(self._file)
+        begin, end, shape = layout[self._key]
+        lo, hi = _span(data_start, begin, end, shape, region)
+        self._reads.append(FileRead(self._file.name, self._key, lo, hi))
+        return self._inner[region]
+
+
+class _RecordingFile:
+    def __init__(self, inner: Any, file: Path, reads: list[FileRead]) -> None:
+        self._inner, self._file, self._reads = inner, file, reads
+
+    def __enter__(self) -> _RecordingFile:
+        self._inner.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> Any:
+        return self._inner.__exit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:  # keys, metadata
+        return getattr(self._inner, name)
+
+    def get_slice(self, key: str) -> _RecordingSlice:
+        return _RecordingSlice(self._inner.get_slice(key), self._file, key, self._reads)
+
+    def get_tensor(self, key: str) -> Any:
+        from ..sharded_load import safetensors_layout
+
+        data_start, layout = safetensors_layout(self._file)
+        begin, end, _ = layout[key]
+        self._reads.append(FileRead(self._file.name, key, data_start + begin, data_start + end))
+        return self._inner.get_tensor(key)
+
+
+@contextmanager
+def recording_reads(reads: list[FileRead]) -> Iterator[None]:
+    """Note in ``reads`` every tensor byte range read through ``safetensors.safe_open``."""
+    import safetensors
+
+    real = safetensors.safe_open
+
+    def opener(filename: Any, framework: str, device: str = "cpu") -> _RecordingFile:
+        inner = real(filename, framework=framework, device=device)
+        return _RecordingFile(inner, Path(filename), reads)
+
+    # The loader imports safe_open when it runs, so it gets the recording one.
+    setattr(safetensors, "safe_open", opener)  # noqa: B010 (mypy: safe_open is a type)
+    try:
+        yield
+    finally:
+        setattr(safetensors, "safe_open", real)  # noqa: B010
 
 
 # -- random checkpoints ---------------------------------------------------------
@@ -213,6 +311,7 @@ class LoadJob:
     strategies: tuple[str, ...]
     gather: bool = False  # rank 0 returns full parameters and buffers
     evict: bool = False  # make the files cold before each strategy
+    record_reads: bool = False  # note the byte ranges read through safetensors
 
 
 @dataclass
@@ -227,9 +326,11 @@ class LoadResult:
     peak_file: int
     rss_after: int
     read_bytes: int
+    read_calls: int  # rchar: bytes from read() calls, page cache hits included
     local_numel: int
     params: dict[str, Any] = field(default_factory=dict)
     buffers: dict[str, Any] = field(default_factory=dict)
+    reads: list[FileRead] = field(default_factory=list)
 
 
 # Baselines a benchmark times in the same processes, right beside the loads: rank 0
@@ -290,10 +391,12 @@ def rank_load(rank: int, world: int, job: LoadJob) -> list[LoadResult]:
         dist.barrier()
         before = proc_status_bytes()
         reset_peak_rss()
-        io0 = read_bytes()
+        io0, calls0 = read_bytes(), read_call_bytes()
+        reads: list[FileRead] = []
         t0 = time.perf_counter()
         with PeakSampler() as peaks:
-            model = _load(strategy, rank, mcfg, files)
+            with recording_reads(reads) if job.record_reads else nullcontext():
+                model = _load(strategy, rank, mcfg, files)
             dist.barrier()
         wall = time.perf_counter() - t0
         status = proc_status_bytes()
@@ -310,7 +413,9 @@ def rank_load(rank: int, world: int, job: LoadJob) -> list[LoadResult]:
             peaks.peak_file,
             status["VmRSS"],
             read_bytes() - io0,
+            read_call_bytes() - calls0,
             local,
+            reads=reads,
         )
         if job.gather and model is not None:
             for name, p in model.named_parameters():

@@ -1,0 +1,51 @@
+"""What a rollout engine cannot run, known from the model's ``config.json`` alone.
+
+Checked with the config, before Ray starts or a weight is loaded: otherwise the run
+loads everything and fails at step 1 inside the engine's kernels.
+
+vLLM's CPU attention (vLLM 0.32, ``CPUAttentionBackend.get_supported_head_sizes``)
+has kernels for these head sizes only; any other (16, 48, ...) fails at the first
+forward with "Unsupported CPU attention configuration: head_dim=...". The list is
+copied because importing vLLM to read it costs tens of seconds; the vllm test tier
+checks it against the installed vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def text_config(model_config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's settings: a VLM's ``text_config`` over the top level."""
+    text = model_config.get("text_config")
+    return {**model_config, **text} if isinstance(text, Mapping) else model_config
+
+
+def head_dim(model_config: Mapping[str, Any]) -> int | None:
+    """``head_dim`` if given, else ``hidden_size / num_attention_heads``; None if unknown."""
+    text = text_config(model_config)
+    if text.get("head_dim"):
+        return int(text["head_dim"])
+    hidden, heads = text.get("hidden_size"), text.get("num_attention_heads")
+    if not hidden or not heads:
+        return None
+    return int(hidden) // int(heads)
+
+
+def vllm_cpu_problem(model_config: Mapping[str, Any]) -> str | None:
+    """Why vLLM's CPU backend cannot run this model (with the fix), or None."""
+    dim = head_dim(model_config)
+    if dim is None or dim in VLLM_CPU_HEAD_SIZES:
+        return None
+    text = text_config(model_config)
+    heads = text.get("num_attention_heads")
+    origin = "head_dim" if text.get("head_dim") else f"{text['hidden_size']} / {heads} heads"
+    sizes = ", ".join(str(s) for s in VLLM_CPU_HEAD_SIZES)
+    return (
+        f"'vllm' on CPU cannot run this model: its head_dim is {dim} ({origin}), and vLLM's "
+        f"CPU attention supports head_dim {sizes} only. Use rollout.engine: hf, or a model "
+        "whose head_dim is one of those (at least 32)"
+    )
