@@ -44,6 +44,12 @@ class StepError(RuntimeError):
         self.cause = cause
 
 
+class WorkersMissingError(RuntimeError):
+    """Not every node's ranks could be placed within ``resources.gang_timeout_s``: worker
+    pods that never came up (or nodes too small). The message says how many nodes
+    joined and what Ray sees (``placement.missing_detail``)."""
+
+
 def _chain(exc: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
     cur: BaseException | None = exc
@@ -76,6 +82,8 @@ def classify(exc: BaseException) -> Classified:
     detail = f"{type(chain[-1]).__name__}: {chain[-1]}"
     if any(isinstance(e, ConfigError) for e in chain):
         return Classified(ExitCode.CONFIG_ERROR, FailureReason.CONFIG_ERROR, detail)
+    if any(isinstance(e, WorkersMissingError) for e in chain):
+        return Classified(ExitCode.WORKER_LOST, FailureReason.WORKERS_MISSING, detail)
     if any(_is_cuda_oom(e) for e in chain):
         return Classified(ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, detail)
     try:

@@ -21,6 +21,7 @@ AttemptOutcome = Literal[
     "CudaOOM",
     "RayOOM",
     "NodeLost",
+    "WorkersMissing",
     "Evicted",
     "Preempted",
     "ConfigError",
