@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,10 +24,16 @@ def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_local() -> Iterator[None]:
+def local_ray_args() -> dict[str, Any]:
+    """How the tier's local Ray is started (again, after a test that used another)."""
+    return {"num_cpus": 4, "object_store_memory": 200 * 1024 * 1024, "include_dashboard": False}
+
+
+@pytest.fixture(scope="session")
+def ray_local(local_ray_args: dict[str, Any]) -> Iterator[None]:
     """A real local Ray with a small object store, shared by the tier's tests."""
     import ray
 
-    ray.init(num_cpus=4, object_store_memory=200 * 1024 * 1024, include_dashboard=False)
+    ray.init(**local_ray_args)
     yield
     ray.shutdown()

@@ -20,7 +20,13 @@ from grpo_api.trainer_config import Config
 from .checkpointing.seam import Checkpointer, NoCheckpointer
 from .config import ConfigError
 from .data import PromptDataset, Record, StatefulLoader
-from .errors import StepError, allocate_until_killed, parse_fault, raise_injected_oom
+from .errors import (
+    StepError,
+    allocate_until_killed,
+    is_peer_loss,
+    parse_fault,
+    raise_injected_oom,
+)
 from .metrics import MetricsLogger
 from .placement import Gang, layout_for
 from .progress import NullProgressReporter, Progress, ProgressReporter
@@ -30,6 +36,10 @@ from .watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_proce
 log = logging.getLogger(__name__)
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
+# How long a survivor's "peer died" waits for Ray to report the dead rank itself: Ray
+# marks a node dead after its health checks fail (~15-30 s by default); a pod deleted
+# gracefully is reported at once.
+LOST_PEER_GRACE_S = 60.0
 
 
 def init_ray(cfg: Config) -> bool:
@@ -77,15 +87,63 @@ def get_all(refs: Sequence[Any]) -> list[Any]:
     """``ray.get`` that fails fast: the first failed rank raises at once.
 
     With plain ``ray.get`` a rank that died would leave the others blocked in a
-    collective and the driver waiting on them forever.
+    collective and the driver waiting on them forever. When a rank's process dies (its
+    node lost, killed for memory), the survivors' collectives often fail first ("Connection
+    closed by peer"); the dead rank's own error, which says why it died, arrives once Ray
+    has noticed. So a peer-loss failure waits up to ``LOST_PEER_GRACE_S`` for a dead rank
+    and raises that instead (RayOOM vs NodeLost depends on it); any other failure raises
+    at once.
     """
     import ray
 
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
-        ray.get(ready[0])  # raises the rank's error, if any
+        failure: Exception | None = None
+        try:
+            ray.get(ready[0])  # raises the rank's error, if any
+        except Exception as err:
+            if isinstance(err, _lost_types()) or not is_peer_loss(err):
+                raise  # a dead rank's own error, or no rank died: nothing to wait for
+            failure = err
+        if failure is None:
+            continue
+        t0 = time.monotonic()
+        dead = _dead_rank(pending, LOST_PEER_GRACE_S)  # outside the handler: no context
+        if dead is None:
+            raise failure
+        log.warning(
+            "a rank's collective failed because a peer died (%s); %.1f s later Ray "
+            "reported the dead rank: %s",
+            str(failure).strip().splitlines()[-1][:200],
+            time.monotonic() - t0,
+            str(dead).splitlines()[0][:200],
+        )
+        raise dead
     return list(ray.get(list(refs)))
+
+
+def _lost_types() -> tuple[type[BaseException], ...]:
+    from ray import exceptions as rex
+
+    return (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError)
+
+
+def _dead_rank(pending: list[Any], grace_s: float) -> BaseException | None:
+    """The first of ``pending`` that fails as a dead actor within ``grace_s``, if any."""
+    import ray
+
+    deadline = time.monotonic() + grace_s
+    while pending and (left := deadline - time.monotonic()) > 0:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except _lost_types() as err:
+                return err
+            except Exception:  # another survivor's failed collective
+                continue
+    return None
 
 
 class WorkerGroup:
