@@ -107,6 +107,8 @@ class FailureReason(StrEnum):
     CUDA_OOM = "CudaOOM"
     RAY_OOM = "RayOOM"
     NODE_LOST = "NodeLost"
+    # Not every node's ranks could be placed within resources.gang_timeout_s (exit 5).
+    WORKERS_MISSING = "WorkersMissing"
     EVICTED = "Evicted"
     PREEMPTED = "Preempted"
     CONFIG_ERROR = "ConfigError"

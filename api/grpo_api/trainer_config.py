@@ -108,13 +108,53 @@ class ActorConfig(_Strict):
 
 
 class ResourcesConfig(_Strict):
-    num_workers: int = Field(default=1, ge=1, description="FSDP ranks (Ray actors)")
+    """Where the ranks run: ``nodes`` x ``ranks_per_node`` ranks, one Ray placement group
+    per node (docs/trainer.md "Placement")."""
+
+    num_workers: int = Field(
+        default=1, ge=1, description="FSDP ranks (Ray actors): nodes x ranks_per_node"
+    )
+    nodes: int = Field(
+        default=1, ge=1, description="Ray nodes the ranks span: one placement group (gang) each"
+    )
+    ranks_per_node: int | None = Field(
+        default=None, ge=1, description="ranks on each node; unset: num_workers / nodes"
+    )
+    ranks_on_head: bool = Field(
+        default=True,
+        description="False: no rank is placed on the Ray head node (it runs only the driver)",
+    )
+    gang_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds to wait for every node's ranks to be reserved before giving up",
+    )
     gpus_per_worker: float = Field(default=0, ge=0)
     cpus_per_worker: float = Field(default=1, gt=0)
     ray_address: str | None = Field(
         default=None, description="None: join a running cluster if any, else start a local one"
     )
     object_store_memory: int | None = Field(default=None, gt=0)
+
+    @property
+    def node_ranks(self) -> int:
+        """Ranks on each node (``ranks_per_node``, or the even split of ``num_workers``)."""
+        return self.ranks_per_node or self.num_workers // self.nodes
+
+    @model_validator(mode="after")
+    def _layout_adds_up(self) -> ResourcesConfig:
+        if self.ranks_per_node is None:
+            if self.num_workers % self.nodes:
+                raise ValueError(
+                    f"resources.nodes ({self.nodes}) must divide resources.num_workers "
+                    f"({self.num_workers}): every node runs the same number of ranks"
+                )
+        elif self.nodes * self.ranks_per_node != self.num_workers:
+            raise ValueError(
+                f"resources.num_workers ({self.num_workers}) must equal resources.nodes x "
+                f"resources.ranks_per_node ({self.nodes} x {self.ranks_per_node})"
+            )
+        return self
 
 
 class RewardConfig(_Strict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,17 +24,19 @@ def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_local() -> Iterator[None]:
+def local_ray_args() -> dict[str, Any]:
+    """How the tier's local Ray is started (again, after a test that used another).
+    "local": a cluster of our own even when another runs on the machine (without an
+    address Ray joins the one in /tmp/ray/ray_current_cluster, and refuses num_cpus)."""
+    return {"address": "local", "num_cpus": 4, "object_store_memory": 200 * 1024 * 1024,
+            "include_dashboard": False}
+
+
+@pytest.fixture(scope="session")
+def ray_local(local_ray_args: dict[str, Any]) -> Iterator[None]:
     """A real local Ray with a small object store, shared by the tier's tests."""
     import ray
 
-    # "local": a cluster of our own even when another runs on the machine (without an
-    # address Ray joins the one in /tmp/ray/ray_current_cluster, and refuses num_cpus).
-    ray.init(
-        address="local",
-        num_cpus=4,
-        object_store_memory=200 * 1024 * 1024,
-        include_dashboard=False,
-    )
+    ray.init(**local_ray_args)
     yield
     ray.shutdown()

@@ -23,3 +23,7 @@ def test_bucketed_gather_matches_per_parameter_gather(tiny_lm: Path) -> None:
             assert result["shapes_match"]
             assert result["max_abs_diff"] == 0.0
             assert result["dtypes"] == [f"torch.{dtype}"]
+            # One all-gather per planned bucket (every parameter here is row-sharded),
+            # several parameters per collective.
+            assert result["collectives"] == result["planned"]
+            assert 1 < result["collectives"] < result["parameters"]

@@ -41,3 +41,18 @@ def test_fault_spec_parsing() -> None:
     assert parse_fault(None) is None
     with pytest.raises(ConfigError):
         parse_fault("meteor@step=2")
+
+
+def test_a_collective_that_lost_its_peer_is_a_lost_worker() -> None:
+    """What a surviving rank raises when another rank's node dies mid-step (gloo, NCCL)."""
+    from grpo_trainer.errors import StepError
+
+    for text in (
+        "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:50073. "
+        "This is typically caused by a remote worker crashing.",
+        "NCCL error: remote process exited or there was a network error",
+    ):
+        c = classify(StepError(2, RuntimeError(text)))
+        assert (c.code, c.reason) == (ExitCode.WORKER_LOST, FailureReason.NODE_LOST), text
+    c = classify(StepError(2, RuntimeError("shape mismatch")))
+    assert (c.code, c.reason) == (ExitCode.ERROR, FailureReason.ERROR)

@@ -18,9 +18,17 @@ from typing import Any
 from grpo_api.trainer_config import Config
 
 from .checkpointing.seam import Checkpointer, NoCheckpointer
+from .config import ConfigError
 from .data import PromptDataset, Record, StatefulLoader
-from .errors import StepError, allocate_until_killed, parse_fault, raise_injected_oom
+from .errors import (
+    StepError,
+    allocate_until_killed,
+    is_peer_loss,
+    parse_fault,
+    raise_injected_oom,
+)
 from .metrics import MetricsLogger
+from .placement import Gang, layout_for
 from .progress import NullProgressReporter, Progress, ProgressReporter
 from .rewards import RewardRunner, resolve_reward_fn
 from .watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_process_memory
@@ -28,6 +36,10 @@ from .watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_proce
 log = logging.getLogger(__name__)
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
+# How long a survivor's "peer died" waits for Ray to report the dead rank itself: Ray
+# marks a node dead after its health checks fail (~15-30 s by default); a pod deleted
+# gracefully is reported at once.
+LOST_PEER_GRACE_S = 60.0
 
 
 def init_ray(cfg: Config) -> bool:
@@ -46,6 +58,12 @@ def init_ray(cfg: Config) -> bool:
     if address and address != "local":
         ray.init(address=address, ignore_reinit_error=True)
         return True
+    if res.nodes > 1:
+        raise ConfigError(
+            "resources.nodes",
+            f"{res.nodes} nodes need a Ray cluster, but none is running here and a local Ray "
+            "is one node: set resources.ray_address, or resources.nodes to 1",
+        )
     ray.init(
         num_cpus=max(2, int(res.num_workers * res.cpus_per_worker)),
         num_gpus=int(res.num_workers * res.gpus_per_worker) or None,
@@ -69,19 +87,72 @@ def get_all(refs: Sequence[Any]) -> list[Any]:
     """``ray.get`` that fails fast: the first failed rank raises at once.
 
     With plain ``ray.get`` a rank that died would leave the others blocked in a
-    collective and the driver waiting on them forever.
+    collective and the driver waiting on them forever. When a rank's process dies (its
+    node lost, killed for memory), the survivors' collectives often fail first ("Connection
+    closed by peer"); the dead rank's own error, which says why it died, arrives once Ray
+    has noticed. So a peer-loss failure waits up to ``LOST_PEER_GRACE_S`` for a dead rank
+    and raises that instead (RayOOM vs NodeLost depends on it); any other failure raises
+    at once.
     """
     import ray
 
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
-        ray.get(ready[0])  # raises the rank's error, if any
+        failure: Exception | None = None
+        try:
+            ray.get(ready[0])  # raises the rank's error, if any
+        except Exception as err:
+            if isinstance(err, _lost_types()) or not is_peer_loss(err):
+                raise  # a dead rank's own error, or no rank died: nothing to wait for
+            failure = err
+        if failure is None:
+            continue
+        t0 = time.monotonic()
+        dead = _dead_rank(pending, LOST_PEER_GRACE_S)  # outside the handler: no context
+        if dead is None:
+            raise failure
+        log.warning(
+            "a rank's collective failed because a peer died (%s); %.1f s later Ray "
+            "reported the dead rank: %s",
+            str(failure).strip().splitlines()[-1][:200],
+            time.monotonic() - t0,
+            str(dead).splitlines()[0][:200],
+        )
+        raise dead
     return list(ray.get(list(refs)))
 
 
+def _lost_types() -> tuple[type[BaseException], ...]:
+    from ray import exceptions as rex
+
+    return (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError)
+
+
+def _dead_rank(pending: list[Any], grace_s: float) -> BaseException | None:
+    """The first of ``pending`` that fails as a dead actor within ``grace_s``, if any."""
+    import ray
+
+    deadline = time.monotonic() + grace_s
+    while pending and (left := deadline - time.monotonic()) > 0:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except _lost_types() as err:
+                return err
+            except Exception:  # another survivor's failed collective
+                continue
+    return None
+
+
 class WorkerGroup:
-    """One Ray actor per FSDP rank."""
+    """One Ray actor per FSDP rank, each on its bundle of its node's placement group.
+
+    The gang (every node's group) is reserved before any actor starts, within
+    ``resources.gang_timeout_s``; otherwise ``WorkersMissingError`` (exit 5) ends the
+    attempt instead of ranks waiting in ``init_process_group`` for peers that never come.
+    """
 
     def __init__(self, cfg: Config) -> None:
         import ray
@@ -89,16 +160,24 @@ class WorkerGroup:
         from .worker import Worker
 
         res = cfg.resources
-        remote: Any = ray.remote(Worker)
-        self.world_size = res.num_workers
-        self.workers: list[Any] = [
-            remote.options(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker).remote(
-                cfg, rank, self.world_size
-            )
-            for rank in range(self.world_size)
-        ]
-        addr, port = ray.get(self.workers[0].address.remote())
-        self.info = get_all([w.setup.remote(addr, port) for w in self.workers])
+        self.layout = layout_for(cfg)
+        self.world_size = self.layout.world_size
+        self.workers: list[Any] = []
+        self.gang = Gang(self.layout, ranks_on_head=res.ranks_on_head)
+        try:
+            self.gang.reserve(res.gang_timeout_s)
+            remote: Any = ray.remote(Worker)
+            self.workers = [
+                remote.options(**self.gang.actor_options(p.rank)).remote(
+                    cfg, p.rank, self.world_size, p.local_rank
+                )
+                for p in self.layout.places
+            ]
+            addr, port = ray.get(self.workers[0].address.remote())
+            self.info = get_all([w.setup.remote(addr, port) for w in self.workers])
+        except BaseException:
+            self.shutdown()  # the caller never gets a group to close
+            raise
 
     def call(
         self, method: str, *per_rank_args: Sequence[Any], common: Sequence[Any] = ()
@@ -110,10 +189,14 @@ class WorkerGroup:
         return get_all(refs)
 
     def shutdown(self) -> None:
+        """Kill every rank now (ranks on surviving nodes may sit in a collective waiting
+        for a dead peer: nobody waits for them) and release the reserved bundles."""
         import ray
 
         for w in self.workers:
-            ray.kill(w)
+            ray.kill(w, no_restart=True)
+        self.workers = []
+        self.gang.release()
 
 
 def split(items: Sequence[Any], parts: int) -> list[list[Any]]:
@@ -134,6 +217,7 @@ class GRPOTrainer:
         self.reporter = reporter or NullProgressReporter()
         self.checkpointer = checkpointer or NoCheckpointer()
         self.fault = parse_fault(cfg.trainer.fault_inject)
+        layout_for(cfg)  # a layout that cannot work is a config error, before Ray starts
         dataset = PromptDataset(cfg.data.train_files, cfg.data)
         self.total_steps = cfg.trainer.steps(len(dataset))
         self.metrics = metrics or MetricsLogger(cfg.metrics, self.total_steps)

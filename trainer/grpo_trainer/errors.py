@@ -44,6 +44,12 @@ class StepError(RuntimeError):
         self.cause = cause
 
 
+class WorkersMissingError(RuntimeError):
+    """Not every node's ranks could be placed within ``resources.gang_timeout_s``: worker
+    pods that never came up (or nodes too small). The message says how many nodes
+    joined and what Ray sees (``placement.missing_detail``)."""
+
+
 def _chain(exc: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
     cur: BaseException | None = exc
@@ -57,6 +63,17 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 _RAY_MEMORY_KILL = "running low on memory"  # Ray's memory monitor's wording
+# A surviving rank's collective when a peer's process is gone (gloo; NCCL's wording).
+PEER_LOST_TEXTS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "remote process exited",
+)
+
+
+def is_peer_loss(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing because another rank's process died."""
+    return any(t in str(e) for e in _chain(exc) for t in PEER_LOST_TEXTS)
 
 
 def _is_cuda_oom(exc: BaseException) -> bool:
@@ -76,6 +93,8 @@ def classify(exc: BaseException) -> Classified:
     detail = f"{type(chain[-1]).__name__}: {chain[-1]}"
     if any(isinstance(e, ConfigError) for e in chain):
         return Classified(ExitCode.CONFIG_ERROR, FailureReason.CONFIG_ERROR, detail)
+    if any(isinstance(e, WorkersMissingError) for e in chain):
+        return Classified(ExitCode.WORKER_LOST, FailureReason.WORKERS_MISSING, detail)
     if any(_is_cuda_oom(e) for e in chain):
         return Classified(ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, detail)
     try:
@@ -92,6 +111,10 @@ def classify(exc: BaseException) -> Classified:
             return Classified(ExitCode.HOST_OOM, FailureReason.RAY_OOM, detail)
         if any(isinstance(e, lost) for e in chain):
             return Classified(ExitCode.WORKER_LOST, FailureReason.NODE_LOST, detail)
+    # Only a survivor's side of a lost rank reached the driver (the dead rank's own error
+    # had not arrived within the driver's grace): still a lost worker.
+    if is_peer_loss(exc):
+        return Classified(ExitCode.WORKER_LOST, FailureReason.NODE_LOST, detail)
     if any(isinstance(e, MemoryError) for e in chain):
         return Classified(ExitCode.HOST_OOM, FailureReason.HOST_OOM, detail)
     return Classified(ExitCode.ERROR, FailureReason.ERROR, detail)

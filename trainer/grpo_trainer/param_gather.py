@@ -13,16 +13,30 @@ and the gathered slots are concatenated and trimmed.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DeviceMesh, DTensor, Shard
 
-# Bounds the gathered buffer (world x bucket); the engine copies each tensor out
-# before the next bucket is gathered, so this is the extra peak memory.
+# Bounds one collective's gathered buffer: world x (this rank's padded shards) = the
+# bucket's full parameters plus the padding of uneven last shards. The engine copies each
+# tensor out before the next bucket is gathered, so this is the extra peak memory, and
+# the number of collectives is about (model bytes / DEFAULT_BUCKET_BYTES) at any world
+# size (7B in bf16: ~57; each rank contributes 256 MiB / world to each).
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GatherItem:
+    """One parameter as the bucketing sees it."""
+
+    shape: tuple[int, ...]
+    mesh: Hashable | None  # its row-sharding mesh; None: not row-sharded, gathered alone
+    world: int = 1  # the mesh's size
 
 
 def _row_sharded_mesh(param: torch.Tensor) -> DeviceMesh | None:
@@ -36,6 +50,42 @@ def _row_sharded_mesh(param: torch.Tensor) -> DeviceMesh | None:
 
 def _slot_rows(rows: int, world: int) -> int:
     return math.ceil(rows / world)
+
+
+def gathered_bytes(shape: tuple[int, ...], world: int, itemsize: int) -> int:
+    """What a row-sharded parameter occupies in the gathered buffer: ``world`` equal slots
+    of ``ceil(rows / world)`` rows (its full size, plus the padding of the last shards)."""
+    rows = shape[0]
+    per_row = math.prod(shape[1:])
+    return world * _slot_rows(rows, world) * per_row * itemsize
+
+
+def plan_buckets(
+    items: Sequence[GatherItem], itemsize: int, bucket_bytes: int
+) -> list[list[int]]:
+    """The collectives of one gather, in parameter order: the indices gathered together.
+
+    Consecutive row-sharded parameters on one mesh share a collective while their
+    gathered bytes fit ``bucket_bytes`` (one bigger than that goes alone); a parameter
+    that is not row-sharded is a collective of its own. Pure: the count of collectives
+    can be checked at any world size without ranks.
+    """
+    buckets: list[list[int]] = []
+    size = 0
+    open_mesh: Hashable | None = None
+    for i, item in enumerate(items):
+        if item.mesh is None:
+            buckets.append([i])
+            open_mesh = None
+            continue
+        nbytes = gathered_bytes(item.shape, item.world, itemsize)
+        if open_mesh is not None and item.mesh == open_mesh and size + nbytes <= bucket_bytes:
+            buckets[-1].append(i)
+            size += nbytes
+        else:
+            buckets.append([i])
+            open_mesh, size = item.mesh, nbytes
+    return buckets
 
 
 def _gather_bucket(
@@ -71,26 +121,18 @@ def gather_full_params(
     path. The yielded tensors may be views of a shared buffer: copy them.
     """
     itemsize = torch.empty((), dtype=dtype).element_size()
-    bucket: list[tuple[str, DTensor]] = []
-    bucket_mesh: DeviceMesh | None = None
-    bucket_size = 0
-    for name, param in model.named_parameters():
-        p = param.detach()
-        mesh = _row_sharded_mesh(p)
-        gathered_bytes = p.numel() * itemsize * (mesh.size() if mesh is not None else 1)
-        full_bucket = bucket and (
-            mesh != bucket_mesh or bucket_size + gathered_bytes > bucket_bytes
-        )
-        if full_bucket and bucket_mesh is not None:
-            yield from _gather_bucket(bucket, bucket_mesh, dtype)
-            bucket, bucket_size = [], 0
+    params = [(name, p.detach()) for name, p in model.named_parameters()]
+    meshes = [_row_sharded_mesh(p) for _, p in params]
+    items = [
+        GatherItem(tuple(p.shape), m, m.size() if m is not None else 1)
+        for (_, p), m in zip(params, meshes, strict=True)
+    ]
+    for bucket in plan_buckets(items, itemsize, bucket_bytes):
+        mesh = meshes[bucket[0]]
         if mesh is None:
+            name, p = params[bucket[0]]
             full = p.full_tensor() if isinstance(p, DTensor) else p
             yield name, full.to(dtype)
             continue
-        assert isinstance(p, DTensor)
-        bucket.append((name, p))
-        bucket_mesh = mesh
-        bucket_size += gathered_bytes
-    if bucket and bucket_mesh is not None:
-        yield from _gather_bucket(bucket, bucket_mesh, dtype)
+        members = [(params[i][0], cast(DTensor, params[i][1])) for i in bucket]
+        yield from _gather_bucket(members, mesh, dtype)

@@ -24,6 +24,7 @@ from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
 from .grpo_math import entropy_from_logits, grpo_loss, log_probs_from_logits
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
 from .param_gather import gather_full_params
+from .placement import cuda_device_index
 from .rollout.base import RolloutEngine, SamplingSpec
 from .samples import (
     EncodedPrompt,
@@ -61,17 +62,53 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _ray_gpu_ids() -> list[Any]:
+    """The GPUs Ray reserved for this actor's bundle; none outside a Ray worker."""
+    import ray
+
+    return list(ray.get_gpu_ids()) if ray.is_initialized() else []
+
+
+def _ray_node_id() -> str | None:
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else None
+
+
 class Worker:
-    def __init__(self, cfg: Config, rank: int, world_size: int) -> None:
+    def __init__(
+        self, cfg: Config, rank: int, world_size: int, local_rank: int | None = None
+    ) -> None:
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
+        # The rank on its node (the bundle in its node's placement group); without one,
+        # what the layout would give it (spawned ranks on one host: the rank itself).
+        per_node = cfg.resources.node_ranks
+        self.local_rank = rank % per_node if local_rank is None else local_rank
+        # What torchrun would set; vLLM's external launcher and user code read them.
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(self.local_rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(per_node),
+        )
         self.samples: list[Sample] = []
         self.fault = parse_fault(cfg.trainer.fault_inject)
         self._leak_bytes = int(leak_mib_per_step(cfg.trainer.fault_inject) * 2**20)
         self._leaked: list[torch.Tensor] = []
+        # Ray may hand out (fake) GPUs on a machine where torch has no CUDA: CPU + gloo.
         use_cuda = cfg.resources.gpus_per_worker > 0 and torch.cuda.is_available()
-        self.device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        self.device = (
+            torch.device(
+                "cuda",
+                cuda_device_index(
+                    _ray_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), self.local_rank
+                ),
+            )
+            if use_cuda
+            else torch.device("cpu")
+        )
         self.backend = "nccl" if use_cuda else "gloo"
         torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
 
@@ -118,7 +155,15 @@ class Worker:
         self.tp_group = self._rollout_group()
         self.engine = self._build_engine()
         n_params = sum(p.numel() for p in self.actor.parameters())
-        return {"rank": self.rank, "backend": self.backend, "local_params": n_params}
+        return {
+            "rank": self.rank,
+            "backend": self.backend,
+            "local_params": n_params,
+            "node_id": _ray_node_id(),
+            "local_rank": self.local_rank,
+            "device": str(self.device),
+            "env": {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")},
+        }
 
     def _setup_tokenizer(self) -> None:
         from transformers import AutoProcessor, AutoTokenizer

@@ -16,6 +16,7 @@ AttemptOutcome = Literal[
     "CudaOOM",
     "RayOOM",
     "NodeLost",
+    "WorkersMissing",
     "Evicted",
     "Preempted",
     "ConfigError",

@@ -76,6 +76,10 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
         },
         "resources": {
             "num_workers": g.world_size,
+            # One placement group per worker pod; nodes 0 (cpu): the head runs the ranks.
+            "nodes": max(1, g.nodes),
+            "ranks_per_node": g.ranks_per_node,
+            "ranks_on_head": g.nodes == 0,
             "gpus_per_worker": 1 if g.is_gpu else 0,
             "ray_address": "auto",  # the head container started Ray just before
         },

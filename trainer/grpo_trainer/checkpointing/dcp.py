@@ -22,6 +22,7 @@ import yaml
 
 from grpo_api.trainer_config import Config
 
+from . import fence
 from .files import atomic_write, digest_file, file_size, remove_step_dir, write_durable
 from .tracker import (
     CONFIG,
@@ -118,6 +119,7 @@ class DCPCheckpointer:
         self.keep = cfg.checkpoint.keep
         self.async_save = cfg.checkpoint.async_save
         self.resume = resume
+        self.attempt = cfg.trainer.attempt
         # Slot for driver-side algorithm state (a reward normaliser, an adaptive KL
         # controller): saved in trainer_state.json and handed back on resume.
         self.algorithm_state: dict[str, Any] = {}
@@ -135,6 +137,7 @@ class DCPCheckpointer:
         return self._latest
 
     def restore(self, group: Any, loader: Any) -> int:
+        fence.claim(self.root, self.attempt)  # before anything here is read or removed
         self._latest_known = True
         plan = plan_startup(scan(self.root), self._tracker_step())
         for step, why in plan.remove:
@@ -160,6 +163,7 @@ class DCPCheckpointer:
         if not is_due(step, self.interval, final):
             return
         self._poll(group, wait=True)
+        fence.check(self.root, self.attempt, f"saving checkpoint step {step}")
         t0 = time.perf_counter()
         path = self.root / step_dir_name(step)
         if path.exists():  # an abandoned or skipped (corrupt) save of this step
@@ -224,6 +228,7 @@ class DCPCheckpointer:
         self._pending = None
 
     def _commit(self, pending: _Pending, files: dict[str, FileEntry], world: int) -> None:
+        fence.check(self.root, self.attempt, f"committing checkpoint step {pending.step}")
         created = datetime.now(UTC).isoformat()
         manifest = build_manifest(pending.step, world, created, files)
         atomic_write(pending.path / MANIFEST, manifest.model_dump_json(indent=1).encode())

@@ -3,6 +3,7 @@
 ::
 
     <dir>/latest                   tracker {"step": N, "dir": "step-N"}, replaced last
+    <dir>/attempt                  fence {"attempt": A}: the newest attempt that claimed <dir>
     <dir>/step-<N>/                one directory per saved step
         .metadata, __<r>_<i>.distcp   DCP: model + optimizer, sharded, reshardable
         rank-<r>.pt                rank r's RNG streams and LR scheduler
@@ -25,6 +26,7 @@ from typing import Any, Literal, cast, get_args
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 TRACKER = "latest"
+FENCE = "attempt"
 MANIFEST = "manifest.json"
 DCP_METADATA = ".metadata"
 TRAINER_STATE = "trainer_state.json"
@@ -87,6 +89,10 @@ class Tracker(_Model):
     dir: str
 
 
+class Fence(_Model):
+    attempt: int
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step}"
 
@@ -113,6 +119,22 @@ def parse_tracker(text: str) -> Tracker | None:
     except ValidationError:
         return None
     return t if parse_step_dir(t.dir) == t.step else None
+
+
+def parse_fence(text: str) -> Fence | None:
+    try:
+        return Fence.model_validate_json(text)
+    except ValidationError:
+        return None
+
+
+def superseded_by(mine: int, recorded: int | None) -> int | None:
+    """The newer attempt that owns the directory, or None when attempt ``mine`` may write.
+
+    The same attempt number again is a restart of that attempt (a replacement head pod),
+    so it keeps the directory; only a strictly newer attempt fences it out.
+    """
+    return recorded if recorded is not None and recorded > mine else None
 
 
 def build_manifest(

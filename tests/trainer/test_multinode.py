@@ -1,0 +1,207 @@
+"""Multi-node placement on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``:
+one raylet per node, all on this machine), 2 nodes x 2 fake GPUs, 4 gloo ranks on CPU.
+
+One cluster serves the whole module, in order: an uninterrupted 2 x 2 run places ranks
+0-1 on one worker node and 2-3 on the other, never on the head (which has CPUs and GPUs
+to spare, so only ``ranks_on_head: false`` keeps ranks off it), and is the reference;
+asking for 3 nodes ends with WorkersMissing (exit 5) at the gang deadline; removing a
+worker node during step 2 ends the run with NodeLost (exit 5) instead of hanging; the
+next attempt resumes on a new 1 x 4 node and ends with the reference's weights, bit for
+bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from grpo_api.contract import ExitCode
+from grpo_trainer.checkpointing.dcp import DCPCheckpointer, read_tracker
+from grpo_trainer.checkpointing.export import load_model_tensors
+from grpo_trainer.config import build_config
+from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.run import run_training
+from grpo_trainer.testing.configs import text_config
+from grpo_trainer.testing.datasets import write_text_task
+
+pytestmark = pytest.mark.trainer
+STEPS = 3
+
+
+@dataclass
+class Multinode:
+    cluster: Any
+    model: Path
+    data: Path
+    tmp: Path
+    head_id: str
+    state: dict[str, Any] = field(default_factory=dict)  # what earlier tests leave behind
+
+    def config(self, nodes: int, per_node: int, ckpt: Path, **extra: Any) -> dict[str, Any]:
+        world = nodes * per_node
+        resources = {
+            "num_workers": world,
+            "nodes": nodes,
+            "ranks_per_node": per_node,
+            "ranks_on_head": False,
+            "gpus_per_worker": 1,
+            "ray_address": self.cluster.address,
+            **extra,
+        }
+        return text_config(
+            self.model,
+            self.data,
+            resources=resources,
+            trainer={"total_steps": STEPS, "rollout_batch_size": world},
+            checkpoint={"dir": str(ckpt), "interval_steps": 1, "keep": STEPS},
+        )
+
+    def write(self, name: str, cfg: dict[str, Any]) -> Path:
+        path = self.tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+
+@pytest.fixture(scope="module")
+def multinode(
+    tiny_lm: Path, tmp_path_factory: pytest.TempPathFactory, local_ray_args: dict[str, Any]
+) -> Iterator[Multinode]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    was_local = ray.is_initialized()  # the tier's shared local Ray: back after this module
+    if was_local:
+        ray.shutdown()
+    cuda = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    # The head has room for ranks too: only ranks_on_head=false keeps them off it.
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "num_gpus": 2, "include_dashboard": False},
+    )
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=2, num_gpus=2)
+        ray.init(address=cluster.address)
+        head = [n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n["Resources"]]
+        tmp = tmp_path_factory.mktemp("multinode")
+        yield Multinode(cluster, tiny_lm, write_text_task(tmp / "t.jsonl"), tmp, head[0])
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        if cuda is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = cuda
+        if was_local:
+            ray.init(**local_ray_args)
+
+
+def test_ranks_fill_worker_nodes_in_order_and_the_run_is_the_reference(
+    multinode: Multinode,
+) -> None:
+    ckpt = multinode.tmp / "reference"
+    cfg = build_config(multinode.config(2, 2, ckpt), environ={})
+    trainer = GRPOTrainer(cfg, checkpointer=DCPCheckpointer(cfg))
+    try:
+        trainer.start()
+        assert trainer.group is not None
+        info = trainer.group.info
+        nodes = [i["node_id"] for i in info]
+        assert nodes[0] == nodes[1] and nodes[2] == nodes[3] and nodes[0] != nodes[2]
+        assert multinode.head_id not in nodes  # the driver's node runs no rank
+        # Consecutive pairs (what a tensor-parallel group of 2 is) share a node.
+        assert [i["local_rank"] for i in info] == [0, 1, 0, 1]
+        assert [i["env"] for i in info] == [
+            {"RANK": str(r), "LOCAL_RANK": str(r % 2), "WORLD_SIZE": "4"} for r in range(4)
+        ]
+        # Ray handed each rank a (fake) GPU; torch has no CUDA here, so CPU and gloo.
+        assert {(i["device"], i["backend"]) for i in info} == {("cpu", "gloo")}
+        trainer.run()
+    finally:
+        trainer.close()
+    assert read_tracker(ckpt).step == STEPS  # type: ignore[union-attr]
+    multinode.state["reference"] = load_model_tensors(ckpt / f"step-{STEPS}")
+
+
+def test_missing_nodes_end_the_attempt_at_the_gang_deadline(
+    multinode: Multinode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    term = multinode.tmp / "gang-termination-log"
+    monkeypatch.setenv("GRPO_TERMINATION_LOG", str(term))
+    raw = multinode.config(3, 2, multinode.tmp / "gang", gang_timeout_s=10)
+    code = run_training(str(multinode.write("gang", raw)))
+    assert code == ExitCode.WORKER_LOST
+    msg = json.loads(term.read_text())
+    assert msg["reason"] == "WorkersMissing" and msg["step"] is None
+    detail = msg["detail"]
+    assert "only 2 of 3 nodes joined within 10 s" in detail, detail
+    assert "Ray sees 3 alive node(s)" in detail and "no ranks here (head)" in detail
+    assert detail.count("holds node") == 2
+
+
+@pytest.mark.timeout(600)
+def test_a_node_removed_mid_step_ends_the_attempt_as_node_lost(
+    multinode: Multinode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = multinode.tmp / "lost"
+    term = multinode.tmp / "lost-termination-log"
+    monkeypatch.setenv("GRPO_TERMINATION_LOG", str(term))
+    monkeypatch.setenv("GRPO_ATTEMPT", "0")
+    path = multinode.write("lost", multinode.config(2, 2, ckpt))
+    victim = next(iter(multinode.cluster.worker_nodes))
+    removed = threading.Event()
+
+    def remove_after_step_1() -> None:
+        while not removed.is_set():
+            tracker = read_tracker(ckpt)
+            if tracker is not None and tracker.step >= 1:
+                multinode.cluster.remove_node(victim, allow_graceful=False)
+                removed.set()
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=remove_after_step_1, daemon=True)
+    killer.start()
+    try:
+        code = run_training(str(path))
+    finally:
+        removed.set()
+        killer.join()
+    msg = json.loads(term.read_text())
+    assert code == ExitCode.WORKER_LOST, msg
+    assert msg["reason"] == "NodeLost" and msg["step"] == 2, msg
+    assert msg["lastCheckpointStep"] == 1
+    multinode.state["lost"] = ckpt
+
+
+def test_the_next_attempt_resumes_on_a_1x4_node_to_the_reference_weights(
+    multinode: Multinode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = multinode.state["lost"]
+    multinode.cluster.add_node(num_cpus=4, num_gpus=4)
+    cfg = build_config(multinode.config(1, 4, ckpt), environ={"GRPO_ATTEMPT": "1"})
+    trainer = GRPOTrainer(cfg, checkpointer=DCPCheckpointer(cfg))
+    try:
+        trainer.start()
+        assert trainer.step == 1  # from the last checkpoint the lost attempt committed
+        assert trainer.group is not None
+        info = trainer.group.info
+        assert len({i["node_id"] for i in info}) == 1
+        assert multinode.head_id not in {i["node_id"] for i in info}
+        assert [i["local_rank"] for i in info] == [0, 1, 2, 3]
+        trainer.run()
+    finally:
+        trainer.close()
+    final = load_model_tensors(ckpt / f"step-{STEPS}")
+    reference = multinode.state["reference"]
+    assert final.keys() == reference.keys()
+    for name, tensor in final.items():
+        assert torch.equal(tensor, reference[name]), name
