@@ -160,6 +160,31 @@ def test_a_head_that_lost_its_ranks_takes_the_class_of_the_worker_that_died_firs
     assert lone["status"]["attempts"][0]["outcome"] == "NodeLost"
 
 
+def test_ranks_that_never_joined_are_named_with_what_their_pods_wait_for() -> None:
+    """The driver knows only that 1 of 2 nodes joined; the operator adds why: the
+    missing worker pod's scheduling or image-pull reason."""
+    job = running_job()
+    msg = ('{"reason": "WorkersMissing", "step": 0, "detail": "only 1 of 2 nodes joined '
+           'within 600 s"}')
+    head = pod("head", phase="Failed", terminated={"exitCode": 5, "message": msg})
+    pending = pod("worker", name="j-a0-workers-b", phase="Pending", conditions=[
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/5 nodes are available: 5 Insufficient nvidia.com/gpu"}])
+    pulling = pod("worker", name="j-a0-workers-c", phase="Pending")
+    pulling["status"]["containerStatuses"] = [{"name": "ray", "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]
+    event = rec.PodChanged(head)
+    assert rec.pod_needs_pods(job, event)
+    job, action = step(job, event, observed=Observed(
+        pods=[head, pod("worker", name="j-a0-workers-a"), pending, pulling]))
+    record = job["status"]["attempts"][0]
+    assert record["outcome"] == "WorkersMissing" and action.restart_reason == "WorkersMissing"
+    assert "only 1 of 2 nodes joined" in record["reason"]
+    assert "j-a0-workers-b Unschedulable: 0/5 nodes are available" in record["reason"]
+    assert "j-a0-workers-c ImagePullBackOff" in record["reason"]
+    assert "j-a0-workers-a" not in record["reason"]  # running: it joined
+
+
 def test_a_worker_deleted_while_it_ran_is_a_lost_node_one_that_never_ran_is_nothing() -> None:
     job = running_job()
     never_ran = pod("worker", name="w0", phase="Pending")

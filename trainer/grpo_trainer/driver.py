@@ -64,7 +64,10 @@ def init_ray(cfg: Config) -> bool:
             f"{res.nodes} nodes need a Ray cluster, but none is running here and a local Ray "
             "is one node: set resources.ray_address, or resources.nodes to 1",
         )
+    # address="local": a Ray of our own; without it ray.init joins the cluster that
+    # /tmp/ray/ray_current_cluster names (another run's) and refuses num_cpus.
     ray.init(
+        address="local",
         num_cpus=max(2, int(res.num_workers * res.cpus_per_worker)),
         num_gpus=int(res.num_workers * res.gpus_per_worker) or None,
         object_store_memory=res.object_store_memory or LOCAL_OBJECT_STORE_BYTES,

@@ -34,6 +34,7 @@ PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
 CREATE_RETRY_SECONDS = 10  # a child the API server refused is tried again this often
 MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
 _WORDS = {"CudaOOM": "CUDA OOM", "HostOOM": "host OOM (pod OOMKilled)",
+          "WorkersMissing": "worker pods did not all join",
           "RayOOM": "Ray OOM (memory monitor)", "NodeLost": "node or worker lost"}
 
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.contract import ExitCode, FailureReason
+from grpo_api.contract import ROLE_LABEL, ExitCode, FailureReason, Role
 
 _EXIT_CLASSES = {
     ExitCode.FINISHED: FailureReason.SUCCEEDED,
@@ -126,13 +126,45 @@ def worker_outcome(pod: dict[str, Any], deleted: bool = False) -> PodOutcome | N
 
 
 
-# A head whose driver exited for these lost ranks it did not cause: when a worker pod of
-# the attempt ended too, that pod's cause is the attempt's (an OOM-killed worker's ranks
-# die, the driver sees dead actors and exits 5; the pod that died decides).
-LOST_RANKS = (FailureReason.NODE_LOST,)
+# A head whose driver exited for these could not keep or get its ranks: the attempt's
+# worker pods say why (decided in `in_context`).
+LOST_RANKS = (FailureReason.NODE_LOST, FailureReason.WORKERS_MISSING)
 
 
-def first_worker_end(head: PodOutcome, pods: list[dict[str, Any]]) -> PodOutcome:
+def in_context(head: PodOutcome, pods: list[dict[str, Any]]) -> PodOutcome:
+    """The head's outcome read with its attempt's pods: a worker that ended first gives
+    its cause (an OOM-killed worker's ranks die, the driver sees dead actors and exits 5:
+    the pod that died decides); ranks that never joined are named with what their pods
+    wait for (Pending, an image pull), which the driver cannot see."""
+    if head.reason is FailureReason.WORKERS_MISSING:
+        waiting = _waiting_workers(pods)
+        if not waiting:
+            return head
+        return PodOutcome(head.reason, head.exit_code,
+                          f"{head.message}; worker pods not running: {'; '.join(waiting)}",
+                          head.step, head.last_checkpoint_step)
+    return _first_worker_end(head, pods)
+
+
+def _waiting_workers(pods: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for p in pods:
+        labels = p.get("metadata", {}).get("labels") or {}
+        status = p.get("status") or {}
+        if labels.get(ROLE_LABEL) == Role.HEAD or status.get("phase") == "Running":
+            continue
+        why = next((f"{c.get('reason')}: {c.get('message') or ''}".rstrip(": ")
+                    for c in status.get("conditions") or []
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+        waiting = [(cs.get("state") or {}).get("waiting") or {}
+                   for cs in status.get("containerStatuses") or []]
+        why = why or next((f"{w.get('reason')}: {w.get('message') or ''}".rstrip(": ")
+                           for w in waiting if w.get("reason")), None)
+        out.append(f"{p.get('metadata', {}).get('name')} {why or status.get('phase') or '?'}")
+    return out[:8]
+
+
+def _first_worker_end(head: PodOutcome, pods: list[dict[str, Any]]) -> PodOutcome:
     """The head's outcome, or the cause of the worker pod that ended before it (a
     memory class first), with the driver's own words kept after it."""
     ended = [o for o in (worker_outcome(p) for p in pods) if o is not None]

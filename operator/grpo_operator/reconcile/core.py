@@ -24,7 +24,7 @@ from .attempts import (
     planned_pods,
     start_next_attempt,
 )
-from .classify import LOST_RANKS, PodOutcome, classify_pod, first_worker_end, worker_outcome
+from .classify import LOST_RANKS, PodOutcome, classify_pod, in_context, worker_outcome
 from .conditions import (
     MEMORY_GROWTH,
     RAY_CLUSTER_READY,
@@ -268,7 +268,7 @@ def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: 
     outcome = _ended(pod, deleted)
     if outcome is not None:
         if role(pod) == Role.HEAD and outcome.reason in LOST_RANKS:
-            outcome = first_worker_end(outcome, pods)
+            outcome = in_context(outcome, pods)
         return finish_attempt(status, outcome, generation, now, spec, config.catalog)
     view = None if deleted else unschedulable_view(pod)
     if view is None and pods and status.get("phase") != Phase.RUNNING:
