@@ -10,7 +10,7 @@ import kopf
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
-from grpo_api.job import SpecError
+from grpo_api.job import SpecError, parse_spec
 
 from .config import from_memo
 from .planner import InfeasibleError
@@ -43,13 +43,23 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
     return None
 
 
+def admission_warnings(spec: dict[str, Any]) -> list[str]:
+    """What kubectl should print beside an accepted spec: deprecated fields set (pure)."""
+    try:
+        return parse_spec(spec).deprecation_warnings()
+    except SpecError:
+        return []  # refused anyway, with its own message
+
+
 @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
-def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, old: kopf.Body | None = None,
-                     operation: str | None = None, **_: Any) -> None:
+def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str],
+                     old: kopf.Body | None = None, operation: str | None = None,
+                     **_: Any) -> None:
     old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
     problem = admission_problem(dict(spec), old_spec, from_memo(memo).catalog)
     if problem:
         raise kopf.AdmissionError(problem, code=422)
+    warnings.extend(admission_warnings(dict(spec)))
 
 
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])

@@ -29,6 +29,9 @@ class Progress:
     # of rank 1 grew 4.1 MiB/step over the last 20 steps"; the operator turns it
     # into a MemoryGrowth condition.
     memory_growth: str | None = None
+    # The newest validation pass (validation.py): its mean reward and step.
+    val_reward_mean: float | None = None
+    val_step: int | None = None
 
     def to_status(self) -> dict[str, object]:
         """camelCase keys as in GRPOJob.status.progress."""
@@ -42,6 +45,11 @@ class Progress:
         }
         if self.memory_growth:
             status["memoryGrowth"] = self.memory_growth
+        # Left out, not null, until this attempt validates: a merge patch then keeps the
+        # value an earlier attempt reported.
+        if self.val_step is not None:
+            status["valRewardMean"] = self.val_reward_mean
+            status["valStep"] = self.val_step
         return status
 
 

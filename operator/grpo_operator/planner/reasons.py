@@ -186,7 +186,7 @@ def explain_pods(head: PodResources, worker: PodResources | None, b: Budget) -> 
             "headPod",
             f"{head.cpus} CPU, {head.memory_gib}Gi, shm {head.shm_gib}Gi",
             "auto",
-            "Ray head + driver + data workers"
+            "Ray head + driver"
             + ("" if worker else f" + the ranks (host peak {_g(b.peak_host_gib)})")
             + "; /dev/shm = object store + 2 GiB; no GPU, no GPU node selector",
         )
