@@ -3,14 +3,19 @@ deprecated spec.data.workers is accepted, ignored by the plan, and warned about.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from click.testing import CliRunner
 from pydantic import ValidationError
 
 from grpo_api.job import SpecError, parse_spec
 from grpo_api.job.status import ProgressStatus
 from grpo_api.trainer_config import Config
+from grpo_operator.cli import cli
 from grpo_operator.planner import plan_memory
 from grpo_operator.planner.budget import DRIVER_GIB
 from grpo_operator.planner.resources import HEAD_CPUS, pod_need_gib
@@ -21,6 +26,7 @@ from grpo_trainer.progress import Progress
 
 pytestmark = pytest.mark.unit
 JOB = JobRef("j", "ns", "uid")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def body(data: dict[str, Any] | None = None, **training: Any) -> dict[str, Any]:
@@ -82,3 +88,14 @@ def test_progress_reports_the_newest_validation_and_omits_it_before_any() -> Non
     assert after["valRewardMean"] == 0.75 and after["valStep"] == 4
     status = ProgressStatus.model_validate(after, by_alias=True, by_name=False)
     assert status.val_reward_mean == 0.75 and status.val_step == 4
+
+
+def test_grpo_plan_warns_about_data_workers_on_stderr_only(tmp_path: Path) -> None:
+    doc = yaml.safe_load((EXAMPLES / "grpojob-tiny.yaml").read_text())
+    doc["spec"]["data"]["workers"] = 4
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(cli, ["plan", str(path), "--output", "json"])
+    assert result.exit_code == 0
+    json.loads(result.stdout)  # machine output stays clean
+    assert "Warning: spec.data.workers is deprecated and ignored" in result.stderr
