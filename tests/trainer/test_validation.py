@@ -35,7 +35,7 @@ def _train(raw: dict[str, Any], progress: Path) -> tuple[dict[int, dict[str, Any
     trainer = GRPOTrainer(
         cfg,
         reporter=JsonFileProgressReporter(progress, 0.0),
-        metrics=MetricsLogger(cfg.metrics, 3, stream=out),
+        metrics=MetricsLogger(cfg.metrics, cfg.trainer.total_steps or 0, stream=out),
     )
     try:
         trainer.run()
@@ -107,3 +107,16 @@ def test_greedy_decoding_is_the_argmax_in_both_samplers_whatever_the_seed(tiny_l
     with torch.no_grad():
         first = model(input_ids=ids).logits[0, -1].argmax()
     assert int(native[0][0]) == int(first)
+
+
+def test_val_reward_rises_as_the_policy_learns(
+    tiny_lm: Path, tmp_path: Path, ray_local: None
+) -> None:
+    train = write_text_task(tmp_path / "train.jsonl")
+    val = write_text_task(tmp_path / "val.jsonl", rows=VAL_ROWS)  # the learnable target, 7
+    raw = text_config(tiny_lm, train, trainer={"total_steps": 12, "val_interval_steps": 12})
+    raw["data"]["val_files"] = [str(val)]
+    history, _ = _train(raw, tmp_path / "progress.json")
+    assert {s for s, m in history.items() if "val/reward_mean" in m} == {0, 12}
+    before, after = history[0]["val/reward_mean"], history[12]["val/reward_mean"]
+    assert after > before + 0.3, (before, after)
