@@ -217,6 +217,12 @@ class TrainerConfig(_Strict):
     attempt: int = Field(default=0, ge=0)
     termination_log: str | None = None
     fault_inject: str | None = None
+    # Validation on data.val_files (greedy, one response per prompt): every N steps and
+    # after the last one; 0 disables it. As EasyR1's trainer.val_freq.
+    val_interval_steps: int = Field(default=0, ge=0)
+    # Also once before the first step of a fresh run (a baseline; not on a resume), as
+    # EasyR1's trainer.val_before_train.
+    val_before_train: bool = True
 
     def steps(self, prompts: int) -> int:
         """Steps to run over `prompts` train prompts: total_steps when set (it wins, as
@@ -267,6 +273,11 @@ class Config(_Strict):
             raise ValueError(
                 f"actor.mini_batch_size ({mini}) must be divisible by "
                 f"resources.num_workers ({world})"
+            )
+        if self.trainer.val_interval_steps and not self.data.val_files:
+            raise ValueError(
+                "trainer.val_interval_steps needs data.val_files (the held-out split to "
+                "validate on)"
             )
         tp = self.rollout.tensor_parallel_size
         if tp > 1 and self.rollout.engine != "vllm":

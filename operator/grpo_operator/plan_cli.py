@@ -21,6 +21,8 @@ def plan_file(
     """Plan the GRPOJob in `path` and print it; raises SpecError / InfeasibleError /
     ValueError (an unknown GPU type or a bad catalog file, with the reason)."""
     job = load_manifest(path)
+    for warning in job.spec.deprecation_warnings():  # stderr: json/yaml output stays clean
+        Console(stderr=True, soft_wrap=True).print(f"Warning: {warning}", markup=False)
     config = read_model_config(job.spec.model.path, model_root)
     plan = plan_memory(job.spec, load_catalog(catalog), model_config=config)
     if output == "json":  # machine output: plain text, no rich markup or wrapping

@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
-from grpo_api.job import SpecError
+from grpo_api.job import SpecError, parse_spec
 
 from . import kube
 from .config import from_memo
@@ -84,9 +84,17 @@ def namespace_facts(namespace: str) -> NamespaceFacts | None:
         return None
 
 
+def admission_warnings(spec: dict[str, Any]) -> list[str]:
+    """What kubectl should print beside an accepted spec: deprecated fields set (pure)."""
+    try:
+        return parse_spec(spec).deprecation_warnings()
+    except SpecError:
+        return []  # refused anyway, with its own message
+
+
 @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
-def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, name: str | None,
-                     namespace: str | None, old: kopf.Body | None = None,
+def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str],
+                     name: str | None, namespace: str | None, old: kopf.Body | None = None,
                      operation: str | None = None, **_: Any) -> None:
     old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
     facts = namespace_facts(namespace) if namespace and old_spec != dict(spec) else None
@@ -94,6 +102,7 @@ def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, name: str | None,
                                 name or "job")
     if problem:
         raise kopf.AdmissionError(problem, code=422)
+    warnings.extend(admission_warnings(dict(spec)))
 
 
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])

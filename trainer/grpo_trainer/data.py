@@ -52,9 +52,10 @@ SPLIT_GLOBS = ("data/{split}-*.parquet", "data/{split}.parquet", "{split}-*.parq
                "{split}.parquet", "{split}/*.parquet", "**/{split}-*.parquet")
 
 
-def data_files(entry: str) -> list[Path]:
+def data_files(entry: str, field: str = "data.train_files") -> list[Path]:
     """The files of one data entry: a parquet/jsonl file, or `<dir>@<split>` for a hub
-    dataset fetched onto the volume (its parquet files for that split)."""
+    dataset fetched onto the volume (its parquet files for that split). ``field`` names
+    the config entry in errors."""
     base, _, split = entry.rpartition("@")
     if not (base and Path(base).is_dir()):
         return [Path(entry)]
@@ -62,11 +63,11 @@ def data_files(entry: str) -> list[Path]:
         found = sorted(Path(base).glob(pattern.format(split=split)))
         if found:
             return found
-    raise ConfigError("data.train_files", f"{base} has no parquet files for split {split!r} "
+    raise ConfigError(field, f"{base} has no parquet files for split {split!r} "
                       f"(looked for {', '.join(g.format(split=split) for g in SPLIT_GLOBS)})")
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
+def _read_rows(path: Path, field: str) -> list[dict[str, Any]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -74,7 +75,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     if path.suffix in (".jsonl", ".json"):
         with open(path) as f:
             return [json.loads(line) for line in f if line.strip()]
-    raise ConfigError("data.train_files", f"unsupported file type {path.suffix!r} (parquet, jsonl)")
+    raise ConfigError(field, f"unsupported file type {path.suffix!r} (parquet, jsonl)")
 
 
 def _image_bytes(item: Any, base: Path) -> bytes:
@@ -91,11 +92,13 @@ def _image_bytes(item: Any, base: Path) -> bytes:
 
 
 class PromptDataset:
-    def __init__(self, files: list[str], cfg: DataConfig) -> None:
+    def __init__(
+        self, files: list[str], cfg: DataConfig, field: str = "data.train_files"
+    ) -> None:
         self.cfg = cfg
         self.records: list[Record] = []
-        for path in (p for f in files for p in data_files(f)):
-            for row in _read_rows(path):
+        for path in (p for f in files for p in data_files(f, field)):
+            for row in _read_rows(path, field):
                 missing = [k for k in (cfg.prompt_key, cfg.answer_key) if k not in row]
                 if missing:
                     raise ConfigError("data.prompt_key", f"{path} lacks column(s) {missing}")
@@ -109,7 +112,7 @@ class PromptDataset:
                     )
                 )
         if not self.records:
-            raise ConfigError("data.train_files", "no rows found")
+            raise ConfigError(field, "no rows found")
 
     def __len__(self) -> int:
         return len(self.records)

@@ -31,6 +31,7 @@ from .metrics import MetricsLogger
 from .placement import Gang, layout_for
 from .progress import NullProgressReporter, Progress, ProgressReporter
 from .rewards import RewardRunner, resolve_reward_fn
+from .validation import Validator
 from .watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_process_memory
 
 log = logging.getLogger(__name__)
@@ -230,6 +231,7 @@ class GRPOTrainer:
         self.rewards = RewardRunner(
             resolve_reward_fn(cfg.reward), cfg.reward.num_workers, cfg.reward.timeout_s
         )
+        self.validator = Validator(cfg, self.total_steps, self.rewards)
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.group: WorkerGroup | None = None
@@ -279,7 +281,8 @@ class GRPOTrainer:
         per_rank = self.group.call("update", split(adv.tolist(), world), common=[step])
         upd = dict(per_rank[0])
         for key in upd:
-            if key.startswith("memory/"):  # the worst rank is the one that will OOM
+            # The worst rank is the one that will OOM, the slowest sets the step's pace.
+            if key.startswith(("memory/", "time/")):
                 upd[key] = max(r[key] for r in per_rank)
         upd.update(per_process_memory(per_rank))  # memory/rank<r>/...: a leak has an address
         upd.update(driver_memory())
@@ -300,7 +303,7 @@ class GRPOTrainer:
             "time/step_s": elapsed,
             "time/rollout_s": t_gen - t0,
             "time/reward_s": t_rew - t_gen,
-            "time/update_s": t_end - t_rew,
+            # time/old_logprob_s, ref_logprob_s and update_s come from the ranks (upd)
             "throughput/samples_per_s": len(flat) / elapsed,
             "throughput/tokens_per_s": tokens / elapsed,
             **upd,
@@ -311,12 +314,20 @@ class GRPOTrainer:
     def run(self) -> list[dict[str, float]]:
         if self.group is None:
             self.start()
+        assert self.group is not None
         total = self.total_steps
+        if self.step == 0:  # a fresh start: the baseline (validation.py; steps decide alone)
+            try:
+                if m0 := self.validator.maybe_run(self.group, 0):
+                    self.metrics.log(0, m0)
+            except Exception as err:
+                raise StepError(0, err) from err
         while self.step < total:
             step = self.step + 1
             try:
                 m = self.train_step()
                 self.checkpointer.maybe_save(step, self.group, self.loader, final=step == total)
+                m.update(self.validator.maybe_run(self.group, step))  # after the save
             except Exception as err:
                 raise StepError(step, err) from err
             growth = None
@@ -329,7 +340,8 @@ class GRPOTrainer:
             # The last step and a newly completed checkpoint skip the rate limit: the
             # operator records lastCheckpointStep in attempts[] when a pod dies.
             self.reporter.report(
-                Progress(step, total, m["reward/mean"], ckpt, memory_growth=growth),
+                Progress(step, total, m["reward/mean"], ckpt, memory_growth=growth,
+                         **self.validator.progress()),
                 force=step == total or ckpt != self._reported_checkpoint,
             )
             self._reported_checkpoint = ckpt

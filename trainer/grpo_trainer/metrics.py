@@ -1,7 +1,8 @@
 """Per-step metrics: JSON lines on stdout, TensorBoard, Prometheus, a progress bar.
 
 Every sink is optional and cheap when off; the driver calls ``log(step, metrics)``
-once per step and ``close()`` at the end.
+once per step (and at step 0 for the before-training validation pass, its ``val/``
+metrics only) and ``close()`` at the end.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class MetricsLogger:
                     self._gauge(k).set(float(v))
         if self._progress is not None:
             info = f"reward={metrics.get('reward/mean', float('nan')):.3f}"
+            if "val/reward_mean" in metrics:  # a validation step (validation.py)
+                info += f" val={metrics['val/reward_mean']:.3f}"
             self._progress.update(self._task, completed=step, info=info)
 
     def close(self) -> None:

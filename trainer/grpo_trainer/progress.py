@@ -29,13 +29,16 @@ class Progress:
     # of rank 1 grew 4.1 MiB/step over the last 20 steps"; the operator turns it
     # into a MemoryGrowth condition.
     memory_growth: str | None = None
+    # The newest validation pass (validation.py): its mean reward and step.
+    val_reward_mean: float | None = None
+    val_step: int | None = None
 
     def to_status(self) -> dict[str, object]:
         """camelCase keys as in GRPOJob.status.progress. Every field is sent, unset
         ones as null: the report is a merge patch, where an absent key keeps the old
         value and only null removes it (a growth that stopped must clear)."""
         d = asdict(self)
-        return {
+        status: dict[str, object] = {
             "step": d["step"],
             "totalSteps": d["total_steps"],
             "rewardMean": d["reward_mean"],
@@ -43,6 +46,12 @@ class Progress:
             "updatedAt": d["updated_at"],
             "memoryGrowth": self.memory_growth or None,
         }
+        # Left out, not null, until this attempt validates: a merge patch then keeps the
+        # value an earlier attempt reported.
+        if self.val_step is not None:
+            status["valRewardMean"] = self.val_reward_mean
+            status["valStep"] = self.val_step
+        return status
 
 
 class ProgressReporter(Protocol):

@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,7 +23,7 @@ from grpo_api.trainer_config import Config
 
 from .data import Record, load_template
 from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
-from .grpo_math import entropy_from_logits, grpo_loss, log_probs_from_logits
+from .grpo_math import GRPOLossOut, entropy_from_logits, grpo_loss, log_probs_from_logits
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
 from .param_gather import gather_full_params
 from .placement import cuda_device_index
@@ -37,6 +39,41 @@ from .samples import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class UpdateStats:
+    """One rank's sums over a step's update (all-reduced into the step's metrics): the
+    loss terms summed over micro-batches, token counts, optimizer steps taken."""
+
+    pg_loss: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    clip_tokens: float = 0.0
+    dual_clip_tokens: float = 0.0
+    tokens: float = 0.0
+    optimizer_steps: float = 0.0
+    grad_norms: list[float] = field(default_factory=list)  # per optimizer step, not summed
+
+    _SUMMED = (
+        "pg_loss", "kl", "entropy", "clip_tokens", "dual_clip_tokens", "tokens", "optimizer_steps"
+    )
+
+    def add_loss(self, out: GRPOLossOut) -> None:
+        """One micro-batch's ``GRPOLossOut``."""
+        self.pg_loss += out.pg_loss.item()
+        self.kl += out.kl.item()
+        self.entropy += out.entropy.item()
+        self.clip_tokens += out.clip_tokens.item()
+        self.dual_clip_tokens += out.dual_clip_tokens.item()
+
+    def sums(self) -> list[float]:
+        return [float(getattr(self, name)) for name in self._SUMMED]
+
+    @classmethod
+    def from_sums(cls, values: Sequence[float]) -> UpdateStats:
+        pg_loss, kl, entropy, clip_tokens, dual_clip_tokens, tokens, optimizer_steps = values
+        return cls(pg_loss, kl, entropy, clip_tokens, dual_clip_tokens, tokens, optimizer_steps)
 
 
 def _chunks(items: Sequence[Sample], size: int) -> Iterator[list[Sample]]:
@@ -334,6 +371,37 @@ class Worker:
                 self.samples.append(Sample(prompt, g.token_ids, g.log_probs, g.finished, text))
         return [self._summary(s) for s in self.samples]
 
+    def generate_greedy(self, chunks: list[list[Record]], step: int) -> list[dict[str, Any]]:
+        """Validation (validation.py): one greedy response per record, chunk by chunk, with
+        the current weights. Keeps nothing, and restores the RNG it may touch, so the
+        training trajectory is the same with or without it."""
+        cuda = [self.device] if self.device.type == "cuda" else []
+        out: list[dict[str, Any]] = []
+        with torch.random.fork_rng(devices=cuda):
+            self.engine.wake()
+            self.engine.load_weights(gather_full_params(self.actor, self.compute_dtype))
+            for chunk in chunks:  # the same number on every rank: TP groups call together
+                everything, own = self._tp_union(chunk)
+                prompts = [self.encoder.encode(r) for r in everything]
+                spec = SamplingSpec(
+                    n=1,
+                    temperature=0.0,  # greedy
+                    top_p=1.0,
+                    max_new_tokens=self.cfg.rollout.max_new_tokens,
+                    seed=rollout_seed(self.cfg.rollout.seed, step, self.rank),
+                    suppress_ids=self.suppress_ids,
+                    prompt_seeds=tuple(
+                        prompt_seed(self.cfg.rollout.seed, step, r.index) for r in everything
+                    ),
+                )
+                groups = self.engine.generate(prompts, spec) if prompts else []
+                for prompt, (g,) in zip(prompts[own], groups[own], strict=True):
+                    text = str(self.tokenizer.decode(g.token_ids, skip_special_tokens=True))
+                    sample = Sample(prompt, g.token_ids, g.log_probs, g.finished, text)
+                    out.append(self._summary(sample))
+            self.engine.sleep()
+        return out
+
     @staticmethod
     def _summary(s: Sample) -> dict[str, Any]:
         return {
@@ -391,118 +459,137 @@ class Worker:
         return [float(v) for v in t.cpu()]
 
     def update(self, advantages: list[float], step: int) -> dict[str, float]:
-        """Recompute old (and reference) log-probs, then the clipped GRPO update."""
+        """Recompute old (and reference) log-probs, then the clipped GRPO update; each
+        phase timed on this rank (the driver reports the slowest rank's times)."""
         self._maybe_fault("update", step)
         self._maybe_leak(step)
-        cfg, alg = self.cfg, self.cfg.algorithm
         if len(advantages) != len(self.samples):
             raise ValueError(f"{len(advantages)} advantages for {len(self.samples)} samples")
         for s, a in zip(self.samples, advantages, strict=True):
             s.advantage = float(a)
+        cfg = self.cfg
         # One optimizer step per rollout batch: the policy cannot move before its
         # log-probs are taken, so the update forward's detached log-probs are the
         # old ones and a separate recompute pass would be wasted work.
         on_policy = cfg.actor.ppo_epochs == 1 and cfg.mini_batch_samples == cfg.samples_per_step
+        t0 = time.perf_counter()
         if not on_policy:
             self._fill(self.actor, "old_log_probs")
+        t1 = time.perf_counter()
         if self.ref is not None:
             self._fill(self.ref, "ref_log_probs")
-        self.actor.train()  # HF only checkpoints activations in train mode
+        t2 = time.perf_counter()
+        stats = self._policy_update(step, on_policy)
+        t3 = time.perf_counter()
+        return {
+            **self._update_metrics(stats),
+            "time/old_logprob_s": t1 - t0,
+            "time/ref_logprob_s": t2 - t1,
+            "time/update_s": t3 - t2,
+            **self._memory(),
+        }
 
+    def _policy_update(self, step: int, on_policy: bool) -> UpdateStats:
+        """``actor.ppo_epochs`` x mini-batches x micro-batches of the clipped loss, one
+        optimizer step per mini-batch."""
+        cfg = self.cfg
+        self.actor.train()  # HF only checkpoints activations in train mode
         mini = cfg.mini_batch_samples // self.world_size
-        mb = cfg.actor.micro_batch_size
-        sums = torch.zeros(7, dtype=torch.float64)  # pg, kl, ent, clip, dual, tokens, opt-steps
-        grad_norms: list[float] = []
+        stats = UpdateStats()
         for _epoch in range(cfg.actor.ppo_epochs):
             for mini_batch in _chunks(self.samples, mini):
                 local_tokens = sum(int(s.response_ids.numel()) for s in mini_batch)
                 global_tokens = self._all_sum([local_tokens])[0]
-                micros = list(_chunks(mini_batch, mb))
+                micros = list(_chunks(mini_batch, cfg.actor.micro_batch_size))
                 for i, micro in enumerate(micros):
                     # Reduce-scatter gradients once per mini-batch, not per micro-batch.
                     self.actor.set_requires_gradient_sync(i == len(micros) - 1)  # type: ignore[operator]
-                    logp, ent, batch = self._log_probs(self.actor, micro, with_entropy=True)
-                    dev = self.device
-                    if on_policy:
-                        old = logp.detach()
-                        for s, lp in zip(micro, batch.gather(old.cpu()), strict=True):
-                            s.old_log_probs = lp.clone()
-                    else:
-                        old = batch.scatter([s.old_log_probs for s in micro]).to(dev)
-                    ref = (
-                        batch.scatter([s.ref_log_probs for s in micro]).to(dev)
-                        if self.ref is not None
-                        else None
-                    )
-                    adv = batch.scatter(
-                        [torch.full((s.response_ids.numel(),), s.advantage) for s in micro]
-                    ).to(dev)
-                    out = grpo_loss(
-                        logp,
-                        old,
-                        adv,
-                        batch.response_mask.to(dev),
-                        global_tokens,
-                        clip_low=alg.clip_ratio_low,
-                        clip_high=alg.clip_ratio_high,
-                        clip_dual=alg.clip_ratio_dual,
-                        ref_log_prob=ref,
-                        kl_coef=alg.kl_coef,
-                        kl_estimator=alg.kl_estimator,
-                        entropy=ent,
-                        entropy_coef=alg.entropy_coef,
-                    )
-                    # FSDP averages gradients over ranks; each rank's loss is already its
-                    # share of the global token mean, so undo the average.
-                    (out.loss * self.world_size).backward()
-                    sums += torch.tensor(
-                        [
-                            out.pg_loss.item(),
-                            out.kl.item(),
-                            out.entropy.item(),
-                            out.clip_tokens.item(),
-                            out.dual_clip_tokens.item(),
-                            0.0,
-                            0.0,
-                        ],
-                        dtype=torch.float64,
-                    )
-                sums[5] += local_tokens
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    self.actor.parameters(), cfg.actor.max_grad_norm
-                )
-                gn = float(
-                    grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-                )
-                grad_norms.append(gn)
-                if torch.isfinite(torch.tensor(gn)):
-                    self._optimizer_state_to(self.device)
-                    self.optimizer.step()
-                    self._optimizer_state_to(self._optimizer_home)
-                    sums[6] += 1
-                else:
-                    log.warning("step %d: non-finite grad norm, optimizer step skipped", step)
-                self.optimizer.zero_grad(set_to_none=True)
-                self.scheduler.step()
+                    stats.add_loss(self._micro_step(micro, global_tokens, on_policy))
+                stats.tokens += local_tokens
+                self._optimizer_step(step, stats)
+        return stats
+
+    def _micro_step(
+        self, micro: list[Sample], global_tokens: float, on_policy: bool
+    ) -> GRPOLossOut:
+        """Forward and backward of one micro-batch; its loss terms for the metrics."""
+        alg, dev = self.cfg.algorithm, self.device
+        logp, ent, batch = self._log_probs(self.actor, micro, with_entropy=True)
+        if on_policy:
+            old = logp.detach()
+            for s, lp in zip(micro, batch.gather(old.cpu()), strict=True):
+                s.old_log_probs = lp.clone()
+        else:
+            old = batch.scatter([s.old_log_probs for s in micro]).to(dev)
+        ref = (
+            batch.scatter([s.ref_log_probs for s in micro]).to(dev)
+            if self.ref is not None
+            else None
+        )
+        adv = batch.scatter(
+            [torch.full((s.response_ids.numel(),), s.advantage) for s in micro]
+        ).to(dev)
+        out = grpo_loss(
+            logp,
+            old,
+            adv,
+            batch.response_mask.to(dev),
+            global_tokens,
+            clip_low=alg.clip_ratio_low,
+            clip_high=alg.clip_ratio_high,
+            clip_dual=alg.clip_ratio_dual,
+            ref_log_prob=ref,
+            kl_coef=alg.kl_coef,
+            kl_estimator=alg.kl_estimator,
+            entropy=ent,
+            entropy_coef=alg.entropy_coef,
+        )
+        # FSDP averages gradients over ranks; each rank's loss is already its share of
+        # the global token mean, so undo the average.
+        (out.loss * self.world_size).backward()
+        return out
+
+    def _optimizer_step(self, step: int, stats: UpdateStats) -> None:
+        """Clip, step (skipped on a non-finite norm), zero the gradients, advance the LR."""
+        cfg = self.cfg
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.actor.max_grad_norm)
+        gn = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        stats.grad_norms.append(gn)
+        if torch.isfinite(torch.tensor(gn)):
+            self._optimizer_state_to(self.device)
+            self.optimizer.step()
+            self._optimizer_state_to(self._optimizer_home)
+            stats.optimizer_steps += 1
+        else:
+            log.warning("step %d: non-finite grad norm, optimizer step skipped", step)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    def _update_metrics(self, stats: UpdateStats) -> dict[str, float]:
+        """The step's update metrics: every rank's sums, all-reduced."""
+        cfg = self.cfg
         diffs = [
             (s.old_log_probs - s.rollout_log_probs).abs()  # type: ignore[operator]
             for s in self.samples
             if s.rollout_log_probs.abs().sum() > 0
         ]
         gap = torch.cat(diffs) if diffs else torch.zeros(1)
-        total = self._all_sum([float(v) for v in sums] + [float(gap.sum()), float(gap.numel())])
+        reduced = self._all_sum([*stats.sums(), float(gap.sum()), float(gap.numel())])
+        n = len(UpdateStats._SUMMED)
+        total = UpdateStats.from_sums(reduced[:n])
+        gap_sum, gap_count = reduced[n:]
         n_mb = cfg.actor.ppo_epochs * (cfg.samples_per_step // cfg.mini_batch_samples)
+        grad_norms = stats.grad_norms  # this rank's: the norm is global already
         return {
-            "actor/pg_loss": total[0] / n_mb,
-            "actor/kl": total[1] / n_mb,
-            "actor/entropy": total[2] / n_mb,
-            "actor/clip_frac": total[3] / max(total[5], 1.0),
-            "actor/dual_clip_frac": total[4] / max(total[5], 1.0),
+            "actor/pg_loss": total.pg_loss / n_mb,
+            "actor/kl": total.kl / n_mb,
+            "actor/entropy": total.entropy / n_mb,
+            "actor/clip_frac": total.clip_tokens / max(total.tokens, 1.0),
+            "actor/dual_clip_frac": total.dual_clip_tokens / max(total.tokens, 1.0),
             "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
-            "actor/optimizer_steps": total[6] / self.world_size,
-            "rollout/logprob_abs_diff_mean": total[7] / max(total[8], 1.0),
-            **self._memory(),
+            "actor/optimizer_steps": total.optimizer_steps / self.world_size,
+            "rollout/logprob_abs_diff_mean": gap_sum / max(gap_count, 1.0),
         }
 
     def _memory(self) -> dict[str, float]:

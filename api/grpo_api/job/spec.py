@@ -114,7 +114,13 @@ class DataSpec(ApiModel):
         description="Train split: a parquet/jsonl path, or a hub dataset owner/name@split "
         "(fetched like the model; parquet files in the Hugging Face / EasyR1 layout).",
     )
-    val: str | None = Field(None, description="Validation split, same forms as train.")
+    val: str | None = Field(
+        None,
+        description=(
+            "Validation split, same forms and columns as train; scored with the job's reward "
+            "every training.valIntervalSteps steps (greedy, one response per prompt)."
+        ),
+    )
     image_key: str = Field("images", min_length=1, description="Column holding the images.")
     prompt_key: str = Field("problem", min_length=1, description="Column holding the prompt.")
     answer_key: str = Field("answer", min_length=1, description="Column holding the answer.")
@@ -127,7 +133,16 @@ class DataSpec(ApiModel):
     max_pixels: int = Field(
         1003520, ge=3136, description="Images are resized to at most this many pixels."
     )
-    workers: int = Field(8, ge=0, le=64, description="Data-loader worker processes.")
+    workers: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description=(
+            "Deprecated, ignored: the trainer starts no data-loader processes (prompts and "
+            "images are encoded on the ranks that generate them), so nothing is planned for "
+            "them. Accepted so existing jobs still parse; the webhook warns when it is set."
+        ),
+    )
 
 
 class RewardSpec(ApiModel):
@@ -227,7 +242,12 @@ class TrainingSpec(ApiModel):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     seed: int = Field(1, ge=0, description="Seed for data order, sampling and init.")
     val_interval_steps: int = Field(
-        0, ge=0, description="Validate every N steps; 0 disables validation."
+        0,
+        ge=0,
+        description=(
+            "Validate on data.val every N steps, after the last step and once before the "
+            "first (not on a resume); 0 disables validation. Needs data.val."
+        ),
     )
 
 
@@ -431,7 +451,22 @@ _SPEC_RULES: list[JsonValue] = [
         "training.globalBatchSize must divide training.rolloutBatchSize x algorithm.rolloutN",
         ".training.globalBatchSize",
     ),
+    _cel(
+        "self.training.valIntervalSteps == 0 || has(self.data.val)",
+        "training.valIntervalSteps needs data.val (the held-out split to validate on)",
+        ".training.valIntervalSteps",
+    ),
 ]
+
+# Fields kept only so jobs written against an older schema still parse (a stored job's
+# data section cannot change): set, they do nothing, and admission says so.
+DEPRECATED_FIELDS = {
+    "data.workers": (
+        "spec.data.workers is deprecated and ignored: the trainer starts no data-loader "
+        "processes (prompts and images are encoded on the ranks that generate them), so "
+        "the plan no longer budgets memory or CPUs for them; remove it from the manifest"
+    ),
+}
 
 
 class GRPOJobSpec(ApiModel):
@@ -489,4 +524,13 @@ class GRPOJobSpec(ApiModel):
                 f"rolloutBatchSize x rolloutN = {self.training.rollout_batch_size} x "
                 f"{self.algorithm.rollout_n} = {responses}"
             )
+        if self.training.val_interval_steps and self.data.val is None:
+            raise ValueError(
+                "training.valIntervalSteps: needs data.val (the held-out split to validate "
+                "on); set data.val or leave valIntervalSteps at 0"
+            )
         return self
+
+    def deprecation_warnings(self) -> list[str]:
+        """What admission warns about (kubectl prints it): deprecated fields that are set."""
+        return [DEPRECATED_FIELDS["data.workers"]] if self.data.workers is not None else []

@@ -108,6 +108,13 @@ class ProgressStatus(ApiModel):
         max_length=1024,
         description="Set while the trainer's leak detector sees sustained memory growth.",
     )
+    val_reward_mean: float | None = Field(
+        None,
+        description="Mean reward on data.val at valStep (greedy, one response per prompt).",
+    )
+    val_step: int | None = Field(
+        None, ge=0, description="Step of the newest validation pass (0: before training)."
+    )
     fetch: FetchProgress | None = Field(
         None, description="The head's hub fetch (grpo_trainer.hub_fetch), while and after."
     )

@@ -19,7 +19,6 @@ RANK_PROCESS_GIB = 3.0  # RSS of one Python rank: torch, CUDA libs, tokenizer, R
 RANK_PROCESS_CPU_GIB = 1.5  # the same without the CUDA libraries (cpu jobs)
 DRIVER_GIB = 6.0  # head: Ray GCS/dashboard + the single-controller driver
 DRIVER_CPU_GIB = 3.0  # the same for a tiny cpu job (small batches, no vLLM)
-DATA_WORKER_GIB = 1.5  # one data-loader worker decoding and resizing images
 SYSTEM_RESERVED_FRACTION = 0.05  # kubelet/system reserve: allocatable ~ 95% of RAM
 HOST_HEADROOM = 0.90  # plan within 90% of the pod limit: Ray kills at 95% by default
 RAY_MEMORY_USAGE_THRESHOLD = 0.95  # Ray's default; we keep it and stay below it
@@ -85,8 +84,9 @@ def cpu_engine_gib(geo: Geometry, rollout_n: int) -> float:
 
 
 def driver_gib(geo: Geometry) -> float:
-    """The head pod's driver process and its data-loader workers."""
-    return (DRIVER_GIB if geo.is_gpu else DRIVER_CPU_GIB) + geo.data_workers * DATA_WORKER_GIB
+    """The head pod's Ray processes and the single-controller driver (it starts no
+    data-loader processes: prompts and images are encoded on the ranks)."""
+    return DRIVER_GIB if geo.is_gpu else DRIVER_CPU_GIB
 
 
 def host_capacity_gib(geo: Geometry, at_allocatable: bool) -> float:
@@ -179,7 +179,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         )
         host["cpu_rollout_engine"] = ranks * cpu_engine_gib(geo, st.rollout_n)
     if geo.nodes == 0:  # head runs everything
-        host["driver_and_data_workers"] = driver_gib(geo)
+        host["driver"] = driver_gib(geo)
     # Rank 0 reads the whole checkpoint in float32 (the trainer's rank-0 init loads
     # `load_full(..., torch.float32)` and shards from that copy); x 1.1 for the loader's
     # transient buffers.

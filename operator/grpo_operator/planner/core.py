@@ -148,7 +148,6 @@ def geometry(
         rollout_batch_size=spec.training.rollout_batch_size,
         global_batch_size=spec.training.global_batch_size,
         kl_coef=spec.algorithm.kl_coef,
-        data_workers=spec.data.workers,
         rollout_engine=(
             ("vllm" if gpu.is_gpu else "hf")
             if spec.rollout.engine == "auto"

@@ -188,7 +188,7 @@ def explain_pods(head: PodResources, worker: PodResources | None, b: Budget) -> 
             "headPod",
             f"{head.cpus} CPU, {head.memory_gib}Gi, shm {head.shm_gib}Gi",
             "auto",
-            "Ray head + driver + data workers"
+            "Ray head + driver"
             + (
                 "; offers Ray no CPU or GPU (num-cpus 0, num-gpus 0), so every rank "
                 "actor goes to a worker"

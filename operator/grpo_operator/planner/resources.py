@@ -22,6 +22,7 @@ RAY_DEFAULT_STORE_FRACTION = 0.3  # Ray: 30% of available memory ...
 RAY_DEFAULT_STORE_CAP_GIB = 200e9 / GIB  # ... capped at 200 GB (ray_constants)
 STORE_STEP_COPIES = 4  # a step's batch may sit in the store a few times (driver, shards)
 STORE_MIN_GIB = 2.0
+HEAD_CPUS = 2  # Ray's GCS and raylet, and the driver (rewards score in its threads)
 SHM_EXTRA_GIB = 2.0  # /dev/shm beyond the object store: NCCL, torch data-loader queues
 TOKEN_BYTES = 24  # per token in flight: ids, masks, old/ref log-probs, advantages
 
@@ -63,7 +64,7 @@ def build_pods(
 ) -> tuple[PodResources, PodResources | None]:
     store = st.ray_object_store_gib
     head_need = pod_need_gib(geo, st, budget, "head")
-    head_cpus = 2 + geo.data_workers
+    head_cpus = HEAD_CPUS
     if geo.nodes == 0:  # the head is the only pod: it also runs the ranks
         head_cpus = max(head_cpus, geo.ranks_per_node + 2)
     head_cpus = min(head_cpus, geo.cpus_per_node)

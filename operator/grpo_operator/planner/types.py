@@ -58,7 +58,6 @@ class Geometry:
     rollout_batch_size: int
     global_batch_size: int
     kl_coef: float
-    data_workers: int
     rollout_engine: str = "hf"  # "vllm" | "hf", resolved from spec.rollout.engine
     async_save: bool = False  # spec.checkpoint.asyncSave: a host copy of each rank's state
     devices: dict[str, int] = field(default_factory=dict)  # spec.resources.devices, per worker

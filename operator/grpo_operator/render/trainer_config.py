@@ -102,6 +102,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             "epochs": tr.epochs,
             "rollout_batch_size": tr.rollout_batch_size,
             "seed": tr.seed,
+            "val_interval_steps": tr.val_interval_steps,
             "job_name": job.name,
             "job_namespace": job.namespace,
             "attempt": attempt,

@@ -14,7 +14,7 @@ from ..samples import EncodedPrompt
 @dataclass(frozen=True)
 class SamplingSpec:
     n: int
-    temperature: float
+    temperature: float  # 0: greedy (validation passes)
     top_p: float
     max_new_tokens: int
     seed: int  # derived per step and rank by the worker, so rollouts are reproducible

@@ -80,11 +80,12 @@ class HFGenerateEngine:
         # generate draws from the global RNG; seeding it here makes a step's rollouts
         # a function of (seed, step, rank) alone, which exact resume relies on.
         torch.manual_seed(spec.seed)
+        greedy = spec.temperature == 0
+        sampling = {} if greedy else {"temperature": spec.temperature, "top_p": spec.top_p}
         out = self.model.generate(
             **batch,
-            do_sample=True,
-            temperature=spec.temperature,
-            top_p=spec.top_p,
+            do_sample=not greedy,
+            **sampling,
             top_k=0,
             max_new_tokens=spec.max_new_tokens,
             eos_token_id=self.eos_ids,
@@ -95,7 +96,7 @@ class HFGenerateEngine:
         )
         seqs = out.sequences[:, width:]
         # Raw logits / temperature: the distribution the actor recomputes (top-p aside).
-        logits = torch.stack(out.logits, dim=1).float() / spec.temperature
+        logits = torch.stack(out.logits, dim=1).float() / (spec.temperature or 1.0)
         return seqs, log_probs_from_logits(logits, seqs)
 
     def _sample(
@@ -158,8 +159,9 @@ class HFGenerateEngine:
         done = torch.zeros(b, dtype=torch.bool, device=ids.device)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
+        greedy = spec.temperature == 0  # validation: the argmax, log-probs at temperature 1
         for t in range(spec.max_new_tokens):
-            logits = logits / spec.temperature
+            logits = logits / (spec.temperature or 1.0)
             logp_all = torch.log_softmax(logits, dim=-1)
             sample_logits = logits
             if suppress:
@@ -167,8 +169,11 @@ class HFGenerateEngine:
                 sample_logits[:, suppress] = float("-inf")
             if spec.top_p < 1.0:
                 sample_logits = _top_p(sample_logits, spec.top_p)
-            probs = torch.softmax(sample_logits, dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            if greedy:
+                nxt = sample_logits.argmax(dim=-1)
+            else:
+                probs = torch.softmax(sample_logits, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             tokens.append(nxt)
             logps.append(logp_all.gather(1, nxt[:, None]).squeeze(1))
