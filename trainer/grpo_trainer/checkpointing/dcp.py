@@ -218,7 +218,13 @@ class DCPCheckpointer:
         pending = self._pending
         if pending is None:
             return
-        results = group.call("finish_checkpoint", common=[wait])
+        try:
+            results = group.call("finish_checkpoint", common=[wait])
+        except Exception:
+            # A newer attempt's start-up removes incomplete step directories, this one's
+            # in-flight save among them: its write then fails because it was superseded.
+            fence.check(self.root, self.attempt, f"committing checkpoint step {pending.step}")
+            raise
         if any(r is None for r in results):
             return
         files = {k: write_durable(pending.path / k, v) for k, v in pending.driver_files.items()}
