@@ -82,12 +82,19 @@ def test_data_workers_is_accepted_ignored_by_the_plan_and_warned_about() -> None
 
 
 def test_progress_reports_the_newest_validation_and_omits_it_before_any() -> None:
+    from grpo_testbed.wire import apply_status_patch
+
+    # An earlier attempt validated at step 2; this attempt has not validated yet.
+    status = {"progress": {"step": 2, "valRewardMean": 0.25, "valStep": 2}}
     before = Progress(3, 10, 0.5).to_status()
-    assert "valRewardMean" not in before and "valStep" not in before  # merge patch keeps old
+    assert "valRewardMean" not in before and "valStep" not in before
+    status = apply_status_patch(status, {"progress": before})  # as the API server merges
+    assert status["progress"]["valRewardMean"] == 0.25 and status["progress"]["valStep"] == 2
     after = Progress(4, 10, 0.5, val_reward_mean=0.75, val_step=4).to_status()
-    assert after["valRewardMean"] == 0.75 and after["valStep"] == 4
-    status = ProgressStatus.model_validate(after, by_alias=True, by_name=False)
-    assert status.val_reward_mean == 0.75 and status.val_step == 4
+    status = apply_status_patch(status, {"progress": after})
+    assert status["progress"]["valRewardMean"] == 0.75 and status["progress"]["valStep"] == 4
+    parsed = ProgressStatus.model_validate(status["progress"], by_alias=True, by_name=False)
+    assert parsed.val_reward_mean == 0.75 and parsed.val_step == 4
 
 
 def test_grpo_plan_warns_about_data_workers_on_stderr_only(tmp_path: Path) -> None:
