@@ -24,6 +24,9 @@ class Knob:
     trainer: str | None  # dotted path in the trainer config; None: Ray's, not the trainer's
     pinnable: bool = True  # False: not in spec.memory, the planner never chooses it
     in_status: bool = True  # a field of status.plan (PlanStatus)
+    # True: not a choice but what the planner derives from the choices (a Budget field
+    # of the plan, not a Settings one); no spec field pins it.
+    derived: bool = False
 
     def trainer_value(self, value: Any) -> Any:
         """The planned value as the trainer config spells it."""
@@ -45,6 +48,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("rollout_n", "rolloutN", "rollout.n", pinnable=False),
     # Ray's object store: reaches Ray through its own env and start params, not the trainer.
     Knob("ray_object_store_gib", "rayObjectStoreMemory", None, in_status=False),
+    # Ranks that share one vLLM engine: derived from the memory vLLM gets (a restart that
+    # lowers it can raise TP, and the remediation note says so).
+    Knob("rollout_tensor_parallel", "rolloutTensorParallel", "rollout.tensor_parallel_size",
+         pinnable=False, derived=True),
 )
 
 PINNABLE: Mapping[str, str] = {k.setting: k.spec for k in KNOBS if k.pinnable}

@@ -18,7 +18,7 @@ from grpo_api.knobs import KNOBS, Knob
 from grpo_api.trainer_config import Config
 from grpo_operator.planner import plan_memory
 from grpo_operator.planner.report import plan_status
-from grpo_operator.planner.types import Settings
+from grpo_operator.planner.types import Budget, Settings
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
 from grpo_trainer.config import ENV_OVERRIDES, build_config
@@ -41,11 +41,13 @@ def trainer_field(path: str) -> object:
 
 def test_every_knob_is_declared_and_every_declaration_names_real_fields() -> None:
     settings = {f.name for f in fields(Settings)} - NOT_KNOBS
-    assert sorted(k.setting for k in KNOBS) == sorted(settings)
+    assert sorted(k.setting for k in KNOBS if not k.derived) == sorted(settings)
+    for knob in (k for k in KNOBS if k.derived):  # what the planner derives: Budget's
+        assert knob.setting in {f.name for f in fields(Budget)} and not knob.pinnable, knob
     assert {k.spec for k in KNOBS if k.pinnable} == set(aliases(MemorySpec)), \
         "every spec.memory field is a pinnable knob, and no other"
     for knob in KNOBS:
-        if not knob.pinnable:
+        if not knob.pinnable and not knob.derived:
             assert knob.spec in aliases(AlgorithmSpec), knob
         if knob.in_status:
             assert aliases(PlanStatus).get(knob.spec) == knob.setting, knob
@@ -63,7 +65,7 @@ def test_the_plan_reaches_status_and_the_config_and_not_the_env(path: Path) -> N
     assert build_config(raw, environ=plan.env) == alone, "the env changes a setting"
     status = plan_status(plan).to_wire()
     for knob in KNOBS:
-        value = getattr(plan.settings, knob.setting)
+        value = plan.knob_value(knob)
         if knob.in_status:
             assert status[knob.spec] == value, knob
         if knob.trainer and not (knob.setting == "rollout_gpu_memory_utilization"

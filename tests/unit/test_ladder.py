@@ -128,4 +128,4 @@ def test_the_remediation_note_names_every_setting_the_rung_moved_rollout_tp_too(
     assert plan is not None
     note = plan.remediations[-1]
     assert "settings.rolloutGpuMemoryUtilization" in note
-    assert "cluster.rolloutTensorParallel 4 -> 8" in note
+    assert "settings.rolloutTensorParallel 4 -> 8" in note

@@ -37,7 +37,7 @@ def _pod(p: PodResources | None) -> dict[str, Any] | None:
 
 def _knobs(plan: Plan) -> dict[str, Any]:
     """The planned knobs status.plan reports, by the names users write (grpo_api.knobs)."""
-    return {k.spec: getattr(plan.settings, k.setting) for k in KNOBS if k.in_status}
+    return {k.spec: plan.knob_value(k) for k in KNOBS if k.in_status}
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -57,7 +57,6 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "gpusPerNode": g.gpus_per_node,
             "worldSize": g.world_size,
             "hostMemoryGiB": g.host_memory_gib,
-            "rolloutTensorParallel": b.rollout_tensor_parallel,
         },
         "settings": {
             **_knobs(plan),
@@ -118,7 +117,6 @@ def plan_status(plan: Plan) -> PlanStatus:
             "totalGpus": g.world_size,
             **_knobs(plan),
             "rolloutEngine": g.rollout_engine,
-            "rolloutTensorParallel": b.rollout_tensor_parallel,
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),
             "details": {

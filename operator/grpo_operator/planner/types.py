@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from grpo_api.catalog import GPU_RESOURCE
+from grpo_api.knobs import Knob
 
 from .model_shape import Shape
 
@@ -183,6 +185,10 @@ class Plan:
     @property
     def world_size(self) -> int:
         return self.geometry.world_size
+
+    def knob_value(self, knob: Knob) -> Any:
+        """A planned setting's value: chosen (Settings) or derived (Budget)."""
+        return getattr(self.budget if knob.derived else self.settings, knob.setting)
 
     @property
     def head_ray_start_params(self) -> dict[str, str]:

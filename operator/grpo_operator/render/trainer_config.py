@@ -55,7 +55,6 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
         },
         "rollout": {
             "engine": g.rollout_engine,
-            "tensor_parallel_size": plan.budget.rollout_tensor_parallel,
             "temperature": alg.temperature,
             "top_p": alg.top_p,
             "max_new_tokens": spec.data.max_response_length,
@@ -111,7 +110,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
     for knob in KNOBS:  # the planned settings, by their trainer paths (grpo_api.knobs)
         if knob.trainer:
             section, key = knob.trainer.split(".")
-            cfg[section][key] = knob.trainer_value(getattr(s, knob.setting))
+            cfg[section][key] = knob.trainer_value(plan.knob_value(knob))
     if not g.is_gpu:  # no GPU memory to share with vLLM; a fixed, valid fraction
         cfg["rollout"]["gpu_memory_utilization"] = 0.5
     Config.model_validate(cfg)  # raises with the field named; handlers report it
