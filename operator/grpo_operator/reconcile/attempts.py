@@ -14,7 +14,6 @@ from pydantic import ValidationError
 
 from grpo_api.catalog import GPU_CATALOG, GpuType, UnknownGpuType
 from grpo_api.contract import (
-    ATTEMPT_LABEL,
     ATTEMPT_RUNNING,
     TERMINAL_PHASES,
     FailureReason,
@@ -27,7 +26,7 @@ from ..planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_
 from ..render import JobRef, names, pod_settings, render_children
 from ..render.trainer_config import SPEC_SOURCES, trainer_config
 from .classify import PodOutcome
-from .conditions import PhaseView, status_patch
+from .conditions import PhaseView, attempt_of, status_patch
 
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
@@ -337,7 +336,7 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
         return None
     index = int(nxt["index"])
     lingering = sorted(str(p.get("metadata", {}).get("name")) for p in pods or []
-                       if _attempt_label(p) != str(index)
+                       if attempt_of(p) != str(index)
                        and p.get("status", {}).get("phase") not in ("Succeeded", "Failed"))
     waited = (_time(now) - _time(str(nxt["notBefore"]))).total_seconds()
     if lingering and waited < grace_seconds:
@@ -354,10 +353,6 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
                                f"still exist after {waited:.0f} s (a lost node?); an older "
                                "driver cannot commit a checkpoint once a newer attempt exists"))
     return action
-
-
-def _attempt_label(pod: dict[str, Any]) -> str | None:
-    return (pod.get("metadata", {}).get("labels") or {}).get(ATTEMPT_LABEL)
 
 
 def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],

@@ -10,7 +10,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.contract import ROLE_LABEL, ExitCode, FailureReason, Role
+from grpo_api.contract import ExitCode, FailureReason, Role
+
+from .conditions import role, unschedulable
 
 _EXIT_CLASSES = {
     ExitCode.FINISHED: FailureReason.SUCCEEDED,
@@ -149,13 +151,11 @@ def in_context(head: PodOutcome, pods: list[dict[str, Any]]) -> PodOutcome:
 def _waiting_workers(pods: list[dict[str, Any]]) -> list[str]:
     out = []
     for p in pods:
-        labels = p.get("metadata", {}).get("labels") or {}
         status = p.get("status") or {}
-        if labels.get(ROLE_LABEL) == Role.HEAD or status.get("phase") == "Running":
+        if role(p) == Role.HEAD or status.get("phase") == "Running":
             continue
-        why = next((f"{c.get('reason')}: {c.get('message') or ''}".rstrip(": ")
-                    for c in status.get("conditions") or []
-                    if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+        why = unschedulable(p)
+        why = why and f"Unschedulable: {why}"
         waiting = [(cs.get("state") or {}).get("waiting") or {}
                    for cs in status.get("containerStatuses") or []]
         why = why or next((f"{w.get('reason')}: {w.get('message') or ''}".rstrip(": ")

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.contract import PHASE_CONDITIONS, ROLE_LABEL, ConditionType, Phase, Role
+from grpo_api.contract import (
+    ATTEMPT_LABEL,
+    PHASE_CONDITIONS,
+    ROLE_LABEL,
+    ConditionType,
+    Phase,
+    Role,
+)
 
 
 @dataclass(frozen=True)
@@ -17,6 +24,11 @@ class PhaseView:
 
 def role(pod: dict[str, Any]) -> str:
     return str(pod.get("metadata", {}).get("labels", {}).get(ROLE_LABEL, ""))
+
+
+def attempt_of(obj: dict[str, Any]) -> str | None:
+    """The attempt a Ray pod or RayCluster belongs to (its ATTEMPT_LABEL)."""
+    return (obj.get("metadata", {}).get("labels") or {}).get(ATTEMPT_LABEL)
 
 
 def unschedulable(pod: dict[str, Any]) -> str | None:

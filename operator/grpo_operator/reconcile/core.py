@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_api.contract import ATTEMPT_LABEL, TERMINAL_PHASES, Phase, Role
+from grpo_api.contract import TERMINAL_PHASES, Phase, Role
 
 from ..config import OperatorConfig
 from ..render import JobRef
@@ -29,6 +29,7 @@ from .conditions import (
     MEMORY_GROWTH,
     RAY_CLUSTER_READY,
     PhaseView,
+    attempt_of,
     attempt_phase,
     hub_fetch_conditions,
     memory_growth_conditions,
@@ -146,7 +147,7 @@ def pod_needs_pods(job: dict[str, Any], event: PodChanged) -> bool:
     ranks (a worker that ended first tells why: the pod that died decides)."""
     status = job.get("status") or {}
     if (status.get("phase") in _QUIET
-            or _attempt_of(event.pod) != str(status.get("attempt") or 0)):
+            or attempt_of(event.pod) != str(status.get("attempt") or 0)):
         return False
     if role(event.pod) == Role.HEAD:
         ended = classify_pod(event.pod, deleted=event.deleted)
@@ -160,12 +161,8 @@ def cluster_needs_pods(job: dict[str, Any], ray_cluster: dict[str, Any]) -> bool
     """A ready cluster says Running by itself; otherwise the pods tell what it waits on."""
     status = job.get("status") or {}
     return (status.get("phase") not in _QUIET
-            and _attempt_of(ray_cluster) == str(status.get("attempt") or 0)
+            and attempt_of(ray_cluster) == str(status.get("attempt") or 0)
             and (ray_cluster.get("status") or {}).get("state") != RAY_CLUSTER_READY)
-
-
-def _attempt_of(obj: dict[str, Any]) -> str | None:
-    return (obj.get("metadata", {}).get("labels") or {}).get(ATTEMPT_LABEL)
 
 
 def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
@@ -263,7 +260,7 @@ def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: 
             config: OperatorConfig) -> Action:
     if status.get("phase") in _QUIET:
         return Action()
-    if _attempt_of(pod) != str(status.get("attempt") or 0):
+    if attempt_of(pod) != str(status.get("attempt") or 0):
         return Action()  # a pod of an earlier attempt, being cleaned up
     outcome = _ended(pod, deleted)
     if outcome is not None:
@@ -291,7 +288,7 @@ def _seen(view: PhaseView, status: dict[str, Any], generation: int, now: str) ->
 
 def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str, Any],
                 pods: list[dict[str, Any]], config: OperatorConfig) -> Action:
-    if status.get("phase") in _QUIET or _attempt_of(rc) != str(status.get("attempt") or 0):
+    if status.get("phase") in _QUIET or attempt_of(rc) != str(status.get("attempt") or 0):
         return Action()
     refusal = pod_create_refusal(rc)
     if refusal is not None and status.get("phase") != Phase.RUNNING:
