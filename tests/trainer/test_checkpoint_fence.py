@@ -1,16 +1,27 @@
 """Two drivers of different attempts on one checkpoint directory, for real (one in-process
 gloo rank each, the real save path): once attempt 1 has claimed the directory, attempt 0's
 save in flight is not committed, attempt 0 cannot start a save, and a late attempt-0
-driver refuses to start; attempt 1 goes on and commits."""
+driver refuses to start; attempt 1 goes on and commits.
+
+The save in flight meets attempt 1 in one of two ways, and both are run: its files are
+already on disk (the commit is refused), or they are still being written when attempt 1's
+start-up removes the uncommitted directory (the write fails, and the failure is reported
+as superseded, not as a broken save). The second is held open with an event on the real
+file system's stream, since which comes first is otherwise up to the machine's speed."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Generator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer, read_tracker, scan
 from grpo_trainer.checkpointing.fence import AttemptSupersededError, read_fence
+from grpo_trainer.checkpointing.rank import HashingFileSystem
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.configs import text_config
@@ -20,9 +31,28 @@ from grpo_trainer.testing.datasets import write_text_task
 pytestmark = pytest.mark.trainer
 
 
+def _hold_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """(armed, release): while ``armed`` is set, every file DCP opens for writing waits
+    for ``release`` first (on DCP's writer thread)."""
+    armed, release = threading.Event(), threading.Event()
+    real = HashingFileSystem.create_stream
+
+    @contextmanager
+    def held(self: HashingFileSystem, path: Any, mode: str) -> Generator[Any, None, None]:
+        if "w" in mode and armed.is_set():
+            assert release.wait(120), "the test never released the held write"
+        with real(self, path, mode) as stream:
+            yield stream
+
+    monkeypatch.setattr(HashingFileSystem, "create_stream", held)
+    return armed, release
+
+
+@pytest.mark.parametrize("in_flight", ["written", "being_written"])
 def test_an_older_attempt_never_commits_after_a_newer_one_claimed_the_dir(
-    tiny_lm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_lm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_flight: str
 ) -> None:
+    armed, release = _hold_writes(monkeypatch)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)  # the in-process ranks set them; undone after
     ckpt = tmp_path / "ckpt"
@@ -47,13 +77,18 @@ def test_an_older_attempt_never_commits_after_a_newer_one_claimed_the_dir(
         old.train_step()
         old.checkpointer.maybe_save(1, old.group, old.loader, final=True)  # committed
         old.train_step()
+        if in_flight == "being_written":
+            armed.set()
         old.checkpointer.maybe_save(2, old.group, old.loader, final=False)  # in flight
+        if in_flight == "written":
+            groups[0].call("finish_checkpoint", common=[True])  # on disk, not committed
         assert read_tracker(ckpt).step == 1  # type: ignore[union-attr]
 
-        # Attempt 1 starts while attempt 0's step-2 save is still being written.
+        # Attempt 1 starts while attempt 0's step-2 save is not committed.
         new.group = groups[1]  # type: ignore[assignment]
         new.step = new.checkpointer.restore(new.group, new.loader)
         assert new.step == 1 and read_fence(ckpt) == 1
+        release.set()  # a held write now finds its directory gone
         with pytest.raises(AttemptSupersededError, match="not committing checkpoint step 2"):
             old.checkpointer.wait(old.group)  # type: ignore[attr-defined]
         assert read_tracker(ckpt).step == 1  # type: ignore[union-attr]
@@ -77,6 +112,7 @@ def test_an_older_attempt_never_commits_after_a_newer_one_claimed_the_dir(
             late.checkpointer.restore(groups[0], late.loader)
         assert scan(ckpt) == {1: True, 2: True} and read_fence(ckpt) == 2
     finally:
+        release.set()
         for trainer in (old, new):
             trainer.group = None
             trainer.close()

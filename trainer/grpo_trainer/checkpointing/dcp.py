@@ -227,6 +227,8 @@ class DCPCheckpointer:
             raise
         if any(r is None for r in results):
             return
+        # Before the driver's own files: a newer attempt may have removed the directory.
+        fence.check(self.root, self.attempt, f"committing checkpoint step {pending.step}")
         files = {k: write_durable(pending.path / k, v) for k, v in pending.driver_files.items()}
         for r in results:
             files.update({k: from_wire(v) for k, v in r["files"].items()})

@@ -171,6 +171,20 @@ class CorruptCheckpoint(Exception):
     """A file's digest or size does not match the manifest (the message names it)."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """A save that failed on some rank. torch's ``CheckpointException`` derives from
+    ``BaseException``, so it would slip past every ``except Exception`` (the driver's
+    superseded check among them): it is re-raised as this."""
+
+
+def _as_error(err: BaseException) -> BaseException:
+    if isinstance(err, Exception | KeyboardInterrupt | SystemExit):
+        return err
+    error = CheckpointWriteError(f"checkpoint write failed: {err}")
+    error.__cause__ = err
+    return error
+
+
 class RankCheckpointer:
     """Held by a ``Worker``; reads ``actor``, ``optimizer``, ``scheduler`` from it."""
 
@@ -241,11 +255,14 @@ class RankCheckpointer:
                     f.result()
                     done.set_result(write_durable(extra_path, extra))
                 except BaseException as err:  # handed to finish(), which re-raises
-                    done.set_exception(err)
+                    done.set_exception(_as_error(err))
 
             upload.add_done_callback(then_extra)
         else:
-            dcp.save(state, storage_writer=writer, process_group=pg)
+            try:
+                dcp.save(state, storage_writer=writer, process_group=pg)
+            except BaseException as err:
+                raise _as_error(err) from err
             done.set_result(write_durable(extra_path, extra))
         self._pending = done
         return {"blocked_s": time.perf_counter() - t0}
