@@ -79,6 +79,20 @@ class AlgorithmConfig(_Strict):
     entropy_coef: float = Field(default=0.0, ge=0)
 
 
+class LoraConfig(_Strict):
+    """A LoRA adapter on the language model (PEFT's conventions: ``lora_alpha / r`` scales
+    the update). Absent: full fine-tuning."""
+
+    rank: int = Field(default=32, gt=0, description="adapter rank r")
+    alpha: float = Field(default=64.0, gt=0, description="scale numerator: update x alpha/rank")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear", description="module names (suffixes) to adapt, or all-linear"
+    )
+    exclude_modules: str | None = Field(
+        default=r".*visual.*", description="regex of module names never adapted (vision tower)"
+    )
+
+
 class ActorConfig(_Strict):
     lr: float = Field(default=1e-6, gt=0)
     weight_decay: float = Field(default=1e-2, ge=0)
@@ -93,6 +107,10 @@ class ActorConfig(_Strict):
     dtype: Literal["bfloat16", "float32"] = Field(
         default="bfloat16", description="compute dtype; master weights stay float32"
     )
+    # mixed: fp32 master weights, grads and Adam state (bf16 compute copies).
+    # bf16: parameters, grads and optimizer state in bf16 with a compensated update.
+    precision: Literal["mixed", "bf16"] = "mixed"
+    lora: LoraConfig | None = None
     init_strategy: InitStrategy = InitStrategy.RANK0
     # False keeps each block's gathered parameters from forward to backward: one
     # all-gather per block per micro-batch instead of two, for one block of extra
