@@ -29,16 +29,19 @@ t0=$SECONDS
 .venv/bin/uv pip install --quiet -p .venv --no-deps -e .
 echo "    python dependencies ready in $((SECONDS - t0)) s"
 
-tools=(buildah podman runc mmdebstrap)
+# Debian packages: image builds (buildah, podman, mmdebstrap) and the testbed's real node
+# (runc, the CNI plugins, iptables for kube-proxy).
+tools=(buildah podman runc mmdebstrap iptables)
 missing=()
 for t in "${tools[@]}"; do command -v "$t" >/dev/null || missing+=("$t"); done
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 if [ "${#missing[@]}" -gt 0 ]; then
   step "installing the container tools: ${missing[*]} (apt)"
   sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo)
   command -v apt-get >/dev/null \
     || die "need ${missing[*]}: install them with your package manager (Debian: apt-get)"
   "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${tools[@]}" \
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" \
     >/dev/null
 fi
 

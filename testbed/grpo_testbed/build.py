@@ -82,6 +82,24 @@ def replace_lines(upstream_gomod: str, staging_version: str | None) -> list[str]
     return lines
 
 
+def exclude_lines(upstream_gomod: str) -> list[str]:
+    """Upstream's ``exclude`` directives, which only apply when it is the main module:
+    without them a wrapper may resolve versions upstream deliberately avoids (containerd)."""
+    lines: list[str] = []
+    in_block = False
+    for raw in upstream_gomod.splitlines():
+        line = raw.split("//", 1)[0].strip()
+        if line.startswith("exclude ("):
+            in_block = True
+        elif in_block and line == ")":
+            in_block = False
+        elif in_block and line:
+            lines.append(line)
+        elif line.startswith("exclude "):
+            lines.append(line[len("exclude ") :].strip())
+    return lines
+
+
 def _download(c: Component, work: Path) -> dict[str, str]:
     out = _go(["mod", "download", "-json", f"{c.module}@{c.version}"], work)
     info: dict[str, str] = json.loads(out)
@@ -118,11 +136,15 @@ def build_component(c: Component) -> Path:
     go_version = _go(["env", "GOVERSION"], work).strip().removeprefix("go")
     go_version = ".".join(go_version.split(".")[:2]) + ".0"
     info = _download(c, work)
-    replaces = replace_lines(Path(info["GoMod"]).read_text(), c.staging_version)
+    upstream = Path(info["GoMod"]).read_text()
+    replaces = replace_lines(upstream, c.staging_version)
+    excludes = exclude_lines(upstream)
     gomod = [f"module grpo.dev/testbed/{c.name}", "", f"go {go_version}", "",
              f"require {c.module} {c.version}", ""]
     if replaces:
         gomod += ["replace (", *(f"\t{r}" for r in replaces), ")", ""]
+    if excludes:
+        gomod += ["exclude (", *(f"\t{e}" for e in excludes), ")", ""]
     (work / "go.mod").write_text("\n".join(gomod))
     imports = "\n".join(f'\t_ "{p}"' for p in c.packages)
     (work / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
@@ -133,7 +155,9 @@ def build_component(c: Component) -> Path:
     ldflags = " ".join(("-s", "-w", *c.ldflags))
     for pkg, name in zip(c.packages, c.binaries, strict=True):
         t0 = time.monotonic()
-        _go(["build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / name), pkg], work)
+        tags = ["-tags", ",".join(c.tags)] if c.tags else []
+        _go(["build", "-trimpath", *tags, "-ldflags", ldflags, "-o", str(staging / name), pkg],
+            work)
         log.info("  built %s in %.0f s", name, time.monotonic() - t0)
     _copy_data(c, Path(info["Dir"]), staging)
     shutil.rmtree(out_dir, ignore_errors=True)

@@ -28,6 +28,8 @@ import yaml
 
 from . import build
 from .local_node.agent import EnvInjection, LocalNodeAgent
+from .node.network import NodeNetwork, allocate
+from .node.runtime import RealNode
 from .nodes import FAKE_NODES, FakeNode, node_manifest
 from .pki import SERVICE_CLUSTER_IP_RANGE, Pki, make_pki
 from .processes import Managed, spawn, wait_until
@@ -87,6 +89,12 @@ class Testbed:
     local_node: bool = False
     injections: tuple[EnvInjection, ...] = ()
     agent: LocalNodeAgent | None = None
+    # A real kubelet on containerd in a network namespace of its own (node/), running
+    # pods from these images (podman tags, imported into its containerd).
+    real_node: bool = False
+    node_images: tuple[str, ...] = ()
+    node: RealNode | None = None
+    net: NodeNetwork | None = None
     _owns_workdir: bool = False
 
     @property
@@ -94,8 +102,14 @@ class Testbed:
         return self.workdir / "admin.kubeconfig"
 
     @property
+    def api_host(self) -> str:
+        """Where the API server listens: the host side of the real node's veth when there
+        is one (the node and its pods reach it there), else loopback."""
+        return self.net.host_ip if self.net is not None else "127.0.0.1"
+
+    @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.api_host}:{self.api_port}"
 
     @property
     def log_dir(self) -> Path:
@@ -150,6 +164,8 @@ class Testbed:
             log.info("building testbed components %s (cold build: tens of minutes)", missing)
             build.build_all()
         try:
+            if self.real_node:  # before the API server, which listens on its host side
+                self.net = allocate()
             self._start_control_plane()
             self._start_kwok()
             if self.with_kuberay:
@@ -159,6 +175,11 @@ class Testbed:
                 self.agent = LocalNodeAgent(self.kubeconfig, self.workdir / "local-node",
                                             self.api_port, self.pki.ca_cert,
                                             injections=self.injections).start()
+            if self.real_node:
+                assert self.pki is not None and self.net is not None
+                self.node = RealNode(self.workdir / "node", self.kubeconfig, self.pki.ca_cert,
+                                     self.kubectl, self.node_images, self.net)
+                self.node.start()
         except BaseException:
             self.stop()
             raise
@@ -170,9 +191,15 @@ class Testbed:
         if self.agent is not None:  # its pods' processes first, while the API is up
             self.agent.stop()
             self.agent = None
+        if self.node is not None:  # containers before the API server goes
+            self.node.stop()
+            self.node = None
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()
+        if self.net is not None:
+            self.net.delete()
+            self.net = None
         if self._owns_workdir and not os.environ.get("GRPO_TESTBED_KEEP"):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -199,7 +226,8 @@ class Testbed:
 
     def _start_control_plane(self) -> None:
         etcd_port, peer_port, self.api_port, kcm_port, sched_port = free_ports(5)
-        self.pki = pki = make_pki(self.workdir / "pki")
+        self.pki = pki = make_pki(self.workdir / "pki",
+                                  (self.net.host_ip,) if self.net is not None else ())
         write_kubeconfig(self.kubeconfig, self.server, pki.ca_cert,
                          cert=pki.admin_cert, key=pki.admin_key)
         etcd = self._spawn("etcd", [
@@ -219,7 +247,14 @@ class Testbed:
         api = self._spawn("kube-apiserver", [
             str(binary("kube-apiserver")),
             "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--bind-address", self.api_host, "--advertise-address", self.api_host,
+            # kubectl logs/exec: the kubelet trusts the testbed CA's admin certificate.
+            "--kubelet-client-certificate", str(pki.admin_cert),
+            "--kubelet-client-key", str(pki.admin_key),
+            # Never the node's host name: resolving it would ask the machine's resolver.
+            "--kubelet-preferred-address-types", "InternalIP",
+            # Webhooks are called at their pods' addresses (no kube-proxy on the host).
+            "--enable-aggregator-routing=true",
             "--secure-port", str(self.api_port),
             "--tls-cert-file", str(pki.apiserver_cert),
             "--tls-private-key-file", str(pki.apiserver_key),
@@ -325,7 +360,9 @@ class Testbed:
 @contextmanager
 def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
                     local_node: bool = False,
-                    injections: tuple[EnvInjection, ...] = ()) -> Iterator[Testbed]:
+                    injections: tuple[EnvInjection, ...] = (),
+                    real_node: bool = False,
+                    node_images: tuple[str, ...] = ()) -> Iterator[Testbed]:
     """A started testbed that is stopped (and its temp dir removed) on exit.
 
     With ``local_node`` the untainted fake CPU node is left out, so CPU-only pods land
@@ -334,8 +371,10 @@ def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
     owns = workdir is None
     wd = Path(tempfile.mkdtemp(prefix="grpo-testbed-")) if workdir is None else workdir
     wd.mkdir(parents=True, exist_ok=True)
-    nodes = tuple(n for n in FAKE_NODES if n.gpu_type) if local_node else FAKE_NODES
+    runs_pods = local_node or real_node
+    nodes = tuple(n for n in FAKE_NODES if n.gpu_type) if runs_pods else FAKE_NODES
     tb = Testbed(workdir=wd, with_kuberay=with_kuberay, fake_nodes=nodes,
-                 local_node=local_node, injections=injections, _owns_workdir=owns)
+                 local_node=local_node, injections=injections, real_node=real_node,
+                 node_images=node_images, _owns_workdir=owns)
     with tb:
         yield tb

@@ -90,8 +90,9 @@ def issue_serving_cert(pki: Pki, directory: Path, name: str,
     return crt, pem_key
 
 
-def make_pki(directory: Path) -> Pki:
-    """Write a CA, an API-server serving cert, an admin client cert and SA keys."""
+def make_pki(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
+    """Write a CA, an API-server serving cert, an admin client cert and SA keys.
+    ``extra_ips``: more addresses the API server is reached at (the real node's side)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
     ca_name = _name("grpo-testbed-ca")
@@ -117,7 +118,8 @@ def make_pki(directory: Path) -> Pki:
         if server:
             dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                    "kubernetes.default.svc.cluster.local"]
-            ips = [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address(KUBERNETES_SERVICE_IP)]
+            ips = [ipaddress.ip_address(a)
+                   for a in ("127.0.0.1", KUBERNETES_SERVICE_IP, *extra_ips)]
             b = b.add_extension(
                 x509.SubjectAlternativeName(
                     [*(x509.DNSName(d) for d in dns), *(x509.IPAddress(i) for i in ips)]

@@ -18,6 +18,10 @@ KWOK_VERSION = "v0.8.0"
 # version it serves. See docs/testbed.md.
 KUBERAY_VERSION = "v1.6.1"
 HELM_VERSION = "v3.21.4"
+# The real node (grpo_testbed.node): kubelet >= 1.36 needs containerd 2.x (Debian ships 1.6);
+# runc and the CNI plugins are Debian's (hack/setup.sh installs them).
+CONTAINERD_VERSION = "v2.2.0"
+COREDNS_VERSION = "v1.14.7"
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class Component:
     # Data files kept beside the binaries, copied from the pinned module's source:
     # (glob inside the module, sub-directory of the bin dir).
     data: tuple[tuple[str, str], ...] = field(default=())
+    tags: tuple[str, ...] = field(default=())  # go build -tags
 
     @property
     def key(self) -> str:
@@ -69,6 +74,36 @@ COMPONENTS: tuple[Component, ...] = (
         binaries=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
         ldflags=_k8s_ldflags(),
         staging_version=K8S_STAGING_VERSION,
+    ),
+    Component(
+        # Same module and version as above, its own directory: adding the node's programs
+        # does not rebuild the control plane's.
+        name="kubelet",
+        module="k8s.io/kubernetes",
+        version=KUBERNETES_VERSION,
+        packages=("k8s.io/kubernetes/cmd/kubelet", "k8s.io/kubernetes/cmd/kube-proxy"),
+        binaries=("kubelet", "kube-proxy"),
+        ldflags=_k8s_ldflags(),
+        staging_version=K8S_STAGING_VERSION,
+    ),
+    Component(
+        name="containerd",
+        module="github.com/containerd/containerd/v2",
+        version=CONTAINERD_VERSION,
+        packages=tuple(
+            f"github.com/containerd/containerd/v2/cmd/{c}"
+            for c in ("containerd", "containerd-shim-runc-v2", "ctr")
+        ),
+        binaries=("containerd", "containerd-shim-runc-v2", "ctr"),
+        ldflags=(f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",),
+        tags=("no_btrfs",),  # no btrfs headers needed; CGO is off
+    ),
+    Component(
+        name="coredns",
+        module="github.com/coredns/coredns",
+        version=COREDNS_VERSION,
+        packages=("github.com/coredns/coredns",),
+        binaries=("coredns",),
     ),
     Component(
         name="etcd",

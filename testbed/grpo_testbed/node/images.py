@@ -1,0 +1,83 @@
+"""The product's images, moved from podman's storage into the node's containerd.
+
+No registry is reachable, so an image is saved as an OCI archive and imported with
+``ctr`` into containerd's ``k8s.io`` namespace under the same name; pods use
+``imagePullPolicy: IfNotPresent`` (or Never). An image already in the store with the
+same ID (the config digest) is not imported again.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from ..images import BASE_TAG, image_id, image_size, podman_env
+
+log = logging.getLogger("grpo_testbed.node")
+
+# The pod sandbox ("pause") image: registry.k8s.io/pause cannot be pulled. A shell that
+# waits for its stop signal does the same job for a pod that shares no PID namespace.
+SANDBOX_TAG = "localhost/grpo-sandbox:1"
+ID_LABEL = "dev.grpo-operator.podman-id"
+_SANDBOX_CMD = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
+
+
+def ensure_sandbox_image() -> str:
+    """Build the sandbox image from the testbed's base image (seconds) unless present."""
+    if subprocess.run(["podman", "image", "exists", SANDBOX_TAG], env=podman_env(),
+                      check=False).returncode == 0:
+        return SANDBOX_TAG
+    ctr = _out(["buildah", "from", "--pull-never", BASE_TAG])
+    try:
+        _out(["buildah", "config", "--entrypoint", f'["/bin/sh", "-c", "{_SANDBOX_CMD}"]',
+              "--cmd", "", ctr])
+        _out(["buildah", "commit", "--quiet", ctr, SANDBOX_TAG])
+    finally:
+        subprocess.run(["buildah", "rm", ctr], capture_output=True, check=False)
+    return SANDBOX_TAG
+
+
+def import_image(ctr: Path, socket: Path, tag: str, scratch: Path) -> float:
+    """Make ``tag`` (from podman's storage) available to the node; returns seconds spent."""
+    t0 = time.monotonic()
+    want = image_id(tag)
+    base = [str(ctr), "--address", str(socket), "--namespace", "k8s.io"]
+    if _label(base, tag) == want:
+        return 0.0
+    # Uncompressed: gzip would cost more than the copy (the trainer image is 7 GB).
+    # podman cannot save into a pipe, so through a file beside the node's store.
+    with tempfile.TemporaryDirectory(prefix="image-", dir=scratch) as tmp:
+        archive = Path(tmp) / "image.tar"
+        _out(["podman", "save", "--quiet", "--uncompressed", "--format", "oci-archive",
+              "-o", str(archive), tag])
+        _out([*base, "images", "import", "--snapshotter", "overlayfs", str(archive)])
+    size = image_size(tag)
+    # Which podman image this is: a rebuilt image under the same tag is imported again.
+    _out([*base, "images", "label", tag, f"{ID_LABEL}={want}"])
+    spent = time.monotonic() - t0
+    log.info("imported %s into the node: %.0f MB in %.0f s (%.0f MB/s)", tag, size / 1e6,
+             spent, size / 1e6 / max(spent, 1e-9))
+    return spent
+
+
+def _label(base: list[str], tag: str) -> str | None:
+    for line in _out([*base, "images", "ls"]).splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == tag:
+            for kv in fields[-1].split(","):
+                key, _, value = kv.partition("=")
+                if key == ID_LABEL:
+                    return value
+    return None
+
+
+def _out(argv: list[str]) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=podman_env(),
+                          check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(argv)}` failed ({proc.returncode}): "
+                           f"{proc.stderr.strip()[-2000:]}")
+    return proc.stdout.strip()

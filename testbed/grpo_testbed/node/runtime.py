@@ -1,0 +1,140 @@
+"""Start and stop the real node: containerd, kubelet, kube-proxy and CoreDNS, each in the
+node's network namespace (see network.py), with the product's images imported."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..processes import Managed, spawn, wait_until
+from ..versions import binary
+from .config import Allocatable, NodePaths, write_node_config
+from .images import ensure_sandbox_image, import_image
+from .network import NodeNetwork
+
+log = logging.getLogger("grpo_testbed.node")
+
+NODE_NAME = "local-node"
+
+
+@dataclass
+class RealNode:
+    """One real node. ``kubectl`` runs against the testbed (for the readiness check);
+    ``kubeconfig`` is what the node's programs use to reach the API server, through the
+    host side of the node's veth."""
+
+    workdir: Path
+    kubeconfig: Path
+    ca_cert: Path
+    kubectl: Callable[..., subprocess.CompletedProcess[str]]
+    images: Sequence[str] = ()
+    net: NodeNetwork | None = None
+    alloc: Allocatable = field(default_factory=Allocatable)
+    procs: list[Managed] = field(default_factory=list)
+    import_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def paths(self) -> NodePaths:
+        return NodePaths(self.workdir)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    def start(self) -> RealNode:
+        assert self.net is not None, "allocate the network first (it must exist before the "\
+            "API server binds the host side)"
+        t0 = time.monotonic()
+        from ..launcher import free_ports
+
+        ports = tuple(free_ports(3))
+        sandbox = ensure_sandbox_image()
+        write_node_config(self.net, self.paths, ca_cert=self.ca_cert,
+                          kubeconfig=self.kubeconfig, node_name=NODE_NAME,
+                          sandbox_image=sandbox, ports=ports,  # type: ignore[arg-type]
+                          alloc=self.alloc)
+        ns = self.net.nsenter()
+        containerd = self._spawn("containerd", [
+            *ns, str(binary("containerd")), "--config", str(self.paths.containerd_config),
+            "--log-level", "warn"])
+        wait_until("containerd socket", self.paths.containerd_socket.exists, 30, [containerd])
+        for tag in (sandbox, *self.images):
+            self.import_s[tag] = import_image(binary("ctr"), self.paths.containerd_socket, tag,
+                                            self.workdir)
+        kubelet = self._spawn("kubelet", [
+            *ns, str(binary("kubelet")),
+            "--config", str(self.paths.kubelet_config),
+            "--kubeconfig", str(self.kubeconfig),
+            "--root-dir", str(self.paths.kubelet_root),
+            "--cert-dir", str(self.workdir / "kubelet-pki"),
+            "--hostname-override", NODE_NAME,
+            "--node-ip", self.net.node_ip,
+            "--node-labels", "grpo.dev/testbed-node=real",
+            "--v", "1",
+        ])
+        self._spawn("kube-proxy", [
+            *ns, str(binary("kube-proxy")), "--config", str(self.paths.kube_proxy_config)])
+        self._spawn("coredns", [
+            *ns, str(binary("coredns")), "-conf", str(self.paths.corefile)])
+
+        def ready() -> bool:
+            out = self.kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
+            if out.returncode != 0:
+                return False
+            conds = json.loads(out.stdout).get("status", {}).get("conditions", [])
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+        wait_until(f"node {NODE_NAME} Ready", ready, 120, [containerd, kubelet])
+        log.info("real node %s Ready in %.1f s (%s)", NODE_NAME, time.monotonic() - t0,
+                 self.net.node_ip)
+        return self
+
+    def stop(self) -> None:
+        """Containers first (the shims outlive containerd), then the programs, then the
+        network namespace."""
+        self._kill_containers()
+        for p in reversed(self.procs):
+            p.stop()
+        self.procs.clear()
+        self._unmount_leftovers()
+        if self.net is not None:
+            self.net.delete()
+            self.net = None
+
+    def _spawn(self, name: str, argv: list[str]) -> Managed:
+        p = spawn(name, argv, self.log_dir, {**os.environ})
+        self.procs.append(p)
+        return p
+
+    def _kill_containers(self) -> None:
+        """Every container's first process (its PID namespace goes with it), then the
+        shims, which containerd started in sessions of their own and which outlive it."""
+        tasks = self.workdir / "containerd" / "state" / "io.containerd.runtime.v2.task"
+        for pidfile in tasks.glob("*/*/init.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        mine = f"-address\0{self.paths.containerd_socket}\0".encode()
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"containerd-shim" in cmdline and mine in cmdline:
+                    os.kill(int(pid), signal.SIGKILL)
+
+    def _unmount_leftovers(self) -> None:
+        """Mounts the kubelet and containerd made under the work dir (volumes, rootfs,
+        netns), deepest first, so the directory can be removed."""
+        root = str(self.workdir)
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+                  if line.split()[1].startswith(root)]
+        for m in sorted(mounts, key=len, reverse=True):
+            subprocess.run(["umount", "-l", m], capture_output=True, check=False)
+
+

@@ -1,0 +1,208 @@
+"""The testbed's real node: a real kubelet on containerd 2 + runc + CNI, in a network
+namespace of its own, running pods from the product's images.
+
+What KubeRay and the operator rely on, each checked as a user of a cluster would see it:
+several pods at once, each with its own address (two of them on the same fixed port),
+reaching each other by IP and through a Service's cluster DNS name (CoreDNS), reaching the
+API server through the `kubernetes` Service (kube-proxy), `kubectl logs` and `exec`, the
+image's own root filesystem, a real memory-limit kill (OOMKilled, exit 137), deletion that
+kills the whole container, and allocatable resources the scheduler honours.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from grpo_testbed.images import OPERATOR
+from grpo_testbed.launcher import Testbed, running_testbed
+from grpo_testbed.node.runtime import NODE_NAME
+from grpo_testbed.processes import wait_until
+
+pytestmark = pytest.mark.e2e
+
+IMAGE = OPERATOR.tag  # has Python and the kubernetes client; not this checkout's venv
+PY = "/opt/venv/bin/python"
+
+
+@pytest.fixture(scope="module")
+def tb() -> Iterator[Testbed]:
+    with running_testbed(real_node=True, with_kuberay=False, node_images=(IMAGE,)) as t:
+        yield t
+
+
+@pytest.fixture
+def ns(tb: Testbed) -> Iterator[str]:
+    name = tb.namespace("node")
+    yield name
+    tb.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def pod(name: str, script: str, memory: str = "128Mi", **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+                 "containers": [{
+                     "name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                     "command": ["/bin/sh", "-c", script],
+                     "resources": {"limits": {"memory": memory, "cpu": "250m"}},
+                     "terminationMessagePolicy": "FallbackToLogsOnError", **extra}]},
+    }
+
+
+def get(tb: Testbed, ns: str, name: str) -> dict[str, Any]:
+    return dict(json.loads(tb.kubectl("get", "pod", name, "-n", ns, "-o", "json").stdout))
+
+
+def ended(tb: Testbed, ns: str, name: str, timeout_s: float = 90) -> dict[str, Any]:
+    wait_until(f"pod {name} ended", lambda: get(tb, ns, name)["status"].get("phase") in
+               ("Succeeded", "Failed"), timeout_s)
+    return get(tb, ns, name)
+
+
+def running(tb: Testbed, ns: str, name: str, timeout_s: float = 90) -> dict[str, Any]:
+    wait_until(f"pod {name} Running", lambda: get(tb, ns, name)["status"].get("phase") ==
+               "Running", timeout_s)
+    return get(tb, ns, name)
+
+
+SERVE = f"exec {PY} -m http.server 8080 --bind 0.0.0.0"
+
+
+def test_pods_have_their_own_addresses_and_reach_each_other_the_dns_and_the_api(
+        tb: Testbed, ns: str) -> None:
+    assert tb.net is not None
+    role = [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "read-pods"},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "read-pods"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "read-pods"},
+         "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}]},
+    ]
+    # Two servers on the same fixed port (as KubeRay's head and workers use 8080, 52365):
+    # one address each, so no collision. A headless Service (KubeRay's head Service) and a
+    # ClusterIP one in front of them.
+    services = [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+         "spec": {"selector": {"app": "a"}, "ports": [{"port": 8080}], **spec}}
+        for name, spec in (("a-headless", {"clusterIP": "None"}), ("a-svc", {}))
+    ]
+    docs = [*role, *services, pod("a", SERVE), pod("b", SERVE)]
+    tb.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(docs))
+    a, b = running(tb, ns, "a"), running(tb, ns, "b")
+    ips = {a["status"]["podIP"], b["status"]["podIP"]}
+    assert len(ips) == 2
+    assert all(ipaddress.ip_address(i) in ipaddress.ip_network(tb.net.pod_cidr) for i in ips)
+    assert a["spec"]["nodeName"] == b["spec"]["nodeName"] == NODE_NAME
+
+    check = f"""
+import json, ssl, urllib.request
+def fetch(url):
+    return urllib.request.urlopen(url, timeout=10).status
+assert fetch("http://{b['status']['podIP']}:8080/") == 200          # by pod IP
+assert fetch("http://a-headless.{ns}.svc.cluster.local:8080/") == 200  # DNS, headless
+assert fetch("http://a-svc:8080/") == 200                              # search path, ClusterIP
+from kubernetes import client, config
+config.load_incluster_config()                                         # the kubernetes Service
+me = client.CoreV1Api().read_namespaced_pod("c", "{ns}")
+print("API", me.status.pod_ip)
+"""
+    tb.kubectl("apply", "-n", ns, "-f", "-",
+               input=yaml.safe_dump(pod("c", f"exec {PY} -c '{check}'")))
+    c = ended(tb, ns, "c")
+    logs = tb.kubectl("logs", "c", "-n", ns).stdout
+    assert c["status"]["phase"] == "Succeeded", logs
+    assert f"API {c['status']['podIP']}" in logs
+
+
+def test_kubectl_logs_and_exec_reach_the_node(tb: Testbed, ns: str) -> None:
+    tb.apply({**pod("talk", "echo hello from the pod; exec sleep 600"),
+              "metadata": {"name": "talk", "namespace": ns}})
+    running(tb, ns, "talk")
+    wait_until("kubectl logs", lambda: "hello from the pod" in tb.kubectl(
+        "logs", "talk", "-n", ns, check=False).stdout, 30)
+    out = tb.kubectl("exec", "talk", "-n", ns, "--", "cat", "/etc/hostname").stdout
+    assert out.strip() == "talk"
+
+
+def test_the_container_runs_from_its_image_with_the_pods_settings(
+        tb: Testbed, ns: str) -> None:
+    here = Path(__file__).resolve().parents[2]  # this checkout: must not be visible
+    script = (f"test ! -e {here}/pyproject.toml && test -x {PY} && "
+              f"{PY} -c 'import grpo_operator' && "
+              "echo \"$(id -u) $(pwd) $GREETING\" > /dev/termination-log")
+    p = pod("img", script, env=[{"name": "GREETING", "value": "hi"}],
+            workingDir="/tmp", securityContext={"runAsUser": 10001, "runAsNonRoot": True})
+    tb.apply({**p, "metadata": {"name": "img", "namespace": ns}})
+    got = ended(tb, ns, "img")
+    term = got["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 0, term
+    assert term["message"].split() == ["10001", "/tmp", "hi"]
+
+
+def test_exceeding_the_memory_limit_is_a_real_oom_kill(tb: Testbed, ns: str) -> None:
+    grow = f"exec {PY} -c 'b = []\nwhile True: b.append(bytearray(16 << 20))'"
+    tb.apply({**pod("hog", grow, memory="96Mi"), "metadata": {"name": "hog", "namespace": ns}})
+    term = ended(tb, ns, "hog")["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (term["exitCode"], term["reason"]) == (137, "OOMKilled"), term
+
+
+def test_deleting_a_pod_kills_every_process_in_it(tb: Testbed, ns: str) -> None:
+    marker = f"grpo-daemon-{os.urandom(4).hex()}"
+    # A process in its own session, as `ray start` leaves its GCS and raylet behind.
+    script = f"setsid bash -c 'exec -a {marker} sleep 600' & exec sleep 600"
+    tb.apply({**pod("daemon", script), "metadata": {"name": "daemon", "namespace": ns}})
+
+    def daemons() -> list[str]:
+        return [p for p in os.listdir("/proc") if p.isdigit() and marker.encode() in
+                _cmdline(Path("/proc") / p)]
+
+    wait_until("the daemon running", lambda: bool(daemons()), 60)
+    tb.kubectl("delete", "pod", "daemon", "-n", ns, "--wait=true", "--timeout=60s")
+    wait_until("every process of the pod gone", lambda: not daemons(), 10)
+
+
+def test_the_scheduler_fits_pods_to_the_nodes_allocatable_memory(
+        tb: Testbed, ns: str) -> None:
+    node = json.loads(tb.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)["status"]
+    alloc_mib = _mib(node["allocatable"]["memory"])
+    assert alloc_mib < _mib(node["capacity"]["memory"])  # the system reserve is kept back
+    big = pod("big", "exec sleep 600", memory=f"{alloc_mib + 64}Mi")
+    tb.apply({**big, "metadata": {"name": "big", "namespace": ns}})
+
+    def refused() -> bool:
+        events = tb.kubectl("get", "events", "-n", ns, "--field-selector",
+                            "involvedObject.name=big", "-o", "json").stdout
+        return any(e["reason"] == "FailedScheduling" and "Insufficient memory" in e["message"]
+                   for e in json.loads(events)["items"])
+
+    wait_until("FailedScheduling: Insufficient memory", refused, 60)
+    assert get(tb, ns, "big")["status"]["phase"] == "Pending"
+
+
+def _mib(quantity: str) -> int:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    for suffix, f in units.items():
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * f)
+    return int(quantity) // (1 << 20)
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
