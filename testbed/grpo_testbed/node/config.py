@@ -24,7 +24,8 @@ KUBELET_PORT = 10250
 
 @dataclass(frozen=True)
 class NodePaths:
-    root: Path
+    root: Path  # this node's files (removed with the testbed)
+    store: Path  # containerd's image store: kept across runs when it can be (see store.py)
 
     @property
     def containerd_config(self) -> Path:
@@ -68,7 +69,7 @@ def containerd_toml(paths: NodePaths, sandbox_image: str) -> str:
     c = paths.root / "containerd"
     bins = ", ".join(f"'{d}'" for d in CNI_BIN_DIRS)
     return f"""version = 3
-root = '{c / "root"}'
+root = '{paths.store}'
 state = '{c / "state"}'
 
 [grpc]

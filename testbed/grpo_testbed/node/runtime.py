@@ -19,6 +19,7 @@ from ..versions import binary
 from .config import Allocatable, NodePaths, write_node_config
 from .images import ensure_sandbox_image, import_image
 from .network import NodeNetwork
+from .store import ImageStore, acquire_store
 
 log = logging.getLogger("grpo_testbed.node")
 
@@ -40,10 +41,12 @@ class RealNode:
     alloc: Allocatable = field(default_factory=Allocatable)
     procs: list[Managed] = field(default_factory=list)
     import_s: dict[str, float] = field(default_factory=dict)
+    store: ImageStore | None = None
 
     @property
     def paths(self) -> NodePaths:
-        return NodePaths(self.workdir)
+        assert self.store is not None
+        return NodePaths(self.workdir, self.store.path)
 
     @property
     def log_dir(self) -> Path:
@@ -56,6 +59,7 @@ class RealNode:
         from ..launcher import free_ports
 
         ports = tuple(free_ports(3))
+        self.store = acquire_store(self.workdir)
         sandbox = ensure_sandbox_image()
         write_node_config(self.net, self.paths, ca_cert=self.ca_cert,
                           kubeconfig=self.kubeconfig, node_name=NODE_NAME,
@@ -98,13 +102,21 @@ class RealNode:
         return self
 
     def stop(self) -> None:
-        """Containers first (the shims outlive containerd), then the programs, then the
-        network namespace."""
+        """The kubelet first (it would restart what goes), then every container through
+        containerd, then whatever survived (the shims outlive containerd), then the other
+        programs and the network namespace."""
+        for p in self.procs:
+            if p.name == "kubelet":
+                p.stop()
+        if any(p.name == "containerd" and p.alive() for p in self.procs):
+            self._forget_containers()  # nor must the next run's kubelet find them
         self._kill_containers()
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()
         self._unmount_leftovers()
+        if self.store is not None:
+            self.store.release()
         if self.net is not None:
             self.net.delete()
             self.net = None
@@ -127,6 +139,20 @@ class RealNode:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
                 if b"containerd-shim" in cmdline and mine in cmdline:
                     os.kill(int(pid), signal.SIGKILL)
+
+    def _forget_containers(self) -> None:
+        ctr = [str(binary("ctr")), "--address", str(self.paths.containerd_socket),
+               "--namespace", "k8s.io"]
+        for kind in ("tasks", "containers"):
+            listed = subprocess.run([*ctr, kind, "ls", "-q"], capture_output=True, text=True,
+                                    timeout=30, check=False).stdout.split()
+            for ident in listed:
+                rm = ["kill", "-s", "SIGKILL"] if kind == "tasks" else ["rm"]
+                subprocess.run([*ctr, kind, *rm, ident], capture_output=True, timeout=30,
+                               check=False)
+                if kind == "tasks":
+                    subprocess.run([*ctr, kind, "rm", "-f", ident], capture_output=True,
+                                   timeout=30, check=False)
 
     def _unmount_leftovers(self) -> None:
         """Mounts the kubelet and containerd made under the work dir (volumes, rootfs,
