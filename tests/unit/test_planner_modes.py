@@ -58,7 +58,7 @@ AMP = [
 # bf16 at 10 B/param (Kahan compensation included) does not hold the two single-GPU
 # cells on the GPU alone: 1.5B on a 24 GB L4 peaks at 22.5 GiB of 21.4 usable (state
 # 14.3 + reference 2.9 + logits 2.3 + context 1.5), 3B on a 40 GB A100 at 48.5 of 38.0
-# (state 35.0 + reference 7.0); with the Adam moments and compensation in host RAM they
+# (state 34.9 + reference 7.0); with the Adam moments and compensation in host RAM they
 # fit. EasyR1 also keeps the reference model in host RAM, which this planner does not.
 BF16 = [
     Cell("BF16", "1.5B", "L4-24GB", 1, f"{EASYR1}: 1*24GB", offload="optimizer"),
@@ -128,6 +128,15 @@ def test_mixed_cannot_hold_those_cells_on_the_gpu_and_its_refusal_names_the_mode
     assert f"{name} fits on your {cell.gpus} GPUs (training peak" in text, text
     fix = "spec.training.precision: bf16" if cell.row == "BF16" else "spec.lora"
     assert fix in text
+
+
+@pytest.mark.parametrize("cell", BF16 + LORA, ids=lambda c: c.id)
+def test_mixed_fits_those_cells_only_by_offloading_to_host_ram(cell: Cell) -> None:
+    """What the modes buy: mixed precision fits the same GPUs only with its state moved to
+    host RAM (slower steps), the LoRA cells and the 3B cell with the parameters too."""
+    mixed = plan_memory(parse_spec(easyr1_job(cell, "mixed"))).settings
+    assert mixed.offload_optimizer, cell.source
+    assert mixed.offload_params == (cell.row == "LoRA" or cell.size == "3B"), cell.source
 
 
 def test_the_issue_example_16_h100_72b_mixed_is_refused_with_bf16_and_lora_and_numbers() -> None:
