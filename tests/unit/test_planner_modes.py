@@ -270,7 +270,7 @@ def test_the_spec_renders_into_actor_precision_and_actor_lora() -> None:
     job = JobRef("j", "ns", "uid")
     full = parse_spec(BASE | {"training": {"precision": "bf16"}})
     actor = trainer_config(full, plan_memory(full), job, 0)["actor"]
-    assert actor["precision"] == "bf16" and actor["lora"] is None
+    assert actor["precision"] == "bf16" and "lora" not in actor  # full fine-tuning
     lora = parse_spec(BASE | {"lora": {"rank": 16, "alpha": 32, "targetModules": ["q_proj"],
                                        "excludeModules": ""}})
     cfg = trainer_config(lora, plan_memory(lora), job, 0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_api.job import GRPOJobSpec
-from grpo_api.job.lora import ALL_LINEAR
+from grpo_api.job.lora import ALL_LINEAR, LoraSpec
 from grpo_api.knobs import KNOBS
 from grpo_api.trainer_config import Config
 
@@ -35,12 +35,9 @@ SPEC_SOURCES = {
 }
 
 
-def lora_config(spec: GRPOJobSpec) -> dict[str, Any] | None:
+def lora_config(lora: LoraSpec) -> dict[str, Any]:
     """spec.lora as the trainer config's actor.lora (grpo_api.trainer_config.LoraConfig);
-    None for full fine-tuning."""
-    lora = spec.lora
-    if lora is None:
-        return None
+    rendered only for a LoRA job (absent: full fine-tuning)."""
     return {
         "rank": lora.rank,
         "alpha": lora.alpha,
@@ -88,7 +85,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             # globalBatchSize responses per optimizer update, as in the spec.
             "mini_batch_size": min(tr.global_batch_size, samples),
             "dtype": "bfloat16" if g.is_gpu else "float32",
-            "lora": lora_config(spec),
+            **({"lora": lora_config(spec.lora)} if spec.lora is not None else {}),
         },
         "resources": {
             "num_workers": g.world_size,
