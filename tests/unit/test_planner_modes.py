@@ -154,6 +154,19 @@ def test_the_issue_example_16_h100_72b_mixed_is_refused_with_bf16_and_lora_and_n
     assert "resources.nodes: 4 (32 GPUs)" in e.suggestions
 
 
+def test_a_plan_that_offloads_says_which_mode_would_not_need_to() -> None:
+    """16 H100s and a 72B model in mixed precision: not refused (the Adam moments go to
+    host RAM), but the plan says bf16 would hold everything on the GPU."""
+    plan = plan_memory(parse_spec(easyr1_job(BF16[-1], "mixed")))
+    assert plan.settings.offload_optimizer
+    hint = next(d for d in plan.decisions if d.knob == "cheaperMode")
+    assert hint.value == "bf16" and "without offload" in hint.reason
+    assert "spec.training.precision: bf16" in hint.reason
+    in_bf16 = plan_memory(parse_spec(easyr1_job(BF16[-1])))
+    assert not in_bf16.settings.offload_optimizer
+    assert not [d for d in in_bf16.decisions if d.knob == "cheaperMode"]
+
+
 def test_a_mode_that_needs_more_nodes_says_how_many() -> None:
     doc = easyr1_job(LORA[-1], "mixed", offloadParams=False, offloadOptimizer=False)
     with pytest.raises(InfeasibleError) as err:

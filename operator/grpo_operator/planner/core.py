@@ -24,7 +24,7 @@ from grpo_api.job.spec import GRPOJobSpec, MemorySpec
 from grpo_api.knobs import PINNABLE
 
 from .budget import compute_budget, max_rollout_utilization
-from .mode_advice import mode_suggestions
+from .mode_advice import mode_suggestions, without_offload
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
 from .modes import describe, lora_plan, mode_of
 from .network import plan_network
@@ -300,9 +300,10 @@ def plan_memory(
     settings, budget, trail = search(geo, spec, pinned)
     head, worker = build_pods(geo, settings, budget)
     decisions = explain(geo, settings, budget, trail, pinned, nodes_reason)
-    network = plan_network(geo).decision
-    if network is not None:
-        decisions.append(network)
+    for extra in (plan_network(geo).decision,
+                  without_offload(geo, spec, settings, pinned, _fits) if geo.is_gpu else None):
+        if extra is not None:
+            decisions.append(extra)
     return Plan(
         geometry=geo,
         settings=settings,

@@ -16,7 +16,7 @@ from grpo_api.job.spec import GRPOJobSpec
 
 from .budget import compute_budget
 from .modes import BF16, LORA, ORDER, Mode, describe, lora_plan, mode_of
-from .types import Geometry, Settings
+from .types import Decision, Geometry, Settings
 
 Fits = Callable[[Geometry, GRPOJobSpec, frozenset[str]], Settings | None]
 
@@ -89,3 +89,30 @@ def mode_suggestions(
                 )
                 break
     return out
+
+
+OFFLOAD = frozenset({"offload_params", "offload_optimizer"})
+
+
+def without_offload(
+    geo: Geometry, spec: GRPOJobSpec, st: Settings, pinned: frozenset[str], fits: Fits
+) -> Decision | None:
+    """When the plan offloads (slower steps) and a cheaper mode would hold everything on
+    the GPU, say which: the job fits, so nothing is refused, but the user should know."""
+    if not (st.offload_params or st.offload_optimizer) or OFFLOAD & pinned:
+        return None
+    current = mode_of(spec.training.precision, geo.lora)
+    for mode in ORDER[ORDER.index(current) + 1:]:
+        g, s = in_mode(geo, spec, mode)
+        other = fits(g, s, pinned | OFFLOAD)  # offload pinned off, as spec.memory has it
+        if other is not None:
+            train = sum(compute_budget(g, other).gpu_phases.get("training", {}).values())
+            return Decision(
+                "cheaperMode",
+                mode,
+                "auto",
+                f"{describe(mode)} would fit these GPUs without offload (training peak "
+                f"{train:.1f} GiB per GPU): {_how(mode)}; the plan keeps "
+                f"{describe(current)} as the spec says and offloads instead",
+            )
+    return None
