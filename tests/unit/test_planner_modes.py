@@ -57,7 +57,7 @@ AMP = [
 ]
 # bf16 at 10 B/param (Kahan compensation included) does not hold the two single-GPU
 # cells on the GPU alone: 1.5B on a 24 GB L4 peaks at 22.5 GiB of 21.4 usable (state
-# 14.3 + reference 2.9 + logits 2.3 + context 1.5), 3B on a 40 GB A100 at 48.5 of 38.0
+# 14.3 + reference 2.9 + logits 2.3 + context 1.5), 3B on a 40 GB A100 at 50.4 of 38.0
 # (state 34.9 + reference 7.0); with the Adam moments and compensation in host RAM they
 # fit. EasyR1 also keeps the reference model in host RAM, which this planner does not.
 BF16 = [
@@ -77,14 +77,15 @@ LORA = [
 
 
 def easyr1_job(cell: Cell, mode: str | None = None, **memory: Any) -> dict[str, Any]:
-    """The cell as a GRPOJob with EasyR1's examples/config.yaml batch geometry: 2048 +
-    2048 tokens, 5 responses per prompt, 512 prompts per step, 128 per update, KL 0.01."""
+    """The cell as a GRPOJob with EasyR1's examples/config.yaml geometry: 2048 + 2048
+    tokens, images up to 4194304 pixels, 5 responses per prompt, 512 prompts per step,
+    128 per update, KL 0.01."""
     per_node = min(cell.gpus, 8)
     mode = mode or {"AMP": "mixed", "BF16": "bf16", "LoRA": "lora"}[cell.row]
     return {
         "model": {"path": MODELS[cell.size]},
         "data": {"train": "hiyouga/geometry3k@train", "maxPromptLength": 2048,
-                 "maxResponseLength": 2048},
+                 "maxResponseLength": 2048, "maxPixels": 4194304},
         "algorithm": {"rolloutN": 5, "klCoef": 0.01},
         "training": {"rolloutBatchSize": 512, "globalBatchSize": 128,
                      "precision": "bf16" if mode == "bf16" else "mixed"},
