@@ -31,6 +31,14 @@ the clouds sell them, dense BF16 TFLOPS from NVIDIA's datasheets):
   Xeon 8570 = 224 threads, NVLink 5 at 1.8 TB/s per GPU, 8 x 400 Gbit/s); nvidia-smi
   183359 MiB (NVIDIA/TensorRT-LLM#10278); BF16 2.25 PFLOPS dense (HGX B200 datasheet,
   36 PFLOPS sparse for 8).
+- RTX3060-12GB and RTX5090-32GB: the 12 GB and 32 GB columns of EasyR1's hardware table
+  (README, "Hardware Requirements"), as people own them: GeForce cards with bf16 (Ampere,
+  Blackwell; V100-32GB has no bf16, which vLLM and the trainer's bf16 compute need).
+  nvidia-smi 12288 MiB (RTX 3060, geerlingguy/raspberry-pi-pcie-devices#790) and 32607 MiB
+  (RTX 5090, noonghunna/club-3090#1229). BF16 dense with fp32 accumulate, approximate
+  (GeForce runs it at half the fp16-accumulate rate). The node shapes are assumptions: a
+  one-GPU desktop (64 GiB, 16 CPUs) and a four-GPU workstation (256 GiB, 64 CPUs), PCIe
+  only; set `resources.hostMemory` and `cpusPerNode` for yours.
 """
 
 from __future__ import annotations
@@ -198,6 +206,30 @@ GPU_CATALOG: dict[str, GpuType] = {
             inter_node_gbps=400,
             bf16_tflops=2250,
             fabric=INFINIBAND,
+        ),
+        GpuType(
+            name="RTX3060-12GB",
+            memory_gib=12.0,  # 12288 MiB
+            product_label="NVIDIA-GeForce-RTX-3060",
+            host_memory_gib=64,
+            cpus=16,
+            gpus_per_node=1,
+            interconnect="PCIe Gen4 (no NVLink)",
+            intra_node_gbps=32,
+            inter_node_gbps=1.25,
+            bf16_tflops=25,
+        ),
+        GpuType(
+            name="RTX5090-32GB",
+            memory_gib=31.8,  # 32607 MiB
+            product_label="NVIDIA-GeForce-RTX-5090",
+            host_memory_gib=256,
+            cpus=64,
+            gpus_per_node=4,
+            interconnect="PCIe Gen5 (no NVLink)",
+            intra_node_gbps=64,
+            inter_node_gbps=12.5,
+            bf16_tflops=105,
         ),
         GpuType(
             # The tiny CPU job (tests, laptops): ranks are CPU processes using gloo.

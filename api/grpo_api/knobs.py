@@ -20,13 +20,19 @@ class Knob:
     """One planned setting and every name it goes by."""
 
     setting: str  # the planner's Settings field, and status.plan's field (snake_case)
-    spec: str  # where a user pins it: spec.memory.<spec> (spec.algorithm for rolloutN)
+    spec: str  # its spec field's name, in spec.<section>
     trainer: str | None  # dotted path in the trainer config; None: Ray's, not the trainer's
     pinnable: bool = True  # False: not in spec.memory, the planner never chooses it
     in_status: bool = True  # a field of status.plan (PlanStatus)
     # True: not a choice but what the planner derives from the choices (a Budget field
     # of the plan, not a Settings one); no spec field pins it.
     derived: bool = False
+    section: str = "memory"  # the spec section that holds it (spec.memory for the pinnable)
+
+    @property
+    def spec_path(self) -> str:
+        """Where the spec sets it, as an error message names it."""
+        return f"spec.{self.section}.{self.spec}"
 
     def trainer_value(self, value: Any) -> Any:
         """The planned value as the trainer config spells it."""
@@ -45,13 +51,16 @@ KNOBS: tuple[Knob, ...] = (
          "rollout.gpu_memory_utilization"),
     # The algorithm's, not a memory knob: the planner passes it through and no rung of
     # the recovery ladder changes it (planner/ladder.py says why).
-    Knob("rollout_n", "rolloutN", "rollout.n", pinnable=False),
+    Knob("rollout_n", "rolloutN", "rollout.n", pinnable=False, section="algorithm"),
+    # The training mode's precision: the spec's, which the CudaOOM ladder may switch from
+    # mixed to bf16 only when spec.restartPolicy.allowPrecisionChange allows it.
+    Knob("precision", "precision", "actor.precision", pinnable=False, section="training"),
     # Ray's object store: reaches Ray through its own env and start params, not the trainer.
     Knob("ray_object_store_gib", "rayObjectStoreMemory", None, in_status=False),
     # Ranks that share one vLLM engine: derived from the memory vLLM gets (a restart that
     # lowers it can raise TP, and the remediation note says so).
     Knob("rollout_tensor_parallel", "rolloutTensorParallel", "rollout.tensor_parallel_size",
-         pinnable=False, derived=True),
+         pinnable=False, derived=True, section="rollout"),
 )
 
 PINNABLE: Mapping[str, str] = {k.setting: k.spec for k in KNOBS if k.pinnable}

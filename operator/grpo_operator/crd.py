@@ -140,9 +140,11 @@ def to_structural(
         for name, sub in out["properties"].items():
             child = to_structural(sub, defs, f"{path}.{name}", default_sections)
             # An optional section defaults to {} so the API server fills its own defaults
-            # (reading back a job shows every effective value).
+            # (reading back a job shows every effective value); not one whose absence
+            # means something (spec.lora: unset is full fine-tuning).
             if (
                 default_sections
+                and not ("default" in sub and sub["default"] is None)
                 and "[]" not in path  # not inside list items (env[].valueFrom: one of)
                 and name not in required
                 and child.get("type") == "object"

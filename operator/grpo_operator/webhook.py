@@ -35,8 +35,8 @@ log = logging.getLogger("grpo_operator")
 
 # What a running job is: changing these would make its checkpoints meaningless.
 # memory, restartPolicy, image and suspend may change; they apply at the next attempt.
-IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "training", "resources",
-                      "checkpoint")
+IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "training", "lora",
+                      "resources", "checkpoint")
 
 
 def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,

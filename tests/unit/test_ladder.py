@@ -9,7 +9,13 @@ import pytest
 
 from grpo_api.contract import FailureReason
 from grpo_api.job import GRPOJobSpec, parse_spec
-from grpo_operator.planner import Plan, next_safer_plan, plan_memory, remediation_ladder
+from grpo_operator.planner import (
+    Plan,
+    next_safer_plan,
+    plan_memory,
+    plan_status,
+    remediation_ladder,
+)
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
 
@@ -17,11 +23,14 @@ pytestmark = pytest.mark.unit
 JOB = JobRef("j", "ns", "uid")
 
 
-def spec(rollout_batch: int = 64, **memory: Any) -> GRPOJobSpec:
+def spec(rollout_batch: int = 64, allow_bf16: bool = False, lora: bool = False,
+         **memory: Any) -> GRPOJobSpec:
     # Short sequences, 3B model: fits with gradient checkpointing off, so the ladder has
     # every CudaOOM rung available.
     return parse_spec(
         {
+            "restartPolicy": {"allowPrecisionChange": allow_bf16},
+            **({"lora": {}} if lora else {}),
             "model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"},
             "data": {"train": "t", "maxPromptLength": 512, "maxResponseLength": 256},
             "algorithm": {"rolloutN": 8},
@@ -46,6 +55,7 @@ def test_ladder_names_follow_the_design() -> None:
         "gradient checkpointing on",
         "halve micro-batch",
         "lower rollout GPU memory utilisation",
+        "bf16 training",
         "offload optimizer",
         "offload params",
     )
@@ -67,12 +77,44 @@ def test_cuda_oom_turns_checkpointing_on_first_and_keeps_generations() -> None:
 
 
 def test_cuda_oom_walks_the_whole_ladder_once_then_stops() -> None:
-    plans = walk(plan_memory(spec()), FailureReason.CUDA_OOM)
+    plans = walk(plan_memory(spec(allow_bf16=True)), FailureReason.CUDA_OOM)
     assert [p.rungs[-1] for p in plans] == list(remediation_ladder(FailureReason.CUDA_OOM))
     last = plans[-1].settings
     assert last.offload_optimizer and last.offload_params and last.micro_batch_size < 4
     assert last.rollout_n == 8  # the algorithm is the user's: never a remediation
-    assert len(plans[-1].remediations) == 5
+    assert len(plans[-1].remediations) == 6
+
+
+def test_precision_never_changes_unless_the_spec_allows_it() -> None:
+    """allowPrecisionChange is off by default: every rung but bf16 is walked, and every
+    attempt trains in mixed precision as the spec says."""
+    plans = walk(plan_memory(spec()), FailureReason.CUDA_OOM)
+    assert "bf16 training" not in [p.rungs[-1] for p in plans]
+    assert len(plans) == 5 and plans[-1].settings.offload_params
+    for attempt, p in enumerate(plans, 1):
+        assert p.settings.precision == "mixed"
+        assert trainer_config(spec(), p, JOB, attempt)["actor"]["precision"] == "mixed"
+        assert plan_status(p).mode == "mixed"
+
+
+def test_allowed_precision_change_is_bf16_before_any_offload() -> None:
+    plans = walk(plan_memory(spec(allow_bf16=True)), FailureReason.CUDA_OOM)
+    rungs = [p.rungs[-1] for p in plans]
+    switched = plans[rungs.index("bf16 training")]
+    before = plans[rungs.index("bf16 training") - 1]
+    assert not (switched.settings.offload_optimizer or switched.settings.offload_params)
+    assert switched.settings.precision == "bf16" and plan_status(switched).mode == "bf16"
+    assert trainer_config(spec(allow_bf16=True), switched, JOB, 4)["actor"]["precision"] == "bf16"
+    assert switched.budget.peak_gpu_gib < before.budget.peak_gpu_gib
+    assert "settings.precision mixed -> bf16" in switched.remediations[-1]
+    # Once switched, every later attempt stays in bf16.
+    assert all(p.settings.precision == "bf16" for p in plans[rungs.index("bf16 training"):])
+
+
+def test_a_lora_job_is_never_switched_to_bf16() -> None:
+    plans = walk(plan_memory(spec(allow_bf16=True, lora=True)), FailureReason.CUDA_OOM)
+    assert plans and "bf16 training" not in [p.rungs[-1] for p in plans]
+    assert all(plan_status(p).mode == "lora" for p in plans)
 
 
 def test_spec_pinned_knobs_are_left_alone() -> None:
@@ -97,7 +139,7 @@ def test_host_oom_turns_offload_off_then_shrinks_store_then_raises_pod_memory() 
 
 def test_host_oom_after_cuda_remediation_undoes_offload() -> None:
     plan = plan_memory(spec())
-    for _ in range(5):  # gc, micro-batch, util, offload optimizer, offload params
+    for _ in range(5):  # gc, micro-batch, util, offload optimizer, offload params (no bf16)
         nxt = next_safer_plan(plan, FailureReason.CUDA_OOM)
         assert nxt is not None
         plan = nxt

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import ApiModel, quantity_bytes, quantity_gib
+from .lora import LoraSpec
 from .manifest import GRPOJob, SpecError, load_manifest, parse_manifest, parse_spec
 from .spec import (
     AlgorithmSpec,
@@ -31,6 +32,7 @@ __all__ = [
     "GRPOJobSpec",
     "GRPOJobStatus",
     "GpuName",
+    "LoraSpec",
     "MemorySpec",
     "ModelShape",
     "ModelSpec",

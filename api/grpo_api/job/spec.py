@@ -18,12 +18,14 @@ from ..catalog import GPU_NAME_PATTERN, GPU_RESOURCE, GPU_TYPE_NAMES
 from ..contract import MAX_RESTARTS
 from .base import QUANTITY_PATTERN, ApiModel
 from .hub import HubSpec
+from .lora import LoraSpec
 from .pods import PodsSpec
 
 # Any name in the operator's effective catalog (built-in + the chart's gpuCatalog): the
 # schema checks the form, the webhook and the planner the name (with the known ones listed).
 GpuName = Annotated[str, Field(pattern=GPU_NAME_PATTERN)]
 RewardType = Literal["math", "r1v", "function"]
+Precision = Literal["mixed", "bf16"]
 
 _NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-1123 label (PVC, StorageClass)
 
@@ -240,6 +242,16 @@ class TrainingSpec(ApiModel):
     learning_rate: float = Field(1e-6, gt=0, lt=1, description="AdamW learning rate.")
     weight_decay: float = Field(0.01, ge=0, lt=1, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    precision: Precision = Field(
+        "mixed",
+        description=(
+            "How trained weights are kept. mixed: fp32 master weights, gradients and Adam "
+            "state, bf16 compute (16 bytes per parameter). bf16: weights, gradients and Adam "
+            "state in bf16 with a Kahan-compensated update, gradients reduced in fp32 (10 "
+            "bytes per parameter; EasyR1's torch_dtype=bf16 + adamw_bf16). The plan "
+            "(status.plan.mode) budgets each; a refusal names the mode that would fit."
+        ),
+    )
     seed: int = Field(1, ge=0, description="Seed for data order, sampling and init.")
     val_interval_steps: int = Field(
         0,
@@ -442,9 +454,24 @@ class RestartPolicySpec(ApiModel):
     remediate: bool = Field(
         True, description="After an OOM, restart with the next safer memory setting."
     )
+    allow_precision_change: bool = Field(
+        False,
+        description=(
+            "true: after a CUDA OOM the remediation ladder may switch a mixed-precision job "
+            "to bf16 training (before it offloads anything; it resumes from the mixed "
+            "checkpoint). false (default): the job always trains in training.precision."
+        ),
+    )
 
 
 _SPEC_RULES: list[JsonValue] = [
+    _cel(
+        "!has(self.lora) || !has(self.training) || !has(self.training.precision) "
+        "|| self.training.precision != 'bf16'",
+        "training.precision bf16 does not combine with lora (LoRA trains fp32 adapters on "
+        "a frozen bf16 base); leave precision at mixed",
+        ".training.precision",
+    ),
     _cel(
         "(self.training.rolloutBatchSize * self.algorithm.rolloutN) "
         "% self.training.globalBatchSize == 0",
@@ -491,6 +518,13 @@ class GRPOJobSpec(ApiModel):
         default_factory=lambda: TrainingSpec.model_validate({}),
         description="Schedule and batch geometry.",
     )
+    lora: LoraSpec | None = Field(
+        None,
+        description=(
+            "Train a LoRA adapter on the language model (base weights frozen in bf16, "
+            "reference policy = the adapter disabled). Unset: full fine-tuning."
+        ),
+    )
     resources: ResourcesSpec = Field(description="GPU type and cluster size.")
     memory: MemorySpec = Field(
         default_factory=lambda: MemorySpec.model_validate({}),
@@ -523,6 +557,12 @@ class GRPOJobSpec(ApiModel):
                 f"training.globalBatchSize: {self.training.global_batch_size} must divide "
                 f"rolloutBatchSize x rolloutN = {self.training.rollout_batch_size} x "
                 f"{self.algorithm.rollout_n} = {responses}"
+            )
+        if self.lora is not None and self.training.precision == "bf16":
+            raise ValueError(
+                "training.precision: bf16 with lora: LoRA already keeps the frozen base in "
+                "bf16 and trains only the small adapter (kept in fp32); leave precision at "
+                "mixed, or drop lora for bf16 full fine-tuning"
             )
         if self.training.val_interval_steps and self.data.val is None:
             raise ValueError(

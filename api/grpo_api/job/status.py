@@ -61,6 +61,20 @@ class PlanStatus(ApiModel):
         ge=0, le=1, description="Resolved memory.rolloutGpuMemoryUtilization."
     )
     rollout_n: int = Field(ge=1, description="Generations per prompt in effect.")
+    precision: Literal["mixed", "bf16"] = Field(
+        "mixed",
+        description=(
+            "Precision in effect: training.precision, or bf16 after a remediation that "
+            "restartPolicy.allowPrecisionChange allowed."
+        ),
+    )
+    mode: Literal["mixed", "bf16", "lora"] = Field(
+        "mixed",
+        description=(
+            "Training mode the plan budgets: mixed (fp32 master state), bf16 (bf16 state, "
+            "Kahan-compensated AdamW) or lora (frozen bf16 base + fp32 adapters)."
+        ),
+    )
     rollout_engine: str = Field(
         "hf", description="Rollout engine in effect (vllm or hf), from spec.rollout.engine."
     )

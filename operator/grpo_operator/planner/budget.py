@@ -3,12 +3,15 @@ derives every formula and names the source of each constant."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, StateTerm
 from .types import Budget, Geometry, Settings
 
 GIB = 2**30
-# Mixed-precision FSDP with AdamW: fp32 master params (4 B) + fp32 grads (4 B) + Adam m and
-# v (2 x 4 B) per parameter, sharded over the world; bf16 (2 B) for compute copies.
-MASTER_B, GRAD_B, ADAM_B, BF16_B = 4, 4, 8, 2
+# Bytes per parameter of the actor's state in each training mode: planner/modes.py (STATE);
+# bf16 (2 B) for compute copies, the reference policy and vLLM's weights.
+BF16_B = 2
 FP32_B = 4  # CPU jobs compute in float32; rank-0 init loads the checkpoint in float32
 LOAD_OVERHEAD = 1.1  # a full-model load holds ~10% more than the weights (loader buffers)
 CUDA_CONTEXT_GIB = 1.5  # CUDA context + NCCL buffers + cuBLAS workspace per GPU process
@@ -33,6 +36,8 @@ def activation_bytes_per_token(geo: Geometry, checkpointing: bool) -> float:
     """
     s = geo.shape
     per_layer = 20 * s.hidden_size + 6 * s.intermediate_size
+    if geo.lora is not None:  # each adapter keeps its rank-r bf16 bottleneck for B's grad
+        per_layer += 2 * geo.lora.rank * geo.lora.adapted_per_layer
     if checkpointing:
         return s.layers * 2 * s.hidden_size + per_layer
     return s.layers * per_layer
@@ -94,16 +99,42 @@ def host_capacity_gib(geo: Geometry, at_allocatable: bool) -> float:
     return allocatable if at_allocatable else allocatable * HOST_HEADROOM
 
 
+def _term_gib(geo: Geometry, term: StateTerm) -> float:
+    """One state term, GiB per rank: a frozen base counts every parameter, trained
+    state the adapters' (LoRA) or every parameter (full fine-tuning), sharded."""
+    trained = geo.lora.adapter_parameters if geo.lora is not None else geo.shape.parameters
+    count = geo.shape.parameters if term.kind == FROZEN else trained
+    return count / geo.world_size * term.bytes_per_param / GIB
+
+
+def actor_state(geo: Geometry, st: Settings) -> dict[str, float]:
+    """GiB per GPU of each of the mode's state terms (modes.STATE), 0 when offloaded."""
+    return {
+        t.name: 0.0
+        if (st.offload_params if t.params_offload else st.offload_optimizer)
+        else _term_gib(geo, t)
+        for t in STATE[geo.mode(st)]
+    }
+
+
+def _state_gib(geo: Geometry, st: Settings, keep: Callable[[StateTerm], bool]) -> float:
+    """The terms `keep` selects, GiB per rank, wherever they live."""
+    return sum(_term_gib(geo, t) for t in STATE[geo.mode(st)] if keep(t))
+
+
 def compute_budget(geo: Geometry, st: Settings) -> Budget:
     s, w = geo.shape, geo.world_size
     p = s.parameters
+    mode = geo.mode(st)
     per_rank = geo.global_batch_size / w
     mb = max(1, min(st.micro_batch_size, int(per_rank) or 1))
     shard = p / w
-    master = 0.0 if st.offload_params else shard * MASTER_B / GIB
-    grads = 0.0 if st.offload_params else shard * GRAD_B / GIB
-    adam = 0.0 if st.offload_optimizer else shard * ADAM_B / GIB
-    ref = shard * BF16_B / GIB if geo.kl_coef > 0 and not st.offload_params else 0.0
+    state = actor_state(geo, st)
+    kinds = {t.name: t.kind for t in STATE[mode]}
+    # The reference policy: a bf16 copy, sharded; with LoRA the same model with the
+    # adapter disabled (no copy).
+    has_ref = geo.kl_coef > 0 and mode != LORA
+    ref = shard * BF16_B / GIB if has_ref and not st.offload_params else 0.0
     # FSDP gathers one unit in bf16 and prefetches the next; the embedding/lm_head is the
     # largest unit for these vocabularies.
     unit = max(s.layer_parameters, s.embedding_parameters) * BF16_B * 2 / GIB
@@ -114,23 +145,27 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
 
     training = {
         "cuda_context": ctx,
-        "fp32_master_params_shard": master,
-        "fp32_grads_shard": grads,
-        "adam_moments_shard": adam,
+        **state,
         "reference_model_shard": ref,
         "all_gather_units_bf16": unit,
         "activations": act / GIB,
         "logits": logits / GIB,
     }
+    # Gradients are freed before generation; weights (trained and frozen) and optimizer
+    # state stay on the GPU unless offloaded.
+    resident = sum(v for k, v in state.items() if kinds[k] != GRADS)
     # Without rank-0 init every rank materialises the whole model (bf16) before sharding;
-    # with it, each GPU receives only its fp32 shard (none when params are offloaded).
+    # with it, each GPU receives only its weight shards (none when params are offloaded).
     if st.rank0_init:
-        loading = {"cuda_context": ctx, "fp32_shard": master}
+        loading = {"cuda_context": ctx,
+                   **{k: v for k, v in state.items() if kinds[k] in (WEIGHTS, FROZEN)}}
     else:
         loading = {"cuda_context": ctx, "full_model_bf16": p * BF16_B / GIB}
     phases: dict[str, dict[str, float]] = {"load": loading, "training": training}
 
-    weights_gib = p * BF16_B / GIB
+    # vLLM loads the base weights once; with LoRA the adapter rides along (bf16).
+    adapter = geo.lora.adapter_parameters if geo.lora is not None else 0
+    weights_gib = (p + adapter) * BF16_B / GIB
     tp, kv_gib, min_util = 1, 0.0, 0.0
     if geo.is_gpu and geo.uses_vllm:
         cap = geo.gpu_memory_gib
@@ -142,7 +177,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         min_util = (vllm_need + min_kv) / cap
         phases["rollout"] = {
             "cuda_context": ctx,
-            "actor_resident": master + adam,
+            "actor_resident": resident,
             "reference_model_shard": ref,
             "vllm_weights": weights_gib / tp,
             "vllm_kv_cache_and_overhead": vllm - weights_gib / tp,
@@ -150,7 +185,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     elif geo.is_gpu:  # the transformers engine: a whole bf16 copy on every GPU
         phases["rollout"] = {
             "cuda_context": ctx,
-            "actor_resident": master + adam,
+            "actor_resident": resident,
             "reference_model_shard": ref,
             "generate_engine_bf16": weights_gib,
         }
@@ -160,17 +195,22 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     host: dict[str, float] = {
         "rank_processes": ranks * rank_gib,
         "offloaded_params_and_grads": (
-            ranks * shard * (MASTER_B + GRAD_B + (BF16_B if geo.kl_coef > 0 else 0)) / GIB
+            ranks * (_state_gib(geo, st, lambda t: t.params_offload)
+                     + (shard * BF16_B / GIB if has_ref else 0.0))
             if st.offload_params
             else 0.0
         ),
-        "offloaded_optimizer": ranks * shard * ADAM_B / GIB if st.offload_optimizer else 0.0,
+        "offloaded_optimizer": (
+            ranks * _state_gib(geo, st, lambda t: t.kind == OPTIMIZER)
+            if st.offload_optimizer
+            else 0.0
+        ),
         "vllm_sleep_weights": ranks * weights_gib / tp if geo.is_gpu and geo.uses_vllm else 0.0,
         "ray_object_store": st.ray_object_store_gib,
-        # Async checkpoint saves stage each rank's fp32 weights and Adam moments in a host
-        # buffer kept across saves (pinned on GPU nodes), whatever is offloaded.
+        # Async checkpoint saves stage each rank's trained weights and optimizer state in
+        # a host buffer kept across saves (pinned on GPU nodes), whatever is offloaded.
         "async_save_staging": (
-            ranks * shard * (MASTER_B + ADAM_B) / GIB if geo.async_save else 0.0
+            ranks * _state_gib(geo, st, lambda t: t.checkpointed) if geo.async_save else 0.0
         ),
     }
     if not geo.is_gpu:  # CPU ranks keep their whole training state in host RAM

@@ -24,7 +24,9 @@ from grpo_api.job.spec import GRPOJobSpec, MemorySpec
 from grpo_api.knobs import PINNABLE
 
 from .budget import compute_budget, max_rollout_utilization
+from .mode_advice import mode_suggestions, without_offload
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
+from .modes import describe, lora_plan, mode_of
 from .network import plan_network
 from .reasons import explain, explain_pods
 from .resources import at_least, build_env, build_pods, object_store_gib
@@ -69,7 +71,8 @@ def _candidates(geo: Geometry, start: Settings, pinned: frozenset[str]) -> list[
                 out.append(st)
     for knob in ("offload_optimizer", "offload_params"):
         if knob not in pinned and not getattr(st, knob):
-            st = replace(st, **{knob: True})
+            on: dict[str, Any] = {knob: True}
+            st = replace(st, **on)
             out.append(st)
     return out
 
@@ -91,6 +94,7 @@ def initial_settings(geo: Geometry, spec: GRPOJobSpec) -> Settings:
         rollout_gpu_memory_utilization=m.rollout_gpu_memory_utilization or 0.5,
         rollout_n=spec.algorithm.rollout_n,
         ray_object_store_gib=store,
+        precision=spec.training.precision,
     )
 
 
@@ -161,6 +165,8 @@ def geometry(
             for section in (spec.pods.common, spec.pods.head, spec.pods.workers)
             for e in section.env or []
         ),
+        lora=lora_plan(shape, spec.lora) if spec.lora is not None else None,
+        allow_precision_change=spec.restart_policy.allow_precision_change,
     )
 
 
@@ -225,10 +231,12 @@ def _infeasible(
         f"{spec.model.path} ({geo.shape.parameters / 1e9:.1f}B) on "
         f"{max(1, geo.nodes)} x {geo.gpus_per_node} {geo.gpu}"
     )
-    summary = f"infeasible: {where} does not fit even with the safest settings"
+    mode = describe(mode_of(spec.training.precision, geo.lora))
+    summary = f"infeasible: {where} in {mode} does not fit even with the safest settings"
     if derived:
         summary = f"infeasible: {spec.model.path} does not fit on up to {MAX_AUTO_NODES} nodes"
-    return InfeasibleError(summary, numbers, _suggestions(geo, spec, pinned))
+    modes = mode_suggestions(geo, spec, pinned, _fits, MAX_AUTO_NODES, derived)
+    return InfeasibleError(summary, numbers, [*modes, *_suggestions(geo, spec, pinned)])
 
 
 def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> list[str]:
@@ -255,8 +263,10 @@ def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> li
             ):
                 out.append(f"resources.gpu: {gpu.name} ({gpu.memory_gib:.0f} GiB per GPU)")
                 break
+    vision = geo.shape.vision_parameters > 0  # a VLM job is offered VLMs, text jobs text
     smaller = sorted(
-        (s for s in KNOWN_MODELS.items() if s[1].parameters < geo.shape.parameters),
+        (s for s in KNOWN_MODELS.items()
+         if s[1].parameters < geo.shape.parameters and (s[1].vision_parameters > 0) == vision),
         key=lambda kv: -kv[1].parameters,
     )
     for name, shape in smaller:
@@ -290,9 +300,10 @@ def plan_memory(
     settings, budget, trail = search(geo, spec, pinned)
     head, worker = build_pods(geo, settings, budget)
     decisions = explain(geo, settings, budget, trail, pinned, nodes_reason)
-    network = plan_network(geo).decision
-    if network is not None:
-        decisions.append(network)
+    for extra in (plan_network(geo).decision,
+                  without_offload(geo, spec, settings, pinned, _fits) if geo.is_gpu else None):
+        if extra is not None:
+            decisions.append(extra)
     return Plan(
         geometry=geo,
         settings=settings,

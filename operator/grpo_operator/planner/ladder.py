@@ -1,7 +1,8 @@
 """Remediation after an OOM: the next safer plan, one rung per restart (docs/memory-model.md).
 
 CudaOOM:        gradient checkpointing on -> halve micro-batch -> lower rollout GPU memory
-                utilisation -> offload optimizer -> offload params
+                utilisation -> bf16 training (only with spec.restartPolicy.
+                allowPrecisionChange) -> offload optimizer -> offload params
 HostOOM/RayOOM: params offload off -> optimizer offload off -> smaller Ray object store ->
                 pod memory up to node allocatable
 Each rung applies at most once, leaves alone what the spec pinned, does not push the other
@@ -28,6 +29,7 @@ from grpo_api.job.spec import GRPOJobSpec
 from .budget import compute_budget
 from .core import _micro_batches, plan_memory, replan
 from .headroom import improves
+from .modes import BF16, MIXED
 from .report import plan_changes
 from .resources import STORE_MIN_GIB
 from .types import Budget, Plan, Settings
@@ -58,11 +60,22 @@ def _lower_utilization(p: Plan) -> Settings | None:
     return replace(p.settings, rollout_gpu_memory_utilization=new)
 
 
+def _to_bf16(p: Plan) -> Settings | None:
+    """Only when spec.restartPolicy.allowPrecisionChange says so: bf16 changes the
+    numerics, so it is the user's call; it comes before offloading, which keeps the
+    numerics but slows every step. LoRA is never a rung: it changes what is trained."""
+    g = p.geometry
+    if not g.allow_precision_change or g.mode(p.settings) != MIXED:
+        return None
+    return replace(p.settings, precision=BF16)
+
+
 def _switch(knob: str, value: bool) -> Rung:
     def rung(p: Plan) -> Settings | None:
         if getattr(p.settings, knob) == value or knob in p.pinned:
             return None
-        return replace(p.settings, **{knob: value})
+        switched: dict[str, Any] = {knob: value}
+        return replace(p.settings, **switched)
 
     rung.__name__ = f"{knob}_{'on' if value else 'off'}"
     return rung
@@ -86,6 +99,7 @@ _CUDA: tuple[tuple[str, Rung], ...] = (
     ("gradient checkpointing on", _gc_on),
     ("halve micro-batch", _halve_micro_batch),
     ("lower rollout GPU memory utilisation", _lower_utilization),
+    ("bf16 training", _to_bf16),
     ("offload optimizer", _switch("offload_optimizer", True)),
     ("offload params", _switch("offload_params", True)),
 )

@@ -173,9 +173,21 @@ KNOWN_MODELS: dict[str, Shape] = {
     "qwen3-vl-235b-a22b": _s(
         236.0, 0.58, 94, 4096, 1536 * 8, 64, 4, 151936, False, 128, _Q3_VIS, experts=128
     ),
+    # Text-only Qwen2.5 (EasyR1's math recipes and its hardware table's 1.5B column);
+    # config.json values and parameter counts from the Qwen2.5 model cards.
+    "qwen2.5-0.5b": _s(0.49, 0, 24, 896, 4864, 14, 2, 151936, tied=True),
+    "qwen2.5-1.5b": _s(1.54, 0, 28, 1536, 8960, 12, 2, 151936, tied=True),
+    "qwen2.5-3b": _s(3.09, 0, 36, 2048, 11008, 16, 2, 151936, tied=True),
+    "qwen2.5-7b": _s(7.61, 0, 28, 3584, 18944, 28, 4, 152064),
+    "qwen2.5-14b": _s(14.7, 0, 48, 5120, 13824, 40, 8, 152064),
+    "qwen2.5-32b": _s(32.5, 0, 64, 5120, 27648, 40, 8, 152064),
+    "qwen2.5-72b": _s(72.7, 0, 80, 8192, 29568, 64, 8, 152064),
 }
 
-_NAME_RE = re.compile(r"(qwen[23](?:\.5)?-vl-\d+b(?:-a\d+b)?)", re.IGNORECASE)
+_NAME_RE = re.compile(
+    r"(qwen[23](?:\.5)?-vl-\d+b(?:-a\d+b)?|qwen2\.5-\d+(?:\.\d+)?b)",
+    re.IGNORECASE,
+)
 
 
 def known_family(path: str) -> tuple[str, Shape] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .budget import BF16_B, GIB, kv_bytes_per_token
+from .modes import FROZEN, LORA, STATE
 from .resources import ray_default_store_gib, step_data_gib
 from .types import Budget, Decision, Geometry, PodResources, Settings
 
@@ -17,6 +18,31 @@ def _params(n: int) -> str:
 
 def _phase(b: Budget, name: str) -> float:
     return sum(b.gpu_phases.get(name, {}).values())
+
+
+def trained_parameters(geo: Geometry) -> int:
+    return geo.lora.adapter_parameters if geo.lora is not None else geo.shape.parameters
+
+
+def mode_decision(geo: Geometry, st: Settings) -> Decision:
+    """The training mode, what each parameter costs in it, and where it came from."""
+    mode = geo.mode(st)
+    per = " + ".join(f"{t.bytes_per_param} {t.name.removesuffix('_shard')}"
+                     for t in STATE[mode])
+    if mode == LORA and geo.lora is not None:
+        lora = geo.lora
+        share = lora.adapter_parameters / geo.shape.parameters
+        unsized = f"; not sized (no shape known): {', '.join(lora.unsized)}" if lora.unsized else ""
+        why = (
+            f"spec.lora: rank {lora.rank} on {lora.adapted_per_layer} linears per layer x "
+            f"{geo.shape.layers} layers{' + the vision tower' if lora.vision_adapted else ''}"
+            f" = {_params(lora.adapter_parameters)} adapter parameters ({share:.2%} of the "
+            f"model); bytes per parameter: {per}; the reference policy is the adapter "
+            f"disabled (no copy){unsized}"
+        )
+        return Decision("mode", mode, "spec", why)
+    why = f"spec.training.precision: {st.precision}; bytes per parameter: {per}"
+    return Decision("mode", mode, "spec", why)
 
 
 def explain(
@@ -92,13 +118,17 @@ def explain(
             why,
         )
     )
-    state = 16 * geo.shape.parameters / GIB  # fp32 master + grads + Adam m, v
+    out.append(mode_decision(geo, st))
+    state = sum(
+        (geo.shape.parameters if t.kind == FROZEN else trained_parameters(geo))
+        * t.bytes_per_param for t in STATE[geo.mode(st)]
+    ) / GIB
     out.append(
         Decision(
             "sharding",
             f"full over {geo.world_size}",
             "auto",
-            f"FSDP2 fully_shard over all ranks: params, grads and Adam state "
+            f"FSDP2 fully_shard over all ranks: params, grads and optimizer state "
             f"({_g(state)} in all) are {_g(state / geo.world_size)} per rank",
         )
     )

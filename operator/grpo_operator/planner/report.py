@@ -50,6 +50,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "layers": g.shape.layers,
             "hiddenSize": g.shape.hidden_size,
             "source": g.shape_source,
+            **({"loraRank": g.lora.rank, "adapterParameters": g.lora.adapter_parameters}
+               if g.lora is not None else {}),
         },
         "cluster": {
             "gpu": g.gpu,
@@ -59,6 +61,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "hostMemoryGiB": g.host_memory_gib,
         },
         "settings": {
+            "mode": g.mode(s),
             **_knobs(plan),
             "rayObjectStoreGiB": s.ray_object_store_gib,
             "podMemoryAtAllocatable": s.pod_memory_at_allocatable,
@@ -116,6 +119,7 @@ def plan_status(plan: Plan) -> PlanStatus:
             "gpusPerNode": g.gpus_per_node,
             "totalGpus": g.world_size,
             **_knobs(plan),
+            "mode": g.mode(plan.settings),
             "rolloutEngine": g.rollout_engine,
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),

@@ -9,6 +9,7 @@ from grpo_api.catalog import GPU_RESOURCE
 from grpo_api.knobs import Knob
 
 from .model_shape import Shape
+from .modes import LoraPlan, Mode, mode_of
 
 
 class InfeasibleError(ValueError):
@@ -38,6 +39,9 @@ class Settings:
     rollout_n: int
     ray_object_store_gib: float
     pod_memory_at_allocatable: bool = False  # last HostOOM remediation
+    # spec.training.precision; the CudaOOM ladder may switch mixed to bf16 when
+    # spec.restartPolicy.allowPrecisionChange says so.
+    precision: str = "mixed"
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,12 @@ class Geometry:
     devices: dict[str, int] = field(default_factory=dict)  # spec.resources.devices, per worker
     fabric: str | None = None  # the catalog's RDMA fabric between nodes of this GPU type
     user_env: frozenset[str] = frozenset()  # env names spec.pods sets (theirs to tune)
+    lora: LoraPlan | None = None  # spec.lora, sized on this shape; None: full fine-tuning
+    allow_precision_change: bool = False  # spec.restartPolicy.allowPrecisionChange
+
+    def mode(self, st: Settings) -> Mode:
+        """The training mode these settings run: lora, or the precision."""
+        return mode_of(st.precision, self.lora)
 
     @property
     def uses_vllm(self) -> bool:

@@ -94,8 +94,7 @@ def _spec_problem(loc: tuple[int | str, ...], msg: str) -> str:
     location or the message names its spec field (a planned knob's by grpo_api.knobs,
     the others' by SPEC_SOURCES)."""
     where = ".".join(str(p) for p in loc)
-    sources = {k.trainer: f"spec.{'memory' if k.pinnable else 'algorithm'}.{k.spec}"
-               for k in KNOBS if k.trainer} | SPEC_SOURCES
+    sources = {k.trainer: k.spec_path for k in KNOBS if k.trainer} | SPEC_SOURCES
     fields = [field for path, field in sources.items() if path == where or path in msg]
     named = ", ".join(dict.fromkeys(fields)) or "spec"
     return f"{named}: {msg.removeprefix('Value error, ')} (trainer config {where or 'check'})"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_api.job import GRPOJobSpec
+from grpo_api.job.lora import ALL_LINEAR, LoraSpec
 from grpo_api.knobs import KNOBS
 from grpo_api.trainer_config import Config
 
@@ -30,7 +31,19 @@ SPEC_SOURCES = {
     "rollout.tensor_parallel_size": "spec.rollout",
     "rollout.engine": "spec.rollout.engine",
     "reward.function": "spec.reward.function",
+    "actor.lora": "spec.lora",
 }
+
+
+def lora_config(lora: LoraSpec) -> dict[str, Any]:
+    """spec.lora as the trainer config's actor.lora (grpo_api.trainer_config.LoraConfig);
+    rendered only for a LoRA job (absent: full fine-tuning)."""
+    return {
+        "rank": lora.rank,
+        "alpha": lora.alpha,
+        "target_modules": ALL_LINEAR if lora.all_linear else list(lora.target_modules),
+        "exclude_modules": lora.exclude_modules or None,  # "": exclude nothing
+    }
 
 
 def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> dict[str, Any]:
@@ -72,6 +85,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             # globalBatchSize responses per optimizer update, as in the spec.
             "mini_batch_size": min(tr.global_batch_size, samples),
             "dtype": "bfloat16" if g.is_gpu else "float32",
+            **({"lora": lora_config(spec.lora)} if spec.lora is not None else {}),
         },
         "resources": {
             "num_workers": g.world_size,
