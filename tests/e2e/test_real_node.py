@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from grpo_testbed.images import OPERATOR
-from grpo_testbed.launcher import Testbed, running_testbed
+from grpo_testbed.launcher import Testbed
 from grpo_testbed.node.runtime import NODE_NAME
 from grpo_testbed.processes import wait_until
 
@@ -32,10 +32,9 @@ IMAGE = OPERATOR.tag  # has Python and the kubernetes client; not this checkout'
 PY = "/opt/venv/bin/python"
 
 
-@pytest.fixture(scope="module")
-def tb() -> Iterator[Testbed]:
-    with running_testbed(real_node=True, with_kuberay=False, node_images=(IMAGE,)) as t:
-        yield t
+@pytest.fixture
+def tb(real_tb: Testbed) -> Testbed:
+    return real_tb
 
 
 @pytest.fixture

@@ -1,0 +1,96 @@
+"""The operator as the chart deploys it, running on the testbed's real node: its image,
+its ServiceAccount, its webhook Service (the API server calls the pod behind it), and the
+API server reached from inside the pod through the `kubernetes` Service."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from grpo_testbed.examples import example_job
+from grpo_testbed.images import OPERATOR
+from grpo_testbed.launcher import Testbed
+from grpo_testbed.node.runtime import NODE_NAME
+from grpo_testbed.processes import wait_until
+from grpo_testbed.tiny_job import CHART
+from grpo_testbed.versions import binary
+
+pytestmark = pytest.mark.e2e
+
+RELEASE = "grpo"
+REPOSITORY, TAG = OPERATOR.tag.rsplit(":", 1)
+
+
+def helm(tb: Testbed, *args: str) -> str:
+    proc = subprocess.run([str(binary("helm")), *args], env=tb.env(), capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def get(tb: Testbed, *args: str) -> Any:
+    return json.loads(tb.kubectl("get", *args, "-o", "json").stdout)
+
+
+@pytest.fixture(scope="module")
+def release(real_tb: Testbed) -> Iterator[str]:
+    """`helm install` with the chart's defaults but the image built here; --wait means the
+    Deployment is Available: the pod started from the image and passed its probes."""
+    ns = real_tb.namespace("grpo-system")
+    helm(real_tb, "install", RELEASE, str(CHART), "-n", ns, "--set",
+         f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
+         "--set", "image.pullPolicy=Never", "--set", "leaderElection.enabled=false",
+         "--wait", "--timeout", "240s")
+    yield ns
+    subprocess.run([str(binary("helm")), "uninstall", RELEASE, "-n", ns, "--wait",
+                    "--timeout", "120s"], env=real_tb.env(), capture_output=True, check=False)
+    real_tb.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.fixture
+def job_ns(real_tb: Testbed) -> Iterator[str]:
+    name = real_tb.namespace("jobs")
+    yield name
+    real_tb.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def test_the_operator_pod_runs_from_its_image_on_the_real_node(
+        real_tb: Testbed, release: str) -> None:
+    pods = get(real_tb, "pods", "-n", release)["items"]
+    (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    assert pod["spec"]["nodeName"] == NODE_NAME
+    assert pod["spec"]["containers"][0]["image"] == OPERATOR.tag
+    status = pod["status"]["containerStatuses"][0]
+    assert status["ready"] and status["restartCount"] == 0, status
+
+
+def test_the_in_cluster_webhook_refuses_an_infeasible_job(
+        real_tb: Testbed, release: str, job_ns: str) -> None:
+    doc = example_job("grpojob-qwen2vl-72b-h100.yaml", "toobig",
+                      resources={"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1})
+    out = real_tb.kubectl("apply", "-n", job_ns, "-f", "-", input=yaml.safe_dump(doc),
+                          check=False)
+    assert out.returncode != 0
+    assert "memory planner refuses" in out.stderr and "GiB" in out.stderr, out.stderr
+
+
+def test_the_in_cluster_operator_reconciles_a_job_into_a_raycluster(
+        real_tb: Testbed, release: str, job_ns: str) -> None:
+    doc = example_job("grpojob-qwen25vl-7b-h100.yaml", "seven")
+    real_tb.kubectl("apply", "-n", job_ns, "-f", "-", input=yaml.safe_dump(doc))
+
+    def planned() -> bool:
+        job = get(real_tb, "grpojob", "seven", "-n", job_ns)
+        return bool(job.get("status", {}).get("plan")) and bool(
+            get(real_tb, "rayclusters", "-n", job_ns)["items"])
+
+    wait_until("status.plan and a RayCluster from the in-cluster operator", planned, 120)
+    # kubectl logs reaches the operator's container on the node.
+    logs = real_tb.kubectl("logs", "-n", release, "deploy/grpo-grpo-operator").stdout
+    assert "Handler 'grpojob_reconcile' succeeded" in logs, logs[-2000:]
+    assert "Traceback" not in logs and "Forbidden" not in logs, logs[-4000:]
