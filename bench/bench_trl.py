@@ -128,7 +128,7 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
             },
             "reward": {
                 "type": "function",
-                "function": "grpo_trainer.testing.rewards:target_token_reward",
+                "function": "grpo_trainer.rewards.mentions:mentions_answer",
             },
             "resources": {
                 "num_workers": args.ranks,
@@ -199,7 +199,7 @@ def bench_trl(
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_trainer.testing.rewards import target_token_reward
+    from grpo_trainer.rewards.mentions import mentions_answer
 
     torch.set_num_threads(threads)
     stamps: list[Stamp] = []
@@ -211,7 +211,7 @@ def bench_trl(
 
     def reward(completions: list[Any], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [target_token_reward(t, "7")["overall"] for t in texts]
+        return [mentions_answer(t, "7")["overall"] for t in texts]
 
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in problems])
     with tempfile.TemporaryDirectory() as out:

@@ -48,7 +48,7 @@ def test_vllm_rollouts_train_and_agree_with_actor(tmp_path: Path, vision: bool, 
         data = datasets.write_text_task(tmp_path / "d.jsonl")
         reward = {
             "type": "function",
-            "function": "grpo_trainer.testing.rewards:target_token_reward",
+            "function": "grpo_trainer.rewards.mentions:mentions_answer",
         }
     cfg = build_config(
         {

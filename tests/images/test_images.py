@@ -170,8 +170,8 @@ TRAIN = textwrap.dedent("""\
 def test_cpu_trainer_image_trains_the_tiny_task_and_exports_the_model(
         built: None, tmp_path: Path) -> None:
     # The test helpers are not in the image (its .dockerignore), so the host builds the
-    # model, data and config, and the reward module is mounted the way a user's own is.
-    from grpo_trainer.testing import rewards
+    # model, data and config; a reward module of the user's own is mounted beside them
+    # (it wraps the shipped one, which the tiny example job names directly).
     from grpo_trainer.testing.configs import text_config
     from grpo_trainer.testing.datasets import write_text_task
     from grpo_trainer.testing.tiny_models import build_tiny_qwen2
@@ -180,11 +180,14 @@ def test_cpu_trainer_image_trains_the_tiny_task_and_exports_the_model(
     work.mkdir()
     build_tiny_qwen2(work / "model")
     write_text_task(work / "train.jsonl")
-    shutil.copy(rewards.__file__, work / "task_reward.py")
+    (work / "task_reward.py").write_text(
+        "from grpo_trainer.rewards.mentions import mentions_answer\n\n\n"
+        "def reward(response: str, ground_truth: str) -> dict[str, float]:\n"
+        "    return mentions_answer(response, ground_truth)\n")
     cfg = text_config(Path("/work/model"), Path("/work/train.jsonl"),
                       checkpoint={"dir": "/work/ckpt", "interval_steps": 2},
                       reward={"type": "function",
-                              "function": "task_reward:target_token_reward"})
+                              "function": "task_reward:reward"})
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))
     for path in [work, *work.rglob("*")]:
         path.chmod(0o777 if path.is_dir() else 0o666)  # written by the image's user, 10001

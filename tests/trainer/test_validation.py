@@ -65,7 +65,7 @@ def test_validation_reports_at_its_steps_and_leaves_training_bit_identical(
     for step in (0, 2, 3):
         assert on[step]["val/samples"] == VAL_ROWS  # every val prompt scored exactly once
         assert 0.0 <= on[step]["val/reward_mean"] <= 1.0
-        assert "val/accuracy" in on[step]  # target_token_reward reports one
+        assert "val/accuracy" in on[step]  # mentions_answer reports one
     progress = json.loads((tmp_path / "on.json").read_text())
     assert progress["valStep"] == 3 and progress["valRewardMean"] == on[3]["val/reward_mean"]
     assert "valStep" not in json.loads((tmp_path / "off.json").read_text())

@@ -15,7 +15,7 @@ def text_config(model: Path, data: Path, **sections: dict[str, Any]) -> dict[str
         "actor": {"lr": 1e-2, "micro_batch_size": 8, "dtype": "float32", "weight_decay": 0.0},
         "reward": {
             "type": "function",
-            "function": "grpo_trainer.testing.rewards:target_token_reward",
+            "function": "grpo_trainer.rewards.mentions:mentions_answer",
         },
         "resources": {"num_workers": 2, "ray_address": "local"},
         "trainer": {"total_steps": 2, "rollout_batch_size": 4},
