@@ -27,11 +27,12 @@ from typing import Any
 import yaml
 
 from . import build
-from .local_node.agent import EnvInjection, LocalNodeAgent
+from .faults import EnvInjection, FaultSwitch
+from .local_node.agent import LocalNodeAgent
 from .node.network import NodeNetwork, allocate
 from .node.runtime import RealNode
 from .nodes import FAKE_NODES, FakeNode, node_manifest
-from .pki import SERVICE_CLUSTER_IP_RANGE, Pki, make_pki
+from .pki import SERVICE_CLUSTER_IP_RANGE, Pki, issue_serving_cert, make_pki
 from .processes import Managed, spawn, wait_until
 from .versions import COMPONENTS, bin_dir, binary, component
 
@@ -94,6 +95,7 @@ class Testbed:
     real_node: bool = False
     node_images: tuple[str, ...] = ()
     node: RealNode | None = None
+    fault_switch: FaultSwitch | None = None
     net: NodeNetwork | None = None
     _owns_workdir: bool = False
 
@@ -175,6 +177,8 @@ class Testbed:
                 self.agent = LocalNodeAgent(self.kubeconfig, self.workdir / "local-node",
                                             self.api_port, self.pki.ca_cert,
                                             injections=self.injections).start()
+            if self.real_node and self.injections:
+                self._start_fault_switch()
             if self.real_node:
                 assert self.pki is not None and self.net is not None
                 self.node = RealNode(self.workdir / "node", self.kubeconfig, self.pki.ca_cert,
@@ -194,6 +198,9 @@ class Testbed:
         if self.node is not None:  # containers before the API server goes
             self.node.stop()
             self.node = None
+        if self.fault_switch is not None:
+            self.fault_switch.stop()
+            self.fault_switch = None
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()
@@ -218,6 +225,14 @@ class Testbed:
         if name == "kube-apiserver":
             wait_until("kube-apiserver back", lambda: self.kubectl(
                 "get", "--raw", "/readyz", check=False).returncode == 0, 90, [self.procs[i]])
+
+    def _start_fault_switch(self) -> None:
+        """The injections as a mutating webhook (faults.py): a real kubelet injects nothing."""
+        assert self.pki is not None
+        cert, key = issue_serving_cert(self.pki, self.workdir / "fault-switch", "fault-switch",
+                                       (self.api_host,))
+        self.fault_switch = FaultSwitch(self.injections, self.api_host, cert, key).start()
+        self.apply(self.fault_switch.manifest(self.pki.ca_cert))
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Managed:
         p = spawn(name, argv, self.log_dir, env)

@@ -25,8 +25,9 @@ import yaml
 
 from grpo_api.contract import ATTEMPT_LABEL, ROLE_LABEL, TERMINAL_PHASES, Env, Role
 
+from .faults import EnvInjection
 from .launcher import Testbed, running_testbed
-from .local_node.agent import EnvInjection, LocalNodeAgent
+from .local_node.agent import LocalNodeAgent
 from .operator_process import OperatorProcess
 from .processes import wait_until
 from .versions import binary

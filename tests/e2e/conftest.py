@@ -6,13 +6,18 @@ from collections.abc import Iterator
 
 import pytest
 
+from grpo_testbed.faults import EnvInjection
 from grpo_testbed.images import OPERATOR
 from grpo_testbed.launcher import Testbed, running_testbed
+
+# test_real_node.py checks that the fault switch reaches pods with these labels only.
+SWITCH = EnvInjection({"testbed.grpo.dev/switch": "on"}, {"GRPO_FAULT_INJECT": "host_oom@step=3"})
 
 
 @pytest.fixture(scope="session")
 def real_tb() -> Iterator[Testbed]:
     """Control plane, KubeRay, kwok GPU nodes and the real node (the operator's image
     imported); the untainted fake CPU node is left out, so CPU pods really run."""
-    with running_testbed(real_node=True, node_images=(OPERATOR.tag,)) as t:
+    with running_testbed(real_node=True, node_images=(OPERATOR.tag,),
+                         injections=(SWITCH,)) as t:
         yield t

@@ -150,6 +150,22 @@ def test_the_container_runs_from_its_image_with_the_pods_settings(
     assert term["message"].split() == ["10001", "/tmp", "hi"]
 
 
+def test_the_fault_switch_is_in_the_pod_spec_of_matching_pods_only(
+        tb: Testbed, ns: str) -> None:
+    """The testbed's mutating webhook adds the switch's env as the pod is created; the
+    real kubelet runs what the API server stored."""
+    show = "echo \"fault=${GRPO_FAULT_INJECT:-none}\" > /dev/termination-log"
+    on = pod("on", show)
+    on["metadata"]["labels"]["testbed.grpo.dev/switch"] = "on"
+    tb.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all([on, pod("off", show)]))
+    env = get(tb, ns, "on")["spec"]["containers"][0]["env"]
+    assert {"name": "GRPO_FAULT_INJECT", "value": "host_oom@step=3"} in env
+    assert "env" not in get(tb, ns, "off")["spec"]["containers"][0]
+    said = {name: ended(tb, ns, name)["status"]["containerStatuses"][0]["state"]["terminated"]
+            ["message"].strip() for name in ("on", "off")}
+    assert said == {"on": "fault=host_oom@step=3", "off": "fault=none"}
+
+
 def test_exceeding_the_memory_limit_is_a_real_oom_kill(tb: Testbed, ns: str) -> None:
     grow = f"exec {PY} -c 'b = []\nwhile True: b.append(bytearray(16 << 20))'"
     tb.apply({**pod("hog", grow, memory="96Mi"), "metadata": {"name": "hog", "namespace": ns}})

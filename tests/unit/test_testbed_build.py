@@ -39,3 +39,31 @@ def test_without_staging_version_local_replaces_are_dropped() -> None:
 def test_staging_version_follows_the_kubernetes_pin() -> None:
     major_minor_patch = KUBERNETES_VERSION.lstrip("v").split(".")
     assert f"v0.{major_minor_patch[1]}.{major_minor_patch[2]}" == K8S_STAGING_VERSION
+
+
+def test_the_fault_switch_patches_only_pods_with_all_its_labels() -> None:
+    import base64
+    import json
+
+    from grpo_testbed.faults import EnvInjection, review_response
+
+    inj = EnvInjection({"grpo.dev/attempt": "0", "grpo.dev/role": "head"},
+                       {"GRPO_FAULT_INJECT": "host_oom@step=5"})
+
+    def review(labels: dict[str, str], env: list[dict[str, str]] | None) -> dict[str, object]:
+        container: dict[str, object] = {"name": "ray-head"}
+        if env is not None:
+            container["env"] = env
+        obj = {"metadata": {"labels": labels}, "spec": {"containers": [container]}}
+        return review_response({"request": {"uid": "u1", "object": obj}}, (inj,))["response"]
+
+    head0 = review({"grpo.dev/attempt": "0", "grpo.dev/role": "head"}, [{"name": "A",
+                                                                          "value": "1"}])
+    assert head0["uid"] == "u1" and head0["allowed"] is True
+    ops = json.loads(base64.b64decode(str(head0["patch"])))
+    assert ops == [{"op": "add", "path": "/spec/containers/0/env/-",
+                    "value": {"name": "GRPO_FAULT_INJECT", "value": "host_oom@step=5"}}]
+    fresh = review({"grpo.dev/attempt": "0", "grpo.dev/role": "head"}, None)
+    assert json.loads(base64.b64decode(str(fresh["patch"])))[0]["path"] == \
+        "/spec/containers/0/env"
+    assert "patch" not in review({"grpo.dev/attempt": "1", "grpo.dev/role": "head"}, None)

@@ -25,6 +25,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from ..faults import EnvInjection, matches
 from ..versions import KUBERNETES_VERSION
 from . import podspec, sandbox
 from .cgroup import MemoryCgroup
@@ -49,14 +50,6 @@ class RunningPod:
     cgroups: list[MemoryCgroup] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
-
-
-@dataclass(frozen=True)
-class EnvInjection:
-    """Extra env for containers of pods carrying all of ``labels`` (fault injection)."""
-
-    labels: dict[str, str]
-    env: dict[str, str]
 
 
 class LocalNodeAgent:
@@ -239,7 +232,7 @@ class LocalNodeAgent:
         labels = pod["metadata"].get("labels") or {}
         extra: dict[str, str] = {}
         for inj in self.injections:
-            if all(labels.get(k) == v for k, v in inj.labels.items()):
+            if matches(inj, labels):
                 extra |= inj.env
         return extra
 
