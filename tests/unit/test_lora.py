@@ -188,3 +188,11 @@ def test_peft_adapter_directory_uses_peft_names_and_config(tmp_path: Path) -> No
 def test_lora_checkpoints_leave_the_frozen_base_out() -> None:
     assert state_dict_options(LoraConfig()).ignore_frozen_params
     assert not state_dict_options(None).ignore_frozen_params
+
+
+def test_vllm_gets_the_smallest_lora_rank_slot_that_holds_the_adapter() -> None:
+    from grpo_trainer.rollout.engine_limits import vllm_lora_rank
+
+    assert [vllm_lora_rank(r) for r in (1, 4, 8, 9, 32, 300, 512)] == [1, 8, 8, 16, 32, 320, 512]
+    with pytest.raises(ValueError, match=r"actor\.lora\.rank 1024"):
+        vllm_lora_rank(1024)

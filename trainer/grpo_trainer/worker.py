@@ -25,7 +25,7 @@ from .data import Record, load_template
 from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
 from .grpo_math import GRPOLossOut, entropy_from_logits, grpo_loss, log_probs_from_logits
 from .lora import adapters_disabled
-from .lora.sync import rollout_weights
+from .lora.sync import sync_rollout_weights
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
 from .placement import cuda_device_index
 from .rollout.base import RolloutEngine, SamplingSpec
@@ -314,6 +314,7 @@ class Worker:
                     seed=cfg.rollout.seed,
                     enable_sleep_mode=cfg.rollout.enable_sleep_mode,
                     trust_remote_code=cfg.model.trust_remote_code,
+                    lora_rank=cfg.actor.lora.rank if cfg.actor.lora else 0,
                 )
             )
         from .rollout.hf import HFGenerateEngine
@@ -356,7 +357,7 @@ class Worker:
                     cfg.data.max_prompt_length,
                 )
         self.engine.wake()
-        self.engine.load_weights(rollout_weights(self.actor, self.compute_dtype, cfg.actor.lora))
+        sync_rollout_weights(self.engine, self.actor, self.compute_dtype, cfg.actor.lora)
         spec = SamplingSpec(
             n=cfg.rollout.n,
             temperature=cfg.rollout.temperature,
@@ -383,9 +384,7 @@ class Worker:
         out: list[dict[str, Any]] = []
         with torch.random.fork_rng(devices=cuda):
             self.engine.wake()
-            self.engine.load_weights(
-                rollout_weights(self.actor, self.compute_dtype, self.cfg.actor.lora)
-            )
+            sync_rollout_weights(self.engine, self.actor, self.compute_dtype, self.cfg.actor.lora)
             for chunk in chunks:  # the same number on every rank: TP groups call together
                 everything, own = self._tp_union(chunk)
                 prompts = [self.encoder.encode(r) for r in everything]
