@@ -228,3 +228,37 @@ def test_merged_export_is_base_plus_scaled_adapters_and_loads_in_transformers(
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"]) == (LORA["rank"], LORA["alpha"])
     assert config["base_model_name_or_path"] == str(tiny_lm)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "dtype"), [("rank0", "float32"), ("sharded", "bfloat16"), ("naive", "float32")]
+)
+def test_every_init_strategy_loads_the_base_and_starts_the_adapters_at_zero_update(
+    tiny_lm: Path, strategy: str, dtype: str
+) -> None:
+    """2 spawned gloo ranks. The base is from_pretrained's (in the compute dtype, frozen),
+    B is zero and A a real draw on every rank (the sharded ranks start from the meta
+    device), and a bf16 base with fp32 adapters runs forward and backward under FSDP2."""
+    from grpo_api.trainer_config import ModelConfig
+    from grpo_trainer.modeling import load_full
+    from grpo_trainer.testing.dist import run_ranks
+    from grpo_trainer.testing.lora_check import build_lora_actor
+
+    arg = {"model": str(tiny_lm), "strategy": strategy, "dtype": dtype, "lora": LORA}
+    results = run_ranks(build_lora_actor, 2, arg, timeout_s=600)
+    base = dict(load_full(ModelConfig(path=str(tiny_lm)), torch.float32).named_parameters())
+    compute = getattr(torch, dtype)
+    for r in results:
+        adapters = {k for k in r["params"] if ".lora_" in k}
+        assert r["trainable"] == sorted(adapters) == r["with_grad"]
+        assert len(adapters) == 2 * 7 * 2  # q, k, v, o, gate, up, down in 2 layers
+        for name, want in base.items():
+            assert torch.equal(r["params"][name], want.detach().to(compute).float()), name
+            assert r["dtypes"][name] == str(compute), name
+        for name in adapters:
+            assert r["dtypes"][name] == "torch.float32"
+            if ".lora_B." in name:
+                assert not r["params"][name].any(), name
+            else:
+                assert r["params"][name].std() > 0.01, name
+        assert all(torch.equal(r["params"][k], results[0]["params"][k]) for k in adapters)

@@ -113,12 +113,13 @@ def test_config_check_knows_vllms_cpu_head_sizes() -> None:
     assert found == [list(VLLM_CPU_HEAD_SIZES)]
 
 
-def test_lora_adapter_sync_matches_the_actor(vllm_lm: Path) -> None:
+@pytest.mark.parametrize("tp", [1, 2])
+def test_lora_adapter_sync_matches_the_actor(vllm_lm: Path, tp: int) -> None:
     """LoRA: the engine serves the base it loaded once plus the adapter sent at each
     sync (a vLLM LoRA request). Its log-probs are the actor's within SYNC_TOLERANCE
     (float32 on CPU: the same sums in another order), and a skipped adapter sync shows
     as the policy's whole move."""
-    config = _config(vllm_lm, tp=1)
+    config = _config(vllm_lm, tp=tp)
     config["actor"]["lora"] = {"rank": 8, "alpha": 16.0}
     results = run_ranks(rollout_update_sync, 2, {"config": config, "records": _records(False)})
     print({k: [r[k] for r in results] for k in ("policy_moved", "stale", "synced")})
