@@ -124,3 +124,13 @@ def test_lora_adapter_sync_matches_the_actor(vllm_lm: Path, tp: int) -> None:
     results = run_ranks(rollout_update_sync, 2, {"config": config, "records": _records(False)})
     print({k: [r[k] for r in results] for k in ("policy_moved", "stale", "synced")})
     _check_sync(results)
+
+
+def test_vlm_lora_adapter_sync_with_images(vllm_vlm: Path) -> None:
+    """LoRA on Qwen2.5-VL through vLLM: adapters on the language model only (vLLM adapts
+    nothing else), the images through the base vision tower; synced like the text model."""
+    config = _config(vllm_vlm, tp=1)
+    config["actor"]["lora"] = {"rank": 8, "alpha": 16.0}
+    results = run_ranks(rollout_update_sync, 2, {"config": config, "records": _records(True)})
+    print({k: [r[k] for r in results] for k in ("policy_moved", "stale", "synced")})
+    _check_sync(results, sampled_tolerance=0.05)
