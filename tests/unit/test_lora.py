@@ -196,3 +196,19 @@ def test_vllm_gets_the_smallest_lora_rank_slot_that_holds_the_adapter() -> None:
     assert [vllm_lora_rank(r) for r in (1, 4, 8, 9, 32, 300, 512)] == [1, 8, 8, 16, 32, 320, 512]
     with pytest.raises(ValueError, match=r"actor\.lora\.rank 1024"):
         vllm_lora_rank(1024)
+
+
+def test_a_lora_rank_vllm_cannot_serve_is_refused_with_the_config() -> None:
+    from grpo_trainer.config import ConfigError, build_config, check_engine_limits
+
+    raw = {
+        "model": {"path": "org/hub-model"},
+        "data": {"train_files": ["t.jsonl"]},
+        "rollout": {"engine": "vllm"},
+        "actor": {"lora": {"rank": 1024}},
+    }
+    with pytest.raises(ConfigError) as err:
+        check_engine_limits(build_config(raw, environ={}))
+    assert err.value.field == "actor.lora.rank"
+    raw["actor"] = {"lora": {"rank": 64}}
+    check_engine_limits(build_config(raw, environ={}))
