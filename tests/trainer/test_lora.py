@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from grpo_trainer.checkpointing.dcp import committed_step
-from grpo_trainer.checkpointing.export import export, load_model_tensors
+from grpo_trainer.checkpointing.export import ExportError, export, load_model_tensors
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.configs import text_config
@@ -151,6 +151,8 @@ def test_a_lora_checkpoint_holds_adapters_only_a_small_fraction_of_a_full_one(
     assert lora_tensors < 0.1 * full_tensors
     # On disk DCP's per-tensor framing weighs in on a model this small.
     assert _size(lora_dir) < 0.25 * _size(full_dir)
+    with pytest.raises(ExportError, match="--adapter-out needs a LoRA checkpoint"):
+        export(tmp_path / "full", tmp_path / "out", adapter_out=tmp_path / "adapter")
 
 
 def test_lora_resumes_bit_exact_after_sigkill(
