@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from grpo_api.trainer_config import LoraConfig
+from grpo_trainer.errors import ExitCode, classify
 from grpo_trainer.lora import (
     NoTargets,
     adapters_disabled,
@@ -84,8 +85,10 @@ def test_named_targets_match_by_suffix_and_exclusion_can_be_turned_off() -> None
 
 
 def test_a_selection_that_matches_nothing_is_refused_naming_the_field() -> None:
-    with pytest.raises(NoTargets, match=r"actor\.lora\.target_modules"):
+    with pytest.raises(NoTargets, match="matches no linear layer") as err:
         attach_adapters(_model(), LoraConfig(target_modules=["qkv"]), torch.float32)
+    assert err.value.field == "actor.lora.target_modules"
+    assert classify(err.value).code == ExitCode.CONFIG_ERROR
 
 
 def test_adapted_model_starts_equal_to_base_and_only_adapters_train() -> None:

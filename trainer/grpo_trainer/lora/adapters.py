@@ -28,6 +28,8 @@ from torch import nn
 
 from grpo_api.trainer_config import LoraConfig
 
+from ..config import ConfigError
+
 ADAPTER_A = "lora_A"
 ADAPTER_B = "lora_B"
 _OFF = "_lora_off"  # set on adapted layers while the adapters are disabled
@@ -78,8 +80,8 @@ def target_names(model: nn.Module, lora: LoraConfig) -> list[str]:
     return names
 
 
-class NoTargets(ValueError):
-    """``actor.lora`` selects no linear layer of the model."""
+class NoTargets(ConfigError):
+    """``actor.lora`` selects no linear layer of the model (exit 2, a config error)."""
 
 
 def _add_update(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
@@ -105,9 +107,10 @@ def attach_adapters(model: nn.Module, lora: LoraConfig, base_dtype: torch.dtype)
     names = target_names(model, lora)
     if not names:
         raise NoTargets(
-            f"actor.lora.target_modules {lora.target_modules!r} (excluding "
+            "actor.lora.target_modules",
+            f"{lora.target_modules!r} (excluding "
             f"{lora.exclude_modules!r}) matches no linear layer of "
-            f"{type(model).__name__}: name layers it has, e.g. q_proj, v_proj"
+            f"{type(model).__name__}: name layers it has, e.g. q_proj, v_proj",
         )
     for p in model.parameters():
         p.requires_grad_(False)
