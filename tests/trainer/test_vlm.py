@@ -55,3 +55,52 @@ def test_vlm_steps_with_images_and_kl(tiny_vlm: Path, tmp_path: Path, ray_local:
     assert history[1]["actor/kl"] > 0
     # bf16 compute on both sides: agreement to bf16 precision.
     assert max(gaps) < 0.5
+
+
+def test_vlm_lora_trains_the_language_model_only(
+    tiny_vlm: Path, tmp_path: Path, ray_local: None
+) -> None:
+    """LoRA on Qwen2.5-VL: adapters on the language model's linear layers only (the
+    default exclude_modules keeps the vision tower out), the base frozen, bf16 compute,
+    the reference the actor with its adapters off."""
+    data = write_vision_task(tmp_path / "vision.parquet")
+    cfg = build_config(
+        {
+            "model": {"path": str(tiny_vlm)},
+            "data": {"train_files": [str(data)], "format_prompt": "math"},
+            "rollout": {"n": 4, "max_new_tokens": 6},
+            # The entropy bonus gives the adapters a gradient whatever the tiny
+            # model's rewards (mostly all zero: no advantage, no policy gradient).
+            "algorithm": {"kl_coef": 0.1, "kl_estimator": "low_var_kl", "entropy_coef": 0.01},
+            "actor": {
+                "lr": 5e-2,
+                "micro_batch_size": 2,
+                "mini_batch_size": 4,
+                "dtype": "bfloat16",
+                "lora": {"rank": 4, "alpha": 8.0},
+            },
+            "reward": {"type": "math"},
+            "resources": {"num_workers": 2, "ray_address": "local"},
+            "trainer": {"total_steps": 2, "rollout_batch_size": 2},
+            "metrics": {"progress_bar": "off"},
+        },
+        environ={},
+    )
+    trainer = GRPOTrainer(cfg)
+    try:
+        trainer.start()
+        assert trainer.group is not None
+        before = trainer.group.call("full_params")[0]
+        history = trainer.run()
+        after = trainer.group.call("full_params")[0]
+        gaps = trainer.group.call("rollout_log_prob_gap")
+    finally:
+        trainer.close()
+
+    adapters = {k for k in before if ".lora_" in k}
+    assert adapters and all("language_model" in k for k in adapters)
+    changed = {k for k in before if not (before[k] == after[k]).all()}
+    assert changed and changed <= adapters  # the base, vision tower included, is untouched
+    assert any(".lora_B." in k for k in changed)
+    assert history[1]["actor/kl"] > 0
+    assert max(gaps) < 0.5

@@ -111,3 +111,26 @@ def test_config_check_knows_vllms_cpu_head_sizes() -> None:
         if isinstance(node, ast.Return) and node.value is not None
     ]
     assert found == [list(VLLM_CPU_HEAD_SIZES)]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_lora_adapter_sync_matches_the_actor(vllm_lm: Path, tp: int) -> None:
+    """LoRA: the engine serves the base it loaded once plus the adapter sent at each
+    sync (a vLLM LoRA request). Its log-probs are the actor's within SYNC_TOLERANCE
+    (float32 on CPU: the same sums in another order), and a skipped adapter sync shows
+    as the policy's whole move."""
+    config = _config(vllm_lm, tp=tp)
+    config["actor"]["lora"] = {"rank": 8, "alpha": 16.0}
+    results = run_ranks(rollout_update_sync, 2, {"config": config, "records": _records(False)})
+    print({k: [r[k] for r in results] for k in ("policy_moved", "stale", "synced")})
+    _check_sync(results)
+
+
+def test_vlm_lora_adapter_sync_with_images(vllm_vlm: Path) -> None:
+    """LoRA on Qwen2.5-VL through vLLM: adapters on the language model only (vLLM adapts
+    nothing else), the images through the base vision tower; synced like the text model."""
+    config = _config(vllm_vlm, tp=1)
+    config["actor"]["lora"] = {"rank": 8, "alpha": 16.0}
+    results = run_ranks(rollout_update_sync, 2, {"config": config, "records": _records(True)})
+    print({k: [r[k] for r in results] for k in ("policy_moved", "stale", "synced")})
+    _check_sync(results, sampled_tolerance=0.05)

@@ -161,3 +161,26 @@ def test_vlm_with_images_learns_with_vllm(vllm_vlm: Path, tmp_path: Path) -> Non
     # Vision placeholders are never sampled: vLLM's log-probs are renormalised without
     # them (test_engine.py), a few 1e-3 apart from the actor's.
     assert all(m["rollout/logprob_abs_diff_mean"] < 0.05 for m in history.values())
+
+
+def test_text_reward_rises_with_vllm_lora(vllm_lora_lm: Path, tmp_path: Path) -> None:
+    """LoRA with vLLM rollouts (one engine per rank): the base loaded once, the adapter
+    sent each step, the reward rises and the engine's log-probs stay the actor's."""
+    model = vllm_lora_lm
+    data = write_text_task(tmp_path / "text.jsonl")
+    cfg = _vllm(
+        text_config(
+            model,
+            data,
+            trainer={"total_steps": STEPS},
+            actor={"lr": 5e-2, "lora": {"rank": 8, "alpha": 16.0}},
+        ),
+        tp=1,
+    )
+    history = _finish(_start(cfg, tmp_path, "lora"), tmp_path, "lora")
+    assert sorted(history) == list(range(1, STEPS + 1))
+    start, end = _rises(history)
+    rewards = [round(history[s]["reward/mean"], 3) for s in sorted(history)]
+    print(f"\nLoRA + vLLM rewards: {rewards}")
+    assert end > start + 0.15, rewards
+    assert all(m["rollout/logprob_abs_diff_mean"] < 1e-4 for m in history.values())

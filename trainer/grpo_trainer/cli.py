@@ -88,8 +88,19 @@ def train(config_path: str | None, overrides: tuple[str, ...], resume: bool) -> 
     default=None,
     help="original model directory, if not where the checkpoint's config says",
 )
+@click.option(
+    "--adapter-out",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="LoRA checkpoints: also write the adapters as a PEFT directory here",
+)
 def export_cmd(
-    checkpoint_dir: str, step: int | None, out: str, dtype: str | None, model_path: str | None
+    checkpoint_dir: str,
+    step: int | None,
+    out: str,
+    dtype: str | None,
+    model_path: str | None,
+    adapter_out: str | None,
 ) -> None:
     """Write a Hugging Face model directory (safetensors + config + tokenizer) from a checkpoint."""
     import logging
@@ -98,7 +109,10 @@ def export_cmd(
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        done = export(checkpoint_dir, out, step=step, model_path=model_path, dtype=dtype)
+        done = export(
+            checkpoint_dir, out, step=step, model_path=model_path, dtype=dtype,
+            adapter_out=adapter_out,
+        )
     except ExportError as err:
         click.echo(f"export failed: {err}", err=True)
         sys.exit(1)

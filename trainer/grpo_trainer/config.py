@@ -137,6 +137,13 @@ def check_runtime(cfg: Config) -> None:
 
 def check_engine_limits(cfg: Config) -> None:
     """What the rollout engine cannot run, from the model's config.json (a local model's)."""
+    if cfg.rollout.engine == "vllm" and cfg.actor.lora is not None:
+        from .rollout.engine_limits import vllm_lora_rank
+
+        try:
+            vllm_lora_rank(cfg.actor.lora.rank)
+        except ValueError as err:
+            raise ConfigError("actor.lora.rank", str(err)) from None
     if cfg.rollout.engine != "vllm" or cfg.resources.gpus_per_worker > 0:
         return  # only vLLM's CPU backend has a limit known before loading
     config_json = Path(cfg.model.path) / "config.json"

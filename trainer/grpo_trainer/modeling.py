@@ -122,15 +122,13 @@ def build_sharded(
         if sharded is not None:
             return sharded
 
-    if rank == 0:
-        model = load_full(mcfg, torch.float32)
-        # No copy: fully_shard puts each shard in new storage and drops its
-        # reference to the full tensor, so these are the only full copies.
-        full_sd = {k: v.detach() for k, v in model.state_dict().items()}
-    else:
-        model = _build_on_meta(mcfg)
-        full_sd = {}
+    model = load_full(mcfg, torch.float32) if rank == 0 else _build_on_meta(mcfg)
     _prepare(model, actor, trainable)
+    # Taken after _prepare, which may add LoRA adapters (rank 0's initial values go
+    # to every rank) and cast the frozen base. No copy: fully_shard puts each shard
+    # in new storage and drops its reference to the full tensor, so these are the
+    # only full copies.
+    full_sd = {k: v.detach() for k, v in model.state_dict().items()} if rank == 0 else {}
     shard_model(model, actor, device, trainable=trainable)
     if rank != 0:
         _materialise(model, device)
@@ -161,6 +159,7 @@ def _build_sharded_read(
     mcfg: ModelConfig, actor: ActorConfig, device: torch.device, *, trainable: bool
 ) -> nn.Module | None:
     """The ``sharded`` strategy; None (on every rank alike) if the checkpoint does not allow it."""
+    from .lora import reset_adapters
     from .sharded_load import NotShardable, plan_sources, read_local_shards
 
     model = _build_on_meta(mcfg)
@@ -175,6 +174,8 @@ def _build_sharded_read(
     _materialise(model, device)
     t0 = time.perf_counter()
     nbytes = read_local_shards(model, plan)
+    if trainable and actor.lora is not None:  # adapters are not in the files
+        reset_adapters(model, torch.initial_seed())
     log.info(
         "rank %d read its shards: %.1f MiB in %.2f s",
         dist.get_rank(),
@@ -192,6 +193,10 @@ def _prepare(model: nn.Module, actor: ActorConfig, trainable: bool) -> None:
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
+    if trainable and actor.lora is not None:
+        from .lora import attach_adapters
+
+        attach_adapters(model, actor.lora, DTYPES[actor.dtype])
     if trainable and actor.gradient_checkpointing:
         model.gradient_checkpointing_enable(  # type: ignore[operator]
             gradient_checkpointing_kwargs={"use_reentrant": False}

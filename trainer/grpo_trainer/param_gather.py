@@ -13,7 +13,7 @@ and the gathered slots are concatenated and trimmed.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -112,16 +112,22 @@ def _gather_bucket(
 
 
 def gather_full_params(
-    model: nn.Module, dtype: torch.dtype, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    model: nn.Module,
+    dtype: torch.dtype,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    only: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor in ``dtype``) for every parameter, in ``named_parameters`` order.
+    """(name, full tensor in ``dtype``) for every parameter (or those whose name ``only``
+    accepts: LoRA adapters), in ``named_parameters`` order.
 
     A collective: every rank must exhaust the iterator. Parameters that are not
     row-sharded DTensors (plain tensors, other placements) take the per-parameter
     path. The yielded tensors may be views of a shared buffer: copy them.
     """
     itemsize = torch.empty((), dtype=dtype).element_size()
-    params = [(name, p.detach()) for name, p in model.named_parameters()]
+    params = [
+        (name, p.detach()) for name, p in model.named_parameters() if only is None or only(name)
+    ]
     meshes = [_row_sharded_mesh(p) for _, p in params]
     items = [
         GatherItem(tuple(p.shape), m, m.size() if m is not None else 1)

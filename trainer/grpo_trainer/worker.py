@@ -24,8 +24,9 @@ from grpo_api.trainer_config import Config
 from .data import Record, load_template
 from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
 from .grpo_math import GRPOLossOut, entropy_from_logits, grpo_loss, log_probs_from_logits
+from .lora import adapters_disabled
+from .lora.sync import sync_rollout_weights
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
-from .param_gather import gather_full_params
 from .placement import cuda_device_index
 from .rollout.base import RolloutEngine, SamplingSpec
 from .samples import (
@@ -171,9 +172,12 @@ class Worker:
         self.actor = build_sharded(cfg.model, cfg.actor, self.device, trainable=True)
         self.ref: nn.Module | None = None
         if cfg.algorithm.kl_coef > 0:
-            self.ref = build_sharded(cfg.model, cfg.actor, self.device, trainable=False)
+            # LoRA: the reference is the actor itself with its adapters off (no copy).
+            self.ref = self.actor if cfg.actor.lora else build_sharded(
+                cfg.model, cfg.actor, self.device, trainable=False
+            )
         self.optimizer = torch.optim.AdamW(
-            self.actor.parameters(),
+            [p for p in self.actor.parameters() if p.requires_grad],  # LoRA: adapters
             lr=cfg.actor.lr,
             betas=cfg.actor.betas,
             weight_decay=cfg.actor.weight_decay,
@@ -310,6 +314,7 @@ class Worker:
                     seed=cfg.rollout.seed,
                     enable_sleep_mode=cfg.rollout.enable_sleep_mode,
                     trust_remote_code=cfg.model.trust_remote_code,
+                    lora_rank=cfg.actor.lora.rank if cfg.actor.lora else 0,
                 )
             )
         from .rollout.hf import HFGenerateEngine
@@ -352,7 +357,7 @@ class Worker:
                     cfg.data.max_prompt_length,
                 )
         self.engine.wake()
-        self.engine.load_weights(gather_full_params(self.actor, self.compute_dtype))
+        sync_rollout_weights(self.engine, self.actor, self.compute_dtype, cfg.actor.lora)
         spec = SamplingSpec(
             n=cfg.rollout.n,
             temperature=cfg.rollout.temperature,
@@ -379,7 +384,7 @@ class Worker:
         out: list[dict[str, Any]] = []
         with torch.random.fork_rng(devices=cuda):
             self.engine.wake()
-            self.engine.load_weights(gather_full_params(self.actor, self.compute_dtype))
+            sync_rollout_weights(self.engine, self.actor, self.compute_dtype, self.cfg.actor.lora)
             for chunk in chunks:  # the same number on every rank: TP groups call together
                 everything, own = self._tp_union(chunk)
                 prompts = [self.encoder.encode(r) for r in everything]
@@ -477,7 +482,8 @@ class Worker:
             self._fill(self.actor, "old_log_probs")
         t1 = time.perf_counter()
         if self.ref is not None:
-            self._fill(self.ref, "ref_log_probs")
+            with adapters_disabled(self.ref):
+                self._fill(self.ref, "ref_log_probs")
         t2 = time.perf_counter()
         stats = self._policy_update(step, on_policy)
         t3 = time.perf_counter()

@@ -124,6 +124,7 @@ def export(
     model_path: str | None = None,
     dtype: str | None = None,
     check: bool = True,
+    adapter_out: str | Path | None = None,
 ) -> Exported:
     from ..modeling import _auto_class, load_hf_config
 
@@ -142,6 +143,8 @@ def export(
     hf_config = load_hf_config(mcfg)
     tensors = load_model_tensors(step_dir)
     target = _dtype(dtype, hf_config)
+    if cfg.actor.lora is not None or adapter_out is not None:
+        tensors = _lora_to_full(mcfg, cfg, tensors, adapter_out, target)
     with torch.device("meta"):
         model: Any = _auto_class(hf_config).from_config(
             hf_config, dtype=target, trust_remote_code=mcfg.trust_remote_code
@@ -178,6 +181,28 @@ def export(
         time.perf_counter() - t0,
     )
     return Exported(chosen, out, len(tensors), n_bytes)
+
+
+def _lora_to_full(
+    mcfg: ModelConfig,
+    cfg: Config,
+    tensors: dict[str, torch.Tensor],
+    adapter_out: str | Path | None,
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """A LoRA checkpoint's adapters merged into the base (and written as a PEFT
+    directory to ``adapter_out`` if given)."""
+    from ..lora.export import NotAnAdapterCheckpoint, merged_model_tensors, write_adapter
+
+    lora = cfg.actor.lora
+    if lora is None:
+        raise ExportError("--adapter-out needs a LoRA checkpoint (actor.lora set in its config)")
+    if adapter_out is not None:
+        write_adapter(Path(adapter_out), mcfg, lora, tensors, dtype)
+    try:
+        return merged_model_tensors(mcfg, lora, tensors)
+    except NotAnAdapterCheckpoint as err:
+        raise ExportError(str(err)) from err
 
 
 def _dtype(name: str | None, hf_config: Any) -> torch.dtype:

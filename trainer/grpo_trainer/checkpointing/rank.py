@@ -208,7 +208,10 @@ class RankCheckpointer:
     def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        msd, osd = get_state_dict(self.w.actor, self.w.optimizer)
+        from ..lora.checkpoint import state_dict_options
+
+        opts = state_dict_options(self.w.cfg.actor.lora)  # LoRA: adapters only
+        msd, osd = get_state_dict(self.w.actor, self.w.optimizer, options=opts)
         return msd, osd
 
     # -- save ------------------------------------------------------------------
@@ -314,7 +317,15 @@ class RankCheckpointer:
             if check.wait():
                 return {"bad": check.wait()}
             raise
-        set_state_dict(self.w.actor, self.w.optimizer, model_state_dict=msd, optim_state_dict=osd)
+        from ..lora.checkpoint import state_dict_options
+
+        set_state_dict(
+            self.w.actor,
+            self.w.optimizer,
+            model_state_dict=msd,
+            optim_state_dict=osd,
+            options=state_dict_options(self.w.cfg.actor.lora),
+        )
         self.w._optimizer_state_to(self.w._optimizer_home)
         t_verify = check.finished - t0
 

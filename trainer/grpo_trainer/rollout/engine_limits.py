@@ -17,6 +17,20 @@ from typing import Any
 
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
+# vLLM's ``max_lora_rank`` must be one of these (vLLM 0.32, ``vllm.config.lora.MaxLoRARanks``).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(
+            f"actor.lora.rank {rank} exceeds vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}: "
+            "use a smaller rank or rollout.engine: hf"
+        )
+    return fits[0]
+
 
 def text_config(model_config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's settings: a VLM's ``text_config`` over the top level."""

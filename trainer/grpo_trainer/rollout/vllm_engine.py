@@ -18,6 +18,8 @@ Per step (``RolloutEngine`` lifecycle):
                     rank's slice.
     generate()      per-prompt seeds, so a prompt's samples do not depend on which
                     rank or TP layout generated it
+    load_adapter()  LoRA instead of load_weights: only the adapter tensors, served as a
+                    vLLM LoRA request over the base loaded once from the model path
     sleep()         CUDA: weights to host and KV cache freed while FSDP trains;
                     CPU: sleep mode does not exist, the engine keeps its weights
                     (the planner's host budget counts them)
@@ -29,12 +31,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from grpo_api.trainer_config import LoraConfig
+
+from ..lora.vllm_adapter import AdapterSlot
 from ..samples import EncodedPrompt
 from .base import Generation, SamplingSpec
 from .stale_shm import remove_stale_vllm_segments
@@ -59,6 +64,9 @@ class VLLMEngineConfig:
     enable_sleep_mode: bool
     trust_remote_code: bool = False
     max_images_per_prompt: int = 4
+    # LoRA (actor.lora): the adapter rank; 0 without LoRA. The engine then serves the
+    # base from the model path plus the adapter sent at each sync (load_adapter).
+    lora_rank: int = 0
 
 
 def kv_cache_bytes(hf_config: Any, dtype: torch.dtype, tokens: int, tp: int) -> int:
@@ -118,6 +126,12 @@ class VLLMEngine:
             # Log-probs after temperature scaling: what the actor recomputes.
             "logprobs_mode": "processed_logprobs",
         }
+        if cfg.lora_rank:
+            from .engine_limits import vllm_lora_rank
+
+            rank = vllm_lora_rank(cfg.lora_rank)
+            kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
+        self.adapters = AdapterSlot(cfg.model_path) if cfg.lora_rank else None
         if self.on_cpu:
             kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_bytes
             kwargs["enforce_eager"] = True  # no graph capture on CPU
@@ -165,6 +179,19 @@ class VLLMEngine:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
 
+    def load_adapter(self, tensors: Mapping[str, torch.Tensor], lora: LoraConfig) -> None:
+        """Serve ``tensors`` (the actor's full adapters) from now on; the base weights
+        stay as loaded once from the model path. Only the adapters travel."""
+        if self.adapters is None:
+            raise RuntimeError("load_adapter on an engine built without LoRA (lora_rank 0)")
+        self.adapters.replace(self.llm, tensors, lora)
+        if self.sleep_mode and self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+
+    def _lora_request(self) -> Any:
+        return self.adapters.request if self.adapters is not None else None
+
     def generate(self, prompts: list[EncodedPrompt], spec: SamplingSpec) -> list[list[Generation]]:
         from vllm import SamplingParams
 
@@ -183,7 +210,9 @@ class VLLMEngine:
             )
             for seed in seeds
         ]
-        outputs = self.llm.generate(_inputs(prompts), params, use_tqdm=False)
+        outputs = self.llm.generate(
+            _inputs(prompts), params, use_tqdm=False, lora_request=self._lora_request()
+        )
         result: list[list[Generation]] = []
         for out in outputs:
             gens: list[Generation] = []
@@ -209,7 +238,9 @@ class VLLMEngine:
         params = SamplingParams(
             max_tokens=1, temperature=temperature, prompt_logprobs=0, logprobs=0
         )
-        outputs = self.llm.generate(_inputs(prompts, responses), params, use_tqdm=False)
+        outputs = self.llm.generate(
+            _inputs(prompts, responses), params, use_tqdm=False, lora_request=self._lora_request()
+        )
         scores: list[torch.Tensor] = []
         for out, resp in zip(outputs, responses, strict=True):
             # prompt_logprobs[i] scores token i of the submitted sequence.

@@ -161,15 +161,26 @@ def _padded_vocab(tok: Any) -> int:
 
 
 def build_tiny_qwen2(
-    path: str | Path, hidden: int = 64, layers: int = 2, seed: int = 0, vocab_size: int = 400
+    path: str | Path,
+    hidden: int = 64,
+    layers: int = 2,
+    seed: int = 0,
+    vocab_size: int = 400,
+    init_std: float = 0.02,
 ) -> Path:
-    """A random-weight Qwen2ForCausalLM plus tokenizer, saved to ``path``."""
+    """A random-weight Qwen2ForCausalLM plus tokenizer, saved to ``path``.
+
+    ``init_std``: the weights' scale. At 0.02 (transformers' default) the frozen LM head
+    of a 64-wide model can move a token's logit by about one nat at most, so a LoRA
+    run (which leaves the head alone) cannot learn the text task; 0.1 leaves room.
+    """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     path = Path(path)
     tok = build_tokenizer(vocab_size)
-    cfg = Qwen2Config(**_text_dims(hidden, layers, _padded_vocab(tok), tok))
+    dims = _text_dims(hidden, layers, _padded_vocab(tok), tok)
+    cfg = Qwen2Config(**dims, initializer_range=init_std)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
     model.generation_config = GenerationConfig(

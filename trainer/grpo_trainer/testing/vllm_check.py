@@ -16,7 +16,7 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
 
     from grpo_trainer.config import build_config
     from grpo_trainer.data import Record
-    from grpo_trainer.param_gather import gather_full_params
+    from grpo_trainer.lora.sync import sync_rollout_weights
     from grpo_trainer.rollout.vllm_engine import VLLMEngine
     from grpo_trainer.worker import Worker
 
@@ -43,7 +43,7 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
     worker.update(advantages, step=0)
     after = actor_log_probs()
     stale = gap(worker.score(), after)
-    engine.load_weights(gather_full_params(worker.actor, worker.compute_dtype))
+    sync_rollout_weights(engine, worker.actor, worker.compute_dtype, cfg.actor.lora)
     synced = gap(worker.score(), after)
     generated: dict[int, list[list[int]]] = {}
     for s in worker.samples:
