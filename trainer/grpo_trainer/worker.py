@@ -27,6 +27,7 @@ from .grpo_math import GRPOLossOut, entropy_from_logits, grpo_loss, log_probs_fr
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
 from .param_gather import gather_full_params
 from .placement import cuda_device_index
+from .precision import build_optimizer
 from .rollout.base import RolloutEngine, SamplingSpec
 from .samples import (
     EncodedPrompt,
@@ -172,15 +173,8 @@ class Worker:
         self.ref: nn.Module | None = None
         if cfg.algorithm.kl_coef > 0:
             self.ref = build_sharded(cfg.model, cfg.actor, self.device, trainable=False)
-        self.optimizer = torch.optim.AdamW(
-            self.actor.parameters(),
-            lr=cfg.actor.lr,
-            betas=cfg.actor.betas,
-            weight_decay=cfg.actor.weight_decay,
-            # One kernel over all parameters instead of a dozen DTensor ops per
-            # parameter (10x less optimizer time on CPU; also the fast path on CUDA).
-            fused=True,
-        )
+        # AdamW (fused, float32 state) or, for actor.precision bf16, BF16AdamW.
+        self.optimizer = build_optimizer(self.actor.parameters(), cfg.actor)
         # Only meaningful on GPUs; on CPU the state is already in host memory.
         offload = cfg.actor.offload_optimizer and self.device.type == "cuda"
         self._optimizer_home = torch.device("cpu") if offload else self.device
