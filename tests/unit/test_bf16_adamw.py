@@ -10,6 +10,7 @@ from torch import nn
 
 from grpo_api.trainer_config import ActorConfig
 from grpo_trainer.optim import BF16AdamW, Compensation
+from grpo_trainer.optim.kahan_adamw import hash_noise16, stochastic_round_to_bf16
 from grpo_trainer.precision import build_optimizer, store_params
 
 pytestmark = pytest.mark.unit
@@ -121,3 +122,37 @@ def test_bf16_precision_stores_parameters_in_bf16_and_keeps_buffers() -> None:
 
     assert isinstance(build_optimizer(bf16.parameters(), ActorConfig(precision="bf16")), BF16AdamW)
     assert type(build_optimizer(mixed.parameters(), ActorConfig())) is torch.optim.AdamW
+
+
+@pytest.mark.parametrize(("stochastic", "tracks"), [(True, True), (False, False)])
+def test_second_moment_decays_when_the_gradients_shrink(stochastic: bool, tracks: bool) -> None:
+    """0.999 v + 0.001 g**2 moves v by less than half a bf16 step: rounded to nearest it
+    never decays, and after the gradients drop 10x the steps come out far too small."""
+    g = torch.Generator().manual_seed(1)
+    p = nn.Parameter(torch.zeros(2048, dtype=torch.bfloat16))
+    ref = nn.Parameter(torch.zeros(2048, dtype=torch.float64))
+    opt = BF16AdamW([p], lr=1e-5, weight_decay=0.0, stochastic_variance=stochastic)
+    ref_opt = torch.optim.AdamW([ref], lr=1e-5, weight_decay=0.0, foreach=False)
+    for step in range(2500):
+        scale = 1.0 if step < 500 else 0.1
+        grad = (torch.randn(2048, generator=g, dtype=torch.float64) * scale).bfloat16()
+        p.grad, ref.grad = grad, grad.double()
+        opt.step()
+        ref_opt.step()
+    ratio = (opt.state[p]["exp_avg_sq"].double() / ref_opt.state[ref]["exp_avg_sq"]).median()
+    if tracks:
+        assert abs(ratio.item() - 1.0) < 0.05, ratio
+    else:
+        assert ratio.item() > 2.0, ratio
+
+
+def test_stochastic_rounding_is_unbiased_and_repeatable() -> None:
+    # A value 30% of the way between two bf16 neighbours (1.0 and 1.0078125).
+    x = torch.full((1 << 16,), 1.0 + 0.3 * 2**-7)
+    noise = hash_noise16(x.shape, step=7, salt=3, device=x.device)
+    rounded = stochastic_round_to_bf16(x, noise).double()
+    assert set(rounded.unique().tolist()) == {1.0, 1.0078125}
+    assert rounded.mean().item() == pytest.approx(x[0].item(), abs=2**-7 * 0.01)
+    # The same (step, salt) draws the same bits; another step draws others.
+    assert torch.equal(noise, hash_noise16(x.shape, step=7, salt=3, device=x.device))
+    assert not torch.equal(noise, hash_noise16(x.shape, step=8, salt=3, device=x.device))
