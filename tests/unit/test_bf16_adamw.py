@@ -156,3 +156,22 @@ def test_stochastic_rounding_is_unbiased_and_repeatable() -> None:
     # The same (step, salt) draws the same bits; another step draws others.
     assert torch.equal(noise, hash_noise16(x.shape, step=7, salt=3, device=x.device))
     assert not torch.equal(noise, hash_noise16(x.shape, step=8, salt=3, device=x.device))
+
+
+@pytest.mark.parametrize("compensation", ["kahan", "stochastic", "none"])
+def test_chunked_update_equals_the_whole_tensor_update(
+    compensation: Compensation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w0, grads = _problem()
+    results = []
+    for chunk in (BF16AdamW.chunk_elements, 1000):  # 4096 elements: 5 chunks, last short
+        monkeypatch.setattr(BF16AdamW, "chunk_elements", chunk)
+        p = nn.Parameter(w0.bfloat16().view(64, 64))
+        opt = BF16AdamW([p], lr=LR, weight_decay=0.01, compensation=compensation)
+        for grad in grads[:20]:
+            p.grad = grad.bfloat16().view(64, 64)
+            opt.step()
+        results.append((p.detach().clone(), {k: v.clone() for k, v in opt.state[p].items()}))
+    (p1, s1), (p2, s2) = results
+    assert torch.equal(p1, p2)
+    assert s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)

@@ -7,9 +7,9 @@ mantissa bits, and the loss is re-added at the next step instead of dropped. The
 forward pass sees the bf16 weight alone (it is what FSDP gathers and the rollout
 engine receives).
 
-Every step's arithmetic is float32, one parameter at a time (its temporaries are the
-only float32 copies alive: a foreach over all parameters would hold a float32 model),
-and the results are stored in bf16. The weight as ``round(master)`` with ``master -
+Every step's arithmetic is float32, one parameter at a time and in chunks of 16M
+elements (the chunk's temporaries are the only float32 copies alive: a foreach over all
+parameters would hold a float32 model), and the results are stored in bf16. The weight as ``round(master)`` with ``master -
 round(master)`` as the new compensation; the first moment rounded to nearest (it
 changes by 10% of the gradient each step, far above bf16's resolution); the second
 moment rounded stochastically: ``0.999 v + 0.001 g**2`` rounds back to ``v`` whenever
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -46,14 +47,17 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def hash_noise16(shape: torch.Size, step: int, salt: int, device: torch.device) -> torch.Tensor:
+def hash_noise16(
+    shape: torch.Size, step: int, salt: int, device: torch.device, offset: int = 0
+) -> torch.Tensor:
     """16 pseudo-random bits per element (int32), a function of (element, step, salt) only.
 
     A murmur3-style finaliser over int32 arithmetic (wrapping multiplies; the shifts are
-    arithmetic, which changes the hash, not its spread). The element index is this
-    rank's local one, so a resharded run draws other bits (it also restores no RNG)."""
+    arithmetic, which changes the hash, not its spread). Elements are numbered from
+    ``offset`` in this rank's local shard, so a resharded run draws other bits (it also
+    restores no RNG)."""
     seed = (step * 0x01000193 + salt * 0x2C1B3C6D) & 0x7FFFFFFF
-    x = torch.arange(math.prod(shape), dtype=torch.int32, device=device)
+    x = torch.arange(offset, offset + math.prod(shape), dtype=torch.int32, device=device)
     x = x * -1640531535 + seed  # 0x9E3779B1 as int32
     x = x ^ (x >> 16)
     x = x * -2048144789  # 0x85EBCA6B
@@ -71,12 +75,30 @@ def stochastic_round_to_bf16(x: torch.Tensor, noise: torch.Tensor) -> torch.Tens
     return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
 
 
+@dataclass(frozen=True)
+class _Hyper:
+    """One parameter's step: the group's settings, bias corrections, hash seed."""
+
+    lr: float
+    wd: float
+    eps: float
+    beta1: float
+    beta2: float
+    bias1: float
+    bias2: float
+    step: int
+    salt: int
+
+
 class BF16AdamW(torch.optim.Optimizer):
     """Decoupled-weight-decay Adam (torch's AdamW maths) with bf16 state.
 
     State per parameter: ``step`` (float32 scalar, as torch's Adam), ``exp_avg``,
     ``exp_avg_sq`` and, with Kahan, ``compensation``, all in the parameter's dtype.
     """
+
+    # Elements per chunk of the update: bounds its float32 temporaries (~450 MiB).
+    chunk_elements = 1 << 24
 
     def __init__(
         self,
@@ -115,7 +137,6 @@ class BF16AdamW(torch.optim.Optimizer):
                 loss = closure()
         salt = 0  # the parameter's place in the groups: the same in every run of a job
         for group in self.param_groups:
-            lr, wd, eps = float(group["lr"]), float(group["weight_decay"]), float(group["eps"])
             beta1, beta2 = group["betas"]
             for p in group["params"]:
                 salt += 1
@@ -124,60 +145,70 @@ class BF16AdamW(torch.optim.Optimizer):
                 state = self._init_state(p)
                 state["step"] += 1
                 t = float(state["step"].item())
-                self._update(
-                    _local(p),
-                    _local(p.grad),
-                    state,
-                    lr=lr,
-                    wd=wd,
-                    eps=eps,
+                hyper = _Hyper(
+                    lr=float(group["lr"]),
+                    wd=float(group["weight_decay"]),
+                    eps=float(group["eps"]),
                     beta1=beta1,
                     beta2=beta2,
                     bias1=1.0 - beta1**t,
                     bias2=1.0 - beta2**t,
-                    seed=(int(t), salt),
+                    step=int(t),
+                    salt=salt,
                 )
+                self._update(p, state, hyper)
         return loss
 
-    def _update(
+    def _update(self, p: torch.Tensor, state: dict[str, Any], hyper: _Hyper) -> None:
+        """One parameter's local shard, in chunks of ``chunk_elements``: the float32
+        temporaries (about 7 x 4 bytes per element of a chunk) stay bounded however
+        large the parameter (a 150k-vocabulary embedding shard would otherwise take GBs)."""
+        comp = state.get("compensation")
+        tensors = [
+            _local(t)
+            for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"], comp)
+            if t is not None
+        ]
+        if not all(t.is_contiguous() for t in tensors):
+            self._update_chunk(*tensors, hyper=hyper, offset=0)
+            return
+        flat = [t.view(-1) for t in tensors]
+        size = self.chunk_elements
+        for start in range(0, flat[0].numel(), size):
+            self._update_chunk(*(f[start : start + size] for f in flat), hyper=hyper, offset=start)
+
+    def _update_chunk(
         self,
         p: torch.Tensor,
         grad: torch.Tensor,
-        state: dict[str, Any],
+        exp_avg: torch.Tensor,
+        exp_avg_sq: torch.Tensor,
+        comp: torch.Tensor | None = None,
         *,
-        lr: float,
-        wd: float,
-        eps: float,
-        beta1: float,
-        beta2: float,
-        bias1: float,
-        bias2: float,
-        seed: tuple[int, int],
+        hyper: _Hyper,
+        offset: int,
     ) -> None:
-        exp_avg, exp_avg_sq = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+        h = hyper
         g = grad.float()
-        m = exp_avg.float().lerp_(g, 1.0 - beta1)
-        v = exp_avg_sq.float().mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        m = exp_avg.float().lerp_(g, 1.0 - h.beta1)
+        v = exp_avg_sq.float().mul_(h.beta2).addcmul_(g, g, value=1.0 - h.beta2)
+        del g
         exp_avg.copy_(m)
-        if not self.stochastic_variance:
-            exp_avg_sq.copy_(v)
-        else:
-            step, salt = seed
-            noise = hash_noise16(v.shape, step, 2 * salt, v.device)
+        if self.stochastic_variance:
+            noise = hash_noise16(v.shape, h.step, 2 * h.salt, v.device, offset)
             exp_avg_sq.copy_(stochastic_round_to_bf16(v, noise))
-        denom = v.div_(bias2).sqrt_().add_(eps)
+            del noise
+        else:
+            exp_avg_sq.copy_(v)
+        denom = v.div_(h.bias2).sqrt_().add_(h.eps)
         master = p.float()
-        comp = _local(state["compensation"]) if self.compensation == "kahan" else None
         if comp is not None:
             master.add_(comp.float())
-        master.mul_(1.0 - lr * wd).addcdiv_(m, denom, value=-lr / bias1)
+        master.mul_(1.0 - h.lr * h.wd).addcdiv_(m, denom, value=-h.lr / h.bias1)
+        del m, denom, v
         if self.compensation == "stochastic":
-            step, salt = seed
-            p.copy_(
-                stochastic_round_to_bf16(
-                    master, hash_noise16(p.shape, step, 2 * salt + 1, p.device)
-                )
-            )
+            noise = hash_noise16(p.shape, h.step, 2 * h.salt + 1, p.device, offset)
+            p.copy_(stochastic_round_to_bf16(master, noise))
             return
         p.copy_(master)  # round to nearest
         if comp is not None:
