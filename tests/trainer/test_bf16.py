@@ -54,6 +54,35 @@ def _rise(history: list[dict[str, float]], k: int) -> tuple[float, float]:
     return sum(rewards[:k]) / k, sum(rewards[-k:]) / k
 
 
+@pytest.mark.parametrize("strategy", ["rank0", "sharded", "naive"])
+def test_every_init_strategy_stores_the_checkpoint_in_bf16_and_rotary_in_fp32(
+    tiny_vlm: Path, tmp_path: Path, strategy: str
+) -> None:
+    from grpo_api.trainer_config import ModelConfig
+    from grpo_trainer.modeling import load_full
+    from grpo_trainer.testing.crash import LocalGroup
+
+    data = write_vision_task(tmp_path / "vision.parquet")
+    raw = text_config(
+        tiny_vlm, data, actor={**BF16, "init_strategy": strategy}, resources={"num_workers": 1}
+    )
+    group = LocalGroup(build_config(raw, environ={}))
+    try:
+        actor = group.workers[0].actor
+        params = {n: p.detach().full_tensor() for n, p in actor.named_parameters()}
+        buffers = {n: b.detach() for n, b in actor.named_buffers()}
+    finally:
+        group.shutdown()
+    ref = load_full(ModelConfig(path=str(tiny_vlm)), torch.float32)
+    for name, want in ref.named_parameters():
+        assert params[name].dtype == torch.bfloat16, name
+        assert torch.equal(params[name], want.detach().bfloat16()), name
+    rotary = [n for n in buffers if n.endswith("inv_freq")]
+    assert rotary and all(buffers[n].dtype == torch.float32 for n in rotary)
+    for name, want in ref.named_buffers():
+        assert torch.equal(buffers[name], want), name
+
+
 def test_text_task_learns_in_bf16(tiny_lm: Path, tmp_path: Path, ray_local: None) -> None:
     data = write_text_task(tmp_path / "text.jsonl")
     ckpt = {"dir": str(tmp_path / "ckpt"), "interval_steps": 16}
