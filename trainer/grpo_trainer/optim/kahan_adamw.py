@@ -9,24 +9,24 @@ engine receives).
 
 Every step's arithmetic is float32, one parameter at a time and in chunks of 16M
 elements (the chunk's temporaries are the only float32 copies alive: a foreach over all
-parameters would hold a float32 model), and the results are stored in bf16. The weight as ``round(master)`` with ``master -
-round(master)`` as the new compensation; the first moment rounded to nearest (it
-changes by 10% of the gradient each step, far above bf16's resolution); the second
-moment rounded stochastically: ``0.999 v + 0.001 g**2`` rounds back to ``v`` whenever
-the change is under half a bf16 step (0.2%), so rounded to nearest it can grow but
-never decay, and after the gradients shrink it overestimates them for good (measured:
-5x after a 10x drop, steps 2.2x too small). Stochastic rounding is unbiased, and its
-noise is a hash of (step, parameter, element), so there is no generator state and a
-resumed run draws the same bits.
+parameters would hold a float32 model), and the results are stored in bf16: the weight
+as ``round(master)`` with ``master - round(master)`` as the new compensation; the first
+moment rounded to nearest (it changes by 10% of the gradient each step, far above
+bf16's resolution); the second moment rounded stochastically: ``0.999 v + 0.001 g**2``
+rounds back to ``v`` whenever the change is under half a bf16 step (0.2%), so rounded
+to nearest it can grow but never decay, and after the gradients shrink it overestimates
+them for good (measured: 5x after a 10x drop, steps 2.2x too small). Stochastic
+rounding is unbiased, and its noise is a hash of (step, parameter, element), so there
+is no generator state and a resumed run draws the same bits.
 
 Works on FSDP2 DTensor parameters by updating their local shards in place; the state
 is DTensors shaped like the parameters, so DCP saves and reshards it like torch's
 AdamW state.
 
-``compensation="stochastic"`` (the weight stochastically rounded too, no buffer) and
-``"none"`` (plain bf16 AdamW: everything rounded to nearest), and
-``stochastic_variance=False``, exist for the comparison
-in ``bench/bench_bf16.py``; the trainer uses Kahan (docs/trainer.md "bf16" says why).
+``compensation="stochastic"`` (the weight stochastically rounded too, no buffer),
+``"none"`` (plain bf16 AdamW: everything rounded to nearest) and
+``stochastic_variance=False`` exist for the comparison in ``bench/bench_bf16.py``; the
+trainer uses Kahan (docs/trainer.md "bf16" says why).
 """
 
 from __future__ import annotations
