@@ -21,6 +21,8 @@ from torch import nn
 
 from grpo_api.trainer_config import ActorConfig, InitStrategy, ModelConfig
 
+from .precision import storage_dtype, store_params
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -81,12 +83,14 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 def shard_model(
     model: nn.Module, actor: ActorConfig, device: torch.device, *, trainable: bool
 ) -> nn.Module:
-    """FSDP2 ``fully_shard`` per block then the root; fp32 master weights."""
+    """FSDP2 ``fully_shard`` per block then the root; parameters stored as ``actor.precision``
+    says (float32 master weights, or bf16), gathered in ``actor.dtype``."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     compute = DTYPES[actor.dtype]
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     kwargs: dict[str, Any] = {"mp_policy": mp, "reshard_after_forward": actor.reshard_after_forward}
+    store_params(model, actor)  # bf16 storage for actor.precision bf16 (precision.py)
     if actor.offload_params and device.type == "cuda":
         # Params, grads and the optimizer step live on the host (docs/incidents.md #2:
         # the planner budgets the host RAM this costs).
@@ -114,7 +118,7 @@ def build_sharded(
     rank = dist.get_rank()
     strategy = actor.init_strategy
     if strategy == InitStrategy.NAIVE:
-        model = load_full(mcfg, torch.float32).to(device)
+        model = load_full(mcfg, storage_dtype(actor)).to(device)
         _prepare(model, actor, trainable)
         return shard_model(model, actor, device, trainable=trainable)
     if strategy == InitStrategy.SHARDED:
@@ -122,7 +126,8 @@ def build_sharded(
         if sharded is not None:
             return sharded
 
-    model = load_full(mcfg, torch.float32) if rank == 0 else _build_on_meta(mcfg)
+    # In the storage dtype: rank 0's full copy is half the size in bf16 mode.
+    model = load_full(mcfg, storage_dtype(actor)) if rank == 0 else _build_on_meta(mcfg)
     _prepare(model, actor, trainable)
     # Taken after _prepare, which may add LoRA adapters (rank 0's initial values go
     # to every rank) and cast the frozen base. No copy: fully_shard puts each shard
