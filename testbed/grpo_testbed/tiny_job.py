@@ -26,6 +26,7 @@ import yaml
 from grpo_api.contract import ATTEMPT_LABEL, ROLE_LABEL, TERMINAL_PHASES, Env, Role
 
 from .faults import EnvInjection
+from .images import TRAINER_CPU
 from .launcher import Testbed, running_testbed
 from .local_node.agent import LocalNodeAgent
 from .operator_process import OperatorProcess
@@ -84,8 +85,11 @@ class TinyJob:
         account = f"{RELEASE}-grpo-operator"
         kc = self.tb.token_kubeconfig(account, OPERATOR_NS, self.workdir / "operator.kubeconfig")
         (self.workdir / "operator").mkdir(parents=True, exist_ok=True)
+        # The real node runs the product's trainer image; the local agent runs this venv.
+        image = ("--trainer-image", TRAINER_CPU.tag) if self.tb.node is not None else ()
         self.operator = OperatorProcess(self.tb, self.workdir / "operator", kubeconfig=kc,
-                                        webhook=False, namespaces=(JOB_NS,)).start()
+                                        webhook=False, namespaces=(JOB_NS,),
+                                        extra_args=image).start()
 
     def build_assets(self) -> Path:
         """The tiny Qwen2.5-VL and an EasyR1-layout dataset on the claim the job mounts."""
@@ -94,18 +98,32 @@ class TinyJob:
 
         spec = example()["spec"]
         claim = spec["model"]["claimName"]
-        root = self.agent.claim_dir(JOB_NS, claim)
+        self.tb.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                       "metadata": {"name": claim, "namespace": JOB_NS},
+                       "spec": {"accessModes": ["ReadOnlyMany"],
+                                "resources": {"requests": {"storage": "1Gi"}}}})
+        root = self.claim_dir(claim)
         model_dir = root / Path(spec["model"]["path"]).relative_to("/models")
         data = root / Path(spec["data"]["train"]).relative_to("/models")
         if not (model_dir / "config.json").exists():
             build_tiny_qwen2_5_vl(model_dir, hidden=TINY_HIDDEN)
         data.parent.mkdir(parents=True, exist_ok=True)
         write_vision_task(data, rows=32)
-        self.tb.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                       "metadata": {"name": claim, "namespace": JOB_NS},
-                       "spec": {"accessModes": ["ReadOnlyMany"],
-                                "resources": {"requests": {"storage": "1Gi"}}}})
+        for path in [root, *root.rglob("*")]:  # safetensors writes 0600; pods run as 10001
+            path.chmod(0o755 if path.is_dir() else 0o644)
         return root
+
+    def claim_dir(self, claim: str) -> Path:
+        """Where a claim of the job's namespace lives on the host."""
+        node = self.tb.node
+        if node is None:
+            return self.agent.claim_dir(JOB_NS, claim)
+        claims = node.claims
+        assert claims is not None
+        wait_until(f"claim {claim} bound", lambda: claims.path_of(JOB_NS, claim) is not None, 60)
+        path = claims.path_of(JOB_NS, claim)
+        assert path is not None
+        return path
 
     def apply_job(self, engine: str | None = None) -> None:
         """`kubectl apply -f examples/grpojob-tiny.yaml`; ``engine`` sets spec.rollout.engine."""
@@ -165,11 +183,11 @@ class TinyJob:
     def checkpoint_dir(self) -> Path:
         spec = example()["spec"]
         claim = spec["checkpoint"].get("claimName") or f"{JOB}-checkpoints"
-        return self.agent.claim_dir(JOB_NS, claim) / JOB_NS / JOB
+        return self.claim_dir(claim) / JOB_NS / JOB
 
     def model_dir(self) -> Path:
         spec = example()["spec"]
-        return self.agent.claim_dir(JOB_NS, spec["model"]["claimName"]) / \
+        return self.claim_dir(spec["model"]["claimName"]) / \
             Path(spec["model"]["path"]).relative_to("/models")
 
     def head_runs(self) -> dict[int, list[Path]]:
@@ -189,6 +207,11 @@ class TinyJob:
 
     def head_log(self, attempt: int) -> str:
         """Everything the trainer of one attempt printed, over all its head pods."""
+        node = self.tb.node
+        if node is not None:  # the real node: its log archive outlives the pods
+            assert node.logs is not None
+            return "".join(node.logs.text(d)
+                           for d in node.logs.pods(JOB_NS, f"{JOB}-a{attempt}-head"))
         return "".join((d / "ray-head.log").read_text(errors="replace")
                        for d in self.head_runs().get(attempt, []))
 

@@ -143,3 +143,20 @@ def test_every_failure_reason_is_an_attempt_outcome() -> None:
 def test_the_node_exclusion_selector_has_no_spaces() -> None:
     assert exclusion_selector([]) is None
     assert exclusion_selector(["h1", "n2"]) == {"ray.io/node-id": "!in(h1,n2)"}
+
+
+@pytest.mark.parametrize(("nodes", "cpus"), [(0, 2), (1, 1), (1, 2), (2, 4)])
+def test_a_nodes_ranks_ask_ray_for_no_more_cpus_than_their_pod_offers(
+        nodes: int, cpus: int) -> None:
+    """Found on the testbed's real node: a 1-CPU worker pod (Ray num-cpus 1) with two
+    ranks of 1 CPU each left the placement group pending until the gang deadline."""
+    path = next(p for p in EXAMPLES if p.name == "grpojob-tiny.yaml")
+    spec = load_manifest(path).spec.model_copy(deep=True)
+    spec.resources.nodes, spec.resources.cpus_per_node = nodes, cpus
+    plan = plan_memory(spec)
+    cfg = build_config(trainer_config(spec, plan, JobRef("j", "ns", "u"), 0), environ=plan.env)
+    pod = plan.worker or plan.head
+    assert (pod is plan.head) is (nodes == 0)
+    lay = layout_for(cfg)
+    assert lay.bundle["CPU"] * lay.ranks_per_node <= pod.cpus
+    assert lay.bundle["CPU"] > 0

@@ -46,6 +46,14 @@ def lora_config(lora: LoraSpec) -> dict[str, Any]:
     }
 
 
+def rank_cpus(plan: Plan) -> float:
+    """Ray CPUs each rank actor reserves: the CPUs of the pod its ranks share (Ray's
+    num-cpus there is the pod's CPU limit) over the ranks placed on it. A fixed 1 CPU per
+    rank left a 2-rank worker pod of 1 CPU with a placement group pending forever."""
+    pod = plan.worker or plan.head  # no worker pods (cpu, nodes 0): the head runs the ranks
+    return round(pod.cpus / plan.geometry.ranks_per_node, 3)
+
+
 def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> dict[str, Any]:
     s, g = plan.settings, plan.geometry
     tr, alg = spec.training, spec.algorithm
@@ -94,6 +102,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             "ranks_per_node": g.ranks_per_node,
             "ranks_on_head": g.nodes == 0,
             "gpus_per_worker": 1 if g.is_gpu else 0,
+            "cpus_per_worker": rank_cpus(plan),
             "ray_address": "auto",  # the head container started Ray just before
         },
         "reward": {

@@ -136,7 +136,9 @@ def cni_conflist(net: NodeNetwork) -> dict[str, Any]:
 class Allocatable:
     """What the node keeps back from the machine (the scheduler sees the rest)."""
 
-    system_reserved_cpu: str = "200m"
+    # No CPU kept back: on a 2-core machine a Ray head (1 CPU) and one worker (1 CPU)
+    # must fit side by side, as on two real nodes.
+    system_reserved_cpu: str = "0"
     system_reserved_memory: str = "1Gi"
     max_pods: int = 16
 

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from ..processes import Managed, spawn, wait_until
 from ..versions import binary
+from .claims import ClaimDirectories
 from .config import Allocatable, NodePaths, write_node_config
 from .images import ensure_sandbox_image, import_image
+from .log_archive import LogArchive
 from .network import NodeNetwork
 from .store import ImageStore, acquire_store
 
@@ -42,6 +44,8 @@ class RealNode:
     procs: list[Managed] = field(default_factory=list)
     import_s: dict[str, float] = field(default_factory=dict)
     store: ImageStore | None = None
+    claims: ClaimDirectories | None = None
+    logs: LogArchive | None = None
 
     @property
     def paths(self) -> NodePaths:
@@ -97,6 +101,8 @@ class RealNode:
             return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
         wait_until(f"node {NODE_NAME} Ready", ready, 120, [containerd, kubelet])
+        self.claims = ClaimDirectories(self.kubectl).start()
+        self.logs = LogArchive(self.paths.pod_logs, self.workdir / "log-archive").start()
         log.info("real node %s Ready in %.1f s (%s)", NODE_NAME, time.monotonic() - t0,
                  self.net.node_ip)
         return self
@@ -105,6 +111,8 @@ class RealNode:
         """The kubelet first (it would restart what goes), then every container through
         containerd, then whatever survived (the shims outlive containerd), then the other
         programs and the network namespace."""
+        if self.logs is not None:
+            self.logs.stop()
         for p in self.procs:
             if p.name == "kubelet":
                 p.stop()
@@ -115,6 +123,8 @@ class RealNode:
             p.stop()
         self.procs.clear()
         self._unmount_leftovers()
+        if self.claims is not None:
+            self.claims.stop()
         if self.store is not None:
             self.store.release()
         if self.net is not None:

@@ -1,0 +1,110 @@
+"""The tiny job as a multi-pod job on the testbed's real node: a CPU Ray head and a
+worker pod, each in its own network namespace with its own address, both from the
+product's trainer image, the worker finding the head through the head Service's DNS
+name. Attempt 0's head gets the OOM switch in its pod spec (the testbed's fault-switch
+webhook), the kernel kills it at its memory limit, the kubelet reports OOMKilled, and the
+operator restarts the job from its last checkpoint; attempt 1 finishes it."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from grpo_api.contract import JOB_LABEL, ROLE_LABEL
+from grpo_testbed.faults import EnvInjection
+from grpo_testbed.images import OPERATOR, TRAINER_CPU
+from grpo_testbed.launcher import running_testbed
+from grpo_testbed.node.runtime import NODE_NAME
+from grpo_testbed.tiny_job import JOB, JOB_NS, TERMINAL, TinyJob, example, oom_injection
+
+pytestmark = pytest.mark.e2e
+
+OOM_STEP = 3
+STEPS = 6
+INTERVAL = 2
+
+
+def multipod_manifest() -> dict[str, Any]:
+    """The tiny example with one worker pod: the head runs only Ray and the driver.
+    12Gi of host memory per node: two such pods fit this machine's real node, and the
+    HostOOM ladder's last rung (pod memory up to the node's allocatable) has room."""
+    doc = example()
+    doc["spec"]["resources"].update({"nodes": 1, "cpusPerNode": 1, "hostMemory": "12Gi"})
+    doc["spec"]["training"]["maxSteps"] = STEPS
+    doc["spec"]["checkpoint"]["intervalSteps"] = INTERVAL
+    return doc
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TinyJob, list[Any]]]:
+    """One run; yields the job and every pod set seen while it ran."""
+    work = tmp_path_factory.mktemp("multipod")
+    switch: EnvInjection = oom_injection(OOM_STEP)
+    switch = EnvInjection({JOB_LABEL: JOB, **switch.labels}, switch.env)
+    with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag),
+                         injections=(switch,)) as tb:
+        tj = TinyJob(tb, work)
+        try:
+            tj.install_chart()
+            tj.start_operator()
+            tj.build_assets()
+            manifest = work / "grpojob-multipod.yaml"
+            manifest.write_text(yaml.safe_dump(multipod_manifest()))
+            tb.kubectl("apply", "-n", JOB_NS, "-f", str(manifest))
+            seen: list[Any] = []
+
+            def done(job: dict[str, Any]) -> bool:
+                pods = json.loads(tb.kubectl("get", "pods", "-n", JOB_NS, "-l",
+                                             f"{JOB_LABEL}={JOB}", "-o", "json").stdout)
+                seen.append(pods["items"])
+                return job.get("status", {}).get("phase") in TERMINAL
+
+            tj.watch(done, 1200, "the multi-pod job to finish")
+            yield tj, seen
+        finally:
+            tj.teardown()
+
+
+def test_the_job_succeeds_after_a_real_oom_kill_of_its_head(
+        run: tuple[TinyJob, list[Any]]) -> None:
+    tj, _ = run
+    st = tj.job()["status"]
+    assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
+    first, second = st["attempts"]
+    assert first["outcome"] == "HostOOM" and "OOMKilled" in first["reason"], first
+    assert first["lastCheckpointStep"] == (OOM_STEP - 1) // INTERVAL * INTERVAL, first
+    assert second["outcome"] == "Succeeded" and st["restarts"] == 1
+    assert f"host_oom at step {OOM_STEP}" in tj.head_log(0)
+    assert f"resumed from checkpoint step {first['lastCheckpointStep']}" in tj.head_log(1)
+
+
+def test_head_and_worker_ran_as_pods_with_their_own_addresses(
+        run: tuple[TinyJob, list[Any]]) -> None:
+    tj, seen = run
+    assert tj.tb.net is not None
+    pods = {p["metadata"]["name"]: p for snapshot in seen for p in snapshot
+            if p.get("status", {}).get("podIP")}
+    roles = {p["metadata"]["labels"][ROLE_LABEL] for p in pods.values()}
+    assert roles == {"head", "worker"}, sorted(pods)
+    for attempt in (0, 1):
+        mine = [p for n, p in pods.items() if f"{JOB}-a{attempt}-" in n]
+        ips = {p["status"]["podIP"] for p in mine}
+        assert len(mine) == len(ips) == 2, sorted(n for n in pods if f"-a{attempt}-" in n)
+        net = ipaddress.ip_network(tj.tb.net.pod_cidr)
+        assert all(ipaddress.ip_address(ip) in net for ip in ips)
+        assert all(p["spec"]["nodeName"] == NODE_NAME for p in mine)
+        assert all(c["image"] == TRAINER_CPU.tag for p in mine for c in p["spec"]["containers"])
+
+
+def test_the_checkpoints_are_on_the_claim_both_pods_mount(
+        run: tuple[TinyJob, list[Any]]) -> None:
+    tj, _ = run
+    steps = sorted(int(p.name.split("-")[-1]) for p in tj.checkpoint_dir().glob("step-*"))
+    assert steps and steps[-1] == STEPS, steps
+
+
