@@ -4,7 +4,6 @@ resumes to bit-identical weights (the Kahan compensation is in the checkpoint)."
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -22,13 +20,12 @@ from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.crash import CrashServer
+from grpo_trainer.testing.crash import CrashServer, crash_run_config, step_metrics
 from grpo_trainer.testing.datasets import write_text_task, write_vision_task
 
 pytestmark = pytest.mark.trainer
 
 BF16 = {"precision": "bf16"}
-VOLATILE = ("time/", "throughput/", "memory/")
 
 
 def _train(raw: dict[str, Any]) -> tuple[list[dict[str, float]], list[float]]:
@@ -116,15 +113,6 @@ def server() -> Iterator[CrashServer]:
     s.close()
 
 
-def _metrics(log: Path) -> dict[int, dict[str, Any]]:
-    out = {}
-    for line in log.read_text().splitlines():
-        if line.startswith('{"step"') and line.endswith("}"):  # a kill may cut the last line
-            m = json.loads(line)
-            out[m["step"]] = {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
-    return out
-
-
 def test_bf16_run_killed_with_sigkill_resumes_bit_identically(
     server: CrashServer, tiny_lm: Path, tmp_path: Path
 ) -> None:
@@ -132,22 +120,11 @@ def test_bf16_run_killed_with_sigkill_resumes_bit_identically(
     data = write_text_task(tmp_path / "t.jsonl")
 
     def config(name: str) -> Path:
-        cfg = text_config(
-            tiny_lm,
-            data,
-            actor=BF16,
-            checkpoint={"dir": str(tmp_path / name), "interval_steps": 1, "keep": 4},
-            trainer={"total_steps": steps, "rollout_batch_size": 2},
-            rollout={"n": 4},
-            resources={"num_workers": 1},
-        )
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        return path
+        return crash_run_config(tmp_path, tiny_lm, data, name, steps=steps, keep=4, actor=BF16)
 
     server.start(config("ref"), tmp_path / "ref.log")
     assert server.wait() == 0, (tmp_path / "ref.log").read_text()[-3000:]
-    ref = _metrics(tmp_path / "ref.log")
+    ref = step_metrics(tmp_path / "ref.log")
     assert sorted(ref) == list(range(1, steps + 1))
 
     # Killed once step 2 is committed: the resume must restore the optimizer's bf16
@@ -164,7 +141,7 @@ def test_bf16_run_killed_with_sigkill_resumes_bit_identically(
     assert server.wait() == 0, (tmp_path / "resumed.log").read_text()[-3000:]
     log = (tmp_path / "resumed.log").read_text()
     assert "resumed from checkpoint step" in log, log[-3000:]
-    for step, m in _metrics(tmp_path / "resumed.log").items():
+    for step, m in step_metrics(tmp_path / "resumed.log").items():
         assert m == ref[step], f"step {step} differs after the resume"
 
     last = f"step-{steps}"

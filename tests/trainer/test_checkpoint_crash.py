@@ -12,7 +12,6 @@ The same server trains a tiny VLM for the export test (no Ray needed there).
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import statistics
@@ -27,15 +26,13 @@ import yaml
 
 from grpo_trainer.checkpointing.dcp import committed_step, read_tracker, scan
 from grpo_trainer.checkpointing.export import load_model_tensors
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.crash import CrashServer
+from grpo_trainer.testing.crash import CrashServer, crash_run_config, step_metrics
 from grpo_trainer.testing.datasets import write_text_task
 
 pytestmark = pytest.mark.trainer
 
 TOTAL_STEPS = 4
 KILLS = 20
-VOLATILE = ("time/", "throughput/", "memory/")
 
 
 @pytest.fixture(scope="module")
@@ -43,34 +40,6 @@ def server() -> Iterator[CrashServer]:
     s = CrashServer()
     yield s
     s.close()
-
-
-def _config(tmp: Path, model: Path, data: Path, name: str, *, async_save: bool) -> Path:
-    cfg = text_config(
-        model,
-        data,
-        checkpoint={
-            "dir": str(tmp / name),
-            "interval_steps": 1,
-            "keep": 2,
-            "async_save": async_save,
-        },
-        trainer={"total_steps": TOTAL_STEPS, "rollout_batch_size": 2},
-        rollout={"n": 4},
-        resources={"num_workers": 1},
-    )
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def _metrics(log: Path) -> dict[int, dict[str, Any]]:
-    out = {}
-    for line in log.read_text().splitlines():
-        if line.startswith('{"step"') and line.endswith("}"):  # a kill may cut the last line
-            m = json.loads(line)
-            out[m["step"]] = {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
-    return out
 
 
 def _dirs(root: Path) -> set[tuple[int, int, int]]:
@@ -107,11 +76,11 @@ def test_sigkill_anywhere_resumes_from_a_complete_checkpoint_and_matches(
 ) -> None:
     t_start = time.monotonic()
     data = write_text_task(tmp_path / "t.jsonl")
-    ref_cfg = _config(tmp_path, tiny_lm, data, "ref", async_save=False)
+    ref_cfg = crash_run_config(tmp_path, tiny_lm, data, "ref", steps=TOTAL_STEPS)
     server.start(ref_cfg, tmp_path / "ref.log")
     assert server.wait() == 0, (tmp_path / "ref.log").read_text()[-3000:]
     t_ref = time.monotonic() - server.started
-    ref_metrics = _metrics(tmp_path / "ref.log")
+    ref_metrics = step_metrics(tmp_path / "ref.log")
     assert sorted(ref_metrics) == list(range(1, TOTAL_STEPS + 1))
     ref_final = tmp_path / "ref" / f"step-{TOTAL_STEPS}"
     # How long a save takes here, so that aimed kills land inside one on any machine.
@@ -128,7 +97,8 @@ def test_sigkill_anywhere_resumes_from_a_complete_checkpoint_and_matches(
     while len(kills) < KILLS:  # then the run in progress goes on to the end unharmed
         chain += 1
         name = f"chain-{chain}"
-        cfg = _config(tmp_path, tiny_lm, data, name, async_save=chain % 2 == 0)
+        cfg = crash_run_config(tmp_path, tiny_lm, data, name, steps=TOTAL_STEPS,
+                               async_save=chain % 2 == 0)
         root = tmp_path / name
         while True:
             attempt += 1
@@ -172,7 +142,7 @@ def test_sigkill_anywhere_resumes_from_a_complete_checkpoint_and_matches(
                 assert "resumed from" not in text
             elif "resumed from" in text or status == 0:
                 assert f"resumed from checkpoint step {expect} " in text, text[-3000:]
-            for step, m in _metrics(log).items():
+            for step, m in step_metrics(log).items():
                 assert m == ref_metrics[step], f"attempt {attempt} step {step} differs"
             if killed and status == -9:
                 kills.append(
@@ -224,7 +194,7 @@ def test_sigkill_anywhere_resumes_from_a_complete_checkpoint_and_matches(
     assert server.wait() == 0
     text = log.read_text()
     assert "not resuming" in text and "resumed from" not in text
-    assert sorted(_metrics(log)) == list(range(1, TOTAL_STEPS + 1))
+    assert sorted(step_metrics(log)) == list(range(1, TOTAL_STEPS + 1))
     _assert_same_weights(root / f"step-{TOTAL_STEPS}", ref_final)
 
 

@@ -13,14 +13,13 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 
 from grpo_trainer.checkpointing.dcp import committed_step
 from grpo_trainer.checkpointing.export import ExportError, export, load_model_tensors
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.crash import CrashServer
+from grpo_trainer.testing.crash import CrashServer, crash_run_config, step_metrics
 from grpo_trainer.testing.datasets import write_text_task
 
 pytestmark = pytest.mark.trainer
@@ -28,7 +27,6 @@ pytestmark = pytest.mark.trainer
 LORA = {"rank": 4, "alpha": 8.0}
 STEPS = 4
 KILLS = 3
-VOLATILE = ("time/", "throughput/", "memory/")
 
 
 @pytest.fixture(scope="module")
@@ -74,30 +72,6 @@ def server() -> Iterator[CrashServer]:
     s = CrashServer()
     yield s
     s.close()
-
-
-def _config(tmp: Path, model: Path, data: Path, name: str, **actor: Any) -> Path:
-    cfg = text_config(
-        model,
-        data,
-        actor={"lr": 5e-2, **actor},
-        checkpoint={"dir": str(tmp / name), "interval_steps": 1, "keep": 2},
-        trainer={"total_steps": STEPS, "rollout_batch_size": 2},
-        rollout={"n": 4},
-        resources={"num_workers": 1},
-    )
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def _metrics(log: Path) -> dict[int, dict[str, Any]]:
-    out = {}
-    for line in log.read_text().splitlines():
-        if line.startswith('{"step"') and line.endswith("}"):
-            m = json.loads(line)
-            out[m["step"]] = {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
-    return out
 
 
 def _run(server: CrashServer, cfg: Path, log: Path) -> None:
@@ -159,7 +133,7 @@ def test_lora_resumes_bit_exact_after_sigkill(
     server: CrashServer, tiny_lm: Path, tmp_path: Path, lora_run: tuple[Path, Path]
 ) -> None:
     ref_root, ref_log = lora_run
-    ref_metrics = _metrics(ref_log)
+    ref_metrics = step_metrics(ref_log)
     assert sorted(ref_metrics) == list(range(1, STEPS + 1))
     data = write_text_task(tmp_path / "t.jsonl")
     cfg = _config(tmp_path, tiny_lm, data, "chain", lora=LORA)
@@ -187,7 +161,7 @@ def test_lora_resumes_bit_exact_after_sigkill(
         assert "Traceback" not in text, text[-3000:]
         if expect is not None and status == 0:
             assert f"resumed from checkpoint step {expect} " in text, text[-3000:]
-        for step, m in _metrics(log).items():
+        for step, m in step_metrics(log).items():
             assert m == ref_metrics[step], f"attempt {attempt} step {step} differs"
         if status == 0:
             break
@@ -264,3 +238,7 @@ def test_every_init_strategy_loads_the_base_and_starts_the_adapters_at_zero_upda
             else:
                 assert r["params"][name].std() > 0.01, name
         assert all(torch.equal(r["params"][k], results[0]["params"][k]) for k in adapters)
+
+
+def _config(tmp: Path, model: Path, data: Path, name: str, **actor: Any) -> Path:
+    return crash_run_config(tmp, model, data, name, steps=STEPS, actor={"lr": 5e-2, **actor})

@@ -186,3 +186,40 @@ class CrashServer:
 
 if __name__ == "__main__":
     serve()
+
+
+# Metric prefixes that differ between an interrupted run and an uninterrupted one.
+VOLATILE_METRICS = ("time/", "throughput/", "memory/")
+
+
+def step_metrics(log: Path) -> dict[int, dict[str, Any]]:
+    """Per-step metric lines of a crash-test child's log, without the volatile ones."""
+    out = {}
+    for line in log.read_text().splitlines():
+        if line.startswith('{"step"') and line.endswith("}"):  # a kill may cut the last line
+            m = json.loads(line)
+            out[m["step"]] = {k: v for k, v in m.items() if not k.startswith(VOLATILE_METRICS)}
+    return out
+
+
+def crash_run_config(tmp: Path, model: Path, data: Path, name: str, *, steps: int,
+                     keep: int = 2, actor: dict[str, Any] | None = None,
+                     async_save: bool = False) -> Path:
+    """A one-rank text run checkpointing every step, written to ``tmp/<name>.yaml``."""
+    import yaml
+
+    from .configs import text_config
+
+    cfg = text_config(
+        model,
+        data,
+        actor=actor or {},
+        checkpoint={"dir": str(tmp / name), "interval_steps": 1, "keep": keep,
+                    "async_save": async_save},
+        trainer={"total_steps": steps, "rollout_batch_size": 2},
+        rollout={"n": 4},
+        resources={"num_workers": 1},
+    )
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
