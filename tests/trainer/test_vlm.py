@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,16 +32,7 @@ def test_vlm_steps_with_images_and_kl(tiny_vlm: Path, tmp_path: Path, ray_local:
         },
         environ={},
     )
-    trainer = GRPOTrainer(cfg)
-    try:
-        trainer.start()
-        assert trainer.group is not None
-        before = trainer.group.call("full_params")[0]
-        history = trainer.run()
-        after = trainer.group.call("full_params")[0]
-        gaps = trainer.group.call("rollout_log_prob_gap")
-    finally:
-        trainer.close()
+    before, history, after, gaps = _train(cfg)
 
     assert len(history) == 2
     for m in history:
@@ -86,6 +78,20 @@ def test_vlm_lora_trains_the_language_model_only(
         },
         environ={},
     )
+    before, history, after, gaps = _train(cfg)
+
+    adapters = {k for k in before if ".lora_" in k}
+    assert adapters and all("language_model" in k for k in adapters)
+    changed = {k for k in before if not (before[k] == after[k]).all()}
+    assert changed and changed <= adapters  # the base, vision tower included, is untouched
+    assert any(".lora_B." in k for k in changed)
+    assert history[1]["actor/kl"] > 0
+    assert max(gaps) < 0.5
+
+
+def _train(cfg: Any) -> tuple[dict[str, Any], list[dict[str, float]], dict[str, Any],
+                              list[float]]:
+    """(full params before, per-step metrics, full params after, rollout log-prob gaps)."""
     trainer = GRPOTrainer(cfg)
     try:
         trainer.start()
@@ -96,11 +102,4 @@ def test_vlm_lora_trains_the_language_model_only(
         gaps = trainer.group.call("rollout_log_prob_gap")
     finally:
         trainer.close()
-
-    adapters = {k for k in before if ".lora_" in k}
-    assert adapters and all("language_model" in k for k in adapters)
-    changed = {k for k in before if not (before[k] == after[k]).all()}
-    assert changed and changed <= adapters  # the base, vision tower included, is untouched
-    assert any(".lora_B." in k for k in changed)
-    assert history[1]["actor/kl"] > 0
-    assert max(gaps) < 0.5
+    return before, history, after, gaps
