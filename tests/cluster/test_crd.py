@@ -47,6 +47,7 @@ def test_example_applies_and_reads_back_with_defaults(crd: Any, ns: str, path: P
         "maxRestarts": stored["restartPolicy"]["maxRestarts"],
         "backoff": {"initialSeconds": 30, "maxSeconds": 600, **given.get("backoff", {})},
         "remediate": True,
+        "allowPrecisionChange": False,
     }
     assert stored["reward"]["type"] in ("math", "r1v", "function")
     assert "keep" in stored["checkpoint"] and "intervalSteps" in stored["checkpoint"]

@@ -41,7 +41,7 @@ class LoraSpec(ApiModel):
         64.0, gt=0, description="Scale numerator: the update is multiplied by alpha / rank."
     )
     target_modules: list[str] = Field(
-        default_factory=lambda: [ALL_LINEAR],
+        default=[ALL_LINEAR],  # a plain default (pydantic copies it) so the CRD carries it
         min_length=1,
         description=(
             "Module names (suffixes) to adapt, e.g. [q_proj, v_proj], or [all-linear] "
