@@ -49,6 +49,24 @@ def _go(args: list[str], cwd: Path) -> str:
     return proc.stdout
 
 
+def directive_entries(gomod: str, keyword: str) -> list[str]:
+    """The entries of every ``keyword`` directive of a go.mod, one-line or block form,
+    comments stripped (e.g. ``keyword="replace"`` -> ``["a => b v1", ...]``)."""
+    entries: list[str] = []
+    in_block = False
+    for raw in gomod.splitlines():
+        line = raw.split("//", 1)[0].strip()
+        if line.startswith(f"{keyword} ("):
+            in_block = True
+        elif in_block and line == ")":
+            in_block = False
+        elif in_block and line:
+            entries.append(line)
+        elif line.startswith(f"{keyword} "):
+            entries.append(line[len(keyword) + 1 :].strip())
+    return entries
+
+
 def replace_lines(upstream_gomod: str, staging_version: str | None) -> list[str]:
     """Replace directives for the throwaway module, derived from upstream's go.mod.
 
@@ -57,20 +75,8 @@ def replace_lines(upstream_gomod: str, staging_version: str | None) -> list[str]
     get through normal requirements); version replaces are kept as they are.
     """
     lines: list[str] = []
-    in_block = False
-    for raw in upstream_gomod.splitlines():
-        line = raw.split("//", 1)[0].strip()
-        if line.startswith("replace ("):
-            in_block = True
-            continue
-        if in_block and line == ")":
-            in_block = False
-            continue
-        if line.startswith("replace "):
-            line = line[len("replace ") :]
-        elif not in_block:
-            continue
-        m = _REPLACE_RE.match(line)
+    for entry in directive_entries(upstream_gomod, "replace"):
+        m = _REPLACE_RE.match(entry)
         if not m:
             continue
         old, old_v, new, new_v = m.groups()
@@ -79,24 +85,6 @@ def replace_lines(upstream_gomod: str, staging_version: str | None) -> list[str]
                 lines.append(f"{old} => {old} {staging_version}")
             continue
         lines.append(f"{old}{' ' + old_v if old_v else ''} => {new} {new_v or ''}".strip())
-    return lines
-
-
-def exclude_lines(upstream_gomod: str) -> list[str]:
-    """Upstream's ``exclude`` directives, which only apply when it is the main module:
-    without them a wrapper may resolve versions upstream deliberately avoids (containerd)."""
-    lines: list[str] = []
-    in_block = False
-    for raw in upstream_gomod.splitlines():
-        line = raw.split("//", 1)[0].strip()
-        if line.startswith("exclude ("):
-            in_block = True
-        elif in_block and line == ")":
-            in_block = False
-        elif in_block and line:
-            lines.append(line)
-        elif line.startswith("exclude "):
-            lines.append(line[len("exclude ") :].strip())
     return lines
 
 
@@ -138,7 +126,9 @@ def build_component(c: Component) -> Path:
     info = _download(c, work)
     upstream = Path(info["GoMod"]).read_text()
     replaces = replace_lines(upstream, c.staging_version)
-    excludes = exclude_lines(upstream)
+    # Upstream's excludes only apply when it is the main module: without them the wrapper
+    # may resolve versions upstream deliberately avoids (containerd).
+    excludes = directive_entries(upstream, "exclude")
     gomod = [f"module grpo.dev/testbed/{c.name}", "", f"go {go_version}", "",
              f"require {c.module} {c.version}", ""]
     if replaces:

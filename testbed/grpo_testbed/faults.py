@@ -34,14 +34,17 @@ class EnvInjection:
     env: dict[str, str]
 
 
-def matches(injection: EnvInjection, labels: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in injection.labels.items())
+def injected_env(labels: dict[str, str], injections: tuple[EnvInjection, ...]
+                 ) -> dict[str, str]:
+    """The env of every injection whose labels a pod carries (later ones win)."""
+    return {k: v for i in injections
+            if all(labels.get(key) == value for key, value in i.labels.items())
+            for k, v in i.env.items()}
 
 
 def env_patch(pod: dict[str, Any], injections: tuple[EnvInjection, ...]) -> list[dict[str, Any]]:
     """JSON Patch adding every matching injection's env to every container (pure)."""
-    labels = pod.get("metadata", {}).get("labels") or {}
-    extra = {k: v for i in injections if matches(i, labels) for k, v in i.env.items()}
+    extra = injected_env(pod.get("metadata", {}).get("labels") or {}, injections)
     if not extra:
         return []
     ops: list[dict[str, Any]] = []

@@ -163,7 +163,7 @@ def require_tools() -> None:
                          f"(or `apt-get install {' '.join(missing)}` on Debian)")
 
 
-def _run(argv: list[str], what: str, log_file: Path | None = None) -> str:
+def run_tool(argv: list[str], what: str, log_file: Path | None = None) -> str:
     """Run a tool; its output goes to ``log_file`` (with a line per build step here)."""
     t0 = time.monotonic()
     if log_file is None:
@@ -196,8 +196,8 @@ def label(tag: str, key: str = INPUTS_LABEL) -> str | None:
 
 
 def image_id(tag: str) -> str:
-    return _run(["podman", "image", "inspect", "--format", "{{.Id}}", tag],
-                f"inspect {tag}").strip()
+    return run_tool(["podman", "image", "inspect", "--format", "{{.Id}}", tag],
+                    f"inspect {tag}").strip()
 
 
 def ensure_base(workdir: Path) -> None:
@@ -208,11 +208,11 @@ def ensure_base(workdir: Path) -> None:
     log.info("base %s: mmdebstrap %s minbase + %s", BASE_TAG, DEBIAN_SUITE,
              ",".join(BASE_PACKAGES))
     tar = workdir / "rootfs.tar"
-    _run(["mmdebstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES),
-          "--aptopt=Acquire::Retries=3", DEBIAN_SUITE, str(tar)], "mmdebstrap",
-         workdir / "mmdebstrap.log")
-    _run(["podman", "import", "--change", f"LABEL {INPUTS_LABEL}={want}",
-          "--change", 'CMD ["/bin/bash"]', str(tar), BASE_TAG], "podman import")
+    run_tool(["mmdebstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES),
+              "--aptopt=Acquire::Retries=3", DEBIAN_SUITE, str(tar)], "mmdebstrap",
+             workdir / "mmdebstrap.log")
+    run_tool(["podman", "import", "--change", f"LABEL {INPUTS_LABEL}={want}",
+              "--change", 'CMD ["/bin/bash"]', str(tar), BASE_TAG], "podman import")
     log.info("base %s: built in %.0f s", BASE_TAG, time.monotonic() - t0)
 
 
@@ -231,8 +231,8 @@ def ensure_uv(workdir: Path) -> None:
     # Like ghcr.io/astral-sh/uv: the binary at /uv and nothing else.
     (ctx / "Containerfile").write_text(f"FROM scratch\nCOPY uv /uv\n"
                                        f"LABEL {INPUTS_LABEL}={want}\n")
-    _run(["buildah", "bud", "--isolation", "chroot", "-t", UV_TAG, str(ctx)], "uv image",
-         workdir / "uv.log")
+    run_tool(["buildah", "bud", "--isolation", "chroot", "-t", UV_TAG, str(ctx)], "uv image",
+             workdir / "uv.log")
     log.info("uv image %s from %s", UV_TAG, uv)
 
 
@@ -264,7 +264,7 @@ def build_image(image: Image, workdir: Path, force: bool = False) -> bool:
     if image.uv_cache:
         HOST_UV_CACHE.mkdir(parents=True, exist_ok=True)
         argv += ["--volume", f"{HOST_UV_CACHE}:{BUILD_UV_CACHE}"]
-    _run([*argv, str(REPO)], image.name, workdir / f"{image.name}.log")
+    run_tool([*argv, str(REPO)], image.name, workdir / f"{image.name}.log")
     log.info("%s: built in %.0f s, %.2f GB", image.name, time.monotonic() - t0,
              image_size(image.tag) / 1e9)
     if replaced is not None and replaced != image_id(image.tag):
@@ -281,7 +281,7 @@ def drop_image(ident: str) -> None:
 
 
 def image_size(tag: str) -> int:
-    out = _run(["podman", "image", "inspect", "--format", "{{.Size}}", tag], "inspect")
+    out = run_tool(["podman", "image", "inspect", "--format", "{{.Size}}", tag], "inspect")
     return int(out.strip())
 
 

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -33,23 +32,10 @@ from .node.network import NodeNetwork, allocate
 from .node.runtime import RealNode
 from .nodes import FAKE_NODES, FakeNode, node_manifest
 from .pki import SERVICE_CLUSTER_IP_RANGE, Pki, issue_serving_cert, make_pki
-from .processes import Managed, spawn, wait_until
+from .processes import Managed, free_ports, spawn, wait_until
 from .versions import COMPONENTS, bin_dir, binary, component
 
 log = logging.getLogger("grpo_testbed")
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, *, cert: Path | None = None,

@@ -9,9 +9,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from .launcher import Testbed, free_ports
+from .launcher import Testbed
 from .pki import issue_serving_cert
-from .processes import die_with_parent, wait_until
+from .processes import die_with_parent, free_ports, wait_until
 
 OPERATOR_NS_PREFIX = "op"  # the operator under test watches only namespaces op-*
 WEBHOOK_CONFIG = "grpo.dev"

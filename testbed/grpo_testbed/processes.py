@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -58,6 +59,20 @@ class Managed:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on loopback right now."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def spawn(name: str, argv: Sequence[str], log_dir: Path,

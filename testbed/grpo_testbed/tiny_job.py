@@ -118,12 +118,8 @@ class TinyJob:
         node = self.tb.node
         if node is None:
             return self.agent.claim_dir(JOB_NS, claim)
-        claims = node.claims
-        assert claims is not None
-        wait_until(f"claim {claim} bound", lambda: claims.path_of(JOB_NS, claim) is not None, 60)
-        path = claims.path_of(JOB_NS, claim)
-        assert path is not None
-        return path
+        assert node.claims is not None
+        return node.claims.wait_path(JOB_NS, claim)
 
     def apply_job(self, engine: str | None = None) -> None:
         """`kubectl apply -f examples/grpojob-tiny.yaml`; ``engine`` sets spec.rollout.engine."""

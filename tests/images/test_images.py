@@ -118,7 +118,7 @@ def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_operator_image_serves_healthz_against_an_api_server(built: None,
                                                              api_server: Path) -> None:
-    from grpo_testbed.launcher import free_ports
+    from grpo_testbed.processes import free_ports
 
     (port,) = free_ports(1)
     name = f"grpo-healthz-{port}"

@@ -67,3 +67,20 @@ def test_the_fault_switch_patches_only_pods_with_all_its_labels() -> None:
     assert json.loads(base64.b64decode(str(fresh["patch"])))[0]["path"] == \
         "/spec/containers/0/env"
     assert "patch" not in review({"grpo.dev/attempt": "1", "grpo.dev/role": "head"}, None)
+
+
+def test_excludes_are_read_in_block_and_one_line_form() -> None:
+    from grpo_testbed.build import directive_entries
+
+    gomod = """module x
+exclude (
+\t// why: upstream's comment
+\tgithub.com/a/b v1.0.1-0.2018 // pinned away
+\tgithub.com/c/d v0.1.0
+)
+exclude github.com/e/f v2.0.0
+replace github.com/g/h => ./local
+"""
+    assert directive_entries(gomod, "exclude") == [
+        "github.com/a/b v1.0.1-0.2018", "github.com/c/d v0.1.0", "github.com/e/f v2.0.0"]
+    assert directive_entries(gomod, "replace") == ["github.com/g/h => ./local"]

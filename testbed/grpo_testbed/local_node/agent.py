@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from ..faults import EnvInjection, matches
+from ..faults import EnvInjection, injected_env
 from ..versions import KUBERNETES_VERSION
 from . import podspec, sandbox
 from .cgroup import MemoryCgroup
@@ -228,14 +228,6 @@ class LocalNodeAgent:
             if err.status != 404:
                 log.warning("status of %s/%s not written: %s", rp.namespace, rp.name, err.reason)
 
-    def _env_injections(self, pod: dict[str, Any]) -> dict[str, str]:
-        labels = pod["metadata"].get("labels") or {}
-        extra: dict[str, str] = {}
-        for inj in self.injections:
-            if matches(inj, labels):
-                extra |= inj.env
-        return extra
-
     def _run_pod(self, rp: RunningPod, pod: dict[str, Any]) -> None:
         start_time = podspec.now_iso()
         try:
@@ -318,7 +310,7 @@ class LocalNodeAgent:
         plans = []
         for c in pod["spec"]["containers"]:
             env = podspec.resolve_env(pod, c, POD_IP, config_maps, base)
-            env |= self._env_injections(pod)
+            env |= injected_env(pod["metadata"].get("labels") or {}, self.injections)
             plans.append(podspec.container_plan(pod, c, dirs, volumes, env))
         return plans
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
 
+from ..processes import wait_until
+
 log = logging.getLogger("grpo_testbed.node")
 
 PROVISIONER_ROOT = Path("/tmp/kwok-local-path-provisioner")
@@ -49,6 +51,19 @@ class ClaimDirectories:
         path = Path(pv["spec"]["hostPath"]["path"])
         self._prepare(path)
         return path
+
+    def wait_path(self, namespace: str, claim: str, timeout_s: float = 60) -> Path:
+        """:meth:`path_of`, once the claim is bound."""
+        found: list[Path] = []
+
+        def bound() -> bool:
+            path = self.path_of(namespace, claim)
+            if path is not None:
+                found.append(path)
+            return path is not None
+
+        wait_until(f"claim {claim} bound", bound, timeout_s)
+        return found[-1]
 
     def _loop(self) -> None:
         while not self._stop.wait(0.5):

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..images import BASE_TAG, image_id, image_size, podman_env
+from ..images import BASE_TAG, image_id, image_size, label, run_tool
 
 log = logging.getLogger("grpo_testbed.node")
 
@@ -27,14 +27,13 @@ _SANDBOX_CMD = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
 
 def ensure_sandbox_image() -> str:
     """Build the sandbox image from the testbed's base image (seconds) unless present."""
-    if subprocess.run(["podman", "image", "exists", SANDBOX_TAG], env=podman_env(),
-                      check=False).returncode == 0:
+    if label(SANDBOX_TAG) is not None:
         return SANDBOX_TAG
-    ctr = _out(["buildah", "from", "--pull-never", BASE_TAG])
+    ctr = run_tool(["buildah", "from", "--pull-never", BASE_TAG], "buildah from").strip()
     try:
-        _out(["buildah", "config", "--entrypoint", f'["/bin/sh", "-c", "{_SANDBOX_CMD}"]',
-              "--cmd", "", ctr])
-        _out(["buildah", "commit", "--quiet", ctr, SANDBOX_TAG])
+        run_tool(["buildah", "config", "--entrypoint", f'["/bin/sh", "-c", "{_SANDBOX_CMD}"]',
+                  "--cmd", "", ctr], "buildah config")
+        run_tool(["buildah", "commit", "--quiet", ctr, SANDBOX_TAG], "buildah commit")
     finally:
         subprocess.run(["buildah", "rm", ctr], capture_output=True, check=False)
     return SANDBOX_TAG
@@ -51,12 +50,13 @@ def import_image(ctr: Path, socket: Path, tag: str, scratch: Path) -> float:
     # podman cannot save into a pipe, so through a file beside the node's store.
     with tempfile.TemporaryDirectory(prefix="image-", dir=scratch) as tmp:
         archive = Path(tmp) / "image.tar"
-        _out(["podman", "save", "--quiet", "--uncompressed", "--format", "oci-archive",
-              "-o", str(archive), tag])
-        _out([*base, "images", "import", "--snapshotter", "overlayfs", str(archive)])
+        run_tool(["podman", "save", "--quiet", "--uncompressed", "--format", "oci-archive",
+                  "-o", str(archive), tag], f"podman save {tag}")
+        run_tool([*base, "images", "import", "--snapshotter", "overlayfs", str(archive)],
+                 f"ctr import {tag}")
     size = image_size(tag)
     # Which podman image this is: a rebuilt image under the same tag is imported again.
-    _out([*base, "images", "label", tag, f"{ID_LABEL}={want}"])
+    run_tool([*base, "images", "label", tag, f"{ID_LABEL}={want}"], "ctr images label")
     spent = time.monotonic() - t0
     log.info("imported %s into the node: %.0f MB in %.0f s (%.0f MB/s)", tag, size / 1e6,
              spent, size / 1e6 / max(spent, 1e-9))
@@ -64,7 +64,7 @@ def import_image(ctr: Path, socket: Path, tag: str, scratch: Path) -> float:
 
 
 def _label(base: list[str], tag: str) -> str | None:
-    for line in _out([*base, "images", "ls"]).splitlines()[1:]:
+    for line in run_tool([*base, "images", "ls"], "ctr images ls").splitlines()[1:]:
         fields = line.split()
         if fields and fields[0] == tag:
             for kv in fields[-1].split(","):
@@ -72,12 +72,3 @@ def _label(base: list[str], tag: str) -> str | None:
                 if key == ID_LABEL:
                     return value
     return None
-
-
-def _out(argv: list[str]) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True, env=podman_env(),
-                          check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(argv)}` failed ({proc.returncode}): "
-                           f"{proc.stderr.strip()[-2000:]}")
-    return proc.stdout.strip()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..processes import Managed, spawn, wait_until
+from ..processes import Managed, free_ports, spawn, wait_until
 from ..versions import binary
 from .claims import ClaimDirectories
 from .config import Allocatable, NodePaths, write_node_config
@@ -60,14 +60,13 @@ class RealNode:
         assert self.net is not None, "allocate the network first (it must exist before the "\
             "API server binds the host side)"
         t0 = time.monotonic()
-        from ..launcher import free_ports
-
-        ports = tuple(free_ports(3))
+        kubelet_healthz, proxy_healthz, proxy_metrics = free_ports(3)
         self.store = acquire_store(self.workdir)
         sandbox = ensure_sandbox_image()
         write_node_config(self.net, self.paths, ca_cert=self.ca_cert,
                           kubeconfig=self.kubeconfig, node_name=NODE_NAME,
-                          sandbox_image=sandbox, ports=ports,  # type: ignore[arg-type]
+                          sandbox_image=sandbox,
+                          ports=(kubelet_healthz, proxy_healthz, proxy_metrics),
                           alloc=self.alloc)
         ns = self.net.nsenter()
         containerd = self._spawn("containerd", [
@@ -110,7 +109,7 @@ class RealNode:
     def stop(self) -> None:
         """The kubelet first (it would restart what goes), then every container through
         containerd, then whatever survived (the shims outlive containerd), then the other
-        programs and the network namespace."""
+        programs. The network namespace is the testbed's, which created it."""
         if self.logs is not None:
             self.logs.stop()
         for p in self.procs:
@@ -127,9 +126,6 @@ class RealNode:
             self.claims.stop()
         if self.store is not None:
             self.store.release()
-        if self.net is not None:
-            self.net.delete()
-            self.net = None
 
     def _spawn(self, name: str, argv: list[str]) -> Managed:
         p = spawn(name, argv, self.log_dir, {**os.environ})

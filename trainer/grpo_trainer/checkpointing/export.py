@@ -192,13 +192,14 @@ def _lora_to_full(
 ) -> dict[str, torch.Tensor]:
     """A LoRA checkpoint's adapters merged into the base (and written as a PEFT
     directory to ``adapter_out`` if given)."""
-    from ..lora.export import NotAnAdapterCheckpoint, merged_model_tensors, write_adapter
+    from ..lora.export import NotAnAdapterCheckpoint, merged_model_tensors
+    from ..lora.peft_format import write_adapter_dir
 
     lora = cfg.actor.lora
     if lora is None:
         raise ExportError("--adapter-out needs a LoRA checkpoint (actor.lora set in its config)")
     if adapter_out is not None:
-        write_adapter(Path(adapter_out), mcfg, lora, tensors, dtype)
+        write_adapter_dir(Path(adapter_out), lora, tensors, mcfg.path, dtype)
     try:
         return merged_model_tensors(mcfg, lora, tensors)
     except NotAnAdapterCheckpoint as err:

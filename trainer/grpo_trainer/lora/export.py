@@ -1,10 +1,9 @@
 """Exporting a LoRA checkpoint: the base from the model path with the adapters merged
-in, and on request the adapters alone as a PEFT directory."""
+in (the adapters alone, as a PEFT directory, are ``peft_format.write_adapter_dir``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
@@ -12,7 +11,6 @@ from grpo_api.trainer_config import LoraConfig, ModelConfig
 
 from .adapters import is_adapter_param, scaling
 from .merge import merge_state
-from .peft_format import write_adapter_dir
 
 
 class NotAnAdapterCheckpoint(ValueError):
@@ -34,13 +32,3 @@ def merged_model_tensors(
     base = load_full(mcfg, torch.float32).state_dict()
     return merge_state({**base, **adapters}, scaling(lora))
 
-
-def write_adapter(
-    out: Path,
-    mcfg: ModelConfig,
-    lora: LoraConfig,
-    adapters: Mapping[str, torch.Tensor],
-    dtype: torch.dtype,
-) -> Path:
-    """The adapters as PEFT writes them, naming ``mcfg.path`` as their base model."""
-    return write_adapter_dir(out, lora, adapters, mcfg.path, dtype)
