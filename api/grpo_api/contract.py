@@ -18,6 +18,8 @@ JOB_LABEL = f"{API_GROUP}/job"  # on every child object
 MAX_RESTARTS = 100  # spec.restartPolicy.maxRestarts: attempts are numbered 0..100
 ATTEMPT_LABEL = f"{API_GROUP}/attempt"  # on per-attempt children and the Ray pods
 ROLE_LABEL = f"{API_GROUP}/role"  # on the Ray pods: a Role value
+# Kueue's queue label (spec.queueName): on each attempt's RayCluster, set at creation only.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 CONFIG_PATH = "/etc/grpo/config.yaml"
 CHECKPOINT_MOUNT = "/checkpoints"  # the job's dir is /checkpoints/<namespace>/<job>/
@@ -56,6 +58,7 @@ class Phase(StrEnum):
     """GRPOJob status.phase, for humans; conditions carry the detail."""
 
     PENDING = "Pending"
+    QUEUED = "Queued"  # Kueue holds the RayCluster suspended until it admits it
     STARTING = "Starting"
     RUNNING = "Running"
     RESTARTING = "Restarting"
@@ -73,6 +76,7 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    QUEUED = "Queued"  # Kueue has not admitted the attempt's RayCluster (Kueue's reason)
     MEMORY_GROWTH = "MemoryGrowth"  # from the trainer's leak detector (status.progress)
     HUB_FETCH = "HubFetch"  # from the head's hub fetch (status.progress.fetch)
 
@@ -81,6 +85,7 @@ class ConditionType(StrEnum):
 PHASE_CONDITIONS = (
     ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED,
     ConditionType.SUSPENDED, ConditionType.SUCCEEDED, ConditionType.FAILED,
+    ConditionType.QUEUED,
 )
 
 

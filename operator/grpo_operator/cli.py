@@ -77,5 +77,24 @@ def plan(file: Path, output: str, model_root: Path | None, gpu_catalog: Path | N
         sys.exit(2)
 
 
+@cli.command("kueue-flavors")
+@click.option(
+    "--gpu-catalog",
+    envvar="GRPO_GPU_CATALOG",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="GPU types merged over the built-in catalog, as the operator's (chart gpuCatalog).",
+)
+def kueue_flavors(gpu_catalog: Path | None) -> None:
+    """Print Kueue ResourceFlavors for every GPU type (pipe to kubectl apply -f -)."""
+    import yaml
+
+    from .catalog_file import load_catalog
+    from .kueue_flavors import resource_flavors
+
+    click.echo(yaml.safe_dump_all(resource_flavors(load_catalog(gpu_catalog)),
+                                  sort_keys=False), nl=False)
+
+
 def main() -> None:
     cli()

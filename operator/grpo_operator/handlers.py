@@ -8,12 +8,22 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from grpo_api.contract import API_GROUP, API_VERSION, ATTEMPT_LABEL, JOB_LABEL, KIND, PLURAL, Phase
+from grpo_api.contract import (
+    API_GROUP,
+    API_VERSION,
+    ATTEMPT_LABEL,
+    JOB_LABEL,
+    KIND,
+    KUEUE_QUEUE_LABEL,
+    PLURAL,
+    Phase,
+)
 
 from . import kube, metrics
 from . import reconcile as rec
@@ -189,8 +199,14 @@ def pod_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.La
     terminating = going and kube.namespace_terminating(ns)
 
     def gather(job: dict[str, Any]) -> Observed:
-        return Observed(pods=kube.list_pods(ns, selector) if rec.pod_needs_pods(job, event)
-                        else [], namespace_terminating=terminating)
+        observed = Observed(pods=kube.list_pods(ns, selector) if rec.pod_needs_pods(job, event)
+                            else [], namespace_terminating=terminating)
+        if not rec.pod_needs_cluster(job, event):
+            return observed
+        rc = kube.get_ray_cluster(ns, str(job["status"]["rayCluster"]["name"]))
+        uid = str((rc or {}).get("metadata", {}).get("uid") or "")
+        return replace(observed, ray_cluster=rc,
+                       workload=kube.workload_of(ns, uid) if uid else None)
 
     try:
         _decide_fresh(ns, labels[JOB_LABEL], event, from_memo(memo), gather)
@@ -209,14 +225,40 @@ def raycluster_event(type: str, body: kopf.Body, namespace: str | None, labels: 
     _decide_on_cluster(namespace or "", labels[JOB_LABEL], dict(body), from_memo(memo))
 
 
+def _owned_by_ray_cluster(body: kopf.Body, **_: Any) -> bool:
+    return any(r.get("kind") == "RayCluster" for r in body.get("metadata", {}).get(
+        "ownerReferences") or [])
+
+
+@kopf.on.event(kube.KUEUE_GROUP, kube.KUEUE_VERSION, "workloads", when=_owned_by_ray_cluster)
+def workload_event(type: str, body: kopf.Body, namespace: str | None, memo: kopf.Memo,
+                   **_: Any) -> None:
+    """Kueue's view of a queued job's cluster changes (quota short, admitted, evicted)
+    without the cluster changing: decide on the cluster again with Kueue's words. No
+    Kueue installed: Kopf watches nothing here."""
+    if type == "DELETED":
+        return
+    ns = namespace or ""
+    owner = next(r for r in body["metadata"]["ownerReferences"] if r.get("kind") == "RayCluster")
+    rc = kube.get_ray_cluster(ns, str(owner["name"]))
+    job_name = ((rc or {}).get("metadata", {}).get("labels") or {}).get(JOB_LABEL)
+    if rc is not None and job_name:
+        _decide_on_cluster(ns, str(job_name), rc, from_memo(memo), dict(body))
+
+
 def _decide_on_cluster(ns: str, job_name: str, rc: dict[str, Any],
-                       config: OperatorConfig) -> None:
+                       config: OperatorConfig, workload: dict[str, Any] | None = None) -> None:
     labels = rc.get("metadata", {}).get("labels") or {}
     selector = f"{JOB_LABEL}={job_name},{ATTEMPT_LABEL}={labels.get(ATTEMPT_LABEL)}"
 
     def gather(job: dict[str, Any]) -> Observed:
-        return Observed(pods=kube.list_pods(ns, selector) if rec.cluster_needs_pods(job, rc)
-                        else [])
+        observed = Observed(pods=kube.list_pods(ns, selector)
+                            if rec.cluster_needs_pods(job, rc) else [])
+        if not rec.cluster_needs_workload(job, rc):
+            return observed
+        queue = str(labels[KUEUE_QUEUE_LABEL])
+        return replace(observed, cluster_queue=kube.cluster_queue_of(ns, queue),
+                       workload=workload or kube.workload_of(ns, str(rc["metadata"]["uid"])))
 
     try:
         _decide_fresh(ns, job_name, rec.ClusterChanged(rc), config, gather)

@@ -105,6 +105,37 @@ def get_ray_cluster(namespace: str, name: str) -> dict[str, Any] | None:
     ).get_namespaced_custom_object(RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name)))
 
 
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+# Kueue labels each Workload with the UID of the job object it stands for.
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+
+def workload_of(namespace: str, owner_uid: str) -> dict[str, Any] | None:
+    """The Kueue Workload standing for the object with `owner_uid` (a RayCluster), or
+    None (not created yet, or Kueue not installed)."""
+    found = _unless_missing(lambda: _custom().list_namespaced_custom_object(
+        KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads",
+        label_selector=f"{KUEUE_JOB_UID_LABEL}={owner_uid}"))
+    items = [w for w in (found or {}).get("items") or []
+             if any(r.get("uid") == owner_uid
+                    for r in w.get("metadata", {}).get("ownerReferences") or [])]
+    return cast(dict[str, Any], items[0]) if items else None
+
+
+def cluster_queue_of(namespace: str, local_queue: str) -> str | None:
+    """The ClusterQueue a LocalQueue feeds, or None if the LocalQueue does not exist."""
+    lq = _unless_missing(lambda: _custom().get_namespaced_custom_object(
+        KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", local_queue))
+    return str(lq["spec"]["clusterQueue"]) if lq else None
+
+
+def kueue_served() -> bool:
+    """Whether the API server serves Kueue's LocalQueues (Kueue is installed)."""
+    groups = client.ApisApi(_api()).get_api_versions().groups or []
+    return any(g.name == KUEUE_GROUP and any(v.version == KUEUE_VERSION for v in g.versions)
+               for g in groups)
+
+
 def delete_ray_cluster(namespace: str, name: str) -> bool:
     """True if it was there to delete."""
     return _unless_missing(lambda: _custom().delete_namespaced_custom_object(

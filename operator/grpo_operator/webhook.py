@@ -39,16 +39,38 @@ IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "training", "lora"
                       "resources", "checkpoint")
 
 
+def queue_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
+                  kueue_installed: bool) -> str | None:
+    """spec.queueName: Kueue must be there to admit the job (else its cluster would run
+    at once, unqueued), and the queue is fixed at creation (Kueue's label is immutable
+    on an admitted cluster; the operator never rewrites it)."""
+    queue = spec.get("queueName")
+    if old_spec is not None and old_spec.get("queueName") != queue:
+        return ("spec.queueName cannot change after the job is created (Kueue's queue label "
+                "is fixed on the job's RayCluster); delete the job and create it again with "
+                "the new queue (a claim you name in checkpoint.claimName keeps its "
+                "checkpoints)")
+    if queue and old_spec is None and not kueue_installed:
+        return (f"spec.queueName: {queue!r} names a Kueue LocalQueue, but Kueue is not "
+                "installed in this cluster (no kueue.x-k8s.io/v1beta2 API); install Kueue "
+                "with the ray.io/raycluster integration, or remove spec.queueName to run at "
+                "once")
+    return None
+
+
 def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
                       catalog: Mapping[str, GpuType] = GPU_CATALOG,
                       namespace: NamespaceFacts | None = None,
-                      name: str = "job") -> str | None:
+                      name: str = "job", kueue_installed: bool = True) -> str | None:
     """Why the API server should refuse this spec, or None (pure). With `namespace`,
     also what that namespace would refuse the job's pods (checked on the pods as
     rendered for the first attempt); its GPU quota only on create (a live job's own pods
     count as used)."""
     if old_spec is not None and old_spec == spec:
         return None  # metadata/finalizer updates must never be blocked by a newer planner
+    queue = queue_problem(spec, old_spec, kueue_installed)
+    if queue:
+        return queue
     if old_spec is not None:
         changed = [k for k in IMMUTABLE_SECTIONS if old_spec.get(k) != spec.get(k)]
         if changed:
@@ -84,6 +106,17 @@ def namespace_facts(namespace: str) -> NamespaceFacts | None:
         return None
 
 
+def kueue_installed() -> bool:
+    """Whether Kueue's API is served; True when discovery fails (Kueue then shows a
+    missing queue in the job's status instead)."""
+    try:
+        return kube.kueue_served()
+    except ApiException as exc:
+        log.warning("admission: cannot list API groups (%s); not checking for Kueue",
+                    kube.api_message(exc))
+        return True
+
+
 def admission_warnings(spec: dict[str, Any]) -> list[str]:
     """What kubectl should print beside an accepted spec: deprecated fields set (pure)."""
     try:
@@ -98,8 +131,9 @@ def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str],
                      operation: str | None = None, **_: Any) -> None:
     old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
     facts = namespace_facts(namespace) if namespace and old_spec != dict(spec) else None
+    kueue = kueue_installed() if spec.get("queueName") and old_spec is None else True
     problem = admission_problem(dict(spec), old_spec, from_memo(memo).catalog, facts,
-                                name or "job")
+                                name or "job", kueue)
     if problem:
         raise kopf.AdmissionError(problem, code=422)
     warnings.extend(admission_warnings(dict(spec)))

@@ -27,6 +27,7 @@ import yaml
 
 from . import build
 from .faults import EnvInjection, FaultSwitch
+from .kueue import start_kueue
 from .local_node.agent import LocalNodeAgent
 from .node.network import NodeNetwork, allocate
 from .node.runtime import RealNode
@@ -68,6 +69,8 @@ class Testbed:
 
     workdir: Path
     with_kuberay: bool = True
+    # Kueue (kueue.py), admitting RayClusters labelled with a queue; needs KubeRay's CRDs.
+    with_kueue: bool = True
     procs: list[Managed] = field(default_factory=list)
     api_port: int = 0
     pki: Pki | None = None
@@ -158,6 +161,8 @@ class Testbed:
             self._start_kwok()
             if self.with_kuberay:
                 self._start_kuberay()
+                if self.with_kueue:
+                    start_kueue(self)
             if self.local_node:
                 assert self.pki is not None
                 self.agent = LocalNodeAgent(self.kubeconfig, self.workdir / "local-node",
@@ -372,6 +377,7 @@ class Testbed:
 
 @contextmanager
 def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
+                    with_kueue: bool = True,
                     local_node: bool = False,
                     injections: tuple[EnvInjection, ...] = (),
                     real_node: bool = False,
@@ -386,7 +392,8 @@ def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
     wd.mkdir(parents=True, exist_ok=True)
     runs_pods = local_node or real_node
     nodes = tuple(n for n in FAKE_NODES if n.gpu_type) if runs_pods else FAKE_NODES
-    tb = Testbed(workdir=wd, with_kuberay=with_kuberay, fake_nodes=nodes,
+    tb = Testbed(workdir=wd, with_kuberay=with_kuberay, with_kueue=with_kueue,
+                 fake_nodes=nodes,
                  local_node=local_node, injections=injections, real_node=real_node,
                  node_images=node_images, _owns_workdir=owns)
     with tb:

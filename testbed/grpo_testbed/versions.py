@@ -22,6 +22,8 @@ HELM_VERSION = "v3.21.4"
 # runc and the CNI plugins are Debian's (hack/setup.sh installs them).
 CONTAINERD_VERSION = "v2.2.0"
 COREDNS_VERSION = "v1.14.7"
+# The proxy serves kueue v0.16.1, v0.16.2 and v0.15.0-v0.15.2 (many others answer 403).
+KUEUE_VERSION = "v0.16.2"
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,17 @@ COMPONENTS: tuple[Component, ...] = (
         version=COREDNS_VERSION,
         packages=("github.com/coredns/coredns",),
         binaries=("coredns",),
+    ),
+    Component(
+        name="kueue",
+        module="sigs.k8s.io/kueue",
+        version=KUEUE_VERSION,
+        packages=("sigs.k8s.io/kueue/cmd/kueue",),
+        binaries=("kueue",),
+        data=(
+            ("config/components/crd/bases/*.yaml", "crds"),
+            ("config/components/webhook/manifests.yaml", "webhook"),
+        ),
     ),
     Component(
         name="etcd",

@@ -39,6 +39,8 @@ NAMESPACED_RIGHTS: set[Rule] = {
       for v in ("get", "list", "watch", "create", "patch", "delete")},
     *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
     *{("", "resourcequotas", v) for v in ("get", "list")},
+    *{("kueue.x-k8s.io", r, v) for r in ("workloads", "localqueues")
+      for v in ("get", "list", "watch")},
     *{(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")},
     *{("rbac.authorization.k8s.io", r, v) for r in ("roles", "rolebindings")
       for v in ("get", "list", "watch", "create", "patch", "delete")},

@@ -548,6 +548,15 @@ class GRPOJobSpec(ApiModel):
         "change (next attempt).",
     )
     suspend: bool = Field(False, description="true stops the Ray cluster, keeping checkpoints.")
+    queue_name: str | None = Field(
+        None,
+        pattern=_NAME_PATTERN,
+        max_length=63,
+        description="Kueue LocalQueue (in the job's namespace) that admits the job: each "
+        "attempt's RayCluster carries the label kueue.x-k8s.io/queue-name and waits, "
+        "suspended, until Kueue admits it (phase Queued). Unset: runs at once. Cannot "
+        "change after creation.",
+    )
 
     @model_validator(mode="after")
     def _batch_geometry(self) -> Self:

@@ -173,6 +173,9 @@ class RayClusterStatus(ApiModel):
 
     name: str = Field(description="RayCluster name.")
     state: str | None = Field(None, description="RayCluster .status.state as KubeRay reports it.")
+    admitted: bool | None = Field(
+        None, description="Kueue admitted it (spec.queueName): suspended again = preempted."
+    )
 
 
 class GRPOJobStatus(ApiModel):
@@ -187,7 +190,8 @@ class GRPOJobStatus(ApiModel):
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
         },
-        description="Ready, Progressing, Degraded, Suspended, Succeeded, Failed (the operator's); "
+        description="Ready, Progressing, Degraded, Suspended, Succeeded, Failed, Queued (the "
+        "operator's); "
         "MemoryGrowth, HubFetch (from the trainer's reports).",
     )
     phase: Phase | None = Field(None, strict=False, description="One-word summary for humans.")
@@ -195,6 +199,9 @@ class GRPOJobStatus(ApiModel):
     progress: ProgressStatus | None = Field(None, description="Training progress.")
     attempt: int | None = Field(None, ge=0, description="Index of the current attempt.")
     restarts: int = Field(0, ge=0, description="Restarts so far.")
+    preemptions: int = Field(
+        0, ge=0, description="Attempts Kueue preempted (they cost no restart budget)."
+    )
     attempts: list[AttemptRecord] = Field(
         default_factory=list, description="Every attempt, oldest first."
     )

@@ -1,5 +1,6 @@
 """Reconciling a GRPOJob (pure): `reconcile(job, observed, event, now, config)` returns
-the one Action for an event; `classify`, `conditions` and `attempts` are its parts."""
+the one Action for an event; `classify`, `conditions`, `attempts` and `queue` (Kueue) are
+its parts."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from .core import (
     PodChanged,
     SpecChanged,
     cluster_needs_pods,
+    cluster_needs_workload,
     pod_matters,
+    pod_needs_cluster,
     pod_needs_pods,
     reconcile,
     restart_due,
@@ -34,8 +37,10 @@ __all__ = [
     "SpecChanged",
     "backoff_seconds",
     "cluster_needs_pods",
+    "cluster_needs_workload",
     "planned",
     "pod_matters",
+    "pod_needs_cluster",
     "pod_needs_pods",
     "reconcile",
     "refusal_pending",

@@ -226,7 +226,8 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
     start: PhaseView | None = None
     if status.get("phase") in (None, Phase.SUSPENDED):
         start = PhaseView(Phase.PENDING, "CreatingCluster", f"creating RayCluster {rc_name}")
-        fields["rayCluster"] = {"name": rc_name, "state": None}  # a new cluster: no state yet
+        # A new cluster: no state yet, and not admitted by Kueue yet.
+        fields["rayCluster"] = {"name": rc_name, "state": None, "admitted": None}
         if status.get("phase") == Phase.SUSPENDED:
             events.append(("Normal", "Resumed", f"resuming attempt {attempt} from its "
                            "newest complete checkpoint"))
@@ -373,7 +374,8 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
     return Action(
         status_patch(status, generation, now, view, attempt=index,
                      attempts=[*attempts, record], nextAttempt=None,
-                     rayCluster={"name": rc, "state": None}, plan=plan_status(plan).to_wire()),
+                     rayCluster={"name": rc, "state": None, "admitted": None},
+                     plan=plan_status(plan).to_wire()),
         # Only what is new per attempt: the claim and the trainer's RBAC exist since
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
         children=[c for c in render_children(spec, plan, job, index, default_image)

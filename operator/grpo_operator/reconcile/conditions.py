@@ -78,6 +78,7 @@ def attempt_phase(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any]]
 
 _TRUE_FOR: dict[str, set[str]] = {
     Phase.PENDING: {"Progressing"},
+    Phase.QUEUED: {"Queued"},  # Kueue holds it: waiting, not progressing
     Phase.STARTING: {"Progressing"},
     Phase.RUNNING: {"Ready", "Progressing"},
     Phase.RESTARTING: {"Progressing", "Degraded"},

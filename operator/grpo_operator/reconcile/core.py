@@ -38,6 +38,14 @@ from .conditions import (
     unschedulable,
     unschedulable_view,
 )
+from .queue import (
+    admission_event,
+    admitted,
+    held_by_kueue,
+    preempt_attempt,
+    queue_of,
+    queued_view,
+)
 from .refusals import pod_create_refusal, refusal_shown, refused
 
 # Phases in which the Ray pods and cluster say nothing new: the job ended, is suspended,
@@ -101,6 +109,12 @@ class Observed:
     # Read when a pod is deleted: deleting a namespace deletes the pods before the job,
     # which would otherwise read as a node loss and start a restart nothing can create.
     namespace_terminating: bool = False
+    # Kueue (spec.queueName): for a cluster event, the cluster's Workload and the
+    # ClusterQueue its LocalQueue feeds; for a Ray pod going away, the live attempt's
+    # RayCluster (suspended by Kueue: preempted) and its Workload.
+    workload: dict[str, Any] | None = None
+    cluster_queue: str | None = None
+    ray_cluster: dict[str, Any] | None = None
 
 
 def restart_pending(job: dict[str, Any]) -> bool:
@@ -157,12 +171,35 @@ def pod_needs_pods(job: dict[str, Any], event: PodChanged) -> bool:
             and event.pod.get("status", {}).get("phase") == "Running")
 
 
-def cluster_needs_pods(job: dict[str, Any], ray_cluster: dict[str, Any]) -> bool:
-    """A ready cluster says Running by itself; otherwise the pods tell what it waits on."""
-    status = job.get("status") or {}
+def _live(status: dict[str, Any], obj: dict[str, Any]) -> bool:
+    """Whether a pod or cluster event can change the job: one of its live attempt."""
     return (status.get("phase") not in _QUIET
-            and attempt_of(ray_cluster) == str(status.get("attempt") or 0)
+            and attempt_of(obj) == str(status.get("attempt") or 0))
+
+
+def cluster_needs_pods(job: dict[str, Any], ray_cluster: dict[str, Any]) -> bool:
+    """A ready cluster says Running by itself, and one Kueue holds has no pods;
+    otherwise the pods tell what it waits on."""
+    status = job.get("status") or {}
+    return (_live(status, ray_cluster) and not held_by_kueue(ray_cluster)
             and (ray_cluster.get("status") or {}).get("state") != RAY_CLUSTER_READY)
+
+
+def cluster_needs_workload(job: dict[str, Any], ray_cluster: dict[str, Any]) -> bool:
+    """Kueue's words are needed while it holds the cluster (why it waits, why it was
+    preempted) and once when it admits it (which ClusterQueue)."""
+    status = job.get("status") or {}
+    return (queue_of(ray_cluster) is not None and _live(status, ray_cluster)
+            and (held_by_kueue(ray_cluster) or not admitted(status)))
+
+
+def pod_needs_cluster(job: dict[str, Any], event: PodChanged) -> bool:
+    """A Ray pod of an admitted queued job going away: was its cluster preempted? (Kueue
+    suspends the cluster, then KubeRay deletes its pods: the cluster says it first.)"""
+    status = job.get("status") or {}
+    going = event.deleted or bool(event.pod.get("metadata", {}).get("deletionTimestamp"))
+    return (going and bool((job.get("spec") or {}).get("queueName"))
+            and admitted(status) and _live(status, event.pod))
 
 
 def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
@@ -194,10 +231,9 @@ def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
         case JobChanged():
             return _on_job(status, generation, now)
         case PodChanged(pod=pod, deleted=deleted):
-            return _on_pod(spec, status, generation, now, pod, deleted, observed.pods,
-                           config)
+            return _on_pod(spec, status, generation, now, pod, deleted, observed, config)
         case ClusterChanged(ray_cluster=rc):
-            return _on_cluster(status, generation, now, rc, observed.pods, config)
+            return _on_cluster(status, generation, now, rc, observed, config)
         case CreateFailed(kind=kind, name=name, message=message):
             return create_failed(status, kind, name, message, generation, now)
     raise TypeError(f"unknown event {event!r}")
@@ -256,13 +292,15 @@ def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:
 
 
 def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: str,
-            pod: dict[str, Any], deleted: bool, pods: list[dict[str, Any]],
+            pod: dict[str, Any], deleted: bool, observed: Observed,
             config: OperatorConfig) -> Action:
-    if status.get("phase") in _QUIET:
-        return Action()
-    if attempt_of(pod) != str(status.get("attempt") or 0):
-        return Action()  # a pod of an earlier attempt, being cleaned up
+    if not _live(status, pod):
+        return Action()  # the job is quiet, or a pod of an earlier attempt being removed
+    pods = observed.pods
     outcome = _ended(pod, deleted)
+    if (outcome is not None and observed.ray_cluster is not None
+            and held_by_kueue(observed.ray_cluster) and admitted(status)):
+        return preempt_attempt(status, observed.workload, generation, now)
     if outcome is not None:
         if role(pod) == Role.HEAD and outcome.reason in LOST_RANKS:
             outcome = in_context(outcome, pods)
@@ -287,9 +325,29 @@ def _seen(view: PhaseView, status: dict[str, Any], generation: int, now: str) ->
 
 
 def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str, Any],
-                pods: list[dict[str, Any]], config: OperatorConfig) -> Action:
-    if status.get("phase") in _QUIET or attempt_of(rc) != str(status.get("attempt") or 0):
+                observed: Observed, config: OperatorConfig) -> Action:
+    if not _live(status, rc):
         return Action()
+    if held_by_kueue(rc):
+        if admitted(status):
+            return preempt_attempt(status, observed.workload, generation, now)
+        view = queued_view(rc, observed.workload, observed.cluster_queue)
+        action = Action(status_patch(status, generation, now, view))
+        if action.status.get("phase") == Phase.QUEUED:
+            action.events.append(("Normal", "Queued", view.message))
+        return action
+    action = _observed_cluster(status, generation, now, rc, observed.pods, config)
+    if queue_of(rc) is not None and not admitted(status):
+        action.status["rayCluster"] = {**action.status.get("rayCluster", {}),
+                                       "name": rc["metadata"]["name"], "admitted": True}
+        action.events.append(("Normal", "Admitted", admission_event(rc, observed.workload)))
+    return action
+
+
+def _observed_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str, Any],
+                      pods: list[dict[str, Any]], config: OperatorConfig) -> Action:
+    """The live attempt's cluster as KubeRay reports it: refused pod creates, or the
+    phase its state and pods give."""
     refusal = pod_create_refusal(rc)
     if refusal is not None and status.get("phase") != Phase.RUNNING:
         return refused(status, refusal, rc["metadata"]["name"], generation, now,

@@ -1,0 +1,131 @@
+"""Kueue admission as the job shows it (pure).
+
+A job with spec.queueName gets Kueue's queue label on each attempt's RayCluster. Kueue's
+webhook creates the cluster suspended (KubeRay makes no pods) and admission unsuspends
+it; to preempt, Kueue suspends it again and KubeRay deletes every pod. The operator
+never writes `spec.suspend` or the label: it reads them, and the cluster's Workload for
+Kueue's own words. `status.rayCluster.admitted` remembers that the live attempt's
+cluster was admitted, so a suspended cluster later means preempted, not still queued.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from grpo_api.contract import ATTEMPT_RUNNING, KUEUE_QUEUE_LABEL, MAX_RESTARTS, FailureReason, Phase
+
+from .attempts import Action
+from .conditions import PhaseView, status_patch
+
+KUEUE_ADMITTED = "Admitted"
+KUEUE_PREEMPTED = FailureReason.PREEMPTED.value
+_REASON_SAFE = re.compile(r"[^A-Za-z0-9_,:]")
+
+
+def queue_of(ray_cluster: dict[str, Any]) -> str | None:
+    """The LocalQueue a RayCluster is queued in (Kueue's label), or None."""
+    return (ray_cluster.get("metadata", {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+
+
+def held_by_kueue(ray_cluster: dict[str, Any]) -> bool:
+    """A queued cluster that Kueue keeps suspended: not admitted yet, or preempted."""
+    return queue_of(ray_cluster) is not None and bool(
+        (ray_cluster.get("spec") or {}).get("suspend"))
+
+
+def admitted(status: dict[str, Any]) -> bool:
+    """Whether Kueue admitted the live attempt's cluster (seen unsuspended once)."""
+    return bool((status.get("rayCluster") or {}).get("admitted"))
+
+
+def _condition(workload: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for c in (workload or {}).get("status", {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return dict(c)
+    return {}
+
+
+def _reason(text: str, fallback: str) -> str:
+    """Kueue's reason as a condition reason (CamelCase; Kueue's already are)."""
+    clean = _REASON_SAFE.sub("", text)
+    return clean if clean[:1].isalpha() else fallback
+
+
+def queued_view(ray_cluster: dict[str, Any], workload: dict[str, Any] | None,
+                cluster_queue: str | None) -> PhaseView:
+    """Phase Queued with Kueue's reason: why the Workload has no quota yet (which
+    ClusterQueue, which resource is short), or what admission still waits for."""
+    queue = queue_of(ray_cluster)
+    where = f"LocalQueue {queue}" + (f" (ClusterQueue {cluster_queue})" if cluster_queue
+                                     else "")
+    name = ray_cluster.get("metadata", {}).get("name")
+    if workload is None:
+        return PhaseView(Phase.QUEUED, "WaitingForWorkload",
+                         f"RayCluster {name} is suspended in {where}; waiting for Kueue to "
+                         "create its Workload (is Kueue running with the ray.io/raycluster "
+                         "integration?)")
+    reserved = _condition(workload, "QuotaReserved")
+    if reserved.get("status") == "True":
+        checks = _condition(workload, "Admitted")
+        return PhaseView(Phase.QUEUED, _reason(str(checks.get("reason") or ""),
+                                               "AdmissionChecksPending"),
+                         f"quota reserved in {where}; waiting for admission checks"
+                         + (f": {checks['message']}" if checks.get("message") else ""))
+    why = str(reserved.get("message") or "waiting for Kueue to consider the Workload")
+    return PhaseView(Phase.QUEUED, _reason(str(reserved.get("reason") or ""), "Pending"),
+                     f"queued in {where}: {why}")
+
+
+def admission_event(ray_cluster: dict[str, Any], workload: dict[str, Any] | None) -> str:
+    admission = (workload or {}).get("status", {}).get("admission") or {}
+    cq = admission.get("clusterQueue")
+    return (f"Kueue admitted RayCluster {ray_cluster.get('metadata', {}).get('name')} from "
+            f"LocalQueue {queue_of(ray_cluster)}" + (f" in ClusterQueue {cq}" if cq else ""))
+
+
+def eviction_message(workload: dict[str, Any] | None) -> str:
+    """Kueue's words for why it suspended an admitted cluster."""
+    evicted = _condition(workload, "Evicted")
+    if evicted.get("status") == "True":
+        return f"{evicted.get('reason')}: {evicted.get('message')}"
+    return "Kueue suspended the admitted RayCluster (its Workload was evicted)"
+
+
+def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None,
+                    generation: int, now: str) -> Action:
+    """Kueue took the live attempt's quota back: record it as Preempted (no restart
+    counted, no backoff), release its cluster and queue the next attempt, which resumes
+    from the newest complete checkpoint once Kueue admits it again."""
+    attempt = int(status.get("attempt") or 0)
+    attempts = [dict(a) for a in status.get("attempts") or []]
+    record = next((a for a in attempts if a.get("index") == attempt), None)
+    if record is None or record.get("outcome") != ATTEMPT_RUNNING:
+        return Action()  # already recorded (cluster and pod events both report it)
+    why = eviction_message(workload)
+    progress = status.get("progress") or {}
+    record.update(endTime=now, outcome=KUEUE_PREEMPTED, reason=why[:4096])
+    for field, key in (("step", "step"), ("lastCheckpointStep", "lastCheckpointStep")):
+        if progress.get(key) is not None:
+            record[field] = progress[key]
+    rc = (status.get("rayCluster") or {}).get("name")
+    ckpt = record.get("lastCheckpointStep") or 0
+    if attempt >= MAX_RESTARTS:
+        view = PhaseView(Phase.FAILED, KUEUE_PREEMPTED,
+                         f"attempt {attempt}: {why}; no attempt numbers left (at most "
+                         f"{MAX_RESTARTS + 1} attempts); create the job again to go on "
+                         f"from checkpoint step {ckpt}")
+        return Action(status_patch(status, generation, now, view, attempts=attempts),
+                      delete_ray_cluster=rc, events=[("Warning", KUEUE_PREEMPTED,
+                                                      view.message)])
+    view = PhaseView(Phase.QUEUED, KUEUE_PREEMPTED,
+                     f"attempt {attempt} preempted by Kueue ({why}); attempt {attempt + 1} "
+                     f"queues again and resumes from checkpoint step {ckpt} (no restart "
+                     "counted)")
+    return Action(
+        status_patch(status, generation, now, view, attempts=attempts,
+                     preemptions=int(status.get("preemptions") or 0) + 1,
+                     nextAttempt={"index": attempt + 1, "notBefore": now}),
+        delete_ray_cluster=rc,
+        events=[("Warning", KUEUE_PREEMPTED, view.message)],
+    )
