@@ -55,10 +55,12 @@ def head_pod() -> dict[str, Any]:
             {"name": "ray-head", "state": {"running": {}}}]}}
 
 
-def cluster(attempt: int = 0, suspend: bool = True, state: str | None = None
-            ) -> dict[str, Any]:
-    """A RayCluster as Kueue's webhook leaves it: labelled with its queue, suspended."""
+def cluster(attempt: int = 0, suspend: bool = True, state: str | None = None,
+            generation: int = 1) -> dict[str, Any]:
+    """A RayCluster as Kueue's webhook leaves it: labelled with its queue, suspended
+    (Kueue's unsuspend and a later suspend each make a new generation)."""
     return {"metadata": {"name": f"j-a{attempt}", "uid": f"rc{attempt}",
+                         "generation": generation,
                          "labels": {"grpo.dev/job": "j", "grpo.dev/attempt": str(attempt),
                                     "kueue.x-k8s.io/queue-name": "team-a"}},
             "spec": {"suspend": suspend}, "status": {"state": state} if state else {}}
@@ -85,11 +87,13 @@ def admitted_running_job() -> dict[str, Any]:
         workload=workload(cond("QuotaReserved", "False", "Pending", SHORT))))
     admitted = workload(cond("QuotaReserved", "True", "QuotaReserved"),
                         cond("Admitted", "True", "Admitted"), cq="grpo-gpus")
-    job, action = step(job, rec.ClusterChanged(cluster(suspend=False, state="ready")),
+    job, action = step(job, rec.ClusterChanged(cluster(suspend=False, state="ready",
+                                                       generation=2)),
                        observed=Observed(workload=admitted))
     assert ("Normal", "Admitted", "Kueue admitted RayCluster j-a0 from LocalQueue team-a in "
             "ClusterQueue grpo-gpus") in action.events
-    assert job["status"]["phase"] == "Running" and job["status"]["rayCluster"]["admitted"]
+    assert job["status"]["phase"] == "Running"
+    assert job["status"]["rayCluster"]["admittedGeneration"] == 2
     return job
 
 
@@ -130,7 +134,7 @@ def test_kueue_preemption_ends_the_attempt_without_costing_a_restart() -> None:
     job = admitted_running_job()
     job["status"]["progress"] = {"step": 7, "lastCheckpointStep": 5}
     evicted = workload(cond("Evicted", "True", "Preempted", EVICTED))
-    job, action = step(job, rec.ClusterChanged(cluster(suspend=True)), T1,
+    job, action = step(job, rec.ClusterChanged(cluster(suspend=True, generation=3)), T1,
                        Observed(workload=evicted))
     s = job["status"]
     assert s["phase"] == "Queued" and s["restarts"] == 0 and s["preemptions"] == 1
@@ -155,12 +159,14 @@ def test_the_head_deleted_by_kuberay_on_preemption_is_not_a_lost_node() -> None:
     job = admitted_running_job()
     event = rec.PodChanged(head_pod(), deleted=True)
     assert rec.pod_needs_cluster(job, event)
-    job, _ = step(job, event, T1, Observed(ray_cluster=cluster(suspend=True), workload=workload(
-        cond("Evicted", "True", "Preempted", EVICTED))))
+    job, _ = step(job, event, T1, Observed(
+        ray_cluster=cluster(suspend=True, generation=3),
+        workload=workload(cond("Evicted", "True", "Preempted", EVICTED))))
     assert job["status"]["attempts"][0]["outcome"] == "Preempted"
     assert job["status"]["restarts"] == 0
     # The cluster's own event after it: already recorded, nothing more.
-    again = rec.reconcile(job, Observed(), rec.ClusterChanged(cluster(suspend=True)), T1, CONFIG)
+    again = rec.reconcile(job, Observed(), rec.ClusterChanged(cluster(suspend=True,
+                                                                      generation=3)), T1, CONFIG)
     assert again.status == {} and not again.events
     # Without a queue, a deleted head is a lost node as before (no extra read).
     plain = new_job(queue=None)
@@ -192,3 +198,12 @@ def test_admission_refuses_a_queue_that_cannot_work(old: str | None, new: str,
     problem = admission_problem(spec, old_spec, kueue_installed=installed)
     assert problem is not None and words in problem
     assert admission_problem(spec | {"queueName": "team-a"}, None, kueue_installed=True) is None
+
+
+def test_a_cluster_copy_read_before_its_admission_was_seen_is_not_a_preemption() -> None:
+    """A Workload event's handler reads the cluster, still suspended; meanwhile the
+    cluster's own event (unsuspended) is decided first: the older copy says nothing."""
+    job = admitted_running_job()
+    stale = cluster(suspend=True, generation=1)
+    _, action = step(job, rec.ClusterChanged(stale), T1, Observed(workload=workload()))
+    assert action.status == {} and not action.events and action.delete_ray_cluster is None

@@ -173,8 +173,11 @@ class RayClusterStatus(ApiModel):
 
     name: str = Field(description="RayCluster name.")
     state: str | None = Field(None, description="RayCluster .status.state as KubeRay reports it.")
-    admitted: bool | None = Field(
-        None, description="Kueue admitted it (spec.queueName): suspended again = preempted."
+    admitted_generation: int | None = Field(
+        None,
+        ge=0,
+        description="Set once Kueue admitted it (spec.queueName): its metadata.generation "
+        "then; suspended at a later generation = preempted.",
     )
 
 

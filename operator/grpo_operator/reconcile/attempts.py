@@ -227,7 +227,7 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
     if status.get("phase") in (None, Phase.SUSPENDED):
         start = PhaseView(Phase.PENDING, "CreatingCluster", f"creating RayCluster {rc_name}")
         # A new cluster: no state yet, and not admitted by Kueue yet.
-        fields["rayCluster"] = {"name": rc_name, "state": None, "admitted": None}
+        fields["rayCluster"] = {"name": rc_name, "state": None, "admittedGeneration": None}
         if status.get("phase") == Phase.SUSPENDED:
             events.append(("Normal", "Resumed", f"resuming attempt {attempt} from its "
                            "newest complete checkpoint"))
@@ -374,7 +374,7 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
     return Action(
         status_patch(status, generation, now, view, attempt=index,
                      attempts=[*attempts, record], nextAttempt=None,
-                     rayCluster={"name": rc, "state": None, "admitted": None},
+                     rayCluster={"name": rc, "state": None, "admittedGeneration": None},
                      plan=plan_status(plan).to_wire()),
         # Only what is new per attempt: the claim and the trainer's RBAC exist since
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.

@@ -43,9 +43,11 @@ from .queue import (
     admitted,
     held_by_kueue,
     preempt_attempt,
+    preempted,
     queue_of,
     queued_view,
 )
+from .queue import generation as cluster_generation
 from .refusals import pod_create_refusal, refusal_shown, refused
 
 # Phases in which the Ray pods and cluster say nothing new: the job ended, is suspended,
@@ -299,7 +301,7 @@ def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: 
     pods = observed.pods
     outcome = _ended(pod, deleted)
     if (outcome is not None and observed.ray_cluster is not None
-            and held_by_kueue(observed.ray_cluster) and admitted(status)):
+            and preempted(observed.ray_cluster, status)):
         return preempt_attempt(status, observed.workload, generation, now)
     if outcome is not None:
         if role(pod) == Role.HEAD and outcome.reason in LOST_RANKS:
@@ -328,9 +330,11 @@ def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str,
                 observed: Observed, config: OperatorConfig) -> Action:
     if not _live(status, rc):
         return Action()
+    if preempted(rc, status):
+        return preempt_attempt(status, observed.workload, generation, now)
     if held_by_kueue(rc):
         if admitted(status):
-            return preempt_attempt(status, observed.workload, generation, now)
+            return Action()  # a copy read before the admission was seen: nothing new
         view = queued_view(rc, observed.workload, observed.cluster_queue)
         action = Action(status_patch(status, generation, now, view))
         if action.status.get("phase") == Phase.QUEUED:
@@ -339,7 +343,8 @@ def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str,
     action = _observed_cluster(status, generation, now, rc, observed.pods, config)
     if queue_of(rc) is not None and not admitted(status):
         action.status["rayCluster"] = {**action.status.get("rayCluster", {}),
-                                       "name": rc["metadata"]["name"], "admitted": True}
+                                       "name": rc["metadata"]["name"],
+                                       "admittedGeneration": cluster_generation(rc)}
         action.events.append(("Normal", "Admitted", admission_event(rc, observed.workload)))
     return action
 

@@ -4,8 +4,10 @@ A job with spec.queueName gets Kueue's queue label on each attempt's RayCluster.
 webhook creates the cluster suspended (KubeRay makes no pods) and admission unsuspends
 it; to preempt, Kueue suspends it again and KubeRay deletes every pod. The operator
 never writes `spec.suspend` or the label: it reads them, and the cluster's Workload for
-Kueue's own words. `status.rayCluster.admitted` remembers that the live attempt's
-cluster was admitted, so a suspended cluster later means preempted, not still queued.
+Kueue's own words. `status.rayCluster.admittedGeneration` remembers the generation at
+which the live attempt's cluster was seen admitted: suspended at a later generation means
+preempted; a copy of the cluster read before that (a Workload event's handler can hold
+one while a cluster event is decided) says nothing new.
 """
 
 from __future__ import annotations
@@ -36,7 +38,22 @@ def held_by_kueue(ray_cluster: dict[str, Any]) -> bool:
 
 def admitted(status: dict[str, Any]) -> bool:
     """Whether Kueue admitted the live attempt's cluster (seen unsuspended once)."""
-    return bool((status.get("rayCluster") or {}).get("admitted"))
+    return admitted_generation(status) is not None
+
+
+def admitted_generation(status: dict[str, Any]) -> int | None:
+    seen = (status.get("rayCluster") or {}).get("admittedGeneration")
+    return None if seen is None else int(seen)
+
+
+def generation(ray_cluster: dict[str, Any]) -> int:
+    return int(ray_cluster.get("metadata", {}).get("generation") or 0)
+
+
+def preempted(ray_cluster: dict[str, Any], status: dict[str, Any]) -> bool:
+    """Kueue suspended the cluster after it was seen admitted."""
+    seen = admitted_generation(status)
+    return held_by_kueue(ray_cluster) and seen is not None and generation(ray_cluster) > seen
 
 
 def _condition(workload: dict[str, Any] | None, kind: str) -> dict[str, Any]:
