@@ -40,7 +40,7 @@ def cli(verbose: bool) -> None:
 @cli.command("build")
 @click.argument("components", nargs=-1)
 def build_cmd(components: tuple[str, ...]) -> None:
-    """Build (or reuse) the pinned binaries: kubernetes, etcd, kwok, kuberay, helm."""
+    """Build (or reuse) the pinned components (all of versions.COMPONENTS unless named)."""
     t0 = time.monotonic()
     try:
         build.build_all(list(components) or None)

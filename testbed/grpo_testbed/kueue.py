@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from grpo_api.catalog import GPU_CATALOG
+from grpo_operator.kueue_flavors import resource_flavors
+
 from .pki import issue_serving_cert
 from .processes import free_ports, wait_until
 from .versions import bin_dir, binary, component
@@ -118,4 +121,8 @@ def start_kueue(tb: Testbed) -> None:
                                                .read_text()) if d]
     tb.apply(webhooks_by_url(manifests, f"https://127.0.0.1:{webhook_port}",
                              tb.pki.ca_cert.read_bytes()))
-    log.info("Kueue up (webhook https://127.0.0.1:%d)", webhook_port)
+    # One ResourceFlavor per GPU type of the built-in catalog, as `grpo kueue-flavors`
+    # prints them (docs/kueue.md); ClusterQueues are the tests' and the user's.
+    tb.apply(resource_flavors(GPU_CATALOG))
+    log.info("Kueue up (webhook https://127.0.0.1:%d), a ResourceFlavor per GPU type",
+             webhook_port)

@@ -207,3 +207,14 @@ def test_a_cluster_copy_read_before_its_admission_was_seen_is_not_a_preemption()
     stale = cluster(suspend=True, generation=1)
     _, action = step(job, rec.ClusterChanged(stale), T1, Observed(workload=workload()))
     assert action.status == {} and not action.events and action.delete_ray_cluster is None
+
+
+def test_after_a_preemption_late_events_of_the_ended_attempt_change_nothing() -> None:
+    job = admitted_running_job()
+    job, _ = step(job, rec.ClusterChanged(cluster(suspend=True, generation=3)), T1,
+                  Observed(workload=workload(cond("Evicted", "True", "Preempted", EVICTED))))
+    late = [rec.PodChanged(head_pod(), deleted=True),
+            rec.ClusterChanged(cluster(suspend=False, state="ready", generation=2))]
+    for event in late:
+        action = rec.reconcile(job, Observed(pods=[head_pod()]), event, T1, CONFIG)
+        assert action.status == {} and not action.events, event

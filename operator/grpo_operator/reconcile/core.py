@@ -174,8 +174,9 @@ def pod_needs_pods(job: dict[str, Any], event: PodChanged) -> bool:
 
 
 def _live(status: dict[str, Any], obj: dict[str, Any]) -> bool:
-    """Whether a pod or cluster event can change the job: one of its live attempt."""
-    return (status.get("phase") not in _QUIET
+    """Whether a pod or cluster event can change the job: one of its live attempt, which
+    has not ended (a preempted attempt waits for the next one as Queued, not Restarting)."""
+    return (status.get("phase") not in _QUIET and not status.get("nextAttempt")
             and attempt_of(obj) == str(status.get("attempt") or 0))
 
 
