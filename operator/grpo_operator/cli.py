@@ -9,11 +9,20 @@ import click
 
 from . import __version__
 
+# Both commands that read the GPU catalog take the operator's catalog file (chart gpuCatalog).
+GPU_CATALOG_OPTION = click.option(
+    "--gpu-catalog",
+    envvar="GRPO_GPU_CATALOG",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="GPU types merged over the built-in catalog, as the operator's (chart gpuCatalog).",
+)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="grpo")
 def cli() -> None:
-    """GRPO Operator: plan GRPOJobs and generate the GRPOJob CRD."""
+    """GRPO Operator: plan GRPOJobs, generate the GRPOJob CRD and Kueue's ResourceFlavors."""
 
 
 @cli.command()
@@ -52,13 +61,7 @@ def crd(write: bool, root: Path) -> None:
     default=None,
     help="Directory that absolute model paths are relative to (where config.json is read).",
 )
-@click.option(
-    "--gpu-catalog",
-    envvar="GRPO_GPU_CATALOG",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="GPU types merged over the built-in catalog, as the operator's (chart gpuCatalog).",
-)
+@GPU_CATALOG_OPTION
 def plan(file: Path, output: str, model_root: Path | None, gpu_catalog: Path | None) -> None:
     """Plan the memory settings and cluster for the GRPOJob in FILE."""
     from rich.console import Console
@@ -78,13 +81,7 @@ def plan(file: Path, output: str, model_root: Path | None, gpu_catalog: Path | N
 
 
 @cli.command("kueue-flavors")
-@click.option(
-    "--gpu-catalog",
-    envvar="GRPO_GPU_CATALOG",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="GPU types merged over the built-in catalog, as the operator's (chart gpuCatalog).",
-)
+@GPU_CATALOG_OPTION
 def kueue_flavors(gpu_catalog: Path | None) -> None:
     """Print Kueue ResourceFlavors for every GPU type (pipe to kubectl apply -f -)."""
     import yaml
