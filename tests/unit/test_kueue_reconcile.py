@@ -218,3 +218,17 @@ def test_after_a_preemption_late_events_of_the_ended_attempt_change_nothing() ->
     for event in late:
         action = rec.reconcile(job, Observed(pods=[head_pod()]), event, T1, CONFIG)
         assert action.status == {} and not action.events, event
+
+
+def test_a_checkpoint_committed_after_the_preemption_was_recorded_is_resumed_from() -> None:
+    """Kueue suspends the cluster; before KubeRay's SIGTERM reaches the trainer it commits
+    and reports step 7. The next attempt starts once the old pods are gone: from step 7."""
+    job = admitted_running_job()
+    job["status"]["progress"] = {"step": 6, "lastCheckpointStep": 5}
+    job, _ = step(job, rec.ClusterChanged(cluster(suspend=True, generation=3)), T1,
+                  Observed(workload=workload(cond("Evicted", "True", "Preempted", EVICTED))))
+    assert job["status"]["attempts"][0]["lastCheckpointStep"] == 5
+    job["status"]["progress"] = {"step": 7, "lastCheckpointStep": 7}  # the trainer's report
+    job, _ = step(job, rec.BackoffTimer(), T1)
+    assert job["status"]["attempts"][1]["resumedFromStep"] == 7
+    assert job["status"]["attempts"][0]["lastCheckpointStep"] == 7

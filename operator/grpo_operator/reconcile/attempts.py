@@ -362,8 +362,7 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
     attempts = [dict(a) for a in status.get("attempts") or []]
     spec, plan = planned(spec_body, attempts, catalog)
     index = int(nxt["index"])
-    resumed = next((a.get("lastCheckpointStep") for a in reversed(attempts)
-                    if a.get("lastCheckpointStep") is not None), None)
+    resumed = _newest_checkpoint(attempts, status.get("progress") or {})
     record: dict[str, Any] = {"index": index, "startTime": now, "outcome": ATTEMPT_RUNNING}
     if resumed is not None:
         record["resumedFromStep"] = resumed
@@ -383,6 +382,22 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
         events=[("Normal", "Restarted", view.message)],
         recovered_after=failed_for(attempts, now),
     )
+
+
+def _newest_checkpoint(attempts: list[dict[str, Any]], progress: dict[str, Any]) -> int | None:
+    """The step the next attempt resumes from. The ended attempt's record may lag: its
+    trainer can commit (and report) a checkpoint after the operator recorded the end, e.g.
+    while KubeRay is still deleting a preempted cluster's pods. The next attempt starts
+    only once those pods are gone, so the last report is final by now; the ended
+    attempt's record is brought up to it (`attempts` is changed in place)."""
+    recorded = next((a.get("lastCheckpointStep") for a in reversed(attempts)
+                     if a.get("lastCheckpointStep") is not None), None)
+    reported = progress.get("lastCheckpointStep")
+    if reported is not None and (recorded is None or reported > recorded):
+        if attempts:
+            attempts[-1]["lastCheckpointStep"] = reported
+        return int(reported)
+    return None if recorded is None else int(recorded)
 
 
 def failed_for(attempts: list[dict[str, Any]], now: str) -> float | None:
