@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -67,7 +68,13 @@ class ClaimDirectories:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.5):
-            out = self.kubectl("get", "pv", "-o", "json", check=False)
+            try:
+                out = self.kubectl("get", "pv", "-o", "json", check=False)
+            except (OSError, subprocess.SubprocessError) as err:
+                # Seen once under load: exec of kubectl failed with EFAULT. A dead loop
+                # would leave every later claim without its directory: try again.
+                log.warning("claim directories: kubectl failed (%s); retrying", err)
+                continue
             if out.returncode != 0:
                 continue
             for pv in json.loads(out.stdout).get("items", []):
