@@ -96,12 +96,8 @@ def start_kueue(tb: Testbed) -> None:
     crds = sorted((home / "crds").glob("*.yaml"))
     tb.kubectl("apply", "--server-side", "--force-conflicts",
                *(a for f in crds for a in ("-f", str(f))))
-    # `kubectl wait` right after the apply can answer NotFound (the 19k-line Workload CRD
-    # is still being stored): asked again until it is established.
-    wait_until("Kueue's CRDs established", lambda: tb.kubectl(
-        "wait", "--for", "condition=established", "--timeout=10s",
-        *(f"crd/{f.name.split('_', 1)[1].removesuffix('.yaml')}.kueue.x-k8s.io" for f in crds),
-        check=False).returncode == 0, 90)
+    tb.wait_established("Kueue", tuple(
+        f"{f.name.split('_', 1)[1].removesuffix('.yaml')}.kueue.x-k8s.io" for f in crds))
     tb.kubectl("create", "namespace", KUEUE_NAMESPACE)
     webhook_port, health_port = free_ports(2)
     cert_dir = tb.workdir / "kueue-certs"

@@ -129,6 +129,14 @@ class Testbed:
                                        else [])
         self.kubectl(*args, input=docs)
 
+    def wait_established(self, what: str, crds: tuple[str, ...], timeout_s: float = 90) -> None:
+        """Wait for CRDs just applied. `kubectl wait` right after a server-side apply can
+        answer NotFound (seen for KubeRay's and Kueue's large CRDs while they are being
+        stored), so it is asked again until they are established."""
+        wait_until(f"{what} CRDs established", lambda: self.kubectl(
+            "wait", "--for", "condition=established", "--timeout=10s",
+            *(f"crd/{c}" for c in crds), check=False).returncode == 0, timeout_s)
+
     def token_kubeconfig(self, account: str, namespace: str, path: Path,
                          duration: str = "60m") -> Path:
         """A kubeconfig that acts as a ServiceAccount (a fresh bound token)."""
@@ -360,8 +368,8 @@ class Testbed:
         # KubeRay's CRDs exceed the client-side apply annotation limit.
         self.kubectl("apply", "--server-side", "--force-conflicts",
                      *(a for f in crds for a in ("-f", str(f))))
-        self.kubectl("wait", "--for", "condition=established", "--timeout=60s",
-                     "crd/rayclusters.ray.io", "crd/rayjobs.ray.io", "crd/rayservices.ray.io")
+        self.wait_established("KubeRay", ("rayclusters.ray.io", "rayjobs.ray.io",
+                                          "rayservices.ray.io"))
         metrics_port, probe_port = free_ports(2)
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         kuberay = self._spawn("kuberay-operator", [
