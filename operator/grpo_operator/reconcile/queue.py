@@ -20,7 +20,6 @@ from grpo_api.contract import ATTEMPT_RUNNING, KUEUE_QUEUE_LABEL, MAX_RESTARTS, 
 from .attempts import Action
 from .conditions import PhaseView, status_patch
 
-KUEUE_ADMITTED = "Admitted"
 KUEUE_PREEMPTED = FailureReason.PREEMPTED.value
 _REASON_SAFE = re.compile(r"[^A-Za-z0-9_,:]")
 
@@ -122,9 +121,9 @@ def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None,
     why = eviction_message(workload)
     progress = status.get("progress") or {}
     record.update(endTime=now, outcome=KUEUE_PREEMPTED, reason=why[:4096])
-    for field, key in (("step", "step"), ("lastCheckpointStep", "lastCheckpointStep")):
+    for key in ("step", "lastCheckpointStep"):
         if progress.get(key) is not None:
-            record[field] = progress[key]
+            record[key] = progress[key]
     rc = (status.get("rayCluster") or {}).get("name")
     ckpt = record.get("lastCheckpointStep") or 0
     if attempt >= MAX_RESTARTS:
