@@ -31,28 +31,33 @@ from grpo_trainer.testing.datasets import write_text_task
 pytestmark = pytest.mark.trainer
 
 
-def _hold_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
-    """(armed, release): while ``armed`` is set, every file DCP opens for writing waits
-    for ``release`` first (on DCP's writer thread)."""
-    armed, release = threading.Event(), threading.Event()
+def _hold_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[threading.Event, threading.Event, threading.Event]:
+    """(armed, holding, release): while ``armed`` is set, every file DCP opens for
+    writing sets ``holding`` and waits for ``release`` first (on DCP's writer thread).
+    DCP creates the step directory before it opens a file, so once ``holding`` is set
+    the directory exists and the write has not begun."""
+    armed, holding, release = threading.Event(), threading.Event(), threading.Event()
     real = HashingFileSystem.create_stream
 
     @contextmanager
     def held(self: HashingFileSystem, path: Any, mode: str) -> Generator[Any, None, None]:
         if "w" in mode and armed.is_set():
+            holding.set()
             assert release.wait(120), "the test never released the held write"
         with real(self, path, mode) as stream:
             yield stream
 
     monkeypatch.setattr(HashingFileSystem, "create_stream", held)
-    return armed, release
+    return armed, holding, release
 
 
 @pytest.mark.parametrize("in_flight", ["written", "being_written"])
 def test_an_older_attempt_never_commits_after_a_newer_one_claimed_the_dir(
     tiny_lm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_flight: str
 ) -> None:
-    armed, release = _hold_writes(monkeypatch)
+    armed, holding, release = _hold_writes(monkeypatch)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)  # the in-process ranks set them; undone after
     ckpt = tmp_path / "ckpt"
@@ -82,6 +87,8 @@ def test_an_older_attempt_never_commits_after_a_newer_one_claimed_the_dir(
         old.checkpointer.maybe_save(2, old.group, old.loader, final=False)  # in flight
         if in_flight == "written":
             groups[0].call("finish_checkpoint", common=[True])  # on disk, not committed
+        else:  # otherwise attempt 1 may remove the directory before DCP creates it again
+            assert holding.wait(60), "attempt 0's save never opened a file"
         assert read_tracker(ckpt).step == 1  # type: ignore[union-attr]
 
         # Attempt 1 starts while attempt 0's step-2 save is not committed.
@@ -99,7 +106,8 @@ def test_an_older_attempt_never_commits_after_a_newer_one_claimed_the_dir(
         assert read_tracker(ckpt).step == 2  # type: ignore[union-attr]
         assert scan(ckpt) == {1: True, 2: True}
 
-        # Attempt 2 claims (on the first rank); attempt 1 may not even start a save now.
+        # Attempt 2 claims on the first rank (its failed save was reported once: the load
+        # must not fail on it); attempt 1 may not even start a save now.
         newest = driver(2)
         assert newest.checkpointer.restore(groups[0], newest.loader) == 2
         new.train_step()

@@ -276,7 +276,13 @@ class RankCheckpointer:
             return self._result
         if not wait and not self._pending.done():
             return None
-        extra = self._pending.result()  # re-raises a failed background write
+        try:
+            extra = self._pending.result()  # re-raises a failed background write
+        except BaseException:
+            # Reported once, to the driver that asked: this rank's next save or load
+            # (a newer attempt's, on a reused worker) must not fail with an old error.
+            self._pending = None
+            raise
         assert self._fs is not None
         files = {rank_file(self.w.rank): extra, **self._fs.digests}
         self._result = {
