@@ -12,7 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from grpo_api.job import load_manifest
-from grpo_api.job.spec import AlgorithmSpec, MemorySpec, TrainingSpec
+from grpo_api.job.resources import MemorySpec
+from grpo_api.job.spec import AlgorithmSpec, TrainingSpec
 from grpo_api.job.status import PlanStatus
 from grpo_api.knobs import KNOBS, Knob
 from grpo_api.trainer_config import Config

@@ -5,17 +5,14 @@ from __future__ import annotations
 from .base import ApiModel, quantity_bytes, quantity_gib
 from .lora import LoraSpec
 from .manifest import GRPOJob, SpecError, load_manifest, parse_manifest, parse_spec
+from .recovery import CheckpointSpec, RestartPolicySpec
+from .resources import GpuName, MemorySpec, ResourcesSpec
 from .spec import (
     AlgorithmSpec,
-    CheckpointSpec,
     DataSpec,
-    GpuName,
     GRPOJobSpec,
-    MemorySpec,
     ModelShape,
     ModelSpec,
-    ResourcesSpec,
-    RestartPolicySpec,
     RewardSpec,
     TrainingSpec,
 )

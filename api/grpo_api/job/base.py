@@ -6,6 +6,9 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-1123 label (PVC, volume, Secret)
 
 # Kubernetes resource.Quantity, the subset people write for memory and storage sizes.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
@@ -55,3 +58,11 @@ class ApiModel(BaseModel):
     def to_wire(self) -> dict[str, object]:
         """The JSON-compatible camelCase form the API server stores."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def cel_rule(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    """A CEL x-kubernetes-validations rule; fieldPath makes the error name the field."""
+    out: JsonDict = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out

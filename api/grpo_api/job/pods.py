@@ -16,9 +16,8 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, JsonValue, model_validator
 
-from .base import ApiModel
+from .base import DNS_LABEL_PATTERN, ApiModel
 
-_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-1123 label (volumes, Secrets, ...)
 _SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"  # what the API server accepts for env names
 _OPEN: dict[str, JsonValue] = {"x-kubernetes-preserve-unknown-fields": True}
@@ -105,7 +104,7 @@ class Volume(ApiModel):
 
     model_config = ApiModel.model_config | {"extra": "allow", "json_schema_extra": _OPEN}
 
-    name: str = Field(pattern=_NAME, description="Volume name, unique in the pod.")
+    name: str = Field(pattern=DNS_LABEL_PATTERN, description="Volume name, unique in the pod.")
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
@@ -120,7 +119,9 @@ class Volume(ApiModel):
 class VolumeMount(ApiModel):
     """Where a volume appears in the Ray container."""
 
-    name: str = Field(pattern=_NAME, description="A volume of this pod (spec.pods.*.volumes).")
+    name: str = Field(
+        pattern=DNS_LABEL_PATTERN, description="A volume of this pod (spec.pods.*.volumes)."
+    )
     mount_path: str = Field(pattern=r"^/", description="Absolute path in the container.")
     sub_path: str | None = Field(None, description="Sub-path of the volume to mount.")
     read_only: bool | None = Field(None, description="Mount read-only.")

@@ -1,68 +1,27 @@
-"""GRPOJob.spec: what a researcher writes. The CRD schema is generated from these models.
+"""GRPOJob.spec: what a researcher writes. The CRD schema is generated from these models
+(with `resources.py` and `recovery.py`: where the job runs, how it recovers).
 
-Memory knobs use "unset = auto": a Kubernetes structural schema cannot type a field as
-"boolean or the string auto", and quoting `"true"` in YAML is a trap, so each knob takes
-its natural type (boolean / number / integer) and leaving it out lets the planner decide.
-The resolved value and the reason for it appear in `status.plan`.
+Memory knobs (`resources.MemorySpec`) use "unset = auto": a Kubernetes structural schema
+cannot type a field as "boolean or the string auto", and quoting `"true"` in YAML is a
+trap, so each knob takes its natural type (boolean / number / integer) and leaving it out
+lets the planner decide. The resolved value and the reason for it appear in `status.plan`.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Literal, Self
+from typing import Literal, Self
 
-from pydantic import ConfigDict, Field, JsonValue, field_validator, model_validator
-from pydantic.config import JsonDict
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
-from ..catalog import GPU_NAME_PATTERN, GPU_RESOURCE, GPU_TYPE_NAMES
-from ..contract import MAX_RESTARTS
-from .base import QUANTITY_PATTERN, ApiModel
+from .base import DNS_LABEL_PATTERN, ApiModel, cel_rule
 from .hub import HubSpec
 from .lora import LoraSpec
 from .pods import PodsSpec
+from .recovery import CheckpointSpec, RestartPolicySpec
+from .resources import MemorySpec, ResourcesSpec
 
-# Any name in the operator's effective catalog (built-in + the chart's gpuCatalog): the
-# schema checks the form, the webhook and the planner the name (with the known ones listed).
-GpuName = Annotated[str, Field(pattern=GPU_NAME_PATTERN)]
 RewardType = Literal["math", "r1v", "function"]
 Precision = Literal["mixed", "bf16"]
-
-_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-1123 label (PVC, StorageClass)
-
-
-# An extended resource name (Kubernetes `IsExtendedResourceName`): a qualified name whose
-# prefix, a DNS-1123 subdomain, is required and outside kubernetes.io; `requests.` is
-# reserved for quota. The device plugin that advertises it chose the name.
-_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_EXTENDED_RESOURCE = re.compile(
-    rf"^(?P<prefix>{_DNS_SUBDOMAIN})/[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
-)
-
-
-def extended_resource_problem(name: str) -> str | None:
-    """Why `name` cannot be a device resource of a worker pod, or None."""
-    m = _EXTENDED_RESOURCE.match(name)
-    if m is None or len(m["prefix"]) > 253:
-        return (
-            f"{name!r} is not an extended resource name: <domain>/<name> as the device "
-            "plugin advertises it, e.g. rdma/ib or vpc.amazonaws.com/efa"
-        )
-    prefix = m["prefix"]
-    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io") or name.startswith(
-        "requests."
-    ):
-        return f"{name!r}: the kubernetes.io domain and requests. are reserved by Kubernetes"
-    if name == GPU_RESOURCE:
-        return f"{name!r}: GPUs come from resources.gpu and resources.gpusPerNode"
-    return None
-
-
-def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
-    """A CEL x-kubernetes-validations rule; fieldPath makes the error name the field."""
-    out: JsonDict = {"rule": rule, "message": message}
-    if field_path:
-        out["fieldPath"] = field_path
-    return out
 
 
 class ModelShape(ApiModel):
@@ -92,7 +51,7 @@ class ModelSpec(ApiModel):
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     claim_name: str | None = Field(
         None,
-        pattern=_NAME_PATTERN,
+        pattern=DNS_LABEL_PATTERN,
         description=(
             "Existing PersistentVolumeClaim that holds the model; mounted read-only at "
             "/models in every Ray pod (ReadOnlyMany or ReadWriteMany unless the head "
@@ -153,7 +112,7 @@ class RewardSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel(
+                cel_rule(
                     "!has(self.type) || self.type != 'function' || has(self.function)",
                     "reward.function (module:callable) is required when reward.type is function",
                     ".function",
@@ -263,222 +222,21 @@ class TrainingSpec(ApiModel):
     )
 
 
-class ResourcesSpec(ApiModel):
-    """Where the job runs. Unset counts are derived by the planner from the model size."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.gpu == 'cpu' || !has(self.nodes) || self.nodes >= 1",
-                    "resources.nodes must be at least 1 for a GPU type (0 only for cpu)",
-                    ".nodes",
-                )
-            ]
-        }
-    )
-
-    gpu: GpuName = Field(
-        description=(
-            "GPU type: a name in the operator's catalog, or cpu for a tiny CPU-only job "
-            f"(gloo). Built in: {', '.join(GPU_TYPE_NAMES)}; the chart's gpuCatalog value "
-            "adds types. An unknown name is refused with the known ones listed."
-        )
-    )
-    nodes: int | None = Field(
-        None,
-        ge=0,
-        le=512,
-        description=(
-            "Worker pods, one per node. Unset: the fewest that fit. 0 (cpu only): the "
-            "head pod runs the ranks itself."
-        ),
-    )
-    gpus_per_node: int | None = Field(
-        None,
-        ge=1,
-        le=16,
-        description="GPUs per worker (CPU ranks for cpu). Unset: the catalog's node shape.",
-    )
-    host_memory: str | None = Field(
-        None,
-        pattern=QUANTITY_PATTERN,
-        description="Host RAM per node (e.g. 760Gi) when nodes differ from the catalog's.",
-    )
-    cpus_per_node: int | None = Field(
-        None, ge=1, le=1024, description="Allocatable CPUs per node, if not the catalog's."
-    )
-    devices: dict[str, Annotated[int, Field(ge=1, le=1024)]] | None = Field(
-        None,
-        description=(
-            "Extra device resources per worker pod, name -> count, requested and limited "
-            "on its Ray container: the fast network between nodes, e.g. {rdma/ib: 1} "
-            "(InfiniBand via the RDMA device plugin) or {vpc.amazonaws.com/efa: 32} (AWS "
-            "EFA). For rdma/* and vpc.amazonaws.com/efa the planner adds the NCCL/libfabric "
-            "env and the IPC_LOCK capability RDMA needs."
-        ),
-    )
-
-    @field_validator("devices")
-    @classmethod
-    def _device_names(cls, devices: dict[str, int] | None) -> dict[str, int] | None:
-        problems = [p for p in map(extended_resource_problem, devices or {}) if p]
-        if problems:
-            raise ValueError("; ".join(problems))
-        return devices
-
-    @model_validator(mode="after")
-    def _nodes_for_gpu(self) -> Self:
-        if self.gpu != "cpu" and self.nodes == 0:
-            raise ValueError("nodes: must be at least 1 for a GPU type (0 only for cpu)")
-        if self.devices and self.gpu == "cpu" and not self.nodes:
-            raise ValueError(
-                "devices: go on worker pods, and this cpu job has none (its head runs the "
-                "ranks); set resources.nodes >= 1 or leave devices out"
-            )
-        return self
-
-
-class MemorySpec(ApiModel):
-    """Memory knobs. Each one left unset is chosen by the planner (auto); see status.plan."""
-
-    rank0_init: bool | None = Field(
-        None,
-        description=(
-            "Auto when unset. true: only rank 0 reads the checkpoint, others build on "
-            "the meta device and receive shards (bounded host RAM at load)."
-        ),
-    )
-    offload_params: bool | None = Field(
-        None,
-        description="Auto when unset. true: FSDP parameters live in host RAM between uses.",
-    )
-    offload_optimizer: bool | None = Field(
-        None, description="Auto when unset. true: Adam state lives in host RAM."
-    )
-    gradient_checkpointing: bool | None = Field(
-        None, description="Auto when unset. true: recompute activations in backward."
-    )
-    rollout_gpu_memory_utilization: float | None = Field(
-        None,
-        ge=0.1,
-        le=0.95,
-        description="Auto when unset. Fraction of GPU memory vLLM may take while rolling out.",
-    )
-    micro_batch_size: int | None = Field(
-        None, ge=1, le=1024, description="Auto when unset. Per-GPU micro-batch for the update."
-    )
-    ray_object_store_memory: str | None = Field(
-        None,
-        pattern=QUANTITY_PATTERN,
-        description="Auto when unset. Ray object store per node (Ray's own default: 30% of RAM).",
-    )
-
-
-class CheckpointSpec(ApiModel):
-    """Where checkpoints go: an existing claim, or a new PVC of a size."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "has(self.claimName) != has(self.size)",
-                    "set exactly one of checkpoint.claimName (existing PVC) or "
-                    "checkpoint.size (new PVC)",
-                ),
-                _cel(
-                    "!has(self.storageClass) || has(self.size)",
-                    "checkpoint.storageClass applies only to a new PVC (set size, not claimName)",
-                    ".storageClass",
-                ),
-            ]
-        }
-    )
-
-    claim_name: str | None = Field(
-        None, pattern=_NAME_PATTERN, description=(
-            "Existing PVC; every Ray pod writes to it, so ReadWriteMany unless the head "
-            "runs alone (cpu, nodes 0)."
-        ),
-    )
-    size: str | None = Field(
-        None, pattern=QUANTITY_PATTERN, description="Size of a new PVC the operator creates."
-    )
-    storage_class: str | None = Field(
-        None, pattern=_NAME_PATTERN, description="StorageClass of the new PVC."
-    )
-    interval_steps: int = Field(5, ge=1, description="Save every N steps.")
-    keep: int = Field(2, ge=1, le=100, description="Complete checkpoints kept (newest N).")
-    async_save: bool = Field(
-        False,
-        description=(
-            "true: a save blocks the step only while the state is copied into a host "
-            "buffer, written in the background; each rank keeps that buffer (its fp32 "
-            "weights and Adam state), which the plan budgets in host RAM."
-        ),
-    )
-    delete_claim_with_job: bool = Field(
-        False,
-        description=(
-            "With claimName: delete that claim (and its checkpoints) when the job is "
-            "deleted. A claim the operator created always goes with the job."
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _claim_xor_size(self) -> Self:
-        if (self.claim_name is None) == (self.size is None):
-            raise ValueError("set exactly one of claimName (an existing PVC) or size (a new PVC)")
-        if self.storage_class is not None and self.size is None:
-            raise ValueError("storageClass: applies only to a new PVC (set size)")
-        return self
-
-
-class BackoffSpec(ApiModel):
-    """Exponential restart backoff: initialSeconds x 2^restarts, capped."""
-
-    initial_seconds: int = Field(30, ge=0, le=86400, description="Delay before restart 1.")
-    max_seconds: int = Field(600, ge=0, le=86400, description="Cap on the delay.")
-
-
-class RestartPolicySpec(ApiModel):
-    """What happens after a failure."""
-
-    max_restarts: int = Field(
-        3, ge=0, le=MAX_RESTARTS, description="Restarts before the job Fails."
-    )
-    backoff: BackoffSpec = Field(
-        default_factory=lambda: BackoffSpec.model_validate({}),
-        description="Delay between restarts.",
-    )
-    remediate: bool = Field(
-        True, description="After an OOM, restart with the next safer memory setting."
-    )
-    allow_precision_change: bool = Field(
-        False,
-        description=(
-            "true: after a CUDA OOM the remediation ladder may switch a mixed-precision job "
-            "to bf16 training (before it offloads anything; it resumes from the mixed "
-            "checkpoint). false (default): the job always trains in training.precision."
-        ),
-    )
-
-
 _SPEC_RULES: list[JsonValue] = [
-    _cel(
+    cel_rule(
         "!has(self.lora) || !has(self.training) || !has(self.training.precision) "
         "|| self.training.precision != 'bf16'",
         "training.precision bf16 does not combine with lora (LoRA trains fp32 adapters on "
         "a frozen bf16 base); leave precision at mixed",
         ".training.precision",
     ),
-    _cel(
+    cel_rule(
         "(self.training.rolloutBatchSize * self.algorithm.rolloutN) "
         "% self.training.globalBatchSize == 0",
         "training.globalBatchSize must divide training.rolloutBatchSize x algorithm.rolloutN",
         ".training.globalBatchSize",
     ),
-    _cel(
+    cel_rule(
         "self.training.valIntervalSteps == 0 || has(self.data.val)",
         "training.valIntervalSteps needs data.val (the held-out split to validate on)",
         ".training.valIntervalSteps",
@@ -550,7 +308,7 @@ class GRPOJobSpec(ApiModel):
     suspend: bool = Field(False, description="true stops the Ray cluster, keeping checkpoints.")
     queue_name: str | None = Field(
         None,
-        pattern=_NAME_PATTERN,
+        pattern=DNS_LABEL_PATTERN,
         max_length=63,
         description="Kueue LocalQueue (in the job's namespace) that admits the job: each "
         "attempt's RayCluster carries the label kueue.x-k8s.io/queue-name and waits, "

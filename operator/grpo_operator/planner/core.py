@@ -20,7 +20,8 @@ from typing import Any
 
 from grpo_api.catalog import GPU_CATALOG, GpuType, gpu_type
 from grpo_api.job.base import quantity_gib
-from grpo_api.job.spec import GRPOJobSpec, MemorySpec
+from grpo_api.job.resources import MemorySpec
+from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
 
 from .budget import compute_budget, max_rollout_utilization

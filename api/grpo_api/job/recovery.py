@@ -1,0 +1,100 @@
+"""GRPOJob.spec.checkpoint and .restartPolicy: where checkpoints go and what happens
+after a failure."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from ..contract import MAX_RESTARTS
+from .base import DNS_LABEL_PATTERN, QUANTITY_PATTERN, ApiModel, cel_rule
+
+
+class CheckpointSpec(ApiModel):
+    """Where checkpoints go: an existing claim, or a new PVC of a size."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel_rule(
+                    "has(self.claimName) != has(self.size)",
+                    "set exactly one of checkpoint.claimName (existing PVC) or "
+                    "checkpoint.size (new PVC)",
+                ),
+                cel_rule(
+                    "!has(self.storageClass) || has(self.size)",
+                    "checkpoint.storageClass applies only to a new PVC (set size, not claimName)",
+                    ".storageClass",
+                ),
+            ]
+        }
+    )
+
+    claim_name: str | None = Field(
+        None, pattern=DNS_LABEL_PATTERN, description=(
+            "Existing PVC; every Ray pod writes to it, so ReadWriteMany unless the head "
+            "runs alone (cpu, nodes 0)."
+        ),
+    )
+    size: str | None = Field(
+        None, pattern=QUANTITY_PATTERN, description="Size of a new PVC the operator creates."
+    )
+    storage_class: str | None = Field(
+        None, pattern=DNS_LABEL_PATTERN, description="StorageClass of the new PVC."
+    )
+    interval_steps: int = Field(5, ge=1, description="Save every N steps.")
+    keep: int = Field(2, ge=1, le=100, description="Complete checkpoints kept (newest N).")
+    async_save: bool = Field(
+        False,
+        description=(
+            "true: a save blocks the step only while the state is copied into a host "
+            "buffer, written in the background; each rank keeps that buffer (its fp32 "
+            "weights and Adam state), which the plan budgets in host RAM."
+        ),
+    )
+    delete_claim_with_job: bool = Field(
+        False,
+        description=(
+            "With claimName: delete that claim (and its checkpoints) when the job is "
+            "deleted. A claim the operator created always goes with the job."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _claim_xor_size(self) -> Self:
+        if (self.claim_name is None) == (self.size is None):
+            raise ValueError("set exactly one of claimName (an existing PVC) or size (a new PVC)")
+        if self.storage_class is not None and self.size is None:
+            raise ValueError("storageClass: applies only to a new PVC (set size)")
+        return self
+
+
+class BackoffSpec(ApiModel):
+    """Exponential restart backoff: initialSeconds x 2^restarts, capped."""
+
+    initial_seconds: int = Field(30, ge=0, le=86400, description="Delay before restart 1.")
+    max_seconds: int = Field(600, ge=0, le=86400, description="Cap on the delay.")
+
+
+class RestartPolicySpec(ApiModel):
+    """What happens after a failure."""
+
+    max_restarts: int = Field(
+        3, ge=0, le=MAX_RESTARTS, description="Restarts before the job Fails."
+    )
+    backoff: BackoffSpec = Field(
+        default_factory=lambda: BackoffSpec.model_validate({}),
+        description="Delay between restarts.",
+    )
+    remediate: bool = Field(
+        True, description="After an OOM, restart with the next safer memory setting."
+    )
+    allow_precision_change: bool = Field(
+        False,
+        description=(
+            "true: after a CUDA OOM the remediation ladder may switch a mixed-precision job "
+            "to bf16 training (before it offloads anything; it resumes from the mixed "
+            "checkpoint). false (default): the job always trains in training.precision."
+        ),
+    )
