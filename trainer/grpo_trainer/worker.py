@@ -10,9 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,64 +20,19 @@ from grpo_api.trainer_config import Config
 
 from .data import Record, load_template
 from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
-from .grpo_math import GRPOLossOut, entropy_from_logits, grpo_loss, log_probs_from_logits
-from .lora import adapters_disabled
 from .lora.sync import sync_rollout_weights
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
 from .placement import cuda_device_index
+from .policy_update import PolicyUpdate
 from .precision import build_optimizer
 from .rollout.base import RolloutEngine, SamplingSpec
 from .samples import (
     EncodedPrompt,
     PromptEncoder,
     Sample,
-    TrainBatch,
-    can_pack,
-    collate_packed,
-    collate_train,
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class UpdateStats:
-    """One rank's sums over a step's update (all-reduced into the step's metrics): the
-    loss terms summed over micro-batches, token counts, optimizer steps taken."""
-
-    pg_loss: float = 0.0
-    kl: float = 0.0
-    entropy: float = 0.0
-    clip_tokens: float = 0.0
-    dual_clip_tokens: float = 0.0
-    tokens: float = 0.0
-    optimizer_steps: float = 0.0
-    grad_norms: list[float] = field(default_factory=list)  # per optimizer step, not summed
-
-    _SUMMED = (
-        "pg_loss", "kl", "entropy", "clip_tokens", "dual_clip_tokens", "tokens", "optimizer_steps"
-    )
-
-    def add_loss(self, out: GRPOLossOut) -> None:
-        """One micro-batch's ``GRPOLossOut``."""
-        self.pg_loss += out.pg_loss.item()
-        self.kl += out.kl.item()
-        self.entropy += out.entropy.item()
-        self.clip_tokens += out.clip_tokens.item()
-        self.dual_clip_tokens += out.dual_clip_tokens.item()
-
-    def sums(self) -> list[float]:
-        return [float(getattr(self, name)) for name in self._SUMMED]
-
-    @classmethod
-    def from_sums(cls, values: Sequence[float]) -> UpdateStats:
-        pg_loss, kl, entropy, clip_tokens, dual_clip_tokens, tokens, optimizer_steps = values
-        return cls(pg_loss, kl, entropy, clip_tokens, dual_clip_tokens, tokens, optimizer_steps)
-
-
-def _chunks(items: Sequence[Sample], size: int) -> Iterator[list[Sample]]:
-    for i in range(0, len(items), size):
-        yield list(items[i : i + size])
 
 
 def rollout_seed(base: int, step: int, rank: int) -> int:
@@ -150,6 +102,7 @@ class Worker:
         )
         self.backend = "nccl" if use_cuda else "gloo"
         torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
+        self.policy = PolicyUpdate(self)
 
     # -- setup ---------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -184,7 +137,7 @@ class Worker:
         )
         # Only meaningful on GPUs; on CPU the state is already in host memory.
         offload = cfg.actor.offload_optimizer and self.device.type == "cuda"
-        self._optimizer_home = torch.device("cpu") if offload else self.device
+        self.optimizer_home = torch.device("cpu") if offload else self.device
         warmup = cfg.actor.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
@@ -423,177 +376,16 @@ class Worker:
             self.samples.append(Sample(prompt, resp, torch.zeros(len(ids)), True, ""))
         return [self._summary(s) for s in self.samples]
 
-    # -- update ----------------------------------------------------------------
-    def _log_probs(
-        self, model: nn.Module, micro: list[Sample], with_entropy: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
-        batch = self._collate(micro)
-        inputs = {k: v.to(self.device) for k, v in batch.model_inputs.items()}
-        out = model(**inputs, use_cache=False)
-        logits = batch.response_logits(out.logits).float() / self.cfg.rollout.temperature
-        logp = log_probs_from_logits(logits, batch.labels.to(self.device))
-        ent = None
-        if with_entropy:
-            if self.cfg.algorithm.entropy_coef > 0:
-                ent = entropy_from_logits(logits)
-            else:
-                with torch.no_grad():
-                    ent = entropy_from_logits(logits.detach())
-        return logp, ent, batch
-
-    def _collate(self, micro: list[Sample]) -> TrainBatch:
-        packable = self.cfg.model.attn_implementation in ("sdpa", "eager")
-        if self.cfg.actor.shared_prefix and packable and can_pack(micro):
-            return collate_packed(micro, self.pad_id, self.compute_dtype)
-        return collate_train(micro, self.pad_id)
-
-    @torch.no_grad()
-    def _fill(self, model: nn.Module, attr: str) -> None:
-        mb = self.cfg.actor.micro_batch_size
-        for micro in _chunks(self.samples, mb):
-            logp, _, batch = self._log_probs(model, micro, with_entropy=False)
-            for s, lp in zip(micro, batch.gather(logp.cpu()), strict=True):
-                setattr(s, attr, lp.clone())
-
-    def _all_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return [float(v) for v in t.cpu()]
-
+    # -- update: policy_update.py --------------------------------------------------
     def update(self, advantages: list[float], step: int) -> dict[str, float]:
-        """Recompute old (and reference) log-probs, then the clipped GRPO update; each
-        phase timed on this rank (the driver reports the slowest rank's times)."""
+        """The step's policy update on this rank's samples, given their advantages."""
         self._maybe_fault("update", step)
         self._maybe_leak(step)
         if len(advantages) != len(self.samples):
             raise ValueError(f"{len(advantages)} advantages for {len(self.samples)} samples")
         for s, a in zip(self.samples, advantages, strict=True):
             s.advantage = float(a)
-        cfg = self.cfg
-        # One optimizer step per rollout batch: the policy cannot move before its
-        # log-probs are taken, so the update forward's detached log-probs are the
-        # old ones and a separate recompute pass would be wasted work.
-        on_policy = cfg.actor.ppo_epochs == 1 and cfg.mini_batch_samples == cfg.samples_per_step
-        t0 = time.perf_counter()
-        if not on_policy:
-            self._fill(self.actor, "old_log_probs")
-        t1 = time.perf_counter()
-        if self.ref is not None:
-            with adapters_disabled(self.ref):
-                self._fill(self.ref, "ref_log_probs")
-        t2 = time.perf_counter()
-        stats = self._policy_update(step, on_policy)
-        t3 = time.perf_counter()
-        return {
-            **self._update_metrics(stats),
-            "time/old_logprob_s": t1 - t0,
-            "time/ref_logprob_s": t2 - t1,
-            "time/update_s": t3 - t2,
-            **self._memory(),
-        }
-
-    def _policy_update(self, step: int, on_policy: bool) -> UpdateStats:
-        """``actor.ppo_epochs`` x mini-batches x micro-batches of the clipped loss, one
-        optimizer step per mini-batch."""
-        cfg = self.cfg
-        self.actor.train()  # HF only checkpoints activations in train mode
-        mini = cfg.mini_batch_samples // self.world_size
-        stats = UpdateStats()
-        for _epoch in range(cfg.actor.ppo_epochs):
-            for mini_batch in _chunks(self.samples, mini):
-                local_tokens = sum(int(s.response_ids.numel()) for s in mini_batch)
-                global_tokens = self._all_sum([local_tokens])[0]
-                micros = list(_chunks(mini_batch, cfg.actor.micro_batch_size))
-                for i, micro in enumerate(micros):
-                    # Reduce-scatter gradients once per mini-batch, not per micro-batch.
-                    self.actor.set_requires_gradient_sync(i == len(micros) - 1)  # type: ignore[operator]
-                    stats.add_loss(self._micro_step(micro, global_tokens, on_policy))
-                stats.tokens += local_tokens
-                self._optimizer_step(step, stats)
-        return stats
-
-    def _micro_step(
-        self, micro: list[Sample], global_tokens: float, on_policy: bool
-    ) -> GRPOLossOut:
-        """Forward and backward of one micro-batch; its loss terms for the metrics."""
-        alg, dev = self.cfg.algorithm, self.device
-        logp, ent, batch = self._log_probs(self.actor, micro, with_entropy=True)
-        if on_policy:
-            old = logp.detach()
-            for s, lp in zip(micro, batch.gather(old.cpu()), strict=True):
-                s.old_log_probs = lp.clone()
-        else:
-            old = batch.scatter([s.old_log_probs for s in micro]).to(dev)
-        ref = (
-            batch.scatter([s.ref_log_probs for s in micro]).to(dev)
-            if self.ref is not None
-            else None
-        )
-        adv = batch.scatter(
-            [torch.full((s.response_ids.numel(),), s.advantage) for s in micro]
-        ).to(dev)
-        out = grpo_loss(
-            logp,
-            old,
-            adv,
-            batch.response_mask.to(dev),
-            global_tokens,
-            clip_low=alg.clip_ratio_low,
-            clip_high=alg.clip_ratio_high,
-            clip_dual=alg.clip_ratio_dual,
-            ref_log_prob=ref,
-            kl_coef=alg.kl_coef,
-            kl_estimator=alg.kl_estimator,
-            entropy=ent,
-            entropy_coef=alg.entropy_coef,
-        )
-        # FSDP averages gradients over ranks; each rank's loss is already its share of
-        # the global token mean, so undo the average.
-        (out.loss * self.world_size).backward()
-        return out
-
-    def _optimizer_step(self, step: int, stats: UpdateStats) -> None:
-        """Clip, step (skipped on a non-finite norm), zero the gradients, advance the LR."""
-        cfg = self.cfg
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.actor.max_grad_norm)
-        gn = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        stats.grad_norms.append(gn)
-        if torch.isfinite(torch.tensor(gn)):
-            self._optimizer_state_to(self.device)
-            self.optimizer.step()
-            self._optimizer_state_to(self._optimizer_home)
-            stats.optimizer_steps += 1
-        else:
-            log.warning("step %d: non-finite grad norm, optimizer step skipped", step)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-
-    def _update_metrics(self, stats: UpdateStats) -> dict[str, float]:
-        """The step's update metrics: every rank's sums, all-reduced."""
-        cfg = self.cfg
-        diffs = [
-            (s.old_log_probs - s.rollout_log_probs).abs()  # type: ignore[operator]
-            for s in self.samples
-            if s.rollout_log_probs.abs().sum() > 0
-        ]
-        gap = torch.cat(diffs) if diffs else torch.zeros(1)
-        reduced = self._all_sum([*stats.sums(), float(gap.sum()), float(gap.numel())])
-        n = len(UpdateStats._SUMMED)
-        total = UpdateStats.from_sums(reduced[:n])
-        gap_sum, gap_count = reduced[n:]
-        n_mb = cfg.actor.ppo_epochs * (cfg.samples_per_step // cfg.mini_batch_samples)
-        grad_norms = stats.grad_norms  # this rank's: the norm is global already
-        return {
-            "actor/pg_loss": total.pg_loss / n_mb,
-            "actor/kl": total.kl / n_mb,
-            "actor/entropy": total.entropy / n_mb,
-            "actor/clip_frac": total.clip_tokens / max(total.tokens, 1.0),
-            "actor/dual_clip_frac": total.dual_clip_tokens / max(total.tokens, 1.0),
-            "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-            "actor/lr": float(self.scheduler.get_last_lr()[0]),
-            "actor/optimizer_steps": total.optimizer_steps / self.world_size,
-            "rollout/logprob_abs_diff_mean": gap_sum / max(gap_count, 1.0),
-        }
+        return {**self.policy.run(step), **self._memory()}
 
     def _memory(self) -> dict[str, float]:
         """This rank's memory after the update (the driver reports the max over ranks)."""
@@ -606,9 +398,9 @@ class Worker:
             mem["memory/gpu_peak_bytes"] = float(torch.cuda.max_memory_allocated(self.device))
         return mem
 
-    def _optimizer_state_to(self, device: torch.device) -> None:
+    def optimizer_state_to(self, device: torch.device) -> None:
         """Adam moments live on the host between steps when offload_optimizer is on."""
-        if self._optimizer_home == self.device:
+        if self.optimizer_home == self.device:
             return
         for state in self.optimizer.state.values():
             for key, value in state.items():

@@ -332,7 +332,7 @@ class RankCheckpointer:
             optim_state_dict=osd,
             options=state_dict_options(self.w.cfg.actor.lora),
         )
-        self.w._optimizer_state_to(self.w._optimizer_home)
+        self.w.optimizer_state_to(self.w.optimizer_home)
         t_verify = check.finished - t0
 
         own = root / rank_file(self.w.rank)

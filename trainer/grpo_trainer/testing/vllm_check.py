@@ -31,7 +31,9 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
 
     def actor_log_probs() -> list[torch.Tensor]:
         with torch.no_grad():
-            logp, _, batch = worker._log_probs(worker.actor, worker.samples, with_entropy=False)
+            logp, _, batch = worker.policy.log_probs(
+                worker.actor, worker.samples, with_entropy=False
+            )
             return [t.clone() for t in batch.gather(logp.cpu())]
 
     def gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

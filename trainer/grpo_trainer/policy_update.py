@@ -1,0 +1,253 @@
+"""The update half of one FSDP2 rank: old and reference log-probs, then the clipped GRPO
+loss over mini- and micro-batches, one optimizer step per mini-batch, and the step's
+update metrics (every rank's sums, all-reduced).
+
+``PolicyUpdate`` is held by a ``Worker`` and reads the rank's model, optimizer,
+scheduler and samples from it (as ``checkpointing.rank.RankCheckpointer`` does); the loss
+maths is in ``grpo_math``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .grpo_math import GRPOLossOut, entropy_from_logits, grpo_loss, log_probs_from_logits
+from .lora import adapters_disabled
+from .samples import Sample, TrainBatch, can_pack, collate_packed, collate_train
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class UpdateStats:
+    """One rank's sums over a step's update (all-reduced into the step's metrics): the
+    loss terms summed over micro-batches, token counts, optimizer steps taken."""
+
+    pg_loss: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    clip_tokens: float = 0.0
+    dual_clip_tokens: float = 0.0
+    tokens: float = 0.0
+    optimizer_steps: float = 0.0
+    grad_norms: list[float] = field(default_factory=list)  # per optimizer step, not summed
+
+    _SUMMED = (
+        "pg_loss", "kl", "entropy", "clip_tokens", "dual_clip_tokens", "tokens", "optimizer_steps"
+    )
+
+    def add_loss(self, out: GRPOLossOut) -> None:
+        """One micro-batch's ``GRPOLossOut``."""
+        self.pg_loss += out.pg_loss.item()
+        self.kl += out.kl.item()
+        self.entropy += out.entropy.item()
+        self.clip_tokens += out.clip_tokens.item()
+        self.dual_clip_tokens += out.dual_clip_tokens.item()
+
+    def sums(self) -> list[float]:
+        return [float(getattr(self, name)) for name in self._SUMMED]
+
+    @classmethod
+    def from_sums(cls, values: Sequence[float]) -> UpdateStats:
+        pg_loss, kl, entropy, clip_tokens, dual_clip_tokens, tokens, optimizer_steps = values
+        return cls(pg_loss, kl, entropy, clip_tokens, dual_clip_tokens, tokens, optimizer_steps)
+
+
+def chunks(items: Sequence[Sample], size: int) -> Iterator[list[Sample]]:
+    for i in range(0, len(items), size):
+        yield list(items[i : i + size])
+
+
+def _filled(log_probs: torch.Tensor | None, which: str) -> torch.Tensor:
+    if log_probs is None:  # run() fills them before the policy update reads them
+        raise RuntimeError(f"{which} log-probs were not computed before the update")
+    return log_probs
+
+
+class PolicyUpdate:
+    """Reads ``cfg``, ``actor``, ``ref``, ``optimizer``, ``scheduler``, ``samples``,
+    ``device``, ``pad_id`` and ``compute_dtype`` from its ``Worker`` (all set by
+    ``Worker.setup``, so this holds no state of its own)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.w = worker
+
+    def run(self, step: int) -> dict[str, float]:
+        """Recompute old (and reference) log-probs, then the clipped GRPO update; each
+        phase timed on this rank (the driver reports the slowest rank's times). The
+        samples carry their advantages already."""
+        w, cfg = self.w, self.w.cfg
+        # One optimizer step per rollout batch: the policy cannot move before its
+        # log-probs are taken, so the update forward's detached log-probs are the
+        # old ones and a separate recompute pass would be wasted work.
+        on_policy = cfg.actor.ppo_epochs == 1 and cfg.mini_batch_samples == cfg.samples_per_step
+        t0 = time.perf_counter()
+        if not on_policy:
+            self._fill(w.actor, "old_log_probs")
+        t1 = time.perf_counter()
+        if w.ref is not None:
+            with adapters_disabled(w.ref):
+                self._fill(w.ref, "ref_log_probs")
+        t2 = time.perf_counter()
+        stats = self._policy_update(step, on_policy)
+        t3 = time.perf_counter()
+        return {
+            **self._update_metrics(stats),
+            "time/old_logprob_s": t1 - t0,
+            "time/ref_logprob_s": t2 - t1,
+            "time/update_s": t3 - t2,
+        }
+
+    def log_probs(
+        self, model: nn.Module, micro: list[Sample], with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, TrainBatch]:
+        """``model``'s log-probs of the micro-batch's response tokens (and their entropy),
+        and the collated batch that maps them back to samples."""
+        w = self.w
+        batch = self._collate(micro)
+        inputs = {k: v.to(w.device) for k, v in batch.model_inputs.items()}
+        out = model(**inputs, use_cache=False)
+        logits = batch.response_logits(out.logits).float() / w.cfg.rollout.temperature
+        logp = log_probs_from_logits(logits, batch.labels.to(w.device))
+        ent = None
+        if with_entropy:
+            if w.cfg.algorithm.entropy_coef > 0:
+                ent = entropy_from_logits(logits)
+            else:
+                with torch.no_grad():
+                    ent = entropy_from_logits(logits.detach())
+        return logp, ent, batch
+
+    def _collate(self, micro: list[Sample]) -> TrainBatch:
+        cfg = self.w.cfg
+        packable = cfg.model.attn_implementation in ("sdpa", "eager")
+        if cfg.actor.shared_prefix and packable and can_pack(micro):
+            return collate_packed(micro, self.w.pad_id, self.w.compute_dtype)
+        return collate_train(micro, self.w.pad_id)
+
+    @torch.no_grad()
+    def _fill(self, model: nn.Module, attr: str) -> None:
+        for micro in chunks(self.w.samples, self.w.cfg.actor.micro_batch_size):
+            logp, _, batch = self.log_probs(model, micro, with_entropy=False)
+            for s, lp in zip(micro, batch.gather(logp.cpu()), strict=True):
+                setattr(s, attr, lp.clone())
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.w.device)
+        dist.all_reduce(t)
+        return [float(v) for v in t.cpu()]
+
+    def _policy_update(self, step: int, on_policy: bool) -> UpdateStats:
+        """``actor.ppo_epochs`` x mini-batches x micro-batches of the clipped loss, one
+        optimizer step per mini-batch."""
+        w, cfg = self.w, self.w.cfg
+        w.actor.train()  # HF only checkpoints activations in train mode
+        mini = cfg.mini_batch_samples // w.world_size
+        stats = UpdateStats()
+        for _epoch in range(cfg.actor.ppo_epochs):
+            for mini_batch in chunks(w.samples, mini):
+                local_tokens = sum(int(s.response_ids.numel()) for s in mini_batch)
+                global_tokens = self._all_sum([local_tokens])[0]
+                micros = list(chunks(mini_batch, cfg.actor.micro_batch_size))
+                for i, micro in enumerate(micros):
+                    # Reduce-scatter gradients once per mini-batch, not per micro-batch.
+                    w.actor.set_requires_gradient_sync(i == len(micros) - 1)  # type: ignore[operator]
+                    stats.add_loss(self._micro_step(micro, global_tokens, on_policy))
+                stats.tokens += local_tokens
+                self._optimizer_step(step, stats)
+        return stats
+
+    def _micro_step(
+        self, micro: list[Sample], global_tokens: float, on_policy: bool
+    ) -> GRPOLossOut:
+        """Forward and backward of one micro-batch; its loss terms for the metrics."""
+        w = self.w
+        alg, dev = w.cfg.algorithm, w.device
+        logp, ent, batch = self.log_probs(w.actor, micro, with_entropy=True)
+        if on_policy:
+            old = logp.detach()
+            for s, lp in zip(micro, batch.gather(old.cpu()), strict=True):
+                s.old_log_probs = lp.clone()
+        else:
+            old = batch.scatter([_filled(s.old_log_probs, "old") for s in micro]).to(dev)
+        ref = (
+            batch.scatter([_filled(s.ref_log_probs, "reference") for s in micro]).to(dev)
+            if w.ref is not None
+            else None
+        )
+        adv = batch.scatter(
+            [torch.full((s.response_ids.numel(),), s.advantage) for s in micro]
+        ).to(dev)
+        out = grpo_loss(
+            logp,
+            old,
+            adv,
+            batch.response_mask.to(dev),
+            global_tokens,
+            clip_low=alg.clip_ratio_low,
+            clip_high=alg.clip_ratio_high,
+            clip_dual=alg.clip_ratio_dual,
+            ref_log_prob=ref,
+            kl_coef=alg.kl_coef,
+            kl_estimator=alg.kl_estimator,
+            entropy=ent,
+            entropy_coef=alg.entropy_coef,
+        )
+        # FSDP averages gradients over ranks; each rank's loss is already its share of
+        # the global token mean, so undo the average.
+        (out.loss * w.world_size).backward()
+        return out
+
+    def _optimizer_step(self, step: int, stats: UpdateStats) -> None:
+        """Clip, step (skipped on a non-finite norm), zero the gradients, advance the LR."""
+        w = self.w
+        grad_norm = torch.nn.utils.clip_grad_norm_(w.actor.parameters(), w.cfg.actor.max_grad_norm)
+        gn = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        stats.grad_norms.append(gn)
+        if torch.isfinite(torch.tensor(gn)):
+            w.optimizer_state_to(w.device)
+            w.optimizer.step()
+            w.optimizer_state_to(w.optimizer_home)
+            stats.optimizer_steps += 1
+        else:
+            log.warning("step %d: non-finite grad norm, optimizer step skipped", step)
+        w.optimizer.zero_grad(set_to_none=True)
+        w.scheduler.step()
+
+    def _update_metrics(self, stats: UpdateStats) -> dict[str, float]:
+        """The step's update metrics: every rank's sums, all-reduced."""
+        w, cfg = self.w, self.w.cfg
+        diffs = [
+            (s.old_log_probs - s.rollout_log_probs).abs()  # type: ignore[operator]
+            for s in w.samples
+            if s.rollout_log_probs.abs().sum() > 0
+        ]
+        gap = torch.cat(diffs) if diffs else torch.zeros(1)
+        reduced = self._all_sum([*stats.sums(), float(gap.sum()), float(gap.numel())])
+        n = len(UpdateStats._SUMMED)
+        total = UpdateStats.from_sums(reduced[:n])
+        gap_sum, gap_count = reduced[n:]
+        n_mb = cfg.actor.ppo_epochs * (cfg.samples_per_step // cfg.mini_batch_samples)
+        grad_norms = stats.grad_norms  # this rank's: the norm is global already
+        return {
+            "actor/pg_loss": total.pg_loss / n_mb,
+            "actor/kl": total.kl / n_mb,
+            "actor/entropy": total.entropy / n_mb,
+            "actor/clip_frac": total.clip_tokens / max(total.tokens, 1.0),
+            "actor/dual_clip_frac": total.dual_clip_tokens / max(total.tokens, 1.0),
+            "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+            "actor/lr": float(w.scheduler.get_last_lr()[0]),
+            "actor/optimizer_steps": total.optimizer_steps / w.world_size,
+            "rollout/logprob_abs_diff_mean": gap_sum / max(gap_count, 1.0),
+        }
