@@ -47,8 +47,8 @@ fi
 
 if [ "${1:-}" != "--no-testbed" ]; then
   command -v go >/dev/null || die "Go >= 1.26 is required to build the testbed (go: not found)"
-  step "building or reusing the testbed binaries (cold build: 20-35 min on 2 cores)"
+  step "building or reusing the testbed binaries (cold build: 14-35 min on 2 cores)"
   .venv/bin/grpo-testbed build
-  step "building or reusing the images (cold: ~15 min on 2 cores; warm: seconds)"
+  step "building or reusing the images (cold: 5-15 min on 2 cores; warm: seconds)"
   .venv/bin/grpo-testbed images
 fi

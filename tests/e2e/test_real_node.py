@@ -105,10 +105,21 @@ def test_pods_have_their_own_addresses_and_reach_each_other_the_dns_and_the_api(
     assert all(ipaddress.ip_address(i) in ipaddress.ip_network(tb.net.pod_cidr) for i in ips)
     assert a["spec"]["nodeName"] == b["spec"]["nodeName"] == NODE_NAME
 
+    # A Service works once kube-proxy has written its rules, a moment after the pods are
+    # Running (seconds under load; until then the node answers "Network is unreachable"):
+    # fetch retries for a minute, as a client of a new Service would.
     check = f"""
-import json, ssl, urllib.request
+import json, ssl, time, urllib.error, urllib.request
 def fetch(url):
-    return urllib.request.urlopen(url, timeout=10).status
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return urllib.request.urlopen(url, timeout=10).status
+        except urllib.error.URLError as err:
+            if time.monotonic() > deadline:
+                raise
+            print("retrying", url, err, flush=True)
+            time.sleep(1)
 assert fetch("http://{b['status']['podIP']}:8080/") == 200          # by pod IP
 assert fetch("http://a-headless.{ns}.svc.cluster.local:8080/") == 200  # DNS, headless
 assert fetch("http://a-svc:8080/") == 200                              # search path, ClusterIP
@@ -119,7 +130,7 @@ print("API", me.status.pod_ip)
 """
     tb.kubectl("apply", "-n", ns, "-f", "-",
                input=yaml.safe_dump(pod("c", f"exec {PY} -c '{check}'")))
-    c = ended(tb, ns, "c")
+    c = ended(tb, ns, "c", timeout_s=150)
     logs = tb.kubectl("logs", "c", "-n", ns).stdout
     assert c["status"]["phase"] == "Succeeded", logs
     assert f"API {c['status']['podIP']}" in logs
