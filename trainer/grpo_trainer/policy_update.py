@@ -64,7 +64,7 @@ class UpdateStats:
         return cls(pg_loss, kl, entropy, clip_tokens, dual_clip_tokens, tokens, optimizer_steps)
 
 
-def chunks(items: Sequence[Sample], size: int) -> Iterator[list[Sample]]:
+def _chunks(items: Sequence[Sample], size: int) -> Iterator[list[Sample]]:
     for i in range(0, len(items), size):
         yield list(items[i : i + size])
 
@@ -138,7 +138,7 @@ class PolicyUpdate:
 
     @torch.no_grad()
     def _fill(self, model: nn.Module, attr: str) -> None:
-        for micro in chunks(self.w.samples, self.w.cfg.actor.micro_batch_size):
+        for micro in _chunks(self.w.samples, self.w.cfg.actor.micro_batch_size):
             logp, _, batch = self.log_probs(model, micro, with_entropy=False)
             for s, lp in zip(micro, batch.gather(logp.cpu()), strict=True):
                 setattr(s, attr, lp.clone())
@@ -156,10 +156,10 @@ class PolicyUpdate:
         mini = cfg.mini_batch_samples // w.world_size
         stats = UpdateStats()
         for _epoch in range(cfg.actor.ppo_epochs):
-            for mini_batch in chunks(w.samples, mini):
+            for mini_batch in _chunks(w.samples, mini):
                 local_tokens = sum(int(s.response_ids.numel()) for s in mini_batch)
                 global_tokens = self._all_sum([local_tokens])[0]
-                micros = list(chunks(mini_batch, cfg.actor.micro_batch_size))
+                micros = list(_chunks(mini_batch, cfg.actor.micro_batch_size))
                 for i, micro in enumerate(micros):
                     # Reduce-scatter gradients once per mini-batch, not per micro-batch.
                     w.actor.set_requires_gradient_sync(i == len(micros) - 1)  # type: ignore[operator]
