@@ -76,14 +76,13 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 32
     settings.watching.server_timeout = 300  # re-list regularly; survives API restarts
-    settings.watching.connect_timeout = 10
     settings.networking.error_backoffs = [1, 2, 5, 10]
     # Kopf waits 5 minutes on one API request by default, and its start-up discovery
     # is such requests: one lost answer left an operator silent for minutes. The API
     # server ends its own non-watch requests at 60 s, so 30 s only cuts a dead one
     # short; a timed-out request is retried after the backoffs above.
     settings.networking.request_timeout = 30
-    settings.networking.connect_timeout = 10
+    settings.networking.connect_timeout = 10  # watch streams too (Kopf falls back to it)
     hook = config.webhook
     if hook.port:
         settings.admission.server = kopf.WebhookServer(
