@@ -11,6 +11,12 @@ from typing import Any
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import DEFAULT_TRAINER_IMAGE
 
+from .watch_health import DEFAULT_STALE_AFTER_S as WATCH_STALE_AFTER_S
+
+# Start-up waits this long for API discovery to list what the operator watches
+# (discovery.py), then exits with the reason and Kubernetes starts it again.
+DISCOVERY_TIMEOUT_S = 120.0
+
 
 @dataclass(frozen=True)
 class WebhookConfig:
@@ -47,6 +53,9 @@ class OperatorConfig:
     # A Ray pod the API server keeps refusing (admission, quota) fails the attempt after
     # this long (--pod-create-deadline); until then the job shows the refusal.
     pod_create_deadline_seconds: float = 300.0
+    discovery_timeout_seconds: float = DISCOVERY_TIMEOUT_S  # --discovery-timeout
+    # /healthz fails when a watched kind has had no live stream this long (watch_health.py)
+    watch_stale_after_seconds: float = WATCH_STALE_AFTER_S  # --watch-stale-after
 
 
 MEMO_KEY = "config"

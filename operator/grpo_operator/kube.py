@@ -6,8 +6,8 @@ Everything here is I/O and nothing else; callers decide what to do.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from functools import cache
+from collections.abc import Callable, Collection
+from functools import cache, partial
 from typing import Any, cast
 
 from kubernetes import client, config
@@ -134,6 +134,21 @@ def kueue_served() -> bool:
     groups = client.ApisApi(_api()).get_api_versions().groups or []
     return any(g.name == KUEUE_GROUP and any(v.version == KUEUE_VERSION for v in g.versions)
                for g in groups)
+
+
+def read_discovery(group_versions: Collection[str]
+                   ) -> tuple[set[str], dict[str, set[str]]]:
+    """What `/apis` lists (as "group/version"), and the plurals each of `group_versions`
+    serves where `/apis` lists it: the two documents Kopf's start-up scan reads."""
+    groups = client.ApisApi(_api()).get_api_versions().groups or []
+    listed = {v.group_version for g in groups for v in g.versions or []}
+    plurals: dict[str, set[str]] = {}
+    for gv in group_versions:
+        if gv in listed:
+            group, version = gv.split("/", 1)
+            found = _unless_missing(partial(_custom().get_api_resources, group, version))
+            plurals[gv] = {r.name for r in (found.resources if found else None) or []}
+    return listed, plurals
 
 
 def delete_ray_cluster(namespace: str, name: str) -> bool:

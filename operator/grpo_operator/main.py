@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from types import MappingProxyType
 from typing import Any
 
@@ -14,14 +15,39 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE
 
-from . import handlers, kube  # noqa: F401 - importing handlers registers them with Kopf
+from . import discovery, handlers, kube  # noqa: F401 - importing handlers registers them
 from .catalog_file import CatalogError, load_catalog
-from .config import MEMO_KEY, OperatorConfig, WebhookConfig, from_memo
+from .config import (
+    DISCOVERY_TIMEOUT_S,
+    MEMO_KEY,
+    WATCH_STALE_AFTER_S,
+    OperatorConfig,
+    WebhookConfig,
+    from_memo,
+)
+from .kopf_fixes import Insights, see_listed_namespaces, track_watches
+from .watch_health import WatchTracker
+
+log = logging.getLogger("grpo_operator")
+TRACKER_KEY, INSIGHTS_KEY = "watch_tracker", "kopf_insights"
 
 
-async def _serve_probes(bind: str, port: int) -> web.AppRunner:
+def _watch_verdict(memo: kopf.Memo, config: OperatorConfig) -> tuple[bool, str]:
+    """/healthz: the watches' verdict (watch_health.py)."""
+    insights = memo[INSIGHTS_KEY]
+    namespaces = None if None in insights.namespaces else len(insights.namespaces)
+    verdict = memo[TRACKER_KEY].verdict([w.name for w in discovery.REQUIRED], namespaces,
+                                        config.watch_stale_after_seconds)
+    return verdict.healthy, verdict.detail
+
+
+async def _serve_probes(bind: str, port: int, memo: kopf.Memo,
+                        config: OperatorConfig) -> web.AppRunner:
     async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
+        healthy, detail = _watch_verdict(memo, config)
+        if not healthy:
+            log.error("/healthz: %s", detail)
+        return web.Response(text=detail, status=200 if healthy else 503)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -64,6 +90,15 @@ def operator_login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = from_memo(memo)
     kube.load_config(config.kubeconfig)
+    if config.metrics_port:  # first: a start that waits below is not a dead operator
+        memo.probes = await _serve_probes(config.bind, config.metrics_port, memo, config)
+    # Kopf scans API discovery once, after this handler: wait until it lists every kind
+    # we watch, or GRPOJobs may never be watched at all (discovery.py).
+    try:
+        await discovery.wait_until_served(kube.read_discovery,
+                                          timeout_s=config.discovery_timeout_seconds)
+    except discovery.DiscoveryTimeout as exc:
+        raise kopf.PermanentError(str(exc)) from exc
     kube.warm_up()
     # Our own names on objects, and nothing written into status but our fields.
     settings.persistence.finalizer = f"{API_GROUP}/operator"
@@ -90,8 +125,6 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
             pkeyfile=hook.key, cafile=hook.ca)
         if hook.manage:
             settings.admission.managed = hook.manage
-    if config.metrics_port:
-        memo.probes = await _serve_probes(config.bind, config.metrics_port)
 
 
 @kopf.on.cleanup()
@@ -131,12 +164,20 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 @click.option("--peering", default=None, help="Kopf peering name: one active replica.")
 @click.option("--priority", type=int, default=0, show_default=True,
               help="Peering priority: a replica pauses while one of higher priority runs.")
+@click.option("--discovery-timeout", type=click.FloatRange(min=0), default=DISCOVERY_TIMEOUT_S,
+              show_default=True, help="Seconds to wait at start for API discovery to list "
+              "GRPOJobs, pods and RayClusters (a CRD just installed) before exiting.")
+@click.option("--watch-stale-after", type=click.FloatRange(min=1),
+              default=WATCH_STALE_AFTER_S, show_default=True,
+              help="/healthz fails once GRPOJobs, pods or RayClusters have had no live watch "
+              "stream for this many seconds (the API server sends a bookmark every minute).")
 @click.option("--verbose", is_flag=True)
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
         webhook_key: str | None, webhook_ca: str | None, webhook_manage: str | None,
         trainer_image: str, gpu_catalog: str | None, pod_create_deadline: float,
-        peering: str | None, priority: int, verbose: bool) -> None:
+        peering: str | None, priority: int, discovery_timeout: float,
+        watch_stale_after: float, verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -149,20 +190,36 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
     config = OperatorConfig(
         default_image=trainer_image, catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
         bind=bind, metrics_port=metrics_port, pod_create_deadline_seconds=pod_create_deadline,
+        discovery_timeout_seconds=discovery_timeout, watch_stale_after_seconds=watch_stale_after,
         webhook=WebhookConfig(port=webhook_port, host=webhook_host, cert=webhook_cert,
                               key=webhook_key, ca=webhook_ca, manage=webhook_manage))
     if webhook_port:
         # Imported (and so registered with Kopf) only when there is a server for it:
         # Kopf refuses to run admission handlers without one.
         from . import webhook  # noqa: F401
-    kopf.run(
-        memo=kopf.Memo({MEMO_KEY: config}),
-        clusterwide=not namespaces,
-        namespaces=list(namespaces),
-        standalone=peering is None,
-        peering_name=peering,
-        priority=priority,
-    )
+    see_listed_namespaces()
+    tracker = WatchTracker()
+    track_watches(tracker)
+    # Our own Insights (what Kopf serves) so that /healthz knows how many namespaces
+    # are watched; kopf.run takes it as a keyword, its type is Kopf's own.
+    insights = Insights()
+    try:
+        kopf.run(
+            memo=kopf.Memo({MEMO_KEY: config, TRACKER_KEY: tracker, INSIGHTS_KEY: insights}),
+            clusterwide=not namespaces,
+            namespaces=list(namespaces),
+            standalone=peering is None,
+            peering_name=peering,
+            priority=priority,
+            insights=insights,
+        )
+    except Exception as exc:
+        # A start-up handler refused to go on (discovery never listed our CRD): Kopf
+        # raises its ActivityError from our PermanentError. One line with the reason and a
+        # non-zero exit, for Kubernetes to act on.
+        if isinstance(exc.__cause__, kopf.PermanentError):
+            sys.exit(f"grpo-operator: start-up failed: {exc.__cause__}")
+        raise
 
 
 def main() -> None:

@@ -1,0 +1,69 @@
+"""The only module that reaches into Kopf's internals (kopf 1.45.2, pinned in every lock;
+tests/unit/test_kopf_fixes.py fails on an upgrade that moves what is patched here).
+
+1. Namespaces created while the operator starts were never watched. Kopf's namespace
+   observer lists the namespaces once, then starts a watch stream that lists them again
+   and ignores every event of that second listing (type None), as it should for
+   resources whose first listing it already has. A namespace created between the two
+   listings is in neither the first listing nor the watch's events: no GRPOJob, pod or
+   RayCluster stream is ever started for it, and its jobs get no status, while webhooks
+   and /healthz answer. `see_listed_namespaces` makes the observer revise its namespaces
+   on listed events too (revising is idempotent).
+2. /healthz must know whether watch streams deliver (watch_health.py), and Kopf drops
+   BOOKMARKs before any handler: `track_watches` wraps the generator every watch stream
+   goes through.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from kopf._cogs.clients import watching
+from kopf._cogs.structs.references import Insights
+from kopf._core.reactor import observation
+
+from .watch_health import StreamKey, WatchTracker, resource_name
+
+__all__ = ["Insights", "see_listed_namespaces", "track_watches"]
+
+
+def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Kopf's own function under our wrapper: patching twice wraps once."""
+    return getattr(fn, "__wrapped__", fn)
+
+
+def see_listed_namespaces() -> None:
+    """Kopf's namespace observer, revising its namespaces from listed events as well."""
+    original = _unwrapped(observation.process_discovered_namespace_event)
+
+    @functools.wraps(original)
+    async def process_namespace_event(*, raw_event: Any, namespaces: Any, insights: Insights,
+                                      **kwargs: Any) -> None:
+        if raw_event["type"] is None:
+            raw_event = {**raw_event, "type": "ADDED"}  # a listed namespace exists
+        await original(raw_event=raw_event, namespaces=namespaces, insights=insights, **kwargs)
+
+    observation.process_discovered_namespace_event = process_namespace_event
+
+
+def track_watches(tracker: WatchTracker) -> None:
+    """Every watch stream (resources, namespaces, CRDs) reports to `tracker` when it
+    opens, each time it delivers anything (events, the end of a listing, bookmarks), and
+    when it closes."""
+    original = _unwrapped(watching.infinite_watch)
+
+    @functools.wraps(original)
+    async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
+        resource, namespace = kwargs["resource"], kwargs["namespace"]
+        key = StreamKey(resource_name(resource.plural, resource.group), namespace)
+        tracker.opened(key)
+        try:
+            async for item in original(**kwargs):
+                tracker.delivered(key)
+                yield item
+        finally:
+            tracker.closed(key)
+
+    watching.infinite_watch = infinite_watch

@@ -1,0 +1,103 @@
+"""Is the operator watching what it must? The liveness behind `/healthz`.
+
+An operator that serves its webhooks and answers probes but holds no watch stream
+reconciles nothing, and Kubernetes would never restart it (docs/troubleshooting.md,
+"The operator logs nothing"). So `/healthz` fails when a kind the operator must watch
+(GRPOJobs, pods, RayClusters) has had no live watch stream for `stale_after_s`.
+
+A stream is live while it delivers something: an event, the end of its initial
+listing, or a BOOKMARK, which the API server sends on every idle watch about once a
+minute (Kopf asks for them, and itself reconnects a stream silent for 70 s). The
+verdict is a pure function of what the tracker saw; kopf_fixes.track_watches feeds the
+tracker from Kopf's watch streams.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+# Kopf's liveness signal for an idle stream is the API server's bookmark, once a
+# minute; 150 s is two missed bookmarks plus a reconnect, never a healthy idle stream.
+DEFAULT_STALE_AFTER_S = 150.0
+
+
+@dataclass(frozen=True)
+class StreamKey:
+    """One watch stream: a resource (``plural.group``, core kinds as ``pods``) in one
+    namespace, or cluster-wide (None)."""
+
+    resource: str
+    namespace: str | None
+
+
+@dataclass
+class StreamState:
+    opened_at: float
+    last_item_at: float | None = None  # anything the stream delivered
+    open: bool = True
+
+
+@dataclass(frozen=True)
+class Verdict:
+    healthy: bool
+    detail: str
+
+
+def resource_name(plural: str, group: str) -> str:
+    """How a kind is named here and in messages: ``grpojobs.grpo.dev``, ``pods``."""
+    return f"{plural}.{group}" if group else plural
+
+
+def watch_verdict(now: float, started_at: float, streams: Mapping[StreamKey, StreamState],
+                  required: Collection[str], namespaces: int | None,
+                  stale_after_s: float = DEFAULT_STALE_AFTER_S) -> Verdict:
+    """Healthy when every required kind had a live stream within `stale_after_s`.
+
+    `namespaces` is how many namespaces the operator serves (None: cluster-wide). With
+    none (a namespace pattern that matches nothing yet) there is nothing to watch but
+    the namespaces themselves, so only that stream must be live. During the first
+    `stale_after_s` after start, a kind without a stream yet is not a failure.
+    """
+    wanted = list(required) if namespaces != 0 else []
+    wanted += ["namespaces"] if namespaces is not None else []
+    stale: list[str] = []
+    for kind in wanted:
+        seen = [s.last_item_at or s.opened_at for k, s in streams.items()
+                if k.resource == kind]
+        last = max(seen, default=started_at)
+        if now - last > stale_after_s:
+            stale.append(f"{kind}: " + (f"nothing from its watch streams for {now - last:.0f} s"
+                                         if seen else "no watch stream ever started"))
+    if stale:
+        return Verdict(False, "not watching: " + "; ".join(stale) + f" (limit {stale_after_s:.0f}"
+                       " s). A restart makes the operator discover the API and watch again.")
+    live = sum(1 for s in streams.values() if s.open)
+    return Verdict(True, f"ok: {live} watch streams open")
+
+
+@dataclass
+class WatchTracker:
+    """What Kopf's watch streams delivered, and when (monotonic seconds)."""
+
+    started_at: float = field(default_factory=time.monotonic)
+    streams: dict[StreamKey, StreamState] = field(default_factory=dict)
+
+    def opened(self, key: StreamKey) -> None:
+        self.streams[key] = StreamState(opened_at=time.monotonic())
+
+    def delivered(self, key: StreamKey) -> None:
+        state = self.streams.get(key)
+        if state is not None:
+            state.last_item_at = time.monotonic()
+
+    def closed(self, key: StreamKey) -> None:
+        state = self.streams.get(key)
+        if state is not None:
+            state.open = False
+
+    def verdict(self, required: Collection[str], namespaces: int | None,
+                stale_after_s: float) -> Verdict:
+        return watch_verdict(time.monotonic(), self.started_at, self.streams, required,
+                             namespaces, stale_after_s)

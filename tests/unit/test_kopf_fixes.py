@@ -1,0 +1,81 @@
+"""What kopf_fixes.py changes in Kopf, against the pinned kopf (1.45.2): an upgrade that
+moves what is patched fails here, not silently in a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kopf._cogs.clients import watching
+from kopf._cogs.structs.references import Resource
+from kopf._core.reactor import observation, queueing
+
+from grpo_operator.kopf_fixes import Insights, see_listed_namespaces, track_watches
+from grpo_operator.watch_health import StreamKey, WatchTracker
+
+pytestmark = pytest.mark.unit
+
+
+def namespace_event(name: str, type_: str | None) -> dict[str, Any]:
+    return {"type": type_, "object": {"metadata": {"name": name}}}
+
+
+async def observe(events: list[dict[str, Any]], kopf_own: bool = False) -> set[Any]:
+    """Feed events to the processor Kopf's namespace observer binds (it looks the name up
+    in `observation` when it starts), as its watch stream would."""
+    process = observation.process_discovered_namespace_event
+    if kopf_own:
+        process = getattr(process, "__wrapped__", process)
+    insights = Insights()
+    for event in events:
+        await process(raw_event=event, namespaces=["op-*"], insights=insights)
+    return insights.namespaces
+
+
+def test_kopf_alone_ignores_a_namespace_its_watch_only_lists() -> None:
+    """The race's mechanism, in Kopf as shipped: a namespace created between the
+    observer's first listing and its watch's own listing arrives as a listed event."""
+    assert asyncio.run(observe([namespace_event("op-a", None)], kopf_own=True)) == set()
+
+
+def test_listed_namespaces_are_watched(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(observation, "process_discovered_namespace_event",
+                        observation.process_discovered_namespace_event)
+    see_listed_namespaces()
+    see_listed_namespaces()  # idempotent: wraps Kopf's function once
+    seen = asyncio.run(observe([namespace_event("op-a", None), namespace_event("op-a", None),
+                                namespace_event("kube-system", None),
+                                namespace_event("op-b", "ADDED")]))
+    assert seen == {"op-a", "op-b"}  # the pattern still decides
+    deleted = asyncio.run(observe([namespace_event("op-a", None),
+                                   namespace_event("op-a", "DELETED")]))
+    assert deleted == set()
+
+
+def test_every_watch_stream_reports_to_the_tracker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kopf's watcher (queueing.watcher) reads `watching.infinite_watch` at call time,
+    keyword for keyword: the wrapper sees each stream open, deliver and close."""
+    calls: list[dict[str, Any]] = []
+
+    async def stream(**kwargs: Any) -> AsyncIterator[Any]:
+        calls.append(kwargs)
+        yield {"type": "BOOKMARK", "object": {}}
+        yield {"type": "ADDED", "object": {"metadata": {"uid": "u"}}}
+
+    monkeypatch.setattr(watching, "infinite_watch", stream)
+    assert queueing.watching is watching
+    tracker = WatchTracker(started_at=0.0)
+    track_watches(tracker)
+    track_watches(tracker)  # wraps the original once
+    grpojobs = Resource(group="grpo.dev", version="v1alpha1", plural="grpojobs",
+                        namespaced=True)
+
+    async def consume() -> list[Any]:
+        return [e async for e in watching.infinite_watch(
+            settings=None, resource=grpojobs, namespace="op-a", operator_paused=None)]
+
+    assert len(asyncio.run(consume())) == 2 and len(calls) == 1
+    state = tracker.streams[StreamKey("grpojobs.grpo.dev", "op-a")]
+    assert state.last_item_at is not None and not state.open
