@@ -68,6 +68,9 @@ class Testbed:
     __test__ = False  # not a pytest test class, despite the name
 
     workdir: Path
+    # Only etcd and kube-apiserver: enough to see an operator reconcile (status written,
+    # children created), started in a few seconds (the repeated-start test starts dozens).
+    bare: bool = False
     with_kuberay: bool = True
     # Kueue (kueue.py), admitting RayClusters labelled with a queue; needs KubeRay's CRDs.
     with_kueue: bool = True
@@ -166,6 +169,11 @@ class Testbed:
             if self.real_node:  # before the API server, which listens on its host side
                 self.net = allocate()
             self._start_control_plane()
+            if self.bare:
+                log.info("bare control plane up in %.1f s: %s", time.monotonic() - t0,
+                         self.server)
+                return self
+            self._start_controllers()
             self._start_kwok()
             if self.with_kuberay:
                 self._start_kuberay()
@@ -239,7 +247,7 @@ class Testbed:
         return p
 
     def _start_control_plane(self) -> None:
-        etcd_port, peer_port, self.api_port, kcm_port, sched_port = free_ports(5)
+        etcd_port, peer_port, self.api_port = free_ports(3)
         self.pki = pki = make_pki(self.workdir / "pki",
                                   (self.net.host_ip,) if self.net is not None else ())
         write_kubeconfig(self.kubeconfig, self.server, pki.ca_cert,
@@ -286,6 +294,11 @@ class Testbed:
         ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
         wait_until("kube-apiserver /readyz", lambda: urllib.request.urlopen(
             f"{self.server}/readyz", context=ctx, timeout=5).read() == b"ok", 90, [etcd, api])
+
+    def _start_controllers(self) -> None:
+        kcm_port, sched_port = free_ports(2)
+        pki = self.pki
+        assert pki is not None
         common = ["--kubeconfig", str(self.kubeconfig),
                   "--authentication-kubeconfig", str(self.kubeconfig),
                   "--authorization-kubeconfig", str(self.kubeconfig),

@@ -22,9 +22,11 @@ class OperatorProcess:
 
     def __init__(self, tb: Testbed, workdir: Path, kubeconfig: Path | None = None,
                  webhook: bool = True, extra_args: tuple[str, ...] = (),
-                 namespaces: tuple[str, ...] = (f"{OPERATOR_NS_PREFIX}-*",)) -> None:
+                 namespaces: tuple[str, ...] = (f"{OPERATOR_NS_PREFIX}-*",),
+                 env: dict[str, str] | None = None) -> None:
         """webhook=False runs without admission, as under the chart's ServiceAccount
-        (which may not manage webhook configurations)."""
+        (which may not manage webhook configurations); `env` is added to ours."""
+        self.env = {**os.environ, **(env or {})}
         self.webhook = webhook
         self.extra_args = extra_args
         self.namespaces = namespaces
@@ -53,7 +55,8 @@ class OperatorProcess:
         with open(self.log, "ab") as out:
             # Dies with whoever started it, like every testbed process.
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True, preexec_fn=die_with_parent)
+                                         env=self.env, start_new_session=True,
+                                         preexec_fn=die_with_parent)
         wait_until("operator /healthz", lambda: urllib.request.urlopen(
             f"http://127.0.0.1:{self.metrics_port}/healthz", timeout=2).status == 200, 60)
         if self.webhook:
