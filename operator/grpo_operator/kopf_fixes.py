@@ -9,24 +9,31 @@ tests/unit/test_kopf_fixes.py fails on an upgrade that moves what is patched her
    RayCluster stream is ever started for it, and its jobs get no status, while webhooks
    and /healthz answer. `see_listed_namespaces` makes the observer revise its namespaces
    on listed events too (revising is idempotent).
-2. /healthz must know whether watch streams deliver (watch_health.py), and Kopf drops
-   BOOKMARKs before any handler: `track_watches` wraps the generator every watch stream
-   goes through.
+2. /healthz must know whether watch streams are alive (watch_health.py), which no
+   handler can see (an idle stream delivers nothing; Kopf drops bookmarks and reconnects
+   silently): `track_watches` wraps the generator every watch stream goes through and
+   the request that (re)opens it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from kopf._cogs.clients import watching
+from kopf._cogs.clients import api, watching
 from kopf._cogs.structs.references import Insights
 from kopf._core.reactor import observation
 
 from .watch_health import StreamKey, WatchTracker, resource_name
 
 __all__ = ["Insights", "see_listed_namespaces", "track_watches"]
+
+# The stream a watcher task is running: Kopf runs each stream in a task of its own, and
+# the generator's body runs in that task's context.
+_STREAM: contextvars.ContextVar[StreamKey | None] = contextvars.ContextVar(
+    "grpo_watch_stream", default=None)
 
 
 def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -50,20 +57,31 @@ def see_listed_namespaces() -> None:
 
 def track_watches(tracker: WatchTracker) -> None:
     """Every watch stream (resources, namespaces, CRDs) reports to `tracker` when it
-    opens, each time it delivers anything (events, the end of a listing, bookmarks), and
-    when it closes."""
-    original = _unwrapped(watching.infinite_watch)
+    opens, each time the API server answers its watch request (the first and every
+    reconnect) or it delivers anything, and when it closes."""
+    original_stream = _unwrapped(watching.infinite_watch)
+    original_request = _unwrapped(api.request)
 
-    @functools.wraps(original)
+    @functools.wraps(original_stream)
     async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
         resource, namespace = kwargs["resource"], kwargs["namespace"]
         key = StreamKey(resource_name(resource.plural, resource.group), namespace)
+        _STREAM.set(key)
         tracker.opened(key)
         try:
-            async for item in original(**kwargs):
-                tracker.delivered(key)
+            async for item in original_stream(**kwargs):
+                tracker.alive(key)
                 yield item
         finally:
             tracker.closed(key)
 
+    @functools.wraps(original_request)
+    async def request(*args: Any, **kwargs: Any) -> Any:
+        response = await original_request(*args, **kwargs)  # raises unless answered 2xx
+        key = _STREAM.get()
+        if key is not None and "watch=true" in str(kwargs.get("url", "")):
+            tracker.alive(key)
+        return response
+
     watching.infinite_watch = infinite_watch
+    api.request = request

@@ -91,8 +91,9 @@ def test_every_start_right_after_the_crd_is_established_reconciles(tmp_path: Pat
             finally:
                 op.stop()
             if took is None:
-                failures.append(f"start {i} (namespace at +{i * SWEEP_STEP_S:.1f} s): no status "
-                                f"in {RECONCILE_DEADLINE_S:.0f} s; operator log:\n{op.log_tail(25)}")
+                failures.append(f"start {i} (namespace at +{i * SWEEP_STEP_S:.1f} s): no "
+                                f"status in {RECONCILE_DEADLINE_S:.0f} s; operator log:\n"
+                                f"{op.log_tail(25)}")
             else:
                 timings.append(took)
     print(f"{len(timings)} of {STARTS} starts reconciled; after the job's creation: "

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kopf._cogs.clients import watching
+from kopf._cogs.clients import api, watching
 from kopf._cogs.structs.references import Resource
 from kopf._core.reactor import observation, queueing
 
@@ -56,26 +56,43 @@ def test_listed_namespaces_are_watched(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_watch_stream_reports_to_the_tracker(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kopf's watcher (queueing.watcher) reads `watching.infinite_watch` at call time,
-    keyword for keyword: the wrapper sees each stream open, deliver and close."""
-    calls: list[dict[str, Any]] = []
+    keyword for keyword, and a stream (re)opens its watch with `api.request(url=...)`:
+    the tracker sees a stream open, each answered watch request and each item, and its
+    close. Other requests of the same task are not signs of life."""
+    answered: list[str] = []
+
+    async def request(**kwargs: Any) -> str:
+        answered.append(kwargs["url"])
+        return "response"
 
     async def stream(**kwargs: Any) -> AsyncIterator[Any]:
-        calls.append(kwargs)
+        await api.request(method="get", url="/api/v1/namespaces/op-a/pods?limit=500")
+        assert tracker.streams[key].last_life_at is None  # a listing is not a watch
+        await api.request(method="get", url="/api/v1/namespaces/op-a/pods?watch=true")
+        assert tracker.streams[key].last_life_at is not None
         yield {"type": "BOOKMARK", "object": {}}
-        yield {"type": "ADDED", "object": {"metadata": {"uid": "u"}}}
 
+    monkeypatch.setattr(api, "request", request)
     monkeypatch.setattr(watching, "infinite_watch", stream)
     assert queueing.watching is watching
     tracker = WatchTracker(started_at=0.0)
+    key = StreamKey("pods", "op-a")
     track_watches(tracker)
-    track_watches(tracker)  # wraps the original once
-    grpojobs = Resource(group="grpo.dev", version="v1alpha1", plural="grpojobs",
-                        namespaced=True)
+    track_watches(tracker)  # wraps the originals once
+    pods = Resource(group="", version="v1", plural="pods", namespaced=True)
 
     async def consume() -> list[Any]:
         return [e async for e in watching.infinite_watch(
-            settings=None, resource=grpojobs, namespace="op-a", operator_paused=None)]
+            settings=None, resource=pods, namespace="op-a", operator_paused=None)]
 
-    assert len(asyncio.run(consume())) == 2 and len(calls) == 1
-    state = tracker.streams[StreamKey("grpojobs.grpo.dev", "op-a")]
-    assert state.last_item_at is not None and not state.open
+    assert len(asyncio.run(consume())) == 1 and len(answered) == 2
+    assert not tracker.streams[key].open
+
+
+def test_kopf_opens_a_watch_through_api_request_with_keywords() -> None:
+    """What the request wrapper relies on: api.stream calls the module's `request`
+    with the URL as a keyword (read from kopf's own source)."""
+    import inspect
+
+    source = inspect.getsource(api.stream)
+    assert "response = await request(" in source and "url=url," in source

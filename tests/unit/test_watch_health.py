@@ -18,7 +18,7 @@ STALE = 150.0
 
 
 def live(kind: str, at: float, ns: str | None = "op-a") -> tuple[StreamKey, StreamState]:
-    return StreamKey(kind, ns), StreamState(opened_at=0.0, last_item_at=at)
+    return StreamKey(kind, ns), StreamState(opened_at=0.0, last_life_at=at)
 
 
 def test_the_required_kinds_are_grpojobs_pods_and_rayclusters() -> None:
@@ -41,14 +41,14 @@ def test_a_kind_kopf_never_watched_fails_once_the_start_grace_is_over() -> None:
 
 
 def test_streams_that_stopped_delivering_fail_and_say_for_how_long() -> None:
-    """A partition: the streams exist, but nothing (not even a bookmark) arrives. One
-    live stream of a kind is enough for that kind."""
+    """A partition: the streams exist, but their reconnects get no answer. One live
+    stream of a kind is enough for that kind."""
     streams = dict(live(k, at=1000.0) for k in [*KINDS, "namespaces"])
-    streams[StreamKey("pods", "op-b")] = StreamState(opened_at=0.0, last_item_at=1290.0)
+    streams[StreamKey("pods", "op-b")] = StreamState(opened_at=0.0, last_life_at=1290.0)
     assert watch_verdict(1140.0, 0.0, streams, KINDS, 2, STALE).healthy
     verdict = watch_verdict(1300.0, 0.0, streams, KINDS, 2, STALE)
     assert not verdict.healthy
-    assert "grpojobs.grpo.dev: nothing from its watch streams for 300 s" in verdict.detail
+    assert "grpojobs.grpo.dev: no answer from its watch streams for 300 s" in verdict.detail
     assert "pods:" not in verdict.detail
 
 
