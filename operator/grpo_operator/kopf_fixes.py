@@ -36,23 +36,34 @@ _STREAM: contextvars.ContextVar[StreamKey | None] = contextvars.ContextVar(
     "grpo_watch_stream", default=None)
 
 
+_ORIGINAL = "_grpo_replaces"  # on our wrappers: the function each replaced
+
+
 def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Kopf's own function under our wrapper: patching twice wraps once."""
-    return getattr(fn, "__wrapped__", fn)
+    """The function our wrapper replaced (patching twice wraps once). Not `__wrapped__`:
+    Kopf's own decorators set that (api.request's points past its authentication)."""
+    return getattr(fn, _ORIGINAL, fn)
+
+
+def _replacing(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    functools.update_wrapper(wrapper, original)
+    del wrapper.__wrapped__  # type: ignore[attr-defined]
+    setattr(wrapper, _ORIGINAL, original)
+    return wrapper
 
 
 def see_listed_namespaces() -> None:
     """Kopf's namespace observer, revising its namespaces from listed events as well."""
     original = _unwrapped(observation.process_discovered_namespace_event)
 
-    @functools.wraps(original)
     async def process_namespace_event(*, raw_event: Any, namespaces: Any, insights: Insights,
                                       **kwargs: Any) -> None:
         if raw_event["type"] is None:
             raw_event = {**raw_event, "type": "ADDED"}  # a listed namespace exists
         await original(raw_event=raw_event, namespaces=namespaces, insights=insights, **kwargs)
 
-    observation.process_discovered_namespace_event = process_namespace_event
+    observation.process_discovered_namespace_event = _replacing(original,
+                                                                process_namespace_event)
 
 
 def track_watches(tracker: WatchTracker) -> None:
@@ -62,7 +73,6 @@ def track_watches(tracker: WatchTracker) -> None:
     original_stream = _unwrapped(watching.infinite_watch)
     original_request = _unwrapped(api.request)
 
-    @functools.wraps(original_stream)
     async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
         resource, namespace = kwargs["resource"], kwargs["namespace"]
         key = StreamKey(resource_name(resource.plural, resource.group), namespace)
@@ -75,7 +85,6 @@ def track_watches(tracker: WatchTracker) -> None:
         finally:
             tracker.closed(key)
 
-    @functools.wraps(original_request)
     async def request(*args: Any, **kwargs: Any) -> Any:
         response = await original_request(*args, **kwargs)  # raises unless answered 2xx
         key = _STREAM.get()
@@ -83,5 +92,5 @@ def track_watches(tracker: WatchTracker) -> None:
             tracker.alive(key)
         return response
 
-    watching.infinite_watch = infinite_watch
-    api.request = request
+    watching.infinite_watch = _replacing(original_stream, infinite_watch)
+    api.request = _replacing(original_request, request)

@@ -170,7 +170,7 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 @click.option("--watch-stale-after", type=click.FloatRange(min=1),
               default=WATCH_STALE_AFTER_S, show_default=True,
               help="/healthz fails once GRPOJobs, pods or RayClusters have had no live watch "
-              "stream for this many seconds (the API server sends a bookmark every minute).")
+              "stream for this many seconds (Kopf renews an idle watch every 70 s).")
 @click.option("--verbose", is_flag=True)
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,

@@ -89,6 +89,19 @@ def test_every_watch_stream_reports_to_the_tracker(monkeypatch: pytest.MonkeyPat
     assert not tracker.streams[key].open
 
 
+def test_the_wrappers_call_exactly_what_they_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kopf's api.request is itself decorated (its `__wrapped__` skips the injection of
+    the API session): our wrapper must call the decorated function, never unwrap it."""
+    kopf_request, kopf_stream = api.request, watching.infinite_watch
+    monkeypatch.setattr(api, "request", kopf_request)
+    monkeypatch.setattr(watching, "infinite_watch", kopf_stream)
+    track_watches(WatchTracker())
+    track_watches(WatchTracker())
+    assert api.request is not kopf_request
+    assert api.request._grpo_replaces is kopf_request  # type: ignore[attr-defined]
+    assert watching.infinite_watch._grpo_replaces is kopf_stream  # type: ignore[attr-defined]
+
+
 def test_kopf_opens_a_watch_through_api_request_with_keywords() -> None:
     """What the request wrapper relies on: api.stream calls the module's `request`
     with the URL as a keyword (read from kopf's own source)."""
