@@ -71,6 +71,9 @@ class Testbed:
     # Only etcd and kube-apiserver: enough to see an operator reconcile (status written,
     # children created), started in a few seconds (the repeated-start test starts dozens).
     bare: bool = False
+    # etcd's data directory of an earlier testbed to start from (a copy): its objects,
+    # e.g. CRDs, exist before this API server starts (force-new-cluster: one member).
+    etcd_seed: Path | None = None
     with_kuberay: bool = True
     # Kueue (kueue.py), admitting RayClusters labelled with a queue; needs KubeRay's CRDs.
     with_kueue: bool = True
@@ -252,8 +255,12 @@ class Testbed:
                                   (self.net.host_ip,) if self.net is not None else ())
         write_kubeconfig(self.kubeconfig, self.server, pki.ca_cert,
                          cert=pki.admin_cert, key=pki.admin_key)
+        seeded = []
+        if self.etcd_seed is not None:
+            shutil.copytree(self.etcd_seed, self.workdir / "etcd")
+            seeded = ["--force-new-cluster"]
         etcd = self._spawn("etcd", [
-            str(binary("etcd")), "--name", "testbed",
+            str(binary("etcd")), "--name", "testbed", *seeded,
             "--data-dir", str(self.workdir / "etcd"),
             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
             "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
