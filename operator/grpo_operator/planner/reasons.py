@@ -104,7 +104,8 @@ def explain(
     no_gc = next((tb for ts, tb in trail if not ts.gradient_checkpointing), None)
     if st.gradient_checkpointing and no_gc is not None and "gradient_checkpointing" not in pinned:
         why = (
-            f"without it training peaks at {_g(_phase(no_gc, 'training'))} > {_g(cap)} usable; "
+            f"without it training peaks at {_g(_phase(no_gc, 'training'))} > "
+            f"{_g(cap - b.gpu_margin_gib)} (usable less the margin); "
             f"with it {_g(train)} (activations "
             f"{_g(b.gpu_phases.get('training', {}).get('activations', 0))})"
         )
