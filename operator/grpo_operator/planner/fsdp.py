@@ -68,13 +68,20 @@ def fsdp_buffers(shape: Shape, compute_b: int, grads: Trained) -> Buffers:
     root = shape.root_parameters
     vision = (shape.vision_block_parameters, 0 if grads.adapters else grads.block)
     layer = (shape.layer_parameters + grads.adapters, grads.block)
-    blocks = [vision] * (shape.vision_layers if shape.vision_parameters else 0)
-    blocks += [layer] * shape.layers
+    n_vision = shape.vision_layers if shape.vision_parameters else 0
+    n = n_vision + shape.layers
     none = (0, 0)
+
+    def block(i: int) -> tuple[int, int]:
+        return none if not 0 <= i < n else vision if i < n_vision else layer
+
     layers = 0
-    for i, (size, trained) in enumerate(blocks):
-        prev = blocks[i - 1] if i > 0 else none  # prefetched in backward
-        nxt = blocks[i + 1] if i + 1 < len(blocks) else none  # reduced just before
+    # Two runs of equal blocks: only the positions next to an end or the seam differ.
+    for i in sorted({0, 1, n_vision - 1, n_vision, n_vision + 1, n - 2, n - 1}):
+        if not 0 <= i < n:
+            continue
+        (size, trained), prev, nxt = block(i), block(i - 1), block(i + 1)
+        # prev: prefetched in backward; nxt: reduced just before this one.
         # Forward: this block and its kept all-gather output (or the next one's).
         forward = (root + size + max(size, nxt[0])) * c
         # Backward, the LM head's gradient alive throughout: before this block's reduce
@@ -83,7 +90,7 @@ def fsdp_buffers(shape: Shape, compute_b: int, grads: Trained) -> Buffers:
         before = (root + size + prev[0]) * c + whole + nxt[1] * r
         at = (root + prev[0]) * c + whole + trained * r
         layers = max(layers, forward, before, at)
-    first = blocks[0] if blocks else none
+    first = block(0)
     root_moment = max(
         2 * root * c,  # its flat all-gather output kept until the first block's copy-out
         (root + grads.root) * c + first[1] * r,  # before its reduce
