@@ -39,8 +39,9 @@ class Cell:
     gpus: int
     source: str
     # What the planner must offload to fit (EasyR1's own defaults offload both params and
-    # optimizer): "" none, "optimizer". Cells where the mode holds everything on the GPU
-    # are the ones mixed precision cannot hold there.
+    # optimizer): "" none, "optimizer", "params" (and the optimizer with them). Cells
+    # where the mode holds everything on the GPU are the ones mixed precision cannot
+    # hold there.
     offload: str = ""
 
     @property
@@ -60,19 +61,24 @@ AMP = [
 # 14.3 + reference 2.9 + logits 2.3 + context 1.5), 3B on a 40 GB A100 at 50.4 of 38.0
 # (state 34.9 + reference 7.0); with the Adam moments and compensation in host RAM they
 # fit. EasyR1 also keeps the reference model in host RAM, which this planner does not.
+# The 72B cells hold what FSDP2 really gathers and reduces (planner/fsdp.py: the 2.5B-
+# parameter root, embeddings and LM head, stays gathered through every layer): bf16 on
+# 16 H100s peaks at 79.2 GiB in training with everything on the GPU, so the optimizer
+# state goes to host RAM; LoRA on 4 keeps a 34 GiB frozen base shard beside vLLM's 34 GiB
+# TP-4 weights, which leaves less than the margin for the KV cache, so the base goes too.
 BF16 = [
     Cell("BF16", "1.5B", "L4-24GB", 1, f"{EASYR1}: 1*24GB", offload="optimizer"),
     Cell("BF16", "3B", "A100-40GB", 1, f"{EASYR1}: 1*40GB", offload="optimizer"),
     Cell("BF16", "7B", "A100-40GB", 4, f"{EASYR1}: 4*40GB"),
     Cell("BF16", "32B", "H100-80GB", 8, f"{EASYR1}: 8*80GB"),
-    Cell("BF16", "72B", "H100-80GB", 16, f"{EASYR1}: 16*80GB"),
+    Cell("BF16", "72B", "H100-80GB", 16, f"{EASYR1}: 16*80GB", offload="optimizer"),
 ]
 LORA = [
     Cell("LoRA", "1.5B", "RTX3060-12GB", 1, f"{EASYR1}: 1*12GB"),
     Cell("LoRA", "3B", "L4-24GB", 1, f"{EASYR1}: 1*24GB"),
     Cell("LoRA", "7B", "RTX5090-32GB", 2, f"{EASYR1}: 2*32GB"),
     Cell("LoRA", "32B", "H100-80GB", 2, f"{EASYR1}: 2*80GB"),
-    Cell("LoRA", "72B", "H100-80GB", 4, f"{EASYR1}: 4*80GB"),
+    Cell("LoRA", "72B", "H100-80GB", 4, f"{EASYR1}: 4*80GB", offload="params"),
 ]
 
 
@@ -109,8 +115,8 @@ def test_easyr1_bf16_and_lora_rows_plan_feasible(cell: Cell) -> None:
     assert plan.budget.fits, cell.source
     assert plan.world_size == cell.gpus
     assert plan_status(plan).mode == {"BF16": "bf16", "LoRA": "lora"}[cell.row]
-    assert plan.settings.offload_optimizer == (cell.offload == "optimizer"), cell.source
-    assert not plan.settings.offload_params, cell.source
+    assert plan.settings.offload_optimizer == bool(cell.offload), cell.source
+    assert plan.settings.offload_params == (cell.offload == "params"), cell.source
 
 
 @pytest.mark.parametrize("cell", [c for c in BF16 + LORA if not c.offload], ids=lambda c: c.id)
@@ -147,25 +153,27 @@ def test_the_issue_example_16_h100_72b_mixed_is_refused_with_bf16_and_lora_and_n
     e = err.value
     assert e.summary.startswith("infeasible: Qwen/Qwen2.5-VL-72B-Instruct (73.4B) on 2 x 8 "
                                 "H100-80GB in mixed precision does not fit")
-    # Cheapest first: bf16 (still full fine-tuning), then LoRA with the fewest GPUs it
-    # needs, then the cluster changes mixed precision would need.
-    assert e.suggestions[0].startswith("bf16 training fits on your 16 GPUs")
+    # Cheapest first: bf16 (still full fine-tuning) with the GPUs it needs without
+    # offload, then LoRA with the fewest GPUs it needs, then the cluster changes mixed
+    # precision would need.
+    assert e.suggestions[0].startswith("bf16 training fits on 4 nodes (32 GPUs)")
     assert e.suggestions[1].startswith("LoRA fits on your 16 GPUs")
-    assert "it needs only 4 (resources.nodes: 1, gpusPerNode: 4)" in e.suggestions[1]
+    assert "it needs only 8 (resources.nodes: 1, gpusPerNode: 8)" in e.suggestions[1]
     assert "resources.nodes: 4 (32 GPUs)" in e.suggestions
 
 
 def test_a_plan_that_offloads_says_which_mode_would_not_need_to() -> None:
     """16 H100s and a 72B model in mixed precision: not refused (the Adam moments go to
-    host RAM), but the plan says bf16 would hold everything on the GPU."""
+    host RAM), but the plan says the cheapest mode that would hold everything on the
+    GPU: LoRA (bf16 offloads its optimizer state there too)."""
     plan = plan_memory(parse_spec(easyr1_job(BF16[-1], "mixed")))
     assert plan.settings.offload_optimizer
     hint = next(d for d in plan.decisions if d.knob == "cheaperMode")
-    assert hint.value == "bf16" and "without offload" in hint.reason
-    assert "spec.training.precision: bf16" in hint.reason
-    in_bf16 = plan_memory(parse_spec(easyr1_job(BF16[-1])))
-    assert not in_bf16.settings.offload_optimizer
-    assert not [d for d in in_bf16.decisions if d.knob == "cheaperMode"]
+    assert hint.value == "lora" and "without offload" in hint.reason
+    assert "spec.lora" in hint.reason
+    in_lora = plan_memory(parse_spec(easyr1_job(BF16[-1], "lora")))
+    assert not (in_lora.settings.offload_optimizer or in_lora.settings.offload_params)
+    assert not [d for d in in_lora.decisions if d.knob == "cheaperMode"]
 
 
 def test_a_mode_that_needs_more_nodes_says_how_many() -> None:
@@ -174,7 +182,8 @@ def test_a_mode_that_needs_more_nodes_says_how_many() -> None:
         plan_memory(parse_spec(doc))
     assert ("bf16 training fits on 8 nodes (32 GPUs): set spec.training.precision: bf16, "
             "resources.nodes: 8") in err.value.suggestions
-    assert err.value.suggestions[1].startswith("LoRA fits on your 4 GPUs")
+    assert err.value.suggestions[1].startswith("LoRA fits on 2 nodes (8 GPUs): add spec.lora")
+    assert err.value.suggestions[1].endswith("resources.nodes: 2")
 
 
 def test_a_lora_job_that_does_not_fit_proposes_no_other_mode() -> None:

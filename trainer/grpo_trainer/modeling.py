@@ -21,11 +21,10 @@ from torch import nn
 
 from grpo_api.trainer_config import ActorConfig, InitStrategy, ModelConfig
 
+from .precision import DTYPES as DTYPES  # the compute dtypes by name; worker.py reads them here
 from .precision import storage_dtype, store_params
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def is_vision_model(hf_config: Any) -> bool:
@@ -80,25 +79,40 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
+def params_home(actor: ActorConfig, device: torch.device) -> torch.device:
+    """Where the sharded parameters, their gradients and so the optimizer step live:
+    host RAM with ``actor.offload_params`` on a GPU rank (FSDP2's ``CPUOffloadPolicy``),
+    else the rank's device (a CPU rank's memory is host RAM already)."""
+    if actor.offload_params and device.type == "cuda":
+        return torch.device("cpu")
+    return device
+
+
 def shard_model(
     model: nn.Module, actor: ActorConfig, device: torch.device, *, trainable: bool
 ) -> nn.Module:
     """FSDP2 ``fully_shard`` per block then the root; parameters stored as ``actor.precision``
-    says (float32 master weights, or bf16), gathered in ``actor.dtype``."""
+    says (float32 master weights, or bf16), gathered in ``actor.dtype``.
+
+    A model that is not trained (the reference) is stored in ``actor.dtype`` and every
+    unit, the root too, is resharded after forward: it never runs backward, so a unit
+    kept gathered for one would stay gathered for good (docs/memory-model.md)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     compute = DTYPES[actor.dtype]
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-    kwargs: dict[str, Any] = {"mp_policy": mp, "reshard_after_forward": actor.reshard_after_forward}
-    store_params(model, actor)  # bf16 storage for actor.precision bf16 (precision.py)
-    if actor.offload_params and device.type == "cuda":
+    reshard = actor.reshard_after_forward or not trainable
+    kwargs: dict[str, Any] = {"mp_policy": mp, "reshard_after_forward": reshard}
+    # bf16 storage for actor.precision bf16, the compute dtype for a frozen copy.
+    store_params(model, actor, trainable)
+    if params_home(actor, device) != device:
         # Params, grads and the optimizer step live on the host (docs/incidents.md #2:
         # the planner budgets the host RAM this costs).
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     for block in _blocks(model):
         fully_shard(block, **kwargs)
     # The root's parameters (embeddings, head) are needed again right away in backward.
-    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+    fully_shard(model, **{**kwargs, "reshard_after_forward": not trainable})
     if not trainable:
         model.requires_grad_(False)
         model.eval()
@@ -118,7 +132,7 @@ def build_sharded(
     rank = dist.get_rank()
     strategy = actor.init_strategy
     if strategy == InitStrategy.NAIVE:
-        model = load_full(mcfg, storage_dtype(actor)).to(device)
+        model = load_full(mcfg, storage_dtype(actor, trainable)).to(device)
         _prepare(model, actor, trainable)
         return shard_model(model, actor, device, trainable=trainable)
     if strategy == InitStrategy.SHARDED:
@@ -127,7 +141,9 @@ def build_sharded(
             return sharded
 
     # In the storage dtype: rank 0's full copy is half the size in bf16 mode.
-    model = load_full(mcfg, storage_dtype(actor)) if rank == 0 else _build_on_meta(mcfg)
+    model = (
+        load_full(mcfg, storage_dtype(actor, trainable)) if rank == 0 else _build_on_meta(mcfg)
+    )
     _prepare(model, actor, trainable)
     # Taken after _prepare, which may add LoRA adapters (rank 0's initial values go
     # to every rank) and cast the frozen base. No copy: fully_shard puts each shard

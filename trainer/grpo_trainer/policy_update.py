@@ -21,6 +21,7 @@ from torch import nn
 
 from .grpo_math import GRPOLossOut, entropy_from_logits, grpo_loss, log_probs_from_logits
 from .lora import adapters_disabled
+from .modeling import params_home
 from .samples import Sample, TrainBatch, can_pack, collate_packed, collate_train
 
 if TYPE_CHECKING:
@@ -159,10 +160,12 @@ class PolicyUpdate:
             for mini_batch in _chunks(w.samples, mini):
                 local_tokens = sum(int(s.response_ids.numel()) for s in mini_batch)
                 global_tokens = self._all_sum([local_tokens])[0]
-                micros = list(_chunks(mini_batch, cfg.actor.micro_batch_size))
-                for i, micro in enumerate(micros):
-                    # Reduce-scatter gradients once per mini-batch, not per micro-batch.
-                    w.actor.set_requires_gradient_sync(i == len(micros) - 1)  # type: ignore[operator]
+                # Every micro-batch's backward reduce-scatters its gradients into the
+                # shards, where they accumulate: with gradient sync off FSDP2 would keep
+                # each parameter's whole float32 gradient until the last micro-batch
+                # (4 bytes x every parameter on every rank), which no plan could afford
+                # (docs/memory-model.md, "Gradient accumulation").
+                for micro in _chunks(mini_batch, cfg.actor.micro_batch_size):
                     stats.add_loss(self._micro_step(micro, global_tokens, on_policy))
                 stats.tokens += local_tokens
                 self._optimizer_step(step, stats)
@@ -216,7 +219,9 @@ class PolicyUpdate:
         gn = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         stats.grad_norms.append(gn)
         if torch.isfinite(torch.tensor(gn)):
-            w.optimizer_state_to(w.device)
+            # The step runs where the parameters are: on the host with offloaded
+            # parameters, whatever optimizer offload says.
+            w.optimizer_state_to(params_home(w.cfg.actor, w.device))
             w.optimizer.step()
             w.optimizer_state_to(w.optimizer_home)
             stats.optimizer_steps += 1

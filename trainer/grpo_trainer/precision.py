@@ -27,18 +27,25 @@ from grpo_api.trainer_config import ActorConfig
 
 from .optim import BF16AdamW
 
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
-def storage_dtype(actor: ActorConfig) -> torch.dtype:
-    """The dtype the sharded parameters are kept in."""
+
+def storage_dtype(actor: ActorConfig, trainable: bool = True) -> torch.dtype:
+    """The dtype the sharded parameters are kept in. A frozen copy (the reference model)
+    is only ever gathered for forward, so it is kept in the compute dtype: FSDP2 would
+    cast float32 shards to it anyway, and the planner budgets it so (2 bytes a
+    parameter on GPUs)."""
+    if not trainable:
+        return DTYPES[actor.dtype]
     return torch.bfloat16 if actor.precision == "bf16" else torch.float32
 
 
-def store_params(model: nn.Module, actor: ActorConfig) -> None:
+def store_params(model: nn.Module, actor: ActorConfig, trainable: bool = True) -> None:
     """Cast the parameters (never the buffers) to the storage dtype, before ``fully_shard``.
 
     Works on meta parameters too; a tied parameter is one object and is cast once.
     """
-    dtype = storage_dtype(actor)
+    dtype = storage_dtype(actor, trainable)
     if dtype == torch.float32:
         return  # mixed: untouched, bit for bit as before
     with torch.no_grad():

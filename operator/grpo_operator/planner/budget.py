@@ -5,17 +5,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .fsdp import fsdp_buffers, trained
 from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, StateTerm
 from .types import Budget, Geometry, Settings
 
 GIB = 2**30
 # Bytes per parameter of the actor's state in each training mode: planner/modes.py (STATE);
-# bf16 (2 B) for compute copies, the reference policy and vLLM's weights.
+# the compute dtype (bf16 on GPUs) for gathered copies, the reference policy and LoRA's
+# frozen base; bf16 for vLLM's weights.
 BF16_B = 2
 FP32_B = 4  # CPU jobs compute in float32; rank-0 init loads the checkpoint in float32
 LOAD_OVERHEAD = 1.1  # a full-model load holds ~10% more than the weights (loader buffers)
 CUDA_CONTEXT_GIB = 1.5  # CUDA context + NCCL buffers + cuBLAS workspace per GPU process
 GPU_USABLE = 0.95  # leave 5% for fragmentation even with expandable_segments
+# Kept free under the usable memory by every plan the planner chooses: NCCL communicators
+# beyond the first, cuBLAS/cuBLASLt workspaces per stream, allocator slack and the
+# estimated terms' error (docs/memory-model.md, "Margin").
+GPU_MARGIN_FRACTION = 0.04
+GPU_MARGIN_MIN_GIB = 1.0
+# Terms that are estimates, not counts of tensors: `grpo plan` marks them.
+ESTIMATES = frozenset({
+    "cuda_context", "activations", "logits", "vllm_kv_cache_and_overhead",
+    "rank_processes", "driver", "rank0_full_model_fp32", "every_rank_full_model_bf16",
+    "cpu_rollout_engine",
+})
 VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its utilisation
 LOGIT_B = 8  # bf16 logits + fp32 log-softmax, per response token per vocab entry
 RANK_PROCESS_GIB = 3.0  # RSS of one Python rank: torch, CUDA libs, tokenizer, Ray worker
@@ -25,6 +38,19 @@ DRIVER_CPU_GIB = 3.0  # the same for a tiny cpu job (small batches, no vLLM)
 SYSTEM_RESERVED_FRACTION = 0.05  # kubelet/system reserve: allocatable ~ 95% of RAM
 HOST_HEADROOM = 0.90  # plan within 90% of the pod limit: Ray kills at 95% by default
 RAY_MEMORY_USAGE_THRESHOLD = 0.95  # Ray's default; we keep it and stay below it
+
+
+def compute_bytes(geo: Geometry) -> int:
+    """The compute dtype's size: what FSDP gathers, and what frozen copies are kept in
+    (the trainer's actor.dtype: bfloat16 on GPUs, float32 on CPU ranks)."""
+    return BF16_B if geo.is_gpu else FP32_B
+
+
+def gpu_margin_gib(geo: Geometry) -> float:
+    """What a plan keeps free under the usable GPU memory (0 for cpu jobs)."""
+    if not geo.is_gpu:
+        return 0.0
+    return max(GPU_MARGIN_MIN_GIB, GPU_MARGIN_FRACTION * geo.gpu_memory_gib * GPU_USABLE)
 
 
 def activation_bytes_per_token(geo: Geometry, checkpointing: bool) -> float:
@@ -100,20 +126,28 @@ def host_capacity_gib(geo: Geometry, at_allocatable: bool) -> float:
 
 
 def _term_gib(geo: Geometry, term: StateTerm) -> float:
-    """One state term, GiB per rank: a frozen base counts every parameter, trained
-    state the adapters' (LoRA) or every parameter (full fine-tuning), sharded."""
-    trained = geo.lora.adapter_parameters if geo.lora is not None else geo.shape.parameters
-    count = geo.shape.parameters if term.kind == FROZEN else trained
+    """One state term, GiB per rank: a frozen base counts every parameter (in the
+    compute dtype, as the trainer stores it), trained state the adapters' (LoRA) or
+    every parameter (full fine-tuning), sharded."""
+    if term.kind == FROZEN:
+        return geo.shape.parameters / geo.world_size * compute_bytes(geo) / GIB
+    count = geo.lora.adapter_parameters if geo.lora is not None else geo.shape.parameters
     return count / geo.world_size * term.bytes_per_param / GIB
+
+
+def offloaded(term: StateTerm, st: Settings) -> bool:
+    """Whether the term lives in host RAM. Offloaded parameters take the optimizer
+    state with them: the step runs where the parameters are (the trainer's
+    ``params_home``), and the state is created there."""
+    if term.params_offload:
+        return st.offload_params
+    return st.offload_optimizer or st.offload_params
 
 
 def actor_state(geo: Geometry, st: Settings) -> dict[str, float]:
     """GiB per GPU of each of the mode's state terms (modes.STATE), 0 when offloaded."""
     return {
-        t.name: 0.0
-        if (st.offload_params if t.params_offload else st.offload_optimizer)
-        else _term_gib(geo, t)
-        for t in STATE[geo.mode(st)]
+        t.name: 0.0 if offloaded(t, st) else _term_gib(geo, t) for t in STATE[geo.mode(st)]
     }
 
 
@@ -131,13 +165,13 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     shard = p / w
     state = actor_state(geo, st)
     kinds = {t.name: t.kind for t in STATE[mode]}
-    # The reference policy: a bf16 copy, sharded; with LoRA the same model with the
-    # adapter disabled (no copy).
+    # The reference policy: a copy in the compute dtype, sharded; with LoRA the same
+    # model with the adapter disabled (no copy).
     has_ref = geo.kl_coef > 0 and mode != LORA
-    ref = shard * BF16_B / GIB if has_ref and not st.offload_params else 0.0
-    # FSDP gathers one unit in bf16 and prefetches the next; the embedding/lm_head is the
-    # largest unit for these vocabularies.
-    unit = max(s.layer_parameters, s.embedding_parameters) * BF16_B * 2 / GIB
+    ref_shard = shard * compute_bytes(geo) / GIB
+    ref = ref_shard if has_ref and not st.offload_params else 0.0
+    adapters = geo.lora.adapter_parameters if geo.lora is not None else None
+    buffers = fsdp_buffers(s, compute_bytes(geo), trained(s, adapters))
     act = mb * geo.sequence_length * activation_bytes_per_token(geo, st.gradient_checkpointing)
     act += mb * vision_activation_bytes(geo, st.gradient_checkpointing)
     logits = mb * geo.response_length * s.vocab_size * LOGIT_B
@@ -147,9 +181,17 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         "cuda_context": ctx,
         **state,
         "reference_model_shard": ref,
-        "all_gather_units_bf16": unit,
+        "fsdp_layer_buffers": buffers.layers / GIB,
         "activations": act / GIB,
         "logits": logits / GIB,
+    }
+    # The root unit's all-gather (start of forward) and reduce (end of backward): the
+    # same state, FSDP2's root buffers, no activations (planner/fsdp.py).
+    training_root = {
+        "cuda_context": ctx,
+        **state,
+        "reference_model_shard": ref,
+        "fsdp_root_buffers": buffers.root / GIB,
     }
     # Gradients are freed before generation; weights (trained and frozen) and optimizer
     # state stay on the GPU unless offloaded.
@@ -161,7 +203,9 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
                    **{k: v for k, v in state.items() if kinds[k] in (WEIGHTS, FROZEN)}}
     else:
         loading = {"cuda_context": ctx, "full_model_bf16": p * BF16_B / GIB}
-    phases: dict[str, dict[str, float]] = {"load": loading, "training": training}
+    phases: dict[str, dict[str, float]] = {
+        "load": loading, "training": training, "training_root": training_root,
+    }
 
     # vLLM loads the base weights once; with LoRA the adapter rides along (bf16).
     adapter = geo.lora.adapter_parameters if geo.lora is not None else 0
@@ -196,13 +240,13 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         "rank_processes": ranks * rank_gib,
         "offloaded_params_and_grads": (
             ranks * (_state_gib(geo, st, lambda t: t.params_offload)
-                     + (shard * BF16_B / GIB if has_ref else 0.0))
+                     + (ref_shard if has_ref else 0.0))
             if st.offload_params
             else 0.0
         ),
         "offloaded_optimizer": (
             ranks * _state_gib(geo, st, lambda t: t.kind == OPTIMIZER)
-            if st.offload_optimizer
+            if st.offload_optimizer or st.offload_params
             else 0.0
         ),
         "vllm_sleep_weights": ranks * weights_gib / tp if geo.is_gpu and geo.uses_vllm else 0.0,
@@ -214,8 +258,9 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         ),
     }
     if not geo.is_gpu:  # CPU ranks keep their whole training state in host RAM
-        host["cpu_rank_training_state"] = ranks * sum(
-            v for k, v in training.items() if k != "cuda_context"
+        host["cpu_rank_training_state"] = ranks * max(
+            sum(v for k, v in part.items() if k != "cuda_context")
+            for part in (training, training_root)
         )
         host["cpu_rollout_engine"] = ranks * cpu_engine_gib(geo, st.rollout_n)
     if geo.nodes == 0:  # head runs everything
@@ -241,6 +286,9 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         host_terms=host,
         host_load_terms=host_load,
         gpu_capacity_gib=gpu_cap,
+        gpu_margin_gib=gpu_margin_gib(geo),
+        host_margin_gib=host_capacity_gib(geo, True) - host_capacity_gib(
+            geo, st.pod_memory_at_allocatable),
         host_capacity_gib=host_capacity_gib(geo, st.pod_memory_at_allocatable),
         rollout_tensor_parallel=tp,
         rollout_kv_cache_gib=kv_gib,
@@ -250,8 +298,10 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
 
 
 def max_rollout_utilization(geo: Geometry, st: Settings) -> float:
-    """Largest vLLM fraction that leaves room for what the actor keeps resident."""
+    """Largest vLLM fraction that leaves room for what the actor keeps resident, and
+    the margin."""
     b = compute_budget(geo, st)
     rollout = dict(b.gpu_phases.get("rollout", {}))
     others = sum(v for k, v in rollout.items() if not k.startswith("vllm"))
-    return (b.gpu_capacity_gib - others) / geo.gpu_memory_gib if geo.is_gpu else 0.0
+    room = b.gpu_capacity_gib - b.gpu_margin_gib - others
+    return room / geo.gpu_memory_gib if geo.is_gpu else 0.0

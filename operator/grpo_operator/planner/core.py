@@ -29,7 +29,7 @@ from .mode_advice import mode_suggestions, without_offload
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
 from .modes import describe, lora_plan, mode_of
 from .network import plan_network
-from .reasons import explain, explain_pods
+from .reasons import explain, explain_margin, explain_pods
 from .resources import at_least, build_env, build_pods, object_store_gib
 from .types import Budget, Geometry, InfeasibleError, Plan, Settings
 
@@ -105,14 +105,21 @@ Trail = list[tuple[Settings, Budget]]
 def _search(
     geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]
 ) -> tuple[Settings | None, Budget | None, Trail]:
-    """First candidate that fits (or None), and the trail of those that did not."""
+    """First candidate that fits with the margin kept (or None), and the trail of those
+    that did not. When none does and the spec pins memory knobs, the first that fits
+    inside the margin: pinned settings are the user's call (the plan says so)."""
     trail: Trail = []
+    inside_margin: tuple[Settings, Budget, Trail] | None = None
     for cand in _candidates(geo, initial_settings(geo, spec), pinned):
         cand = with_auto_utilization(geo, cand, pinned)
         budget = compute_budget(geo, cand)
         if budget.fits:
             return cand, budget, trail
+        if pinned and inside_margin is None and budget.fits_without_margin:
+            inside_margin = (cand, budget, list(trail))
         trail.append((cand, budget))
+    if inside_margin is not None:
+        return inside_margin
     return None, None, trail
 
 
@@ -301,6 +308,7 @@ def plan_memory(
     settings, budget, trail = search(geo, spec, pinned)
     head, worker = build_pods(geo, settings, budget)
     decisions = explain(geo, settings, budget, trail, pinned, nodes_reason)
+    decisions.append(explain_margin(geo, budget, pinned))
     for extra in (plan_network(geo).decision,
                   without_offload(geo, spec, settings, pinned, _fits) if geo.is_gpu else None):
         if extra is not None:

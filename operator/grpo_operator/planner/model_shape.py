@@ -30,17 +30,54 @@ class Shape:
     vision_intermediate: int = 3420
     patch_size: int = 14
     experts: int = 0  # MoE: experts per layer (0 = dense)
+    # One vision block's parameters; 0: estimated from the tower's width (gated MLP).
+    vision_block: int = 0
 
     @property
     def layer_parameters(self) -> int:
         """Parameters of one decoder layer: FSDP all-gathers one such unit at a time."""
-        embed = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
-        lm = self.parameters - self.vision_parameters - embed
+        lm = self.parameters - self.vision_parameters - self.embedding_parameters
         return max(1, lm // self.layers)
 
     @property
     def embedding_parameters(self) -> int:
+        """Input embeddings and LM head (one matrix when tied)."""
+        return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+
+    @property
+    def head_parameters(self) -> int:
+        """The output projection (the input embeddings when tied)."""
         return self.vocab_size * self.hidden_size
+
+    @property
+    def vision_block_parameters(self) -> int:
+        if not self.vision_parameters:
+            return 0
+        return self.vision_block or vision_block_parameters(
+            self.vision_hidden, self.vision_intermediate, gated=True)
+
+    @property
+    def block_parameters(self) -> int:
+        """The largest FSDP unit but the root: a decoder layer or a vision block."""
+        return max(self.layer_parameters, self.vision_block_parameters)
+
+    @property
+    def root_parameters(self) -> int:
+        """What the trainer's root FSDP unit holds: everything outside the decoder layers
+        and vision blocks (embeddings, LM head, final norm, patch embedding, merger)."""
+        blocks = self.layers * self.layer_parameters
+        blocks += self.vision_layers * self.vision_block_parameters
+        return max(self.embedding_parameters, self.parameters - blocks)
+
+
+def vision_block_parameters(hidden: int, intermediate: int, gated: bool) -> int:
+    """One vision block: fused qkv and proj with biases, two norms and the MLP (with
+    biases). Qwen2.5-VL: RMSNorm and a gated SiLU MLP (gate, up, down); Qwen2-VL and
+    Qwen3-VL: LayerNorm (weight and bias) and a two-layer MLP (fc1, fc2)."""
+    h, i = hidden, intermediate
+    norms = 2 * (h if gated else 2 * h)
+    mlp = 3 * h * i + 2 * i + h if gated else 2 * h * i + i + h
+    return 4 * h * h + 4 * h + norms + mlp
 
 
 @dataclass(frozen=True)
@@ -62,22 +99,30 @@ def _lm_parameters(t: dict[str, Any], head_dim: int) -> int:
     return int(layers * (attn + mlp + 2 * h) + embed + h)
 
 
-def _vision(v: dict[str, Any], out_hidden: int) -> tuple[int, int, int, int, int]:
-    """(parameters, layers, hidden, intermediate, patch) of the vision tower."""
+def _vision(v: dict[str, Any], out_hidden: int) -> tuple[int, int, int, int, int, int]:
+    """(parameters, layers, hidden, intermediate, patch, one block's parameters) of the
+    vision tower: the blocks, the patch merger (its norm, then an MLP from the merged
+    patches' width to the LM's) and the patch embedding (a bias-free 3-D convolution
+    over 2 frames)."""
     if not v:
-        return 0, 0, 0, 0, 14
+        return 0, 0, 0, 0, 14, 0
     layers = int(v.get("depth", v.get("num_hidden_layers", 32)))
     # Qwen2-VL names the tower width embed_dim (hidden_size is the merger's output).
     hidden = int(v.get("embed_dim") or v.get("hidden_size", 1280))
     inter = int(v.get("intermediate_size") or hidden * v.get("mlp_ratio", 4))
     merge = int(v.get("spatial_merge_size", 2))
     out = int(v.get("out_hidden_size") or out_hidden)
-    gated = "intermediate_size" in v and "mlp_ratio" not in v and "depth" in v
-    mlp = (3 if gated and v.get("hidden_act") == "silu" else 2) * hidden * inter
+    patch = int(v.get("patch_size", 14))
+    # Qwen2.5-VL: SiLU gated MLP and RMSNorm; Qwen2-VL (mlp_ratio) and Qwen3-VL (gelu):
+    # two-layer MLP and LayerNorm.
+    gated = ("intermediate_size" in v and "mlp_ratio" not in v and "depth" in v
+             and v.get("hidden_act") == "silu")
+    block = vision_block_parameters(hidden, inter, gated)
     merger_in = hidden * merge * merge
-    params = layers * (4 * hidden * hidden + mlp + 4 * hidden) + merger_in * merger_in
-    params += merger_in * out + 3 * int(v.get("patch_size", 14)) ** 2 * hidden * 2
-    return int(params), layers, hidden, inter, int(v.get("patch_size", 14))
+    norm = hidden if gated else 2 * hidden
+    merger = norm + merger_in * merger_in + merger_in + merger_in * out + out
+    params = layers * block + merger + 3 * int(v.get("temporal_patch_size", 2)) * patch**2 * hidden
+    return int(params), layers, hidden, inter, patch, block
 
 
 def shape_from_config(config: dict[str, Any]) -> Shape:
@@ -94,7 +139,7 @@ def shape_from_config(config: dict[str, Any]) -> Shape:
         raise ValueError("config.json lacks intermediate_size")
     h, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
     head_dim = int(text.get("head_dim") or h // heads)
-    vp, vl, vh, vi, patch = _vision(config.get("vision_config") or {}, h)
+    vp, vl, vh, vi, patch, vblock = _vision(config.get("vision_config") or {}, h)
     lm = _lm_parameters(text, head_dim)
     experts = int(text.get("num_experts", 0) or 0)
     inter = int(text.get("intermediate_size") or 0)
@@ -116,6 +161,7 @@ def shape_from_config(config: dict[str, Any]) -> Shape:
         vision_intermediate=vi or 3420,
         patch_size=patch,
         experts=experts,
+        vision_block=vblock,
     )
 
 
@@ -130,7 +176,7 @@ def _s(
     vocab: int,
     tied: bool = False,
     head_dim: int = 0,
-    vision: tuple[int, int, int] = (32, 1280, 3420),
+    vision: tuple[int, int, int, bool] = (32, 1280, 3420, True),
     experts: int = 0,
 ) -> Shape:
     return Shape(
@@ -148,12 +194,15 @@ def _s(
         vision_hidden=vision[1],
         vision_intermediate=vision[2],
         experts=experts,
+        vision_block=vision_block_parameters(vision[1], vision[2], vision[3]) if vp else 0,
     )
 
 
-_Q2_VIS = (32, 1280, 5120)
-_Q3_VIS = (27, 1152, 4304)
-_Q3_VIS_SMALL = (24, 1024, 4096)
+# Vision towers: (blocks, width, MLP width, gated MLP). Qwen2.5-VL's is gated (the
+# default); Qwen2-VL's and Qwen3-VL's have a two-layer MLP.
+_Q2_VIS = (32, 1280, 5120, False)
+_Q3_VIS = (27, 1152, 4304, False)
+_Q3_VIS_SMALL = (24, 1024, 4096, False)
 # Published configs of the families we expect (parameters in billions, from the model cards).
 KNOWN_MODELS: dict[str, Shape] = {
     "qwen2-vl-2b": _s(2.21, 0.675, 28, 1536, 8960, 12, 2, 151936, tied=True, vision=_Q2_VIS),

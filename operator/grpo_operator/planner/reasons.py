@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from grpo_api.knobs import PINNABLE
+
 from .budget import BF16_B, GIB, kv_bytes_per_token
 from .modes import FROZEN, LORA, STATE
 from .resources import ray_default_store_gib, step_data_gib
@@ -102,7 +104,8 @@ def explain(
     no_gc = next((tb for ts, tb in trail if not ts.gradient_checkpointing), None)
     if st.gradient_checkpointing and no_gc is not None and "gradient_checkpointing" not in pinned:
         why = (
-            f"without it training peaks at {_g(_phase(no_gc, 'training'))} > {_g(cap)} usable; "
+            f"without it training peaks at {_g(_phase(no_gc, 'training'))} > "
+            f"{_g(cap - b.gpu_margin_gib)} (usable less the margin); "
             f"with it {_g(train)} (activations "
             f"{_g(b.gpu_phases.get('training', {}).get('activations', 0))})"
         )
@@ -210,6 +213,33 @@ def explain(
         )
     )
     return out
+
+
+def explain_margin(geo: Geometry, b: Budget, pinned: frozenset[str]) -> Decision:
+    """The GPU memory the plan keeps free under the usable memory: the margin, or, when
+    pinned knobs leave less, how much less (the planner does not override a pin)."""
+    if not geo.is_gpu:
+        return Decision("gpuMargin", "-", "auto", "cpu job: no GPU budget")
+    left, margin, cap = b.gpu_margin_left_gib, b.gpu_margin_gib, b.gpu_capacity_gib
+    if left >= margin:
+        return Decision(
+            "gpuMargin",
+            _g(margin),
+            "auto",
+            f"kept free under {_g(cap)} usable per GPU for NCCL communicators, cuBLAS "
+            f"workspaces and allocator slack (docs/memory-model.md); the {b.peak_gpu_phase} "
+            f"peak leaves {_g(left)}",
+        )
+    names = ", ".join(f"memory.{PINNABLE[k]}" for k in sorted(pinned))
+    return Decision(
+        "gpuMargin",
+        _g(left),
+        "spec",
+        f"LESS THAN THE {_g(margin)} MARGIN: with {names} as the spec pins them the "
+        f"{b.peak_gpu_phase} peak is {_g(b.peak_gpu_gib)} of {_g(cap)} usable per GPU; "
+        "kept as pinned, but NCCL, cuBLAS workspaces or fragmentation may not fit; "
+        "unpin to let the planner keep the margin",
+    )
 
 
 def explain_pods(head: PodResources, worker: PodResources | None, b: Budget) -> list[Decision]:

@@ -11,6 +11,7 @@ from rich.table import Table
 from grpo_api.job.status import PlanStatus
 from grpo_api.knobs import KNOBS
 
+from .budget import ESTIMATES
 from .types import Plan, PodResources
 
 
@@ -68,13 +69,16 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         },
         "memory": {
             "gpuCapacityGiB": round(b.gpu_capacity_gib, 2),
+            "gpuMarginGiB": round(b.gpu_margin_gib, 2),
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
             "peakGpuPhase": b.peak_gpu_phase,
             "gpuPhasesGiB": {k: _round(v) for k, v in b.gpu_phases.items()},
             "hostCapacityGiB": round(b.host_capacity_gib, 2),
+            "hostMarginGiB": round(b.host_margin_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),
             "hostSteadyGiB": _round(b.host_terms),
             "hostLoadGiB": _round(b.host_load_terms),
+            "estimatedTerms": sorted(ESTIMATES),
         },
         "pods": {"head": _pod(plan.head), "worker": _pod(plan.worker)},
         "env": dict(plan.env),
@@ -142,24 +146,29 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
         head.add_column(col, overflow="fold")
     for d in plan.decisions:
         head.add_row(d.knob, d.value, d.source, d.reason)
-    mem = Table(title="Predicted memory (GiB)", title_justify="left")
+    mem = Table(
+        title="Predicted memory (GiB): Total stays within Usable minus Margin; "
+        "~ marks an estimate, every other term counts tensors",
+        title_justify="left",
+    )
     mem.add_column("Where")
     mem.add_column("Total", justify="right")
-    mem.add_column("Budget", justify="right")
+    mem.add_column("Usable", justify="right")
+    mem.add_column("Margin", justify="right")
     mem.add_column("Terms", overflow="fold")
-    for phase, terms in b.gpu_phases.items():
+    rows = [(f"GPU {phase}", terms, b.gpu_capacity_gib, b.gpu_margin_gib)
+            for phase, terms in b.gpu_phases.items()]
+    host_usable = b.host_capacity_gib + b.host_margin_gib
+    rows += [("host steady", b.host_terms, host_usable, b.host_margin_gib),
+             ("host load", b.host_load_terms, host_usable, b.host_margin_gib)]
+    for where, terms, usable, margin in rows:
         mem.add_row(
-            f"GPU {phase}",
+            where,
             f"{sum(terms.values()):.1f}",
-            f"{b.gpu_capacity_gib:.1f}",
-            ", ".join(f"{k} {v:.1f}" for k, v in terms.items() if v),
-        )
-    for label, terms in (("host steady", b.host_terms), ("host load", b.host_load_terms)):
-        mem.add_row(
-            label,
-            f"{sum(terms.values()):.1f}",
-            f"{b.host_capacity_gib:.1f}",
-            ", ".join(f"{k} {v:.1f}" for k, v in terms.items() if v),
+            f"{usable:.1f}",
+            f"{margin:.1f}",
+            ", ".join(f"{k} {'~' if k in ESTIMATES else ''}{v:.1f}"
+                      for k, v in terms.items() if v),
         )
     pods = Table(title="Pods", title_justify="left")
     for col in ("Role", "Replicas", "GPU", "CPU", "Memory", "/dev/shm", "nodeSelector",

@@ -106,6 +106,9 @@ class Budget:
     rollout_kv_cache_gib: float
     rollout_min_utilization: float
     rollout_utilization: float = 0.0
+    gpu_margin_gib: float = 0.0  # kept free under gpu_capacity_gib (budget.gpu_margin_gib)
+    # Below the node's allocatable memory: host_capacity_gib is allocatable minus this.
+    host_margin_gib: float = 0.0
 
     @property
     def peak_gpu_gib(self) -> float:
@@ -125,12 +128,24 @@ class Budget:
     def load_host_peak_gib(self) -> float:
         return sum(self.host_load_terms.values())
 
-    def problems(self) -> list[str]:
+    @property
+    def gpu_margin_left_gib(self) -> float:
+        """Usable GPU memory the peak phase leaves free (the margin it keeps)."""
+        return self.gpu_capacity_gib - self.peak_gpu_gib
+
+    def problems(self, margin: bool = True) -> list[str]:
+        """What does not fit; with ``margin``, a GPU peak inside the margin too."""
         out = []
         if self.gpu_capacity_gib and self.peak_gpu_gib > self.gpu_capacity_gib:
             out.append(
                 f"GPU {self.peak_gpu_phase} peak {self.peak_gpu_gib:.1f} GiB > "
                 f"{self.gpu_capacity_gib:.1f} GiB usable per GPU"
+            )
+        elif margin and self.gpu_capacity_gib and self.gpu_margin_left_gib < self.gpu_margin_gib:
+            out.append(
+                f"GPU {self.peak_gpu_phase} peak {self.peak_gpu_gib:.1f} GiB leaves "
+                f"{self.gpu_margin_left_gib:.1f} of {self.gpu_capacity_gib:.1f} GiB usable per "
+                f"GPU, less than the {self.gpu_margin_gib:.1f} GiB margin"
             )
         if self.rollout_utilization and self.rollout_utilization < self.rollout_min_utilization:
             out.append(
@@ -147,7 +162,14 @@ class Budget:
 
     @property
     def fits(self) -> bool:
+        """Fits with the margin kept: what the planner chooses."""
         return not self.problems()
+
+    @property
+    def fits_without_margin(self) -> bool:
+        """Fits, but maybe inside the margin: accepted only when pinned knobs leave no
+        other choice (core.search)."""
+        return not self.problems(margin=False)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,254 @@
+"""Plan equals tensors: what a rank's FSDP2 update really holds is, component by
+component, the planner's term for the same model shape and settings (within 2%).
+
+2 spawned gloo ranks run real ``Worker`` updates on the tiny Qwen2.5-VL (images in every
+prompt, so the vision tower trains) and the tiny Qwen2, in bfloat16 compute as on GPUs,
+one update of 3 micro-batches per rank (gradient accumulation) in each mode: mixed
+(with and without the KL reference), bf16, LoRA, parameter offload, optimizer offload.
+``grpo_trainer.testing.memory_census`` counts the storages of every tensor the update
+keeps (FSDP2 parameter shards and gathered copies, sharded and unsharded gradients,
+reduce-scatter inputs, optimizer state, the reference model) after each micro-batch's
+backward and right after the optimizer step, the planner's peak points, and the largest
+sum of FSDP2's transient buffers during the micro-batches. The planner's side is
+``compute_budget`` on a 2-GPU geometry whose shape is read from the tiny model's
+config.json, as ``grpo plan`` reads a real model's.
+
+Activations, logits, the CUDA context and vLLM's pool are estimates (``grpo plan`` says
+so) and are not compared.
+
+Offload on CPU: the trainer offloads only on CUDA ranks (a CPU rank's memory is host RAM
+already; ``modeling.params_home``), so a CPU run cannot show the GPU emptied. What it
+checks instead: the planner puts exactly the offloaded terms on the host (0 on the GPU)
+and their host bytes per rank are the bytes of the trainer's tensors that would move
+(weights, gradients and reference with ``offloadParams``; the optimizer state with
+either knob, as the step runs where the parameters are); tests/unit/test_params_home.py
+pins where a CUDA rank puts them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from grpo_api.catalog import GPU_CATALOG
+from grpo_api.job.lora import LoraSpec
+from grpo_operator.planner.budget import GIB, compute_budget
+from grpo_operator.planner.model_shape import shape_from_config
+from grpo_operator.planner.modes import FROZEN, GRADS, OPTIMIZER, STATE, WEIGHTS, lora_plan
+from grpo_operator.planner.types import Budget, Geometry, Settings
+from grpo_trainer.testing import memory_census as mc
+from grpo_trainer.testing.configs import text_config
+from grpo_trainer.testing.datasets import png, write_text_task
+from grpo_trainer.testing.dist import run_ranks
+
+pytestmark = pytest.mark.trainer
+
+WORLD = 2
+TOLERANCE = 0.02
+LORA_RANK = 4
+# One prompt per rank, 6 responses each, micro-batches of 2: 3 backward passes per
+# optimizer step. Token ids from 10 up: the special tokens (the image pad) are below.
+RESPONSES = [[15, 19, 13, 2], [17], [11, 12, 13, 14, 15, 2], [30, 31], [40, 41, 42], [50, 2]]
+MICRO = 2
+
+
+@dataclass(frozen=True)
+class Mode:
+    model: str  # "vlm" | "lm"
+    actor: dict[str, Any]
+    kl: float = 0.01
+
+    @property
+    def precision(self) -> str:
+        return str(self.actor.get("precision", "mixed"))
+
+
+MODES = {
+    "mixed": Mode("vlm", {}, kl=0.0),
+    "mixed_kl": Mode("vlm", {}),
+    "bf16_kl": Mode("vlm", {"precision": "bf16"}),
+    "lora_kl": Mode("vlm", {"lora": {"rank": LORA_RANK}}),
+    "offload_params_kl": Mode("vlm", {"offload_params": True, "offload_optimizer": True}),
+    "offload_optimizer_kl": Mode("vlm", {"offload_optimizer": True}),
+    "text_mixed_kl": Mode("lm", {}),
+}
+
+
+def _samples(vision: bool) -> list[list[tuple[dict[str, Any], list[int]]]]:
+    images = [png((200, 30, 30), (44, 36))] if vision else []
+    problem = "<image>How many shapes?" if vision else "Say the number 7 please"
+    return [
+        [({"index": rank, "problem": problem, "answer": "3", "images": images}, r)
+         for r in RESPONSES]
+        for rank in range(WORLD)
+    ]
+
+
+def _config(model: Path, data: Path, mode: Mode) -> dict[str, Any]:
+    return text_config(
+        model,
+        data,
+        actor={"dtype": "bfloat16", "micro_batch_size": MICRO, **mode.actor},
+        rollout={"n": len(RESPONSES)},
+        trainer={"rollout_batch_size": WORLD},
+        algorithm={"kl_coef": mode.kl},
+    )
+
+
+@pytest.fixture(scope="module")
+def measured(
+    tiny_vlm: Path, tiny_lm: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, list[dict[str, Any]]]:
+    """Every mode's census on both ranks, from one pair of spawned ranks."""
+    data = write_text_task(tmp_path_factory.mktemp("plan-tensors") / "t.jsonl")
+    models = {"vlm": tiny_vlm, "lm": tiny_lm}
+    arg = {
+        name: {"config": _config(models[m.model], data, m), "samples": _samples(m.model == "vlm")}
+        for name, m in MODES.items()
+    }
+    per_rank = run_ranks(mc.rank_census, WORLD, arg, timeout_s=900)
+    return {name: [r[name] for r in per_rank] for name in MODES}
+
+
+def _budget(model: Path, mode: Mode) -> tuple[Budget, Geometry, Settings]:
+    """The planner's budget for the tiny model on 2 GPUs with the mode's settings."""
+    shape = shape_from_config(json.loads((model / "config.json").read_text()))
+    gpu = GPU_CATALOG["H100-80GB"]
+    lora = mode.actor.get("lora")
+    geo = Geometry(
+        model_path=str(model), shape=shape, shape_source="config.json", gpu=gpu.name,
+        gpu_memory_gib=gpu.memory_gib, nodes=1, gpus_per_node=WORLD,
+        host_memory_gib=gpu.host_memory_gib, cpus_per_node=gpu.cpus,
+        product_label=gpu.product_label, sequence_length=64, response_length=8,
+        max_pixels=56 * 56, rollout_batch_size=WORLD, global_batch_size=WORLD * len(RESPONSES),
+        kl_coef=mode.kl,
+        lora=lora_plan(shape, LoraSpec(rank=lora["rank"])) if lora else None,
+    )
+    st = Settings(
+        rank0_init=True, offload_params=bool(mode.actor.get("offload_params")),
+        offload_optimizer=bool(mode.actor.get("offload_optimizer")),
+        gradient_checkpointing=False, micro_batch_size=MICRO,
+        rollout_gpu_memory_utilization=0.5, rollout_n=len(RESPONSES), ray_object_store_gib=2.0,
+        precision=mode.precision,
+    )
+    return compute_budget(geo, st), geo, st
+
+
+def _planned(budget: Budget, geo: Geometry, st: Settings) -> dict[str, float]:
+    """The planner's bytes per rank for each census component; offloaded terms are
+    read from the host side (per node / ranks per node) where the GPU side says 0."""
+    train = budget.gpu_phases["training"]
+    terms = STATE[geo.mode(st)]
+    ranks = geo.ranks_per_node
+
+    def kind(k: str) -> float:
+        return sum(train[t.name] for t in terms if t.kind == k) * GIB
+
+    host = budget.host_terms
+    out = {
+        mc.WEIGHTS: kind(WEIGHTS), mc.FROZEN: kind(FROZEN), mc.GRADS: kind(GRADS),
+        mc.OPTIMIZER: kind(OPTIMIZER), mc.REFERENCE: train["reference_model_shard"] * GIB,
+        "host_params_grads_ref": host["offloaded_params_and_grads"] / ranks * GIB,
+        "host_optimizer": host["offloaded_optimizer"] / ranks * GIB,
+        "fsdp_layer_buffers": train["fsdp_layer_buffers"] * GIB,
+        "fsdp_root_buffers": budget.gpu_phases["training_root"]["fsdp_root_buffers"] * GIB,
+    }
+    return out
+
+
+def _close(measured: float, planned: float) -> bool:
+    return measured == planned == 0 or abs(measured - planned) <= TOLERANCE * planned
+
+
+def _held(c: dict[str, int]) -> dict[str, int]:
+    """A census as the planner's components: gradients sharded and unsharded together."""
+    return {
+        mc.WEIGHTS: c[mc.WEIGHTS], mc.FROZEN: c[mc.FROZEN],
+        mc.GRADS: c[mc.GRADS] + c[mc.GRADS_UNSHARDED], mc.OPTIMIZER: c[mc.OPTIMIZER],
+        mc.REFERENCE: c[mc.REFERENCE],
+        # FSDP2's buffers are a transient of the micro-batch: none may outlive it.
+        "buffers_at_rest": c[mc.GATHERED] + c[mc.REDUCE_BUFFERS],
+    }
+
+
+@pytest.mark.parametrize("name", list(MODES))
+def test_each_component_the_trainer_holds_is_the_planners_term(
+    measured: dict[str, list[dict[str, Any]]], tiny_vlm: Path, tiny_lm: Path, name: str
+) -> None:
+    mode = MODES[name]
+    model = tiny_vlm if mode.model == "vlm" else tiny_lm
+    budget, geo, st = _budget(model, mode)
+    plan = _planned(budget, geo, st)
+    offload_params, offload_opt = st.offload_params, st.offload_optimizer or st.offload_params
+    bad: list[str] = []
+    for rank, r in enumerate(measured[name]):
+        points = [(f"micro-batch {i} backward", c) for i, c in enumerate(r["micro"])]
+        points += [("optimizer step", c) for c in r["step"]]
+        assert len(r["micro"]) == len(RESPONSES) // MICRO and len(r["step"]) == 1
+        for where, census in points:
+            held = _held(census)
+            want = {
+                mc.WEIGHTS: 0.0 if offload_params else plan[mc.WEIGHTS],
+                mc.FROZEN: 0.0 if offload_params else plan[mc.FROZEN],
+                mc.GRADS: 0.0 if offload_params else plan[mc.GRADS],
+                mc.REFERENCE: 0.0 if offload_params else plan[mc.REFERENCE],
+                "buffers_at_rest": 0.0,
+            }
+            if offload_params:  # the GPU side is 0; the host holds exactly these
+                want["host_params_grads_ref"] = plan["host_params_grads_ref"]
+                held["host_params_grads_ref"] = (
+                    held.pop(mc.WEIGHTS) + held.pop(mc.FROZEN) + held.pop(mc.GRADS)
+                    + held.pop(mc.REFERENCE))
+                for k in (mc.WEIGHTS, mc.FROZEN, mc.GRADS, mc.REFERENCE):
+                    want.pop(k)
+            if where == "optimizer step":  # the state exists from the first step on
+                key = "host_optimizer" if offload_opt else mc.OPTIMIZER
+                want[key] = plan[key]
+                held[key] = held.pop(mc.OPTIMIZER)
+                if offload_opt:
+                    assert plan[mc.OPTIMIZER] == 0, "offloaded optimizer left on the GPU"
+            for k, planned in want.items():
+                if not _close(held[k], planned):
+                    bad.append(f"rank {rank}, {where}: {k} measured {held[k]} B, "
+                               f"planned {planned:.0f} B")
+        for part, term in (("layers", "fsdp_layer_buffers"), ("root", "fsdp_root_buffers")):
+            peak = r["peak"][part]
+            if not _close(peak, plan[term]):
+                bad.append(f"rank {rank}: FSDP2 buffers while the {part} run: peak {peak} B, "
+                           f"planned {plan[term]:.0f} B")
+    if offload_params:
+        assert plan[mc.WEIGHTS] == plan[mc.GRADS] == plan[mc.REFERENCE] == 0
+    assert not bad, "\n".join(bad)
+
+
+def test_the_planners_parameter_count_is_the_models(
+    tiny_vlm: Path, tiny_lm: Path
+) -> None:
+    """Every term above is bytes per parameter times this count: config.json's reading
+    (vision tower included) must be the model's own."""
+    from grpo_api.trainer_config import ModelConfig
+    from grpo_trainer.modeling import load_full
+
+    for model in (tiny_vlm, tiny_lm):
+        shape = shape_from_config(json.loads((model / "config.json").read_text()))
+        real = load_full(ModelConfig(path=str(model)), torch.float32)
+        assert shape.parameters == sum(p.numel() for p in real.parameters())
+        vision = sum(p.numel() for n, p in real.named_parameters() if ".visual." in n)
+        assert shape.vision_parameters == vision
+
+
+@pytest.mark.parametrize("name", [n for n, m in MODES.items() if m.kl and "lora" not in n])
+def test_the_reference_in_the_compute_dtype_gives_the_policys_log_probs_exactly(
+    measured: dict[str, list[dict[str, Any]]], name: str
+) -> None:
+    """The reference model is stored in bf16 (the compute dtype) instead of float32: the
+    weights it computes with are the same bf16 values FSDP2 gathered from float32 before
+    (round to nearest either way), so before the first optimizer step its log-probs are
+    the policy's to the bit and the KL of the whole update is exactly 0."""
+    for r in measured[name]:
+        assert r["metrics"]["actor/kl"] == 0.0
