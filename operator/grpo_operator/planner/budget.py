@@ -203,8 +203,17 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
                    **{k: v for k, v in state.items() if kinds[k] in (WEIGHTS, FROZEN)}}
     else:
         loading = {"cuda_context": ctx, "full_model_bf16": p * BF16_B / GIB}
+    # The optimizer step runs where the parameters live (the trainer's params_home): with
+    # only the optimizer offloaded, its state comes back to the GPU for the step beside
+    # the weights and gradients (activations and FSDP's buffers are freed by then); with
+    # the parameters offloaded the whole step runs in host RAM.
+    optimizer_step: dict[str, float] = {"cuda_context": ctx}
+    if not st.offload_params:
+        optimizer_step |= {t.name: _term_gib(geo, t) for t in STATE[mode]}
+        optimizer_step["reference_model_shard"] = ref
     phases: dict[str, dict[str, float]] = {
         "load": loading, "training": training, "training_root": training_root,
+        "optimizer_step": optimizer_step,
     }
 
     # vLLM loads the base weights once; with LoRA the adapter rides along (bf16).
