@@ -26,9 +26,11 @@ Per step (``RolloutEngine`` lifecycle):
                     mode does not exist, the engine keeps its weights (the planner's
                     host budget counts them)
 
-Without LoRA the engine starts with placeholder weights (``load_format="dummy"``):
-the first load_weights, before any generation, writes them all, so no rank reads the
-checkpoint for it. ``engine_kwargs`` and ``sleep_level`` decide these from the config
+The engine loads the checkpoint once at start-up even though the first load_weights
+rewrites every parameter: vLLM's placeholder weights (``load_format="dummy"``) also
+randomise persistent buffers that no weight stream carries (Qwen2.5-VL's image
+normalisation, ``visual.input_norm``), while a level-2 sleep keeps buffers (vLLM copies
+them to host and back). ``engine_kwargs`` and ``sleep_level`` decide from the config
 alone (CPU tests pin what only CUDA runs).
 
 vLLM is imported lazily: this module imports on machines without it (the operator).
@@ -139,9 +141,6 @@ def engine_kwargs(
         # start-up under TP >= 2. NCCL all-reduces instead (verl's external-launcher
         # rollout does the same); the CPU build never has the custom kernel.
         "disable_custom_all_reduce": True,
-        # The first sync writes every weight before any generation, so reading the
-        # checkpoint would be wasted; LoRA serves the base from the files.
-        "load_format": "auto" if cfg.lora_rank else "dummy",
     }
     if cfg.lora_rank:
         from .engine_limits import vllm_lora_rank
