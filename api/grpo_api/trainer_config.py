@@ -148,11 +148,28 @@ class ResourcesConfig(_Strict):
         description="seconds to wait for every node's ranks to be reserved before giving up",
     )
     gpus_per_worker: float = Field(default=0, ge=0)
+    fake_gpus: bool = Field(
+        default=False,
+        description="tests only: Ray's GPUs are placement tokens (a test cluster's fake "
+        "GPUs) and the ranks train on the CPU over gloo; without it a rank given GPUs that "
+        "finds no CUDA fails (exit 2)",
+    )
     cpus_per_worker: float = Field(default=1, gt=0)
+    collective_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds a rank waits in one collective before failing; unset: 30 min, "
+        "longer for big checkpoints (rank 0 loads them while the others wait)",
+    )
     ray_address: str | None = Field(
         default=None, description="None: join a running cluster if any, else start a local one"
     )
     object_store_memory: int | None = Field(default=None, gt=0)
+
+    @property
+    def trains_on_cuda(self) -> bool:
+        """Whether the ranks compute on CUDA devices (GPUs given, and not fake ones)."""
+        return self.gpus_per_worker > 0 and not self.fake_gpus
 
     @property
     def node_ranks(self) -> int:

@@ -127,3 +127,17 @@ def test_every_gpu_oom_wording_is_cuda_oom(source: str) -> None:
 def test_gpu_errors_that_are_not_out_of_memory_stay_errors(text: str) -> None:
     c = classify(RuntimeError(text))
     assert (c.code, c.reason) == (ExitCode.ERROR, FailureReason.ERROR)
+
+
+def test_a_config_error_raised_in_a_rank_reaches_the_driver_as_exit_2() -> None:
+    """Ray carries a rank's exception to the driver pickled inside a RayTaskError (e.g.
+    resources.gpus_per_worker on a node without CUDA): it must arrive as a ConfigError."""
+    import pickle
+
+    from ray.exceptions import RayTaskError
+
+    err = RayTaskError("Worker.__init__", "Traceback ...", ConfigError("a.b", "bad"))
+    received = pickle.loads(pickle.dumps(err))
+    c = classify(received)
+    assert (c.code, c.reason) == (ExitCode.CONFIG_ERROR, FailureReason.CONFIG_ERROR)
+    assert "a.b: bad" in c.detail

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -19,6 +20,13 @@ from torch import nn
 from grpo_api.trainer_config import Config
 
 from .data import Record, load_template
+from .devices import (
+    checkpoint_bytes,
+    collective_timeout_s,
+    probe_cuda,
+    process_group_backend,
+    rank_device_type,
+)
 from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
 from .lora.sync import sync_rollout_weights
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
@@ -88,19 +96,6 @@ class Worker:
         self.fault = parse_fault(cfg.trainer.fault_inject)
         self._leak_bytes = int(leak_mib_per_step(cfg.trainer.fault_inject) * 2**20)
         self._leaked: list[torch.Tensor] = []
-        # Ray may hand out (fake) GPUs on a machine where torch has no CUDA: CPU + gloo.
-        use_cuda = cfg.resources.gpus_per_worker > 0 and torch.cuda.is_available()
-        self.device = (
-            torch.device(
-                "cuda",
-                cuda_device_index(
-                    _ray_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), self.local_rank
-                ),
-            )
-            if use_cuda
-            else torch.device("cpu")
-        )
-        self.backend = "nccl" if use_cuda else "gloo"
         torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
         self.policy = PolicyUpdate(self)
 
@@ -110,13 +105,38 @@ class Worker:
 
         return ray.util.get_node_ip_address(), free_port()
 
+    def _place(self) -> None:
+        """This rank's device, process-group backend and collective timeout (devices.py).
+        A rank given GPUs computes on CUDA or fails (exit 2): never on the CPU unnoticed."""
+        res = self.cfg.resources
+        device_type = rank_device_type(res, probe_cuda() if res.trains_on_cuda else None)
+        self.device = (
+            torch.device(
+                "cuda",
+                cuda_device_index(
+                    _ray_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), self.local_rank
+                ),
+            )
+            if device_type == "cuda"
+            else torch.device("cpu")
+        )
+        self.backend = process_group_backend(device_type)
+        model_bytes = checkpoint_bytes(self.cfg.model.path)
+        self.collective_timeout = timedelta(
+            seconds=collective_timeout_s(model_bytes, res.collective_timeout_s)
+        )
+
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        # Here, not in __init__: Ray hands a method's ConfigError to the driver (exit 2),
+        # while one raised in an actor's constructor arrives as a dead actor (NodeLost).
+        self._place()
         if not dist.is_initialized():
             dist.init_process_group(
                 self.backend,
                 init_method=f"tcp://{master_addr}:{master_port}",
                 rank=self.rank,
                 world_size=self.world_size,
+                timeout=self.collective_timeout,
             )
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -208,7 +228,8 @@ class Worker:
             return None
         mine = None
         for first in range(0, self.world_size, tp):
-            group = dist.new_group(list(range(first, first + tp)))
+            # new_group takes its backend's default timeout, not the world's.
+            group = dist.new_group(list(range(first, first + tp)), timeout=self.collective_timeout)
             if first <= self.rank < first + tp:
                 mine = group
         return mine
