@@ -28,6 +28,7 @@ from .devices import (
     rank_device_type,
 )
 from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
+from .gpu_memory import GpuMemoryMeter
 from .lora.sync import sync_rollout_weights
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
 from .placement import cuda_device_index
@@ -125,6 +126,7 @@ class Worker:
         self.collective_timeout = timedelta(
             seconds=collective_timeout_s(model_bytes, res.collective_timeout_s)
         )
+        self.gpu_memory = GpuMemoryMeter(self.device)
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         # Here, not in __init__: Ray hands a method's ConfigError to the driver (exit 2),
@@ -312,8 +314,7 @@ class Worker:
     def generate(self, records: list[Record], step: int) -> list[dict[str, Any]]:
         """``rollout.n`` responses per record; keeps the samples, returns their text."""
         self._maybe_fault("generate", step)
-        if self.device.type == "cuda":  # memory/gpu_peak_bytes: this step's peak
-            torch.cuda.reset_peak_memory_stats(self.device)
+        self.gpu_memory.start_rollout()
         cfg = self.cfg
         # A TP group's ranks run one engine on the same prompts: the group's records,
         # in rank order; each rank keeps the samples of its own records.
@@ -339,7 +340,7 @@ class Worker:
             prompt_seeds=tuple(prompt_seed(cfg.rollout.seed, step, r.index) for r in everything),
         )
         groups = self.engine.generate(prompts, spec) if prompts else []
-        self.engine.sleep()
+        self.gpu_memory.sleep(self.engine)
         self.samples = []
         for prompt, gens in zip(prompts[own], groups[own], strict=True):
             for g in gens:
@@ -375,7 +376,7 @@ class Worker:
                     text = str(self.tokenizer.decode(g.token_ids, skip_special_tokens=True))
                     sample = Sample(prompt, g.token_ids, g.log_probs, g.finished, text)
                     out.append(self._summary(sample))
-            self.engine.sleep()
+            self.gpu_memory.sleep(self.engine)
         return out
 
     @staticmethod
@@ -413,11 +414,7 @@ class Worker:
         import psutil
 
         mem = {"memory/host_rss_bytes": float(psutil.Process().memory_info().rss)}
-        if self.device.type == "cuda":
-            mem["memory/gpu_allocated_bytes"] = float(torch.cuda.memory_allocated(self.device))
-            mem["memory/gpu_reserved_bytes"] = float(torch.cuda.memory_reserved(self.device))
-            mem["memory/gpu_peak_bytes"] = float(torch.cuda.max_memory_allocated(self.device))
-        return mem
+        return {**mem, **self.gpu_memory.metrics()}
 
     def optimizer_state_to(self, device: torch.device) -> None:
         """Adam moments live on the host between steps when offload_optimizer is on."""
