@@ -86,7 +86,7 @@ def rollout_update_sync_on_discarded_weights(
     def discarded_weights_kwargs(*args: Any, **kwargs: Any) -> dict[str, Any]:
         return {**real(*args, **kwargs), "load_format": "dummy", "mm_device_do_normalize": False}
 
-    vllm_engine.engine_kwargs = discarded_weights_kwargs  # type: ignore[assignment]
+    vllm_engine.engine_kwargs = discarded_weights_kwargs
     unloaded: list[str] = []
 
     class Unloaded(logging.Filter):
