@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -30,7 +30,23 @@ class ModelConfig(_Strict):
     path: str = Field(description="Hugging Face model directory (safetensors) or hub id")
     tokenizer_path: str | None = None
     trust_remote_code: bool = False
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    attn_implementation: Literal["sdpa", "eager"] = Field(
+        default="sdpa",
+        description="the actor's attention (transformers); vLLM chooses its own kernels",
+    )
+
+    @field_validator("attn_implementation", mode="before")
+    @classmethod
+    def _no_flash_attention(cls, value: object) -> object:
+        if isinstance(value, str) and value.startswith("flash_attention"):
+            raise ValueError(
+                f"{value} cannot take the 4-D attention masks the trainer builds (the "
+                "update's shared-prefix packing, the hf engine's decode), so packing would "
+                "silently stop and decoding break. Use sdpa (the default): on A100 and H100 "
+                "PyTorch's scaled_dot_product_attention already runs FlashAttention-2 where "
+                "there is no mask and its memory-efficient kernel where there is one"
+            )
+        return value
 
 
 class DataConfig(_Strict):
@@ -148,11 +164,28 @@ class ResourcesConfig(_Strict):
         description="seconds to wait for every node's ranks to be reserved before giving up",
     )
     gpus_per_worker: float = Field(default=0, ge=0)
+    fake_gpus: bool = Field(
+        default=False,
+        description="tests only: Ray's GPUs are placement tokens (a test cluster's fake "
+        "GPUs) and the ranks train on the CPU over gloo; without it a rank given GPUs that "
+        "finds no CUDA fails (exit 2)",
+    )
     cpus_per_worker: float = Field(default=1, gt=0)
+    collective_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds a rank waits in one collective before failing; unset: 30 min, "
+        "longer for big checkpoints (rank 0 loads them while the others wait)",
+    )
     ray_address: str | None = Field(
         default=None, description="None: join a running cluster if any, else start a local one"
     )
     object_store_memory: int | None = Field(default=None, gt=0)
+
+    @property
+    def trains_on_cuda(self) -> bool:
+        """Whether the ranks compute on CUDA devices (GPUs given, and not fake ones)."""
+        return self.gpus_per_worker > 0 and not self.fake_gpus
 
     @property
     def node_ranks(self) -> int:

@@ -1,5 +1,6 @@
 """Multi-node placement on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``:
-one raylet per node, all on this machine), 2 nodes x 2 fake GPUs, 4 gloo ranks on CPU.
+one raylet per node, all on this machine), 2 nodes x 2 fake GPUs, 4 gloo ranks on CPU
+(``resources.fake_gpus``: without it a rank given a GPU that finds no CUDA exits 2).
 
 One cluster serves the whole module, in order: an uninterrupted 2 x 2 run places ranks
 0-1 on one worker node and 2-3 on the other, never on the head (which has CPUs and GPUs
@@ -55,6 +56,7 @@ class Multinode:
             "ranks_per_node": per_node,
             "ranks_on_head": False,
             "gpus_per_worker": 1,
+            "fake_gpus": True,
             "ray_address": self.cluster.address,
             **extra,
         }
@@ -122,13 +124,33 @@ def test_ranks_fill_worker_nodes_in_order_and_the_run_is_the_reference(
         assert [i["env"] for i in info] == [
             {"RANK": str(r), "LOCAL_RANK": str(r % 2), "WORLD_SIZE": "4"} for r in range(4)
         ]
-        # Ray handed each rank a (fake) GPU; torch has no CUDA here, so CPU and gloo.
+        # Ray handed each rank a fake GPU, and the config says so: CPU and gloo.
         assert {(i["device"], i["backend"]) for i in info} == {("cpu", "gloo")}
         trainer.run()
     finally:
         trainer.close()
     assert read_tracker(ckpt).step == STEPS  # type: ignore[union-attr]
     multinode.state["reference"] = load_model_tensors(ckpt / f"step-{STEPS}")
+
+
+def test_a_gpu_rank_that_finds_no_cuda_exits_2_instead_of_training_on_the_cpu(
+    multinode: Multinode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same job without ``fake_gpus``: its ranks hold GPUs from Ray, torch finds no
+    CUDA (as on a node whose driver is too old for the image): ConfigError from the
+    ranks, through Ray, naming the field and what torch saw; nothing trained."""
+    term = multinode.tmp / "nocuda-termination-log"
+    monkeypatch.setenv("GRPO_TERMINATION_LOG", str(term))
+    ckpt = multinode.tmp / "nocuda"
+    raw = multinode.config(2, 2, ckpt, fake_gpus=False)
+    code = run_training(str(multinode.write("nocuda", raw)))
+    msg = json.loads(term.read_text())
+    assert code == ExitCode.CONFIG_ERROR, msg
+    assert msg["reason"] == "ConfigError" and msg["step"] is None, msg
+    detail = msg["detail"]
+    assert "resources.gpus_per_worker" in detail and "no usable CUDA device" in detail
+    assert "Found no NVIDIA driver" in detail and "never falls back" in detail, detail
+    assert read_tracker(ckpt) is None
 
 
 def test_missing_nodes_end_the_attempt_at_the_gang_deadline(

@@ -71,3 +71,13 @@ def test_load_config_reads_yaml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(tmp_path / "missing.yaml", environ={})
     assert err.value.field == "--config"
+
+
+def test_flash_attention_is_refused_naming_the_field_and_the_fix() -> None:
+    """flash_attention_2 silently turned shared-prefix packing off and broke the hf
+    engine's 4-D decode mask; sdpa already runs PyTorch's flash kernel on A100/H100."""
+    with pytest.raises(ConfigError) as err:
+        build_config(BASE, ["model.attn_implementation=flash_attention_2"], environ={})
+    assert err.value.field == "model.attn_implementation"
+    assert "4-D attention masks" in err.value.message and "Use sdpa" in err.value.message
+    assert build_config(BASE, [], environ={}).model.attn_implementation == "sdpa"

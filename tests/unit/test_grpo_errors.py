@@ -56,3 +56,88 @@ def test_a_collective_that_lost_its_peer_is_a_lost_worker() -> None:
         assert (c.code, c.reason) == (ExitCode.WORKER_LOST, FailureReason.NODE_LOST), text
     c = classify(StepError(2, RuntimeError("shape mismatch")))
     assert (c.code, c.reason) == (ExitCode.ERROR, FailureReason.ERROR)
+
+
+# What each library raises when the GPU runs out, written as its pinned source formats it
+# (docs/trainer.md "CUDA path" names each source).
+GPU_OOM_WORDINGS = {
+    "vLLM sleep-mode pool (cumem allocator)": RuntimeError(
+        "CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:119"
+    ),
+    "vLLM start-up check": ValueError(
+        "Free memory on device cuda:0 (10.51/79.19 GiB) on startup is less than desired "
+        "GPU memory utilization (0.6, 47.51 GiB). Decrease GPU memory utilization or "
+        "reduce GPU memory used by other processes."
+    ),
+    "vLLM start-up check, external weights": ValueError(
+        "Free memory on device cuda:0 (10.51/79.19 GiB) on startup is less than the "
+        "engine's budget after excluding external process's weights (0.6, 40.00 GiB). "
+        "Decrease GPU memory utilization or reduce GPU memory used by other processes."
+    ),
+    "NCCL's CUDA allocation": RuntimeError(
+        "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3690, "
+        "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.29.7\n"
+        "ncclUnhandledCudaError: Call to CUDA function failed.\n"
+        "Last error:\nCuda failure 2 'out of memory'"
+    ),
+    "NCCL's cuMem allocation": RuntimeError(
+        "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:75, unhandled "
+        "cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.29.7\n"
+        "ncclUnhandledCudaError: Call to CUDA function failed.\n"
+        "Last error:\nCuda failure 'out of memory'"
+    ),
+    "cuBLAS handle or workspace": RuntimeError(
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+    ),
+    "torch's CUDA check": RuntimeError(
+        "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at "
+        "some other API call, so the stacktrace below might be incorrect."
+    ),
+}
+
+
+@pytest.mark.parametrize("source", sorted(GPU_OOM_WORDINGS))
+def test_every_gpu_oom_wording_is_cuda_oom(source: str) -> None:
+    """vLLM's, NCCL's and cuBLAS's out-of-memory errors exit 3 (CudaOOM), as torch's do,
+    so the operator's CudaOOM ladder (down to a lower rollout utilisation) runs, also
+    when a rank's error reaches the driver wrapped."""
+    inner = GPU_OOM_WORDINGS[source]
+    outer = RuntimeError("worker rank 3 failed")
+    outer.__cause__ = inner
+    for exc in (inner, StepError(7, inner), outer):
+        c = classify(exc)
+        assert (c.code, c.reason) == (ExitCode.CUDA_OOM, FailureReason.CUDA_OOM), source
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # vLLM: the weights leave no room for a KV cache; a lower utilisation cannot help.
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+        "when initializing the engine.",
+        # NCCL's system errors are sockets and host calls, not GPU memory.
+        "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3690, "
+        "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.29.7\n"
+        "ncclSystemError: System call (e.g. socket, malloc) or external library call failed "
+        "or device error. \nLast error:\nsocketStartConnect: Connect to 10.0.0.2<45678> "
+        "failed : Software caused connection abort",
+        "CUDA error: an illegal memory access was encountered",
+    ],
+)
+def test_gpu_errors_that_are_not_out_of_memory_stay_errors(text: str) -> None:
+    c = classify(RuntimeError(text))
+    assert (c.code, c.reason) == (ExitCode.ERROR, FailureReason.ERROR)
+
+
+def test_a_config_error_raised_in_a_rank_reaches_the_driver_as_exit_2() -> None:
+    """Ray carries a rank's exception to the driver pickled inside a RayTaskError (e.g.
+    resources.gpus_per_worker on a node without CUDA): it must arrive as a ConfigError."""
+    import pickle
+
+    from ray.exceptions import RayTaskError
+
+    err = RayTaskError("Worker.__init__", "Traceback ...", ConfigError("a.b", "bad"))
+    received = pickle.loads(pickle.dumps(err))
+    c = classify(received)
+    assert (c.code, c.reason) == (ExitCode.CONFIG_ERROR, FailureReason.CONFIG_ERROR)
+    assert "a.b: bad" in c.detail

@@ -26,7 +26,10 @@ import pytest
 from grpo_trainer.rollout.engine_limits import VLLM_CPU_HEAD_SIZES
 from grpo_trainer.testing.datasets import png
 from grpo_trainer.testing.dist import run_ranks
-from grpo_trainer.testing.vllm_check import rollout_update_sync
+from grpo_trainer.testing.vllm_check import (
+    rollout_update_sync,
+    rollout_update_sync_on_discarded_weights,
+)
 
 SYNC_TOLERANCE = 2e-4
 pytestmark = pytest.mark.timeout(1800)  # each run starts vLLM on 2 ranks: minutes on 2 cores
@@ -93,6 +96,20 @@ def test_vlm_with_images_syncs_weights_under_tp2(vllm_vlm: Path) -> None:
     # (never sampled: logit bias -100), renormalised: log(1 - p(placeholders)), ~0.01
     # for a random tiny model. Scoring the same tokens has no bias and agrees to 2e-4.
     _check_sync(results, sampled_tolerance=0.05)
+
+
+def test_a_sync_rewrites_every_parameter_vllm_holds(vllm_vlm: Path) -> None:
+    """What sleep level 2 (full fine-tuning on CUDA) relies on: it discards the weights,
+    and the next sync must restore every parameter vLLM's model has, vision tower
+    included. The engine starts with every parameter random (vLLM's dummy loader, as a
+    level-2 wake leaves them); after the worker's first sync its log-probs are the
+    actor's, images included, within the same tolerance as a checkpoint-loaded engine."""
+    config = _config(vllm_vlm, tp=1)
+    config["resources"]["num_workers"] = 1
+    arg = {"config": config, "records": _records(True)}
+    (result,) = run_ranks(rollout_update_sync_on_discarded_weights, 1, arg, timeout_s=1200)
+    assert result["unloaded"] == []  # vLLM's own account: every parameter written
+    _check_sync([result], sampled_tolerance=0.05)
 
 
 def test_config_check_knows_vllms_cpu_head_sizes() -> None:

@@ -28,6 +28,11 @@ class ConfigError(ValueError):
         self.field = field
         self.message = message
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:
+        # Raised in a rank, it reaches the driver pickled inside Ray's RayTaskError; the
+        # default (the one formatted arg) cannot rebuild it, and the exit would be 1.
+        return ConfigError, (self.field, self.message)
+
 
 # GRPO_* variables the operator injects -> dotted config path (env wins). Only the job's
 # identity and per-process switches: the planned settings come in the config file alone.
@@ -144,7 +149,7 @@ def check_engine_limits(cfg: Config) -> None:
             vllm_lora_rank(cfg.actor.lora.rank)
         except ValueError as err:
             raise ConfigError("actor.lora.rank", str(err)) from None
-    if cfg.rollout.engine != "vllm" or cfg.resources.gpus_per_worker > 0:
+    if cfg.rollout.engine != "vllm" or cfg.resources.trains_on_cuda:
         return  # only vLLM's CPU backend has a limit known before loading
     config_json = Path(cfg.model.path) / "config.json"
     try:

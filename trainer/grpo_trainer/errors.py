@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,24 @@ from .config import ConfigError
 log = logging.getLogger(__name__)
 
 CUDA_OOM_TEXT = "CUDA out of memory"
+# Every wording in which a GPU run's out-of-memory reaches the driver, read from the pinned
+# libraries' sources and binaries (docs/trainer.md "CUDA path"). Each is CudaOOM (exit 3),
+# so the operator's CudaOOM ladder runs instead of a plain restart.
+CUDA_OOM_WORDINGS = (
+    # torch's caching allocator (torch.OutOfMemoryError), also as text in a traceback.
+    re.compile(re.escape(CUDA_OOM_TEXT)),
+    re.compile(r"OutOfMemoryError: CUDA"),
+    # torch's CUDA checks ("CUDA error: out of memory": cudaErrorMemoryAllocation outside
+    # the allocator) and vLLM's sleep-mode pool ("CUDA Error: out of memory at
+    # .../cumem_allocator.cpp:N" when a wake-up or an allocation cannot map its memory).
+    re.compile(r"CUDA error: out of memory", re.IGNORECASE),
+    # vLLM's start-up check: less free memory than rollout.gpu_memory_utilization x card.
+    re.compile(r"Free memory on device \S+ \(.*\) on startup is less than"),
+    # NCCL's own CUDA allocations, as torch's DistBackendError reports NCCL's last error.
+    re.compile(r"Cuda failure (\d+ )?'out of memory'"),
+    # cuBLAS could not allocate its handle or workspace.
+    re.compile(r"CUBLAS_STATUS_ALLOC_FAILED"),
+)
 
 
 @dataclass(frozen=True)
@@ -84,7 +103,8 @@ def _is_cuda_oom(exc: BaseException) -> bool:
             return True
     except ImportError:  # the operator side imports this module without torch
         pass
-    return CUDA_OOM_TEXT in str(exc) or "OutOfMemoryError: CUDA" in str(exc)
+    text = str(exc)
+    return any(w.search(text) for w in CUDA_OOM_WORDINGS)
 
 
 def classify(exc: BaseException) -> Classified:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -19,7 +20,15 @@ from torch import nn
 from grpo_api.trainer_config import Config
 
 from .data import Record, load_template
+from .devices import (
+    checkpoint_bytes,
+    collective_timeout_s,
+    probe_cuda,
+    process_group_backend,
+    rank_device_type,
+)
 from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
+from .gpu_memory import GpuMemoryMeter
 from .lora.sync import sync_rollout_weights
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
 from .placement import cuda_device_index
@@ -88,19 +97,6 @@ class Worker:
         self.fault = parse_fault(cfg.trainer.fault_inject)
         self._leak_bytes = int(leak_mib_per_step(cfg.trainer.fault_inject) * 2**20)
         self._leaked: list[torch.Tensor] = []
-        # Ray may hand out (fake) GPUs on a machine where torch has no CUDA: CPU + gloo.
-        use_cuda = cfg.resources.gpus_per_worker > 0 and torch.cuda.is_available()
-        self.device = (
-            torch.device(
-                "cuda",
-                cuda_device_index(
-                    _ray_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), self.local_rank
-                ),
-            )
-            if use_cuda
-            else torch.device("cpu")
-        )
-        self.backend = "nccl" if use_cuda else "gloo"
         torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
         self.policy = PolicyUpdate(self)
 
@@ -110,13 +106,39 @@ class Worker:
 
         return ray.util.get_node_ip_address(), free_port()
 
+    def _place(self) -> None:
+        """This rank's device, process-group backend and collective timeout (devices.py).
+        A rank given GPUs computes on CUDA or fails (exit 2): never on the CPU unnoticed."""
+        res = self.cfg.resources
+        device_type = rank_device_type(res, probe_cuda() if res.trains_on_cuda else None)
+        self.device = (
+            torch.device(
+                "cuda",
+                cuda_device_index(
+                    _ray_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"), self.local_rank
+                ),
+            )
+            if device_type == "cuda"
+            else torch.device("cpu")
+        )
+        self.backend = process_group_backend(device_type)
+        model_bytes = checkpoint_bytes(self.cfg.model.path)
+        self.collective_timeout = timedelta(
+            seconds=collective_timeout_s(model_bytes, res.collective_timeout_s)
+        )
+        self.gpu_memory = GpuMemoryMeter(self.device)
+
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        # Here, not in __init__: Ray hands a method's ConfigError to the driver (exit 2),
+        # while one raised in an actor's constructor arrives as a dead actor (NodeLost).
+        self._place()
         if not dist.is_initialized():
             dist.init_process_group(
                 self.backend,
                 init_method=f"tcp://{master_addr}:{master_port}",
                 rank=self.rank,
                 world_size=self.world_size,
+                timeout=self.collective_timeout,
             )
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -208,7 +230,8 @@ class Worker:
             return None
         mine = None
         for first in range(0, self.world_size, tp):
-            group = dist.new_group(list(range(first, first + tp)))
+            # new_group takes its backend's default timeout, not the world's.
+            group = dist.new_group(list(range(first, first + tp)), timeout=self.collective_timeout)
             if first <= self.rank < first + tp:
                 mine = group
         return mine
@@ -291,8 +314,7 @@ class Worker:
     def generate(self, records: list[Record], step: int) -> list[dict[str, Any]]:
         """``rollout.n`` responses per record; keeps the samples, returns their text."""
         self._maybe_fault("generate", step)
-        if self.device.type == "cuda":  # memory/gpu_peak_bytes: this step's peak
-            torch.cuda.reset_peak_memory_stats(self.device)
+        self.gpu_memory.start_rollout()
         cfg = self.cfg
         # A TP group's ranks run one engine on the same prompts: the group's records,
         # in rank order; each rank keeps the samples of its own records.
@@ -318,7 +340,7 @@ class Worker:
             prompt_seeds=tuple(prompt_seed(cfg.rollout.seed, step, r.index) for r in everything),
         )
         groups = self.engine.generate(prompts, spec) if prompts else []
-        self.engine.sleep()
+        self.gpu_memory.sleep(self.engine)
         self.samples = []
         for prompt, gens in zip(prompts[own], groups[own], strict=True):
             for g in gens:
@@ -354,7 +376,7 @@ class Worker:
                     text = str(self.tokenizer.decode(g.token_ids, skip_special_tokens=True))
                     sample = Sample(prompt, g.token_ids, g.log_probs, g.finished, text)
                     out.append(self._summary(sample))
-            self.engine.sleep()
+            self.gpu_memory.sleep(self.engine)
         return out
 
     @staticmethod
@@ -392,11 +414,7 @@ class Worker:
         import psutil
 
         mem = {"memory/host_rss_bytes": float(psutil.Process().memory_info().rss)}
-        if self.device.type == "cuda":
-            mem["memory/gpu_allocated_bytes"] = float(torch.cuda.memory_allocated(self.device))
-            mem["memory/gpu_reserved_bytes"] = float(torch.cuda.memory_reserved(self.device))
-            mem["memory/gpu_peak_bytes"] = float(torch.cuda.max_memory_allocated(self.device))
-        return mem
+        return {**mem, **self.gpu_memory.metrics()}
 
     def optimizer_state_to(self, device: torch.device) -> None:
         """Adam moments live on the host between steps when offload_optimizer is on."""

@@ -9,7 +9,7 @@ generate for different prompts (data parallel).
 
 Per step (``RolloutEngine`` lifecycle):
 
-    wake()          CUDA: weight buffers back from sleep; CPU: nothing to do
+    wake()          CUDA: weight memory back from sleep; CPU: nothing to do
     load_weights()  vLLM's in-place reload (``reload_weights``), fed lazily from the
                     FSDP bucket gather: each layer is restored, filled and repacked
                     as its tensors arrive, so neither a second full copy nor more
@@ -20,9 +20,18 @@ Per step (``RolloutEngine`` lifecycle):
                     rank or TP layout generated it
     load_adapter()  LoRA instead of load_weights: only the adapter tensors, served as a
                     vLLM LoRA request over the base loaded once from the model path
-    sleep()         CUDA: weights to host and KV cache freed while FSDP trains;
-                    CPU: sleep mode does not exist, the engine keeps its weights
-                    (the planner's host budget counts them)
+    sleep()         CUDA: KV cache freed while FSDP trains, and the weights discarded
+                    (level 2: the next load_weights rewrites every one) or, with LoRA,
+                    moved to host (level 1: the base is never sent again); CPU: sleep
+                    mode does not exist, the engine keeps its weights (the planner's
+                    host budget counts them)
+
+The engine loads the checkpoint once at start-up even though the first load_weights
+rewrites every parameter: vLLM's placeholder weights (``load_format="dummy"``) also
+randomise persistent buffers that no weight stream carries (Qwen2.5-VL's image
+normalisation, ``visual.input_norm``), while a level-2 sleep keeps buffers (vLLM copies
+them to host and back). ``engine_kwargs`` and ``sleep_level`` decide from the config
+alone (CPU tests pin what only CUDA runs).
 
 vLLM is imported lazily: this module imports on machines without it (the operator).
 """
@@ -95,6 +104,59 @@ def _distributed_env() -> None:
     os.environ.setdefault("MASTER_PORT", "29500")
 
 
+def sleep_level(cfg: VLLMEngineConfig) -> int:
+    """vLLM's sleep level between rollouts (CUDA with sleep mode only).
+
+    Level 2 discards the weights instead of copying them to host memory and back every
+    step: each step's load_weights rewrites all of them anyway. LoRA keeps level 1: only
+    the adapters travel, the base weights must survive the sleep."""
+    return 1 if cfg.lora_rank else 2
+
+
+def engine_kwargs(
+    cfg: VLLMEngineConfig, *, on_cpu: bool, sleep_mode: bool, distributed: bool
+) -> dict[str, Any]:
+    """``vllm.LLM``'s arguments for this engine on this platform (pure: CPU tests pin the
+    CUDA branch)."""
+    if cfg.tensor_parallel_size > 1 and not distributed:
+        raise ValueError("tensor_parallel_size > 1 needs the trainer's torch.distributed")
+    kwargs: dict[str, Any] = {
+        "model": cfg.model_path,
+        "dtype": cfg.dtype,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "max_model_len": cfg.max_model_len,
+        "max_num_seqs": max(1, cfg.max_num_seqs),
+        "seed": cfg.seed,
+        "enable_sleep_mode": sleep_mode,
+        "trust_remote_code": cfg.trust_remote_code,
+        "enable_prefix_caching": False,  # weights change every step
+        # One step at a time: what the external launcher's identical schedulers on
+        # every TP rank rely on, and what makes seeded runs repeat exactly.
+        "async_scheduling": False,
+        "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt},
+        # Log-probs after temperature scaling: what the actor recomputes.
+        "logprobs_mode": "processed_logprobs",
+        # Each rank's Ray actor sees only its own GPU, and vLLM's custom all-reduce maps
+        # its peers' ranks to device ids within CUDA_VISIBLE_DEVICES: an IndexError at
+        # start-up under TP >= 2. NCCL all-reduces instead (verl's external-launcher
+        # rollout does the same); the CPU build never has the custom kernel.
+        "disable_custom_all_reduce": True,
+    }
+    if cfg.lora_rank:
+        from .engine_limits import vllm_lora_rank
+
+        rank = vllm_lora_rank(cfg.lora_rank)
+        kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
+    if on_cpu:
+        kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_bytes
+        kwargs["enforce_eager"] = True  # no graph capture on CPU
+    else:
+        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    if distributed:
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    return kwargs
+
+
 class VLLMEngine:
     def __init__(self, cfg: VLLMEngineConfig) -> None:
         import torch.distributed as dist
@@ -109,40 +171,14 @@ class VLLMEngine:
         self.sleep_mode = (
             cfg.enable_sleep_mode and not self.on_cpu and current_platform.is_sleep_mode_available()
         )
-        kwargs: dict[str, Any] = {
-            "model": cfg.model_path,
-            "dtype": cfg.dtype,
-            "tensor_parallel_size": cfg.tensor_parallel_size,
-            "max_model_len": cfg.max_model_len,
-            "max_num_seqs": max(1, cfg.max_num_seqs),
-            "seed": cfg.seed,
-            "enable_sleep_mode": self.sleep_mode,
-            "trust_remote_code": cfg.trust_remote_code,
-            "enable_prefix_caching": False,  # weights change every step
-            # One step at a time: what the external launcher's identical schedulers on
-            # every TP rank rely on, and what makes seeded runs repeat exactly.
-            "async_scheduling": False,
-            "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt},
-            # Log-probs after temperature scaling: what the actor recomputes.
-            "logprobs_mode": "processed_logprobs",
-        }
-        if cfg.lora_rank:
-            from .engine_limits import vllm_lora_rank
-
-            rank = vllm_lora_rank(cfg.lora_rank)
-            kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
-        self.adapters = AdapterSlot(cfg.model_path) if cfg.lora_rank else None
-        if self.on_cpu:
-            kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_bytes
-            kwargs["enforce_eager"] = True  # no graph capture on CPU
-        else:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        self.sleep_level = sleep_level(cfg)
         distributed = dist.is_available() and dist.is_initialized()
+        kwargs = engine_kwargs(
+            cfg, on_cpu=self.on_cpu, sleep_mode=self.sleep_mode, distributed=distributed
+        )
+        self.adapters = AdapterSlot(cfg.model_path) if cfg.lora_rank else None
         if distributed:
             _distributed_env()
-            kwargs["distributed_executor_backend"] = "external_launcher"
-        elif cfg.tensor_parallel_size > 1:
-            raise ValueError("tensor_parallel_size > 1 needs the trainer's torch.distributed")
         if self.on_cpu:
             # A killed run's TP segments have the names ours are about to get (EEXIST).
             remove_stale_vllm_segments()
@@ -160,7 +196,7 @@ class VLLMEngine:
 
     def sleep(self) -> None:
         if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=self.sleep_level)
             self.asleep = True
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

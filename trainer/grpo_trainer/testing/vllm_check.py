@@ -58,3 +58,44 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
         "stale": stale,
         "synced": synced,
     }
+
+
+
+def rollout_update_sync_on_discarded_weights(
+    rank: int, world: int, arg: dict[str, Any]
+) -> dict[str, Any]:
+    """``rollout_update_sync`` on an engine whose weights are all noise before the first
+    sync: what a CUDA engine holds after waking from a level-2 sleep, which the CPU build
+    (no sleep mode) cannot produce. vLLM's dummy loader gives every parameter random
+    values; it randomises persistent buffers too, which level 2 keeps (vLLM copies them to
+    host and back), so the one module holding such buffers (Qwen2.5-VL's on-device image
+    normalisation) is left out and the processor normalises instead.
+
+    Adds vLLM's own account of the first reload: the parameters it names as "not loaded"
+    (the log-probs alone barely see a tiny vision tower's weights)."""
+    import logging
+    import os
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # as VLLMEngine sets it, before vLLM
+    from vllm.model_executor.model_loader.reload import inplace
+
+    from grpo_trainer.rollout import vllm_engine
+
+    real = vllm_engine.engine_kwargs
+
+    def discarded_weights_kwargs(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {**real(*args, **kwargs), "load_format": "dummy", "mm_device_do_normalize": False}
+
+    vllm_engine.engine_kwargs = discarded_weights_kwargs
+    unloaded: list[str] = []
+
+    class Unloaded(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if "were not loaded" in record.getMessage():
+                unloaded.append(record.getMessage())
+            return True
+
+    # A filter, not a handler: vLLM configures logging again when the engine starts,
+    # which drops the handlers of its loggers but keeps their filters.
+    logging.getLogger(inplace.__name__).addFilter(Unloaded())
+    return {**rollout_update_sync(rank, world, arg), "unloaded": unloaded}
