@@ -33,17 +33,20 @@ def test_async_save_adds_each_ranks_fp32_weights_and_adam_state_to_the_host_budg
     want = g.gpus_per_node * g.shape.parameters / g.world_size * 12 / GIB
     assert off.budget.host_terms["async_save_staging"] == 0
     assert on.budget.host_terms["async_save_staging"] == pytest.approx(want)
-    assert on.budget.peak_host_gib == pytest.approx(off.budget.peak_host_gib + want)
-    # ...and the worker pod asks for that much more memory.
+    assert sum(on.budget.host_terms.values()) == pytest.approx(
+        sum(off.budget.host_terms.values()) + want)
+    # ...and the worker pod asks for memory that holds it (the sync-save pod is sized by
+    # rank 0's full-model load, which is larger than its training-time need).
     assert on.worker is not None and off.worker is not None
-    assert on.worker.memory_gib - off.worker.memory_gib >= int(want)
+    assert on.worker.memory_gib >= sum(on.budget.host_terms.values())
+    assert on.worker.memory_gib > off.worker.memory_gib
 
 
 def test_a_host_that_fits_sync_saves_refuses_async_ones_and_names_the_buffer() -> None:
-    fits = plan_memory(parse_spec(doc(False, hostMemory="256Gi")))
+    fits = plan_memory(parse_spec(doc(False, hostMemory="128Gi")))
     assert fits.budget.fits
     with pytest.raises(InfeasibleError) as err:
-        plan_memory(parse_spec(doc(True, hostMemory="256Gi")))
+        plan_memory(parse_spec(doc(True, hostMemory="128Gi")))
     assert "async_save_staging" in str(err.value)
 
 

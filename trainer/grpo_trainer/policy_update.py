@@ -131,9 +131,9 @@ class PolicyUpdate:
         return logp, ent, batch
 
     def _collate(self, micro: list[Sample]) -> TrainBatch:
-        cfg = self.w.cfg
-        packable = cfg.model.attn_implementation in ("sdpa", "eager")
-        if cfg.actor.shared_prefix and packable and can_pack(micro):
+        # Shared-prefix packing needs a 4-D attention mask: every attention the config
+        # allows (sdpa, eager) takes one.
+        if self.w.cfg.actor.shared_prefix and can_pack(micro):
             return collate_packed(micro, self.w.pad_id, self.w.compute_dtype)
         return collate_train(micro, self.w.pad_id)
 

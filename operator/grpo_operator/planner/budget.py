@@ -258,7 +258,11 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
             if st.offload_optimizer or st.offload_params
             else 0.0
         ),
-        "vllm_sleep_weights": ranks * weights_gib / tp if geo.is_gpu and geo.uses_vllm else 0.0,
+        # LoRA's vLLM sleeps at level 1 (its base weights wait in host RAM); full fine-tuning
+        # at level 2 discards them, since every sync rewrites them (vllm_engine.sleep_level).
+        "vllm_sleep_weights": (ranks * weights_gib / tp
+                               if geo.is_gpu and geo.uses_vllm and geo.lora is not None
+                               else 0.0),
         "ray_object_store": st.ray_object_store_gib,
         # Async checkpoint saves stage each rank's trained weights and optimizer state in
         # a host buffer kept across saves (pinned on GPU nodes), whatever is offloaded.
