@@ -240,7 +240,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "second has the optimizer state resident, as every later step does)")
     p.add_argument("--workdir", type=Path, default=None, help="random checkpoints go here "
                    "(default: /dev/shm/gpu-fidelity if it has room, else the temp dir)")
-    p.add_argument("--budget-s", type=float, default=450.0, help="stop starting cases after this")
+    p.add_argument("--budget-s", type=float, default=400.0, help="start no case after this")
+    p.add_argument("--case-timeout-s", type=float, default=240.0,
+                   help="a checkpoint write or a case still running after this is killed")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep the random checkpoints for the next run (default: removed)")
     p.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
@@ -265,16 +267,17 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
         p = planned[case.name]
         entry: dict[str, Any] = {"case": case.name}
         report["cases"].append(entry)
-        left = args.budget_s - (time.monotonic() - t0)
         if isinstance(p, str):
             entry["skipped"] = f"the planner fits no precision on this card ({p})"
-        elif left < 30:
-            entry["skipped"] = f"time budget ({args.budget_s:.0f} s) spent"
+        else:
+            entry |= {"mode": p.plan.geometry.mode(p.plan.settings),
+                      "settings": settings_line(p.plan), "planned": p.plan.budget.gpu_phases,
+                      "trainer_config": p.config["actor"]}
+            if args.budget_s - (time.monotonic() - t0) < 30:
+                entry["skipped"] = f"time budget ({args.budget_s:.0f} s) spent"
         if entry.get("skipped") or isinstance(p, str):
             progress(f"{case.name}: skipped, {entry['skipped']}", t0)
             continue
-        entry |= {"mode": p.plan.geometry.mode(p.plan.settings), "settings": settings_line(p.plan),
-                  "planned": p.plan.budget.gpu_phases, "trainer_config": p.config["actor"]}
         model_dir = workdir / case.shape
         if case.shape not in written:
             written[case.shape] = {}
@@ -282,15 +285,14 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
                 progress(f"writing a random {case.shape} checkpoint to {model_dir}", t0)
                 written[case.shape] = in_child("write_random_checkpoint", (
                     MODEL_CONFIGS[case.shape], model_dir, args.device,
-                    GEOMETRY[case.shape].max_pixels), left)
-            left = args.budget_s - (time.monotonic() - t0)
+                    GEOMETRY[case.shape].max_pixels), args.case_timeout_s)
         if written[case.shape].get("error"):
             entry |= {"error": written[case.shape]["error"], "seconds": 0.0}
         else:
             progress(f"{case.name}: {entry['mode']}, {entry['settings']}", t0)
             job = CaseJob(case.name, p.config, p.env, args.device,
                           int(MODEL_CONFIGS[case.shape]["vocab_size"]), args.steps, t0)
-            result = in_child("run_case", (job,), max(left, 30))
+            result = in_child("run_case", (job,), args.case_timeout_s)
             if not report["environment"].get("gpu"):
                 report["environment"]["gpu"] = result.get("device")
             entry |= {key: result.get(key) for key in
@@ -298,8 +300,11 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
             if result.get("marks"):
                 entry["comparison"] = compare(p.plan, result, args.device == "cuda", args.steps)
         if not args.keep_checkpoints and all(c.shape != case.shape for c in cases[i + 1:]):
-            shutil.rmtree(model_dir, ignore_errors=True)
+            shutil.rmtree(model_dir, ignore_errors=True)  # room in /dev/shm for the next
         write_report(args.out, report)
+    if not args.keep_checkpoints:  # also those whose last cases were skipped
+        for shape in written:
+            shutil.rmtree(workdir / shape, ignore_errors=True)
 
 
 def plan_parameters(shape: str) -> int:
@@ -315,6 +320,9 @@ def write_report(out: Path | None, report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The cases are forked from this process: nothing here may start CUDA. Should an
+    # import ask torch.cuda.is_available(), NVML answers without starting it.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     import psutil
     import torch
     import transformers

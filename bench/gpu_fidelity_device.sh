@@ -45,9 +45,9 @@ run() {
         "torch", torch.__version__, "cuda", torch.version.cuda, "transformers",
         transformers.__version__, "pydantic", pydantic.VERSION)' | tee -a "$OUT/nvidia-smi.txt"
     # The bench starts no case after --budget-s; the hard limit leaves the device call's
-    # 600 s room for the install and the copy back.
-    timeout -k 10 "${FIDELITY_TIMEOUT_S:-540}" python3 bench/gpu_fidelity.py \
-        --budget-s "${FIDELITY_BUDGET_S:-450}" --out "$OUT/gpu_fidelity.json" "$@" 2>&1 \
+    # 540 s (timeout_s) room for the install and the copy back.
+    timeout -k 10 "${FIDELITY_TIMEOUT_S:-480}" python3 bench/gpu_fidelity.py \
+        --budget-s "${FIDELITY_BUDGET_S:-400}" --out "$OUT/gpu_fidelity.json" "$@" 2>&1 \
         | tee "$OUT/gpu_fidelity.log"
 }
 

@@ -133,7 +133,8 @@ def print_report(report: dict[str, Any]) -> None:
     for c in report["cases"]:
         head = f"\n{c['case']} ({c.get('mode', '-')})"
         if c.get("skipped"):
-            print(f"{head}: skipped: {c['skipped']}")
+            planned = f" ({c['settings']})" if c.get("settings") else ""
+            print(f"{head}: skipped{planned}: {c['skipped']}")
             continue
         print(f"{head}: {c['settings']}; {c.get('seconds', 0.0):.0f} s")
         if c.get("error"):

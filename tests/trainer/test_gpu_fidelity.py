@@ -33,6 +33,8 @@ def test_cpu_smoke_run_measures_every_mode_and_writes_the_report(tmp_path: Path)
          "--steps", "1", "--workdir", str(tmp_path / "work"), "--out", str(out)],
         capture_output=True, text=True, timeout=1100, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
+    print(proc.stdout[-6000:])  # shown if anything below fails: progress lines, the table
+    print(proc.stderr[-4000:], file=sys.stderr)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     report = json.loads(out.read_text())
     cases = {c["case"]: c for c in report["cases"]}

@@ -77,10 +77,15 @@ def progress(what: str, t0: float) -> None:
 
 # -- the checkpoint ---------------------------------------------------------------
 def _device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
+    if name != "cuda":
+        return torch.device("cpu")
+    if torch.cuda._is_in_bad_fork():
+        raise RuntimeError("CUDA was started in the process this case was forked from: the "
+                           "bench's parent must not touch CUDA (PYTORCH_NVML_BASED_CUDA_CHECK=1)")
+    if not torch.cuda.is_available():
         raise RuntimeError("device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() "
                            "is False); the CPU smoke run is --device cpu")
-    return torch.device("cuda", 0) if name == "cuda" else torch.device("cpu")
+    return torch.device("cuda", 0)
 
 
 def write_random_checkpoint(

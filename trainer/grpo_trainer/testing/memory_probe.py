@@ -76,7 +76,7 @@ def live_tensor_bytes(device_type: str) -> int:
             try:
                 if isinstance(obj, torch.Tensor) and not isinstance(obj, DTensor):
                     found.append(obj)
-            except ReferenceError:  # a dead weakref proxy
+            except Exception:  # a dead weakref proxy, an object whose __class__ raises
                 continue
     live = [t for t in found if t.device.type == device_type]
     return storage_bytes(live).get(device_type, 0)
