@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -142,28 +143,7 @@ class Worker:
             )
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        cfg = self.cfg
-        torch.manual_seed(cfg.trainer.seed)  # identical init everywhere (meta ranks overwrite)
-        self.compute_dtype = DTYPES[cfg.actor.dtype]
-        self.actor = build_sharded(cfg.model, cfg.actor, self.device, trainable=True)
-        self.ref: nn.Module | None = None
-        if cfg.algorithm.kl_coef > 0:
-            # LoRA: the reference is the actor itself with its adapters off (no copy).
-            self.ref = self.actor if cfg.actor.lora else build_sharded(
-                cfg.model, cfg.actor, self.device, trainable=False
-            )
-        # AdamW (fused, float32 state) or, for actor.precision bf16, BF16AdamW; with
-        # LoRA only the adapters are trainable.
-        self.optimizer = build_optimizer(
-            [p for p in self.actor.parameters() if p.requires_grad], cfg.actor
-        )
-        # Only meaningful on GPUs; on CPU the state is already in host memory.
-        offload = cfg.actor.offload_optimizer and self.device.type == "cuda"
-        self.optimizer_home = torch.device("cpu") if offload else self.device
-        warmup = cfg.actor.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
-        )
+        self.build_update_state()
         self._setup_tokenizer()
         self.tp_group = self._rollout_group()
         self.engine = self._build_engine()
@@ -177,6 +157,35 @@ class Worker:
             "device": str(self.device),
             "env": {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")},
         }
+
+    def build_update_state(self, on_built: Callable[[str], object] = lambda _: None) -> None:
+        """The update half of ``setup``: actor, reference, optimizer and LR scheduler on
+        ``self.device``. bench/gpu_fidelity.py runs it on a bare GPU (no Ray, no vLLM);
+        ``on_built`` is told "load:actor" and "load:reference" as each is built."""
+        cfg = self.cfg
+        torch.manual_seed(cfg.trainer.seed)  # identical init everywhere (meta ranks overwrite)
+        self.compute_dtype = DTYPES[cfg.actor.dtype]
+        self.actor = build_sharded(cfg.model, cfg.actor, self.device, trainable=True)
+        on_built("load:actor")
+        self.ref: nn.Module | None = None
+        if cfg.algorithm.kl_coef > 0:
+            # LoRA: the reference is the actor itself with its adapters off (no copy).
+            self.ref = self.actor if cfg.actor.lora else build_sharded(
+                cfg.model, cfg.actor, self.device, trainable=False
+            )
+        on_built("load:reference")
+        # AdamW (fused, float32 state) or, for actor.precision bf16, BF16AdamW; with
+        # LoRA only the adapters are trainable.
+        self.optimizer = build_optimizer(
+            [p for p in self.actor.parameters() if p.requires_grad], cfg.actor
+        )
+        # Only meaningful on GPUs; on CPU the state is already in host memory.
+        offload = cfg.actor.offload_optimizer and self.device.type == "cuda"
+        self.optimizer_home = torch.device("cpu") if offload else self.device
+        warmup = cfg.actor.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
 
     def _setup_tokenizer(self) -> None:
         from transformers import AutoProcessor, AutoTokenizer

@@ -204,17 +204,14 @@ def build_tiny_qwen2_5_vl(
     """A random-weight Qwen2_5_VLForConditionalGeneration + tokenizer + processor.
 
     The image processor is set for small images (28x28 to 56x56 pixels, i.e. 1 to 4
-    merged visual tokens) so the vision tower stays cheap on a CPU.
+    merged visual tokens) so the vision tower stays cheap on a CPU (``save_vl_processor``).
     """
     import torch
     from transformers import (
         GenerationConfig,
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
-        Qwen2_5_VLProcessor,
     )
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
     path = Path(path)
     tok = build_tokenizer(vocab_size)
@@ -252,16 +249,28 @@ def build_tiny_qwen2_5_vl(
         eos_token_id=text["eos_token_id"], pad_token_id=text["pad_token_id"]
     )
     model.save_pretrained(path, safe_serialization=True)
-    small = {"shortest_edge": 28 * 28, "longest_edge": 56 * 56}
+    save_vl_processor(path, tok)
+    return path
+
+
+def save_vl_processor(
+    path: Path, tok: Any, min_pixels: int = 28 * 28, max_pixels: int = 56 * 56
+) -> None:
+    """Qwen2.5-VL's processor around ``tok`` (14-pixel patches, 2 x 2 merged), for images
+    of ``min_pixels`` to ``max_pixels``, and the tokenizer, saved to ``path``."""
+    from transformers import Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
     image_processor = Qwen2VLImageProcessor(
-        size=small, patch_size=14, merge_size=2, temporal_patch_size=2
+        size=size, patch_size=14, merge_size=2, temporal_patch_size=2
     )
     processor = Qwen2_5_VLProcessor(
         image_processor=image_processor,
         tokenizer=tok,
-        video_processor=Qwen2VLVideoProcessor(size=small),
+        video_processor=Qwen2VLVideoProcessor(size=size),
         chat_template=CHAT_TEMPLATE,
     )
     processor.save_pretrained(path)
     tok.save_pretrained(path)
-    return path

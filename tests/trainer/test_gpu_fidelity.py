@@ -1,0 +1,65 @@
+"""bench/gpu_fidelity.py's CPU smoke run, so the GPU fidelity check cannot rot unseen.
+
+The same path as on a GPU - plan a one-GPU job, render the trainer config, write a
+random checkpoint, then in a forked process load it with FSDP2 (gloo here, NCCL there),
+run a real update step and count the tensors - on the tiny Qwen2.5-VL, for mixed, bf16
+and LoRA. On a CPU "measured" is the bytes of live tensors, so the test checks what
+those bytes must be whatever the planner says: each mode's bytes per parameter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.trainer, pytest.mark.timeout(1200)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _components(case: dict[str, Any]) -> dict[str, float]:
+    return {c["component"]: c["measured"] for c in case["comparison"]["components"]}
+
+
+def test_cpu_smoke_run_measures_every_mode_and_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "fidelity.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_fidelity.py"), "--device", "cpu",
+         "--steps", "1", "--workdir", str(tmp_path / "work"), "--out", str(out)],
+        capture_output=True, text=True, timeout=1100, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    print(proc.stdout[-6000:])  # shown if anything below fails: progress lines, the table
+    print(proc.stderr[-4000:], file=sys.stderr)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    report = json.loads(out.read_text())
+    cases = {c["case"]: c for c in report["cases"]}
+    assert sorted(cases) == ["tiny-bf16", "tiny-lora", "tiny-mixed"]
+    for name, case in cases.items():
+        assert case["error"] is None, (name, case["error"])
+        phases = {p["phase"]: p for p in case["comparison"]["phases"]}
+        assert sorted(phases) == ["load", "training"], name
+        for p in phases.values():
+            assert p["planned"] > 0 and p["measured"] > 0, (name, p)
+            assert p["ratio"] == pytest.approx(p["measured"] / p["planned"]), (name, p)
+        assert f"{name} ({case['mode']})" in proc.stdout  # the table names every case
+
+    mixed, bf16, lora = (_components(cases[n]) for n in ("tiny-mixed", "tiny-bf16", "tiny-lora"))
+    # float32 weights and gradients in mixed precision, bf16 in bf16 (the same parameters).
+    assert mixed["weights"] == pytest.approx(2 * bf16["weights"], rel=1e-3)
+    assert mixed["grads"] == pytest.approx(mixed["weights"], rel=1e-3)
+    assert bf16["grads"] == pytest.approx(bf16["weights"], rel=1e-3)
+    # AdamW: two float32 moments; BF16AdamW: two bf16 moments and a bf16 compensation.
+    assert mixed["optimizer"] == pytest.approx(2 * mixed["weights"], rel=0.01)
+    assert bf16["optimizer"] == pytest.approx(3 * bf16["weights"], rel=0.01)
+    # LoRA: the base frozen in bf16 (every parameter of the model, as bf16 stores them),
+    # float32 adapters with their gradients and moments, no reference copy.
+    assert lora["frozen"] == pytest.approx(bf16["weights"], rel=1e-3)
+    assert lora["grads"] == pytest.approx(lora["weights"], rel=1e-3)
+    assert lora["optimizer"] == pytest.approx(2 * lora["weights"], rel=0.01)
+    assert lora["reference_model"] == 0.0
+    assert mixed["reference_model"] > 0 and bf16["reference_model"] > 0
