@@ -35,10 +35,11 @@ INTERVAL = 2
 
 def multipod_manifest() -> dict[str, Any]:
     """The tiny example with one worker pod: the head runs only Ray and the driver.
-    12Gi of host memory per node: two such pods fit this machine's real node, and the
-    HostOOM ladder's last rung (pod memory up to the node's allocatable) has room."""
+    13Gi of host memory per node: the worker is planned at 11 GiB (its 6.3 GiB need, FSDP2's
+    buffers counted, plus 4), so the HostOOM ladder's last rung (pod memory up to the
+    node's allocatable, 12 GiB) has room; the head (9) and that worker fit the real node."""
     doc = example()
-    doc["spec"]["resources"].update({"nodes": 1, "cpusPerNode": 1, "hostMemory": "12Gi"})
+    doc["spec"]["resources"].update({"nodes": 1, "cpusPerNode": 1, "hostMemory": "13Gi"})
     doc["spec"]["training"]["maxSteps"] = STEPS
     doc["spec"]["checkpoint"]["intervalSteps"] = INTERVAL
     return doc
