@@ -120,6 +120,16 @@ class FailureReason(StrEnum):
     ERROR = "Error"
 
 
+class RankPhase(StrEnum):
+    """What a rank was doing when it failed: the termination message's `phase` (and an
+    attempt's `failedPhase`). A CudaOOM's ladder tries first what relieves that phase:
+    a rollout OOM (vLLM's KV cache, its wake-up) is not helped by gradient checkpointing."""
+
+    LOAD = "load"  # building the actor and the reference (checkpoint load, sharding)
+    ROLLOUT = "rollout"  # the rollout engine: its start, wake-up, generation, validation
+    TRAINING = "training"  # log-probs, the update, the optimizer step
+
+
 class Env(StrEnum):
     """Environment variables the operator injects and the trainer honours (env wins).
 

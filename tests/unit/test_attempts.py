@@ -87,6 +87,26 @@ def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
     assert plan1.settings != plan0.settings and plan1.remediations
 
 
+def test_a_rollout_oom_is_recorded_with_its_phase_and_replayed_the_same_way() -> None:
+    """The attempt keeps `failedPhase`, so the next attempt's plan (replayed from the
+    attempts, as the operator keeps no plan of its own) is the rollout rung too."""
+    from grpo_api.contract import RankPhase
+
+    sp = spec()
+    st = started(sp)
+    out = PodOutcome(R.CUDA_OOM, 3, "CudaOOM at step 12", 12, 10, RankPhase.ROLLOUT)
+    d = finish_attempt(st, out, 1, NOW, sp)
+    rec = d.status["attempts"][0]
+    assert rec["failedPhase"] == "rollout"
+    assert "lower rollout GPU memory utilisation" in rec["remediation"]
+    merged = apply_status_patch(st, d.status)  # checked against the CRD's schema
+    _, plan0 = planned(sp)
+    _, plan1 = planned(sp, merged["attempts"])
+    assert (plan1.settings.rollout_gpu_memory_utilization
+            < plan0.settings.rollout_gpu_memory_utilization)
+    assert plan1.settings.gradient_checkpointing == plan0.settings.gradient_checkpointing
+
+
 def test_remediate_false_restarts_unchanged() -> None:
     sp = spec(remediate=False)
     d = finish_attempt(started(sp), oom(), 1, NOW, sp)

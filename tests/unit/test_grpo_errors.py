@@ -141,3 +141,27 @@ def test_a_config_error_raised_in_a_rank_reaches_the_driver_as_exit_2() -> None:
     c = classify(received)
     assert (c.code, c.reason) == (ExitCode.CONFIG_ERROR, FailureReason.CONFIG_ERROR)
     assert "a.b: bad" in c.detail
+
+
+def test_a_rank_phase_tag_reaches_the_termination_message_through_rays_pickling() -> None:
+    """What the rank was doing travels with the exception: tagged where it is raised
+    (the innermost tag wins), pickled into the driver's RayTaskError as Ray does, read
+    by classify and written for the operator's ladder."""
+    import pickle
+
+    from grpo_api.contract import RankPhase
+    from grpo_trainer.errors import rank_phase
+
+    @rank_phase(RankPhase.ROLLOUT)
+    def wake_up() -> None:
+        raise RuntimeError("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62")
+
+    with pytest.raises(RuntimeError) as err, rank_phase(RankPhase.LOAD):  # outer: ignored
+        wake_up()
+    arrived = pickle.loads(pickle.dumps(err.value))
+    c = classify(StepError(7, arrived))
+    assert c.reason == FailureReason.CUDA_OOM and c.phase == RankPhase.ROLLOUT
+    body = json.loads(termination_message(c.reason, 7, 5, c.detail, c.phase))
+    assert body["phase"] == "rollout"
+    assert "phase" not in json.loads(termination_message(c.reason, 7, 5, c.detail))
+    assert classify(RuntimeError("CUDA out of memory")).phase is None  # untagged: unknown

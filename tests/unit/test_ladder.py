@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from grpo_api.contract import FailureReason
+from grpo_api.contract import FailureReason, RankPhase
 from grpo_api.job import GRPOJobSpec, parse_spec
 from grpo_operator.planner import (
     Plan,
@@ -175,3 +175,25 @@ def test_the_remediation_note_names_every_setting_the_rung_moved_rollout_tp_too(
     note = plan.remediations[-1]
     assert "settings.rolloutGpuMemoryUtilization" in note
     assert "settings.rolloutTensorParallel 4 -> 8" in note
+
+
+def test_a_rollout_oom_lowers_vllms_utilisation_before_anything_that_helps_only_the_update(
+) -> None:
+    """vLLM ran out (its start-up check, its wake-up, its KV cache): gradient
+    checkpointing and a smaller micro-batch relieve only the update, so they are skipped;
+    the same OOM in the update still turns checkpointing on first."""
+    plan = plan_memory(spec())
+    rollout = next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)
+    assert rollout is not None
+    assert "lower rollout GPU memory utilisation" in rollout.remediations[-1]
+    assert (rollout.settings.rollout_gpu_memory_utilization
+            < plan.settings.rollout_gpu_memory_utilization)
+    training = next_safer_plan(plan, FailureReason.CUDA_OOM, phase="training")
+    assert training is not None and "gradient checkpointing on" in training.remediations[-1]
+    unknown = next_safer_plan(plan, FailureReason.CUDA_OOM)
+    assert unknown is not None and unknown.settings == training.settings
+    steps = []
+    while (nxt := next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)):
+        steps.append(nxt.remediations[-1])
+        plan = nxt
+    assert steps and not any("gradient checkpointing" in s or "micro-batch" in s for s in steps)

@@ -8,10 +8,13 @@ is the ``torch.OutOfMemoryError``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from grpo_api.contract import (
     TERMINATION_MESSAGE_MAX_BYTES,
     ExitCode,
     FailureReason,
+    RankPhase,
 )
 
 from .config import ConfigError
@@ -52,6 +56,32 @@ class Classified:
     code: ExitCode
     reason: FailureReason
     detail: str
+    phase: RankPhase | None = None  # what the failing rank was doing (`rank_phase`)
+
+
+_PHASE_ATTR = "grpo_rank_phase"
+
+
+@contextmanager
+def rank_phase(phase: RankPhase) -> Iterator[None]:
+    """Tag an exception that leaves the block with what the rank was doing, so that the
+    operator's ladder relieves that phase first (contract.RankPhase). A tag, not a
+    wrapper: the exception keeps its type, and Ray pickles it with its attributes into
+    the RayTaskError the driver sees. The innermost tag wins."""
+    try:
+        yield
+    except BaseException as exc:
+        if getattr(exc, _PHASE_ATTR, None) is None:
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(exc, _PHASE_ATTR, phase.value)
+        raise
+
+
+def phase_of(exc: BaseException) -> RankPhase | None:
+    """The phase the innermost tagged exception in ``exc``'s chain was raised in."""
+    tags = [str(getattr(e, _PHASE_ATTR, "")) for e in _chain(exc)]
+    found = [RankPhase(t) for t in tags if t in RankPhase.__members__.values()]
+    return found[-1] if found else None
 
 
 class StepError(RuntimeError):
@@ -116,7 +146,7 @@ def classify(exc: BaseException) -> Classified:
     if any(isinstance(e, WorkersMissingError) for e in chain):
         return Classified(ExitCode.WORKER_LOST, FailureReason.WORKERS_MISSING, detail)
     if any(_is_cuda_oom(e) for e in chain):
-        return Classified(ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, detail)
+        return Classified(ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, detail, phase_of(exc))
     try:
         from ray import exceptions as rex
     except ImportError:
@@ -152,7 +182,8 @@ def termination_log_path(configured: str | None = None) -> Path:
 
 
 def termination_message(
-    reason: FailureReason, step: int | None, last_checkpoint_step: int | None, detail: str
+    reason: FailureReason, step: int | None, last_checkpoint_step: int | None, detail: str,
+    phase: RankPhase | None = None,
 ) -> str:
     """The JSON the operator reads, trimmed so it always fits the 4 KiB limit."""
     body: dict[str, object] = {
@@ -161,6 +192,8 @@ def termination_message(
         "lastCheckpointStep": last_checkpoint_step,
         "detail": detail,
     }
+    if phase is not None:
+        body["phase"] = phase.value
     text = json.dumps(body)
     while len(text.encode()) > TERMINATION_MESSAGE_MAX_BYTES:
         # Keep the tail: the innermost error line is the informative part.

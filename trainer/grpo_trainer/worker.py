@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from grpo_api.contract import RankPhase
 from grpo_api.trainer_config import Config
 
 from .data import Record, load_template
@@ -28,7 +29,7 @@ from .devices import (
     process_group_backend,
     rank_device_type,
 )
-from .errors import leak_mib_per_step, parse_fault, raise_injected_oom
+from .errors import leak_mib_per_step, parse_fault, raise_injected_oom, rank_phase
 from .gpu_memory import GpuMemoryMeter
 from .lora.sync import sync_rollout_weights
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
@@ -143,10 +144,12 @@ class Worker:
             )
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.build_update_state()
+        with rank_phase(RankPhase.LOAD):
+            self.build_update_state()
         self._setup_tokenizer()
         self.tp_group = self._rollout_group()
-        self.engine = self._build_engine()
+        with rank_phase(RankPhase.ROLLOUT):  # vLLM's start: its memory check, its pool
+            self.engine = self._build_engine()
         n_params = sum(p.numel() for p in self.actor.parameters())
         return {
             "rank": self.rank,
@@ -259,6 +262,7 @@ class Worker:
         start = sum(len(p) for p in parts[: self.rank % tp])
         return [x for p in parts for x in p], slice(start, start + len(items))
 
+    @rank_phase(RankPhase.ROLLOUT)
     def score(self, responses: list[list[int]] | None = None) -> list[torch.Tensor]:
         """The rollout engine's log-probs of this rank's samples' response tokens (or of
         ``responses`` to the same prompts): checks that the engine holds the actor's
@@ -320,6 +324,7 @@ class Worker:
             self._leaked.append(torch.ones(self._leak_bytes, dtype=torch.uint8))
 
     # -- rollout ---------------------------------------------------------------
+    @rank_phase(RankPhase.ROLLOUT)
     def generate(self, records: list[Record], step: int) -> list[dict[str, Any]]:
         """``rollout.n`` responses per record; keeps the samples, returns their text."""
         self._maybe_fault("generate", step)
@@ -357,6 +362,7 @@ class Worker:
                 self.samples.append(Sample(prompt, g.token_ids, g.log_probs, g.finished, text))
         return [self._summary(s) for s in self.samples]
 
+    @rank_phase(RankPhase.ROLLOUT)
     def generate_greedy(self, chunks: list[list[Record]], step: int) -> list[dict[str, Any]]:
         """Validation (validation.py): one greedy response per record, chunk by chunk, with
         the current weights. Keeps nothing, and restores the RNG it may touch, so the
@@ -408,6 +414,7 @@ class Worker:
         return [self._summary(s) for s in self.samples]
 
     # -- update: policy_update.py --------------------------------------------------
+    @rank_phase(RankPhase.TRAINING)
     def update(self, advantages: list[float], step: int) -> dict[str, float]:
         """The step's policy update on this rank's samples, given their advantages."""
         self._maybe_fault("update", step)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..contract import ConditionType, Phase
+from ..contract import ConditionType, Phase, RankPhase
 from .base import ApiModel
 
 AttemptOutcome = Literal[
@@ -155,6 +155,10 @@ class AttemptRecord(ApiModel):
     )
     remediation: str | None = Field(
         None, max_length=1024, description="Safer setting applied for the next attempt."
+    )
+    failed_phase: RankPhase | None = Field(
+        None, description="What the trainer's ranks were doing when it failed (load, "
+        "rollout, training): the memory ladder relieves that phase first."
     )
 
 

@@ -13,13 +13,19 @@ A rung that changes none of these changes nothing a restart could benefit from.
 
 from __future__ import annotations
 
-from grpo_api.contract import FailureReason
+from grpo_api.contract import FailureReason, RankPhase
 
 from .budget import RAY_MEMORY_USAGE_THRESHOLD
 from .resources import pod_need_gib
 from .types import Plan, PodResources
 
 EPSILON_GIB = 1e-6  # float noise in sums of terms is not a change
+# The plan's GPU phases each thing the trainer's ranks do runs through (budget.py).
+GPU_PHASES: dict[RankPhase, tuple[str, ...]] = {
+    RankPhase.LOAD: ("load",),
+    RankPhase.ROLLOUT: ("rollout",),
+    RankPhase.TRAINING: ("training", "training_root", "optimizer_step"),
+}
 
 
 def pod_limits(plan: Plan) -> dict[str, float]:
@@ -36,15 +42,19 @@ def pod_limits(plan: Plan) -> dict[str, float]:
     return out
 
 
-def headroom(plan: Plan, failure: FailureReason) -> dict[str, float]:
+def headroom(plan: Plan, failure: FailureReason,
+             phase: RankPhase | None = None) -> dict[str, float]:
     """The modelled headroom (GiB) for `failure`, by part; empty when no memory model
-    covers the class (a ladder cannot help it)."""
+    covers the class (a ladder cannot help it). A CudaOOM whose rank phase is known
+    counts only that phase's GPU phases (all of them if the plan has none of those)."""
     b = plan.budget
     if failure is FailureReason.CUDA_OOM:
-        return {
-            f"gpu.{phase}": b.gpu_capacity_gib - sum(terms.values())
-            for phase, terms in b.gpu_phases.items()
+        parts = {
+            f"gpu.{name}": b.gpu_capacity_gib - sum(terms.values())
+            for name, terms in b.gpu_phases.items()
         }
+        wanted = {f"gpu.{name}" for name in GPU_PHASES.get(phase, ())} if phase else set()
+        return {k: v for k, v in parts.items() if k in wanted} or parts
     if failure in (FailureReason.HOST_OOM, FailureReason.RAY_OOM):
         kill_at = 1.0 if failure is FailureReason.HOST_OOM else RAY_MEMORY_USAGE_THRESHOLD
         pods: tuple[PodResources | None, ...] = (plan.head, plan.worker)
@@ -68,8 +78,11 @@ def changed_limits(old: Plan, new: Plan) -> dict[str, tuple[float, float]]:
     }
 
 
-def improves(old: Plan, new: Plan, failure: FailureReason) -> bool:
-    """True when `new` lowers no pod limit and has strictly more headroom for `failure`."""
+def improves(old: Plan, new: Plan, failure: FailureReason,
+             phase: RankPhase | None = None) -> bool:
+    """True when `new` lowers no pod limit and no part of the headroom for `failure`, and
+    raises at least one part of it: of the GPU phases of the rank `phase` the failure
+    happened in, when known."""
     if any(b < a for a, b in changed_limits(old, new).values()):
         return False
     before, after = headroom(old, failure), headroom(new, failure)
@@ -77,4 +90,4 @@ def improves(old: Plan, new: Plan, failure: FailureReason) -> bool:
         return False
     if any(after[k] < before[k] - EPSILON_GIB for k in before):
         return False
-    return any(after[k] > before[k] + EPSILON_GIB for k in before)
+    return any(after[k] > before[k] + EPSILON_GIB for k in headroom(old, failure, phase))

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
-from grpo_api.contract import FailureReason
+from grpo_api.contract import FailureReason, RankPhase
 from grpo_api.job.spec import GRPOJobSpec
 
 from .budget import compute_budget
@@ -133,11 +133,15 @@ def next_safer_plan(
     failure: FailureReason | str,
     catalog: Mapping[str, GpuType] = GPU_CATALOG,
     model_config: dict[str, Any] | None = None,
+    phase: RankPhase | str | None = None,
 ) -> Plan | None:
     """The plan for the next attempt after `failure`, or None when the ladder is exhausted
     (or the failure class has no memory ladder). The applied rung is appended to
-    `plan.remediations` as one line with the numbers."""
+    `plan.remediations` as one line with the numbers. With the `phase` the ranks failed
+    in, a CudaOOM's rung must relieve that phase (headroom.improves): a rollout OOM
+    lowers vLLM's utilisation before anything that only helps the update."""
     failure = FailureReason(failure)
+    phase = RankPhase(phase) if phase is not None else None
     plan = (
         plan_or_spec
         if isinstance(plan_or_spec, Plan)
@@ -153,7 +157,7 @@ def next_safer_plan(
         if not _acceptable(failure, budget):
             continue
         safer = replan(plan, settings, "", name)
-        if not improves(plan, safer, failure):  # it would change nothing that helps
+        if not improves(plan, safer, failure, phase):  # it would change nothing that helps
             continue
         # The note lists every difference between the two plans, not only the rung's
         # knob: a rung can move the rollout TP, a pod limit or Ray's store with it.

@@ -70,7 +70,7 @@ def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = N
     _check_trainer_config(spec, plan)
     for a in attempts or []:
         if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
-            plan = next_safer_plan(plan, a["outcome"]) or plan
+            plan = next_safer_plan(plan, a["outcome"], phase=a.get("failedPhase")) or plan
     return spec, plan
 
 
@@ -269,6 +269,8 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
         ckpt = progress.get("lastCheckpointStep")
     if ckpt is not None:
         record["lastCheckpointStep"] = ckpt
+    if outcome.phase is not None:
+        record["failedPhase"] = outcome.phase.value
     rc = (status.get("rayCluster") or {}).get("name")
     reason = outcome.reason
     if reason is FailureReason.SUCCEEDED:
@@ -292,7 +294,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
         return _ended(status, attempts, view, generation, now, rc, "Warning")
     remediation = None
     if spec.restart_policy.remediate and reason in MEMORY_CLASSES:
-        safer = next_safer_plan(plan, reason)
+        safer = next_safer_plan(plan, reason, phase=outcome.phase)
         if safer is None:
             view = PhaseView(Phase.FAILED, reason.value,
                              f"{what}{where} after {restarts} restarts; every safer setting "

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.contract import ExitCode, FailureReason, Role
+from grpo_api.contract import ExitCode, FailureReason, RankPhase, Role
 
 from .conditions import role, unschedulable
 
@@ -32,6 +32,7 @@ class PodOutcome:
     message: str  # one line for humans
     step: int | None = None
     last_checkpoint_step: int | None = None
+    phase: RankPhase | None = None  # the termination message's: what the ranks were doing
 
 
 def container_state(pod: dict[str, Any], container: str | None = None) -> dict[str, Any]:
@@ -94,8 +95,10 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
         reason = _EXIT_CLASSES.get(code, FailureReason.ERROR)  # type: ignore[call-overload]
     where = f" at step {step}" if step is not None else ""
     text = "finished" if reason is FailureReason.SUCCEEDED else f"{reason.value}{where}"
+    phase = str(msg.get("phase") or "")
     return PodOutcome(reason, code, f"{text} (exit {code}){': ' + detail if detail else ''}",
-                      step, ckpt)
+                      step, ckpt,
+                      RankPhase(phase) if phase in RankPhase.__members__.values() else None)
 
 
 # A worker pod that ends takes its ranks with it (the trainer has no elasticity), so the
