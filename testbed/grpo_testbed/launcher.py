@@ -167,7 +167,8 @@ class Testbed:
         t0 = time.monotonic()
         # Before anything else: a dead run's work directory may hold the disk space that
         # this run's image import needs.
-        leftovers.sweep(self.workdir.parent if self._owns_workdir else None)
+        leftovers.sweep()
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self._owner = leftovers.hold(self.workdir)
         missing = [c.name for c in COMPONENTS if not build.is_built(c)]
         if missing:
