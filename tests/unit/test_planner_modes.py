@@ -141,16 +141,34 @@ def test_mixed_cannot_hold_those_cells_on_the_gpu_and_its_refusal_names_the_mode
     assert fix in text
 
 
-@pytest.mark.parametrize("cell", BF16 + LORA, ids=lambda c: c.id)
+# LoRA cells that use part of their node's GPUs: a worker plans within that share of the
+# node's host memory, too little for mixed precision's offloaded state.
+PART_OF_A_NODE = [c for c in LORA if c.size != "1.5B"]
+
+
+@pytest.mark.parametrize("cell", [c for c in BF16 + LORA if c not in PART_OF_A_NODE],
+                         ids=lambda c: c.id)
 def test_mixed_fits_those_cells_only_by_offloading_to_host_ram(cell: Cell) -> None:
     """What the modes buy: mixed precision fits the same GPUs only with its state moved to
     host RAM (slower steps); with the parameters too where its optimizer step (16 B a
     parameter on the GPU: 27.3 GiB of 21.4 for 1.5B on an L4, 78.4 of 75.6 for 72B on 16
-    H100s) or its training state does not fit: the LoRA cells, 1.5B, 3B and 72B."""
+    H100s) or its training state does not fit: the LoRA cell, 1.5B, 3B and 72B."""
     mixed = plan_memory(parse_spec(easyr1_job(cell, "mixed"))).settings
     assert mixed.offload_optimizer, cell.source
     params_too = cell.row == "LoRA" or cell.size in ("1.5B", "3B", "72B")
     assert mixed.offload_params == params_too, cell.source
+
+
+@pytest.mark.parametrize("cell", PART_OF_A_NODE, ids=lambda c: c.id)
+def test_mixed_does_not_fit_those_cells_within_their_share_of_the_nodes_host(cell: Cell) -> None:
+    """3B on one of eight L4s, 7B on two of four RTX 5090s, 32B and 72B on two and four of
+    eight H100s: mixed precision would offload more than the worker's share of host RAM
+    (its GPUs over the node's), so it is refused on the host, and the refusal still names
+    the cheaper mode."""
+    with pytest.raises(InfeasibleError) as err:
+        plan_memory(parse_spec(easyr1_job(cell, "mixed")))
+    assert any(n.startswith("host peak") for n in err.value.numbers), err.value.numbers
+    assert err.value.suggestions[0].startswith("bf16 training fits")
 
 
 def test_the_issue_example_16_h100_72b_mixed_is_refused_with_bf16_and_lora_and_numbers() -> None:
