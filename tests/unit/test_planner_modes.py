@@ -137,6 +137,7 @@ def test_mixed_cannot_hold_those_cells_on_the_gpu_and_its_refusal_names_the_mode
     assert "in mixed precision does not fit" in text
     name = "bf16 training" if cell.row == "BF16" else "LoRA"
     assert f"{name} fits on your {cell.gpus} GPUs (training peak" in text, text
+    assert "offloading" not in text  # the mode holds everything on the GPU
     fix = "spec.training.precision: bf16" if cell.row == "BF16" else "spec.lora"
     assert fix in text
 
@@ -169,6 +170,22 @@ def test_mixed_does_not_fit_those_cells_within_their_share_of_the_nodes_host(cel
         plan_memory(parse_spec(easyr1_job(cell, "mixed")))
     assert any(n.startswith("host peak") for n in err.value.numbers), err.value.numbers
     assert err.value.suggestions[0].startswith("bf16 training fits")
+
+
+def test_a_mode_that_fits_only_by_offloading_says_what_it_costs_in_host_ram() -> None:
+    """72B on four of eight H100s in mixed precision: bf16 fits those GPUs only with its
+    parameters, gradients and optimizer state in host RAM, and the refusal says so with
+    the host peak of that plan, not only its small GPU peak."""
+    cell = LORA[-1]
+    with pytest.raises(InfeasibleError) as err:
+        plan_memory(parse_spec(easyr1_job(cell, "mixed")))
+    bf16 = plan_memory(parse_spec(easyr1_job(cell, "bf16")))
+    assert bf16.settings.offload_params
+    line = err.value.suggestions[0]
+    assert line.startswith("bf16 training fits on your 4 GPUs (training peak"), line
+    assert (f"by offloading its parameters, gradients and optimizer state to host RAM (host "
+            f"peak {bf16.budget.peak_host_gib:.1f} of {bf16.budget.host_capacity_gib:.1f} GiB "
+            "per node; slower steps): set spec.training.precision: bf16") in line, line
 
 
 def test_the_issue_example_16_h100_72b_mixed_is_refused_with_bf16_and_lora_and_numbers() -> None:
