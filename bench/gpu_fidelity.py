@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,15 @@ def job_spec(case: Case, precision: str, model_dir: Path, gpu: str, host_gib: in
     return GRPOJobSpec.model_validate(raw)
 
 
+def this_machine(gpu: str, host_gib: int) -> dict[str, Any]:
+    """The catalog the bench plans with: a node of one GPU of that type and this machine's
+    RAM. The catalog's nodes have 8 GPUs, and a worker plans within its GPUs' share of
+    its node's host memory: one of 8 would get an eighth of the RAM this rank has."""
+    from grpo_api.catalog import GPU_CATALOG
+
+    return {gpu: replace(GPU_CATALOG[gpu], gpus_per_node=1, host_memory_gib=host_gib)}
+
+
 def plan_case(case: Case, gpu: str, host_gib: int, workdir: Path) -> Planned | str:
     """The first of the case's precisions that fits, planned and rendered; or why none."""
     from grpo_operator.planner import InfeasibleError, plan_memory
@@ -161,7 +170,8 @@ def plan_case(case: Case, gpu: str, host_gib: int, workdir: Path) -> Planned | s
     for precision in case.precisions:
         spec = job_spec(case, precision, workdir / case.shape, gpu, host_gib)
         try:
-            plan = plan_memory(spec, model_config=MODEL_CONFIGS[case.shape])
+            plan = plan_memory(spec, this_machine(gpu, host_gib),
+                               model_config=MODEL_CONFIGS[case.shape])
         except InfeasibleError as why:
             reasons.append(f"{precision}: {why.summary}")
             continue
@@ -259,6 +269,12 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
     # bf16 checkpoints, one shape at a time (each is removed after its last case).
     needed = max(2 * plan_parameters(c.shape) for c in cases) * 11 // 10
     workdir = args.workdir or default_workdir(needed)
+    if workdir.is_relative_to("/dev/shm"):
+        # Checkpoints in /dev/shm are RAM the job cannot have: planned without it (an H100
+        # run's 7B offload case was SIGKILLed with 15 GiB of checkpoint there).
+        in_ram = sum(2 * plan_parameters(s) for s in {c.shape for c in cases}) * 11 // 10
+        host_gib -= -(-in_ram // int(GIB))
+        report["environment"]["host_gib"] = host_gib
     planned = {c.name: plan_case(c, gpu, host_gib, workdir) for c in cases}
     progress(f"planned {len(cases)} cases for {gpu}, {host_gib} GiB host RAM; "
              f"checkpoints in {workdir}", t0)
@@ -334,7 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     preload()  # once here, not in every forked case
     shapes = SHAPE_SETS[args.shape or ("tiny" if args.device == "cpu" else "vl")]
     wanted = [c for c in args.cases.split(",") if c]
-    cases = [c for c in CASES if (c.name in wanted if wanted else c.shape in shapes)]
+    by_name = {c.name: c for c in CASES}
+    # In the order named: a device call's time limit may stop the last ones.
+    cases = ([by_name[n] for n in wanted if n in by_name] if wanted
+             else [c for c in CASES if c.shape in shapes])
     unknown = set(wanted) - {c.name for c in CASES}
     if unknown or not cases:
         print(f"--cases: unknown {sorted(unknown)}; known: {[c.name for c in CASES]}")
