@@ -1,13 +1,14 @@
 """GPU fidelity: the planner's GPU memory per phase against what one trainer rank allocates.
 
-For each case the planner plans a one-GPU job (this card, this machine's RAM), the
-operator's renderer turns the plan into the trainer config, and a fresh process runs a
-rank's load and two update steps with the trainer's code (``grpo_trainer.testing.
-fidelity``): FSDP2 over a world of one (NCCL), the planned micro-batch with gradient
-accumulation over the step's samples, the optimizer step. The Qwen2.5-VL-3B and -7B
-shapes are built from their published config.json values with random weights (no
-download); the samples have the planned prompt and response lengths and one image of
-``maxPixels`` each. Only torch, transformers and pure-Python packages are needed.
+For each case the planner plans a one-GPU job on a node of one GPU (this card, this
+machine's RAM: ``this_machine``), the operator's renderer turns the plan into the trainer
+config, and a fresh process runs a rank's load and two update steps with the trainer's
+code (``grpo_trainer.testing.fidelity``): FSDP2 over a world of one (NCCL), the planned
+micro-batch with gradient accumulation over the step's samples, the optimizer step. The
+Qwen2.5-VL-3B and -7B shapes are built from their published config.json values with
+random weights (no download); the samples have the planned prompt and response lengths
+and one image of ``maxPixels`` each. Only torch, transformers and pure-Python packages
+are needed.
 
     python bench/gpu_fidelity.py --out results.json            # on a CUDA GPU, < 8 min
     python bench/gpu_fidelity.py --device cpu --shape tiny     # smoke test, seconds
