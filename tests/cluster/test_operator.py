@@ -285,6 +285,20 @@ def test_webhook_refuses_an_infeasible_job_with_the_planner_numbers(
     assert "memory planner refuses" in out.stderr and "GiB" in out.stderr
 
 
+def test_webhook_refuses_more_gpus_per_node_than_the_type_has_naming_the_field(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    """16 GPUs per worker on H100-80GB (8 per node): a worker pod runs on one node, so it
+    would sit Pending; the webhook refuses it at apply with the same GPUs as a fix."""
+    doc = example_job("grpojob-qwen25vl-7b-h100.yaml", "sixteen",
+                      resources={"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 16})
+    out = apply(testbed, op_ns, doc, check=False)
+    assert out.returncode != 0
+    assert ("spec.resources.gpusPerNode: 16 is more than the 8 GPUs a H100-80GB node has"
+            in out.stderr), out.stderr
+    assert "resources.nodes: 2 with gpusPerNode: 8" in out.stderr
+    assert not items(testbed, "grpojob", op_ns)
+
+
 def test_gpu_types_are_the_operators_catalog_with_the_charts_additions(
         testbed: Testbed, operator: OperatorProcess, op_ns: str,
         added_gpu: tuple[str, dict[str, Any]]) -> None:
