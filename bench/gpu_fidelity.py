@@ -1,13 +1,14 @@
 """GPU fidelity: the planner's GPU memory per phase against what one trainer rank allocates.
 
-For each case the planner plans a one-GPU job (this card, this machine's RAM), the
-operator's renderer turns the plan into the trainer config, and a fresh process runs a
-rank's load and two update steps with the trainer's code (``grpo_trainer.testing.
-fidelity``): FSDP2 over a world of one (NCCL), the planned micro-batch with gradient
-accumulation over the step's samples, the optimizer step. The Qwen2.5-VL-3B and -7B
-shapes are built from their published config.json values with random weights (no
-download); the samples have the planned prompt and response lengths and one image of
-``maxPixels`` each. Only torch, transformers and pure-Python packages are needed.
+For each case the planner plans a one-GPU job on a node of one GPU (this card, this
+machine's RAM: ``this_machine``), the operator's renderer turns the plan into the trainer
+config, and a fresh process runs a rank's load and two update steps with the trainer's
+code (``grpo_trainer.testing.fidelity``): FSDP2 over a world of one (NCCL), the planned
+micro-batch with gradient accumulation over the step's samples, the optimizer step. The
+Qwen2.5-VL-3B and -7B shapes are built from their published config.json values with
+random weights (no download); the samples have the planned prompt and response lengths
+and one image of ``maxPixels`` each. Only torch, transformers and pure-Python packages
+are needed.
 
     python bench/gpu_fidelity.py --out results.json            # on a CUDA GPU, < 8 min
     python bench/gpu_fidelity.py --device cpu --shape tiny     # smoke test, seconds
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,15 @@ def job_spec(case: Case, precision: str, model_dir: Path, gpu: str, host_gib: in
     return GRPOJobSpec.model_validate(raw)
 
 
+def this_machine(gpu: str, host_gib: int) -> dict[str, Any]:
+    """The catalog the bench plans with: a node of one GPU of that type and this machine's
+    RAM. The catalog's nodes have 8 GPUs, and a worker plans within its GPUs' share of
+    its node's host memory: one of 8 would get an eighth of the RAM this rank has."""
+    from grpo_api.catalog import GPU_CATALOG
+
+    return {gpu: replace(GPU_CATALOG[gpu], gpus_per_node=1, host_memory_gib=host_gib)}
+
+
 def plan_case(case: Case, gpu: str, host_gib: int, workdir: Path) -> Planned | str:
     """The first of the case's precisions that fits, planned and rendered; or why none."""
     from grpo_operator.planner import InfeasibleError, plan_memory
@@ -161,7 +171,8 @@ def plan_case(case: Case, gpu: str, host_gib: int, workdir: Path) -> Planned | s
     for precision in case.precisions:
         spec = job_spec(case, precision, workdir / case.shape, gpu, host_gib)
         try:
-            plan = plan_memory(spec, model_config=MODEL_CONFIGS[case.shape])
+            plan = plan_memory(spec, this_machine(gpu, host_gib),
+                               model_config=MODEL_CONFIGS[case.shape])
         except InfeasibleError as why:
             reasons.append(f"{precision}: {why.summary}")
             continue

@@ -63,20 +63,23 @@ def crd(write: bool, root: Path) -> None:
 )
 @GPU_CATALOG_OPTION
 def plan(file: Path, output: str, model_root: Path | None, gpu_catalog: Path | None) -> None:
-    """Plan the memory settings and cluster for the GRPOJob in FILE."""
+    """Plan the memory settings and cluster for every GRPOJob in FILE, checked as the API
+    server and the webhook check it (other documents are named in a warning). Exit 2 if
+    any is refused. JSON output is one object, or a list when FILE holds several jobs."""
     from rich.console import Console
 
     from grpo_api.job import SpecError
 
     from .plan_cli import plan_file
-    from .planner import InfeasibleError
 
     try:
         # Piped or captured output gets a fixed, wide layout instead of 80 columns.
         width = None if sys.stdout.isatty() else 140
-        plan_file(file, output, model_root, Console(width=width), gpu_catalog)
-    except (SpecError, InfeasibleError, ValueError) as exc:
+        refused = plan_file(file, output, model_root, Console(width=width), gpu_catalog)
+    except (SpecError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    if refused:
         sys.exit(2)
 
 

@@ -109,3 +109,22 @@ def test_broken_manifest_is_rejected_naming_the_field(
     assert case["field"] in result.stderr, result.stderr
     missing = crd.kubectl("get", "grpojob", f"broken-{case['name']}", "-n", ns, check=False)
     assert missing.returncode != 0
+
+
+def test_the_documented_crd_upgrade_takes_the_crds_over_from_helm(crd: Any) -> None:
+    """docs/deployment.md, "Upgrade": Helm created the CRDs (its field manager owns their
+    fields) and never upgrades them; the documented `kubectl apply`, run as written from
+    the repository root, replaces them with the chart's."""
+    doc = (ROOT / "docs/deployment.md").read_text()
+    line = next(ln for ln in doc.splitlines() if ln.startswith("kubectl apply --server-side"))
+    args = [str(ROOT / a) if a.startswith("charts/") else a for a in line.split()[1:]]
+    chart_crd = yaml.safe_load((ROOT / "charts/grpo-operator/crds/grpojob.yaml").read_text())
+    older = json.loads(json.dumps(chart_crd))
+    older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = "older"
+    crd.kubectl("replace", "--field-manager=helm", "-f", "-", input=yaml.safe_dump(older))
+    plain = [a for a in args if a != "--force-conflicts"]
+    assert "conflict" in crd.kubectl(*plain, check=False).stderr  # why the flag is there
+    crd.kubectl(*args)
+    schema = get_json(crd, "crd", CRD_NAME)["spec"]["versions"][0]["schema"]
+    want = chart_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"]
+    assert schema["openAPIV3Schema"]["description"] == want

@@ -118,6 +118,26 @@ def test_gpu_job_lands_on_its_gpu_type_with_tolerations(
     assert "Running" in out.splitlines()[1] and " 8 " in out.splitlines()[1]
 
 
+def test_four_4_gpu_jobs_share_the_two_8_gpu_h100_nodes(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    """A worker asks for its share of the node (4 of 8 GPUs: at most half its CPUs and
+    memory), so four 4-GPU jobs run at once on the testbed's two 8-GPU H100 nodes (a
+    worker that asked for 90% of a node's CPUs left two of them Pending)."""
+    jobs = [f"share{i}" for i in range(4)]
+    for name in jobs:
+        apply(testbed, op_ns, example_job("grpojob-qwen25vl-7b-h100.yaml", name,
+                                          resources={"gpu": "H100-80GB", "nodes": 1,
+                                                     "gpusPerNode": 4}))
+    for name in jobs:
+        wait_phase(testbed, operator, op_ns, name, "Running", 120)
+    workers = items(testbed, "pods", op_ns, "grpo.dev/role=worker")
+    assert sorted(w["spec"]["nodeName"] for w in workers) == [
+        "h100-0", "h100-0", "h100-1", "h100-1"]
+    for w in workers:
+        limits = w["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == "4" and int(limits["cpu"]) <= 192 // 2, limits
+
+
 def test_job_larger_than_the_cluster_stays_pending_and_says_why(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
     apply(testbed, op_ns, example_job("grpojob-qwen2vl-72b-h100.yaml", "big"))
@@ -263,6 +283,20 @@ def test_webhook_refuses_an_infeasible_job_with_the_planner_numbers(
     out = apply(testbed, op_ns, doc, check=False)
     assert out.returncode != 0
     assert "memory planner refuses" in out.stderr and "GiB" in out.stderr
+
+
+def test_webhook_refuses_more_gpus_per_node_than_the_type_has_naming_the_field(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    """16 GPUs per worker on H100-80GB (8 per node): a worker pod runs on one node, so it
+    would sit Pending; the webhook refuses it at apply with the same GPUs as a fix."""
+    doc = example_job("grpojob-qwen25vl-7b-h100.yaml", "sixteen",
+                      resources={"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 16})
+    out = apply(testbed, op_ns, doc, check=False)
+    assert out.returncode != 0
+    assert ("spec.resources.gpusPerNode: 16 is more than the 8 GPUs a H100-80GB node has"
+            in out.stderr), out.stderr
+    assert "resources.nodes: 2 with gpusPerNode: 8" in out.stderr
+    assert not items(testbed, "grpojob", op_ns)
 
 
 def test_gpu_types_are_the_operators_catalog_with_the_charts_additions(

@@ -123,6 +123,7 @@ def _budget(model: Path, mode: Mode) -> tuple[Budget, Geometry, Settings]:
     geo = Geometry(
         model_path=str(model), shape=shape, shape_source="config.json", gpu=gpu.name,
         gpu_memory_gib=gpu.memory_gib, nodes=1, gpus_per_node=WORLD,
+        node_gpus=gpu.gpus_per_node,
         host_memory_gib=gpu.host_memory_gib, cpus_per_node=gpu.cpus,
         product_label=gpu.product_label, sequence_length=64, response_length=8,
         max_pixels=56 * 56, rollout_batch_size=WORLD, global_batch_size=WORLD * len(RESPONSES),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +165,25 @@ def test_the_crd_enums_are_the_contracts_phases_and_condition_types() -> None:
     assert status["phase"]["enum"] == [p.value for p in Phase]
     assert status["conditions"]["items"]["properties"]["type"]["enum"] == [
         c.value for c in ConditionType]
+
+
+def test_every_spec_field_an_example_names_exists() -> None:
+    """Examples (GRPOJobs and the queues a platform team applies) name spec fields in
+    their comments: each is a real path of the GRPOJob schema."""
+    from grpo_operator.crd import open_api_schema
+
+    spec = open_api_schema()["properties"]["spec"]
+
+    def exists(path: str) -> bool:
+        node = spec
+        for part in path.split("."):
+            node = node.get("items", node)
+            if part not in node.get("properties", {}):
+                return False
+            node = node["properties"][part]
+        return True
+
+    named = {(f.name, m) for f in (ROOT / "examples").glob("*.yaml")
+             for m in re.findall(r"\bspec\.([A-Za-z]\w*(?:\.[A-Za-z]\w*)*)", f.read_text())}
+    missing = sorted(n for n in named if not exists(n[1]))
+    assert named and not missing, f"(example, spec path) not in the schema: {missing}"

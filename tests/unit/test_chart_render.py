@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import re
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -241,6 +242,26 @@ def test_cluster_wide_rbac_is_exactly_the_operators_api_usage() -> None:
     peering = {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING_VERBS}
     assert rights(cluster["rules"]) == NAMESPACED_RIGHTS | CLUSTER_RIGHTS | peering
     assert roles == []
+
+
+def _documented_rights() -> set[Rule]:
+    """The RBAC table of docs/deployment.md as (group, resource, verb): a group or
+    resource is a `quoted` name, the core group is written core."""
+    doc = (ROOT / "docs/deployment.md").read_text()
+    table = doc.split("| API group | resources | verbs | why |", 1)[1].split("\n\n", 1)[0]
+    out: set[Rule] = set()
+    for row in table.strip().splitlines()[1:]:  # after the |---| line
+        group, resources, verbs = row.split("|")[1:4]
+        groups = re.findall(r"`([^`]+)`", group) + ([""] if "core" in group else [])
+        out |= {(g, r, v) for g in groups for r in re.findall(r"`([^`]+)`", resources)
+                for v in verbs.split()}
+    return out
+
+
+def test_the_deployment_docs_rbac_table_is_what_the_chart_grants() -> None:
+    peering = {("kopf.dev", r, v) for r in ("clusterkopfpeerings", "kopfpeerings")
+               for v in PEERING_VERBS}
+    assert _documented_rights() == NAMESPACED_RIGHTS | CLUSTER_RIGHTS | peering
 
 
 def test_watched_namespaces_get_roles_and_only_cluster_scoped_rights_stay_cluster_wide() -> None:

@@ -106,3 +106,63 @@ def test_crd_prints_and_writes(tmp_path: Path) -> None:
     assert code == 0
     assert (tmp_path / "crds/grpojob.yaml").read_text() == crd_yaml()
     assert (tmp_path / "charts/grpo-operator/crds/grpojob.yaml").read_text() == crd_yaml()
+
+
+def _file(tmp_path: Path, *docs: dict[str, object]) -> str:
+    f = tmp_path / "jobs.yaml"
+    f.write_text(yaml.safe_dump_all(list(docs)))
+    return str(f)
+
+
+def _a100(name: str, **resources: object) -> dict[str, object]:
+    job = yaml.safe_load(Path(A100).read_text())
+    job["metadata"] = {"name": name}
+    job["spec"]["resources"].update(resources)
+    return dict(job)
+
+
+def test_plan_plans_every_grpojob_and_names_each_document_it_does_not(tmp_path: Path) -> None:
+    queue = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "notes"}}
+    f = _file(tmp_path, _a100("first"), queue, _a100("second", gpusPerNode=4))
+    code, out, err = run("plan", f)
+    assert code == 0, err
+    assert "Plan for GRPOJob first" in out and "Plan for GRPOJob second" in out
+    assert f"Warning: {f}: document 2 (kind ConfigMap, name notes) is not a GRPOJob; " \
+           "not planned" in err
+    code, out, _ = run("plan", f, "-o", "json")
+    assert code == 0
+    assert [p["cluster"]["worldSize"] for p in json.loads(out)] == [8, 4]
+    code, out, _ = run("plan", f, "-o", "yaml")
+    assert [p["cluster"]["worldSize"] for p in yaml.safe_load_all(out)] == [8, 4]
+
+
+def test_plan_refuses_one_job_of_two_and_still_plans_the_other(tmp_path: Path) -> None:
+    f = _file(tmp_path, _a100("fits"), _a100("too-many", gpusPerNode=16))
+    code, out, err = run("plan", f)
+    assert code == 2
+    assert "Plan for GRPOJob fits" in out and "too-many" not in out
+    assert (f"error: {f}: document 2 (GRPOJob too-many): GRPOJob is invalid:\n  "
+            "spec.resources.gpusPerNode: 16 is more than the 8 GPUs a A100-40GB node has") in err
+
+
+@pytest.mark.parametrize("name", ["Qwen-Job", "job_1", "1job", "j" * 49, "job-"])
+def test_plan_refuses_the_names_the_crd_refuses(tmp_path: Path, name: str) -> None:
+    """The CRD's metadata.name rule (a DNS-1035 label of at most 48 characters) holds
+    for `grpo plan` too: the API server would refuse these before any plan."""
+    code, out, err = run("plan", _file(tmp_path, _a100(name)))
+    assert code == 2 and not out
+    assert f"metadata.name: {name!r}: metadata.name must be at most 48 characters" in err
+
+
+def test_plan_refuses_what_admission_refuses_after_planning(tmp_path: Path) -> None:
+    """`grpo plan` runs the webhook's checks on the plan: here an env var the operator
+    sets for the trainer, which admission refuses with the same message."""
+    from grpo_operator.webhook import admission_problem
+
+    job = _a100("clash")
+    job["spec"]["pods"] = {"workers": {"env": [{"name": "GRPO_JOB_NAME", "value": "x"}]}}
+    code, _, err = run("plan", _file(tmp_path, job))
+    problem = admission_problem(job["spec"], None)  # type: ignore[arg-type]
+    assert code == 2 and problem is not None
+    assert "spec.pods.workers.env[0].name: GRPO_JOB_NAME is set by the operator" in problem
+    assert problem in err

@@ -120,7 +120,8 @@ def test_grpo_plan_reads_the_same_catalog(tmp_path: Path) -> None:
     manifest.write_text(yaml.safe_dump({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
                                         "metadata": {"name": "m"}, "spec": job("MI300X-192GB")}))
     refused = CliRunner().invoke(cli, ["plan", str(manifest)])
-    assert refused.exit_code == 2 and "unknown GPU type 'MI300X-192GB'" in refused.output
+    assert refused.exit_code == 2
+    assert "spec.resources.gpu: unknown GPU type 'MI300X-192GB'" in refused.output
     catalog = tmp_path / "gpu-catalog.yaml"
     catalog.write_text(yaml.safe_dump({"MI300X-192GB": MI300X}))
     ok = CliRunner().invoke(cli, ["plan", str(manifest), "-o", "json", "--gpu-catalog",

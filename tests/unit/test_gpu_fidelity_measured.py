@@ -36,7 +36,8 @@ def _planned(case_name: str, **memory: Any) -> Any:
                           "H100-80GB", HOST_GIB)
     if memory:
         spec = spec.model_copy(update={"memory": spec.memory.model_copy(update=memory)})
-    return plan_memory(spec, model_config=bench.MODEL_CONFIGS[case.shape])
+    return plan_memory(spec, bench.this_machine("H100-80GB", HOST_GIB),
+                       model_config=bench.MODEL_CONFIGS[case.shape])
 
 
 @pytest.mark.parametrize("name", sorted(MEASURED))

@@ -122,19 +122,18 @@ def test_nodes_are_derived_when_unset() -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "nodes", "gpus", "fix"),
+    ("model", "gpu", "nodes", "gpus", "fix"),
     [
-        ("Qwen/Qwen2.5-VL-72B-Instruct", 1, 1, "resources.gpusPerNode:"),
-        ("Qwen/Qwen3-VL-235B-A22B-Instruct", 1, 8, "resources.nodes:"),
-        ("Qwen/Qwen2.5-VL-32B-Instruct", 1, 1, "resources.gpu: H100-80GB"),
+        ("Qwen/Qwen2.5-VL-72B-Instruct", "H100-80GB", 1, 1, "resources.gpusPerNode:"),
+        ("Qwen/Qwen3-VL-235B-A22B-Instruct", "H100-80GB", 1, 8, "resources.nodes:"),
+        ("Qwen/Qwen2.5-VL-7B-Instruct", "L4-24GB", 1, 1, "resources.gpu: L40S-48GB"),
     ],
 )
 def test_infeasible_job_gets_numbers_and_the_smallest_changes(
-    model: str, nodes: int, gpus: int, fix: str
+    model: str, gpu: str, nodes: int, gpus: int, fix: str
 ) -> None:
     d = doc(model, nodes=nodes, gpusPerNode=gpus)
-    if "32B" in model:
-        d["resources"]["gpu"] = "L40S-48GB"
+    d["resources"]["gpu"] = gpu
     with pytest.raises(InfeasibleError) as err:
         plan_memory(parse_spec(d))
     text = str(err.value)
@@ -203,11 +202,13 @@ SIZES = sorted(KNOWN_MODELS)
 
 @pytest.mark.parametrize("gpu", [g for g in GPU_CATALOG if g != "cpu"])
 def test_sweep_never_crashes(gpu: str) -> None:
-    """Every valid spec gets a plan or an InfeasibleError; never anything else. Responses
-    of 512 tokens: at the default length a 12 GB card fits no model (the update's logits
-    alone are ~8.7 GiB for a 2048-token response over Qwen's 152k vocabulary)."""
+    """Every valid spec (at most the type's GPUs per node) gets a plan or an
+    InfeasibleError; never anything else. Responses of 512 tokens: at the default length a
+    12 GB card fits no model (the update's logits alone are ~8.7 GiB for a 2048-token
+    response over Qwen's 152k vocabulary)."""
     outcomes = {"planned": 0, "refused": 0}
-    for model, nodes, gpn in product(SIZES, (1, 2, 4, 8), (1, 2, 4, 8)):
+    per_node = [g for g in (1, 2, 4, 8) if g <= GPU_CATALOG[gpu].gpus_per_node]
+    for model, nodes, gpn in product(SIZES, (1, 2, 4, 8), per_node):
         d = doc(f"Qwen/{model}", nodes=nodes, gpusPerNode=gpn)
         d["resources"]["gpu"] = gpu
         d["training"] = {"globalBatchSize": 64, "rolloutBatchSize": 64}

@@ -146,20 +146,55 @@ def test_mixed_cannot_hold_those_cells_on_the_gpu_and_its_refusal_names_the_mode
     assert "in mixed precision does not fit" in text
     name = "bf16 training" if cell.row == "BF16" else "LoRA"
     assert f"{name} fits on your {cell.gpus} GPUs (training peak" in text, text
+    assert "offloading" not in text  # the mode holds everything on the GPU
     fix = "spec.training.precision: bf16" if cell.row == "BF16" else "spec.lora"
     assert fix in text
 
 
-@pytest.mark.parametrize("cell", [c for c in BF16 + LORA if c.fits], ids=lambda c: c.id)
+# LoRA cells that use part of their node's GPUs: a worker plans within that share of the
+# node's host memory, too little for mixed precision's offloaded state.
+PART_OF_A_NODE = [c for c in LORA if c.size != "1.5B"]
+
+
+@pytest.mark.parametrize("cell", [c for c in BF16 + LORA if c.fits and c not in PART_OF_A_NODE],
+                         ids=lambda c: c.id)
 def test_mixed_fits_those_cells_only_by_offloading_to_host_ram(cell: Cell) -> None:
     """What the modes buy: mixed precision fits the same GPUs only with its state moved to
     host RAM (slower steps); with the parameters too where its optimizer step (16 B a
     parameter on the GPU: 27.3 GiB of 21.4 for 1.5B on an L4, 78.4 of 75.6 for 72B on 16
-    H100s) or its training state does not fit: the LoRA cells, 1.5B, 3B, 7B and 72B."""
+    H100s) or its training state does not fit: 1.5B, 3B, 7B and 72B."""
     mixed = plan_memory(parse_spec(easyr1_job(cell, "mixed"))).settings
     assert mixed.offload_optimizer, cell.source
     params_too = cell.row == "LoRA" or cell.size in ("1.5B", "3B", "7B", "72B")
     assert mixed.offload_params == params_too, cell.source
+
+
+@pytest.mark.parametrize("cell", PART_OF_A_NODE, ids=lambda c: c.id)
+def test_mixed_does_not_fit_those_cells_within_their_share_of_the_nodes_host(cell: Cell) -> None:
+    """3B on one of eight L4s, 7B on two of four RTX 5090s, 32B and 72B on two and four of
+    eight H100s: mixed precision would offload more than the worker's share of host RAM
+    (its GPUs over the node's), so it is refused on the host, and the refusal still names
+    the cheaper mode."""
+    with pytest.raises(InfeasibleError) as err:
+        plan_memory(parse_spec(easyr1_job(cell, "mixed")))
+    assert any(n.startswith("host peak") for n in err.value.numbers), err.value.numbers
+    assert err.value.suggestions[0].startswith("bf16 training fits")
+
+
+def test_a_mode_that_fits_only_by_offloading_says_what_it_costs_in_host_ram() -> None:
+    """72B on four of eight H100s in mixed precision: bf16 fits those GPUs only with its
+    parameters, gradients and optimizer state in host RAM, and the refusal says so with
+    the host peak of that plan, not only its small GPU peak."""
+    cell = LORA[-1]
+    with pytest.raises(InfeasibleError) as err:
+        plan_memory(parse_spec(easyr1_job(cell, "mixed")))
+    bf16 = plan_memory(parse_spec(easyr1_job(cell, "bf16")))
+    assert bf16.settings.offload_params
+    line = err.value.suggestions[0]
+    assert line.startswith("bf16 training fits on your 4 GPUs (training peak"), line
+    assert (f"by offloading its parameters, gradients and optimizer state to host RAM (host "
+            f"peak {bf16.budget.peak_host_gib:.1f} of {bf16.budget.host_capacity_gib:.1f} GiB "
+            "per node; slower steps): set spec.training.precision: bf16") in line, line
 
 
 def test_the_issue_example_16_h100_72b_mixed_is_refused_with_bf16_and_lora_and_numbers() -> None:

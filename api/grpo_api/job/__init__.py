@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from .base import ApiModel, quantity_bytes, quantity_gib
 from .lora import LoraSpec
-from .manifest import GRPOJob, SpecError, load_manifest, parse_manifest, parse_spec
+from .manifest import (
+    GRPOJob,
+    SpecError,
+    load_documents,
+    load_manifest,
+    parse_manifest,
+    parse_spec,
+)
 from .recovery import CheckpointSpec, RestartPolicySpec
 from .resources import GpuName, MemorySpec, ResourcesSpec
 from .spec import (
@@ -40,6 +47,7 @@ __all__ = [
     "RewardSpec",
     "SpecError",
     "TrainingSpec",
+    "load_documents",
     "load_manifest",
     "parse_manifest",
     "parse_spec",

@@ -105,14 +105,25 @@ def parse_manifest(doc: Any, source: str = "GRPOJob") -> GRPOJob:
         raise SpecError(format_errors(exc, GRPOJob), source) from None
 
 
-def load_manifest(path: str | Path) -> GRPOJob:
-    """Read one GRPOJob from a YAML file (the first document of kind GRPOJob)."""
-    text = Path(path).read_text()
+Numbered = list[tuple[int, Any]]  # YAML documents with their 1-based place in the file
+
+
+def load_documents(path: str | Path) -> tuple[Numbered, Numbered]:
+    """The GRPOJob documents of a YAML file and the other ones, empty ones left out;
+    SpecError when the file is not YAML or holds no GRPOJob."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = list(enumerate(yaml.safe_load_all(Path(path).read_text()), start=1))
     except yaml.YAMLError as exc:
         raise SpecError([f"(root): not valid YAML: {exc}"], str(path)) from None
-    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    docs = [(i, d) for i, d in docs if d is not None]
+    jobs = [(i, d) for i, d in docs if isinstance(d, dict) and d.get("kind") == KIND]
     if not jobs:
         raise SpecError([f"(root): no document of kind {KIND} in the file"], str(path))
-    return parse_manifest(jobs[0], str(path))
+    found = {i for i, _ in jobs}
+    return jobs, [(i, d) for i, d in docs if i not in found]
+
+
+def load_manifest(path: str | Path) -> GRPOJob:
+    """Read one GRPOJob from a YAML file (the first document of kind GRPOJob)."""
+    jobs, _ = load_documents(path)
+    return parse_manifest(jobs[0][1], str(path))

@@ -77,7 +77,11 @@ class ResourcesSpec(ApiModel):
         None,
         ge=1,
         le=16,
-        description="GPUs per worker (CPU ranks for cpu). Unset: the catalog's node shape.",
+        description=(
+            "GPUs per worker (CPU ranks for cpu). Unset: the catalog's node shape. At most "
+            "the catalog's GPUs per node for the type (checked at apply); fewer lets jobs "
+            "share a node: the worker asks for that share of its CPUs and memory."
+        ),
     )
     host_memory: str | None = Field(
         None,

@@ -9,9 +9,9 @@ lets the planner decide. The resolved value and the reason for it appear in `sta
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
-from pydantic import ConfigDict, Field, JsonValue, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, model_validator
 
 from .base import DNS_LABEL_PATTERN, ApiModel, cel_rule
 from .hub import HubSpec
@@ -22,6 +22,30 @@ from .resources import MemorySpec, ResourcesSpec
 
 RewardType = Literal["math", "r1v", "function"]
 Precision = Literal["mixed", "bf16"]
+
+
+# The trainer reads files from the pods' volumes and fetches hub ids; it has no
+# object-store client, so an s3:// or gs:// URL would fail only inside the trainer. The
+# schema (CEL) and the models refuse any URL with the same test.
+_NO_URL = (
+    "object-store and other URLs (s3://, gs://, ...) are not supported yet: copy the files "
+    "onto a PersistentVolumeClaim and give their path there (model.claimName mounts one at "
+    "/models; spec.pods volumes mount others), or name a hub id"
+)
+
+
+def _not_a_url(value: str) -> str:
+    if "://" in value:
+        raise ValueError(_NO_URL)
+    return value
+
+
+LocalOrHub = Annotated[
+    str,
+    AfterValidator(_not_a_url),
+    Field(max_length=4096, json_schema_extra={
+        "x-kubernetes-validations": [cel_rule("!self.contains('://')", _NO_URL)]}),
+]
 
 
 class ModelShape(ApiModel):
@@ -41,7 +65,7 @@ class ModelSpec(ApiModel):
     """The policy model: a hub id fetched onto the job's volume by an init container of the
     head pod (spec.hub), or a path on a volume."""
 
-    path: str = Field(
+    path: LocalOrHub = Field(
         min_length=1,
         description=(
             "Hub id (e.g. Qwen/Qwen2.5-VL-7B-Instruct) or an absolute path to a "
@@ -70,12 +94,12 @@ class ModelSpec(ApiModel):
 class DataSpec(ApiModel):
     """Training data in the EasyR1 column layout (images / problem / answer)."""
 
-    train: str = Field(
+    train: LocalOrHub = Field(
         min_length=1,
         description="Train split: a parquet/jsonl path, or a hub dataset owner/name@split "
         "(fetched like the model; parquet files in the Hugging Face / EasyR1 layout).",
     )
-    val: str | None = Field(
+    val: LocalOrHub | None = Field(
         None,
         description=(
             "Validation split, same forms and columns as train; scored with the job's reward "

@@ -128,7 +128,9 @@ def driver_gib(geo: Geometry) -> float:
 
 
 def host_capacity_gib(geo: Geometry, at_allocatable: bool) -> float:
-    allocatable = geo.host_memory_gib * (1 - SYSTEM_RESERVED_FRACTION)
+    """What a pod of the job may use: its share of the node's allocatable memory (all of
+    it for a worker with every GPU of its node), less the headroom unless at_allocatable."""
+    allocatable = geo.host_memory_gib * (1 - SYSTEM_RESERVED_FRACTION) * geo.node_share
     return allocatable if at_allocatable else allocatable * HOST_HEADROOM
 
 

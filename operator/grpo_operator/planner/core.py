@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from grpo_api.catalog import GPU_CATALOG, GpuType, gpu_type
+from grpo_api.catalog import GPU_CATALOG, GpuType, UnknownGpuType, gpu_type
+from grpo_api.job import SpecError
 from grpo_api.job.base import quantity_gib
 from grpo_api.job.resources import MemorySpec
 from grpo_api.job.spec import GRPOJobSpec
@@ -151,6 +152,7 @@ def geometry(
         gpu_memory_gib=gpu.memory_gib,
         nodes=nodes,
         gpus_per_node=gpn,
+        node_gpus=gpu.gpus_per_node,
         host_memory_gib=quantity_gib(r.host_memory) if r.host_memory else gpu.host_memory_gib,
         cpus_per_node=r.cpus_per_node or gpu.cpus,
         product_label=gpu.product_label,
@@ -247,6 +249,18 @@ def _infeasible(
     return InfeasibleError(summary, numbers, [*modes, *_suggestions(geo, spec, pinned)])
 
 
+def _on_type(geo: Geometry, gpu: GpuType, spec: GRPOJobSpec) -> Geometry:
+    """The same job on another GPU type's nodes: their memory, GPUs, host RAM and CPUs
+    (those the spec sets for its nodes stay)."""
+    r = spec.resources
+    return replace(
+        geo, gpu=gpu.name, gpu_memory_gib=gpu.memory_gib, node_gpus=gpu.gpus_per_node,
+        product_label=gpu.product_label, fabric=gpu.fabric,
+        host_memory_gib=geo.host_memory_gib if r.host_memory else gpu.host_memory_gib,
+        cpus_per_node=r.cpus_per_node or gpu.cpus,
+    )
+
+
 def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> list[str]:
     out = []
     if pinned:
@@ -256,8 +270,7 @@ def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> li
             out.append(f"unset {names} (let the planner choose)")
     if geo.is_gpu:
         gpn, nodes = geo.gpus_per_node, max(1, geo.nodes)
-        typical = GPU_CATALOG[geo.gpu].gpus_per_node if geo.gpu in GPU_CATALOG else gpn
-        for g in range(gpn + 1, typical + 1):
+        for g in range(gpn + 1, geo.node_gpus + 1):
             if _fits(replace(geo, gpus_per_node=g), spec, pinned):
                 out.append(f"resources.gpusPerNode: {g} ({nodes * g} GPUs)")
                 break
@@ -266,9 +279,8 @@ def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> li
                 out.append(f"resources.nodes: {n} ({n * gpn} GPUs)")
                 break
         for gpu in sorted(GPU_CATALOG.values(), key=lambda g: g.memory_gib):
-            if gpu.memory_gib > geo.gpu_memory_gib and _fits(
-                replace(geo, gpu=gpu.name, gpu_memory_gib=gpu.memory_gib), spec, pinned
-            ):
+            if (gpu.memory_gib > geo.gpu_memory_gib and gpu.gpus_per_node >= gpn
+                    and _fits(_on_type(geo, gpu, spec), spec, pinned)):
                 out.append(f"resources.gpu: {gpu.name} ({gpu.memory_gib:.0f} GiB per GPU)")
                 break
     vision = geo.shape.vision_parameters > 0  # a VLM job is offered VLMs, text jobs text
@@ -284,14 +296,39 @@ def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> li
     return out
 
 
+def node_type(spec: GRPOJobSpec, catalog: Mapping[str, GpuType]) -> GpuType:
+    """The spec's GPU type as the catalog in use has it (built in + the chart's
+    gpuCatalog), or SpecError naming the field: a type it does not have (the known ones
+    listed), or more GPUs per worker than that type's nodes have (a worker pod runs on
+    one node, so it would wait in Pending for a node that does not exist)."""
+    r = spec.resources
+    try:
+        gpu = gpu_type(r.gpu, catalog)
+    except UnknownGpuType as exc:
+        raise SpecError([f"spec.resources.gpu: {exc}"]) from None
+    if gpu.is_gpu and r.gpus_per_node is not None and r.gpus_per_node > gpu.gpus_per_node:
+        per_node = gpu.gpus_per_node
+        total = (r.nodes or 1) * r.gpus_per_node
+        same = (f"resources.nodes: {total // per_node} with gpusPerNode: {per_node} for the "
+                f"same {total} GPUs" if total % per_node == 0 else
+                f"gpusPerNode: {per_node} or fewer, with more resources.nodes")
+        raise SpecError([
+            f"spec.resources.gpusPerNode: {r.gpus_per_node} is more than the {per_node} GPUs "
+            f"a {gpu.name} node has (the operator's GPU catalog; the chart's gpuCatalog "
+            "sets gpusPerNode per type): a worker pod runs on one node, so it would stay "
+            f"Pending; use {same}"])
+    return gpu
+
+
 def plan_memory(
     spec: GRPOJobSpec,
     catalog: Mapping[str, GpuType] = GPU_CATALOG,
     model_config: dict[str, Any] | None = None,
 ) -> Plan:
     """The whole plan for a spec. Raises InfeasibleError (numbers + smallest fix),
-    UnknownGpuType (not in `catalog`) or ValueError (a model that cannot be sized)."""
-    gpu = gpu_type(spec.resources.gpu, catalog)  # UnknownGpuType lists the known names
+    SpecError (node_type: a GPU type or per-node count the catalog does not have) or
+    ValueError (a model that cannot be sized)."""
+    gpu = node_type(spec, catalog)
     resolved = resolve_shape(spec.model, model_config)
     nodes_reason = "spec.resources.nodes"
     if spec.resources.nodes is not None:
@@ -318,7 +355,7 @@ def plan_memory(
         settings=settings,
         budget=budget,
         pinned=pinned,
-        decisions=(*decisions, *explain_pods(head, worker, budget)),
+        decisions=(*decisions, *explain_pods(geo, head, worker, budget)),
         head=head,
         worker=worker,
         env=build_env(geo, settings),

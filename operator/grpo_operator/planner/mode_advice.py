@@ -3,7 +3,8 @@
 For a job that does not fit, each mode that keeps more of the job comes first: bf16
 training (still full fine-tuning) before LoRA (trains an adapter instead). A mode that
 fits on the job's own GPUs is said so, with its peak and the fewest GPUs it needs; one
-that needs more nodes says how many. A LoRA job has no cheaper mode to propose.
+that needs more nodes says how many; one that fits only by offloading says what it moves
+to host RAM and the host peak that needs. A LoRA job has no cheaper mode to propose.
 """
 
 from __future__ import annotations
@@ -37,6 +38,19 @@ def _how(mode: Mode) -> str:
     return "add spec.lora: {} (rank 32 on every linear layer of the language model)"
 
 
+def offload_cost(geo: Geometry, st: Settings) -> str:
+    """What a plan that offloads costs in host RAM, in words ("" when it offloads
+    nothing): a mode that fits only by moving its state to host RAM is not the same
+    advice as one that holds it on the GPU."""
+    if not (st.offload_params or st.offload_optimizer):
+        return ""
+    what = ("parameters, gradients and optimizer state" if st.offload_params
+            else "optimizer state")
+    b = compute_budget(geo, st)
+    return (f" by offloading its {what} to host RAM (host peak {b.peak_host_gib:.1f} of "
+            f"{b.host_capacity_gib:.1f} GiB per node; slower steps)")
+
+
 def _fewest_gpus(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str], fits: Fits) -> str:
     """The smallest shape (nodes x GPUs per node, at most the job's) that fits, if any is
     smaller than the job's."""
@@ -46,8 +60,10 @@ def _fewest_gpus(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str], fits:
         key=lambda ng: (ng[0] * ng[1], ng[0]),
     )
     for n, g in shapes:
-        if fits(replace(geo, nodes=n, gpus_per_node=g), spec, pinned) is not None:
-            return f"; it needs only {n * g} (resources.nodes: {n}, gpusPerNode: {g})"
+        smaller = replace(geo, nodes=n, gpus_per_node=g)
+        if (st := fits(smaller, spec, pinned)) is not None:
+            return (f"; it needs only {n * g} (resources.nodes: {n}, gpusPerNode: {g})"
+                    f"{offload_cost(smaller, st)}")
     return ""
 
 
@@ -77,15 +93,16 @@ def mode_suggestions(
                 else f"{geo.world_size} CPU ranks (host peak {b.peak_host_gib:.1f} of "
                 f"{b.host_capacity_gib:.1f} GiB)"
             )
-            out.append(f"{name} fits on your {where}: {_how(mode)}")
+            out.append(f"{name} fits on your {where}{offload_cost(g, st)}: {_how(mode)}")
             continue
         first = 1 if derived else max(1, geo.nodes) + 1
         for n in range(first, max_nodes + 1):
-            if fits(replace(g, nodes=n), s, pinned) is not None:
+            more = replace(g, nodes=n)
+            if (st := fits(more, s, pinned)) is not None:
                 out.append(
                     f"{name} fits on {n} node{'s' if n > 1 else ''} "
-                    f"({n * geo.gpus_per_node} {'GPUs' if geo.is_gpu else 'CPU ranks'}): "
-                    f"{_how(mode)}, resources.nodes: {n}"
+                    f"({n * geo.gpus_per_node} {'GPUs' if geo.is_gpu else 'CPU ranks'})"
+                    f"{offload_cost(more, st)}: {_how(mode)}, resources.nodes: {n}"
                 )
                 break
     return out

@@ -209,7 +209,8 @@ def explain(
             _g(b.peak_host_gib),
             "auto",
             f"per node: steady {_g(host)}, while loading {_g(b.load_host_peak_gib)}; usable "
-            f"{_g(b.host_capacity_gib)} of {_g(geo.host_memory_gib)} RAM (Ray kills at 95%)",
+            f"{_g(b.host_capacity_gib)} of {_node_part(geo)} {_g(geo.host_memory_gib)} RAM "
+            "(Ray kills at 95%)",
         )
     )
     return out
@@ -242,7 +243,15 @@ def explain_margin(geo: Geometry, b: Budget, pinned: frozenset[str]) -> Decision
     )
 
 
-def explain_pods(head: PodResources, worker: PodResources | None, b: Budget) -> list[Decision]:
+def _node_part(geo: Geometry) -> str:
+    """Which part of its node a worker plans in and asks for (Geometry.node_share)."""
+    if geo.node_share >= 1:
+        return "the node's"
+    return f"its share ({geo.gpus_per_node} of {geo.node_gpus} GPUs) of the node's"
+
+
+def explain_pods(geo: Geometry, head: PodResources, worker: PodResources | None,
+                 b: Budget) -> list[Decision]:
     out = [
         Decision(
             "headPod",
@@ -266,8 +275,9 @@ def explain_pods(head: PodResources, worker: PodResources | None, b: Budget) -> 
                 f"{worker.replicas} x ({worker.gpus} GPU, {worker.cpus} CPU, "
                 f"{worker.memory_gib}Gi, shm {worker.shm_gib}Gi)",
                 "auto",
-                f"memory = host peak {_g(b.peak_host_gib)} / 0.9 (capped at allocatable); "
-                f"90% of the node's CPUs; nodeSelector {selector}"
+                f"memory = host peak {_g(b.peak_host_gib)} / 0.9 (capped at "
+                f"{_node_part(geo)} allocatable); 90% of {_node_part(geo)} CPUs; "
+                f"nodeSelector {selector}"
                 + ("; tolerates nvidia.com/gpu:NoSchedule" if worker.tolerations else ""),
             )
         )

@@ -23,6 +23,7 @@ RAY_DEFAULT_STORE_CAP_GIB = 200e9 / GIB  # ... capped at 200 GB (ray_constants)
 STORE_STEP_COPIES = 4  # a step's batch may sit in the store a few times (driver, shards)
 STORE_MIN_GIB = 2.0
 HEAD_CPUS = 2  # Ray's GCS and raylet, and the driver (rewards score in its threads)
+WORKER_CPU_FRACTION = 0.9  # of the worker's share of its node's CPUs: the rest for daemons
 SHM_EXTRA_GIB = 2.0  # /dev/shm beyond the object store: NCCL, torch data-loader queues
 TOKEN_BYTES = 24  # per token in flight: ids, masks, old/ref log-probs, advantages
 
@@ -44,8 +45,9 @@ def object_store_gib(geo: Geometry, rollout_n: int) -> float:
 
 
 def _pod_memory(need: float, geo: Geometry, at_allocatable: bool) -> int:
-    """Whole GiB, never above the node's allocatable: rounding up past it would make the
-    pod unschedulable and the "pod memory to node allocatable" rung a step down."""
+    """Whole GiB, never above the pod's share of the node's allocatable (budget's
+    host_capacity_gib): rounding up past it would make the pod unschedulable beside the
+    jobs that share its node, and the "pod memory to node allocatable" rung a step down."""
     allocatable = math.floor(host_capacity_gib(geo, True))
     if at_allocatable:
         return allocatable
@@ -87,7 +89,7 @@ def build_pods(
         role=Role.WORKER.value,
         replicas=geo.nodes,
         gpus=geo.gpus_per_node if geo.is_gpu else 0,
-        cpus=max(1, int(geo.cpus_per_node * 0.9)),
+        cpus=max(1, int(geo.cpus_per_node * geo.node_share * WORKER_CPU_FRACTION)),
         memory_gib=mem,
         shm_gib=min(math.ceil(store + SHM_EXTRA_GIB), max(1, mem // 2)),
         node_selector={GPU_PRODUCT_LABEL: geo.product_label} if geo.is_gpu else {},

@@ -55,6 +55,7 @@ class Geometry:
     gpu_memory_gib: float  # 0 for cpu
     nodes: int  # worker pods (0: ranks run in the head pod, cpu only)
     gpus_per_node: int  # GPUs, or CPU ranks for cpu
+    node_gpus: int  # GPUs a node of this type has (the catalog's; 0 for cpu)
     host_memory_gib: float  # per node
     cpus_per_node: int
     product_label: str
@@ -91,6 +92,16 @@ class Geometry:
     @property
     def ranks_per_node(self) -> int:
         return self.gpus_per_node
+
+    @property
+    def node_share(self) -> float:
+        """The worker pod's share of its node: its GPUs over the node's (1 for cpu jobs,
+        whose ranks are CPU processes). It plans within this share of the node's host
+        memory and asks for this share of its CPUs, so jobs that each use part of a
+        node's GPUs fit on it side by side."""
+        if not self.is_gpu or self.node_gpus < 1:
+            return 1.0
+        return min(1.0, self.gpus_per_node / self.node_gpus)
 
 
 @dataclass(frozen=True)

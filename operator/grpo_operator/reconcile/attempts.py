@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from grpo_api.catalog import GPU_CATALOG, GpuType, UnknownGpuType
+from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import (
     ATTEMPT_RUNNING,
     TERMINAL_PHASES,
@@ -60,18 +60,23 @@ def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = N
     every remediation recorded in `attempts` replayed in order (the ladder is
     deterministic, so the operator keeps no plan state of its own)."""
     spec = parse_spec(spec_body)
-    try:
-        plan = plan_memory(spec, catalog)
-    except UnknownGpuType as exc:  # a spec error, not an infeasible plan
-        raise SpecError([f"spec.resources.gpu: {exc}"]) from None
-    clashes = pod_settings.conflicts(spec.pods, plan.env)  # never override the operator's
-    if clashes:
-        raise SpecError(clashes)
-    _check_trainer_config(spec, plan)
+    plan = checked_plan(spec, catalog)
     for a in attempts or []:
         if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
             plan = next_safer_plan(plan, a["outcome"], phase=a.get("failedPhase")) or plan
     return spec, plan
+
+
+def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG,
+                 model_config: dict[str, Any] | None = None) -> Plan:
+    """The first attempt's plan, checked as admission checks it (`grpo plan` too, so the
+    two accept the same jobs): raises SpecError / InfeasibleError / ValueError."""
+    plan = plan_memory(spec, catalog, model_config=model_config)
+    clashes = pod_settings.conflicts(spec.pods, plan.env)  # never override the operator's
+    if clashes:
+        raise SpecError(clashes)
+    _check_trainer_config(spec, plan)
+    return plan
 
 
 # The trainer config is rendered per attempt for a job's own name; any name renders the
