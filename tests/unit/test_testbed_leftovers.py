@@ -4,6 +4,7 @@ and a directory nothing marks as a testbed's, are not."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,7 +28,14 @@ def test_a_dead_runs_directory_goes_with_its_orphans_and_a_live_ones_stays(
     held = leftovers.hold(live)
     dead = _workdir(tmp_path, "dead", big=4096)
     leftovers.hold(dead).close()  # its process died: nobody holds the lock any more
-    orphan = subprocess.Popen(["sh", "-c", "sleep 300", str(dead / "node")])
+    # Python keeps its argv in /proc/PID/cmdline; `sh -c "sleep 300" DIR` does not once
+    # dash has exec'd the sleep, which made this test race its own sweep under load.
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)",
+                               str(dead / "node")])
+    deadline = time.monotonic() + 30
+    while str(dead).encode() not in Path(f"/proc/{orphan.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     unmarked = _workdir(tmp_path, "unmarked")
     try:
         assert leftovers.sweep(tmp_path) == [dead]
