@@ -19,6 +19,7 @@ from grpo_api.contract import ATTEMPT_RUNNING, KUEUE_QUEUE_LABEL, MAX_RESTARTS, 
 
 from .attempts import Action
 from .conditions import PhaseView, status_patch
+from .retention import RETAIN_ADVICE
 
 KUEUE_PREEMPTED = FailureReason.PREEMPTED.value
 _REASON_SAFE = re.compile(r"[^A-Za-z0-9_,:]")
@@ -129,8 +130,8 @@ def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None,
     if attempt >= MAX_RESTARTS:
         view = PhaseView(Phase.FAILED, KUEUE_PREEMPTED,
                          f"attempt {attempt}: {why}; no attempt numbers left (at most "
-                         f"{MAX_RESTARTS + 1} attempts); create the job again to go on "
-                         f"from checkpoint step {ckpt}")
+                         f"{MAX_RESTARTS + 1} attempts); to go on from checkpoint step "
+                         f"{ckpt}, delete the job and create it again ({RETAIN_ADVICE})")
         return Action(status_patch(status, generation, now, view, attempts=attempts),
                       delete_ray_cluster=rc, events=[("Warning", KUEUE_PREEMPTED,
                                                       view.message)])

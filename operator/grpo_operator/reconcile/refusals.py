@@ -23,6 +23,7 @@ from grpo_api.contract import ATTEMPT_RUNNING, FailureReason, Phase
 
 from .attempts import Action
 from .conditions import PhaseView, status_patch
+from .retention import RETAIN_ADVICE
 
 POD_CREATE_REFUSED = "PodCreateRefused"  # the job's condition reason
 REPLICA_FAILURE = "ReplicaFailure"  # KubeRay's RayClusterReplicaFailure condition type
@@ -81,7 +82,7 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: 
     seconds = int((_time(now) - since).total_seconds())
     view = PhaseView(Phase.FAILED, POD_CREATE_REFUSED,
                      f"{what} for {seconds} s: {refusal.message}. Not retried: {FIX}, "
-                     "then create the job again")
+                     f"then delete the job and create it again ({RETAIN_ADVICE})")
     attempt = int(status.get("attempt") or 0)
     attempts = [dict(a) for a in status.get("attempts") or []]
     for a in attempts:
