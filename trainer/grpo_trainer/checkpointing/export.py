@@ -149,7 +149,8 @@ def export(
         model: Any = _auto_class(hf_config).from_config(
             hf_config, dtype=target, trust_remote_code=mcfg.trust_remote_code
         )
-    tensors = {k: v.to(target) for k, v in tensors.items()}
+    for k in list(tensors):  # one tensor at a time: never both copies of the weights
+        tensors[k] = tensors[k].to(target)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
     if missing or unexpected:
         raise ExportError(
@@ -159,7 +160,9 @@ def export(
     model.tie_weights()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    # safetensors serialises a whole shard in memory: 5 GB shards (the hub's usual) keep
+    # that copy small next to the weights.
+    model.save_pretrained(out, safe_serialization=True, max_shard_size="5GB")
     src = Path(mcfg.tokenizer_path or mcfg.path)
     if src.is_dir():
         _copy_side_files(src, out)
