@@ -3,10 +3,11 @@
 ``checkpoint.export`` (the operator sets it) writes ``<dir>/export`` from the final
 checkpoint with ``export.export`` (safetensors + config + processor files:
 ``from_pretrained`` and vLLM load it), so a finished job leaves its model on its claim.
-The export holds one copy of the weights in host memory: on a GPU job the driver's head
+The export holds one copy of the weights in host memory (in the exported dtype, plus
+the tensor being read and a 5 GB shard being written): on a GPU job the driver's head
 pod is sized for the driver alone, so it runs as a Ray task on rank 0's node once the
-ranks are gone (their memory is free; that node's plan holds a full copy of the model
-at load). It is written to ``export.partial`` and swapped in with its marker, so a
+ranks are gone (their memory is free; that node's plan holds at least a bf16 copy of
+the model at load). It is written to ``export.partial`` and swapped in with its marker, so a
 crash leaves the previous export or none, never a half one; a run that finds the
 marker of its step (a finished job started again) does not export twice.
 """
