@@ -152,6 +152,12 @@ def test_a_new_job_waits_for_the_pods_of_an_earlier_job_of_its_name() -> None:
     progressing = next(c for c in job["status"]["conditions"] if c["type"] == "Progressing")
     assert progressing["reason"] == "WaitingForPreviousJob"
     assert "j-a3-head-x" in progressing["message"]
+    # Their cluster's and pods' events are not this job's.
+    ready = {"metadata": {"name": "j-a0", "labels": {JOB_LABEL: "j", "grpo.dev/attempt": "0"}},
+             "status": {"state": "ready"}}
+    assert step(job, rec.ClusterChanged(ready))[1].status == {}
+    ended = head(137, {})
+    assert step(job, rec.PodChanged(ended, deleted=True))[1].status == {}
     job, action = step(job, rec.SpecChanged(), Observed())  # gone: the job starts
     assert action.children and job["status"]["attempts"]
 

@@ -181,8 +181,11 @@ def pod_needs_pods(job: dict[str, Any], event: PodChanged) -> bool:
 
 def _live(status: dict[str, Any], obj: dict[str, Any]) -> bool:
     """Whether a pod or cluster event can change the job: one of its live attempt, which
-    has not ended (a preempted attempt waits for the next one as Queued, not Restarting)."""
+    has not ended (a preempted attempt waits for the next one as Queued, not Restarting).
+    A job without attempts has none: pods and clusters labelled with its name then are
+    an earlier job's of that name, going away."""
     return (status.get("phase") not in _QUIET and not status.get("nextAttempt")
+            and bool(status.get("attempts"))
             and attempt_of(obj) == str(status.get("attempt") or 0))
 
 
