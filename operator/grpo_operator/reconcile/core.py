@@ -245,7 +245,7 @@ def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
         case PodChanged(pod=pod, deleted=deleted):
             return _on_pod(ref, spec, status, generation, now, pod, deleted, observed, config)
         case ClusterChanged(ray_cluster=rc):
-            return _on_cluster(status, generation, now, rc, observed, config)
+            return _on_cluster(spec, status, generation, now, rc, observed, config)
         case CreateFailed(kind=kind, name=name, message=message):
             return create_failed(status, kind, name, message, generation, now)
     raise TypeError(f"unknown event {event!r}")
@@ -320,7 +320,8 @@ def _on_pod(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
     outcome = _ended(pod, deleted)
     if (outcome is not None and observed.ray_cluster is not None
             and preempted(observed.ray_cluster, status)):
-        return preempt_attempt(status, observed.workload, generation, now)
+        return preempt_attempt(status, observed.workload, generation, now,
+                               recreate_advice(spec))
     if outcome is not None:
         if role(pod) == Role.HEAD and outcome.reason in LOST_RANKS:
             outcome = in_context(outcome, pods)
@@ -345,12 +346,13 @@ def _seen(view: PhaseView, status: dict[str, Any], generation: int, now: str) ->
     return Action(change, events=[("Normal", "Running", view.message)] if running else [])
 
 
-def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str, Any],
-                observed: Observed, config: OperatorConfig) -> Action:
+def _on_cluster(spec: dict[str, Any], status: dict[str, Any], generation: int, now: str,
+                rc: dict[str, Any], observed: Observed, config: OperatorConfig) -> Action:
     if not _live(status, rc):
         return Action()
     if preempted(rc, status):
-        return preempt_attempt(status, observed.workload, generation, now)
+        return preempt_attempt(status, observed.workload, generation, now,
+                               recreate_advice(spec))
     if held_by_kueue(rc):
         if admitted(status):
             return Action()  # a copy read before the admission was seen: nothing new
@@ -359,7 +361,7 @@ def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str,
         if action.status.get("phase") == Phase.QUEUED:
             action.events.append(("Normal", "Queued", view.message))
         return action
-    action = _observed_cluster(status, generation, now, rc, observed.pods, config)
+    action = _observed_cluster(spec, status, generation, now, rc, observed.pods, config)
     if queue_of(rc) is not None and not admitted(status):
         action.status["rayCluster"] = {**action.status.get("rayCluster", {}),
                                        "name": rc["metadata"]["name"],
@@ -368,14 +370,15 @@ def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str,
     return action
 
 
-def _observed_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str, Any],
-                      pods: list[dict[str, Any]], config: OperatorConfig) -> Action:
+def _observed_cluster(spec: dict[str, Any], status: dict[str, Any], generation: int,
+                      now: str, rc: dict[str, Any], pods: list[dict[str, Any]],
+                      config: OperatorConfig) -> Action:
     """The live attempt's cluster as KubeRay reports it: refused pod creates, or the
     phase its state and pods give."""
     refusal = pod_create_refusal(rc)
     if refusal is not None and status.get("phase") != Phase.RUNNING:
         return refused(status, refusal, rc["metadata"]["name"], generation, now,
-                       config.pod_create_deadline_seconds)
+                       config.pod_create_deadline_seconds, recreate_advice(spec))
     workers = int((status.get("plan") or {}).get("nodes") or 0)
     action = _seen(attempt_phase(rc, pods, workers), status, generation, now)
     state = (rc.get("status") or {}).get("state")
