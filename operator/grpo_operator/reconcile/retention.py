@@ -36,7 +36,8 @@ from .classify import Exported
 RETAIN_ADVICE = (
     "with checkpoint.retention Retain (the default) deleting the job keeps its checkpoint "
     "claim (kubectl get pvc -l grpo.dev/job=<job name>), and a job created again under the "
-    "same name adopts it and resumes from its newest complete checkpoint"
+    "same name adopts it and resumes from its newest complete checkpoint if it trains the "
+    "same model"
 )
 DELETE_ADVICE = (
     "checkpoint.retention is Delete: deleting the job deletes its checkpoint claim and "
