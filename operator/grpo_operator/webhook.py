@@ -74,10 +74,15 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
     if old_spec is not None:
         changed = [k for k in IMMUTABLE_SECTIONS if old_spec.get(k) != spec.get(k)]
         if changed:
+            # Re-created under this name, a job resumes this one's checkpoints (Retain):
+            # right for new data or resources, not for another model or LoRA setting
+            # (other tensors: the trainer refuses another model's checkpoints).
+            how = ("under another name (a job created again under this one would find this "
+                   "one's checkpoints, of another model or LoRA setting)"
+                   if {"model", "lora"} & set(changed)
+                   else f"or delete this one and create it again ({recreate_advice(old_spec)})")
             return (f"spec.{', spec.'.join(changed)} cannot change after the job is created "
-                    "(checkpoints depend on them); create a new GRPOJob instead (under "
-                    "another name: a job created again under this one adopts its kept "
-                    "checkpoint claim, whose checkpoints are of this job's model). "
+                    f"(checkpoints depend on them); create a new GRPOJob instead, {how}. "
                     "spec.memory, spec.restartPolicy, spec.image and spec.suspend may change "
                     "and take effect at the next attempt")
     try:

@@ -19,6 +19,7 @@ from grpo_operator.config import OperatorConfig
 from grpo_operator.reconcile import Action, Observed
 from grpo_operator.reconcile.retention import DELETE_ADVICE, RETAIN_ADVICE, claim_change
 from grpo_operator.render import JobRef
+from grpo_operator.webhook import admission_problem
 from grpo_testbed.wire import apply_status_patch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -215,3 +216,16 @@ def test_a_failure_that_asks_for_a_new_job_says_what_happens_to_the_checkpoints(
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
     assert failed["status"] == "True" and advice in failed["message"]
     assert "delete the job and create it again" in failed["message"]
+
+
+@pytest.mark.parametrize(("checkpoint", "advice"), [({}, RETAIN_ADVICE),
+                                                    ({"retention": "Delete"}, DELETE_ADVICE)])
+def test_an_edit_that_needs_a_new_job_says_which_name_keeps_the_checkpoints(
+        checkpoint: dict[str, Any], advice: str) -> None:
+    old = new_job(**checkpoint)["spec"]
+    data = admission_problem({**old, "data": {**old["data"], "maxPromptLength": 1024}}, old)
+    assert data is not None and "spec.data cannot change" in data
+    assert f"or delete this one and create it again ({advice})" in data
+    model = admission_problem({**old, "model": {**old["model"], "path": "/models/x"}}, old)
+    assert model is not None and "spec.model cannot change" in model
+    assert "under another name" in model and advice not in model
