@@ -15,6 +15,9 @@ PLURAL = "grpojobs"
 SINGULAR = "grpojob"
 SHORT_NAME = "gj"
 JOB_LABEL = f"{API_GROUP}/job"  # on every child object
+# On the checkpoint claim the operator creates: the uid of the job that holds it now (a
+# job created again under the same name adopts it and relabels it).
+JOB_UID_LABEL = f"{API_GROUP}/job-uid"
 MAX_RESTARTS = 100  # spec.restartPolicy.maxRestarts: attempts are numbered 0..100
 ATTEMPT_LABEL = f"{API_GROUP}/attempt"  # on per-attempt children and the Ray pods
 ROLE_LABEL = f"{API_GROUP}/role"  # on the Ray pods: a Role value
@@ -45,6 +48,14 @@ def is_hub_id(text: str) -> bool:
 def hub_local_dir(root: str, kind: str, repo_id: str) -> str:
     """Where a hub repo of `kind` ("model" or "dataset") lands under `root`."""
     return f"{root}/{'models' if kind == 'model' else 'datasets'}/{repo_id}"
+
+
+class CheckpointRetention(StrEnum):
+    """spec.checkpoint.retention: what deleting the job does to its checkpoint claim
+    (like a StatefulSet's persistentVolumeClaimRetentionPolicy)."""
+
+    RETAIN = "Retain"  # kept, labelled JOB_LABEL/JOB_UID_LABEL; a job of the same name adopts it
+    DELETE = "Delete"  # owned by the job: garbage collection deletes it with the job
 
 
 class Role(StrEnum):
@@ -140,6 +151,9 @@ class Env(StrEnum):
     CHECKPOINT_DIR = "GRPO_CHECKPOINT_DIR"
     JOB_NAME = "GRPO_JOB_NAME"
     JOB_NAMESPACE = "GRPO_JOB_NAMESPACE"
+    # The job's uid: its attempts fence the checkpoint directory; a job created again under
+    # the same name (a new uid) takes over the directory its kept claim holds.
+    JOB_UID = "GRPO_JOB_UID"
     ATTEMPT = "GRPO_ATTEMPT"
     FAULT_INJECT = "GRPO_FAULT_INJECT"  # test-only fault switch, documented in docs/
     TERMINATION_LOG = "GRPO_TERMINATION_LOG"  # where the driver writes it (tests: a file)

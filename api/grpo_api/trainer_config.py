@@ -230,6 +230,10 @@ class CheckpointConfig(_Strict):
     # Stage a CPU copy and write it in the background while training goes on; the
     # tracker still moves only once the whole save is on disk.
     async_save: bool = False
+    # After the last step succeeded: the final model as a Hugging Face directory in
+    # <dir>/export (safetensors + processor), written on rank 0's node. The operator
+    # turns it on; local runs export with `grpo-train export` when they want to.
+    export: bool = False
 
 
 class MetricsConfig(_Strict):
@@ -265,6 +269,9 @@ class TrainerConfig(_Strict):
     seed: int = 1
     job_name: str | None = None
     job_namespace: str | None = None
+    # The job's uid: with it the attempt fence tells a job created again under the same
+    # name (which adopts the directory) from an older attempt of this one.
+    job_uid: str | None = None
     attempt: int = Field(default=0, ge=0)
     termination_log: str | None = None
     fault_inject: str | None = None

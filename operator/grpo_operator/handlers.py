@@ -29,6 +29,7 @@ from . import kube, metrics
 from . import reconcile as rec
 from .config import OperatorConfig, from_memo
 from .reconcile import Action, Event, Observed
+from .render import JobRef, names
 
 log = logging.getLogger("grpo_operator")
 # A pod and a cluster event of one job at once: the loser of the status write reads the
@@ -63,10 +64,8 @@ def _apply(job: dict[str, Any], action: Action, config: OperatorConfig) -> None:
             _create_failed(job, child, exc, config)
         if created:
             _post(job, "Normal", "Created", f"{child['kind']} {child['metadata']['name']}")
-    if action.own_claim:
-        kube.add_owner(namespace, action.own_claim, {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": name,
-            "uid": meta.get("uid"), "blockOwnerDeletion": False})
+    if action.claim_change:
+        kube.patch_claim(namespace, action.claim_change.name, action.claim_change.patch)
     if action.delete_ray_cluster and kube.delete_ray_cluster(namespace,
                                                              action.delete_ray_cluster):
         _post(job, "Normal", "Released", f"deleted RayCluster {action.delete_ray_cluster} "
@@ -108,10 +107,15 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, namespace: str | None,
     t0 = time.monotonic()
     try:
         ns = namespace or "default"
-        claim = (spec.get("checkpoint") or {}).get("claimName")
+        name = str(body["metadata"]["name"])
+        claim = names.checkpoint_claim(JobRef(name, ns, ""),
+                                       (spec.get("checkpoint") or {}).get("claimName"))
         model_claim = (spec.get("model") or {}).get("claimName")
-        observed = Observed(claim=kube.get_claim(ns, claim) if claim else None,
-                            model_claim=kube.get_claim(ns, model_claim) if model_claim else None)
+        # A new job's name may be an earlier job's whose pods are still going away.
+        fresh = not (body.get("status") or {}).get("attempts")
+        observed = Observed(claim=kube.get_claim(ns, claim),
+                            model_claim=kube.get_claim(ns, model_claim) if model_claim else None,
+                            pods=kube.list_pods(ns, f"{JOB_LABEL}={name}") if fresh else [])
         config = from_memo(memo)
         action = rec.reconcile(_job(body), observed, rec.SpecChanged(), _now(), config)
         _apply(_job(body), action, config)

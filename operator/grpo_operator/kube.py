@@ -157,17 +157,10 @@ def delete_ray_cluster(namespace: str, name: str) -> bool:
         RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name)) is not None
 
 
-def add_owner(namespace: str, claim: str, owner: dict[str, Any]) -> None:
-    """Make `owner` an owner of an existing claim, so garbage collection deletes the claim
-    with it (not a controller reference: the claim is the user's)."""
-    pvc = get_claim(namespace, claim)
-    if pvc is None:
-        return
-    refs = pvc["metadata"].get("ownerReferences") or []
-    if any(r.get("uid") == owner["uid"] for r in refs):
-        return
-    _core().patch_namespaced_persistent_volume_claim(
-        claim, namespace, {"metadata": {"ownerReferences": [*refs, owner]}})
+def patch_claim(namespace: str, claim: str, patch: dict[str, Any]) -> None:
+    """Merge-patch a claim's metadata (its owners and labels: checkpoint retention); a
+    resourceVersion in the patch makes it fail with 409 if the claim changed meanwhile."""
+    _core().patch_namespaced_persistent_volume_claim(claim, namespace, patch)
 
 
 def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:

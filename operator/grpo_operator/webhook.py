@@ -29,6 +29,7 @@ from .namespace_policy import (
 )
 from .planner import InfeasibleError
 from .reconcile import planned
+from .reconcile.retention import recreate_advice
 from .render import JobRef, render_children
 
 log = logging.getLogger("grpo_operator")
@@ -48,8 +49,7 @@ def queue_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
     if old_spec is not None and old_spec.get("queueName") != queue:
         return ("spec.queueName cannot change after the job is created (Kueue's queue label "
                 "is fixed on the job's RayCluster); delete the job and create it again with "
-                "the new queue (a claim you name in checkpoint.claimName keeps its "
-                "checkpoints)")
+                f"the new queue ({recreate_advice(old_spec)})")
     if queue and old_spec is None and not kueue_installed:
         return (f"spec.queueName: {queue!r} names a Kueue LocalQueue, but Kueue is not "
                 "installed in this cluster (no kueue.x-k8s.io/v1beta2 API); install Kueue "
@@ -74,8 +74,15 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
     if old_spec is not None:
         changed = [k for k in IMMUTABLE_SECTIONS if old_spec.get(k) != spec.get(k)]
         if changed:
+            # Re-created under this name, a job resumes this one's checkpoints (Retain):
+            # right for new data or resources, not for another model or LoRA setting
+            # (other tensors: the trainer refuses another model's checkpoints).
+            how = ("under another name (a job created again under this one would find this "
+                   "one's checkpoints, of another model or LoRA setting)"
+                   if {"model", "lora"} & set(changed)
+                   else f"or delete this one and create it again ({recreate_advice(old_spec)})")
             return (f"spec.{', spec.'.join(changed)} cannot change after the job is created "
-                    "(checkpoints depend on them); create a new GRPOJob instead. "
+                    f"(checkpoints depend on them); create a new GRPOJob instead, {how}. "
                     "spec.memory, spec.restartPolicy, spec.image and spec.suspend may change "
                     "and take effect at the next attempt")
     try:

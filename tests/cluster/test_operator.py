@@ -66,11 +66,13 @@ def test_tiny_job_gets_children_owned_by_it_and_runs(
     apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "tiny"))
     status = wait_phase(testbed, operator, op_ns, "tiny", "Running")["status"]
     uid = job(testbed, op_ns, "tiny")["metadata"]["uid"]
-    for kind in ("configmap", "persistentvolumeclaim", "serviceaccount", "role",
-                 "rolebinding", "raycluster"):
+    for kind in ("configmap", "serviceaccount", "role", "rolebinding", "raycluster"):
         owned = [i for i in items(testbed, kind, op_ns, "grpo.dev/job=tiny")
                  if any(o["uid"] == uid for o in i["metadata"].get("ownerReferences", []))]
         assert len(owned) == 1, kind
+    # The checkpoint claim is kept (checkpoint.retention Retain): labelled, not owned.
+    claim = items(testbed, "persistentvolumeclaim", op_ns, f"grpo.dev/job-uid={uid}")
+    assert len(claim) == 1 and "ownerReferences" not in claim[0]["metadata"]
     assert status["rayCluster"]["name"] == "tiny-a0"
     assert status["plan"]["totalGpus"] == 2
     cond = {c["type"]: c for c in status["conditions"]}
@@ -194,9 +196,15 @@ def test_progress_patch_shows_step_and_reward_and_exit_0_succeeds(
 
     wait_until("HubFetch condition", lambda: hub().get("reason") == "Fetching", 30)
     assert "acme/tiny: 0.50 of 1.00 GiB" in hub()["message"]
-    end_head(testbed, op_ns, "done", 0, "Completed")
+    finished = json.dumps({"reason": "Succeeded", "step": 3, "lastCheckpointStep": 3,
+                           "detail": "", "export": {"path": f"/checkpoints/{op_ns}/done/export",
+                                                    "step": 3}})
+    end_head(testbed, op_ns, "done", 0, "Completed", finished)
     status = wait_phase(testbed, operator, op_ns, "done", "Succeeded")["status"]
     assert status["attempts"][0]["outcome"] == "Succeeded"
+    # Where the exported model is, as the API server stored it (the CRD's schema).
+    assert status["export"] == {"claimName": "done-checkpoints", "path": f"{op_ns}/done/export",
+                                "step": 3}
     assert status["progress"]["rewardMean"] == 0.75  # the trainer's fields survive
     wait_until("RayCluster released", lambda: not items(testbed, "raycluster", op_ns), 60)
     assert items(testbed, "persistentvolumeclaim", op_ns)  # checkpoints stay
@@ -259,11 +267,59 @@ def test_a_users_claim_goes_with_the_job_when_asked(
     user_claim(testbed, op_ns, "mine")
     apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "all",
                                        checkpoint={"claimName": "mine",
-                                                   "deleteClaimWithJob": True}))
+                                                   "retention": "Delete"}))
     wait_phase(testbed, operator, op_ns, "all", "Running")
     testbed.kubectl("delete", "grpojob", "all", "-n", op_ns, "--wait=true")
     wait_until("the user's claim deleted too",
                lambda: not items(testbed, "persistentvolumeclaim", op_ns), 60)
+
+
+def test_a_kept_claim_outlives_its_job_and_a_job_created_again_adopts_it(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "kept"))
+    wait_phase(testbed, operator, op_ns, "kept", "Running")
+    first = job(testbed, op_ns, "kept")["metadata"]["uid"]
+    # Deleted while garbage collection has not reached its cluster yet (orphaned here,
+    # so the pods stay as long as the test needs).
+    testbed.kubectl("delete", "grpojob", "kept", "-n", op_ns, "--cascade=orphan",
+                    "--wait=true")
+    claims = items(testbed, "persistentvolumeclaim", op_ns, "grpo.dev/job=kept")
+    assert [c["metadata"]["name"] for c in claims] == ["kept-checkpoints"]
+    assert claims[0]["metadata"]["labels"]["grpo.dev/job-uid"] == first
+    assert "deletionTimestamp" not in claims[0]["metadata"]
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "kept"))
+    again = job(testbed, op_ns, "kept")["metadata"]["uid"]
+    assert again != first
+
+    def progressing() -> str:
+        conds = job(testbed, op_ns, "kept").get("status", {}).get("conditions") or []
+        return next((c["reason"] for c in conds if c["type"] == "Progressing"), "")
+
+    wait_until("WaitingForPreviousJob", lambda: progressing() == "WaitingForPreviousJob", 30)
+    testbed.kubectl("delete", "raycluster", "kept-a0", "-n", op_ns, "--wait=true")
+    wait_phase(testbed, operator, op_ns, "kept", "Running", 120)
+    wait_until("the claim relabelled", lambda: items(
+        testbed, "persistentvolumeclaim", op_ns, f"grpo.dev/job-uid={again}"), 30)
+    claim = items(testbed, "persistentvolumeclaim", op_ns, "grpo.dev/job=kept")[0]
+    assert "ownerReferences" not in claim["metadata"]  # still kept
+    events = testbed.kubectl("get", "events", "-n", op_ns,
+                             "--field-selector=reason=ClaimAdopted").stdout
+    assert "kept-checkpoints" in events and first in events
+    rc = items(testbed, "raycluster", op_ns, "grpo.dev/job=kept")
+    assert [r["metadata"]["ownerReferences"][0]["uid"] for r in rc] == [again]
+
+
+def test_a_claim_with_retention_delete_goes_with_its_job(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "temp",
+                                       checkpoint={"size": "1Gi", "retention": "Delete"}))
+    wait_phase(testbed, operator, op_ns, "temp", "Running")
+    uid = job(testbed, op_ns, "temp")["metadata"]["uid"]
+    claim = items(testbed, "persistentvolumeclaim", op_ns, "grpo.dev/job=temp")[0]
+    assert [o["uid"] for o in claim["metadata"]["ownerReferences"]] == [uid]
+    testbed.kubectl("delete", "grpojob", "temp", "-n", op_ns, "--wait=true")
+    wait_until("the claim deleted with its job", lambda: not items(
+        testbed, "persistentvolumeclaim", op_ns, "grpo.dev/job=temp"), 60)
 
 
 def test_missing_claim_is_a_condition_not_a_crash(

@@ -157,10 +157,11 @@ def test_max_restarts_ends_in_failed_after_exactly_that_many(
     assert "after 2 restarts" in failed["message"]
 
 
-def test_delete_during_backoff_leaves_nothing_behind(
+def test_delete_during_backoff_leaves_nothing_behind_but_its_checkpoints(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
     """Deleted while waiting out its backoff, the job must stay gone: watched until well
-    past the moment its next attempt was due, nothing of it may come back."""
+    past the moment its next attempt was due, nothing of it may come back. Its
+    checkpoint claim stays (checkpoint.retention Retain), the one it had."""
     slow = {"maxRestarts": 3, "backoff": {"initialSeconds": 10, "maxSeconds": 10}}
     testbed.kubectl("apply", "-n", op_ns, "-f", "-",
                     input=manifest("grpojob-tiny.yaml", "bye", slow))
@@ -184,7 +185,10 @@ def test_delete_during_backoff_leaves_nothing_behind(
                    "Z", "+00:00")) >= deleted_at]
         assert not new, f"created after the delete: {new}\n{operator.log_tail()}"
         time.sleep(0.5)
-    wait_until("nothing of the job left", lambda: not left((*ours, "pods")), 60)
+    wait_until("nothing of the job left", lambda: not left(
+        ("raycluster", "configmap", "serviceaccount", "pods")), 60)
+    assert [c["metadata"]["name"] for c in left(("persistentvolumeclaim",))] == [
+        "bye-checkpoints"]
 
 
 def test_operator_restart_during_backoff_neither_loses_nor_duplicates_the_attempt(

@@ -119,7 +119,8 @@ def test_an_exception_in_pure_code_fails_the_job_once_with_its_message() -> None
     """Not a job without a status, retried by Kopf forever."""
     job = _job(copy.deepcopy(_examples()[0]))
     bad_pod = {"metadata": {"labels": {"grpo.dev/attempt": "0"}}, "status": "nonsense"}
-    job["status"] = {"phase": "Running", "attempt": 0}
+    job["status"] = {"phase": "Running", "attempt": 0,
+                     "attempts": [{"index": 0, "startTime": T0, "outcome": "Running"}]}
     action = rec.reconcile(job, Observed(), rec.PodChanged(bad_pod), T0, CONFIG)
     status = apply_status_patch(job["status"], action.status)
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")

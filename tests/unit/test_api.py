@@ -46,7 +46,8 @@ def test_defaults_are_filled_and_wire_form_is_camel_case() -> None:
     wire = spec.to_wire()
     assert wire["algorithm"]["rolloutN"] == 5
     assert wire["checkpoint"] == {"size": "100Gi", "intervalSteps": 5, "keep": 2,
-                                  "asyncSave": False, "deleteClaimWithJob": False}
+                                  "asyncSave": False, "retention": "Retain",
+                                  "deleteClaimWithJob": False}
     assert wire["restartPolicy"]["backoff"] == {"initialSeconds": 30, "maxSeconds": 600}
     assert wire["memory"] == {}  # every knob auto: unset
     assert spec.memory.offload_params is None

@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_api.contract import MAX_RESTARTS
 from grpo_operator import reconcile as rec
 from grpo_operator.config import OperatorConfig
 from grpo_operator.reconcile import Action, Observed
+from grpo_operator.reconcile.retention import DELETE_ADVICE, RETAIN_ADVICE
 from grpo_operator.webhook import admission_problem
 from grpo_testbed.wire import apply_status_patch
 
@@ -151,6 +153,21 @@ def test_kueue_preemption_ends_the_attempt_without_costing_a_restart() -> None:
     assert job["status"]["rayCluster"] == {"name": "j-a1"}  # not admitted yet
     rc = next(c for c in action.children if c["kind"] == "RayCluster")
     assert rc["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+
+
+@pytest.mark.parametrize(("retention", "advice"), [("Retain", RETAIN_ADVICE),
+                                                   ("Delete", DELETE_ADVICE)])
+def test_a_preemption_past_the_last_attempt_number_says_what_re_creating_keeps(
+        retention: str, advice: str) -> None:
+    job = admitted_running_job()
+    job["spec"]["checkpoint"]["retention"] = retention
+    job["status"]["attempt"] = MAX_RESTARTS
+    job["status"]["attempts"][0]["index"] = MAX_RESTARTS
+    evicted = workload(cond("Evicted", "True", "Preempted", EVICTED))
+    preempted = cluster(attempt=MAX_RESTARTS, suspend=True, generation=3)
+    job, action = step(job, rec.ClusterChanged(preempted), T1, Observed(workload=evicted))
+    assert job["status"]["phase"] == "Failed"
+    assert f"delete the job and create it again ({advice})" in action.events[0][2]
 
 
 def test_the_head_deleted_by_kuberay_on_preemption_is_not_a_lost_node() -> None:

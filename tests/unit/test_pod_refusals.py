@@ -15,6 +15,7 @@ from grpo_operator import reconcile as rec
 from grpo_operator.config import OperatorConfig
 from grpo_operator.reconcile import Action, Observed
 from grpo_operator.reconcile.refusals import Refusal, pod_create_refusal, refusal_pending
+from grpo_operator.reconcile.retention import DELETE_ADVICE, RETAIN_ADVICE
 from grpo_testbed.wire import apply_status_patch
 
 pytestmark = pytest.mark.unit
@@ -66,8 +67,9 @@ def failure(reason: str, message: str, since: str = "2026-11-24T09:59:59Z"
             "message": f"{reason}\n{message}", "lastTransitionTime": since}
 
 
-def job() -> dict[str, Any]:
+def job(**checkpoint: Any) -> dict[str, Any]:
     spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    spec["checkpoint"] = {**spec["checkpoint"], **checkpoint}
     out = {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
            "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1,
                         "resourceVersion": "1"}, "spec": spec, "status": {}}
@@ -149,6 +151,18 @@ def test_the_deadline_is_the_operators_setting() -> None:
                            "2026-11-24T10:00:06.000Z", short)
     assert action.status["phase"] == "Failed"
     assert "worker pod of RayCluster j-a0 for 6 s" in action.events[0][2]
+
+
+@pytest.mark.parametrize(("checkpoint", "advice"), [({}, RETAIN_ADVICE),
+                                                    ({"retention": "Delete"}, DELETE_ADVICE)])
+def test_the_failure_says_what_deleting_the_job_does_to_its_checkpoints(
+        checkpoint: dict[str, Any], advice: str) -> None:
+    """It sends the user to delete the job: a Delete job must not read that its
+    checkpoints are kept."""
+    rc = ray_cluster(failure("FailedCreateWorkerPod", QUOTA, since="2026-11-24T10:00:00Z"))
+    action = cluster_event(job(**checkpoint), rc, "2026-11-24T10:05:01.000Z")
+    assert action.status["phase"] == "Failed"
+    assert f"delete the job and create it again ({advice})" in action.events[0][2]
 
 
 def test_once_kuberay_creates_the_pods_the_refusal_clears() -> None:

@@ -40,6 +40,7 @@ ENV_OVERRIDES: dict[str, str] = {
     Env.CHECKPOINT_DIR: "checkpoint.dir",
     Env.JOB_NAME: "trainer.job_name",
     Env.JOB_NAMESPACE: "trainer.job_namespace",
+    Env.JOB_UID: "trainer.job_uid",
     Env.ATTEMPT: "trainer.attempt",
     Env.FAULT_INJECT: "trainer.fault_inject",
     Env.TERMINATION_LOG: "trainer.termination_log",

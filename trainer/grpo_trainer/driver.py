@@ -13,10 +13,12 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from grpo_api.trainer_config import Config
 
+from .checkpointing.final_export import FinalExport, export_final
 from .checkpointing.seam import Checkpointer, NoCheckpointer
 from .config import ConfigError
 from .data import PromptDataset, Record, StatefulLoader
@@ -346,6 +348,18 @@ class GRPOTrainer:
             )
             self._reported_checkpoint = ckpt
         return self.history
+
+    def export_final(self) -> FinalExport | None:
+        """After a finished run (checkpoint.export): the ranks stop, then the final
+        checkpoint becomes a Hugging Face directory on rank 0's node (final_export.py)."""
+        step = self.checkpointer.latest_step()
+        if not self.cfg.checkpoint.export or self.cfg.checkpoint.dir is None or step is None:
+            return None
+        node = self.group.info[0].get("node_id") if self.group is not None else None
+        if self.group is not None:
+            self.group.shutdown()  # their host memory is what the export needs
+            self.group = None
+        return export_final(Path(self.cfg.checkpoint.dir), step, node)
 
     def close(self) -> None:
         self.rewards.close()

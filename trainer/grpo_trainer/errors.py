@@ -183,9 +183,10 @@ def termination_log_path(configured: str | None = None) -> Path:
 
 def termination_message(
     reason: FailureReason, step: int | None, last_checkpoint_step: int | None, detail: str,
-    phase: RankPhase | None = None,
+    phase: RankPhase | None = None, export: dict[str, object] | None = None,
 ) -> str:
-    """The JSON the operator reads, trimmed so it always fits the 4 KiB limit."""
+    """The JSON the operator reads, trimmed so it always fits the 4 KiB limit; a
+    succeeded run's `export` ({path, step}) becomes the job's status.export."""
     body: dict[str, object] = {
         "reason": str(reason),
         "step": step,
@@ -194,6 +195,8 @@ def termination_message(
     }
     if phase is not None:
         body["phase"] = phase.value
+    if export is not None:
+        body["export"] = export
     text = json.dumps(body)
     while len(text.encode()) > TERMINATION_MESSAGE_MAX_BYTES:
         # Keep the tail: the innermost error line is the informative part.

@@ -6,8 +6,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from grpo_api.contract import ExitCode, FailureReason
+from grpo_api.contract import TERMINATION_LOG, ExitCode, FailureReason
 
+from .checkpointing.model_guard import check_same_model
 from .config import ConfigError, check_runtime, load_config
 from .errors import classify, step_of, termination_log_path, termination_message, write_termination
 
@@ -26,6 +27,8 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
         cfg = load_config(config_path, overrides)
         term_path = termination_log_path(cfg.trainer.termination_log)
         check_runtime(cfg)
+        if resume:
+            check_same_model(cfg)
     except ConfigError as err:
         # Before anything touches Ray or the checkpoint directory: never retried.
         print(f"config error: {err}", file=sys.stderr)
@@ -47,6 +50,14 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
         )
         started_ray = init_ray(cfg)
         trainer.run()
+        exported = trainer.export_final()
+        if term_path.exists() or str(term_path) != TERMINATION_LOG:
+            # In a pod (the kubelet made the file) or where asked: the operator reads
+            # status.export from it. A local run has no one to tell.
+            write_termination(term_path, termination_message(
+                FailureReason.SUCCEEDED, trainer.step, trainer.checkpointer.latest_step(),
+                f"exported step {exported.step} to {exported.path}" if exported else "",
+                export=exported.to_message() if exported else None))
         return int(ExitCode.FINISHED)
     except (Exception, KeyboardInterrupt) as err:
         c = classify(err)

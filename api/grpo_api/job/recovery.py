@@ -7,7 +7,7 @@ from typing import Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ..contract import MAX_RESTARTS
+from ..contract import MAX_RESTARTS, CheckpointRetention
 from .base import DNS_LABEL_PATTERN, QUANTITY_PATTERN, ApiModel, cel_rule
 
 
@@ -53,13 +53,28 @@ class CheckpointSpec(ApiModel):
             "weights and Adam state), which the plan budgets in host RAM."
         ),
     )
+    retention: CheckpointRetention = Field(
+        CheckpointRetention.RETAIN,
+        strict=False,  # the wire spells the enum as its string
+        description=(
+            "What deleting the job does to its checkpoint claim (as a StatefulSet's "
+            "persistentVolumeClaimRetentionPolicy). Retain: the claim and its checkpoints "
+            "stay (the operator's claim is labelled grpo.dev/job and grpo.dev/job-uid); a "
+            "job created again under the same name adopts it and resumes from its newest "
+            "complete checkpoint. Delete: the claim is owned by the job and deleted with it."
+        ),
+    )
     delete_claim_with_job: bool = Field(
         False,
         description=(
-            "With claimName: delete that claim (and its checkpoints) when the job is "
-            "deleted. A claim the operator created always goes with the job."
+            "Deprecated: true is retention: Delete (kept so stored jobs still parse)."
         ),
     )
+
+    @property
+    def effective_retention(self) -> CheckpointRetention:
+        """retention, with the deprecated deleteClaimWithJob: true read as Delete."""
+        return CheckpointRetention.DELETE if self.delete_claim_with_job else self.retention
 
     @model_validator(mode="after")
     def _claim_xor_size(self) -> Self:

@@ -275,6 +275,11 @@ DEPRECATED_FIELDS = {
         "processes (prompts and images are encoded on the ranks that generate them), so "
         "the plan no longer budgets memory or CPUs for them; remove it from the manifest"
     ),
+    "checkpoint.deleteClaimWithJob": (
+        "spec.checkpoint.deleteClaimWithJob is deprecated: it is checkpoint.retention: "
+        "Delete, which applies to a claimName and to the claim the operator creates alike; "
+        "set that instead"
+    ),
 }
 
 
@@ -364,4 +369,6 @@ class GRPOJobSpec(ApiModel):
 
     def deprecation_warnings(self) -> list[str]:
         """What admission warns about (kubectl prints it): deprecated fields that are set."""
-        return [DEPRECATED_FIELDS["data.workers"]] if self.data.workers is not None else []
+        set_ = {"data.workers": self.data.workers is not None,
+                "checkpoint.deleteClaimWithJob": self.checkpoint.delete_claim_with_job}
+        return [DEPRECATED_FIELDS[k] for k, on in set_.items() if on]

@@ -185,6 +185,19 @@ class RayClusterStatus(ApiModel):
     )
 
 
+class ExportStatus(ApiModel):
+    """Where the finished job's model is: written by the operator from the trainer's
+    termination message when the job succeeds."""
+
+    claim_name: str = Field(description="The checkpoint claim that holds it.")
+    path: str = Field(
+        min_length=1,
+        description="Directory in that claim (e.g. <namespace>/<job>/export): Hugging Face "
+        "safetensors, config and processor files; from_pretrained loads it.",
+    )
+    step: int = Field(ge=0, description="The training step it was exported from.")
+
+
 class GRPOJobStatus(ApiModel):
     """Observed state, following the Kubernetes API conventions."""
 
@@ -215,4 +228,7 @@ class GRPOJobStatus(ApiModel):
     ray_cluster: RayClusterStatus | None = Field(None, description="Current RayCluster.")
     next_attempt: NextAttempt | None = Field(
         None, description="Set while a restart waits for its backoff; removed when it starts."
+    )
+    export: ExportStatus | None = Field(
+        None, description="The final model, exported when the job succeeded."
     )

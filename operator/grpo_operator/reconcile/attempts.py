@@ -27,6 +27,7 @@ from ..render import JobRef, names, pod_settings, render_children
 from ..render.trainer_config import SPEC_SOURCES, trainer_config
 from .classify import PodOutcome
 from .conditions import PhaseView, attempt_of, status_patch
+from .retention import ClaimChange, export_status, recreate_advice
 
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
@@ -45,7 +46,7 @@ class Action:
     status: dict[str, Any] = field(default_factory=dict)  # merge patch; {}: nothing to write
     children: list[dict[str, Any]] = field(default_factory=list)  # create if absent
     delete_ray_cluster: str | None = None
-    own_claim: str | None = None  # the user's claim, to be owned by (and go with) the job
+    claim_change: ClaimChange | None = None  # the checkpoint claim's owner and labels
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, msg)
     retry: tuple[str, float] | None = None  # (why, seconds): cannot go on yet, decide again
     restart_reason: str | None = None  # an attempt failed and will be retried (metric)
@@ -256,8 +257,10 @@ def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str
 
 def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
                    now: str, spec_body: dict[str, Any] | None = None,
-                   catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
-    """The head's trainer ended: record the attempt, then succeed, restart (after a
+                   catalog: Mapping[str, GpuType] = GPU_CATALOG,
+                   claim: str | None = None) -> Action:
+    """The head's trainer ended: record the attempt, then succeed (with the exported
+    model's place on the checkpoint `claim` in status.export), restart (after a
     backoff, with the next safer setting for its failure class) or give up."""
     attempt = int(status.get("attempt") or 0)
     attempts = [dict(a) for a in status.get("attempts") or []]
@@ -281,7 +284,9 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
     if reason is FailureReason.SUCCEEDED:
         view = PhaseView(Phase.SUCCEEDED, "TrainingFinished",
                          f"attempt {attempt}: {outcome.message}")
-        return _ended(status, attempts, view, generation, now, rc, "Normal")
+        exported = ({"export": export_status(outcome.export, claim)}
+                    if outcome.export is not None and claim else {})
+        return _ended(status, attempts, view, generation, now, rc, "Normal", **exported)
     restarts = int(status.get("restarts") or 0)
     what = _WORDS.get(reason.value, reason.value)
     where = f" at step {step}" if step is not None else ""
@@ -289,7 +294,8 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
                 None)
     if reason in PERMANENT or spec_body is None:
         view = PhaseView(Phase.FAILED, reason.value, f"attempt {attempt}: {outcome.message}; "
-                         "not retried (fix the job and create it again)")
+                         "not retried: fix the cause, then delete the job and create it "
+                         f"again ({recreate_advice(spec_body)})")
         return _ended(status, attempts, view, generation, now, rc, "Warning")
     spec, plan = planned(spec_body, attempts[:-1], catalog)
     if restarts >= spec.restart_policy.max_restarts:
@@ -323,9 +329,9 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
 
 
 def _ended(status: dict[str, Any], attempts: list[dict[str, Any]], view: PhaseView,
-           generation: int, now: str, rc: str | None, kind: str) -> Action:
+           generation: int, now: str, rc: str | None, kind: str, **fields: Any) -> Action:
     return Action(
-        status_patch(status, generation, now, view, attempts=attempts),
+        status_patch(status, generation, now, view, attempts=attempts, **fields),
         delete_ray_cluster=rc,
         events=[(kind, view.reason, view.message)],
     )

@@ -24,6 +24,24 @@ _EXIT_CLASSES = {
 
 
 @dataclass(frozen=True)
+class Exported:
+    """The final model the trainer exported (the termination message's `export`)."""
+
+    path: str  # in the pod, under the checkpoint mount
+    step: int
+
+
+def _exported(msg: dict[str, Any]) -> Exported | None:
+    export = msg.get("export")
+    if not isinstance(export, dict):
+        return None
+    path, step = export.get("path"), export.get("step")
+    if not isinstance(path, str) or not path or not isinstance(step, int) or step < 0:
+        return None
+    return Exported(path, step)
+
+
+@dataclass(frozen=True)
 class PodOutcome:
     """How one container ended."""
 
@@ -33,6 +51,7 @@ class PodOutcome:
     step: int | None = None
     last_checkpoint_step: int | None = None
     phase: RankPhase | None = None  # the termination message's: what the ranks were doing
+    export: Exported | None = None  # a succeeded trainer's exported model
 
 
 def container_state(pod: dict[str, Any], container: str | None = None) -> dict[str, Any]:
@@ -98,7 +117,8 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
     phase = str(msg.get("phase") or "")
     return PodOutcome(reason, code, f"{text} (exit {code}){': ' + detail if detail else ''}",
                       step, ckpt,
-                      RankPhase(phase) if phase in RankPhase.__members__.values() else None)
+                      RankPhase(phase) if phase in RankPhase.__members__.values() else None,
+                      _exported(msg) if reason is FailureReason.SUCCEEDED else None)
 
 
 # A worker pod that ends takes its ranks with it (the trainer has no elasticity), so the

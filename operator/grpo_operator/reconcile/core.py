@@ -14,7 +14,7 @@ from typing import Any
 from grpo_api.contract import TERMINAL_PHASES, Phase, Role
 
 from ..config import OperatorConfig
-from ..render import JobRef
+from ..render import JobRef, names
 from .attempts import (
     Action,
     claim_problem,
@@ -49,6 +49,9 @@ from .queue import (
 )
 from .queue import generation as cluster_generation
 from .refusals import pod_create_refusal, refusal_shown, refused
+from .retention import claim_change, recreate_advice
+
+PREVIOUS_JOB_RETRY_SECONDS = 5.0  # a new job waits this long for an earlier one's pods
 
 # Phases in which the Ray pods and cluster say nothing new: the job ended, is suspended,
 # or waits for its next attempt (whose cluster does not exist yet).
@@ -104,9 +107,12 @@ Event = (SpecChanged | BackoffTimer | JobChanged | PodChanged | ClusterChanged
 class Observed:
     """What the handler read besides the job, for the events that need it."""
 
-    claim: dict[str, Any] | None = None  # the PVC spec.checkpoint.claimName names
+    # The checkpoint claim (spec.checkpoint.claimName, or the operator's <job>-checkpoints,
+    # which may be kept from an earlier job of this name).
+    claim: dict[str, Any] | None = None
     model_claim: dict[str, Any] | None = None  # the PVC spec.model.claimName names
-    # The cluster's Ray pods; for the restart timer, every pod of the job.
+    # The cluster's Ray pods; for the restart timer, every pod of the job; for a job
+    # without attempts yet, the pods labelled with its name (an earlier job's).
     pods: list[dict[str, Any]] = field(default_factory=list)
     # Read when a pod is deleted: deleting a namespace deletes the pods before the job,
     # which would otherwise read as a node loss and start a restart nothing can create.
@@ -175,8 +181,11 @@ def pod_needs_pods(job: dict[str, Any], event: PodChanged) -> bool:
 
 def _live(status: dict[str, Any], obj: dict[str, Any]) -> bool:
     """Whether a pod or cluster event can change the job: one of its live attempt, which
-    has not ended (a preempted attempt waits for the next one as Queued, not Restarting)."""
+    has not ended (a preempted attempt waits for the next one as Queued, not Restarting).
+    A job without attempts has none: pods and clusters labelled with its name then are
+    an earlier job's of that name, going away."""
     return (status.get("phase") not in _QUIET and not status.get("nextAttempt")
+            and bool(status.get("attempts"))
             and attempt_of(obj) == str(status.get("attempt") or 0))
 
 
@@ -219,7 +228,7 @@ def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
     try:
         return _decide(ref, spec, status, generation, now, observed, event, config)
     except Exception as exc:  # a defect in pure code: never a job without a status
-        return _internal_error(event, exc, status, generation, now)
+        return _internal_error(event, exc, spec, status, generation, now)
 
 
 def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,
@@ -234,9 +243,9 @@ def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
         case JobChanged():
             return _on_job(status, generation, now)
         case PodChanged(pod=pod, deleted=deleted):
-            return _on_pod(spec, status, generation, now, pod, deleted, observed, config)
+            return _on_pod(ref, spec, status, generation, now, pod, deleted, observed, config)
         case ClusterChanged(ray_cluster=rc):
-            return _on_cluster(status, generation, now, rc, observed, config)
+            return _on_cluster(spec, status, generation, now, rc, observed, config)
         case CreateFailed(kind=kind, name=name, message=message):
             return create_failed(status, kind, name, message, generation, now)
     raise TypeError(f"unknown event {event!r}")
@@ -245,8 +254,8 @@ def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
 INTERNAL_ERROR = "InternalError"
 
 
-def _internal_error(event: Event, exc: Exception, status: dict[str, Any], generation: int,
-                    now: str) -> Action:
+def _internal_error(event: Event, exc: Exception, spec: dict[str, Any],
+                    status: dict[str, Any], generation: int, now: str) -> Action:
     """An exception from the operator's own code ends the job Failed with its message,
     once: Kopf would retry the handler forever and the job would never get a status.
     The job's children stay (owner references take them with the job)."""
@@ -254,7 +263,8 @@ def _internal_error(event: Event, exc: Exception, status: dict[str, Any], genera
         return Action()
     message = (f"the operator failed deciding on {type(event).__name__}: "
                f"{type(exc).__name__}: {exc}"[:2000]
-               + "; this is an operator defect: please report it with this message")
+               + "; this is an operator defect: please report it with this message, and "
+               f"after upgrading delete the job and create it again ({recreate_advice(spec)})")
     view = PhaseView(Phase.FAILED, INTERNAL_ERROR, message)
     return Action(status_patch(status, generation, now, view),
                   events=[("Warning", INTERNAL_ERROR, message)])
@@ -269,13 +279,20 @@ def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generati
         return Action(status_patch(status, generation, now, view),
                       events=[("Warning", "ClaimMissing", problem)],
                       retry=(problem, config.claim_retry_seconds))
+    if observed.pods and not status.get("attempts"):
+        # A job of this name was deleted and its pods are still going: its drivers must be
+        # gone before this job's adopt the checkpoint directory.
+        left = sorted(str(p.get("metadata", {}).get("name")) for p in observed.pods)
+        view = PhaseView(Phase.PENDING, "WaitingForPreviousJob",
+                         f"{len(left)} pod(s) of an earlier job named {ref.name} are still "
+                         f"there: {', '.join(left[:5])}; this job starts once they are gone")
+        return Action(status_patch(status, generation, now, view),
+                      retry=(view.message, PREVIOUS_JOB_RETRY_SECONDS))
     action = ensure_attempt(ref, spec, status, generation, now, config.default_image,
                             config.catalog)
-    ckpt = spec.get("checkpoint") or {}
-    if ckpt.get("claimName") and ckpt.get("deleteClaimWithJob"):
-        # The user asked for their claim to go with the job: garbage collection deletes
-        # it once the job is gone.
-        action.own_claim = str(ckpt["claimName"])
+    action.claim_change = claim_change(spec, ref, observed.claim)
+    if action.claim_change is not None and action.claim_change.event is not None:
+        action.events.append(action.claim_change.event)
     return action
 
 
@@ -294,8 +311,8 @@ def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:
     return Action({"conditions": new}, events=events)
 
 
-def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: str,
-            pod: dict[str, Any], deleted: bool, observed: Observed,
+def _on_pod(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,
+            now: str, pod: dict[str, Any], deleted: bool, observed: Observed,
             config: OperatorConfig) -> Action:
     if not _live(status, pod):
         return Action()  # the job is quiet, or a pod of an earlier attempt being removed
@@ -303,11 +320,13 @@ def _on_pod(spec: dict[str, Any], status: dict[str, Any], generation: int, now: 
     outcome = _ended(pod, deleted)
     if (outcome is not None and observed.ray_cluster is not None
             and preempted(observed.ray_cluster, status)):
-        return preempt_attempt(status, observed.workload, generation, now)
+        return preempt_attempt(status, observed.workload, generation, now,
+                               recreate_advice(spec))
     if outcome is not None:
         if role(pod) == Role.HEAD and outcome.reason in LOST_RANKS:
             outcome = in_context(outcome, pods)
-        return finish_attempt(status, outcome, generation, now, spec, config.catalog)
+        claim = names.checkpoint_claim(ref, (spec.get("checkpoint") or {}).get("claimName"))
+        return finish_attempt(status, outcome, generation, now, spec, config.catalog, claim)
     view = None if deleted else unschedulable_view(pod)
     if view is None and pods and status.get("phase") != Phase.RUNNING:
         # Its pods exist, so its RayCluster does: the phase follows from the pods.
@@ -327,12 +346,13 @@ def _seen(view: PhaseView, status: dict[str, Any], generation: int, now: str) ->
     return Action(change, events=[("Normal", "Running", view.message)] if running else [])
 
 
-def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str, Any],
-                observed: Observed, config: OperatorConfig) -> Action:
+def _on_cluster(spec: dict[str, Any], status: dict[str, Any], generation: int, now: str,
+                rc: dict[str, Any], observed: Observed, config: OperatorConfig) -> Action:
     if not _live(status, rc):
         return Action()
     if preempted(rc, status):
-        return preempt_attempt(status, observed.workload, generation, now)
+        return preempt_attempt(status, observed.workload, generation, now,
+                               recreate_advice(spec))
     if held_by_kueue(rc):
         if admitted(status):
             return Action()  # a copy read before the admission was seen: nothing new
@@ -341,7 +361,7 @@ def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str,
         if action.status.get("phase") == Phase.QUEUED:
             action.events.append(("Normal", "Queued", view.message))
         return action
-    action = _observed_cluster(status, generation, now, rc, observed.pods, config)
+    action = _observed_cluster(spec, status, generation, now, rc, observed.pods, config)
     if queue_of(rc) is not None and not admitted(status):
         action.status["rayCluster"] = {**action.status.get("rayCluster", {}),
                                        "name": rc["metadata"]["name"],
@@ -350,14 +370,15 @@ def _on_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str,
     return action
 
 
-def _observed_cluster(status: dict[str, Any], generation: int, now: str, rc: dict[str, Any],
-                      pods: list[dict[str, Any]], config: OperatorConfig) -> Action:
+def _observed_cluster(spec: dict[str, Any], status: dict[str, Any], generation: int,
+                      now: str, rc: dict[str, Any], pods: list[dict[str, Any]],
+                      config: OperatorConfig) -> Action:
     """The live attempt's cluster as KubeRay reports it: refused pod creates, or the
     phase its state and pods give."""
     refusal = pod_create_refusal(rc)
     if refusal is not None and status.get("phase") != Phase.RUNNING:
         return refused(status, refusal, rc["metadata"]["name"], generation, now,
-                       config.pod_create_deadline_seconds)
+                       config.pod_create_deadline_seconds, recreate_advice(spec))
     workers = int((status.get("plan") or {}).get("nodes") or 0)
     action = _seen(attempt_phase(rc, pods, workers), status, generation, now)
     state = (rc.get("status") or {}).get("state")

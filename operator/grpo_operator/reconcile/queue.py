@@ -109,10 +109,12 @@ def eviction_message(workload: dict[str, Any] | None) -> str:
 
 
 def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None,
-                    generation: int, now: str) -> Action:
+                    generation: int, now: str, advice: str) -> Action:
     """Kueue took the live attempt's quota back: record it as Preempted (no restart
     counted, no backoff), release its cluster and queue the next attempt, which resumes
-    from the newest complete checkpoint once Kueue admits it again."""
+    from the newest complete checkpoint once Kueue admits it again. `advice`: what
+    deleting and re-creating the job does to its checkpoints (said when no attempt
+    numbers are left)."""
     attempt = int(status.get("attempt") or 0)
     attempts = [dict(a) for a in status.get("attempts") or []]
     record = next((a for a in attempts if a.get("index") == attempt), None)
@@ -129,8 +131,8 @@ def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None,
     if attempt >= MAX_RESTARTS:
         view = PhaseView(Phase.FAILED, KUEUE_PREEMPTED,
                          f"attempt {attempt}: {why}; no attempt numbers left (at most "
-                         f"{MAX_RESTARTS + 1} attempts); create the job again to go on "
-                         f"from checkpoint step {ckpt}")
+                         f"{MAX_RESTARTS + 1} attempts); to go on from checkpoint step "
+                         f"{ckpt}, delete the job and create it again ({advice})")
         return Action(status_patch(status, generation, now, view, attempts=attempts),
                       delete_ray_cluster=rc, events=[("Warning", KUEUE_PREEMPTED,
                                                       view.message)])

@@ -62,11 +62,12 @@ def _stamp(t: dt.datetime) -> str:
 
 
 def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: int,
-            now: str, deadline_s: float) -> Action:
+            now: str, deadline_s: float, advice: str) -> Action:
     """Pending (Progressing and Degraded reason PodCreateRefused, the API server's
     message, one Warning event) until `deadline_s` after the first refusal; then the
     attempt fails for good (retrying the same pods cannot help) and the RayCluster goes,
-    so KubeRay stops trying."""
+    so KubeRay stops trying; its message says what deleting and re-creating the job does
+    to its checkpoints (`advice`)."""
     since = _time(refusal.since) if refusal.since else _time(now)
     until = since + dt.timedelta(seconds=deadline_s)
     what = f"KubeRay cannot create the {refusal.role} pod of RayCluster {rc_name}"
@@ -81,7 +82,7 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: 
     seconds = int((_time(now) - since).total_seconds())
     view = PhaseView(Phase.FAILED, POD_CREATE_REFUSED,
                      f"{what} for {seconds} s: {refusal.message}. Not retried: {FIX}, "
-                     "then create the job again")
+                     f"then delete the job and create it again ({advice})")
     attempt = int(status.get("attempt") or 0)
     attempts = [dict(a) for a in status.get("attempts") or []]
     for a in attempts:

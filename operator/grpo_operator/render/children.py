@@ -16,6 +16,7 @@ from grpo_api.contract import (
     CONFIG_PATH,
     DEFAULT_TRAINER_IMAGE,
     JOB_LABEL,
+    JOB_UID_LABEL,
     KIND,
     KUEUE_QUEUE_LABEL,
     MODEL_MOUNT,
@@ -23,6 +24,7 @@ from grpo_api.contract import (
     RAY_VERSION,
     ROLE_LABEL,
     TERMINATION_LOG,
+    CheckpointRetention,
     Env,
     Role,
 )
@@ -65,6 +67,7 @@ def job_env(plan: Plan, job: JobRef, attempt: int) -> dict[str, str]:
         **plan.env,
         Env.JOB_NAME.value: job.name,
         Env.JOB_NAMESPACE.value: job.namespace,
+        Env.JOB_UID.value: job.uid,
         Env.ATTEMPT.value: str(attempt),
         Env.CHECKPOINT_DIR.value: names.checkpoint_dir(job),
     }
@@ -80,6 +83,8 @@ def render_children(
         "spec": spec,
         "attempt": attempt,
         "job_label": JOB_LABEL,
+        "job_uid_label": JOB_UID_LABEL,
+        "claim_owned": spec.checkpoint.effective_retention is CheckpointRetention.DELETE,
         "attempt_label": ATTEMPT_LABEL,
         "role_label": ROLE_LABEL,
         "queue_label": KUEUE_QUEUE_LABEL,

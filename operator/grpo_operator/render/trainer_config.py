@@ -115,6 +115,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             "interval_steps": spec.checkpoint.interval_steps,
             "keep": spec.checkpoint.keep,
             "async_save": spec.checkpoint.async_save,
+            "export": True,  # the final model to <dir>/export: status.export says where
         },
         "metrics": {"prometheus_port": METRICS_PORT, "progress_bar": "off"},
         "trainer": {

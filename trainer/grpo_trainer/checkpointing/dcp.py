@@ -120,6 +120,7 @@ class DCPCheckpointer:
         self.async_save = cfg.checkpoint.async_save
         self.resume = resume
         self.attempt = cfg.trainer.attempt
+        self.job_uid = cfg.trainer.job_uid
         # Slot for driver-side algorithm state (a reward normaliser, an adaptive KL
         # controller): saved in trainer_state.json and handed back on resume.
         self.algorithm_state: dict[str, Any] = {}
@@ -137,7 +138,8 @@ class DCPCheckpointer:
         return self._latest
 
     def restore(self, group: Any, loader: Any) -> int:
-        fence.claim(self.root, self.attempt)  # before anything here is read or removed
+        # Before anything here is read or removed.
+        fence.claim(self.root, self.attempt, self.job_uid)
         self._latest_known = True
         plan = plan_startup(scan(self.root), self._tracker_step())
         for step, why in plan.remove:
@@ -163,7 +165,7 @@ class DCPCheckpointer:
         if not is_due(step, self.interval, final):
             return
         self._poll(group, wait=True)
-        fence.check(self.root, self.attempt, f"saving checkpoint step {step}")
+        self._fence(f"saving checkpoint step {step}")
         t0 = time.perf_counter()
         path = self.root / step_dir_name(step)
         if path.exists():  # an abandoned or skipped (corrupt) save of this step
@@ -185,6 +187,9 @@ class DCPCheckpointer:
         self._poll(group, wait=True)
 
     # -- internals ---------------------------------------------------------------
+    def _fence(self, action: str) -> None:
+        fence.check(self.root, self.attempt, action, self.job_uid)
+
     def _tracker_step(self) -> int | None:
         tracker = read_tracker(self.root)
         return tracker.step if tracker else None
@@ -223,12 +228,12 @@ class DCPCheckpointer:
         except Exception:
             # A newer attempt's start-up removes incomplete step directories, this one's
             # in-flight save among them: its write then fails because it was superseded.
-            fence.check(self.root, self.attempt, f"committing checkpoint step {pending.step}")
+            self._fence(f"committing checkpoint step {pending.step}")
             raise
         if any(r is None for r in results):
             return
         # Before the driver's own files: a newer attempt may have removed the directory.
-        fence.check(self.root, self.attempt, f"committing checkpoint step {pending.step}")
+        self._fence(f"committing checkpoint step {pending.step}")
         files = {k: write_durable(pending.path / k, v) for k, v in pending.driver_files.items()}
         for r in results:
             files.update({k: from_wire(v) for k, v in r["files"].items()})
@@ -236,7 +241,7 @@ class DCPCheckpointer:
         self._pending = None
 
     def _commit(self, pending: _Pending, files: dict[str, FileEntry], world: int) -> None:
-        fence.check(self.root, self.attempt, f"committing checkpoint step {pending.step}")
+        self._fence(f"committing checkpoint step {pending.step}")
         created = datetime.now(UTC).isoformat()
         manifest = build_manifest(pending.step, world, created, files)
         atomic_write(pending.path / MANIFEST, manifest.model_dump_json(indent=1).encode())

@@ -66,8 +66,10 @@ def verify(step_dir: Path) -> None:
         raise ExportError(f"checkpoint {step_dir} is corrupt or incomplete: {'; '.join(problems)}")
 
 
-def load_model_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
-    """The full (unsharded) model tensors, named as the HF module names them."""
+def load_model_tensors(step_dir: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The full (unsharded) model tensors, named as the HF module names them; in
+    ``dtype`` if given (DCP converts each item as it reads it, so a float32 checkpoint
+    never sits in memory whole next to its bfloat16 copy)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -77,7 +79,7 @@ def load_model_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for key, md in metadata.state_dict_metadata.items():
         if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata):
-            state[key] = torch.empty(md.size, dtype=md.properties.dtype)
+            state[key] = torch.empty(md.size, dtype=dtype or md.properties.dtype)
     if not state:
         raise ExportError(f"{step_dir} holds no model tensors")
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
@@ -141,15 +143,18 @@ def export(
     if model_path is not None:
         mcfg = mcfg.model_copy(update={"path": model_path, "tokenizer_path": None})
     hf_config = load_hf_config(mcfg)
-    tensors = load_model_tensors(step_dir)
     target = _dtype(dtype, hf_config)
-    if cfg.actor.lora is not None or adapter_out is not None:
+    lora = cfg.actor.lora is not None or adapter_out is not None
+    # LoRA merges its fp32 adapters into the base at the precision they were saved in.
+    tensors = load_model_tensors(step_dir, None if lora else target)
+    if lora:
         tensors = _lora_to_full(mcfg, cfg, tensors, adapter_out, target)
     with torch.device("meta"):
         model: Any = _auto_class(hf_config).from_config(
             hf_config, dtype=target, trust_remote_code=mcfg.trust_remote_code
         )
-    tensors = {k: v.to(target) for k, v in tensors.items()}
+    for k in list(tensors):  # one tensor at a time (LoRA's merge): never two copies
+        tensors[k] = tensors[k].to(target)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
     if missing or unexpected:
         raise ExportError(
@@ -159,7 +164,9 @@ def export(
     model.tie_weights()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    # safetensors serialises a whole shard in memory: 5 GB shards (the hub's usual) keep
+    # that copy small next to the weights.
+    model.save_pretrained(out, safe_serialization=True, max_shard_size="5GB")
     src = Path(mcfg.tokenizer_path or mcfg.path)
     if src.is_dir():
         _copy_side_files(src, out)

@@ -10,6 +10,8 @@
         trainer_state.json         step, epoch, loader position, rollout seeds, algorithm slot
         config.yaml                the resolved config
         manifest.json              the complete marker, written last: size + digest of each file
+    <dir>/export/                  the final model (checkpoint.export), Hugging Face layout,
+        export.json                its step, written before the directory is swapped in
 
 The tracker is the commit point: a step directory is complete when its manifest
 exists, and committed when the tracker names it or an older step. A crash at any
@@ -31,6 +33,8 @@ MANIFEST = "manifest.json"
 DCP_METADATA = ".metadata"
 TRAINER_STATE = "trainer_state.json"
 CONFIG = "config.yaml"
+EXPORT_DIR = "export"
+EXPORT_MARKER = "export.json"
 FORMAT = 2  # 1: sha256 digests; 2: the manifest names its digest algorithm
 # New saves: xxh3-128 (xxhash), ~10x sha256's speed, so verifying a checkpoint runs at
 # the disk's speed. It guards against corruption (flipped bits, torn or swapped files),
@@ -91,6 +95,9 @@ class Tracker(_Model):
 
 class Fence(_Model):
     attempt: int
+    # The job whose attempt this is (GRPO_JOB_UID); absent in fences of older trainers
+    # and of runs outside a GRPOJob.
+    job_uid: str | None = None
 
 
 def step_dir_name(step: int) -> str:
@@ -135,6 +142,20 @@ def superseded_by(mine: int, recorded: int | None) -> int | None:
     so it keeps the directory; only a strictly newer attempt fences it out.
     """
     return recorded if recorded is not None and recorded > mine else None
+
+
+def taken_over_by(mine: str | None, recorded: Fence | None) -> str | None:
+    """The uid of another job that holds the directory, or None.
+
+    A job deleted with its claim kept and created again under the same name has a new
+    uid and starts at attempt 0 on the directory its earlier incarnation fenced at some
+    attempt N: attempt numbers of two jobs do not compare, so the directory goes to the
+    job that claimed it last (the operator starts a new job only once the earlier job's
+    pods are gone), and a driver of the earlier job that still runs is fenced out.
+    """
+    if recorded is None or not mine or not recorded.job_uid or recorded.job_uid == mine:
+        return None
+    return recorded.job_uid
 
 
 def build_manifest(
