@@ -89,8 +89,8 @@ PLANNED = {
 }
 # The GRPO_* variables a Ray container may hold: the job's identity and per-process
 # switches. Any other (GRPO_MICRO_BATCH_SIZE, say) would be a second channel.
-PER_PROCESS = {"GRPO_JOB_NAME", "GRPO_JOB_NAMESPACE", "GRPO_ATTEMPT", "GRPO_CHECKPOINT_DIR",
-               "GRPO_FAULT_INJECT", "GRPO_TERMINATION_LOG"}
+PER_PROCESS = {"GRPO_JOB_NAME", "GRPO_JOB_NAMESPACE", "GRPO_JOB_UID", "GRPO_ATTEMPT",
+               "GRPO_CHECKPOINT_DIR", "GRPO_FAULT_INJECT", "GRPO_TERMINATION_LOG"}
 
 
 def _as_config(key: str, value: Any) -> Any:
