@@ -49,7 +49,7 @@ def sweep(parent: Path | None = None) -> list[Path]:
                 continue  # a live testbed
             size = _size(wd)
             _kill_orphans(wd)
-            _unmount_under(wd)
+            unmount_under(wd)
             shutil.rmtree(wd, ignore_errors=True)
             log.info("removed %s, left by a testbed whose process died (%.1f GB)", wd,
                      size / 1e9)
@@ -71,7 +71,9 @@ def _kill_orphans(wd: Path) -> None:
             continue
 
 
-def _unmount_under(wd: Path) -> None:
+def unmount_under(wd: Path) -> None:
+    """What is mounted at or under ``wd`` (volumes, rootfs, netns), deepest first and
+    lazily, so the directory can be removed."""
     root = str(wd)
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
               if line.split()[1] == root or line.split()[1].startswith(root + "/")]

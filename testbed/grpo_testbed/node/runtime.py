@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..leftovers import unmount_under
 from ..processes import Managed, free_ports, spawn, wait_until
 from ..versions import binary
 from .claims import ClaimDirectories
@@ -165,12 +166,7 @@ class RealNode:
                                    timeout=30, check=False)
 
     def _unmount_leftovers(self) -> None:
-        """Mounts the kubelet and containerd made under the work dir (volumes, rootfs,
-        netns), deepest first, so the directory can be removed."""
-        root = str(self.workdir)
-        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-                  if line.split()[1].startswith(root)]
-        for m in sorted(mounts, key=len, reverse=True):
-            subprocess.run(["umount", "-l", m], capture_output=True, check=False)
+        """Mounts the kubelet and containerd made under the work dir."""
+        unmount_under(self.workdir)
 
 
