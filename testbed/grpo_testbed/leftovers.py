@@ -47,25 +47,25 @@ def sweep(parent: Path | None = None) -> list[Path]:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # a live testbed
-            size = _size(wd)
-            _kill_orphans(wd)
+            free = shutil.disk_usage(wd).free
+            # The dead run's programs that outlived it (containerd shims, a kubelet).
+            kill_processes_naming(str(wd).encode())
             unmount_under(wd)
             shutil.rmtree(wd, ignore_errors=True)
-            log.info("removed %s, left by a testbed whose process died (%.1f GB)", wd,
-                     size / 1e9)
+            log.info("removed %s, left by a testbed whose process died (about %.1f GB "
+                     "freed)", wd, (shutil.disk_usage(wd.parent).free - free) / 1e9)
             removed.append(wd)
         finally:
             f.close()
     return removed
 
 
-def _kill_orphans(wd: Path) -> None:
-    """The dead run's programs that outlived it (containerd shims, a kubelet): any
-    process whose command line names the directory."""
-    needle = str(wd).encode()
+def kill_processes_naming(*needles: bytes) -> None:
+    """SIGKILL every process whose command line holds all of ``needles``."""
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
-            if needle in Path(f"/proc/{pid}/cmdline").read_bytes():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if all(n in cmdline for n in needles):
                 os.kill(int(pid), signal.SIGKILL)
         except (OSError, ValueError):
             continue
@@ -80,13 +80,3 @@ def unmount_under(wd: Path) -> None:
     for m in sorted(mounts, key=len, reverse=True):
         subprocess.run(["umount", "-l", m], capture_output=True, check=False)
 
-
-def _size(wd: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(wd):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                continue
-    return total

@@ -98,5 +98,5 @@ def _check_free_space(scratch: Path, tag: str, size: int) -> None:
         raise ImageError(
             f"importing {tag} ({size / 1e9:.1f} GB) into the node needs about "
             f"{need / 1e9:.0f} GB free on {scratch}'s filesystem; {free / 1e9:.1f} GB is. "
-            "Free space (old testbed work directories under /tmp, `podman image prune`) "
-            "and run again.")
+            "Free space (images you no longer need: `podman rmi`; pruning untagged ones "
+            "also drops the next build's layer cache) and run again.")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..leftovers import unmount_under
+from ..leftovers import kill_processes_naming, unmount_under
 from ..processes import Managed, free_ports, spawn, wait_until
 from ..versions import binary
 from .claims import ClaimDirectories
@@ -125,7 +125,7 @@ class RealNode:
             for p in reversed(self.procs):
                 p.stop()
             self.procs.clear()
-            self._unmount_leftovers()
+            unmount_under(self.workdir)  # the kubelet's and containerd's mounts
             if self.claims is not None:
                 self.claims.stop()
         finally:
@@ -144,12 +144,8 @@ class RealNode:
         for pidfile in tasks.glob("*/*/init.pid"):
             with contextlib.suppress(ValueError, OSError):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
-        mine = f"-address\0{self.paths.containerd_socket}\0".encode()
-        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-            with contextlib.suppress(OSError):
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"containerd-shim" in cmdline and mine in cmdline:
-                    os.kill(int(pid), signal.SIGKILL)
+        kill_processes_naming(b"containerd-shim",
+                              f"-address\0{self.paths.containerd_socket}\0".encode())
 
     def _forget_containers(self) -> None:
         ctr = [str(binary("ctr")), "--address", str(self.paths.containerd_socket),
@@ -164,9 +160,5 @@ class RealNode:
                 if kind == "tasks":
                     subprocess.run([*ctr, kind, "rm", "-f", ident], capture_output=True,
                                    timeout=30, check=False)
-
-    def _unmount_leftovers(self) -> None:
-        """Mounts the kubelet and containerd made under the work dir."""
-        unmount_under(self.workdir)
 
 
