@@ -268,12 +268,12 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
     from grpo_trainer.testing.fidelity import CaseJob, checkpoint_ready, progress
 
     # bf16 checkpoints, one shape at a time (each is removed after its last case).
-    needed = max(2 * plan_parameters(c.shape) for c in cases) * 11 // 10
+    needed = max(checkpoint_bytes(c.shape) for c in cases)
     workdir = args.workdir or default_workdir(needed)
     if workdir.is_relative_to("/dev/shm"):
         # Checkpoints in /dev/shm are RAM the job cannot have: planned without it (an H100
         # run's 7B offload case was SIGKILLed with 15 GiB of checkpoint there).
-        in_ram = sum(2 * plan_parameters(s) for s in {c.shape for c in cases}) * 11 // 10
+        in_ram = sum(checkpoint_bytes(s) for s in {c.shape for c in cases})
         host_gib -= -(-in_ram // int(GIB))
         report["environment"]["host_gib"] = host_gib
     planned = {c.name: plan_case(c, gpu, host_gib, workdir) for c in cases}
@@ -322,6 +322,11 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
     if not args.keep_checkpoints:  # also those whose last cases were skipped
         for shape in written:
             shutil.rmtree(workdir / shape, ignore_errors=True)
+
+
+def checkpoint_bytes(shape: str) -> int:
+    """A random bf16 checkpoint of the shape on disk, with 10% for its files' overhead."""
+    return 2 * plan_parameters(shape) * 11 // 10
 
 
 def plan_parameters(shape: str) -> int:
