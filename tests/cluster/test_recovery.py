@@ -170,19 +170,20 @@ def test_delete_during_backoff_leaves_nothing_behind_but_its_checkpoints(
     s = wait_status(testbed, operator, op_ns, "bye", "Restarting",
                     lambda s: s.get("phase") == "Restarting", 60)
     due = dt.datetime.fromisoformat(s["nextAttempt"]["notBefore"].replace("Z", "+00:00"))
-    deleted_at = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    testbed.kubectl("delete", "grpojob", "bye", "-n", op_ns, "--wait=true")
-    assert dt.datetime.now(dt.UTC) < due, "deleted too late to test the backoff"
 
     def left(kinds: tuple[str, ...]) -> list[dict[str, Any]]:
         return [i for k in kinds for i in json.loads(testbed.kubectl(
             "get", k, "-n", op_ns, "-l", "grpo.dev/job=bye", "-o", "json").stdout)["items"]]
 
+    # What exists before the delete, by uid: creation timestamps have whole seconds, and
+    # the claim made at the job's start can share the delete's second.
     ours = ("raycluster", "configmap", "persistentvolumeclaim", "serviceaccount")
+    before = {i["metadata"]["uid"] for i in left(ours)}
+    testbed.kubectl("delete", "grpojob", "bye", "-n", op_ns, "--wait=true")
+    assert dt.datetime.now(dt.UTC) < due, "deleted too late to test the backoff"
     while dt.datetime.now(dt.UTC) < due + dt.timedelta(seconds=8):
         new = [f"{i['kind']}/{i['metadata']['name']}" for i in left(ours)
-               if dt.datetime.fromisoformat(i["metadata"]["creationTimestamp"].replace(
-                   "Z", "+00:00")) >= deleted_at]
+               if i["metadata"]["uid"] not in before]
         assert not new, f"created after the delete: {new}\n{operator.log_tail()}"
         time.sleep(0.5)
     wait_until("nothing of the job left", lambda: not left(
