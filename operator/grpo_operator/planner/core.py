@@ -288,11 +288,15 @@ def plan_memory(
     spec: GRPOJobSpec,
     catalog: Mapping[str, GpuType] = GPU_CATALOG,
     model_config: dict[str, Any] | None = None,
+    model_source: str | None = None,
 ) -> Plan:
     """The whole plan for a spec. Raises InfeasibleError (numbers + smallest fix),
-    UnknownGpuType (not in `catalog`) or ValueError (a model that cannot be sized)."""
+    UnknownGpuType (not in `catalog`) or ValueError (a model that cannot be sized; its
+    subclass UnsupportedArchitecture for a config.json the trainer cannot train).
+    `model_source`: where `model_config` was read, or why there is none
+    (model_shape.resolve_shape)."""
     gpu = gpu_type(spec.resources.gpu, catalog)  # UnknownGpuType lists the known names
-    resolved = resolve_shape(spec.model, model_config)
+    resolved = resolve_shape(spec.model, model_config, model_source)
     nodes_reason = "spec.resources.nodes"
     if spec.resources.nodes is not None:
         nodes = spec.resources.nodes
