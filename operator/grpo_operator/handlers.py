@@ -25,10 +25,11 @@ from grpo_api.contract import (
     Phase,
 )
 
-from . import kube, metrics
+from . import hub_config, kube, metrics
 from . import reconcile as rec
 from .config import OperatorConfig, from_memo
 from .reconcile import Action, Event, Observed
+from .render import JobRef, names
 
 log = logging.getLogger("grpo_operator")
 # A pod and a cluster event of one job at once: the loser of the status write reads the
@@ -63,6 +64,8 @@ def _apply(job: dict[str, Any], action: Action, config: OperatorConfig) -> None:
             _create_failed(job, child, exc, config)
         if created:
             _post(job, "Normal", "Created", f"{child['kind']} {child['metadata']['name']}")
+    if action.delete_pod:
+        kube.delete_pod(namespace, action.delete_pod)
     if action.own_claim:
         kube.add_owner(namespace, action.own_claim, {
             "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": name,
@@ -112,6 +115,12 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, namespace: str | None,
         model_claim = (spec.get("model") or {}).get("claimName")
         observed = Observed(claim=kube.get_claim(ns, claim) if claim else None,
                             model_claim=kube.get_claim(ns, model_claim) if model_claim else None)
+        match rec.to_read(dict(spec), dict(body.get("status") or {})):
+            case "hub":
+                observed = replace(observed, hub=hub_config.read(rec.hub_url(dict(spec))))
+            case "pod":
+                reader = names.model_reader(JobRef(str(body["metadata"]["name"]), ns, ""))
+                observed = replace(observed, model_reader=kube.get_pod(ns, reader))
         config = from_memo(memo)
         action = rec.reconcile(_job(body), observed, rec.SpecChanged(), _now(), config)
         _apply(_job(body), action, config)

@@ -22,11 +22,19 @@ from grpo_api.contract import (
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.knobs import KNOBS
 
-from ..planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_status
+from ..planner import (
+    InfeasibleError,
+    Plan,
+    UnsupportedArchitecture,
+    next_safer_plan,
+    plan_memory,
+    plan_status,
+)
 from ..render import JobRef, names, pod_settings, render_children
 from ..render.trainer_config import SPEC_SOURCES, trainer_config
 from .classify import PodOutcome
 from .conditions import PhaseView, attempt_of, status_patch
+from .model_config import PlanInput, recorded
 
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
@@ -46,6 +54,7 @@ class Action:
     children: list[dict[str, Any]] = field(default_factory=list)  # create if absent
     delete_ray_cluster: str | None = None
     own_claim: str | None = None  # the user's claim, to be owned by (and go with) the job
+    delete_pod: str | None = None  # the model-config reader pod, once read
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, msg)
     retry: tuple[str, float] | None = None  # (why, seconds): cannot go on yet, decide again
     restart_reason: str | None = None  # an attempt failed and will be retried (metric)
@@ -53,17 +62,22 @@ class Action:
 
 
 def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = None,
-            catalog: Mapping[str, GpuType] = GPU_CATALOG) -> tuple[GRPOJobSpec, Plan]:
+            catalog: Mapping[str, GpuType] = GPU_CATALOG,
+            model: PlanInput | None = None) -> tuple[GRPOJobSpec, Plan]:
     """Parse and plan; raises SpecError / InfeasibleError / ValueError with the reason.
 
     With `attempts`, the plan is the one for the attempt after them: the first plan with
     every remediation recorded in `attempts` replayed in order (the ladder is
-    deterministic, so the operator keeps no plan state of its own)."""
+    deterministic, so the operator keeps no plan state of its own). `model`: the
+    model's config.json as read (status.modelConfig, model_config.py)."""
     spec = parse_spec(spec_body)
     try:
-        plan = plan_memory(spec, catalog)
+        plan = (plan_memory(spec, catalog, model.config, model.source) if model is not None
+                else plan_memory(spec, catalog))
     except UnknownGpuType as exc:  # a spec error, not an infeasible plan
         raise SpecError([f"spec.resources.gpu: {exc}"]) from None
+    except UnsupportedArchitecture as exc:
+        raise SpecError([f"spec.model.path: {exc}"]) from None
     clashes = pod_settings.conflicts(spec.pods, plan.env)  # never override the operator's
     if clashes:
         raise SpecError(clashes)
@@ -119,11 +133,12 @@ def _at(now: str, seconds: int) -> str:
 
 
 def planned_pods(spec_body: dict[str, Any],
-                 catalog: Mapping[str, GpuType] = GPU_CATALOG) -> int:
+                 catalog: Mapping[str, GpuType] = GPU_CATALOG,
+                 model: PlanInput | None = None) -> int:
     """Ray pods the job's plan has (the planner resolves an unset resources.nodes); 1 when
     the spec cannot be planned (ensure_attempt then refuses it with the reason)."""
     try:
-        return planned(spec_body, None, catalog)[1].pods
+        return planned(spec_body, None, catalog, model)[1].pods
     except (SpecError, InfeasibleError, ValueError):
         return 1
 
@@ -187,7 +202,7 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
     attempts_so_far = [a for a in status.get("attempts") or []
                        if a.get("index") != status.get("attempt")]
     try:
-        spec, plan = planned(spec_body, attempts_so_far, catalog)
+        spec, plan = planned(spec_body, attempts_so_far, catalog, recorded(status))
     except SpecError as exc:
         view = PhaseView(Phase.FAILED, "InvalidSpec", str(exc))
         return Action(status_patch(status, generation, now, view),
@@ -221,7 +236,8 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
                        f"{settings.offload_params}, offload optimizer "
                        f"{settings.offload_optimizer}, micro-batch {settings.micro_batch_size}; "
                        f"peak {plan.budget.peak_gpu_gib:.1f} GiB/GPU, "
-                       f"{plan.budget.peak_host_gib:.0f} GiB host/node"))
+                       f"{plan.budget.peak_host_gib:.0f} GiB host/node; model shape from "
+                       f"{plan.geometry.shape_source}"))
     # A live attempt's phase follows its pods and cluster, not the spec.
     start: PhaseView | None = None
     if status.get("phase") in (None, Phase.SUSPENDED):
@@ -286,7 +302,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
         view = PhaseView(Phase.FAILED, reason.value, f"attempt {attempt}: {outcome.message}; "
                          "not retried (fix the job and create it again)")
         return _ended(status, attempts, view, generation, now, rc, "Warning")
-    spec, plan = planned(spec_body, attempts[:-1], catalog)
+    spec, plan = planned(spec_body, attempts[:-1], catalog, recorded(status))
     if restarts >= spec.restart_policy.max_restarts:
         view = PhaseView(Phase.FAILED, reason.value,
                          f"{what}{where} after {restarts} restarts; last setting tried: "
@@ -362,7 +378,7 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
                   catalog: Mapping[str, GpuType]) -> Action:
     nxt = status["nextAttempt"]
     attempts = [dict(a) for a in status.get("attempts") or []]
-    spec, plan = planned(spec_body, attempts, catalog)
+    spec, plan = planned(spec_body, attempts, catalog, recorded(status))
     index = int(nxt["index"])
     resumed = _newest_checkpoint(attempts, status.get("progress") or {})
     record: dict[str, Any] = {"index": index, "startTime": now, "outcome": ATTEMPT_RUNNING}

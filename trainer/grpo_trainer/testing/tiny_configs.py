@@ -59,3 +59,20 @@ def write_config(path: str | Path, family: str) -> Path:
     path = Path(path)
     tiny_config(family).save_pretrained(path)
     return path / "config.json"
+
+
+def write_qwen25_vl_3b(path: str | Path) -> Path:
+    """`path`/config.json with Qwen2.5-VL-3B's published dimensions, as transformers
+    writes it (for a job under a name no table knows: planned on real GPU types)."""
+    from transformers import Qwen2_5_VLConfig
+
+    text = {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008,
+            "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+            "tie_word_embeddings": True}
+    vision = {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+              "out_hidden_size": 2048, "fullatt_block_indexes": [7, 15, 23, 31]}
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True)
+    config.architectures = ["Qwen2_5_VLForConditionalGeneration"]
+    path = Path(path)
+    config.save_pretrained(path)
+    return path / "config.json"
