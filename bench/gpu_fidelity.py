@@ -259,6 +259,12 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
     # bf16 checkpoints, one shape at a time (each is removed after its last case).
     needed = max(2 * plan_parameters(c.shape) for c in cases) * 11 // 10
     workdir = args.workdir or default_workdir(needed)
+    if workdir.is_relative_to("/dev/shm"):
+        # Checkpoints in /dev/shm are RAM the job cannot have: planned without it (an H100
+        # run's 7B offload case was SIGKILLed with 15 GiB of checkpoint there).
+        in_ram = sum(2 * plan_parameters(s) for s in {c.shape for c in cases}) * 11 // 10
+        host_gib -= -(-in_ram // int(GIB))
+        report["environment"]["host_gib"] = host_gib
     planned = {c.name: plan_case(c, gpu, host_gib, workdir) for c in cases}
     progress(f"planned {len(cases)} cases for {gpu}, {host_gib} GiB host RAM; "
              f"checkpoints in {workdir}", t0)
@@ -334,7 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     preload()  # once here, not in every forked case
     shapes = SHAPE_SETS[args.shape or ("tiny" if args.device == "cpu" else "vl")]
     wanted = [c for c in args.cases.split(",") if c]
-    cases = [c for c in CASES if (c.name in wanted if wanted else c.shape in shapes)]
+    by_name = {c.name: c for c in CASES}
+    # In the order named: a device call's time limit may stop the last ones.
+    cases = ([by_name[n] for n in wanted if n in by_name] if wanted
+             else [c for c in CASES if c.shape in shapes])
     unknown = set(wanted) - {c.name for c in CASES}
     if unknown or not cases:
         print(f"--cases: unknown {sorted(unknown)}; known: {[c.name for c in CASES]}")

@@ -136,7 +136,7 @@ def print_report(report: dict[str, Any]) -> None:
             planned = f" ({c['settings']})" if c.get("settings") else ""
             print(f"{head}: skipped{planned}: {c['skipped']}")
             continue
-        print(f"{head}: {c['settings']}; {c.get('seconds', 0.0):.0f} s")
+        print(f"{head}: {c['settings']}; {c.get('seconds') or 0.0:.0f} s")
         if c.get("error"):
             print(f"  ERROR {c['error']['kind']}: {c['error']['message'].strip()[-600:]}")
         cmp = c.get("comparison")

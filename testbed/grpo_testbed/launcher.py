@@ -21,11 +21,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
-from . import build
+from . import build, leftovers
 from .faults import EnvInjection, FaultSwitch
 from .kueue import start_kueue
 from .local_node.agent import LocalNodeAgent
@@ -93,6 +93,7 @@ class Testbed:
     fault_switch: FaultSwitch | None = None
     net: NodeNetwork | None = None
     _owns_workdir: bool = False
+    _owner: IO[bytes] | None = field(default=None, repr=False)
 
     @property
     def kubeconfig(self) -> Path:
@@ -164,6 +165,11 @@ class Testbed:
 
     def start(self) -> Testbed:
         t0 = time.monotonic()
+        # Before anything else: a dead run's work directory may hold the disk space that
+        # this run's image import needs.
+        leftovers.sweep()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._owner = leftovers.hold(self.workdir)
         missing = [c.name for c in COMPONENTS if not build.is_built(c)]
         if missing:
             log.info("building testbed components %s (cold build: tens of minutes)", missing)
@@ -219,6 +225,9 @@ class Testbed:
             self.net = None
         if self._owns_workdir and not os.environ.get("GRPO_TESTBED_KEEP"):
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._owner is not None:
+            self._owner.close()
+            self._owner = None
 
     def __enter__(self) -> Testbed:
         return self.start()
@@ -416,7 +425,7 @@ def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
     on the local node and really run.
     """
     owns = workdir is None
-    wd = Path(tempfile.mkdtemp(prefix="grpo-testbed-")) if workdir is None else workdir
+    wd = Path(tempfile.mkdtemp(prefix=leftovers.PREFIX)) if workdir is None else workdir
     wd.mkdir(parents=True, exist_ok=True)
     runs_pods = local_node or real_node
     nodes = tuple(n for n in FAKE_NODES if n.gpu_type) if runs_pods else FAKE_NODES

@@ -16,6 +16,7 @@ import yaml
 from grpo_testbed.build import BuildError
 from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.operator_process import OPERATOR_NS_PREFIX, WEBHOOK_CONFIG, OperatorProcess
+from grpo_testbed.processes import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 # A GPU type the operator's catalog file adds (the chart's gpuCatalog value, mounted).
@@ -25,21 +26,35 @@ ADDED_GPU_ENTRY = {"memoryGiB": 191.5, "productLabel": "AMD-Instinct-MI300X",
 
 
 def delete_namespace(testbed: Testbed, name: str, timeout_s: int = 180) -> None:
-    """Delete a test's namespace and wait for it; if it will not go, fail naming what
-    still holds it (objects left, with their finalizers) instead of a bare timeout."""
-    proc = testbed.kubectl("delete", "namespace", name, "--wait=true",
-                           f"--timeout={timeout_s}s", check=False, timeout=timeout_s + 30)
-    if proc.returncode == 0 or "NotFound" in proc.stderr:
-        return
-    left = testbed.kubectl(
-        "get", "grpojobs,rayclusters,pods,jobs", "-n", name, "--ignore-not-found", "-o",
-        "custom-columns=KIND:.kind,NAME:.metadata.name,DELETING:.metadata.deletionTimestamp,"
-        "FINALIZERS:.metadata.finalizers", check=False)
-    ns = testbed.kubectl("get", "namespace", name, "-o", "jsonpath={.status.conditions}",
-                         check=False)
-    pytest.fail(f"namespace {name} not deleted in {timeout_s} s: {proc.stderr.strip()}\n"
-                f"left:\n{left.stdout}{left.stderr}\nnamespace conditions: {ns.stdout}",
-                pytrace=False)
+    """Delete a test's namespace and wait until nothing in it holds the testbed: its
+    GRPOJobs, RayClusters and pods are gone, so their GPUs are free. The namespace object
+    itself goes later: the namespace controller starts 5 s after the delete and checks a
+    namespace whose pods had a grace period again only after ~16 s (estimate / 2 + 1),
+    which no test needs to wait for. If its content will not go (a finalizer nobody
+    removes), fail naming what still holds it (objects left, with their finalizers)."""
+    testbed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    # Terminating now (nothing new can be created in it): delete its content at once, as
+    # the namespace controller would only after 5 s and the pods' grace (fake pods, kwok).
+    testbed.kubectl("delete", "grpojobs,rayclusters,pods", "--all", "-n", name,
+                    "--wait=false", "--grace-period=0", "--force", check=False)
+
+    def emptied() -> bool:
+        left = testbed.kubectl("get", "grpojobs,rayclusters,pods", "-n", name,
+                               "--ignore-not-found", "-o", "name", check=False)
+        return left.returncode == 0 and not left.stdout.strip()
+
+    try:
+        wait_until(f"namespace {name} emptied", emptied, timeout_s)
+    except (TimeoutError, RuntimeError) as exc:
+        left = testbed.kubectl(
+            "get", "grpojobs,rayclusters,pods,jobs", "-n", name, "--ignore-not-found", "-o",
+            "custom-columns=KIND:.kind,NAME:.metadata.name,DELETING:.metadata."
+            "deletionTimestamp,FINALIZERS:.metadata.finalizers", check=False)
+        ns = testbed.kubectl("get", "namespace", name, "-o",
+                             "jsonpath={.status.conditions}", check=False)
+        pytest.fail(f"namespace {name} not emptied in {timeout_s} s: {exc}\n"
+                    f"left:\n{left.stdout}{left.stderr}\nnamespace conditions: {ns.stdout}",
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -35,6 +36,7 @@ STARTS = 30
 # Round i creates its namespace i x this after spawning the operator: over the rounds the
 # namespace appears at every stage of a start (imports, discovery, both listings, ready).
 SWEEP_STEP_S = 0.2
+PARALLEL_STARTS = 2
 RECONCILE_DEADLINE_S = 60.0
 
 
@@ -86,41 +88,46 @@ def reconciled_within(tb: Testbed, ns: str, seconds: float) -> float | None:
     return None
 
 
+def one_start(i: int, workdir: Path, etcd_seed: Path) -> tuple[list[float], str | None]:
+    """Start `i`: seconds per phase (API server, CRD, operator ready, reconciled) and,
+    if the job was not reconciled, what the operator logged."""
+    t0 = time.monotonic()
+    with fresh_api_server(workdir, etcd_seed) as tb:
+        t1 = time.monotonic()
+        install(tb, GRPOJOB_CRD)
+        t2 = time.monotonic()
+        ns = f"op-start-{i}"
+        creator = threading.Timer(i * SWEEP_STEP_S, tb.kubectl, ("create", "namespace", ns))
+        creator.start()
+        op = OperatorProcess(tb, tb.workdir / "operator").start()
+        try:
+            t3 = time.monotonic()
+            creator.join()
+            submit_job(tb, ns)
+            took = reconciled_within(tb, ns, RECONCILE_DEADLINE_S)
+        finally:
+            op.kill()  # its graceful stop is not what this test is about
+    failure = None if took is not None else (
+        f"start {i} (namespace at +{i * SWEEP_STEP_S:.1f} s): no status in "
+        f"{RECONCILE_DEADLINE_S:.0f} s; operator log:\n{op.log_tail(25)}")
+    return [t1 - t0, t2 - t1, t3 - t2, took or 0.0], failure
+
+
 def test_every_start_right_after_the_crd_is_established_reconciles(
         tmp_path: Path, kuberay_installed: Path) -> None:
-    """The reported failure, 30 times over: a fresh API server, the CRDs applied and
+    """The reported failure, 30 times over: a fresh API server, the CRD applied and
     Established, the operator started at once (webhooks on, watching op-*), a job in a
-    matching namespace. Every start must reconcile the job."""
-    failures: list[str] = []
-    phases: dict[str, list[float]] = {"api server": [], "crds": [], "operator ready": [],
-                                      "reconciled": []}
-    for i in range(STARTS):
-        t0 = time.monotonic()
-        with fresh_api_server(tmp_path / f"start-{i}", kuberay_installed) as tb:
-            t1 = time.monotonic()
-            install(tb, GRPOJOB_CRD)
-            t2 = time.monotonic()
-            ns = f"op-start-{i}"
-            creator = threading.Timer(i * SWEEP_STEP_S, tb.kubectl, ("create", "namespace", ns))
-            creator.start()
-            op = OperatorProcess(tb, tb.workdir / "operator").start()
-            try:
-                t3 = time.monotonic()
-                creator.join()
-                submit_job(tb, ns)
-                took = reconciled_within(tb, ns, RECONCILE_DEADLINE_S)
-            finally:
-                op.kill()  # its graceful stop is not what this test is about
-            for phase, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2, took or 0.0),
-                                      strict=True):
-                phases[phase].append(seconds)
-            if took is None:
-                failures.append(f"start {i} (namespace at +{i * SWEEP_STEP_S:.1f} s): no "
-                                f"status in {RECONCILE_DEADLINE_S:.0f} s; operator log:\n"
-                                f"{op.log_tail(25)}")
+    matching namespace. Every start must reconcile the job. Two starts run at once: the
+    machine's load is what stretched the race in the reports, and it halves the wait."""
+    with ThreadPoolExecutor(max_workers=PARALLEL_STARTS) as pool:
+        results = list(pool.map(lambda i: one_start(i, tmp_path / f"start-{i}",
+                                                    kuberay_installed), range(STARTS)))
+    failures = [f for _, f in results if f is not None]
+    phases = ("api server", "crd", "operator ready", "reconciled")
+    columns = list(zip(*(times for times, _ in results), strict=True))
     print(f"{STARTS - len(failures)} of {STARTS} starts reconciled; seconds per start (mean, "
-          "max): " + ", ".join(f"{k} {sum(v) / len(v):.1f}/{max(v):.1f}"
-                               for k, v in phases.items()))
+          "max): " + ", ".join(f"{name} {sum(c) / len(c):.1f}/{max(c):.1f}"
+                               for name, c in zip(phases, columns, strict=True)))
     assert not failures, "\n\n".join(failures)
 
 

@@ -29,3 +29,26 @@ def test_without_offload_they_stay_on_the_gpu() -> None:
 def test_a_cpu_rank_keeps_them_where_they_are() -> None:
     cpu = torch.device("cpu")
     assert params_home(ActorConfig(offload_params=True), cpu) == cpu
+
+
+def test_offloaded_meta_params_go_where_they_live_and_buffers_where_forward_runs() -> None:
+    # A GPU rank's sharded read with offloadParams: FSDP's lazy init refuses a parameter
+    # that is not on the host ("FSDP parameters should be materialized on CPU"), which
+    # is what an H100 run hit when every parameter went to the rank's device. The meta
+    # device stands in for the host here (a CPU machine has only one real device).
+    from grpo_trainer.modeling import _materialise
+
+    class Rotary(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+            self.register_buffer("inv_freq", torch.arange(3.0), persistent=False)
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(Rotary())
+    model[0].inv_freq = torch.tensor([1.0, 0.5, 0.25])  # computed for real, as from_config
+    _materialise(model, torch.device("cpu"), torch.device("meta"))
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    (inv_freq,) = model.buffers()
+    assert inv_freq.device.type == "cpu"
+    assert inv_freq.tolist() == [1.0, 0.5, 0.25]

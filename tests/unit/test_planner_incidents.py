@@ -49,14 +49,19 @@ def test_72b_gets_rank0_init_full_sharding_and_bounded_load_peak() -> None:
     assert plan.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 
-def test_72b_with_rank0_init_pinned_off_is_refused_with_the_numbers() -> None:
+def test_72b_with_rank0_init_pinned_off_reads_shards_and_no_gpu_holds_the_model() -> None:
+    # rank0Init false is the trainer's sharded init: every rank reads only its own rows
+    # of the safetensors files into its shards, so no GPU holds the whole model at load
+    # (an H100 measured the load peak as the shards plus one tensor in flight).
     spec = example("grpojob-qwen2vl-72b-h100.yaml")
     spec = spec.model_copy(update={"memory": spec.memory.model_copy(update={"rank0_init": False})})
-    with pytest.raises(InfeasibleError) as err:
-        plan_memory(spec)
-    text = str(err.value)
-    assert "GPU load peak" in text and "full_model_bf16" in text
-    assert "unset memory.rank0Init" in text
+    plan = plan_memory(spec)
+    full_copy = plan.geometry.shape.parameters * BF16_B / GIB
+    load = plan.budget.gpu_phases["load"]
+    assert sum(load.values()) < full_copy / 8
+    assert load["largest_tensor_fp32"] == pytest.approx(
+        plan.geometry.shape.vocab_size * plan.geometry.shape.hidden_size * 4 / GIB)
+    assert not plan.settings.rank0_init  # rendered as actor.init_strategy "sharded"
 
 
 # --- 2. 7B on 8 x A100-40GB, 760 GiB RAM: offload + Ray's object store exhausted host RAM.

@@ -152,7 +152,7 @@ def build_sharded(
     full_sd = {k: v.detach() for k, v in model.state_dict().items()} if rank == 0 else {}
     shard_model(model, actor, device, trainable=trainable)
     if rank != 0:
-        _materialise(model, device)
+        _materialise(model, device, params_home(actor, device))
     set_model_state_dict(
         model,
         full_sd,
@@ -166,14 +166,21 @@ def build_sharded(
     return model
 
 
-def _materialise(model: nn.Module, device: torch.device) -> None:
-    """Storage for the meta parameters (``to_empty``), keeping the real buffers' values."""
+def _materialise(model: nn.Module, device: torch.device, params: torch.device) -> None:
+    """Storage for the meta parameters (``to_empty``) on ``params`` (``params_home``: the
+    host when FSDP offloads them, whose lazy init refuses a parameter anywhere else), and
+    for the buffers on ``device``, where forward uses them, keeping the real buffers'
+    values (rotary inv_freq, which from_config computed)."""
     buffers = {n: b.detach().clone() for n, b in model.named_buffers() if not b.is_meta}
-    model.to_empty(device=device)
+    model.to_empty(device=params)
     with torch.no_grad():
-        for name, buf in model.named_buffers():
-            if name in buffers:
-                buf.copy_(buffers[name])
+        for module_name, module in model.named_modules():
+            for name, buf in list(module._buffers.items()):
+                if buf is None:
+                    continue
+                full = f"{module_name}.{name}" if module_name else name
+                kept = buffers.get(full)
+                module._buffers[name] = (kept if kept is not None else buf).to(device)
 
 
 def _build_sharded_read(
@@ -192,7 +199,7 @@ def _build_sharded_read(
         return None
     _prepare(model, actor, trainable)
     shard_model(model, actor, device, trainable=trainable)
-    _materialise(model, device)
+    _materialise(model, device, params_home(actor, device))
     t0 = time.perf_counter()
     nbytes = read_local_shards(model, plan)
     if trainable and actor.lora is not None:  # adapters are not in the files

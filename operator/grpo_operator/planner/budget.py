@@ -30,7 +30,14 @@ ESTIMATES = frozenset({
     "cpu_rollout_engine",
 })
 VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its utilisation
-LOGIT_B = 8  # bf16 logits + fp32 log-softmax, per response token per vocab entry
+# Bytes per response token per vocabulary entry at the update's peak, measured on an
+# H100 (docs/benchmarks.md, "GPU fidelity", 2026-11-26): 25.7-29.2 over three cases (3B
+# mixed micro-batch 1, 3B bf16 and 7B LoRA micro-batch 4). The forward keeps the model's
+# bf16 logits over the whole sequence, the float32 temperature-scaled copy saved for
+# backward, and the entropy's softmax and product; backward adds the gather's and
+# log-sum-exp's float32 gradients and the bf16 one padded back to the full sequence.
+# Counting "bf16 logits + one float32 copy" (8) was 3.6x short and OOMed 3B bf16.
+LOGIT_B = 30
 RANK_PROCESS_GIB = 3.0  # RSS of one Python rank: torch, CUDA libs, tokenizer, Ray worker
 RANK_PROCESS_CPU_GIB = 1.5  # the same without the CUDA libraries (cpu jobs)
 DRIVER_GIB = 6.0  # head: Ray GCS/dashboard + the single-controller driver
@@ -196,13 +203,15 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     # Gradients are freed before generation; weights (trained and frozen) and optimizer
     # state stay on the GPU unless offloaded.
     resident = sum(v for k, v in state.items() if kinds[k] != GRADS)
-    # Without rank-0 init every rank materialises the whole model (bf16) before sharding;
-    # with it, each GPU receives only its weight shards (none when params are offloaded).
-    if st.rank0_init:
-        loading = {"cuda_context": ctx,
-                   **{k: v for k, v in state.items() if kinds[k] in (WEIGHTS, FROZEN)}}
-    else:
-        loading = {"cuda_context": ctx, "full_model_bf16": p * BF16_B / GIB}
+    # Loading: every rank's weight shards (none on the GPU when offloaded), then the
+    # reference's beside them, and one whole tensor in flight: rank 0's broadcast
+    # (rank-0 init) or a read in the storage dtype (sharded init reads only its own rows;
+    # the trainer's fallback for a checkpoint it cannot read that way is rank 0's path).
+    # Neither strategy puts the whole model on a GPU.
+    loading = {"cuda_context": ctx,
+               **{k: v for k, v in state.items() if kinds[k] in (WEIGHTS, FROZEN)},
+               "reference_model_shard": ref,
+               "largest_tensor_fp32": s.vocab_size * s.hidden_size * FP32_B / GIB}
     # The optimizer step runs where the parameters live (the trainer's params_home): with
     # only the optimizer offloaded, its state comes back to the GPU for the step beside
     # the weights and gradients (activations and FSDP's buffers are freed by then); with

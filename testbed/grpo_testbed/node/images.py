@@ -9,12 +9,13 @@ same ID (the config digest) is not imported again.
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from ..images import BASE_TAG, image_id, image_size, label, run_tool
+from ..images import BASE_TAG, ImageError, image_id, image_size, label, run_tool
 
 log = logging.getLogger("grpo_testbed.node")
 
@@ -46,15 +47,17 @@ def import_image(ctr: Path, socket: Path, tag: str, scratch: Path) -> float:
     base = [str(ctr), "--address", str(socket), "--namespace", "k8s.io"]
     if _label(base, tag) == want:
         return 0.0
-    # Uncompressed: gzip would cost more than the copy (the trainer image is 7 GB).
-    # podman cannot save into a pipe, so through a file beside the node's store.
-    with tempfile.TemporaryDirectory(prefix="image-", dir=scratch) as tmp:
-        archive = Path(tmp) / "image.tar"
-        run_tool(["podman", "save", "--quiet", "--uncompressed", "--format", "oci-archive",
-                  "-o", str(archive), tag], f"podman save {tag}")
-        run_tool([*base, "images", "import", "--snapshotter", "overlayfs", str(archive)],
-                 f"ctr import {tag}")
     size = image_size(tag)
+    _check_free_space(scratch, tag, size)
+    # Uncompressed: gzip would cost more than the copy (the trainer image is 7 GB). An
+    # OCI directory streamed into ctr as a tar, not an oci-archive: podman builds an
+    # archive in a directory under /var/tmp and then tars it, two copies on disk at once.
+    with tempfile.TemporaryDirectory(prefix="image-", dir=scratch) as tmp:
+        layout = Path(tmp) / "oci"
+        run_tool(["podman", "save", "--quiet", "--uncompressed", "--format", "oci-dir",
+                  "-o", str(layout), tag], f"podman save {tag}")
+        _stream_import([*base, "images", "import", "--snapshotter", "overlayfs", "-"],
+                       layout, tag)
     # Which podman image this is: a rebuilt image under the same tag is imported again.
     run_tool([*base, "images", "label", tag, f"{ID_LABEL}={want}"], "ctr images label")
     spent = time.monotonic() - t0
@@ -72,3 +75,28 @@ def _label(base: list[str], tag: str) -> str | None:
                 if key == ID_LABEL:
                     return value
     return None
+
+
+def _stream_import(ctr_import: list[str], layout: Path, tag: str) -> None:
+    with subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", "."],
+                          stdout=subprocess.PIPE) as tar:
+        done = subprocess.run(ctr_import, stdin=tar.stdout, capture_output=True, text=True,
+                              check=False)
+        assert tar.stdout is not None
+        tar.stdout.close()
+    if tar.returncode != 0 or done.returncode != 0:
+        raise ImageError(f"ctr import {tag} failed (tar {tar.returncode}, ctr "
+                         f"{done.returncode}): {done.stderr.strip()}")
+
+
+def _check_free_space(scratch: Path, tag: str, size: int) -> None:
+    """An import holds the saved layout, containerd's copy and its unpacked snapshot at
+    once: fail with the numbers rather than with a full disk halfway through."""
+    need = 3 * size
+    free = shutil.disk_usage(scratch).free
+    if free < need:
+        raise ImageError(
+            f"importing {tag} ({size / 1e9:.1f} GB) into the node needs about "
+            f"{need / 1e9:.0f} GB free on {scratch}'s filesystem; {free / 1e9:.1f} GB is. "
+            "Free space (old testbed work directories under /tmp, `podman image prune`) "
+            "and run again.")

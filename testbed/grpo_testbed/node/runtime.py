@@ -109,23 +109,27 @@ class RealNode:
     def stop(self) -> None:
         """The kubelet first (it would restart what goes), then every container through
         containerd, then whatever survived (the shims outlive containerd), then the other
-        programs. The network namespace is the testbed's, which created it."""
-        if self.logs is not None:
-            self.logs.stop()
-        for p in self.procs:
-            if p.name == "kubelet":
+        programs. The network namespace is the testbed's, which created it. The image
+        store's lock goes whatever fails before: a lock left held sends every later node
+        of the run to a store of its own, a second 14 GB import of the trainer image."""
+        try:
+            if self.logs is not None:
+                self.logs.stop()
+            for p in self.procs:
+                if p.name == "kubelet":
+                    p.stop()
+            if any(p.name == "containerd" and p.alive() for p in self.procs):
+                self._forget_containers()  # nor must the next run's kubelet find them
+            self._kill_containers()
+            for p in reversed(self.procs):
                 p.stop()
-        if any(p.name == "containerd" and p.alive() for p in self.procs):
-            self._forget_containers()  # nor must the next run's kubelet find them
-        self._kill_containers()
-        for p in reversed(self.procs):
-            p.stop()
-        self.procs.clear()
-        self._unmount_leftovers()
-        if self.claims is not None:
-            self.claims.stop()
-        if self.store is not None:
-            self.store.release()
+            self.procs.clear()
+            self._unmount_leftovers()
+            if self.claims is not None:
+                self.claims.stop()
+        finally:
+            if self.store is not None:
+                self.store.release()
 
     def _spawn(self, name: str, argv: list[str]) -> Managed:
         p = spawn(name, argv, self.log_dir, {**os.environ})
