@@ -25,7 +25,7 @@ from grpo_api.contract import (
     Phase,
 )
 
-from . import kube, metrics
+from . import hub_config, kube, metrics
 from . import reconcile as rec
 from .config import OperatorConfig, from_memo
 from .reconcile import Action, Event, Observed
@@ -66,6 +66,8 @@ def _apply(job: dict[str, Any], action: Action, config: OperatorConfig) -> None:
             _post(job, "Normal", "Created", f"{child['kind']} {child['metadata']['name']}")
     if action.claim_change:
         kube.patch_claim(namespace, action.claim_change.name, action.claim_change.patch)
+    if action.delete_pod:
+        kube.delete_pod(namespace, action.delete_pod)
     if action.delete_ray_cluster and kube.delete_ray_cluster(namespace,
                                                              action.delete_ray_cluster):
         _post(job, "Normal", "Released", f"deleted RayCluster {action.delete_ray_cluster} "
@@ -116,6 +118,12 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, namespace: str | None,
         observed = Observed(claim=kube.get_claim(ns, claim),
                             model_claim=kube.get_claim(ns, model_claim) if model_claim else None,
                             pods=kube.list_pods(ns, f"{JOB_LABEL}={name}") if fresh else [])
+        match rec.to_read(dict(spec), dict(body.get("status") or {})):
+            case "hub":
+                observed = replace(observed, hub=hub_config.read(rec.hub_url(dict(spec))))
+            case "pod":
+                reader = names.model_reader(JobRef(str(body["metadata"]["name"]), ns, ""))
+                observed = replace(observed, model_reader=kube.get_pod(ns, reader))
         config = from_memo(memo)
         action = rec.reconcile(_job(body), observed, rec.SpecChanged(), _now(), config)
         _apply(_job(body), action, config)

@@ -58,6 +58,7 @@ def _creators() -> dict[str, Callable[[str, dict[str, Any]], Any]]:
     core, rbac, custom = _core(), _rbac(), _custom()
     return {
         "ConfigMap": lambda ns, b: core.create_namespaced_config_map(ns, b),
+        "Pod": lambda ns, b: core.create_namespaced_pod(ns, b),
         "PersistentVolumeClaim": lambda ns, b: core.create_namespaced_persistent_volume_claim(
             ns, b),
         "ServiceAccount": lambda ns, b: core.create_namespaced_service_account(ns, b),
@@ -161,6 +162,16 @@ def patch_claim(namespace: str, claim: str, patch: dict[str, Any]) -> None:
     """Merge-patch a claim's metadata (its owners and labels: checkpoint retention); a
     resourceVersion in the patch makes it fail with 409 if the claim changed meanwhile."""
     _core().patch_namespaced_persistent_volume_claim(claim, namespace, patch)
+
+
+def get_pod(namespace: str, name: str) -> dict[str, Any] | None:
+    pod = _unless_missing(lambda: _core().read_namespaced_pod(name, namespace))
+    return None if pod is None else cast(dict[str, Any], _api().sanitize_for_serialization(pod))
+
+
+def delete_pod(namespace: str, name: str) -> bool:
+    """True if it was there to delete."""
+    return _unless_missing(lambda: _core().delete_namespaced_pod(name, namespace)) is not None
 
 
 def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
 from grpo_api.job import SpecError, parse_spec
 
-from . import kube
+from . import hub_config, kube
 from .config import from_memo
 from .namespace_policy import (
     GPU_QUOTA,
@@ -28,7 +28,7 @@ from .namespace_policy import (
     templates,
 )
 from .planner import InfeasibleError
-from .reconcile import planned
+from .reconcile import HubAnswer, admission_input, admission_warning, hub_url, planned, to_read
 from .reconcile.retention import recreate_advice
 from .render import JobRef, render_children
 
@@ -61,11 +61,14 @@ def queue_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
 def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
                       catalog: Mapping[str, GpuType] = GPU_CATALOG,
                       namespace: NamespaceFacts | None = None,
-                      name: str = "job", kueue_installed: bool = True) -> str | None:
+                      name: str = "job", kueue_installed: bool = True,
+                      hub: HubAnswer | None = None,
+                      old_status: dict[str, Any] | None = None) -> str | None:
     """Why the API server should refuse this spec, or None (pure). With `namespace`,
     also what that namespace would refuse the job's pods (checked on the pods as
     rendered for the first attempt); its GPU quota only on create (a live job's own pods
-    count as used)."""
+    count as used). `hub`: the operator's read of a public hub model's config.json;
+    `old_status`: the live job's status (its config.json as read)."""
     if old_spec is not None and old_spec == spec:
         return None  # metadata/finalizer updates must never be blocked by a newer planner
     queue = queue_problem(spec, old_spec, kueue_installed)
@@ -85,8 +88,15 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
                     f"(checkpoints depend on them); create a new GRPOJob instead, {how}. "
                     "spec.memory, spec.restartPolicy, spec.image and spec.suspend may change "
                     "and take effect at the next attempt")
+    model, plan_now = admission_input(spec, hub, old_status)
+    if not plan_now:  # planned once config.json is read (admission_warning says so)
+        try:
+            parse_spec(spec)
+        except SpecError as exc:
+            return str(exc)
+        return None
     try:
-        parsed, plan = planned(spec, catalog=catalog)
+        parsed, plan = planned(spec, catalog=catalog, model=model)
     except SpecError as exc:
         return str(exc)
     except (InfeasibleError, ValueError) as exc:
@@ -124,12 +134,15 @@ def kueue_installed() -> bool:
         return True
 
 
-def admission_warnings(spec: dict[str, Any]) -> list[str]:
-    """What kubectl should print beside an accepted spec: deprecated fields set (pure)."""
+def admission_warnings(spec: dict[str, Any], hub: HubAnswer | None = None) -> list[str]:
+    """What kubectl should print beside an accepted spec: deprecated fields set, and a
+    config.json not read yet (pure)."""
     try:
-        return parse_spec(spec).deprecation_warnings()
+        found = parse_spec(spec).deprecation_warnings()
     except SpecError:
         return []  # refused anyway, with its own message
+    model = admission_warning(spec, hub)
+    return [*found, model] if model else found
 
 
 @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
@@ -137,13 +150,17 @@ def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str],
                      name: str | None, namespace: str | None, old: kopf.Body | None = None,
                      operation: str | None = None, **_: Any) -> None:
     old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
-    facts = namespace_facts(namespace) if namespace and old_spec != dict(spec) else None
+    old_status = dict(old.get("status") or {}) if old_spec is not None and old else {}
+    changed = old_spec != dict(spec)
+    facts = namespace_facts(namespace) if namespace and changed else None
     kueue = kueue_installed() if spec.get("queueName") and old_spec is None else True
+    hub = (hub_config.read(hub_url(dict(spec)))
+           if changed and to_read(dict(spec), old_status) == "hub" else None)
     problem = admission_problem(dict(spec), old_spec, from_memo(memo).catalog, facts,
-                                name or "job", kueue)
+                                name or "job", kueue, hub, old_status)
     if problem:
         raise kopf.AdmissionError(problem, code=422)
-    warnings.extend(admission_warnings(dict(spec)))
+    warnings.extend(admission_warnings(dict(spec), hub))
 
 
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])

@@ -38,7 +38,7 @@ NAMESPACED_RIGHTS: set[Rule] = {
       for v in ("get", "list", "watch", "create", "patch", "update", "delete")},
     *{("", r, v) for r in ("configmaps", "persistentvolumeclaims", "serviceaccounts")
       for v in ("get", "list", "watch", "create", "patch", "delete")},
-    *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
+    *{("", "pods", v) for v in ("get", "list", "watch", "create", "patch", "delete")},
     *{("", "resourcequotas", v) for v in ("get", "list")},
     *{("kueue.x-k8s.io", r, v) for r in ("workloads", "localqueues")
       for v in ("get", "list", "watch")},

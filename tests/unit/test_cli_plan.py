@@ -62,7 +62,7 @@ def test_plan_reads_config_json_below_model_root(tmp_path: Path) -> None:
     model = tmp_path / "models" / "tiny-qwen25vl"
     model.mkdir(parents=True)
     config = {
-        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
+        "model_type": "qwen2", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
     }  # fmt: skip
     (model / "config.json").write_text(json.dumps(config))

@@ -75,7 +75,7 @@ def test_config_json_layouts(config: dict[str, Any], billions: float, layers: in
 
 def test_config_json_missing_fields_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="lacks hidden_size"):
-        shape_from_config({"text_config": {"num_hidden_layers": 2}})
+        shape_from_config({"model_type": "qwen3_vl", "text_config": {"num_hidden_layers": 2}})
 
 
 def test_config_json_is_read_from_a_local_model_dir(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_config_json_wins_over_the_name() -> None:
 @pytest.mark.parametrize("path", ["Qwen/Qwen2-VL-7B-Instruct", "/models/qwen3-vl-32b-instruct"])
 def test_known_families_by_name(path: str) -> None:
     plan = plan_memory(parse_spec(doc(path)))
-    assert plan.geometry.shape_source.startswith("known family")
+    assert plan.geometry.shape_source.startswith("known table")
 
 
 def test_unknown_model_without_shape_says_how_to_fix() -> None:
@@ -250,44 +250,3 @@ def test_object_store_is_sized_for_the_jobs_own_rollout_n(rollout_n: int) -> Non
     # 4 x (512 prompts x n x 16384 tokens x 24 B + 512 images x 1003520 px x 3 B)
     tokens, images = 512 * rollout_n * 16384 * 24, 512 * 1003520 * 3
     assert plan.settings.ray_object_store_gib == round(4 * (tokens + images) / 2**30, 1)
-
-
-_TINY_TEXT = {
-    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
-    "tie_word_embeddings": False,
-}  # fmt: skip
-_TINY_QWEN2_VL = {**_TINY_TEXT, "vision_config": {
-    "depth": 2, "embed_dim": 32, "mlp_ratio": 4, "num_heads": 2, "hidden_size": 64,
-    "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}}  # fmt: skip
-_TINY_QWEN25_VL = {**_TINY_TEXT, "vision_config": {
-    "depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2,
-    "out_hidden_size": 64, "patch_size": 14, "spatial_merge_size": 2,
-    "hidden_act": "silu"}}  # fmt: skip
-
-
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
-def test_config_json_counts_every_parameter_of_the_real_model(family: str) -> None:
-    """Every memory term is bytes per parameter x this count, and the FSDP2 buffers use
-    one vision block's: equal to the transformers model's own (built on the meta
-    device), vision tower (norms, biases, merger, patch embedding) included."""
-    import torch
-    from transformers import (
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2VLConfig,
-        Qwen2VLForConditionalGeneration,
-    )
-
-    config, model_cls, config_cls = {
-        "qwen2_vl": (_TINY_QWEN2_VL, Qwen2VLForConditionalGeneration, Qwen2VLConfig),
-        "qwen2_5_vl": (_TINY_QWEN25_VL, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLConfig),
-    }[family]
-    with torch.device("meta"):
-        model = model_cls(config_cls(**config))
-    params = dict(model.named_parameters())
-    shape = shape_from_config(config)
-    assert shape.parameters == sum(p.numel() for p in params.values())
-    assert shape.vision_parameters == sum(p.numel() for n, p in params.items() if ".visual." in n)
-    assert shape.vision_block_parameters == sum(
-        p.numel() for n, p in params.items() if ".visual.blocks.0." in n)

@@ -49,7 +49,7 @@ LocalOrHub = Annotated[
 
 
 class ModelShape(ApiModel):
-    """Model size and shape; normally read from config.json or the known-family table."""
+    """Model size and shape: the override of what the model's config.json says."""
 
     parameters: int = Field(ge=1, description="Total parameters (language model + vision tower).")
     vision_parameters: int = Field(0, ge=0, description="Parameters of the vision tower alone.")
@@ -85,8 +85,10 @@ class ModelSpec(ApiModel):
     shape: ModelShape | None = Field(
         None,
         description=(
-            "Size and shape for the memory planner. Unset: read from config.json, "
-            "else from the table of known families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)."
+            "Size and shape for the memory planner; overrides config.json. Unset: the "
+            "model's config.json, read once per job (status.modelConfig: the hub's for a "
+            "hub id, a pod's read of the claim for claimName), else the known-family table "
+            "by name."
         ),
     )
 

@@ -81,6 +81,10 @@ class PlanStatus(ApiModel):
     rollout_tensor_parallel: int = Field(
         1, ge=1, description="Ranks that share one vLLM engine (tensor parallel), planned."
     )
+    model_source: str = Field(
+        "", description="Where the model's shape came from: spec.model.shape, hub config.json, "
+        "claim config.json, or the known table (and why no config.json was read)."
+    )
     peak_gpu_gib: float = Field(
         ge=0, alias="peakGpuGiB", description="Predicted peak GPU memory per GPU, GiB."
     )
@@ -91,6 +95,29 @@ class PlanStatus(ApiModel):
         default_factory=dict,
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
         description="Free-form planner output: per-phase budgets and one reason per choice.",
+    )
+
+
+class ModelConfigStatus(ApiModel):
+    """The model's config.json as the operator read it once for the job (the plan of
+    every attempt uses it), or why the known table stands in."""
+
+    source: Literal["hub", "claim", "table"] = Field(
+        description="hub: the hub's config.json; claim: read by a pod on spec.model.claimName; "
+        "table: none could be read, the known-family table sized the model."
+    )
+    location: str = Field(description="The URL, or claim:path, that was read.")
+    architecture: str | None = Field(None, description="config.json's model_type.")
+    config: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="The fields of config.json that size the model.",
+    )
+    message: str | None = Field(
+        None, max_length=4096, description="Why the table stands in (the read's error)."
+    )
+    read_at: str = Field(
+        json_schema_extra={"format": "date-time"}, description="When it was read."
     )
 
 
@@ -216,6 +243,10 @@ class GRPOJobStatus(ApiModel):
     )
     phase: Phase | None = Field(None, strict=False, description="One-word summary for humans.")
     plan: PlanStatus | None = Field(None, description="Resolved plan of the current attempt.")
+    # Not `model_config`: pydantic reserves that name.
+    read_model_config: ModelConfigStatus | None = Field(
+        None, alias="modelConfig",
+        description="The model's config.json, read once for the job (hub or claim).")
     progress: ProgressStatus | None = Field(None, description="Training progress.")
     attempt: int | None = Field(None, ge=0, description="Index of the current attempt.")
     restarts: int = Field(0, ge=0, description="Restarts so far.")

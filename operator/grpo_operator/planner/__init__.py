@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .architectures import SUPPORTED, UnsupportedArchitecture, family_of
 from .config_file import read_model_config
 from .core import plan_memory
 from .ladder import LADDERS, next_safer_plan, remediation_ladder
@@ -12,6 +13,7 @@ from .types import Budget, Decision, Geometry, InfeasibleError, Plan, PodResourc
 __all__ = [
     "KNOWN_MODELS",
     "LADDERS",
+    "SUPPORTED",
     "Budget",
     "Decision",
     "Geometry",
@@ -20,6 +22,8 @@ __all__ = [
     "PodResources",
     "Settings",
     "Shape",
+    "UnsupportedArchitecture",
+    "family_of",
     "next_safer_plan",
     "plan_memory",
     "plan_status",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from grpo_api.model_config import CONFIG_FILE, ConfigUnavailable, read_dir
 
 
 def read_model_config(model_path: str, root: Path | None = None) -> dict[str, Any] | None:
@@ -16,11 +17,9 @@ def read_model_config(model_path: str, root: Path | None = None) -> dict[str, An
     base = Path(model_path)
     if root is not None and base.is_absolute():
         base = root / base.relative_to("/")
-    candidate = base / "config.json"
-    if not candidate.is_file():
+    if not (base / CONFIG_FILE).is_file():
         return None
     try:
-        data = json.loads(candidate.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{candidate}: cannot read config.json: {exc}") from None
-    return data if isinstance(data, dict) else None
+        return read_dir(base)
+    except ConfigUnavailable as exc:
+        raise ValueError(str(exc)) from None

@@ -324,12 +324,15 @@ def plan_memory(
     spec: GRPOJobSpec,
     catalog: Mapping[str, GpuType] = GPU_CATALOG,
     model_config: dict[str, Any] | None = None,
+    model_source: str | None = None,
 ) -> Plan:
     """The whole plan for a spec. Raises InfeasibleError (numbers + smallest fix),
     SpecError (node_type: a GPU type or per-node count the catalog does not have) or
-    ValueError (a model that cannot be sized)."""
+    ValueError (a model that cannot be sized; its subclass UnsupportedArchitecture for a
+    config.json the trainer cannot train). `model_source`: where `model_config` was read,
+    or why there is none (model_shape.resolve_shape)."""
     gpu = node_type(spec, catalog)
-    resolved = resolve_shape(spec.model, model_config)
+    resolved = resolve_shape(spec.model, model_config, model_source)
     nodes_reason = "spec.resources.nodes"
     if spec.resources.nodes is not None:
         nodes = spec.resources.nodes

@@ -1,5 +1,5 @@
-"""Model size and shape: from config.json (Qwen2-VL / Qwen2.5-VL / Qwen3-VL layouts),
-from `spec.model.shape`, or from a table of known families by name."""
+"""Model size and shape: from `spec.model.shape`, from config.json (the families of
+architectures.py), or from a table of known families by name."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from grpo_api.job.spec import ModelSpec
+
+from .architectures import Family, family_of
 
 
 @dataclass(frozen=True)
@@ -86,12 +88,22 @@ class ResolvedShape:
     source: str  # one line: where the numbers came from
 
 
-def _lm_parameters(t: dict[str, Any], head_dim: int) -> int:
+def _experts(t: dict[str, Any]) -> int:
+    # transformers 5 writes Qwen3-VL MoE's count as num_local_experts; Qwen's own
+    # config.json files say num_experts.
+    return int(t.get("num_experts") or t.get("num_local_experts") or 0)
+
+
+def _lm_parameters(t: dict[str, Any], head_dim: int, family: Family) -> int:
     h, layers, vocab = t["hidden_size"], t["num_hidden_layers"], t["vocab_size"]
     heads, kv = t["num_attention_heads"], t.get("num_key_value_heads", t["num_attention_heads"])
-    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2 + (heads + 2 * kv) * head_dim
-    experts = int(t.get("num_experts", 0) or 0)
-    if experts:
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2
+    if t.get("attention_bias", family.qkv_bias):
+        attn += (heads + 2 * kv) * head_dim  # q, k, v biases (Qwen2); o_proj has none
+    if family.qk_norm:
+        attn += 2 * head_dim  # Qwen3's per-head RMSNorm of queries and keys
+    experts = _experts(t)
+    if experts:  # fused gate_up and down per expert, and the router
         mlp = experts * 3 * h * int(t["moe_intermediate_size"]) + h * experts
     else:
         mlp = 3 * h * int(t["intermediate_size"])
@@ -99,34 +111,46 @@ def _lm_parameters(t: dict[str, Any], head_dim: int) -> int:
     return int(layers * (attn + mlp + 2 * h) + embed + h)
 
 
-def _vision(v: dict[str, Any], out_hidden: int) -> tuple[int, int, int, int, int, int]:
-    """(parameters, layers, hidden, intermediate, patch, one block's parameters) of the
-    vision tower: the blocks, the patch merger (its norm, then an MLP from the merged
-    patches' width to the LM's) and the patch embedding (a bias-free 3-D convolution
-    over 2 frames)."""
-    if not v:
-        return 0, 0, 0, 0, 14, 0
+@dataclass(frozen=True)
+class _Tower:
+    parameters: int
+    layers: int
+    hidden: int
+    intermediate: int
+    patch: int
+    block: int
+
+
+def _vision(v: dict[str, Any], out_hidden: int, tower: str) -> _Tower:
+    """The vision tower: its blocks, the patch merger (a norm, then an MLP from the
+    merged patches' width to the LM's) and the patch embedding (a 3-D convolution over
+    `temporal_patch_size` frames). Qwen2.5-VL: RMSNorm and a gated SiLU MLP; Qwen2-VL and
+    Qwen3-VL: LayerNorm and a two-layer MLP. Qwen3-VL adds a learned position embedding,
+    a bias on the patch embedding and one merger per deepstack layer (their norm over
+    the merged width)."""
     layers = int(v.get("depth", v.get("num_hidden_layers", 32)))
-    # Qwen2-VL names the tower width embed_dim (hidden_size is the merger's output).
+    # Qwen2-VL names the tower width embed_dim (its hidden_size is the merger's output).
     hidden = int(v.get("embed_dim") or v.get("hidden_size", 1280))
     inter = int(v.get("intermediate_size") or hidden * v.get("mlp_ratio", 4))
     merge = int(v.get("spatial_merge_size", 2))
     out = int(v.get("out_hidden_size") or out_hidden)
     patch = int(v.get("patch_size", 14))
-    # Qwen2.5-VL: SiLU gated MLP and RMSNorm; Qwen2-VL (mlp_ratio) and Qwen3-VL (gelu):
-    # two-layer MLP and LayerNorm.
-    gated = ("intermediate_size" in v and "mlp_ratio" not in v and "depth" in v
-             and v.get("hidden_act") == "silu")
+    gated = tower == "qwen2_5_vl"
     block = vision_block_parameters(hidden, inter, gated)
-    merger_in = hidden * merge * merge
-    norm = hidden if gated else 2 * hidden
-    merger = norm + merger_in * merger_in + merger_in + merger_in * out + out
-    params = layers * block + merger + 3 * int(v.get("temporal_patch_size", 2)) * patch**2 * hidden
-    return int(params), layers, hidden, inter, patch, block
+    m = hidden * merge * merge
+    mlp = m * m + m + m * out + out
+    merger = (hidden if gated else 2 * hidden) + mlp
+    embed = int(v.get("in_channels", 3)) * int(v.get("temporal_patch_size", 2)) * patch**2 * hidden
+    if tower == "qwen3_vl":
+        embed += hidden + int(v.get("num_position_embeddings", 0)) * hidden
+        merger += len(v.get("deepstack_visual_indexes") or []) * (2 * m + mlp)
+    return _Tower(layers * block + merger + embed, layers, hidden, inter, patch, block)
 
 
 def shape_from_config(config: dict[str, Any]) -> Shape:
-    """Parse a HF config.json dict. Newer transformers nest the LM under text_config."""
+    """Parse a HF config.json dict of a family the trainer trains (UnsupportedArchitecture
+    otherwise). Newer transformers nest the LM under text_config."""
+    family = family_of(config)
     text = {**config, **(config.get("text_config") or {})}
     missing = [
         k
@@ -139,15 +163,18 @@ def shape_from_config(config: dict[str, Any]) -> Shape:
         raise ValueError("config.json lacks intermediate_size")
     h, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
     head_dim = int(text.get("head_dim") or h // heads)
-    vp, vl, vh, vi, patch, vblock = _vision(config.get("vision_config") or {}, h)
-    lm = _lm_parameters(text, head_dim)
-    experts = int(text.get("num_experts", 0) or 0)
+    vision = config.get("vision_config") or {}
+    if family.tower is not None and not vision:
+        raise ValueError(f"config.json of a {family.name} model lacks vision_config")
+    tower = _vision(vision, h, family.tower) if family.tower else _Tower(0, 0, 0, 0, 14, 0)
+    lm = _lm_parameters(text, head_dim, family)
+    experts = _experts(text)
     inter = int(text.get("intermediate_size") or 0)
     if experts:  # activations see only the routed experts' width
         inter = int(text["moe_intermediate_size"]) * int(text.get("num_experts_per_tok", 8))
     return Shape(
-        parameters=lm + vp,
-        vision_parameters=vp,
+        parameters=lm + tower.parameters,
+        vision_parameters=tower.parameters,
         layers=int(text["num_hidden_layers"]),
         hidden_size=h,
         intermediate_size=inter,
@@ -156,12 +183,12 @@ def shape_from_config(config: dict[str, Any]) -> Shape:
         head_dim=head_dim,
         vocab_size=int(text["vocab_size"]),
         tied_embeddings=bool(text.get("tie_word_embeddings", False)),
-        vision_layers=vl or 32,
-        vision_hidden=vh or 1280,
-        vision_intermediate=vi or 3420,
-        patch_size=patch,
+        vision_layers=tower.layers or 32,
+        vision_hidden=tower.hidden or 1280,
+        vision_intermediate=tower.intermediate or 3420,
+        patch_size=tower.patch,
         experts=experts,
-        vision_block=vblock,
+        vision_block=tower.block,
     )
 
 
@@ -248,8 +275,11 @@ def known_family(path: str) -> tuple[str, Shape] | None:
     return (key, KNOWN_MODELS[key]) if key in KNOWN_MODELS else None
 
 
-def resolve_shape(model: ModelSpec, config: dict[str, Any] | None = None) -> ResolvedShape:
-    """spec.model.shape wins, then config.json, then the known-family table."""
+def resolve_shape(model: ModelSpec, config: dict[str, Any] | None = None,
+                  source: str | None = None) -> ResolvedShape:
+    """spec.model.shape wins, then config.json, then the known-family table. `source`
+    says where config.json was read (default: beside model.path, as `grpo plan` reads
+    it), or without one why none was (shown with the table's entry)."""
     if model.shape is not None:
         s = model.shape
         return ResolvedShape(
@@ -267,14 +297,19 @@ def resolve_shape(model: ModelSpec, config: dict[str, Any] | None = None) -> Res
             "spec.model.shape",
         )
     if config is not None:
-        return ResolvedShape(shape_from_config(config), f"{model.path}/config.json")
+        where = source or f"config.json ({model.path.rstrip('/')}/config.json)"
+        return ResolvedShape(shape_from_config(config), where)
     known = known_family(model.path)
     if known is not None:
-        return ResolvedShape(known[1], f"known family {known[0]} (no config.json read)")
+        return ResolvedShape(known[1], f"known table: {known[0]} "
+                                       f"({source or 'no config.json read'})")
     families = ", ".join(sorted(KNOWN_MODELS))
+    why = f" ({source})" if source else ""
     raise ValueError(
-        f"spec.model: cannot size {model.path!r}: no config.json and not a known family "
-        f"({families}); set spec.model.shape (parameters, layers, hiddenSize, ...)"
+        f"spec.model: cannot size {model.path!r}: no config.json{why} and not a known "
+        f"family ({families}); set spec.model.shape (parameters, layers, hiddenSize, ...), "
+        "or put the model on a claim (spec.model.claimName) or the hub, where the operator "
+        "reads its config.json"
     )
 
 

@@ -125,6 +125,7 @@ def plan_status(plan: Plan) -> PlanStatus:
             **_knobs(plan),
             "mode": g.mode(plan.settings),
             "rolloutEngine": g.rollout_engine,
+            "modelSource": g.shape_source,
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),
             "details": {

@@ -1,6 +1,6 @@
 """Reconciling a GRPOJob (pure): `reconcile(job, observed, event, now, config)` returns
 the one Action for an event; `classify`, `conditions`, `attempts` and `queue` (Kueue) are
-its parts."""
+its parts; `model_config` reads a new job's config.json once."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from .core import (
     restart_due,
     restart_pending,
 )
+from .model_config import HubAnswer, admission_input, admission_warning, hub_url, to_read
 from .refusals import refusal_pending
 
 __all__ = [
@@ -31,13 +32,17 @@ __all__ = [
     "ClusterChanged",
     "CreateFailed",
     "Event",
+    "HubAnswer",
     "JobChanged",
     "Observed",
     "PodChanged",
     "SpecChanged",
+    "admission_input",
+    "admission_warning",
     "backoff_seconds",
     "cluster_needs_pods",
     "cluster_needs_workload",
+    "hub_url",
     "planned",
     "pod_matters",
     "pod_needs_cluster",
@@ -46,4 +51,5 @@ __all__ = [
     "refusal_pending",
     "restart_due",
     "restart_pending",
+    "to_read",
 ]

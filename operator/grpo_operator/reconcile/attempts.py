@@ -22,11 +22,19 @@ from grpo_api.contract import (
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.knobs import KNOBS
 
-from ..planner import InfeasibleError, Plan, next_safer_plan, plan_memory, plan_status
+from ..planner import (
+    InfeasibleError,
+    Plan,
+    UnsupportedArchitecture,
+    next_safer_plan,
+    plan_memory,
+    plan_status,
+)
 from ..render import JobRef, names, pod_settings, render_children
 from ..render.trainer_config import SPEC_SOURCES, trainer_config
 from .classify import PodOutcome
 from .conditions import PhaseView, attempt_of, status_patch
+from .model_config import PlanInput, recorded
 from .retention import ClaimChange, export_status, recreate_advice
 
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
@@ -47,6 +55,7 @@ class Action:
     children: list[dict[str, Any]] = field(default_factory=list)  # create if absent
     delete_ray_cluster: str | None = None
     claim_change: ClaimChange | None = None  # the checkpoint claim's owner and labels
+    delete_pod: str | None = None  # the model-config reader pod, once read
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, msg)
     retry: tuple[str, float] | None = None  # (why, seconds): cannot go on yet, decide again
     restart_reason: str | None = None  # an attempt failed and will be retried (metric)
@@ -54,14 +63,17 @@ class Action:
 
 
 def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = None,
-            catalog: Mapping[str, GpuType] = GPU_CATALOG) -> tuple[GRPOJobSpec, Plan]:
+            catalog: Mapping[str, GpuType] = GPU_CATALOG,
+            model: PlanInput | None = None) -> tuple[GRPOJobSpec, Plan]:
     """Parse and plan; raises SpecError / InfeasibleError / ValueError with the reason.
 
     With `attempts`, the plan is the one for the attempt after them: the first plan with
     every remediation recorded in `attempts` replayed in order (the ladder is
-    deterministic, so the operator keeps no plan state of its own)."""
+    deterministic, so the operator keeps no plan state of its own). `model`: the
+    model's config.json as read (status.modelConfig, model_config.py)."""
     spec = parse_spec(spec_body)
-    plan = checked_plan(spec, catalog)
+    plan = (checked_plan(spec, catalog, model.config, model.source) if model is not None
+            else checked_plan(spec, catalog))
     for a in attempts or []:
         if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
             plan = next_safer_plan(plan, a["outcome"], phase=a.get("failedPhase")) or plan
@@ -69,10 +81,15 @@ def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = N
 
 
 def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG,
-                 model_config: dict[str, Any] | None = None) -> Plan:
+                 model_config: dict[str, Any] | None = None,
+                 model_source: str | None = None) -> Plan:
     """The first attempt's plan, checked as admission checks it (`grpo plan` too, so the
-    two accept the same jobs): raises SpecError / InfeasibleError / ValueError."""
-    plan = plan_memory(spec, catalog, model_config=model_config)
+    two accept the same jobs): raises SpecError / InfeasibleError / ValueError.
+    `model_source`: where `model_config` was read (model_shape.resolve_shape)."""
+    try:
+        plan = plan_memory(spec, catalog, model_config, model_source)
+    except UnsupportedArchitecture as exc:
+        raise SpecError([f"spec.model.path: {exc}"]) from None
     clashes = pod_settings.conflicts(spec.pods, plan.env)  # never override the operator's
     if clashes:
         raise SpecError(clashes)
@@ -125,11 +142,12 @@ def _at(now: str, seconds: int) -> str:
 
 
 def planned_pods(spec_body: dict[str, Any],
-                 catalog: Mapping[str, GpuType] = GPU_CATALOG) -> int:
+                 catalog: Mapping[str, GpuType] = GPU_CATALOG,
+                 model: PlanInput | None = None) -> int:
     """Ray pods the job's plan has (the planner resolves an unset resources.nodes); 1 when
     the spec cannot be planned (ensure_attempt then refuses it with the reason)."""
     try:
-        return planned(spec_body, None, catalog)[1].pods
+        return planned(spec_body, None, catalog, model)[1].pods
     except (SpecError, InfeasibleError, ValueError):
         return 1
 
@@ -193,7 +211,7 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
     attempts_so_far = [a for a in status.get("attempts") or []
                        if a.get("index") != status.get("attempt")]
     try:
-        spec, plan = planned(spec_body, attempts_so_far, catalog)
+        spec, plan = planned(spec_body, attempts_so_far, catalog, recorded(status))
     except SpecError as exc:
         view = PhaseView(Phase.FAILED, "InvalidSpec", str(exc))
         return Action(status_patch(status, generation, now, view),
@@ -227,7 +245,8 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
                        f"{settings.offload_params}, offload optimizer "
                        f"{settings.offload_optimizer}, micro-batch {settings.micro_batch_size}; "
                        f"peak {plan.budget.peak_gpu_gib:.1f} GiB/GPU, "
-                       f"{plan.budget.peak_host_gib:.0f} GiB host/node"))
+                       f"{plan.budget.peak_host_gib:.0f} GiB host/node; model shape from "
+                       f"{plan.geometry.shape_source}"))
     # A live attempt's phase follows its pods and cluster, not the spec.
     start: PhaseView | None = None
     if status.get("phase") in (None, Phase.SUSPENDED):
@@ -297,7 +316,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
                          "not retried: fix the cause, then delete the job and create it "
                          f"again ({recreate_advice(spec_body)})")
         return _ended(status, attempts, view, generation, now, rc, "Warning")
-    spec, plan = planned(spec_body, attempts[:-1], catalog)
+    spec, plan = planned(spec_body, attempts[:-1], catalog, recorded(status))
     if restarts >= spec.restart_policy.max_restarts:
         view = PhaseView(Phase.FAILED, reason.value,
                          f"{what}{where} after {restarts} restarts; last setting tried: "
@@ -373,7 +392,7 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
                   catalog: Mapping[str, GpuType]) -> Action:
     nxt = status["nextAttempt"]
     attempts = [dict(a) for a in status.get("attempts") or []]
-    spec, plan = planned(spec_body, attempts, catalog)
+    spec, plan = planned(spec_body, attempts, catalog, recorded(status))
     index = int(nxt["index"])
     resumed = _newest_checkpoint(attempts, status.get("progress") or {})
     record: dict[str, Any] = {"index": index, "startTime": now, "outcome": ATTEMPT_RUNNING}

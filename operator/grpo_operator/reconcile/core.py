@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_api.contract import TERMINAL_PHASES, Phase, Role
+from grpo_api.job import SpecError, parse_spec
 
 from ..config import OperatorConfig
 from ..render import JobRef, names
+from . import model_config
 from .attempts import (
     Action,
     claim_problem,
@@ -123,6 +125,10 @@ class Observed:
     workload: dict[str, Any] | None = None
     cluster_queue: str | None = None
     ray_cluster: dict[str, Any] | None = None
+    # For a new job whose config.json is read (model_config.to_read): the operator's GET
+    # of the hub, or the reader pod (None: not created yet).
+    hub: model_config.HubAnswer | None = None
+    model_reader: dict[str, Any] | None = None
 
 
 def restart_pending(job: dict[str, Any]) -> bool:
@@ -273,27 +279,74 @@ def _internal_error(event: Event, exc: Exception, spec: dict[str, Any],
 def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,
              now: str, observed: Observed, config: OperatorConfig) -> Action:
     problem = claim_problem(spec, ref.namespace, observed.claim, observed.model_claim,
-                            planned_pods(spec, config.catalog))
+                            planned_pods(spec, config.catalog, model_config.recorded(status)))
     if problem:
-        view = PhaseView(Phase.PENDING, "ClaimMissing", problem)
-        return Action(status_patch(status, generation, now, view),
-                      events=[("Warning", "ClaimMissing", problem)],
-                      retry=(problem, config.claim_retry_seconds))
-    if observed.pods and not status.get("attempts"):
+        return _claim_missing(status, generation, now, problem, config)
+    earlier = _earlier_jobs_pods(ref, observed.pods)
+    if earlier and not status.get("attempts"):
         # A job of this name was deleted and its pods are still going: its drivers must be
         # gone before this job's adopt the checkpoint directory.
-        left = sorted(str(p.get("metadata", {}).get("name")) for p in observed.pods)
         view = PhaseView(Phase.PENDING, "WaitingForPreviousJob",
-                         f"{len(left)} pod(s) of an earlier job named {ref.name} are still "
-                         f"there: {', '.join(left[:5])}; this job starts once they are gone")
+                         f"{len(earlier)} pod(s) of an earlier job named {ref.name} are still "
+                         f"there: {', '.join(earlier[:5])}; this job starts once they are gone")
         return Action(status_patch(status, generation, now, view),
                       retry=(view.message, PREVIOUS_JOB_RETRY_SECONDS))
+    step = _read_model_config(ref, spec, status, observed, now, config)
+    if step.waiting is not None:
+        wait = step.waiting
+        return Action(model_config.waiting_patch(status, step, generation, now),
+                      children=wait.create, delete_pod=step.delete_pod, events=step.events,
+                      retry=(wait.view.message, wait.retry_seconds)
+                      if wait.retry_seconds is not None else None)
+    if step.fields:  # read now: the plan's pods may need other access modes
+        status = {**status, **step.fields}
+        problem = claim_problem(spec, ref.namespace, observed.claim, observed.model_claim,
+                                planned_pods(spec, config.catalog, model_config.recorded(status)))
+        if problem:
+            action = _claim_missing(status, generation, now, problem, config)
+            action.status = {**step.fields, **action.status}
+            action.events[:0], action.delete_pod = step.events, step.delete_pod
+            return action
     action = ensure_attempt(ref, spec, status, generation, now, config.default_image,
                             config.catalog)
+    if step.fields:
+        action.status = {**step.fields, **action.status}
+        action.events[:0], action.delete_pod = step.events, step.delete_pod
     action.claim_change = claim_change(spec, ref, observed.claim)
     if action.claim_change is not None and action.claim_change.event is not None:
         action.events.append(action.claim_change.event)
     return action
+
+
+def _earlier_jobs_pods(ref: JobRef, pods: list[dict[str, Any]]) -> list[str]:
+    """The names of pods labelled with this job's name that this job does not own (its
+    own model-config reader is labelled so too)."""
+    return sorted(str(p.get("metadata", {}).get("name")) for p in pods
+                  if not any(o.get("uid") == ref.uid
+                             for o in p.get("metadata", {}).get("ownerReferences") or []))
+
+
+def _claim_missing(status: dict[str, Any], generation: int, now: str, problem: str,
+                   config: OperatorConfig) -> Action:
+    view = PhaseView(Phase.PENDING, "ClaimMissing", problem)
+    return Action(status_patch(status, generation, now, view),
+                  events=[("Warning", "ClaimMissing", problem)],
+                  retry=(problem, config.claim_retry_seconds))
+
+
+def _read_model_config(ref: JobRef, spec: dict[str, Any], status: dict[str, Any],
+                       observed: Observed, now: str,
+                       config: OperatorConfig) -> model_config.ModelStep:
+    """Reading config.json, for a new job that needs it (a spec that does not parse is
+    refused by ensure_attempt with its reasons)."""
+    if model_config.to_read(spec, status) is None:
+        return model_config.ModelStep()
+    try:
+        parsed = parse_spec(spec)
+    except SpecError:
+        return model_config.ModelStep()
+    return model_config.read_step(ref, spec, parsed, status, observed.hub,
+                                  observed.model_reader, now, config.default_image)
 
 
 def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:

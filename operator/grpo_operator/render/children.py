@@ -61,6 +61,11 @@ def _env() -> jinja2.Environment:
     )
 
 
+def render_template(name: str, ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects one template makes of `ctx` (empty documents dropped)."""
+    return [d for d in yaml.safe_load_all(_env().get_template(name).render(ctx)) if d]
+
+
 def job_env(plan: Plan, job: JobRef, attempt: int) -> dict[str, str]:
     """Everything injected into the Ray containers: the plan's env plus identity."""
     return {
@@ -125,7 +130,4 @@ def render_children(
     files = ["configmap.yaml.j2", "rbac.yaml.j2", "raycluster.yaml.j2"]
     if spec.checkpoint.claim_name is None:
         files.insert(1, "pvc.yaml.j2")
-    docs: list[dict[str, Any]] = []
-    for f in files:
-        docs += [d for d in yaml.safe_load_all(_env().get_template(f).render(ctx)) if d]
-    return docs
+    return [d for f in files for d in render_template(f, ctx)]

@@ -62,3 +62,8 @@ def trainer_account(job: JobRef) -> str:
 
 def checkpoint_dir(job: JobRef) -> str:
     return f"{CHECKPOINT_MOUNT}/{job.namespace}/{job.name}"
+
+
+def model_reader(job: JobRef) -> str:
+    """The pod that reads the model's config.json once (reconcile/model_config.py)."""
+    return f"{job.name}-model-config"

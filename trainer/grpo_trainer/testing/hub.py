@@ -6,7 +6,8 @@ after the download (the files on the volume, loading them) is real.
 Layout: `<root>/models/<owner>/<name>/...` and `<root>/datasets/<owner>/<name>/...`; one
 revision, "main", whose commit id is a hash of the file names and sizes. `fail_after`
 makes a download stop after that many bytes of a file (a dropped connection), once per
-file, to exercise resuming.
+file, to exercise resuming. `token` makes it a private hub: a request without
+`Authorization: Bearer <token>` gets 401, as the hub answers for a private repo.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class StandInHub:
     root: Path
     fail_after: int | None = None  # bytes served of a file before its first download drops
     delay_s: float = 0.0  # pause per 64 KiB sent: slow enough to kill a fetch mid-file
+    token: str | None = None  # set: every request must carry it (a private repo)
     requests: list[str] = field(default_factory=list)
     _dropped: set[str] = field(default_factory=set)
     url: str = ""
@@ -122,7 +124,10 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
             ranged = self.headers.get("Range")
             hub.requests.append(f"{self.command} {self.path}" + (f" {ranged}" if ranged else ""))
             path = self.path.split("?", 1)[0]
-            if m := _INFO.match(path):
+            if hub.token and self.headers.get("Authorization") != f"Bearer {hub.token}":
+                self._send(401, b'{"error": "Invalid credentials in Authorization header"}',
+                           {"X-Error-Code": "RepoNotFound"}, head)
+            elif m := _INFO.match(path):
                 self._info(m.group(1), m.group(2))
             elif m := _RESOLVE.match(path):
                 self._resolve("datasets" if m.group(1) else "models", m.group(2),
@@ -140,10 +145,10 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def stand_in_hub(root: Path, fail_after: int | None = None,
-                 delay_s: float = 0.0) -> Iterator[StandInHub]:
+def stand_in_hub(root: Path, fail_after: int | None = None, delay_s: float = 0.0,
+                 token: str | None = None) -> Iterator[StandInHub]:
     """The stand-in hub on 127.0.0.1 (any free port) while the block runs."""
-    hub = StandInHub(root, fail_after, delay_s)
+    hub = StandInHub(root, fail_after, delay_s, token)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)

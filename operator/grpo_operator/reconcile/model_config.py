@@ -1,0 +1,275 @@
+"""Where a job's model shape comes from, and reading its config.json once (pure).
+
+`spec.model.shape` is the override. Otherwise a new job's config.json is read once and
+kept in status.modelConfig, which every attempt's plan uses (so a hub that goes away,
+or a revision that moves, never changes a running job's plan):
+- a public hub repo: the operator GETs `<endpoint>/<repo>/resolve/<revision>/config.json`
+  (handler: hub_config.read, cached), at admission and here;
+- a model on a claim, or a private hub repo: a pod of the job's trainer image reads it
+  (render/model_reader.py) and the operator reads the pod's termination message; the job
+  waits in Pending (ReadingModelConfig) meanwhile;
+- any other path: the known-family table, as before.
+A model the table knows is planned from the table when its config.json cannot be read,
+and the plan and a Warning event say so; any other model waits (hub unreachable: the
+read is retried) or fails (no config.json, an architecture the trainer does not train),
+naming the error and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from grpo_api.contract import TERMINAL_PHASES, Phase, is_hub_id
+from grpo_api.job import GRPOJobSpec
+from grpo_api.model_config import ReaderReport, hub_config_url
+
+from ..planner.model_shape import known_family
+from ..render import JobRef, names
+from ..render.model_reader import render_model_reader
+from .conditions import PhaseView, status_patch, unschedulable
+
+READ_POLL_SECONDS = 2.0  # how often a waiting job looks at its reader pod
+RETRY_SECONDS = 30.0  # a hub that could not be reached is asked again after this
+READING = "ReadingModelConfig"
+UNAVAILABLE = "ModelConfigUnavailable"
+CONFIG_ERROR = "ConfigError"
+
+How = Literal["shape", "hub", "pod", "path"]
+
+
+@dataclass(frozen=True)
+class HubAnswer:
+    """The operator's GET of a public hub repo's config.json (hub_config.read)."""
+
+    url: str
+    config: dict[str, Any] | None = None
+    error: str | None = None
+    retry: bool = False  # the error may pass (no answer, a 5xx)
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """What plan_memory gets besides the spec: config.json and where it was read, or,
+    without one, why none was (model_shape.resolve_shape)."""
+
+    config: dict[str, Any] | None
+    source: str
+
+
+def how_read(spec_body: dict[str, Any]) -> How:
+    model = spec_body.get("model") or {}
+    if model.get("shape"):
+        return "shape"
+    if model.get("claimName"):
+        return "pod"
+    if is_hub_id(str(model.get("path") or "")):
+        # The token is in the job's Secret: a pod that gets it from the Secret reads.
+        return "pod" if (spec_body.get("hub") or {}).get("tokenSecret") else "hub"
+    return "path"
+
+
+def hub_url(spec_body: dict[str, Any]) -> str:
+    model, hub = spec_body.get("model") or {}, spec_body.get("hub") or {}
+    return hub_config_url(hub.get("endpoint"), str(model.get("path")), model.get("revision"))
+
+
+def to_read(spec_body: dict[str, Any], status: dict[str, Any]) -> How | None:
+    """What the handler must gather for this decision: "hub" (the operator's GET),
+    "pod" (the reader pod), or None: read already, the shape is given, or the job was
+    planned before (by an operator that did not read config.json: its plan stays)."""
+    if (status.get("modelConfig") or status.get("attempts")
+            or status.get("phase") in TERMINAL_PHASES):
+        return None
+    how = how_read(spec_body)
+    return how if how in ("hub", "pod") else None
+
+
+_SOURCE_WORDS = {"hub": "hub config.json", "claim": "claim config.json"}
+
+
+def recorded(status: dict[str, Any]) -> PlanInput | None:
+    """The plan input status.modelConfig holds; None: nothing read (plan as before)."""
+    read = status.get("modelConfig")
+    if not read:
+        return None
+    if read.get("source") == "table":
+        return PlanInput(None, str(read.get("message") or "no config.json read"))
+    return PlanInput(read.get("config"),
+                     f"{_SOURCE_WORDS[read['source']]} ({read.get('location')})")
+
+
+def admission_input(spec_body: dict[str, Any], hub: HubAnswer | None,
+                    old_status: dict[str, Any] | None = None) -> tuple[PlanInput | None, bool]:
+    """(plan input, whether to plan now) at admission. A recorded read (an update of a
+    live job) or the operator's own GET of a public repo plan as reconcile will; so does
+    the hub's definite answer (no such repo: refused) and, for a model the table knows,
+    any failed read. Otherwise the job is admitted unplanned: planned in reconcile once
+    the hub answers or the reader pod has read config.json."""
+    if (done := recorded(old_status or {})) is not None:
+        return done, True
+    how = how_read(spec_body)
+    known = known_family(str((spec_body.get("model") or {}).get("path") or ""))
+    if how == "hub" and hub is not None:
+        if hub.config is not None:
+            return PlanInput(hub.config, f"hub config.json ({hub.url})"), True
+        note = PlanInput(None, f"hub config.json unreadable: {hub.error}")
+        return note, known is not None or not hub.retry
+    if how == "pod":
+        return PlanInput(None, f"{_where(spec_body)} is read once the job exists"), bool(known)
+    return None, True
+
+
+def admission_warning(spec_body: dict[str, Any], hub: HubAnswer | None) -> str | None:
+    """What kubectl prints beside an admitted job whose config.json was not read."""
+    how = how_read(spec_body)
+    if how == "pod":
+        return (f"spec.model: {_where(spec_body)} is read by a pod of the job's image once "
+                "the job exists; the plan, or why it cannot run, shows in its status then")
+    if how != "hub" or hub is None or hub.error is None:
+        return None
+    known = known_family(str((spec_body.get("model") or {}).get("path") or ""))
+    if known is not None:
+        return f"spec.model: {hub.error}; planned from the known table ({known[0]})"
+    return (f"spec.model: {hub.error}; the job waits ({UNAVAILABLE}) until the hub answers. "
+            f"Fix: {_fix(spec_body)}")
+
+
+def _where(spec_body: dict[str, Any]) -> str:
+    model = spec_body.get("model") or {}
+    if model.get("claimName"):
+        return f"claim {model['claimName']}:{str(model.get('path')).rstrip('/')}/config.json"
+    return hub_url(spec_body)
+
+
+def _fix(spec_body: dict[str, Any]) -> str:
+    if how_read(spec_body) == "hub" or (spec_body.get("hub") or {}).get("tokenSecret"):
+        return ("set spec.model.shape, or make the hub reachable from the cluster "
+                "(spec.hub.endpoint for a mirror)")
+    return "set spec.model.shape, or put config.json in the model's directory"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The job cannot be planned yet: its phase, the reader pod to create, and when to
+    decide again (None: it failed for good)."""
+
+    view: PhaseView
+    create: list[dict[str, Any]] = field(default_factory=list)
+    retry_seconds: float | None = None
+
+
+@dataclass
+class ModelStep:
+    """What reading config.json adds to this decision."""
+
+    fields: dict[str, Any] = field(default_factory=dict)  # status.modelConfig, once read
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    delete_pod: str | None = None  # the reader pod, done
+    waiting: Waiting | None = None  # set: this decision instead of a plan
+
+
+def _record(source: str, location: str, config: dict[str, Any] | None, now: str,
+            message: str | None = None) -> dict[str, Any]:
+    text = (config or {}).get("text_config") or {}
+    arch = (config or {}).get("model_type") or text.get("model_type")
+    out: dict[str, Any] = {"source": source, "location": location, "readAt": now}
+    if config is not None:
+        out |= {"config": config, "architecture": arch}
+    if message:
+        out["message"] = message[:4000]
+    return {"modelConfig": out}
+
+
+def _unreadable(spec_body: dict[str, Any], error: str, retry: bool, now: str,
+                delete_pod: str | None = None) -> ModelStep:
+    """config.json could not be read: the table when it knows the name, else wait (an
+    error that may pass) or fail (the model's own)."""
+    path = str((spec_body.get("model") or {}).get("path") or "")
+    where = _where(spec_body)
+    known = known_family(path)
+    if known is not None:
+        note = f"{where} unreadable: {error}"
+        message = (f"planned {path} from the known table ({known[0]}): {note}; the plan is "
+                   "as good as the table's entry for this model")
+        return ModelStep(_record("table", where, None, now, note),
+                         [("Warning", UNAVAILABLE, message)], delete_pod)
+    if retry:
+        view = PhaseView(Phase.PENDING, UNAVAILABLE,
+                         f"cannot read {where}: {error}; retrying every {RETRY_SECONDS:g} s. "
+                         f"Fix: {_fix(spec_body)}")
+        return ModelStep(events=[("Warning", UNAVAILABLE, view.message)],
+                         delete_pod=delete_pod, waiting=Waiting(view, [], RETRY_SECONDS))
+    view = PhaseView(Phase.FAILED, CONFIG_ERROR,
+                     f"spec.model.path: cannot read {where}: {error}; {_fix(spec_body)}")
+    return ModelStep(events=[("Warning", CONFIG_ERROR, view.message)], delete_pod=delete_pod,
+                     waiting=Waiting(view))
+
+
+def read_step(job: JobRef, spec_body: dict[str, Any], spec: GRPOJobSpec,
+              status: dict[str, Any], hub: HubAnswer | None, reader: dict[str, Any] | None,
+              now: str, default_image: str = "") -> ModelStep:
+    """This decision's part of reading config.json (`hub`, `reader`: what the handler
+    gathered for to_read; `reader` None: no reader pod yet)."""
+    how = to_read(spec_body, status)
+    if how == "hub":
+        if hub is None:  # not read: planned as without a hub (the table)
+            return ModelStep()
+        if hub.config is not None:
+            return ModelStep(_record("hub", hub.url, hub.config, now))
+        return _unreadable(spec_body, str(hub.error), hub.retry, now)
+    if how != "pod":
+        return ModelStep()
+    url = None if spec.model.claim_name else hub_url(spec_body)
+    name = names.model_reader(job)
+    if reader is None:
+        view = PhaseView(Phase.PENDING, READING,
+                         f"pod {name} reads {_where(spec_body)} before the job is planned")
+        pod = render_model_reader(spec, job, url, default_image)
+        return ModelStep(waiting=Waiting(view, [pod], READ_POLL_SECONDS))
+    ended = _terminated(reader)
+    if ended is None:
+        why = unschedulable(reader) or _waiting_reason(reader)
+        view = PhaseView(Phase.PENDING, READING, f"pod {name} reads {_where(spec_body)}"
+                         + (f": {why}" if why else ""))
+        return ModelStep(waiting=Waiting(view, [], READ_POLL_SECONDS))
+    try:
+        report = ReaderReport.model_validate_json(str(ended.get("message") or ""))
+    except ValidationError:
+        return _unreadable(spec_body, (
+            f"pod {name} ended (exit {ended.get('exitCode')}, {ended.get('reason')}) without "
+            f"a report: {str(ended.get('message') or '').strip()[-500:]}; a trainer image "
+            "older than the operator lacks `python -m grpo_api.model_config`: set spec.image "
+            "to a current one"), False, now, name)
+    if report.config is not None:
+        source = "hub" if url else "claim"
+        return ModelStep(_record(source, _where(spec_body), report.config, now),
+                         delete_pod=name)
+    return _unreadable(spec_body, str(report.error), report.retry, now, name)
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        ended = (c.get("state") or {}).get("terminated")
+        if ended:
+            return dict(ended)
+    return None
+
+
+def _waiting_reason(pod: dict[str, Any]) -> str | None:
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") not in (None, "ContainerCreating"):
+            return f"{waiting['reason']}: {waiting.get('message') or ''}".strip(": ")
+    return None
+
+
+def waiting_patch(status: dict[str, Any], step: ModelStep, generation: int,
+                  now: str) -> dict[str, Any]:
+    """The status of a job whose config.json is being read or could not be."""
+    assert step.waiting is not None
+    view = step.waiting.view
+    degraded = view if view.reason == UNAVAILABLE else None
+    return status_patch(status, generation, now, view, degraded, **step.fields)

@@ -1,0 +1,72 @@
+"""The pod that reads a job's model config.json inside the cluster (pure).
+
+It runs `python -m grpo_api.model_config` from the job's trainer image, so it sees what
+the Ray pods will see: the model claim mounted read-only at /models, or the hub with the
+token of the job's Secret (which the operator itself never reads). Its termination
+message carries the shape fields (grpo_api.model_config.ReaderReport).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_api.contract import (
+    API_GROUP,
+    API_VERSION,
+    DEFAULT_TRAINER_IMAGE,
+    JOB_LABEL,
+    KIND,
+    MODEL_MOUNT,
+    TERMINATION_LOG,
+)
+from grpo_api.job import GRPOJobSpec
+
+from . import names
+from .children import render_template
+from .names import JobRef
+from .pod_settings import merged
+from .security import container_security_context, pod_security_context
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+COMPONENT = "model-config"
+READER_MODULE = "grpo_api.model_config"
+# Python, pydantic and a JSON file: far below this.
+READER_MEMORY = "256Mi"
+
+
+def reader_command(spec: GRPOJobSpec, hub_url: str | None) -> list[str]:
+    where = ["--url", hub_url] if hub_url else ["--path", spec.model.path]
+    return ["python", "-m", READER_MODULE, *where]
+
+
+def render_model_reader(spec: GRPOJobSpec, job: JobRef, hub_url: str | None,
+                        default_image: str = "") -> dict[str, Any]:
+    """The reader pod: with `hub_url`, a GET of that URL with the job's hub token; else
+    the directory spec.model.path on spec.model.claimName."""
+    x = merged(spec.pods, "head")  # scheduled as the head, which will mount the same
+    env: list[dict[str, Any]] = []
+    if hub_url and spec.hub.token_secret:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": spec.hub.token_secret, "key": spec.hub.token_key}}})
+    env += x["env"]
+    ctx: dict[str, Any] = {
+        "job": job,
+        "name": names.model_reader(job),
+        "job_label": JOB_LABEL,
+        "component_label": COMPONENT_LABEL,
+        "component": COMPONENT,
+        "api_version": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "x": x,
+        "env": env,
+        "image": spec.image or default_image or DEFAULT_TRAINER_IMAGE,
+        "command": reader_command(spec, hub_url),
+        "termination_log": TERMINATION_LOG,
+        "memory": READER_MEMORY,
+        "claim": None if hub_url else spec.model.claim_name,
+        "model_mount": MODEL_MOUNT,
+        "container_security_context": container_security_context,
+        "pod_security_context": pod_security_context,
+    }
+    (pod,) = render_template("model-reader.yaml.j2", ctx)
+    return pod
