@@ -13,9 +13,9 @@ such a setting reaches the webhook, which refuses it naming the spec field that 
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from ..knobs import KNOBS
@@ -155,15 +155,14 @@ class TrainerSpec(ApiModel):
         "val_before_train); needs training.valIntervalSteps. Unset: true. Trainer setting "
         "trainer.val_before_train.")
 
-    @model_validator(mode="after")
-    def _template_is_found(self) -> Self:
-        fmt = self.format_prompt
+    @field_validator("format_prompt")
+    @classmethod
+    def _template_is_found(cls, fmt: str | None) -> str | None:
         if fmt is not None and fmt not in BUILTIN_FORMAT_PROMPTS and not fmt.startswith("/"):
             raise ValueError(
-                f"formatPrompt: {fmt!r} is neither a builtin template "
-                f"({', '.join(BUILTIN_FORMAT_PROMPTS)}) nor an absolute path to a Jinja2 "
-                "file in the pods")
-        return self
+                f"{fmt!r} is neither a builtin template ({', '.join(BUILTIN_FORMAT_PROMPTS)}) "
+                "nor an absolute path to a Jinja2 file in the pods")
+        return fmt
 
     @classmethod
     def unknown_field_hint(cls, name: str) -> str | None:
