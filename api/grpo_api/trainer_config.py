@@ -18,6 +18,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+KLEstimator = Literal["k1", "k3", "low_var_kl"]
+# A builtin prompt template's name; data.format_prompt may also be a path to a Jinja2 file.
+BUILTIN_FORMAT_PROMPTS = ("plain", "math", "r1v")
+
+
 class InitStrategy(StrEnum):
     """How weights reach the FSDP shards (docs/incidents.md #1)."""
 
@@ -91,7 +96,7 @@ class AlgorithmConfig(_Strict):
     clip_ratio_high: float = Field(default=0.3, ge=0)
     clip_ratio_dual: float | None = Field(default=3.0, gt=1)
     kl_coef: float = Field(default=0.0, ge=0)
-    kl_estimator: Literal["k1", "k3", "low_var_kl"] = "low_var_kl"
+    kl_estimator: KLEstimator = "low_var_kl"
     entropy_coef: float = Field(default=0.0, ge=0)
 
 
@@ -236,9 +241,35 @@ class CheckpointConfig(_Strict):
     export: bool = False
 
 
+class WandbConfig(_Strict):
+    """Weights & Biases: the driver logs each step's metrics to one run (WANDB_API_KEY,
+    WANDB_MODE and WANDB_BASE_URL come from the environment, as wandb reads them)."""
+
+    project: str = Field(min_length=1)
+    entity: str | None = None
+    run_id: str | None = Field(
+        default=None, description="the same id in every attempt: they resume one run"
+    )
+    run_name: str | None = None
+    dir: str | None = Field(default=None, description="where wandb writes (offline runs too)")
+
+
+class MlflowConfig(_Strict):
+    """MLflow: the driver logs each step's metrics to one run of `experiment`."""
+
+    tracking_uri: str = Field(min_length=1)
+    experiment: str = Field(min_length=1)
+    run_key: str | None = Field(
+        default=None, description="tagged on the run; an attempt with the same key resumes it"
+    )
+    run_name: str | None = None
+
+
 class MetricsConfig(_Strict):
     jsonl: bool = True
     tensorboard_dir: str | None = None
+    wandb: WandbConfig | None = None
+    mlflow: MlflowConfig | None = None
     prometheus_port: int | None = Field(default=None, ge=0, le=65535)
     progress_bar: Literal["auto", "on", "off"] = "auto"
     progress_file: str | None = None

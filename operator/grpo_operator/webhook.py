@@ -36,7 +36,7 @@ log = logging.getLogger("grpo_operator")
 
 # What a running job is: changing these would make its checkpoints meaningless.
 # memory, restartPolicy, image and suspend may change; they apply at the next attempt.
-IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "training", "lora",
+IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "trainer", "training", "lora",
                       "resources", "checkpoint")
 
 

@@ -42,7 +42,6 @@ RELEASE = "grpo"
 JOB = "tiny"
 OOM_STEP = 5
 TERMINAL = tuple(p.value for p in TERMINAL_PHASES)
-TINY_HIDDEN = 128  # the example's shape: 4 heads of 32 (vLLM's CPU attention needs >= 32)
 
 
 def oom_injection(step: int = OOM_STEP) -> EnvInjection:
@@ -95,6 +94,7 @@ class TinyJob:
         """The tiny Qwen2.5-VL and an EasyR1-layout dataset on the claim the job mounts."""
         from grpo_trainer.testing.datasets import write_vision_task
         from grpo_trainer.testing.tiny_models import build_tiny_qwen2_5_vl
+        from grpo_trainer.tiny import TINY_VL_HIDDEN
 
         spec = example()["spec"]
         claim = spec["model"]["claimName"]
@@ -106,7 +106,7 @@ class TinyJob:
         model_dir = root / Path(spec["model"]["path"]).relative_to("/models")
         data = root / Path(spec["data"]["train"]).relative_to("/models")
         if not (model_dir / "config.json").exists():
-            build_tiny_qwen2_5_vl(model_dir, hidden=TINY_HIDDEN)
+            build_tiny_qwen2_5_vl(model_dir, hidden=TINY_VL_HIDDEN)
         data.parent.mkdir(parents=True, exist_ok=True)
         write_vision_task(data, rows=32)
         for path in [root, *root.rglob("*")]:  # safetensors writes 0600; pods run as 10001

@@ -74,12 +74,15 @@ def test_schema_is_structural_and_documented() -> None:
 
 def test_preserve_unknown_fields_only_for_plan_details_and_kubernetes_own_types() -> None:
     """Affinity and volume sources are Kubernetes' own (large) types, passed to the pod;
-    status.modelConfig.config holds config.json's fields as the model's authors wrote them."""
+    status.modelConfig.config holds config.json's fields as the model's authors wrote them;
+    spec.trainer lets a planned setting written there reach the webhook, which names the
+    spec field that sets it (its known fields are typed all the same)."""
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     free = [p for p, n in _walk(schema) if n.get("x-kubernetes-preserve-unknown-fields")]
     pods = [f".spec.pods.{s}.{f}" for s in ("common", "head", "workers")
             for f in ("volumes[]", "affinity")]
-    assert sorted(free) == sorted([*pods, ".status.plan.details", ".status.modelConfig.config"])
+    assert sorted(free) == sorted([*pods, ".spec.trainer", ".status.plan.details",
+                                   ".status.modelConfig.config"])
 
 
 def test_cross_field_rules_are_cel() -> None:

@@ -3,7 +3,8 @@
 ``grpo-train --config FILE [--set k=v ...]`` trains (``train`` is the default
 command, so ``grpo-train train --config FILE`` is the same), resuming from the
 newest complete checkpoint in ``checkpoint.dir`` unless ``--no-resume``;
-``grpo-train export`` turns a checkpoint into a Hugging Face directory.
+``grpo-train export`` turns a checkpoint into a Hugging Face directory;
+``grpo-train make-tiny`` builds a tiny model and dataset (a first job's init container).
 """
 
 from __future__ import annotations
@@ -117,6 +118,21 @@ def export_cmd(
         click.echo(f"export failed: {err}", err=True)
         sys.exit(1)
     click.echo(f"exported step {done.step} to {done.out} ({done.tensors} tensors)")
+
+
+@cli.command("make-tiny")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="directory to hold model/ and train.parquet")
+@click.option("--rows", type=click.IntRange(min=1), default=32, show_default=True,
+              help="prompts in the train split")
+def make_tiny_cmd(out: str, rows: int) -> None:
+    """Build a random-weight tiny Qwen2.5-VL and an EasyR1-layout train split, offline
+    (kept if a complete build is already there)."""
+    from .tiny import make_tiny
+
+    tiny = make_tiny(out, rows)
+    verb = "built" if tiny.built else "kept the earlier build of"
+    click.echo(f"{verb} {tiny.model} and {tiny.train}")
 
 
 @cli.command("validate")

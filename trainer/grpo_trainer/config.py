@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from grpo_api.contract import Env
+from grpo_api.trainer_config import BUILTIN_FORMAT_PROMPTS as BUILTIN_TEMPLATES
 from grpo_api.trainer_config import Config
 
 
@@ -162,5 +163,3 @@ def check_engine_limits(cfg: Config) -> None:
     if isinstance(model_config, dict) and (problem := vllm_cpu_problem(model_config)):
         raise ConfigError("rollout.engine", f"{problem} (model.path {cfg.model.path})")
 
-
-BUILTIN_TEMPLATES = ("plain", "math", "r1v")

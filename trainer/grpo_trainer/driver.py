@@ -226,7 +226,8 @@ class GRPOTrainer:
         layout_for(cfg)  # a layout that cannot work is a config error, before Ray starts
         dataset = PromptDataset(cfg.data.train_files, cfg.data)
         self.total_steps = cfg.trainer.steps(len(dataset))
-        self.metrics = metrics or MetricsLogger(cfg.metrics, self.total_steps)
+        self.metrics = metrics or MetricsLogger(cfg.metrics, self.total_steps,
+                                                run_config=cfg.model_dump(mode="json"))
         self.loader = StatefulLoader(
             dataset, cfg.trainer.rollout_batch_size, cfg.data.seed, cfg.data.shuffle
         )

@@ -1,4 +1,5 @@
-"""Per-step metrics: JSON lines on stdout, TensorBoard, Prometheus, a progress bar.
+"""Per-step metrics: JSON lines on stdout, TensorBoard, Prometheus, a progress bar, and
+the experiment trackers of spec.logging (tracking.py: Weights & Biases, MLflow).
 
 Every sink is optional and cheap when off; the driver calls ``log(step, metrics)``
 once per step (and at step 0 for the before-training validation pass, its ``val/``
@@ -16,6 +17,8 @@ from typing import Any, TextIO
 
 from grpo_api.trainer_config import MetricsConfig
 
+from .tracking import Tracker, call_each, start_trackers
+
 
 def _finite(v: float) -> float | None:
     return v if math.isfinite(v) else None
@@ -27,7 +30,9 @@ _PER_PROCESS = re.compile(r"^memory/(driver|rank\d+)/(\w+)$")
 
 
 class MetricsLogger:
-    def __init__(self, cfg: MetricsConfig, total_steps: int, stream: TextIO | None = None) -> None:
+    def __init__(self, cfg: MetricsConfig, total_steps: int, stream: TextIO | None = None,
+                 run_config: Mapping[str, Any] | None = None) -> None:
+        """``run_config``: the whole trainer config, recorded with a tracker's run."""
         self.cfg = cfg
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
@@ -46,6 +51,7 @@ class MetricsLogger:
 
             self._registry = CollectorRegistry()
             start_http_server(cfg.prometheus_port, registry=self._registry)
+        self._trackers: list[Tracker] = start_trackers(cfg.wandb, cfg.mlflow, run_config or {})
         show = cfg.progress_bar == "on" or (cfg.progress_bar == "auto" and self.stream.isatty())
         if show:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -99,6 +105,7 @@ class MetricsLogger:
                     self._process_gauge(m.group(2)).labels(process=m.group(1)).set(float(v))
                 else:
                     self._gauge(k).set(float(v))
+        self._trackers = call_each(self._trackers, "log", step, metrics)
         if self._progress is not None:
             info = f"reward={metrics.get('reward/mean', float('nan')):.3f}"
             if "val/reward_mean" in metrics:  # a validation step (validation.py)
@@ -106,6 +113,7 @@ class MetricsLogger:
             self._progress.update(self._task, completed=step, info=info)
 
     def close(self) -> None:
+        self._trackers = call_each(self._trackers, "close")
         if self._tb is not None:
             self._tb.flush()
             self._tb.close()

@@ -45,8 +45,21 @@ _HINTS = {
 }
 
 
-def _known_fields(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str] | None:
-    """Aliases accepted at `loc` (the parent of an unknown field), for the error hint."""
+def _unknown_field(root: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """The message for an unknown field at `loc`: its model's own hint (a model with
+    `unknown_field_hint`, e.g. spec.trainer, knows where a planned setting goes), else the
+    fields it knows."""
+    model = _model_at(root, loc[:-1])
+    hint = getattr(model, "unknown_field_hint", None)
+    if hint is not None and (said := hint(str(loc[-1]))):
+        return f"unknown field; {said}"
+    known = None if model is None else sorted(
+        (f.alias or n) for n, f in model.model_fields.items())
+    return "unknown field" + (f"; known fields: {', '.join(known)}" if known else "")
+
+
+def _model_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model that holds the fields at `loc` (the parent of an unknown field)."""
     model: Any = root
     for part in loc:
         if isinstance(part, int):
@@ -62,7 +75,7 @@ def _known_fields(root: type[BaseModel], loc: tuple[int | str, ...]) -> list[str
         if nxt is None:
             return None
         model = nxt
-    return sorted((f.alias or n) for n, f in model.model_fields.items())
+    return model
 
 
 def format_errors(
@@ -75,8 +88,7 @@ def format_errors(
         path = path.replace(".[", "[") or "(root)"
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            known = _known_fields(root, loc[:-1])
-            msg = "unknown field" + (f"; known fields: {', '.join(known)}" if known else "")
+            msg = _unknown_field(root, loc)
         elif err["type"] == "missing":
             msg = "required field is missing"
         elif err["type"] in _HINTS:

@@ -27,7 +27,8 @@ _OWNED = {
     "image": "set spec.image",
     "command": "the operator runs Ray and the trainer",
     "args": "the operator runs Ray and the trainer",
-    "containers": "the Ray container is the operator's; use env, volumeMounts",
+    "containers": "the Ray container is the operator's; use env, volumeMounts, or "
+                  "initContainers for a step before it",
 }
 
 
@@ -156,6 +157,32 @@ class PodSecurityContext(ApiModel):
     seccomp_profile: SeccompProfile | None = Field(None, description="Seccomp profile.")
 
 
+class InitContainer(ApiModel):
+    """A step run to completion before the Ray container starts (after the operator's hub
+    fetch), e.g. building or copying the model and data onto the checkpoint volume. It
+    gets the Ray container's env, volume mounts (the checkpoint volume read-write at
+    /checkpoints), resources and securityContext; a failure ends the attempt with its
+    message. It runs again at every attempt, so make it keep what an earlier one built."""
+
+    name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=63,
+                      description="Container name, unique in the pod (not hub-fetch, "
+                      "ray-head or ray-worker: the operator's).")
+    image: str | None = Field(
+        None, min_length=1,
+        description="Image; unset: the job's trainer image (spec.image or the operator's "
+        "default), which has grpo-train (e.g. `grpo-train make-tiny`).")
+    command: list[str] = Field(
+        min_length=1,
+        description="Command, exec form (no shell); $(VAR) expands the container's env, "
+        "e.g. $(GRPO_CHECKPOINT_DIR), the job's directory on the checkpoint volume.",
+        json_schema_extra={"items": {"type": "string", "description": "A word."}})
+    args: list[str] | None = Field(
+        None, description="Arguments to the command.",
+        json_schema_extra={"items": {"type": "string", "description": "A word."}})
+    env: list[EnvVar] | None = Field(
+        None, description="Env added to the Ray container's (not the operator's names).")
+
+
 class PodSettings(ApiModel):
     """Settings added to the Ray pods; the operator's own cannot be overridden (refused
     with the field named)."""
@@ -190,6 +217,10 @@ class PodSettings(ApiModel):
         None, pattern=_SUBDOMAIN,
         description="ServiceAccount of the pods (cloud identity); on the head it is also "
         "granted the trainer's right to report progress.")
+    init_containers: list[InitContainer] | None = Field(
+        None, description="Steps run in order before the Ray container, each to completion "
+        "(after the operator's hub fetch), with its env, mounts, resources and "
+        "securityContext; e.g. build the model and data onto the checkpoint volume.")
     security_context: PodSecurityContext = Field(  # the API server defaults it to {}
         default_factory=lambda: PodSecurityContext.model_validate({}),
         description="Pod-level securityContext.")

@@ -19,6 +19,8 @@ from .lora import LoraSpec
 from .pods import PodsSpec
 from .recovery import CheckpointSpec, RestartPolicySpec
 from .resources import MemorySpec, ResourcesSpec
+from .tracking import LoggingSpec
+from .trainer import TrainerSpec
 
 RewardType = Literal["math", "r1v", "function"]
 Precision = Literal["mixed", "bf16"]
@@ -313,6 +315,16 @@ class GRPOJobSpec(ApiModel):
             "Train a LoRA adapter on the language model (base weights frozen in bf16, "
             "reference policy = the adapter disabled). Unset: full fine-tuning."
         ),
+    )
+    trainer: TrainerSpec = Field(
+        default_factory=lambda: TrainerSpec.model_validate({}),
+        description="EasyR1-style trainer settings passed on as they are (the trainer's "
+        "schema checks them); planned ones are refused here, naming their spec field.",
+    )
+    logging: LoggingSpec = Field(
+        default_factory=lambda: LoggingSpec.model_validate({}),
+        description="Where the step metrics go: TensorBoard, Weights & Biases, MLflow; may "
+        "change (next attempt).",
     )
     resources: ResourcesSpec = Field(description="GPU type and cluster size.")
     memory: MemorySpec = Field(

@@ -38,6 +38,10 @@ VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its uti
 # log-sum-exp's float32 gradients and the bf16 one padded back to the full sequence.
 # Counting "bf16 logits + one float32 copy" (8) was 3.6x short and OOMed 3B bf16.
 LOGIT_B = 30
+# With an entropy bonus in the loss (spec.trainer.entropyCoef > 0) its gradient keeps the
+# fp32 softmax, and the softmax x logits product is made beside it (grpo_math.entropy): an
+# estimate on top of the measured figure, whose entropy ran without gradient.
+ENTROPY_B = 8
 RANK_PROCESS_GIB = 3.0  # RSS of one Python rank: torch, CUDA libs, tokenizer, Ray worker
 RANK_PROCESS_CPU_GIB = 1.5  # the same without the CUDA libraries (cpu jobs)
 DRIVER_GIB = 6.0  # head: Ray GCS/dashboard + the single-controller driver
@@ -183,7 +187,8 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     buffers = fsdp_buffers(s, compute_bytes(geo), trained(s, adapters))
     act = mb * geo.sequence_length * activation_bytes_per_token(geo, st.gradient_checkpointing)
     act += mb * vision_activation_bytes(geo, st.gradient_checkpointing)
-    logits = mb * geo.response_length * s.vocab_size * LOGIT_B
+    logit_b = LOGIT_B + (ENTROPY_B if geo.entropy_in_loss else 0)
+    logits = mb * geo.response_length * s.vocab_size * logit_b
     ctx = CUDA_CONTEXT_GIB if geo.is_gpu else 0.0
 
     training = {

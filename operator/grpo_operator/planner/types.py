@@ -72,6 +72,7 @@ class Geometry:
     user_env: frozenset[str] = frozenset()  # env names spec.pods sets (theirs to tune)
     lora: LoraPlan | None = None  # spec.lora, sized on this shape; None: full fine-tuning
     allow_precision_change: bool = False  # spec.restartPolicy.allowPrecisionChange
+    entropy_in_loss: bool = False  # spec.trainer.entropyCoef > 0: the entropy has a gradient
 
     def mode(self, st: Settings) -> Mode:
         """The training mode these settings run: lora, or the precision."""

@@ -20,7 +20,7 @@ from grpo_api.contract import (
     Phase,
 )
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
-from grpo_api.knobs import KNOBS
+from grpo_api.job.trainer import config_sources
 
 from ..planner import (
     InfeasibleError,
@@ -31,7 +31,8 @@ from ..planner import (
     plan_status,
 )
 from ..render import JobRef, names, pod_settings, render_children
-from ..render.trainer_config import SPEC_SOURCES, trainer_config
+from ..render.children import logging_env
+from ..render.trainer_config import trainer_config
 from .classify import PodOutcome
 from .conditions import PhaseView, attempt_of, status_patch
 from .model_config import PlanInput, recorded
@@ -90,7 +91,8 @@ def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG
         plan = plan_memory(spec, catalog, model_config, model_source)
     except UnsupportedArchitecture as exc:
         raise SpecError([f"spec.model.path: {exc}"]) from None
-    clashes = pod_settings.conflicts(spec.pods, plan.env)  # never override the operator's
+    ours = [*plan.env, *(e["name"] for e in logging_env(spec))]
+    clashes = pod_settings.conflicts(spec.pods, ours)  # never override the operator's
     if clashes:
         raise SpecError(clashes)
     _check_trainer_config(spec, plan)
@@ -115,9 +117,9 @@ def _check_trainer_config(spec: GRPOJobSpec, plan: Plan) -> None:
 def _spec_problem(loc: tuple[int | str, ...], msg: str) -> str:
     """A trainer config error as the spec fields a user changes: each config path in the
     location or the message names its spec field (a planned knob's by grpo_api.knobs,
-    the others' by SPEC_SOURCES)."""
+    the others' by grpo_api.job.trainer.SPEC_SOURCES)."""
     where = ".".join(str(p) for p in loc)
-    sources = {k.trainer: k.spec_path for k in KNOBS if k.trainer} | SPEC_SOURCES
+    sources = config_sources()
     fields = [field for path, field in sources.items() if path == where or path in msg]
     named = ", ".join(dict.fromkeys(fields)) or "spec"
     return f"{named}: {msg.removeprefix('Value error, ')} (trainer config {where or 'check'})"

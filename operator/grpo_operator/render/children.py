@@ -78,11 +78,22 @@ def job_env(plan: Plan, job: JobRef, attempt: int) -> dict[str, str]:
     }
 
 
+def logging_env(spec: GRPOJobSpec) -> list[dict[str, Any]]:
+    """spec.logging's secret, for the head pod's containers (the driver logs there)."""
+    wandb = spec.logging.wandb
+    if wandb is None or wandb.api_key_secret is None:
+        return []
+    ref = {"name": wandb.api_key_secret, "key": wandb.api_key_key}
+    return [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": ref}}]
+
+
 def render_children(
     spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str = ""
 ) -> list[dict[str, Any]]:
     """ConfigMap, PVC (unless the spec names one), trainer RBAC, and the RayCluster."""
     claim = names.checkpoint_claim(job, spec.checkpoint.claim_name)
+    head = merged(spec.pods, "head")
+    head["env"] = [*head["env"], *logging_env(spec)]
     ctx: dict[str, Any] = {
         "job": job,
         "spec": spec,
@@ -121,7 +132,7 @@ def render_children(
         "model_mount": MODEL_MOUNT,
         "config_dir": CONFIG_PATH.rsplit("/", 1)[0],
         # spec.pods, merged per role; conflicts with the above are refused before this.
-        "extra": {"head": merged(spec.pods, "head"), "worker": merged(spec.pods, "workers")},
+        "extra": {"head": head, "worker": merged(spec.pods, "workers")},
         "hub_args": hub_fetch(spec, job).args,
         "hub": spec.hub,
         "container_security_context": container_security_context,

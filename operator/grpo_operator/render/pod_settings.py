@@ -26,6 +26,8 @@ OPERATOR_ENV_PREFIX = "GRPO_"
 # Ray's switches that stop it setting CUDA_VISIBLE_DEVICES (and the ROCm, Ascend, ...
 # equivalents) per actor: RAY_EXPERIMENTAL_NOSET_<X>_VISIBLE_DEVICES and kin.
 RAY_NOSET_PREFIX = "RAY_EXPERIMENTAL_NOSET_"
+# The containers the operator names: spec.pods.*.initContainers take other names.
+OPERATOR_CONTAINERS = ("hub-fetch", "ray-head", "ray-worker")
 
 
 def merged(pods: PodsSpec, role: str) -> dict[str, Any]:
@@ -43,7 +45,8 @@ def merged(pods: PodsSpec, role: str) -> dict[str, Any]:
     return out
 
 
-LISTS = ("env", "envFrom", "volumes", "volumeMounts", "tolerations", "imagePullSecrets")
+LISTS = ("env", "envFrom", "volumes", "volumeMounts", "tolerations", "imagePullSecrets",
+         "initContainers")
 MAPS = ("labels", "annotations", "nodeSelector")
 
 
@@ -68,6 +71,19 @@ def _under(a: str, b: str) -> bool:
     return pa == pb or pb in pa.parents or pa in pb.parents
 
 
+def _env_problem(at: str, name: str, env: set[str]) -> str | None:
+    """Why an env var of spec.pods (at `at`) would override the operator's, or None."""
+    if name in env or name.startswith(OPERATOR_ENV_PREFIX):
+        return (f"{at}.name: {name} is set by the operator (the planner's settings, the "
+                "job's identity, spec.logging's secret); set spec.memory.* or "
+                "spec.logging.*, or leave it out")
+    if name.startswith(RAY_NOSET_PREFIX):
+        return (f"{at}.name: {name} would stop Ray masking each actor's devices; the "
+                "trainer relies on that (each rank and vLLM worker sees only the GPUs Ray "
+                "gave it); leave it out")
+    return None
+
+
 def conflicts(pods: PodsSpec, operator_env: Iterable[str]) -> list[str]:
     """Every setting that would override the operator's, as "spec.pods.<path>: why"."""
     env = set(operator_env)
@@ -75,15 +91,14 @@ def conflicts(pods: PodsSpec, operator_env: Iterable[str]) -> list[str]:
     for section in ("common", *ROLES):
         s: PodSettings = getattr(pods, section)
         at = f"spec.pods.{section}"
-        for i, e in enumerate(s.env or []):
-            if e.name in env or e.name.startswith(OPERATOR_ENV_PREFIX):
-                out.append(f"{at}.env[{i}].name: {e.name} is set by the operator (the "
-                           "planner's settings and the job's identity); set spec.memory.* "
-                           "or leave it out")
-            elif e.name.startswith(RAY_NOSET_PREFIX):
-                out.append(f"{at}.env[{i}].name: {e.name} would stop Ray masking each "
-                           "actor's devices; the trainer relies on that (each rank and "
-                           "vLLM worker sees only the GPUs Ray gave it); leave it out")
+        named = [(f"{at}.env[{i}]", e.name) for i, e in enumerate(s.env or [])]
+        for i, c in enumerate(s.init_containers or []):
+            if c.name in OPERATOR_CONTAINERS:
+                out.append(f"{at}.initContainers[{i}].name: {c.name!r} is the operator's "
+                           "container; choose another name")
+            named += [(f"{at}.initContainers[{i}].env[{j}]", e.name)
+                      for j, e in enumerate(c.env or [])]
+        out += [p for where, name in named if (p := _env_problem(where, name, env))]
         for i, v in enumerate(s.volumes or []):
             if v.name in OPERATOR_VOLUMES:
                 out.append(f"{at}.volumes[{i}].name: {v.name!r} is the operator's volume; "
@@ -110,7 +125,7 @@ def _role_conflicts(pods: PodsSpec, role: str) -> list[str]:
     """Within one pod (common + role): duplicate names, mounts of unknown volumes."""
     m = merged(pods, role)
     out = []
-    for field in ("env", "volumes"):
+    for field in ("env", "volumes", "initContainers"):
         names = [x["name"] for x in m.get(field, [])]
         for dup in sorted({n for n in names if names.count(n) > 1}):
             out.append(f"spec.pods.{role}.{field}: {dup!r} is set twice (in common and "

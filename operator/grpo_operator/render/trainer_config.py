@@ -11,6 +11,7 @@ from typing import Any
 
 from grpo_api.job import GRPOJobSpec
 from grpo_api.job.lora import ALL_LINEAR, LoraSpec
+from grpo_api.job.tracking import LoggingSpec
 from grpo_api.knobs import KNOBS
 from grpo_api.trainer_config import Config
 
@@ -19,20 +20,6 @@ from .hub import hub_fetch
 from .names import JobRef, checkpoint_dir
 
 METRICS_PORT = 9100  # the trainer's Prometheus /metrics on the head pod
-
-
-# Trainer config paths rendered straight from a spec field (the planned knobs' own are
-# in grpo_api.knobs): the webhook names these spec fields when the trainer's schema
-# refuses a config (its cross-field checks speak in config paths).
-SPEC_SOURCES = {
-    "trainer.rollout_batch_size": "spec.training.rolloutBatchSize",
-    "actor.mini_batch_size": "spec.training.globalBatchSize",
-    "resources.num_workers": "spec.resources.nodes x spec.resources.gpusPerNode",
-    "rollout.tensor_parallel_size": "spec.rollout",
-    "rollout.engine": "spec.rollout.engine",
-    "reward.function": "spec.reward.function",
-    "actor.lora": "spec.lora",
-}
 
 
 def lora_config(lora: LoraSpec) -> dict[str, Any]:
@@ -52,6 +39,24 @@ def rank_cpus(plan: Plan) -> float:
     rank left a 2-rank worker pod of 1 CPU with a placement group pending forever."""
     pod = plan.worker or plan.head  # no worker pods (cpu, nodes 0): the head runs the ranks
     return round(pod.cpus / plan.geometry.ranks_per_node, 3)
+
+
+def metrics_config(logging: LoggingSpec, job: JobRef) -> dict[str, Any]:
+    """spec.logging as the trainer config's metrics section. The job's uid keys its wandb
+    and MLflow runs, so every attempt logs to the same run, and a job created again under
+    the same name starts a new one; the sinks write their files beside the checkpoints."""
+    out: dict[str, Any] = {"prometheus_port": METRICS_PORT, "progress_bar": "off"}
+    home = checkpoint_dir(job)
+    if logging.tensorboard:
+        out["tensorboard_dir"] = f"{home}/tensorboard"
+    if (wandb := logging.wandb) is not None:
+        out["wandb"] = {"project": wandb.project, "entity": wandb.entity,
+                        "run_id": job.uid or None, "run_name": job.name, "dir": home}
+    if (mlflow := logging.mlflow) is not None:
+        out["mlflow"] = {"tracking_uri": mlflow.tracking_uri,
+                         "experiment": mlflow.experiment or f"{job.namespace}/{job.name}",
+                         "run_key": job.uid or None, "run_name": job.name}
+    return out
 
 
 def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> dict[str, Any]:
@@ -117,7 +122,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             "async_save": spec.checkpoint.async_save,
             "export": True,  # the final model to <dir>/export: status.export says where
         },
-        "metrics": {"prometheus_port": METRICS_PORT, "progress_bar": "off"},
+        "metrics": metrics_config(spec.logging, job),
         "trainer": {
             # maxSteps wins when set; else the trainer runs `epochs` passes over the train
             # split (only it knows how many prompts the split has).
@@ -135,6 +140,9 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
         if knob.trainer:
             section, key = knob.trainer.split(".")
             cfg[section][key] = knob.trainer_value(plan.knob_value(knob))
+    for path, value in spec.trainer.trainer_settings().items():  # passed on as they are
+        section, key = path.split(".")
+        cfg[section][key] = value
     if not g.is_gpu:  # no GPU memory to share with vLLM; a fixed, valid fraction
         cfg["rollout"]["gpu_memory_utilization"] = 0.5
     Config.model_validate(cfg)  # raises with the field named; handlers report it

@@ -1,0 +1,112 @@
+"""The first job, exactly as docs/deployment.md and the chart's NOTES tell a new user:
+`helm install` the chart (the operator in-cluster from its image, its webhook on), then
+`kubectl apply -f examples/grpojob-first.yaml` unchanged. Nothing is prepared for it: the
+operator creates its claim from the default StorageClass, the head pod's init container
+builds the tiny model and data onto it from the trainer image, and the job trains on the
+real node's CPU until it is Succeeded. The only value set beyond the chart's defaults is
+which images to run: the ones built here, not the registry's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from grpo_api.contract import JOB_LABEL, TERMINAL_PHASES
+from grpo_testbed.images import OPERATOR, TRAINER_CPU
+from grpo_testbed.launcher import Testbed, running_testbed
+from grpo_testbed.tiny_job import CHART, REPO
+from grpo_testbed.versions import binary
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = REPO / "examples" / "grpojob-first.yaml"
+MANIFEST = yaml.safe_load(EXAMPLE.read_text())
+JOB = MANIFEST["metadata"]["name"]
+REPOSITORY, TAG = OPERATOR.tag.rsplit(":", 1)
+TERMINAL = tuple(p.value for p in TERMINAL_PHASES)
+
+
+@dataclass
+class Run:
+    tb: Testbed
+    ns: str
+    job: dict[str, Any]
+    seconds: float
+    pods: list[dict[str, Any]] = field(default_factory=list)  # every job pod state seen
+
+    def claim_dir(self) -> Path:
+        assert self.tb.node is not None and self.tb.node.claims is not None
+        return self.tb.node.claims.wait_path(self.ns, f"{JOB}-checkpoints")
+
+
+def helm(tb: Testbed, *args: str) -> None:
+    proc = subprocess.run([str(binary("helm")), *args], env=tb.env(), capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+
+
+@pytest.fixture(scope="module")
+def run() -> Iterator[Run]:
+    with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag)) as tb:
+        system = tb.namespace("grpo-system")
+        helm(tb, "install", "grpo", str(CHART), "-n", system,
+             "--set", f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
+             "--set", "image.pullPolicy=Never", "--set", f"trainerImage={TRAINER_CPU.tag}",
+             "--set", "leaderElection.enabled=false", "--wait", "--timeout", "240s")
+        ns = tb.namespace("team")
+        t0 = time.monotonic()
+        tb.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
+        pods: list[dict[str, Any]] = []
+        deadline = t0 + 900
+        while True:
+            job = json.loads(tb.kubectl("get", "grpojob", JOB, "-n", ns, "-o", "json").stdout)
+            pods += json.loads(tb.kubectl("get", "pods", "-n", ns, "-l", f"{JOB_LABEL}={JOB}",
+                                          "-o", "json").stdout)["items"]
+            if job.get("status", {}).get("phase") in TERMINAL:
+                break
+            assert time.monotonic() < deadline, json.dumps(job.get("status"), indent=1)
+            time.sleep(2)
+        yield Run(tb, ns, job, time.monotonic() - t0, pods)
+        tb.kubectl("delete", "grpojob", JOB, "-n", ns, "--wait=true", "--timeout=60s",
+                   check=False)
+        subprocess.run([str(binary("helm")), "uninstall", "grpo", "-n", system, "--wait",
+                        "--timeout", "120s"], env=tb.env(), capture_output=True, check=False)
+
+
+def test_the_first_example_succeeds_on_its_first_attempt(run: Run) -> None:
+    status = run.job["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
+    assert status["restarts"] == 0 and len(status["attempts"]) == 1, status["attempts"]
+    steps = MANIFEST["spec"]["training"]["maxSteps"]
+    assert status["progress"]["step"] == status["progress"]["totalSteps"] == steps
+    print(f"first job: Succeeded in {run.seconds:.0f} s after kubectl apply")
+
+
+def test_its_init_container_built_the_model_on_the_claim_the_operator_made(run: Run) -> None:
+    inits = [s for p in run.pods for s in p.get("status", {}).get("initContainerStatuses") or []
+             if s["name"] == "make-tiny"]
+    ended = [s["state"]["terminated"] for s in inits if "terminated" in s.get("state", {})]
+    assert ended and all(t["exitCode"] == 0 for t in ended), inits
+    assert all(p["spec"]["initContainers"][0]["image"] == TRAINER_CPU.tag for p in run.pods)
+    pvc = json.loads(run.tb.kubectl("get", "pvc", f"{JOB}-checkpoints", "-n", run.ns, "-o",
+                                    "json").stdout)
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    root = run.claim_dir()
+    assert (root / "tiny" / "model" / "config.json").exists()
+    assert (root / "tiny" / "train.parquet").exists()
+
+
+def test_checkpoints_and_tensorboard_events_are_beside_each_other_on_the_claim(
+        run: Run) -> None:
+    home = run.claim_dir() / run.ns / JOB
+    steps = sorted(int(p.name.split("-")[-1]) for p in home.glob("step-*"))
+    assert steps and steps[-1] == MANIFEST["spec"]["training"]["maxSteps"], steps
+    assert list((home / "tensorboard").glob("events.out.tfevents.*"))
