@@ -143,13 +143,14 @@ def test_a_tracker_that_cannot_start_is_dropped_and_training_goes_on(
 
 
 def test_make_tiny_builds_the_model_the_first_example_plans_for(tmp_path: Path) -> None:
-    """examples/grpojob-first.yaml gives the planner make-tiny's model shape (a config.json
-    on a claim is not read otherwise): they must agree, and a second run keeps the build."""
+    """examples/grpojob-first.yaml gives the planner make-tiny's model shape (the model is
+    built by the attempt's init container, after the job is planned, so there is no
+    config.json to read then): they must agree, and a second run keeps the build."""
     from safetensors import safe_open
 
     out = tmp_path / "tiny"
     first = CliRunner().invoke(cli, ["make-tiny", "--out", str(out)])
-    assert first.exit_code == 0 and first.output.startswith("built "), first.output
+    assert first.exit_code == 0 and first.stdout.startswith("built "), first.output
     shape = yaml.safe_load((REPO / "examples/grpojob-first.yaml").read_text())[
         "spec"]["model"]["shape"]
     with safe_open(str(out / "model" / "model.safetensors"), "pt") as f:
@@ -167,4 +168,4 @@ def test_make_tiny_builds_the_model_the_first_example_plans_for(tmp_path: Path) 
 
     assert pq.read_table(out / "train.parquet").num_rows == 32
     again = CliRunner().invoke(cli, ["make-tiny", "--out", str(out)])
-    assert again.exit_code == 0 and again.output.startswith("kept "), again.output
+    assert again.exit_code == 0 and again.stdout.startswith("kept "), again.output
