@@ -56,6 +56,10 @@ class OperatorConfig:
     discovery_timeout_seconds: float = DISCOVERY_TIMEOUT_S  # --discovery-timeout
     # /healthz fails when a watched kind has had no live stream this long (watch_health.py)
     watch_stale_after_seconds: float = WATCH_STALE_AFTER_S  # --watch-stale-after
+    # GET a hub model's config.json from the public hub for jobs that name no
+    # spec.hub.endpoint (--no-read-public-hub: a cluster that cannot or must not reach it;
+    # those jobs plan from the known table, as jobs of a private repo's mirror never do).
+    read_public_hub: bool = True
 
 
 MEMO_KEY = "config"

@@ -118,13 +118,13 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, namespace: str | None,
         observed = Observed(claim=kube.get_claim(ns, claim),
                             model_claim=kube.get_claim(ns, model_claim) if model_claim else None,
                             pods=kube.list_pods(ns, f"{JOB_LABEL}={name}") if fresh else [])
-        match rec.to_read(dict(spec), dict(body.get("status") or {})):
-            case "hub":
-                observed = replace(observed, hub=hub_config.read(rec.hub_url(dict(spec))))
-            case "pod":
-                reader = names.model_reader(JobRef(str(body["metadata"]["name"]), ns, ""))
-                observed = replace(observed, model_reader=kube.get_pod(ns, reader))
         config = from_memo(memo)
+        status = dict(body.get("status") or {})
+        if rec.operator_reads_hub(dict(spec), status, config.read_public_hub):
+            observed = replace(observed, hub=hub_config.read(rec.hub_url(dict(spec))))
+        elif rec.to_read(dict(spec), status) == "pod":
+            reader = names.model_reader(JobRef(name, ns, ""))
+            observed = replace(observed, model_reader=kube.get_pod(ns, reader))
         action = rec.reconcile(_job(body), observed, rec.SpecChanged(), _now(), config)
         _apply(_job(body), action, config)
         if action.retry:

@@ -171,13 +171,19 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
               default=WATCH_STALE_AFTER_S, show_default=True,
               help="/healthz fails once GRPOJobs, pods or RayClusters have had no live watch "
               "stream for this many seconds (Kopf renews an idle watch every 70 s).")
+@click.option("--read-public-hub/--no-read-public-hub", envvar="GRPO_READ_PUBLIC_HUB",
+              default=True, show_default=True,
+              help="GET a hub model's config.json from the public hub (huggingface.co) for "
+              "jobs that name no spec.hub.endpoint. Off: those jobs plan from the known "
+              "table, and a model it does not know needs spec.model.shape "
+              "[env GRPO_READ_PUBLIC_HUB].")
 @click.option("--verbose", is_flag=True)
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
         webhook_key: str | None, webhook_ca: str | None, webhook_manage: str | None,
         trainer_image: str, gpu_catalog: str | None, pod_create_deadline: float,
         peering: str | None, priority: int, discovery_timeout: float,
-        watch_stale_after: float, verbose: bool) -> None:
+        watch_stale_after: float, read_public_hub: bool, verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -191,6 +197,7 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         default_image=trainer_image, catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
         bind=bind, metrics_port=metrics_port, pod_create_deadline_seconds=pod_create_deadline,
         discovery_timeout_seconds=discovery_timeout, watch_stale_after_seconds=watch_stale_after,
+        read_public_hub=read_public_hub,
         webhook=WebhookConfig(port=webhook_port, host=webhook_host, cert=webhook_cert,
                               key=webhook_key, ca=webhook_ca, manage=webhook_manage))
     if webhook_port:

@@ -28,7 +28,14 @@ from .namespace_policy import (
     templates,
 )
 from .planner import InfeasibleError
-from .reconcile import HubAnswer, admission_input, admission_warning, hub_url, planned, to_read
+from .reconcile import (
+    HubAnswer,
+    admission_input,
+    admission_warning,
+    hub_url,
+    operator_reads_hub,
+    planned,
+)
 from .reconcile.retention import recreate_advice
 from .render import JobRef, render_children
 
@@ -154,9 +161,10 @@ def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str],
     changed = old_spec != dict(spec)
     facts = namespace_facts(namespace) if namespace and changed else None
     kueue = kueue_installed() if spec.get("queueName") and old_spec is None else True
-    hub = (hub_config.read(hub_url(dict(spec)))
-           if changed and to_read(dict(spec), old_status) == "hub" else None)
-    problem = admission_problem(dict(spec), old_spec, from_memo(memo).catalog, facts,
+    config = from_memo(memo)
+    hub = (hub_config.read(hub_url(dict(spec))) if changed and operator_reads_hub(
+        dict(spec), old_status, config.read_public_hub) else None)
+    problem = admission_problem(dict(spec), old_spec, config.catalog, facts,
                                 name or "job", kueue, hub, old_status)
     if problem:
         raise kopf.AdmissionError(problem, code=422)

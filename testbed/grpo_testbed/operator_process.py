@@ -45,7 +45,10 @@ class OperatorProcess:
             sys.executable, "-m", "grpo_operator",
             "--kubeconfig", str(self.kubeconfig), "--bind", "127.0.0.1",
             *(a for ns in self.namespaces for a in ("--namespace", ns)),
-            "--metrics-port", str(self.metrics_port), *self.extra_args,
+            "--metrics-port", str(self.metrics_port),
+            # The testbed sends nothing past its own namespaces and loopback: a job that
+            # names a hub model plans from the table unless it names spec.hub.endpoint.
+            "--no-read-public-hub", *self.extra_args,
         ]
         argv += [] if not self.webhook else [
             "--webhook-port", str(self.webhook_port), "--webhook-host", "127.0.0.1",

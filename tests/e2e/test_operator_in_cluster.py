@@ -45,6 +45,7 @@ def release(real_tb: Testbed) -> Iterator[str]:
     helm(real_tb, "install", RELEASE, str(CHART), "-n", ns, "--set",
          f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
          "--set", "image.pullPolicy=Never", "--set", "leaderElection.enabled=false",
+         "--set", "readPublicHub=false",  # nothing leaves the testbed
          "--wait", "--timeout", "240s")
     yield ns
     subprocess.run([str(binary("helm")), "uninstall", RELEASE, "-n", ns, "--wait",
@@ -94,3 +95,16 @@ def test_the_in_cluster_operator_reconciles_a_job_into_a_raycluster(
     logs = real_tb.kubectl("logs", "-n", release, "deploy/grpo-grpo-operator").stdout
     assert "Handler 'grpojob_reconcile' succeeded" in logs, logs[-2000:]
     assert "Traceback" not in logs and "Forbidden" not in logs, logs[-4000:]
+
+
+def test_with_read_public_hub_off_a_model_no_table_knows_is_refused_saying_so(
+        real_tb: Testbed, release: str, job_ns: str) -> None:
+    """The chart's readPublicHub: false reaches the operator: it GETs nothing, and a hub
+    model it cannot size is refused at apply naming the setting and the fix."""
+    doc = example_job("grpojob-qwen25vl-7b-h100.yaml", "custom")
+    doc["spec"]["model"]["path"] = "acme/vl-sft-2"
+    out = real_tb.kubectl("apply", "-n", job_ns, "-f", "-", input=yaml.safe_dump(doc),
+                          check=False)
+    assert out.returncode != 0
+    assert "does not read the public hub" in out.stderr, out.stderr
+    assert "spec.model.shape" in out.stderr and "spec.hub.endpoint" in out.stderr, out.stderr

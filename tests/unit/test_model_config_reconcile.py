@@ -293,3 +293,27 @@ def test_the_reader_pod_is_scheduled_as_the_head_is() -> None:
     assert spec["imagePullSecrets"] == [{"name": "reg"}]
     assert spec["containers"][0]["env"] == [{"name": "HTTPS_PROXY", "value": "http://p"}]
     assert yaml.safe_dump(spec)  # plain data
+
+
+def test_without_public_hub_reads_only_a_named_endpoint_is_read() -> None:
+    """--no-read-public-hub (the chart's readPublicHub: false): the operator GETs the
+    config.json of a job that names spec.hub.endpoint, never the public hub's."""
+    public = new_job()
+    public["spec"]["model"] = {"path": REPO}
+    assert rec.operator_reads_hub(public["spec"], {}, read_public_hub=True)
+    assert not rec.operator_reads_hub(public["spec"], {}, read_public_hub=False)
+    assert rec.operator_reads_hub(hub_job()["spec"], {}, read_public_hub=False)
+
+
+def test_without_public_hub_reads_a_model_no_table_knows_is_refused_saying_why() -> None:
+    public = new_job()
+    public["spec"]["model"] = {"path": REPO}
+    problem = admission_problem(public["spec"], None, hub=None)
+    assert problem is not None
+    assert "does not read the public hub (--no-read-public-hub" in problem, problem
+    assert "set spec.model.shape" in problem, problem
+    known = new_job()  # the example's Qwen2.5-VL-7B: the table, saying why
+    assert admission_problem(known["spec"], None, hub=None) is None
+    job, _ = step(known, rec.SpecChanged())
+    assert job["status"]["plan"]["modelSource"] == \
+        "known table: qwen2.5-vl-7b (no config.json read)"

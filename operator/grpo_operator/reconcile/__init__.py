@@ -23,7 +23,14 @@ from .core import (
     restart_due,
     restart_pending,
 )
-from .model_config import HubAnswer, admission_input, admission_warning, hub_url, to_read
+from .model_config import (
+    HubAnswer,
+    admission_input,
+    admission_warning,
+    hub_url,
+    operator_reads_hub,
+    to_read,
+)
 from .refusals import refusal_pending
 
 __all__ = [
@@ -43,6 +50,7 @@ __all__ = [
     "cluster_needs_pods",
     "cluster_needs_workload",
     "hub_url",
+    "operator_reads_hub",
     "planned",
     "pod_matters",
     "pod_needs_cluster",

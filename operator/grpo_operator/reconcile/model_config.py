@@ -71,6 +71,19 @@ def how_read(spec_body: dict[str, Any]) -> How:
     return "path"
 
 
+PUBLIC_HUB_OFF = ("this operator does not read the public hub (--no-read-public-hub, the "
+                  "chart's readPublicHub: false); spec.hub.endpoint names a hub it reads")
+
+
+def operator_reads_hub(spec_body: dict[str, Any], status: dict[str, Any],
+                       read_public_hub: bool) -> bool:
+    """Whether the operator GETs this job's config.json itself now: a hub model not read
+    yet, from the endpoint the job names, or from the public hub where the operator may
+    reach it (--read-public-hub). Otherwise the job plans as without a hub (the table)."""
+    return to_read(spec_body, status) == "hub" and (
+        read_public_hub or bool((spec_body.get("hub") or {}).get("endpoint")))
+
+
 def hub_url(spec_body: dict[str, Any]) -> str:
     model, hub = spec_body.get("model") or {}, spec_body.get("hub") or {}
     return hub_config_url(hub.get("endpoint"), str(model.get("path")), model.get("revision"))
@@ -112,6 +125,8 @@ def admission_input(spec_body: dict[str, Any], hub: HubAnswer | None,
         return done, True
     how = how_read(spec_body)
     known = known_family(str((spec_body.get("model") or {}).get("path") or ""))
+    if how == "hub" and hub is None:  # not read: the operator reads no public hub
+        return PlanInput(None, PUBLIC_HUB_OFF), True
     if how == "hub" and hub is not None:
         if hub.config is not None:
             return PlanInput(hub.config, f"hub config.json ({hub.url})"), True
