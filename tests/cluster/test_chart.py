@@ -104,7 +104,7 @@ def test_install_runs_the_operator_on_the_cpu_node_and_says_how_to_start(
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["serviceAccountName"] == release.sa
     notes = release.install_output
-    assert "kubectl apply -f examples/grpojob-tiny.yaml" in notes
+    assert "kubectl apply -f examples/grpojob-first.yaml" in notes
     assert "kubectl get grpojobs -w" in notes
     for crd in CHART_CRDS:
         testbed.kubectl("get", "crd", crd)

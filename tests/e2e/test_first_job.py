@@ -41,23 +41,25 @@ class Run:
     job: dict[str, Any]
     seconds: float
     pods: list[dict[str, Any]] = field(default_factory=list)  # every job pod state seen
+    notes: str = ""  # what `helm install` printed (NOTES.txt)
 
     def claim_dir(self) -> Path:
         assert self.tb.node is not None and self.tb.node.claims is not None
         return self.tb.node.claims.wait_path(self.ns, f"{JOB}-checkpoints")
 
 
-def helm(tb: Testbed, *args: str) -> None:
+def helm(tb: Testbed, *args: str) -> str:
     proc = subprocess.run([str(binary("helm")), *args], env=tb.env(), capture_output=True,
                           text=True, timeout=300, check=False)
     assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
 
 
 @pytest.fixture(scope="module")
 def run() -> Iterator[Run]:
     with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag)) as tb:
         system = tb.namespace("grpo-system")
-        helm(tb, "install", "grpo", str(CHART), "-n", system,
+        notes = helm(tb, "install", "grpo", str(CHART), "-n", system,
              "--set", f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
              "--set", "image.pullPolicy=Never", "--set", f"trainerImage={TRAINER_CPU.tag}",
              "--set", "leaderElection.enabled=false", "--wait", "--timeout", "240s")
@@ -74,7 +76,7 @@ def run() -> Iterator[Run]:
                 break
             assert time.monotonic() < deadline, json.dumps(job.get("status"), indent=1)
             time.sleep(2)
-        yield Run(tb, ns, job, time.monotonic() - t0, pods)
+        yield Run(tb, ns, job, time.monotonic() - t0, pods, notes)
         tb.kubectl("delete", "grpojob", JOB, "-n", ns, "--wait=true", "--timeout=60s",
                    check=False)
         subprocess.run([str(binary("helm")), "uninstall", "grpo", "-n", system, "--wait",
@@ -110,3 +112,17 @@ def test_checkpoints_and_tensorboard_events_are_beside_each_other_on_the_claim(
     steps = sorted(int(p.name.split("-")[-1]) for p in home.glob("step-*"))
     assert steps and steps[-1] == MANIFEST["spec"]["training"]["maxSteps"], steps
     assert list((home / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_helm_install_tells_the_user_to_apply_this_example(run: Run) -> None:
+    assert f"-f examples/{EXAMPLE.name}" in run.notes, run.notes
+    assert f"grpo plan examples/{EXAMPLE.name}" in run.notes, run.notes
+
+
+def test_the_trained_model_is_exported_to_the_claim_where_status_says(run: Run) -> None:
+    export = run.job["status"]["export"]
+    assert export["claimName"] == f"{JOB}-checkpoints"
+    assert export["step"] == MANIFEST["spec"]["training"]["maxSteps"]
+    out = run.claim_dir() / export["path"]
+    assert (out / "config.json").exists() and list(out.glob("*.safetensors")), \
+        sorted(p.name for p in out.iterdir())
