@@ -19,6 +19,10 @@ JOB_LABEL = f"{API_GROUP}/job"  # on every child object
 # job created again under the same name adopts it and relabels it).
 JOB_UID_LABEL = f"{API_GROUP}/job-uid"
 MAX_RESTARTS = 100  # spec.restartPolicy.maxRestarts: attempts are numbered 0..100
+# spec.restartPolicy.stallTimeoutSeconds = trainer.stall_timeout_s by default: a 72B step
+# (rollout, log-probs, update, weight sync) takes minutes, and the first step also starts
+# the engines; half an hour without any phase ending is a hang, not a slow step.
+STALL_TIMEOUT_S = 1800
 ATTEMPT_LABEL = f"{API_GROUP}/attempt"  # on per-attempt children and the Ray pods
 ROLE_LABEL = f"{API_GROUP}/role"  # on the Ray pods: a Role value
 # Kueue's queue label (spec.queueName): on each attempt's RayCluster, set at creation only.
@@ -113,6 +117,12 @@ class ExitCode(IntEnum):
     CUDA_OOM = 3
     HOST_OOM = 4  # host RAM or Ray's memory monitor
     WORKER_LOST = 5
+    # No progress for trainer.stall_timeout_s: the driver wrote every rank's stacks to
+    # <checkpoint dir>/stalls/ and ended the attempt (grpo_trainer.stall).
+    HANG = 6
+    # 128 + SIGTERM, what a process killed by it reports: the driver stopped on SIGTERM
+    # after committing a checkpoint of its last finished step (grpo_trainer.sigterm).
+    TERMINATED = 143
 
 
 class FailureReason(StrEnum):
@@ -127,6 +137,12 @@ class FailureReason(StrEnum):
     WORKERS_MISSING = "WorkersMissing"
     EVICTED = "Evicted"
     PREEMPTED = "Preempted"
+    # The driver saw no progress for the stall timeout (exit 6); the detail names the rank
+    # and the frame it is stuck in.
+    HANG = "Hang"
+    # The driver got SIGTERM and stopped after saving (exit 143); who sent it (a drain,
+    # a preemption, suspend) is read from the pod, which the operator checks first.
+    TERMINATED = "Terminated"
     CONFIG_ERROR = "ConfigError"
     ERROR = "Error"
 

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .contract import STALL_TIMEOUT_S
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -312,6 +314,13 @@ class TrainerConfig(_Strict):
     # Also once before the first step of a fresh run (a baseline; not on a resume), as
     # EasyR1's trainer.val_before_train.
     val_before_train: bool = True
+    # No step or phase ends for this long: every rank's stacks go to the log and to
+    # <checkpoint.dir>/stalls/, and the run exits 6 (Hang). The effective timeout grows
+    # with the measured step time (grpo_trainer.stall); 0 turns the watch off.
+    stall_timeout_s: float = Field(
+        default=STALL_TIMEOUT_S, ge=0,
+        description="seconds without progress before the run ends as a hang; 0: never",
+    )
 
     def steps(self, prompts: int) -> int:
         """Steps to run over `prompts` train prompts: total_steps when set (it wins, as

@@ -7,7 +7,7 @@ from typing import Self
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ..contract import MAX_RESTARTS, CheckpointRetention
+from ..contract import MAX_RESTARTS, STALL_TIMEOUT_S, CheckpointRetention
 from .base import DNS_LABEL_PATTERN, QUANTITY_PATTERN, ApiModel, cel_rule
 
 
@@ -101,6 +101,14 @@ class RestartPolicySpec(ApiModel):
     backoff: BackoffSpec = Field(
         default_factory=lambda: BackoffSpec.model_validate({}),
         description="Delay between restarts.",
+    )
+    stall_timeout_seconds: int = Field(
+        STALL_TIMEOUT_S, ge=0, le=7 * 86400,
+        description=(
+            "No training step or phase ends for this long (or for 5 x the measured step "
+            "time, if longer): the trainer writes every rank's stacks to the checkpoint "
+            "claim (stalls/) and the attempt ends as Hang. 0: never."
+        ),
     )
     remediate: bool = Field(
         True, description="After an OOM, restart with the next safer memory setting."

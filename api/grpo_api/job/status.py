@@ -19,6 +19,8 @@ AttemptOutcome = Literal[
     "WorkersMissing",
     "Evicted",
     "Preempted",
+    "Hang",
+    "Terminated",
     "ConfigError",
     "Error",
 ]
@@ -155,6 +157,13 @@ class ProgressStatus(ApiModel):
     )
     val_step: int | None = Field(
         None, ge=0, description="Step of the newest validation pass (0: before training)."
+    )
+    save_seconds: float | None = Field(
+        None, ge=0,
+        description=(
+            "Measured time of this attempt's newest checkpoint save, from its start to its "
+            "commit (what a save on SIGTERM needs within the pods' grace period)."
+        ),
     )
     fetch: FetchProgress | None = Field(
         None, description="The head's hub fetch (grpo_trainer.hub_fetch), while and after."

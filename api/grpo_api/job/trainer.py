@@ -94,6 +94,7 @@ SPEC_SOURCES = {
     "trainer.job_name": "metadata.name",
     "trainer.job_namespace": "metadata.namespace",
     "trainer.attempt": "the operator's attempt count",
+    "trainer.stall_timeout_s": "spec.restartPolicy.stallTimeoutSeconds",
 } | {path: f"spec.trainer.{to_camel(name)}" for name, path in TRAINER_PATHS.items()}
 
 

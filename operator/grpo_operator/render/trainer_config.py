@@ -134,6 +134,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             "job_name": job.name,
             "job_namespace": job.namespace,
             "attempt": attempt,
+            "stall_timeout_s": spec.restart_policy.stall_timeout_seconds,
         },
     }
     for knob in KNOBS:  # the planned settings, by their trainer paths (grpo_api.knobs)
