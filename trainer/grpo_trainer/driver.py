@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from grpo_api.trainer_config import Config
 
@@ -33,6 +33,9 @@ from .metrics import MetricsLogger
 from .placement import Gang, layout_for
 from .progress import NullProgressReporter, Progress, ProgressReporter
 from .rewards import RewardRunner, resolve_reward_fn
+from .sigterm import StepAbandoned, Terminated, TermSignal
+from .stall import Heartbeat
+from .stall_monitor import RankTarget, StallMonitor
 from .validation import Validator
 from .watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_process_memory
 
@@ -89,7 +92,15 @@ def _local_cluster_running() -> bool:
         return False
 
 
-def get_all(refs: Sequence[Any]) -> list[Any]:
+class Watch(Protocol):
+    """What a Ray wait reports to and asks of the stall monitor (stall_monitor.py)."""
+
+    def waiting(self, ranks: list[int]) -> None: ...
+
+    def check(self) -> None: ...
+
+
+def get_all(refs: Sequence[Any], watch: Watch | None = None) -> list[Any]:
     """``ray.get`` that fails fast: the first failed rank raises at once.
 
     With plain ``ray.get`` a rank that died would leave the others blocked in a
@@ -98,13 +109,22 @@ def get_all(refs: Sequence[Any]) -> list[Any]:
     closed by peer"); the dead rank's own error, which says why it died, arrives once Ray
     has noticed. So a peer-loss failure waits up to ``LOST_PEER_GRACE_S`` for a dead rank
     and raises that instead (RayOOM vs NodeLost depends on it); any other failure raises
-    at once.
+    at once. With a ``watch``, the ranks still pending are reported to it and its
+    verdict (a stall) raised while waiting.
     """
     import ray
 
+    from .stall_monitor import RAY_POLL_S
+
     pending = list(refs)
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
+        if watch is not None:
+            watch.waiting([r for r, ref in enumerate(refs) if ref in pending])
+            watch.check()
+        ready, pending = ray.wait(pending, num_returns=1,
+                                  timeout=RAY_POLL_S if watch is not None else None)
+        if not ready:
+            continue
         failure: Exception | None = None
         try:
             ray.get(ready[0])  # raises the rank's error, if any
@@ -181,9 +201,16 @@ class WorkerGroup:
             ]
             addr, port = ray.get(self.workers[0].address.remote())
             self.info = get_all([w.setup.remote(addr, port) for w in self.workers])
+            armed = get_all([w.arm_signals.remote() for w in self.workers])
         except BaseException:
             self.shutdown()  # the caller never gets a group to close
             raise
+        self.targets = [RankTarget(r, a["pid"], a["node_id"], a["stacks_file"])
+                        for r, a in enumerate(armed)]
+        # Where to look by hand (py-spy dump --pid, gdb) should a rank misbehave.
+        log.info("ranks: %s", ", ".join(f"rank {t.rank} pid {t.pid} on node {t.node_id}"
+                                        for t in self.targets))
+        self.watch: Watch | None = None
 
     def call(
         self, method: str, *per_rank_args: Sequence[Any], common: Sequence[Any] = ()
@@ -192,7 +219,7 @@ class WorkerGroup:
         for rank, w in enumerate(self.workers):
             args = [a[rank] for a in per_rank_args] + list(common)
             refs.append(getattr(w, method).remote(*args))
-        return get_all(refs)
+        return get_all(refs, self.watch)
 
     def shutdown(self) -> None:
         """Kill every rank now (ranks on surviving nodes may sit in a collective waiting
@@ -239,6 +266,8 @@ class GRPOTrainer:
         self.history: list[dict[str, float]] = []
         self.group: WorkerGroup | None = None
         self._reported_checkpoint: int | None = None
+        self.heartbeat = Heartbeat()
+        self.term = TermSignal()
         wd = cfg.watchdog
         self.watchdog = (
             MemoryWatchdog(
@@ -268,8 +297,12 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         records: list[Record] = self.loader.next_batch()
         world = self.group.world_size
+        self.heartbeat.mark("rollout")  # weight sync into the engine, then generation
         outs = self.group.call("generate", split(records, world), common=[step])
         t_gen = time.perf_counter()
+        if self.term.requested:  # before the update: the state is still the last step's
+            raise StepAbandoned
+        self.heartbeat.mark("reward")
         flat = [o for rank_out in outs for o in rank_out]
         by_index = {r.index: r for r in records}
         answers = [by_index[o["index"]].answer for o in flat]
@@ -281,6 +314,7 @@ class GRPOTrainer:
             raise_injected_oom("driver", step)
         if self.fault == ("host_oom", step):
             allocate_until_killed(step)
+        self.heartbeat.mark("update")  # old and reference log-probs, then the update
         per_rank = self.group.call("update", split(adv.tolist(), world), common=[step])
         upd = dict(per_rank[0])
         for key in upd:
@@ -318,6 +352,32 @@ class GRPOTrainer:
         if self.group is None:
             self.start()
         assert self.group is not None
+        self.term.install()
+        monitor = self._monitor()
+        try:
+            return self._run(monitor)
+        finally:
+            monitor.stop()
+            self.term.restore()
+
+    def _monitor(self) -> StallMonitor:
+        from .errors import termination_log_path
+
+        cfg = self.cfg
+        stalls = Path(cfg.checkpoint.dir) / "stalls" if cfg.checkpoint.dir else None
+        targets: list[RankTarget] = getattr(self.group, "targets", [])
+        monitor = StallMonitor(self.heartbeat, cfg.trainer.stall_timeout_s, targets, stalls,
+                               cfg.trainer.attempt,
+                               termination_log_path(cfg.trainer.termination_log),
+                               self.checkpointer.latest_step)
+        if hasattr(self.group, "watch"):  # Ray's group (the crash tests' local one: none)
+            self.group.watch = monitor  # type: ignore[union-attr]
+        self.heartbeat.mark("start")
+        monitor.start()
+        return monitor
+
+    def _run(self, monitor: StallMonitor) -> list[dict[str, float]]:
+        assert self.group is not None
         total = self.total_steps
         if self.step == 0:  # a fresh start: the baseline (validation.py; steps decide alone)
             try:
@@ -325,14 +385,24 @@ class GRPOTrainer:
                     self.metrics.log(0, m0)
             except Exception as err:
                 raise StepError(0, err) from err
-        while self.step < total:
+        while self.step < total and not self.term.requested:
             step = self.step + 1
+            t_step = time.monotonic()
+            position = self.loader.state_dict()
             try:
                 m = self.train_step()
+                self.heartbeat.mark("checkpoint")
                 self.checkpointer.maybe_save(step, self.group, self.loader, final=step == total)
-                m.update(self.validator.maybe_run(self.group, step))  # after the save
+                if not self.term.requested:
+                    self.heartbeat.mark("validation")
+                    m.update(self.validator.maybe_run(self.group, step))  # after the save
+            except StepAbandoned:
+                self.loader.load_state_dict(position)  # the step is redone on resume
+                log.warning("SIGTERM during step %d's rollout: the step is dropped", step)
+                break
             except Exception as err:
                 raise StepError(step, err) from err
+            self.heartbeat.step_done(step, time.monotonic() - t_step)
             growth = None
             if self.watchdog is not None:
                 m.update(self.watchdog.observe(m))
@@ -344,11 +414,39 @@ class GRPOTrainer:
             # operator records lastCheckpointStep in attempts[] when a pod dies.
             self.reporter.report(
                 Progress(step, total, m["reward/mean"], ckpt, memory_growth=growth,
+                         save_seconds=self.checkpointer.save_seconds(),
                          **self.validator.progress()),
                 force=step == total or ckpt != self._reported_checkpoint,
             )
             self._reported_checkpoint = ckpt
+        if self.term.requested:
+            self._save_and_stop()
         return self.history
+
+    def _save_and_stop(self) -> None:
+        """After SIGTERM: commit the last finished step unless it is, then stop (143)."""
+        assert self.group is not None
+        self.heartbeat.mark("checkpoint on SIGTERM")
+        t0 = time.monotonic()
+        try:
+            saved = self.checkpointer.save_now(self.step, self.group, self.loader)
+        except Exception as err:
+            raise StepError(self.step, err) from err
+        save_s = time.monotonic() - t0 if saved else None
+        assert self.term.at is not None
+        log.warning("SIGTERM: %s step %d, %.2f s after the signal%s",
+                    "committed a checkpoint of" if saved else "nothing to save at",
+                    self.step, time.monotonic() - self.term.at,
+                    f" (the save took {save_s:.2f} s)" if save_s is not None else "")
+        last = self.history[-1] if self.history else {}
+        self.reporter.report(
+            Progress(self.step, self.total_steps, last.get("reward/mean"),
+                     self.checkpointer.latest_step(),
+                     save_seconds=self.checkpointer.save_seconds(),
+                     **self.validator.progress()),
+            force=True,
+        )
+        raise StepError(self.step, Terminated(self.step, saved, save_s))
 
     def export_final(self) -> FinalExport | None:
         """After a finished run (checkpoint.export): the ranks stop, then the final

@@ -27,6 +27,8 @@ from grpo_api.contract import (
 )
 
 from .config import ConfigError
+from .sigterm import Terminated
+from .stall_monitor import StallError
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,11 @@ def classify(exc: BaseException) -> Classified:
     detail = f"{type(chain[-1]).__name__}: {chain[-1]}"
     if any(isinstance(e, ConfigError) for e in chain):
         return Classified(ExitCode.CONFIG_ERROR, FailureReason.CONFIG_ERROR, detail)
+    # Before the lost-rank classes: killing the ranks of a stalled run is our own doing.
+    if stall := next((e for e in chain if isinstance(e, StallError)), None):
+        return Classified(ExitCode.HANG, FailureReason.HANG, str(stall))
+    if stop := next((e for e in chain if isinstance(e, Terminated)), None):
+        return Classified(ExitCode.TERMINATED, FailureReason.TERMINATED, str(stop))
     if any(isinstance(e, WorkersMissingError) for e in chain):
         return Classified(ExitCode.WORKER_LOST, FailureReason.WORKERS_MISSING, detail)
     if any(_is_cuda_oom(e) for e in chain):

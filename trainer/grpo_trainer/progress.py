@@ -32,6 +32,9 @@ class Progress:
     # The newest validation pass (validation.py): its mean reward and step.
     val_reward_mean: float | None = None
     val_step: int | None = None
+    # The newest save's measured seconds, start to commit (a save on SIGTERM too): what
+    # the pods' termination grace period must cover.
+    save_seconds: float | None = None
 
     def to_status(self) -> dict[str, object]:
         """camelCase keys as in GRPOJob.status.progress. Every field is sent, unset
@@ -46,6 +49,8 @@ class Progress:
             "updatedAt": d["updated_at"],
             "memoryGrowth": self.memory_growth or None,
         }
+        if self.save_seconds is not None:  # left out until this attempt has saved
+            status["saveSeconds"] = round(self.save_seconds, 3)
         # Left out, not null, until this attempt validates: a merge patch then keeps the
         # value an earlier attempt reported.
         if self.val_step is not None:

@@ -458,6 +458,17 @@ class Worker:
             self._ckpt_io = RankCheckpointer(self)
         return self._ckpt_io
 
+    # -- stall probe and SIGTERM (stall_monitor.py, sigterm.py): Ray actors only ---
+    def arm_signals(self) -> dict[str, Any]:
+        """Dump stacks on the probe's signal, and outlive a SIGTERM until the driver's
+        save is committed; returns what the probe needs to find this rank."""
+        from .sigterm import defer_in_rank
+        from .stall_monitor import install_stack_dump
+
+        defer_in_rank(self.rank)
+        return {"pid": os.getpid(), "node_id": _ray_node_id(),
+                "stacks_file": install_stack_dump(self.rank)}
+
     # -- introspection (tests, checkpoint seam) ---------------------------------
     def full_params(self) -> dict[str, torch.Tensor]:
         """Full fp32 parameters (collective: call on every rank); rank 0's copy is used."""

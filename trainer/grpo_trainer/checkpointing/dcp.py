@@ -182,6 +182,16 @@ class DCPCheckpointer:
         if not self.async_save or final:
             self._poll(group, wait=True)
 
+    def save_now(self, step: int, group: Any, loader: Any) -> bool:
+        self._poll(group, wait=True)
+        if step == 0 or self._latest == step:
+            return False
+        self.maybe_save(step, group, loader, final=True)  # final: due now, and waited for
+        return True
+
+    def save_seconds(self) -> float | None:
+        return self.last_save.get("save_s")
+
     def wait(self, group: Any) -> None:
         """Block until the save in flight (if any) is on disk and committed."""
         self._poll(group, wait=True)

@@ -26,6 +26,15 @@ class Checkpointer(Protocol):
         """Save when ``step`` hits the interval (or ``final``)."""
         ...
 
+    def save_now(self, step: int, group: Any, loader: Any) -> bool:
+        """Commit the save in flight, then save ``step`` unless it is committed already
+        (or is 0); whether this call saved."""
+        ...
+
+    def save_seconds(self) -> float | None:
+        """The newest committed save's measured time, start to commit."""
+        ...
+
 
 class NoCheckpointer:
     """Training without checkpoints: nothing is written anywhere."""
@@ -37,4 +46,10 @@ class NoCheckpointer:
         return 0
 
     def maybe_save(self, step: int, group: Any, loader: Any, *, final: bool) -> None:
+        return None
+
+    def save_now(self, step: int, group: Any, loader: Any) -> bool:
+        return False
+
+    def save_seconds(self) -> float | None:
         return None
