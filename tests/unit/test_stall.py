@@ -104,6 +104,8 @@ def test_a_silent_rank_is_named_before_a_busy_one() -> None:
     text = report_text(v, stacks, native * 3 + dump)
     assert f"rank 0: {PACKAGE_DIR}/worker.py:420 update" in text
     assert "rank 1: did not answer within 10 s" in text
+    idle = report_text(verdict(stacks, [1], "rollout", 31, 30, 10), stacks, "")
+    assert "rank 0: idle (its call had returned)" in idle
     assert "<no Python frame>" not in text and "(and 3 threads with no Python frame)" in text
     both = verdict([RankStacks(0, dump)], waiting=[0], phase="update", idle_s=31,
                    timeout_s=30, probe_timeout_s=10)

@@ -253,7 +253,11 @@ def parse_fault(spec: str | None) -> tuple[str, int] | None:
 # host_oom: the driver allocates host memory until the kernel kills it (a real
 #   OOMKilled under a container memory limit; never use it without one).
 # leak_host: every rank keeps a few MiB more per step (the memory watchdog's test).
-FAULT_KINDS = ("cuda_oom", "worker_exit", "driver_cuda_oom", "host_oom", "leak_host")
+# slow_rollout: every rank sleeps SLOW_ROLLOUT_S at the start of step n's rollout (a signal
+#   sent meanwhile lands inside a rollout; the run's results do not change).
+FAULT_KINDS = ("cuda_oom", "worker_exit", "driver_cuda_oom", "host_oom", "leak_host",
+               "slow_rollout")
+SLOW_ROLLOUT_S = 5.0
 
 
 def leak_mib_per_step(spec: str | None) -> float:

@@ -129,6 +129,7 @@ class StallVerdict:
     timeout_s: float
     silent: tuple[int, ...]
     probe_timeout_s: float
+    waiting: tuple[int, ...] = ()  # ranks whose call had not returned
 
     def message(self) -> str:
         """One line for the log and the termination message."""
@@ -151,7 +152,8 @@ def verdict(stacks: Sequence[RankStacks], waiting: Sequence[int], phase: str, id
     by_rank = {s.rank: s for s in stacks}
     frame = innermost_ours(by_rank[rank].threads) if rank in by_rank else None
     silent = tuple(sorted(s.rank for s in stacks if s.text is None))
-    return StallVerdict(rank, frame, phase, idle_s, timeout_s, silent, probe_timeout_s)
+    return StallVerdict(rank, frame, phase, idle_s, timeout_s, silent, probe_timeout_s,
+                        tuple(waiting))
 
 
 def report_text(v: StallVerdict, stacks: Sequence[RankStacks], driver: str) -> str:
@@ -161,6 +163,8 @@ def report_text(v: StallVerdict, stacks: Sequence[RankStacks], driver: str) -> s
         if s.text is None:
             lines.append(f"rank {s.rank}: did not answer within {v.probe_timeout_s:.0f} s"
                          f"{' (' + s.error + ')' if s.error else ''}")
+        elif s.rank not in v.waiting:  # in Ray's task loop, waiting for the next call
+            lines.append(f"rank {s.rank}: idle (its call had returned)")
         else:
             f = innermost_ours(s.threads)
             lines.append(f"rank {s.rank}: {f if f else 'no frame of the trainer'}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -29,7 +30,7 @@ from .devices import (
     process_group_backend,
     rank_device_type,
 )
-from .errors import leak_mib_per_step, parse_fault, raise_injected_oom, rank_phase
+from .errors import SLOW_ROLLOUT_S, leak_mib_per_step, parse_fault, raise_injected_oom, rank_phase
 from .gpu_memory import GpuMemoryMeter
 from .lora.sync import sync_rollout_weights
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
@@ -314,6 +315,10 @@ class Worker:
         kind = self.fault[0]
         if kind == "cuda_oom" and phase == "update" and self.rank == 0:
             raise_injected_oom(f"worker rank {self.rank} ({phase})", step)
+        if kind == "slow_rollout" and phase == "generate":
+            log.warning("INJECTED FAULT (GRPO_FAULT_INJECT): rank %d sleeps %.0f s", self.rank,
+                        SLOW_ROLLOUT_S)
+            time.sleep(SLOW_ROLLOUT_S)
         if kind == "worker_exit" and phase == "generate" and self.rank == self.world_size - 1:
             log.error("INJECTED FAULT (GRPO_FAULT_INJECT): worker rank %d exits", self.rank)
             os._exit(1)
