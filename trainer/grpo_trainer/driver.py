@@ -419,7 +419,7 @@ class GRPOTrainer:
                 force=step == total or ckpt != self._reported_checkpoint,
             )
             self._reported_checkpoint = ckpt
-        if self.term.requested:
+        if self.term.requested and self.step < total:  # a finished run goes on to export
             self._save_and_stop()
         return self.history
 
