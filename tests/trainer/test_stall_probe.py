@@ -1,17 +1,23 @@
 """The stall probe across nodes: a rank on another node than the driver is dumped by a
 zero-CPU Ray task pinned to its node (``ray.cluster_utils.Cluster``: two Ray nodes on
-this machine), while the rank is busy in a method; once stopped it is named as silent."""
+this machine), while the rank is busy in a method; once stopped it is named as silent.
+And a driver stuck in its own code (never back in a Ray wait) is ended by the monitor."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from grpo_api.contract import ExitCode
 from grpo_trainer import stall_monitor
 from grpo_trainer.stall import RankStacks, innermost_ours, parse_faulthandler
 from grpo_trainer.stall_monitor import RankTarget, capture, install_stack_dump
@@ -96,3 +102,33 @@ def test_a_rank_on_another_node_is_dumped_there_and_named_when_stopped(
         os.kill(armed["pid"], signal.SIGCONT)
         ray.kill(rank)
         del busy
+
+
+STUCK_DRIVER = """
+import logging, sys, time
+from pathlib import Path
+from grpo_trainer.stall import Heartbeat
+from grpo_trainer.stall_monitor import StallMonitor
+logging.basicConfig(level=logging.INFO)
+beat = Heartbeat()
+beat.mark("reward")
+StallMonitor(beat, 1.0, [], Path(sys.argv[1]), 3, Path(sys.argv[2]), lambda: 7,
+             force_exit_after_s=2.0).start()
+def scoring_that_never_returns():
+    time.sleep(120)
+scoring_that_never_returns()
+"""
+
+
+def test_a_driver_stuck_outside_ray_is_ended_by_the_monitor_with_exit_6(tmp_path: Path) -> None:
+    term = tmp_path / "termination-log"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", STUCK_DRIVER, str(tmp_path / "stalls"),
+                           str(term)], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == ExitCode.HANG, proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 50
+    msg = json.loads(term.read_text())
+    assert msg["reason"] == "Hang" and msg["lastCheckpointStep"] == 7
+    assert "in phase reward: no rank is busy (the driver itself is stuck)" in msg["detail"]
+    (stacks,) = (tmp_path / "stalls").glob("3-*.txt")
+    assert "in scoring_that_never_returns" in stacks.read_text()  # the driver's own stack

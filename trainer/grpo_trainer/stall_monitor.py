@@ -152,7 +152,8 @@ class StallMonitor:
 
     def __init__(self, heartbeat: Heartbeat, timeout_s: float, targets: list[RankTarget],
                  stalls_dir: Path | None, attempt: int, termination_log: Path,
-                 last_checkpoint: Any = lambda: None) -> None:
+                 last_checkpoint: Any = lambda: None,
+                 force_exit_after_s: float = FORCE_EXIT_AFTER_S) -> None:
         self.heartbeat = heartbeat
         self.timeout_s = timeout_s
         self.targets = targets
@@ -160,6 +161,7 @@ class StallMonitor:
         self.attempt = attempt
         self.termination_log = termination_log
         self.last_checkpoint = last_checkpoint
+        self.force_exit_after_s = force_exit_after_s
         self.error: StallError | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="stall-monitor", daemon=True)
@@ -197,12 +199,13 @@ class StallMonitor:
         path = self._write(text)
         log.error("STALL: %s\n%s", v.message(), text)
         self.error = StallError(v, path)
-        if self._stop.wait(FORCE_EXIT_AFTER_S):
+        if self._stop.wait(self.force_exit_after_s):
             return
         # The loop never came back to a Ray wait (stuck in the driver's own code).
         from .errors import termination_message, write_termination
 
-        log.error("the training loop did not stop within %.0f s: exiting", FORCE_EXIT_AFTER_S)
+        log.error("the training loop did not stop within %.0f s: exiting",
+                  self.force_exit_after_s)
         write_termination(self.termination_log, termination_message(
             FailureReason.HANG, None, self.last_checkpoint(), str(self.error)))
         logging.shutdown()
