@@ -193,7 +193,11 @@ class StallMonitor:
     def _trip(self, phase: str, idle: float, timeout: float, waiting: tuple[int, ...]) -> None:
         log.error("no progress for %.0f s in phase %s: capturing every rank's stacks",
                   idle, phase)
-        stacks = capture(self.targets)
+        try:
+            stacks = capture(self.targets)
+        except Exception as err:  # Ray itself in trouble: the verdict must still come
+            log.exception("the stack probe failed")
+            stacks = [RankStacks(t.rank, None, f"probe failed: {err}") for t in self.targets]
         v = verdict(stacks, waiting, phase, idle, timeout, DUMP_WAIT_S)
         text = report_text(v, stacks, driver_stacks())
         path = self._write(text)
