@@ -120,7 +120,8 @@ NAMESPACED_VERBS = [
       for v in ("get", "list", "watch", "create", "patch", "update", "delete")],
     *[(v, r, "") for r in ("configmaps", "persistentvolumeclaims", "serviceaccounts")
       for v in ("get", "list", "watch", "create", "patch", "delete")],
-    *[(v, "pods", "") for v in ("get", "list", "watch", "patch")],
+    # create and delete: a new job's model-config reader pod (nothing else of the pods)
+    *[(v, "pods", "") for v in ("get", "list", "watch", "create", "patch", "delete")],
     *[(v, "resourcequotas", "") for v in ("get", "list")],
     *[(v, r, "") for r in ("events", "events.events.k8s.io") for v in ("create", "patch")],
     *[(v, r, "") for r in ("roles.rbac.authorization.k8s.io",
@@ -137,8 +138,7 @@ FORBIDDEN = [
     ("create", "deployments.apps", "-A"), ("list", "deployments.apps", "-A"),
     ("create", "jobs.batch", "-A"), ("list", "jobs.batch", "-A"),
     ("create", "grpojobs.grpo.dev", "-A"), ("delete", "grpojobs.grpo.dev", "-A"),
-    ("delete", "pods", "-A"), ("create", "pods", "-A"),
-    ("create", "pods", "-A --subresource=exec"),
+    ("create", "pods", "-A --subresource=exec"), ("get", "pods", "-A --subresource=log"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io", ""),
     ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", ""),
     ("create", "mutatingwebhookconfigurations.admissionregistration.k8s.io", ""),
