@@ -23,6 +23,13 @@ MAX_RESTARTS = 100  # spec.restartPolicy.maxRestarts: attempts are numbered 0..1
 # (rollout, log-probs, update, weight sync) takes minutes, and the first step also starts
 # the engines; half an hour without any phase ending is a hang, not a slow step.
 STALL_TIMEOUT_S = 1800
+# A measured step may vary (longer responses, a checkpoint or validation in the step), so
+# a stall is only a stall well past it: five times the median step (the trainer's rule),
+# and the operator's progress deadline uses the same multiple of its own step estimate.
+STALL_STEP_MULTIPLE = 5.0
+# Where, under the job's checkpoint dir, the trainer writes every rank's stacks on a
+# stall (and where the attempt after a Hang has NCCL's flight recorder dump to).
+STALLS_DIR = "stalls"
 ATTEMPT_LABEL = f"{API_GROUP}/attempt"  # on per-attempt children and the Ray pods
 ROLE_LABEL = f"{API_GROUP}/role"  # on the Ray pods: a Role value
 # Kueue's queue label (spec.queueName): on each attempt's RayCluster, set at creation only.

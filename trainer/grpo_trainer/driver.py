@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from grpo_api.contract import STALLS_DIR
 from grpo_api.trainer_config import Config
 
 from .checkpointing.final_export import FinalExport, export_final
@@ -266,7 +267,7 @@ class GRPOTrainer:
         self.history: list[dict[str, float]] = []
         self.group: WorkerGroup | None = None
         self._reported_checkpoint: int | None = None
-        self.heartbeat = Heartbeat()
+        self.heartbeat = Heartbeat(published=self.reporter.phase)
         self.term = TermSignal()
         wd = cfg.watchdog
         self.watchdog = (
@@ -364,7 +365,7 @@ class GRPOTrainer:
         from .errors import termination_log_path
 
         cfg = self.cfg
-        stalls = Path(cfg.checkpoint.dir) / "stalls" if cfg.checkpoint.dir else None
+        stalls = Path(cfg.checkpoint.dir) / STALLS_DIR if cfg.checkpoint.dir else None
         targets: list[RankTarget] = getattr(self.group, "targets", [])
         monitor = StallMonitor(self.heartbeat, cfg.trainer.stall_timeout_s, targets, stalls,
                                cfg.trainer.attempt,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ class KubernetesProgressReporter:
         self.min_interval_s = min_interval_s
         self._api = api
         self._last = float("-inf")
+        self._last_phase = float("-inf")  # its own limit: a phase never delays a step report
 
     def _client(self) -> Any:
         if self._api is None:
@@ -59,7 +61,19 @@ class KubernetesProgressReporter:
         if not force and now - self._last < self.min_interval_s:
             return
         self._last = now
-        body = {"status": {"progress": progress.to_status()}}
+        self._patch({"status": {"progress": progress.to_status()}})
+
+    def phase(self, phase: str) -> None:
+        """Only phase and phaseAt: the operator ends an attempt as Hang when neither a
+        step nor a phase was reported for its deadline (a driver stuck itself)."""
+        now = time.monotonic()
+        if now - self._last_phase < self.min_interval_s:
+            return
+        self._last_phase = now
+        at = datetime.now(UTC).isoformat()
+        self._patch({"status": {"progress": {"phase": phase, "phaseAt": at}}})
+
+    def _patch(self, body: dict[str, Any]) -> None:
         try:
             self._client().patch_namespaced_custom_object_status(
                 API_GROUP,

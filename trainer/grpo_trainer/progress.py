@@ -62,9 +62,16 @@ class Progress:
 class ProgressReporter(Protocol):
     def report(self, progress: Progress, *, force: bool = False) -> None: ...
 
+    def phase(self, phase: str) -> None:
+        """The driver entered `phase` of a step (rollout, update, checkpoint...): a
+        sign of life between step reports, rate-limited like them."""
+
 
 class NullProgressReporter:
     def report(self, progress: Progress, *, force: bool = False) -> None:
+        return None
+
+    def phase(self, phase: str) -> None:
         return None
 
 
@@ -85,3 +92,6 @@ class JsonFileProgressReporter:
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
         tmp.write_text(json.dumps(progress.to_status()))
         os.replace(tmp, self.path)
+
+    def phase(self, phase: str) -> None:
+        return None  # the file holds the step reports the tests and local runs read

@@ -14,16 +14,15 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from grpo_api.contract import STALL_STEP_MULTIPLE
 
 # Steps not measured for the timeout: the first ones start the rollout engine, compile
 # and fill allocator caches, and would make the measured step look slower than it is.
 STALL_WARMUP_STEPS = 2
-# A measured step may vary (longer responses, a checkpoint or validation in the step), so
-# a stall is only a stall well past it: five times the median step of this run.
-STALL_STEP_MULTIPLE = 5.0
 
 # Frames in files under this directory are "ours" (the trainer's own code).
 PACKAGE_DIR = str(Path(__file__).resolve().parent)
@@ -191,17 +190,22 @@ class Heartbeat:
     """The driver's progress marks: the phase it is in, since when, and step times.
 
     Written by the training loop, read by the monitor thread (a lock keeps the pair
-    consistent); ``waiting`` is the ranks whose current call has not returned."""
+    consistent); ``waiting`` is the ranks whose current call has not returned.
+    ``published`` gets every mark too (outside the lock): the progress report's phase,
+    which the operator's own progress deadline watches."""
 
     phase: str = "start"
     since: float = field(default_factory=time.monotonic)
     step_seconds: list[float] = field(default_factory=list)
     waiting: tuple[int, ...] = ()
+    published: Callable[[str], None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def mark(self, phase: str) -> None:
         with self._lock:
             self.phase, self.since = phase, time.monotonic()
+        if self.published is not None:
+            self.published(phase)
 
     def step_done(self, step: int, seconds: float) -> None:
         with self._lock:

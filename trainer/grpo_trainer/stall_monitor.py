@@ -167,6 +167,13 @@ class StallMonitor:
         self._thread = threading.Thread(target=self._watch, name="stall-monitor", daemon=True)
 
     def start(self) -> None:
+        if self.stalls_dir is not None:
+            # Made up front: the attempt after a Hang points NCCL's flight recorder dump
+            # here (the operator's collective debug env), and torch does not create it.
+            try:
+                self.stalls_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                log.warning("could not create %s: %s", self.stalls_dir, err)
         if self.timeout_s > 0:
             self._thread.start()
 

@@ -165,6 +165,17 @@ class ProgressStatus(ApiModel):
             "commit (what a save on SIGTERM needs within the pods' grace period)."
         ),
     )
+    phase: str | None = Field(
+        None, max_length=256,
+        description="The step's phase the driver entered last (rollout, update, checkpoint...).",
+    )
+    phase_at: str | None = Field(
+        None, json_schema_extra={"format": "date-time"},
+        description=(
+            "When it entered it: with updatedAt, the driver's last sign of life, which the "
+            "operator's progress deadline watches."
+        ),
+    )
     fetch: FetchProgress | None = Field(
         None, description="The head's hub fetch (grpo_trainer.hub_fetch), while and after."
     )
