@@ -158,6 +158,23 @@ def grpojob_restart(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         return  # the next tick decides again on the fresh object
 
 
+def _progress_watched(body: kopf.Body, **_: Any) -> bool:
+    return rec.progress_watched(_job(body))
+
+
+@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=rec.PROGRESS_CHECK_INTERVAL_S,
+            when=_progress_watched)
+def grpojob_progress(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Ends a Running attempt whose driver reported nothing for its deadline (a timer:
+    a stuck driver sends no event)."""
+    job = _job(body)
+    try:
+        _apply(job, rec.reconcile(job, Observed(), rec.ProgressTimer(), _now(),
+                                  from_memo(memo)), from_memo(memo))
+    except kube.Conflict:
+        return  # the next tick decides again on the fresh object
+
+
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)
 def grpojob_event(type: str, body: kopf.Body, namespace: str | None, name: str,
                   memo: kopf.Memo, **_: Any) -> None:

@@ -13,6 +13,7 @@ from .core import (
     JobChanged,
     Observed,
     PodChanged,
+    ProgressTimer,
     SpecChanged,
     cluster_needs_pods,
     cluster_needs_workload,
@@ -31,9 +32,11 @@ from .model_config import (
     operator_reads_hub,
     to_read,
 )
+from .progress_deadline import PROGRESS_CHECK_INTERVAL_S, progress_watched
 from .refusals import refusal_pending
 
 __all__ = [
+    "PROGRESS_CHECK_INTERVAL_S",
     "Action",
     "BackoffTimer",
     "ClusterChanged",
@@ -43,6 +46,7 @@ __all__ = [
     "JobChanged",
     "Observed",
     "PodChanged",
+    "ProgressTimer",
     "SpecChanged",
     "admission_input",
     "admission_warning",
@@ -55,6 +59,7 @@ __all__ = [
     "pod_matters",
     "pod_needs_cluster",
     "pod_needs_pods",
+    "progress_watched",
     "reconcile",
     "refusal_pending",
     "restart_due",

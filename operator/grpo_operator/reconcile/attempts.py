@@ -44,7 +44,8 @@ CREATE_RETRY_SECONDS = 10  # a child the API server refused is tried again this 
 MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
 _WORDS = {"CudaOOM": "CUDA OOM", "HostOOM": "host OOM (pod OOMKilled)",
           "WorkersMissing": "worker pods did not all join",
-          "RayOOM": "Ray OOM (memory monitor)", "NodeLost": "node or worker lost"}
+          "RayOOM": "Ray OOM (memory monitor)", "NodeLost": "node or worker lost",
+          "Hang": "hang (no progress)", "Terminated": "terminated (SIGTERM)"}
 
 
 @dataclass
@@ -337,6 +338,8 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
         record["remediation"] = remediation
     wait = backoff_seconds(spec, restarts)
     change = remediation or "the same settings (no memory ladder for this failure)"
+    if reason is FailureReason.HANG:
+        change += " and the collective debug env (NCCL flight recorder)"
     view = PhaseView(Phase.RESTARTING, reason.value,
                      f"attempt {attempt}: {what}{where}; attempt {attempt + 1} in {wait} s "
                      f"with {change}, resuming from checkpoint step {ckpt or 0}")
@@ -411,11 +414,18 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
                      plan=plan_status(plan).to_wire()),
         # Only what is new per attempt: the claim and the trainer's RBAC exist since
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
-        children=[c for c in render_children(spec, plan, job, index, default_image)
+        children=[c for c in render_children(spec, plan, job, index, default_image,
+                                             debug_collectives=_after_hang(attempts))
                   if c["kind"] in PER_ATTEMPT_KINDS],
         events=[("Normal", "Restarted", view.message)],
         recovered_after=failed_for(attempts, now),
     )
+
+
+def _after_hang(attempts: list[dict[str, Any]]) -> bool:
+    """Whether the attempt that ended last hung: the next one (only) gets the collective
+    debug env, to say where a collective is stuck if it hangs again."""
+    return bool(attempts) and attempts[-1].get("outcome") == FailureReason.HANG.value
 
 
 def _newest_checkpoint(attempts: list[dict[str, Any]], progress: dict[str, Any]) -> int | None:

@@ -20,7 +20,14 @@ _EXIT_CLASSES = {
     ExitCode.CUDA_OOM: FailureReason.CUDA_OOM,
     ExitCode.HOST_OOM: FailureReason.RAY_OOM,
     ExitCode.WORKER_LOST: FailureReason.NODE_LOST,
+    ExitCode.HANG: FailureReason.HANG,
+    ExitCode.TERMINATED: FailureReason.TERMINATED,
 }
+# The detail a status shows: one line for most failures. A Hang's names the stuck rank,
+# its frame (a full path in the image) and where the stacks file is, which 300
+# characters can cut; its termination message is one line, kept within 4 KiB.
+DETAIL_CHARS = 300
+HANG_DETAIL_CHARS = 1500
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,7 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
     msg = _termination_message(raw)
     step = msg.get("step")
     ckpt = msg.get("lastCheckpointStep")
-    detail = str(msg.get("detail") or term.get("reason") or "")[:300]
+    detail = str(msg.get("detail") or term.get("reason") or "")
     if term.get("reason") == "OOMKilled" or (code == 137 and not msg):
         # The kernel killed the container at its memory limit: host RAM, not the GPU.
         return PodOutcome(FailureReason.HOST_OOM, code,
@@ -112,6 +119,7 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
         reason = FailureReason(msg["reason"])
     else:
         reason = _EXIT_CLASSES.get(code, FailureReason.ERROR)  # type: ignore[call-overload]
+    detail = detail[:HANG_DETAIL_CHARS if reason is FailureReason.HANG else DETAIL_CHARS]
     where = f" at step {step}" if step is not None else ""
     text = "finished" if reason is FailureReason.SUCCEEDED else f"{reason.value}{where}"
     phase = str(msg.get("phase") or "")

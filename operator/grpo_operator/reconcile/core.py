@@ -40,6 +40,7 @@ from .conditions import (
     unschedulable,
     unschedulable_view,
 )
+from .progress_deadline import end_silent_attempt
 from .queue import (
     admission_event,
     admitted,
@@ -68,6 +69,11 @@ class SpecChanged:
 @dataclass(frozen=True)
 class BackoffTimer:
     """The restart timer ticked (the job has status.nextAttempt)."""
+
+
+@dataclass(frozen=True)
+class ProgressTimer:
+    """The progress deadline's timer ticked (the job is Running)."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,8 @@ class CreateFailed:
     message: str  # the API server's own words (kube.api_message)
 
 
-Event = (SpecChanged | BackoffTimer | JobChanged | PodChanged | ClusterChanged
-         | CreateFailed)
+Event = (SpecChanged | BackoffTimer | ProgressTimer | JobChanged | PodChanged
+         | ClusterChanged | CreateFailed)
 
 
 @dataclass(frozen=True)
@@ -246,6 +252,8 @@ def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
             return start_next_attempt(ref, spec, status, generation, now,
                                       config.default_image, config.catalog, observed.pods,
                                       config.previous_attempt_grace_seconds) or Action()
+        case ProgressTimer():
+            return end_silent_attempt(status, spec, generation, now, config.catalog)
         case JobChanged():
             return _on_job(status, generation, now)
         case PodChanged(pod=pod, deleted=deleted):

@@ -32,6 +32,7 @@ from grpo_api.job import GRPOJobSpec
 
 from ..planner import Plan
 from . import names
+from .collective_debug import collective_debug_env
 from .hub import hub_fetch
 from .names import JobRef
 from .pod_settings import merged
@@ -88,12 +89,19 @@ def logging_env(spec: GRPOJobSpec) -> list[dict[str, Any]]:
 
 
 def render_children(
-    spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str = ""
+    spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str = "",
+    debug_collectives: bool = False,
 ) -> list[dict[str, Any]]:
-    """ConfigMap, PVC (unless the spec names one), trainer RBAC, and the RayCluster."""
+    """ConfigMap, PVC (unless the spec names one), trainer RBAC, and the RayCluster;
+    `debug_collectives`: the attempt after a Hang, with the collective debug env."""
     claim = names.checkpoint_claim(job, spec.checkpoint.claim_name)
     head = merged(spec.pods, "head")
     head["env"] = [*head["env"], *logging_env(spec)]
+    workers = merged(spec.pods, "workers")
+    env = job_env(plan, job, attempt)
+    if debug_collectives:
+        user_env = {str(e.get("name")) for e in [*head["env"], *workers["env"]]}
+        env |= collective_debug_env(job, user_env)
     ctx: dict[str, Any] = {
         "job": job,
         "spec": spec,
@@ -125,14 +133,14 @@ def render_children(
         "worker": plan.worker,
         "head_command": HEAD_COMMAND,
         "worker_command": WORKER_COMMAND,
-        "env": job_env(plan, job, attempt),
+        "env": env,
         "termination_log": TERMINATION_LOG,
         "checkpoint_mount": CHECKPOINT_MOUNT,
         "model_claim": spec.model.claim_name,
         "model_mount": MODEL_MOUNT,
         "config_dir": CONFIG_PATH.rsplit("/", 1)[0],
         # spec.pods, merged per role; conflicts with the above are refused before this.
-        "extra": {"head": head, "worker": merged(spec.pods, "workers")},
+        "extra": {"head": head, "worker": workers},
         "hub_args": hub_fetch(spec, job).args,
         "hub": spec.hub,
         "container_security_context": container_security_context,

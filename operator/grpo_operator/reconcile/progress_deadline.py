@@ -1,0 +1,141 @@
+"""The operator's own progress deadline (pure): a Running attempt whose driver reported
+nothing for too long is ended as Hang.
+
+The trainer ends a hung run itself (exit 6, with every rank's stacks), but a driver
+that is itself stuck (frozen, stopped, its monitor thread gone) reports nothing and
+exits never. Its last sign of life is the newest of: when the attempt became Running
+(the Ready condition), the last step report (progress.updatedAt) and the last phase
+mark (progress.phaseAt). The deadline is the trainer's own rule (the stall timeout, or
+`STALL_STEP_MULTIPLE` x the step time, whichever is larger) plus a grace in which the
+trainer's verdict, which says more, would have arrived.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_api.catalog import GPU_CATALOG, GpuType
+from grpo_api.contract import ATTEMPT_RUNNING, STALL_STEP_MULTIPLE, FailureReason, Phase
+from grpo_api.job import SpecError, parse_spec
+
+from .attempts import Action, finish_attempt
+from .classify import PodOutcome
+
+# After the trainer's own deadline, it still captures every rank's stacks (up to 70 s
+# when a rank's node does not answer), lets the loop stop or exits by force (60 s), and
+# the kubelet reports the container's end; reports are rate-limited (10 s) and the
+# pod's clock may differ from ours. Five minutes covers that with room: the trainer's
+# verdict, which names the rank and frame, comes first whenever the driver can give it.
+HANG_GRACE_S = 300
+# How often the operator looks (a timer per Running job): late by at most this much.
+PROGRESS_CHECK_INTERVAL_S = 30.0
+
+
+def _time(stamp: Any) -> dt.datetime | None:
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class Silence:
+    """How long the live attempt's driver has said nothing, and its deadline."""
+
+    since: dt.datetime  # its last sign of life
+    seconds: float
+    deadline_s: float
+    step_s: float | None  # the step time estimated from this attempt's reports
+
+    @property
+    def overdue(self) -> bool:
+        return self.seconds > self.deadline_s
+
+
+def _running_since(status: dict[str, Any]) -> dt.datetime | None:
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"),
+                 None)
+    if ready is None or ready.get("status") != "True":
+        return None
+    return _time(ready.get("lastTransitionTime"))
+
+
+def _live_record(status: dict[str, Any]) -> dict[str, Any] | None:
+    return next((a for a in status.get("attempts") or []
+                 if a.get("index") == status.get("attempt")), None)
+
+
+def step_estimate_s(status: dict[str, Any], running: dt.datetime) -> float | None:
+    """Seconds per step of this attempt: from Running to its last step report, over the
+    steps it made. Loading and the first step's engine start are in it, so it is high,
+    which only makes the deadline longer (never a false Hang)."""
+    progress = status.get("progress") or {}
+    reported = _time(progress.get("updatedAt"))
+    record = _live_record(status) or {}
+    made = int(progress.get("step") or 0) - int(record.get("resumedFromStep") or 0)
+    if reported is None or reported <= running or made <= 0:
+        return None
+    return (reported - running).total_seconds() / made
+
+
+def silence(status: dict[str, Any], stall_timeout_s: int, now: str) -> Silence | None:
+    """The live attempt's silence, or None where no deadline applies: not Running (pods
+    starting, queued, restarting, ended), or the stall timeout is 0 (never)."""
+    if status.get("phase") != Phase.RUNNING or status.get("nextAttempt") or stall_timeout_s <= 0:
+        return None
+    running = _running_since(status)
+    current = _time(now)
+    if running is None or current is None:
+        return None
+    progress = status.get("progress") or {}
+    marks = [t for t in (_time(progress.get("updatedAt")), _time(progress.get("phaseAt")))
+             if t is not None]
+    since = max([running, *marks])  # an earlier attempt's reports are older than Running
+    step_s = step_estimate_s(status, running)
+    deadline = max(float(stall_timeout_s), STALL_STEP_MULTIPLE * (step_s or 0.0)) + HANG_GRACE_S
+    return Silence(since, (current - since).total_seconds(), deadline, step_s)
+
+
+def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], generation: int,
+                       now: str, catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
+    """The timer's decision: nothing while the driver reports in time; once it is
+    overdue, the attempt ends as Hang and restarts like one the trainer ended (same plan,
+    the collective debug env, counted towards maxRestarts). Idempotent: an ended attempt
+    is not Running any more."""
+    try:
+        stall = parse_spec(spec_body).restart_policy.stall_timeout_seconds
+    except SpecError:
+        return Action()  # the spec's own events say why
+    quiet = silence(status, stall, now)
+    if quiet is None or not quiet.overdue:
+        return Action()
+    record = _live_record(status)
+    if record is None or record.get("outcome") != ATTEMPT_RUNNING:
+        return Action()
+    progress = status.get("progress") or {}
+    step = progress.get("step")
+    last = f"step {step}" if step is not None else "no step yet"
+    if progress.get("phase"):
+        last += f", phase {progress['phase']}"
+    estimate = f", a step ~{quiet.step_s:.0f} s" if quiet.step_s is not None else ""
+    message = (f"the driver reported no progress for {quiet.seconds:.0f} s (deadline "
+               f"{quiet.deadline_s:.0f} s: restartPolicy.stallTimeoutSeconds {stall}"
+               f"{estimate}, + {HANG_GRACE_S} s grace); last report: {last} at "
+               f"{quiet.since.isoformat().replace('+00:00', 'Z')}; no stacks: the driver "
+               "itself is stuck or gone (see the head pod's log)")
+    outcome = PodOutcome(FailureReason.HANG, None, message,
+                         step if isinstance(step, int) else None,
+                         progress.get("lastCheckpointStep"))
+    return finish_attempt(status, outcome, generation, now, spec_body, catalog)
+
+
+def progress_watched(job: dict[str, Any]) -> bool:
+    """The progress timer runs for Running jobs only (and not while one is deleted)."""
+    return ((job.get("status") or {}).get("phase") == Phase.RUNNING
+            and not (job.get("metadata") or {}).get("deletionTimestamp"))
