@@ -28,9 +28,11 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples/grpojob-qwen25vl-7b-h1
 CONFIG = OperatorConfig(default_image="registry.example/trainer:test")
 JOB = JobRef("j", "ns", "u1")
 T0 = "2026-11-21T10:00:00Z"
-FRAME = ("/opt/venv/lib/python3.11/site-packages/grpo_trainer/rollout/vllm_engine.py:412 "
-         "generate")
-STACKS = "/checkpoints/ns/j/stalls/0-20261121T103000Z.txt"
+# As the trainer writes them in the image: a full path, and the job's stacks file.
+FRAME = ("/home/ray/anaconda3/lib/python3.11/site-packages/grpo_trainer/rollout/"
+         "vllm_engine.py:412 generate")
+STACKS = ("/checkpoints/ml-research-reinforcement-learning/qwen2vl-72b-grpo-geometry-run-7/stalls/"
+          "0-20261121T103000Z.txt")
 VERDICT = (f"no progress for 1802 s (timeout 1800 s) in phase rollout: rank 3 is stuck at "
            f"{FRAME}; every rank's stacks: {STACKS}")
 

@@ -4,6 +4,7 @@ costing a restart (pure reconcile; the cluster tier runs the real Kueue)."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,26 @@ def test_the_head_deleted_by_kuberay_on_preemption_is_not_a_lost_node() -> None:
     plain = new_job(queue=None)
     plain["status"] = {"phase": "Running", "attempt": 0}
     assert not rec.pod_needs_cluster(plain, event)
+
+
+def test_a_head_that_saved_and_exited_143_on_preemption_stays_preempted() -> None:
+    """Kueue's preemption deletes the pods with SIGTERM; the driver commits its last step
+    and exits 143 (Terminated). The suspended cluster decides: Preempted, no restart
+    counted, not a Terminated restart."""
+    job = admitted_running_job()
+    pod = head_pod()
+    pod["metadata"]["deletionTimestamp"] = T1
+    pod["status"] = {"phase": "Failed", "containerStatuses": [{"name": "ray-head", "state": {
+        "terminated": {"exitCode": 143, "reason": "Error", "message": json.dumps(
+            {"reason": "Terminated", "step": 7, "lastCheckpointStep": 7,
+             "detail": "SIGTERM: committed step 7"})}}}]}
+    event = rec.PodChanged(pod)
+    assert rec.pod_needs_cluster(job, event)
+    job, _ = step(job, event, T1, Observed(
+        ray_cluster=cluster(suspend=True, generation=3),
+        workload=workload(cond("Evicted", "True", "Preempted", EVICTED))))
+    assert job["status"]["attempts"][0]["outcome"] == "Preempted"
+    assert job["status"]["restarts"] == 0 and job["status"]["preemptions"] == 1
 
 
 def test_only_queued_clusters_read_their_workload() -> None:
