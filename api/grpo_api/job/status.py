@@ -93,6 +93,18 @@ class PlanStatus(ApiModel):
     peak_host_gib: float = Field(
         ge=0, alias="peakHostGiB", description="Predicted peak host memory per node, GiB."
     )
+    predicted_save_seconds: float = Field(
+        0.0, ge=0, description="Predicted seconds of one checkpoint save (a node's ranks' "
+        "shards at a conservative write rate).",
+    )
+    termination_grace_seconds: int = Field(
+        30, ge=0,
+        description=(
+            "terminationGracePeriodSeconds of the Ray pods: the save on SIGTERM (measured "
+            "progress.saveSeconds once a save happened, else predicted) x 1.5 + 30 s, "
+            "within 60..3600 s."
+        ),
+    )
     details: dict[str, Any] = Field(
         default_factory=dict,
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},

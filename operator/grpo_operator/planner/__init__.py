@@ -8,6 +8,7 @@ from .core import plan_memory
 from .ladder import LADDERS, next_safer_plan, remediation_ladder
 from .model_shape import KNOWN_MODELS, Shape, shape_from_config
 from .report import plan_status, plan_to_dict
+from .save_time import termination_grace_s
 from .types import Budget, Decision, Geometry, InfeasibleError, Plan, PodResources, Settings
 
 __all__ = [
@@ -31,4 +32,5 @@ __all__ = [
     "read_model_config",
     "remediation_ladder",
     "shape_from_config",
+    "termination_grace_s",
 ]

@@ -260,6 +260,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         }
 
     ranks = geo.ranks_per_node
+    checkpoint_rank_gib = _state_gib(geo, st, lambda t: t.checkpointed)
     rank_gib = RANK_PROCESS_GIB if geo.is_gpu else RANK_PROCESS_CPU_GIB
     host: dict[str, float] = {
         "rank_processes": ranks * rank_gib,
@@ -283,7 +284,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         # Async checkpoint saves stage each rank's trained weights and optimizer state in
         # a host buffer kept across saves (pinned on GPU nodes), whatever is offloaded.
         "async_save_staging": (
-            ranks * _state_gib(geo, st, lambda t: t.checkpointed) if geo.async_save else 0.0
+            ranks * checkpoint_rank_gib if geo.async_save else 0.0
         ),
     }
     if not geo.is_gpu:  # CPU ranks keep their whole training state in host RAM
@@ -323,6 +324,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         rollout_kv_cache_gib=kv_gib,
         rollout_min_utilization=min_util,
         rollout_utilization=st.rollout_gpu_memory_utilization if geo.is_gpu else 0.0,
+        checkpoint_rank_gib=checkpoint_rank_gib,
     )
 
 

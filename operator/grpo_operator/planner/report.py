@@ -12,6 +12,7 @@ from grpo_api.job.status import PlanStatus
 from grpo_api.knobs import KNOBS
 
 from .budget import ESTIMATES
+from .save_time import predicted_save_s, termination_grace_s
 from .types import Plan, PodResources
 
 
@@ -81,6 +82,9 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "estimatedTerms": sorted(ESTIMATES),
         },
         "pods": {"head": _pod(plan.head), "worker": _pod(plan.worker)},
+        # The head's and workers' terminationGracePeriodSeconds, for the save on SIGTERM.
+        "sigterm": {"predictedSaveSeconds": round(predicted_save_s(plan), 1),
+                    "terminationGraceSeconds": termination_grace_s(plan)},
         "env": dict(plan.env),
         "rayStartParams": dict(plan.ray_start_params),
         "headRayStartParams": plan.head_ray_start_params,
@@ -113,8 +117,9 @@ def plan_changes(old: Plan, new: Plan) -> list[str]:
             for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)]
 
 
-def plan_status(plan: Plan) -> PlanStatus:
-    """The typed summary for status.plan; the full dict goes under `details`."""
+def plan_status(plan: Plan, measured_save_s: float | None = None) -> PlanStatus:
+    """The typed summary for status.plan; the full dict goes under `details`.
+    `measured_save_s`: status.progress.saveSeconds, which sizes the grace period."""
     g, b = plan.geometry, plan.budget
     return PlanStatus.model_validate(
         {
@@ -128,6 +133,8 @@ def plan_status(plan: Plan) -> PlanStatus:
             "modelSource": g.shape_source,
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),
+            "predictedSaveSeconds": round(predicted_save_s(plan), 1),
+            "terminationGraceSeconds": termination_grace_s(plan, measured_save_s),
             "details": {
                 "decisions": [
                     f"{d.knob}={d.value} ({d.source}): {d.reason}" for d in plan.decisions
@@ -171,7 +178,10 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
             ", ".join(f"{k} {'~' if k in ESTIMATES else ''}{v:.1f}"
                       for k, v in terms.items() if v),
         )
-    pods = Table(title="Pods", title_justify="left")
+    grace = termination_grace_s(plan)
+    pods = Table(title=f"Pods: SIGTERM grace {grace} s (terminationGracePeriodSeconds) for a "
+                 f"checkpoint save predicted at ~{predicted_save_s(plan):.0f} s; the measured "
+                 "save sizes it from the next attempt on", title_justify="left")
     for col in ("Role", "Replicas", "GPU", "CPU", "Memory", "/dev/shm", "nodeSelector",
                 "Devices"):
         pods.add_column(col, overflow="fold")

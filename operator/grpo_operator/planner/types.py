@@ -121,6 +121,9 @@ class Budget:
     gpu_margin_gib: float = 0.0  # kept free under gpu_capacity_gib (budget.gpu_margin_gib)
     # Below the node's allocatable memory: host_capacity_gib is allocatable minus this.
     host_margin_gib: float = 0.0
+    # What one rank writes to a checkpoint (trained weights and optimizer state): the
+    # save on SIGTERM that the pods' grace period must cover (planner/save_time.py).
+    checkpoint_rank_gib: float = 0.0
 
     @property
     def peak_gpu_gib(self) -> float:

@@ -233,13 +233,15 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
             delete_ray_cluster=rc_name,
             events=[("Normal", "Suspended", view.message)],
         )
-    children = render_children(spec, plan, job, attempt, default_image)
+    saved = _measured_save_s(status)
+    children = render_children(spec, plan, job, attempt, default_image,
+                               measured_save_s=saved)
     attempts = list(status.get("attempts") or [])
     fields: dict[str, Any] = {"attempt": attempt, "rayCluster": {"name": rc_name}}
     events: list[tuple[str, str, str]] = []
     if not any(a.get("index") == attempt for a in attempts):
         attempts.append({"index": attempt, "startTime": now, "outcome": ATTEMPT_RUNNING})
-        fields |= {"attempts": attempts, "plan": plan_status(plan).to_wire(),
+        fields |= {"attempts": attempts, "plan": plan_status(plan, saved).to_wire(),
                    "restarts": int(status.get("restarts") or 0)}
         settings = plan.settings
         events.append(("Normal", "Planned",
@@ -411,15 +413,23 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
         status_patch(status, generation, now, view, attempt=index,
                      attempts=[*attempts, record], nextAttempt=None,
                      rayCluster={"name": rc, "state": None, "admittedGeneration": None},
-                     plan=plan_status(plan).to_wire()),
+                     plan=plan_status(plan, _measured_save_s(status)).to_wire()),
         # Only what is new per attempt: the claim and the trainer's RBAC exist since
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
         children=[c for c in render_children(spec, plan, job, index, default_image,
-                                             debug_collectives=_after_hang(attempts))
+                                             debug_collectives=_after_hang(attempts),
+                                             measured_save_s=_measured_save_s(status))
                   if c["kind"] in PER_ATTEMPT_KINDS],
         events=[("Normal", "Restarted", view.message)],
         recovered_after=failed_for(attempts, now),
     )
+
+
+def _measured_save_s(status: dict[str, Any]) -> float | None:
+    """The newest save's measured seconds (any attempt's: the same plan writes the same
+    bytes, a remediated one rarely many more), None before the first save."""
+    saved = (status.get("progress") or {}).get("saveSeconds")
+    return float(saved) if isinstance(saved, int | float) and saved > 0 else None
 
 
 def _after_hang(attempts: list[dict[str, Any]]) -> bool:

@@ -30,7 +30,7 @@ from grpo_api.contract import (
 )
 from grpo_api.job import GRPOJobSpec
 
-from ..planner import Plan
+from ..planner import Plan, termination_grace_s
 from . import names
 from .collective_debug import collective_debug_env
 from .hub import hub_fetch
@@ -90,10 +90,11 @@ def logging_env(spec: GRPOJobSpec) -> list[dict[str, Any]]:
 
 def render_children(
     spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str = "",
-    debug_collectives: bool = False,
+    debug_collectives: bool = False, measured_save_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """ConfigMap, PVC (unless the spec names one), trainer RBAC, and the RayCluster;
-    `debug_collectives`: the attempt after a Hang, with the collective debug env."""
+    `debug_collectives`: the attempt after a Hang, with the collective debug env;
+    `measured_save_s`: status.progress.saveSeconds, which sizes the SIGTERM grace."""
     claim = names.checkpoint_claim(job, spec.checkpoint.claim_name)
     head = merged(spec.pods, "head")
     head["env"] = [*head["env"], *logging_env(spec)]
@@ -135,6 +136,7 @@ def render_children(
         "worker_command": WORKER_COMMAND,
         "env": env,
         "termination_log": TERMINATION_LOG,
+        "grace_s": termination_grace_s(plan, measured_save_s),
         "checkpoint_mount": CHECKPOINT_MOUNT,
         "model_claim": spec.model.claim_name,
         "model_mount": MODEL_MOUNT,
