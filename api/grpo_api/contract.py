@@ -30,6 +30,14 @@ STALL_STEP_MULTIPLE = 5.0
 # Where, under the job's checkpoint dir, the trainer writes every rank's stacks on a
 # stall (and where the attempt after a Hang has NCCL's flight recorder dump to).
 STALLS_DIR = "stalls"
+
+
+def driver_done_marker(checkpoint_dir: str, job_uid: str, attempt: int) -> str:
+    """The file the driver writes once it needs its ranks no more (after the save on
+    SIGTERM, or any end it sees); the worker pods' preStop hook (grpo_trainer.prestop)
+    waits for it, so Ray on the workers outlives the save. Per job uid: a job created
+    again under the same name counts attempts from 0 again."""
+    return f"{checkpoint_dir}/driver-done/{job_uid or 'local'}-{attempt}"
 ATTEMPT_LABEL = f"{API_GROUP}/attempt"  # on per-attempt children and the Ray pods
 ROLE_LABEL = f"{API_GROUP}/role"  # on the Ray pods: a Role value
 # Kueue's queue label (spec.queueName): on each attempt's RayCluster, set at creation only.

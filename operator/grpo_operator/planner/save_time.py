@@ -33,6 +33,12 @@ GRACE_MIN_S = 60
 GRACE_MAX_S = 3600
 
 
+def prestop_timeout_s(grace_s: int) -> int:
+    """How long a worker's preStop hook waits for the driver's done marker: the grace
+    period less Ray's own shutdown (the hook counts against the grace period)."""
+    return max(grace_s - GRACE_EXTRA_S, 1)
+
+
 def predicted_save_s(plan: Plan) -> float:
     """Seconds one save takes: the ranks of one node write their shards at once."""
     per_node = plan.budget.checkpoint_rank_gib * plan.geometry.ranks_per_node

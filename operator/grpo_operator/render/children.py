@@ -31,6 +31,7 @@ from grpo_api.contract import (
 from grpo_api.job import GRPOJobSpec
 
 from ..planner import Plan, termination_grace_s
+from ..planner.save_time import prestop_timeout_s
 from . import names
 from .collective_debug import collective_debug_env
 from .hub import hub_fetch
@@ -50,6 +51,9 @@ HEAD_COMMAND = (
     f"exec python -m grpo_trainer --config {CONFIG_PATH}"
 )
 WORKER_COMMAND = f"{OPEN_FILES}exec $KUBERAY_GEN_RAY_START_CMD"
+# A worker's preStop hook: its `ray start --block` gets SIGTERM (and takes the node's
+# ranks down) only once the driver is done with them (grpo_trainer.prestop).
+PRESTOP_COMMAND = "exec python -m grpo_trainer.prestop --timeout {timeout}"
 
 
 @cache
@@ -100,6 +104,7 @@ def render_children(
     head["env"] = [*head["env"], *logging_env(spec)]
     workers = merged(spec.pods, "workers")
     env = job_env(plan, job, attempt)
+    grace_s = termination_grace_s(plan, measured_save_s)
     if debug_collectives:
         user_env = {str(e.get("name")) for e in [*head["env"], *workers["env"]]}
         env |= collective_debug_env(job, user_env)
@@ -136,7 +141,8 @@ def render_children(
         "worker_command": WORKER_COMMAND,
         "env": env,
         "termination_log": TERMINATION_LOG,
-        "grace_s": termination_grace_s(plan, measured_save_s),
+        "grace_s": grace_s,
+        "prestop_command": PRESTOP_COMMAND.format(timeout=prestop_timeout_s(grace_s)),
         "checkpoint_mount": CHECKPOINT_MOUNT,
         "model_claim": spec.model.claim_name,
         "model_mount": MODEL_MOUNT,
