@@ -13,6 +13,13 @@ from grpo_api.contract import DEFAULT_TRAINER_IMAGE
 
 from .watch_health import DEFAULT_STALE_AFTER_S as WATCH_STALE_AFTER_S
 
+# After the trainer's own stall deadline, it still captures every rank's stacks (up to
+# 70 s when a rank's node does not answer), lets the loop stop or exits by force (60 s),
+# and the kubelet reports the container's end; reports are rate-limited (10 s) and the
+# pod's clock may differ from ours. Five minutes covers that with room: the trainer's
+# verdict, which names the rank and frame, comes first whenever the driver can give it.
+HANG_GRACE_S = 300.0
+
 # Start-up waits this long for API discovery to list what the operator watches
 # (discovery.py), then exits with the reason and Kubernetes starts it again.
 DISCOVERY_TIMEOUT_S = 120.0
@@ -33,7 +40,8 @@ class WebhookConfig:
 @dataclass(frozen=True)
 class OperatorConfig:
     """Everything the operator is told at start; the pure core reads `default_image`,
-    `catalog`, `claim_retry_seconds` and `pod_create_deadline_seconds`, the edges the rest."""
+    `catalog`, `claim_retry_seconds`, `pod_create_deadline_seconds` and
+    `hang_grace_seconds`, the edges the rest."""
 
     default_image: str = DEFAULT_TRAINER_IMAGE  # for jobs that do not set spec.image
     # The effective GPU catalog: built-in, with --gpu-catalog (the chart's gpuCatalog)
@@ -53,6 +61,9 @@ class OperatorConfig:
     # A Ray pod the API server keeps refusing (admission, quota) fails the attempt after
     # this long (--pod-create-deadline); until then the job shows the refusal.
     pod_create_deadline_seconds: float = 300.0
+    # A Running attempt silent past its progress deadline plus this is ended as Hang
+    # (--hang-grace; reconcile/progress_deadline.py says why 300 s).
+    hang_grace_seconds: float = HANG_GRACE_S
     discovery_timeout_seconds: float = DISCOVERY_TIMEOUT_S  # --discovery-timeout
     # /healthz fails when a watched kind has had no live stream this long (watch_health.py)
     watch_stale_after_seconds: float = WATCH_STALE_AFTER_S  # --watch-stale-after

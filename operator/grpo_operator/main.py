@@ -19,6 +19,7 @@ from . import discovery, handlers, kube  # noqa: F401 - importing handlers regis
 from .catalog_file import CatalogError, load_catalog
 from .config import (
     DISCOVERY_TIMEOUT_S,
+    HANG_GRACE_S,
     MEMO_KEY,
     WATCH_STALE_AFTER_S,
     OperatorConfig,
@@ -161,6 +162,9 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 @click.option("--pod-create-deadline", type=click.FloatRange(min=0), default=300.0,
               show_default=True, help="Seconds a Ray pod the API server keeps refusing "
               "(admission, quota) may take before the attempt fails with the refusal.")
+@click.option("--hang-grace", type=click.FloatRange(min=0), default=HANG_GRACE_S,
+              show_default=True, help="Seconds past a Running attempt's progress deadline "
+              "(the stall timeout, or 5 x its step) before the operator ends it as Hang.")
 @click.option("--peering", default=None, help="Kopf peering name: one active replica.")
 @click.option("--priority", type=int, default=0, show_default=True,
               help="Peering priority: a replica pauses while one of higher priority runs.")
@@ -182,7 +186,7 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
         webhook_key: str | None, webhook_ca: str | None, webhook_manage: str | None,
         trainer_image: str, gpu_catalog: str | None, pod_create_deadline: float,
-        peering: str | None, priority: int, discovery_timeout: float,
+        hang_grace: float, peering: str | None, priority: int, discovery_timeout: float,
         watch_stale_after: float, read_public_hub: bool, verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
@@ -196,6 +200,7 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
     config = OperatorConfig(
         default_image=trainer_image, catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
         bind=bind, metrics_port=metrics_port, pod_create_deadline_seconds=pod_create_deadline,
+        hang_grace_seconds=hang_grace,
         discovery_timeout_seconds=discovery_timeout, watch_stale_after_seconds=watch_stale_after,
         read_public_hub=read_public_hub,
         webhook=WebhookConfig(port=webhook_port, host=webhook_host, cert=webhook_cert,

@@ -324,6 +324,7 @@ def test_deployment_flags_follow_values() -> None:
         "--metrics-port=8080",
         f"--trainer-image={contract.DEFAULT_TRAINER_IMAGE}",
         "--pod-create-deadline=300",
+        "--hang-grace=300",
         "--watch-stale-after=150",
         "--peering=grpo-grpo-operator",
         "--webhook-port=9443",

@@ -15,12 +15,11 @@ import yaml
 from grpo_api.contract import STALL_TIMEOUT_S
 from grpo_api.contract import FailureReason as R
 from grpo_operator import reconcile as rec
-from grpo_operator.config import OperatorConfig
+from grpo_operator.config import HANG_GRACE_S, OperatorConfig
 from grpo_operator.reconcile import Action, Observed
 from grpo_operator.reconcile.attempts import finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome, classify_pod
-from grpo_operator.reconcile.progress_deadline import HANG_GRACE_S
 from grpo_operator.render import JobRef
 from grpo_testbed.wire import apply_status_patch
 
@@ -182,7 +181,7 @@ def test_a_terminated_head_outside_a_preemption_is_a_counted_restart() -> None:
 
 # --- the operator's progress deadline ----------------------------------------------------
 
-DEADLINE = STALL_TIMEOUT_S + HANG_GRACE_S
+DEADLINE = STALL_TIMEOUT_S + int(HANG_GRACE_S)
 
 
 def test_a_silent_driver_is_ended_as_hang_at_the_deadline_and_restarted() -> None:
@@ -222,9 +221,9 @@ def test_long_steps_lengthen_the_deadline_as_the_trainers_own_rule_does() -> Non
     job = running_job()
     # 2 steps in 1 h 40 min: 3000 s a step; 5 x that is the stall rule's bound.
     job["status"]["progress"] = {"step": 2, "updatedAt": at(6000)}
-    _, action = step(job, rec.ProgressTimer(), at(6000 + 5 * 3000 + HANG_GRACE_S))
+    _, action = step(job, rec.ProgressTimer(), at(6000 + 5 * 3000 + int(HANG_GRACE_S)))
     assert action == Action()
-    job, action = step(job, rec.ProgressTimer(), at(6000 + 5 * 3000 + HANG_GRACE_S + 1))
+    job, action = step(job, rec.ProgressTimer(), at(6000 + 5 * 3000 + int(HANG_GRACE_S) + 1))
     assert job["status"]["attempts"][0]["outcome"] == "Hang"
     assert "a step ~3000 s" in job["status"]["attempts"][0]["reason"]
 

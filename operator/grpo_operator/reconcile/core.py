@@ -253,7 +253,8 @@ def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
                                       config.default_image, config.catalog, observed.pods,
                                       config.previous_attempt_grace_seconds) or Action()
         case ProgressTimer():
-            return end_silent_attempt(status, spec, generation, now, config.catalog)
+            return end_silent_attempt(status, spec, generation, now,
+                                      config.hang_grace_seconds, config.catalog)
         case JobChanged():
             return _on_job(status, generation, now)
         case PodChanged(pod=pod, deleted=deleted):

@@ -7,7 +7,7 @@ exits never. Its last sign of life is the newest of: when the attempt became Run
 (the Ready condition), the last step report (progress.updatedAt) and the last phase
 mark (progress.phaseAt). The deadline is the trainer's own rule (the stall timeout, or
 `STALL_STEP_MULTIPLE` x the step time, whichever is larger) plus a grace in which the
-trainer's verdict, which says more, would have arrived.
+trainer's verdict, which says more, would have arrived (OperatorConfig.hang_grace_seconds).
 """
 
 from __future__ import annotations
@@ -24,12 +24,6 @@ from grpo_api.job import SpecError, parse_spec
 from .attempts import Action, finish_attempt
 from .classify import PodOutcome
 
-# After the trainer's own deadline, it still captures every rank's stacks (up to 70 s
-# when a rank's node does not answer), lets the loop stop or exits by force (60 s), and
-# the kubelet reports the container's end; reports are rate-limited (10 s) and the
-# pod's clock may differ from ours. Five minutes covers that with room: the trainer's
-# verdict, which names the rank and frame, comes first whenever the driver can give it.
-HANG_GRACE_S = 300
 # How often the operator looks (a timer per Running job): late by at most this much.
 PROGRESS_CHECK_INTERVAL_S = 30.0
 
@@ -84,7 +78,8 @@ def step_estimate_s(status: dict[str, Any], running: dt.datetime) -> float | Non
     return (reported - running).total_seconds() / made
 
 
-def silence(status: dict[str, Any], stall_timeout_s: int, now: str) -> Silence | None:
+def silence(status: dict[str, Any], stall_timeout_s: int, now: str,
+            grace_s: float) -> Silence | None:
     """The live attempt's silence, or None where no deadline applies: not Running (pods
     starting, queued, restarting, ended), or the stall timeout is 0 (never)."""
     if status.get("phase") != Phase.RUNNING or status.get("nextAttempt") or stall_timeout_s <= 0:
@@ -98,12 +93,13 @@ def silence(status: dict[str, Any], stall_timeout_s: int, now: str) -> Silence |
              if t is not None]
     since = max([running, *marks])  # an earlier attempt's reports are older than Running
     step_s = step_estimate_s(status, running)
-    deadline = max(float(stall_timeout_s), STALL_STEP_MULTIPLE * (step_s or 0.0)) + HANG_GRACE_S
+    deadline = max(float(stall_timeout_s), STALL_STEP_MULTIPLE * (step_s or 0.0)) + grace_s
     return Silence(since, (current - since).total_seconds(), deadline, step_s)
 
 
 def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], generation: int,
-                       now: str, catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
+                       now: str, grace_s: float,
+                       catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
     """The timer's decision: nothing while the driver reports in time; once it is
     overdue, the attempt ends as Hang and restarts like one the trainer ended (same plan,
     the collective debug env, counted towards maxRestarts). Idempotent: an ended attempt
@@ -112,7 +108,7 @@ def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], genera
         stall = parse_spec(spec_body).restart_policy.stall_timeout_seconds
     except SpecError:
         return Action()  # the spec's own events say why
-    quiet = silence(status, stall, now)
+    quiet = silence(status, stall, now, grace_s)
     if quiet is None or not quiet.overdue:
         return Action()
     record = _live_record(status)
@@ -126,7 +122,7 @@ def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], genera
     estimate = f", a step ~{quiet.step_s:.0f} s" if quiet.step_s is not None else ""
     message = (f"the driver reported no progress for {quiet.seconds:.0f} s (deadline "
                f"{quiet.deadline_s:.0f} s: restartPolicy.stallTimeoutSeconds {stall}"
-               f"{estimate}, + {HANG_GRACE_S} s grace); last report: {last} at "
+               f"{estimate}, + {grace_s:g} s grace); last report: {last} at "
                f"{quiet.since.isoformat().replace('+00:00', 'Z')}; no stacks: the driver "
                "itself is stuck or gone (see the head pod's log)")
     outcome = PodOutcome(FailureReason.HANG, None, message,
