@@ -5,8 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from grpo_testbed.examples import example_job
@@ -233,3 +236,72 @@ def test_an_oom_killed_worker_pod_is_host_oom_and_the_next_attempt_is_remediated
     changed = {k for k in plan0 if k != "details" and plan0[k] != plan1.get(k)}
     assert changed, f"attempt 1 runs the same plan: {plan1}"
     assert "HostOOM" in testbed.kubectl("get", "events", "-n", op_ns).stdout
+
+
+# --- Hang: the trainer's exit 6, and the operator's own progress deadline ----------------
+
+HANG_GRACE_S = 2  # the operator's --hang-grace here: a silent job ends in seconds
+
+
+@pytest.fixture
+def hang_operator(grpo_crd: Testbed, ns: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """An operator for the test's namespace only, with a short grace past the deadline.
+    Its jobs are deleted before it stops: a Running job carries Kopf's finalizer while
+    the progress timer runs, which only a running operator removes."""
+    op = OperatorProcess(grpo_crd, tmp_path, webhook=False, namespaces=(ns,),
+                         extra_args=("--hang-grace", str(HANG_GRACE_S))).start()
+    yield op
+    grpo_crd.kubectl("delete", "grpojobs", "--all", "-n", ns, "--wait=true", "--timeout=60s",
+                     check=False)
+    op.stop()
+
+
+def head_env(tb: Testbed, ns: str, rc: str) -> dict[str, str]:
+    obj = json.loads(tb.kubectl("get", "raycluster", rc, "-n", ns, "-o", "json").stdout)
+    containers = obj["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", "") for e in containers[0].get("env") or []}
+
+
+def test_a_job_whose_progress_stops_is_ended_as_hang_and_restarted(
+        testbed: Testbed, hang_operator: OperatorProcess, ns: str) -> None:
+    """Nothing reports for the job (its driver stuck itself): past stallTimeoutSeconds +
+    the grace the operator ends the attempt as Hang, and the next one resumes from the
+    checkpoint with the collective debug env."""
+    policy = {**FAST, "stallTimeoutSeconds": 3}
+    testbed.kubectl("apply", "-n", ns, "-f", "-",
+                    input=manifest("grpojob-tiny.yaml", "silent", policy))
+    wait_status(testbed, hang_operator, ns, "silent", "attempt 0 Running", running(0))
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in head_env(testbed, ns, "silent-a0")
+    report_progress(testbed, ns, "silent", 2, 2)  # no updatedAt or phaseAt: old reports
+    t0 = time.monotonic()
+    s = wait_status(testbed, hang_operator, ns, "silent", "attempt 1 Running", running(1), 120)
+    first = s["attempts"][0]
+    assert first["outcome"] == "Hang", first
+    assert "the driver reported no progress for" in first["reason"]
+    assert "stallTimeoutSeconds 3" in first["reason"]
+    assert s["restarts"] == 1 and s["attempts"][1]["resumedFromStep"] == 2
+    assert time.monotonic() - t0 < 90  # the timer looks every 30 s
+    env = head_env(testbed, ns, "silent-a1")
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"].endswith("/stalls/nccl-trace-rank-")
+
+
+def test_a_head_that_exits_6_is_a_hang_with_the_rank_and_frame_in_status(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-",
+                    input=manifest("grpojob-tiny.yaml", "stuck", FAST))
+    wait_status(testbed, operator, op_ns, "stuck", "attempt 0 Running", running(0))
+    frame = ("/home/ray/anaconda3/lib/python3.11/site-packages/grpo_trainer/rollout/"
+             "vllm_engine.py:412 generate")
+    stacks = f"/checkpoints/{op_ns}/stuck/stalls/0-20261121T103000Z.txt"
+    verdict = (f"no progress for 1802 s (timeout 1800 s) in phase rollout: rank 3 is stuck "
+               f"at {frame}; every rank's stacks: {stacks}")
+    kill_head(testbed, op_ns, "stuck", 6, "Error", json.dumps(
+        {"reason": "Hang", "step": 5, "lastCheckpointStep": 4, "detail": verdict}))
+    s = wait_status(testbed, operator, op_ns, "stuck", "attempt 1 Running", running(1))
+    first = s["attempts"][0]
+    assert first["outcome"] == "Hang" and "remediation" not in first
+    assert "rank 3 is stuck at" in first["reason"] and frame in first["reason"]
+    assert stacks in first["reason"]
+    assert s["restarts"] == 1 and s["attempts"][1]["resumedFromStep"] == 4
+    assert head_env(testbed, op_ns, "stuck-a1")["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "20000"
