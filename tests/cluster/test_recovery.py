@@ -288,20 +288,22 @@ def test_a_job_whose_progress_stops_is_ended_as_hang_and_restarted(
 
 def test_a_head_that_exits_6_is_a_hang_with_the_rank_and_frame_in_status(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    name = "stuck-qwen2vl-72b-geometry-grpo-run-2026-11-21"  # a long stacks path
     testbed.kubectl("apply", "-n", op_ns, "-f", "-",
-                    input=manifest("grpojob-tiny.yaml", "stuck", FAST))
-    wait_status(testbed, operator, op_ns, "stuck", "attempt 0 Running", running(0))
-    frame = ("/home/ray/anaconda3/lib/python3.11/site-packages/grpo_trainer/rollout/"
-             "vllm_engine.py:412 generate")
-    stacks = f"/checkpoints/{op_ns}/stuck/stalls/0-20261121T103000Z.txt"
-    verdict = (f"no progress for 1802 s (timeout 1800 s) in phase rollout: rank 3 is stuck "
-               f"at {frame}; every rank's stacks: {stacks}")
-    kill_head(testbed, op_ns, "stuck", 6, "Error", json.dumps(
+                    input=manifest("grpojob-tiny.yaml", name, FAST))
+    wait_status(testbed, operator, op_ns, name, "attempt 0 Running", running(0))
+    frame = ("/home/ray/anaconda3/lib/python3.11/site-packages/grpo_trainer/checkpointing/"
+             "sharded_state.py:212 save_rank_shard")
+    stacks = f"/checkpoints/{op_ns}/{name}/stalls/0-20261121T103000Z.txt"
+    verdict = (f"no progress for 1802 s (timeout 1800 s) in phase checkpoint: rank 3 is "
+               f"stuck at {frame}; every rank's stacks: {stacks}")
+    assert len(verdict) > 300  # more than other failures' one line keeps
+    kill_head(testbed, op_ns, name, 6, "Error", json.dumps(
         {"reason": "Hang", "step": 5, "lastCheckpointStep": 4, "detail": verdict}))
-    s = wait_status(testbed, operator, op_ns, "stuck", "attempt 1 Running", running(1))
+    s = wait_status(testbed, operator, op_ns, name, "attempt 1 Running", running(1))
     first = s["attempts"][0]
     assert first["outcome"] == "Hang" and "remediation" not in first
     assert "rank 3 is stuck at" in first["reason"] and frame in first["reason"]
     assert stacks in first["reason"]
     assert s["restarts"] == 1 and s["attempts"][1]["resumedFromStep"] == 4
-    assert head_env(testbed, op_ns, "stuck-a1")["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "20000"
+    assert head_env(testbed, op_ns, f"{name}-a1")["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "20000"
