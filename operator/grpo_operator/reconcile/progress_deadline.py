@@ -43,6 +43,7 @@ class Silence:
     """How long the live attempt's driver has said nothing, and its deadline."""
 
     since: dt.datetime  # its last sign of life
+    running: dt.datetime  # when this attempt became Running (older reports are not its)
     seconds: float
     deadline_s: float
     step_s: float | None  # the step time estimated from this attempt's reports
@@ -94,7 +95,7 @@ def silence(status: dict[str, Any], stall_timeout_s: int, now: str,
     since = max([running, *marks])  # an earlier attempt's reports are older than Running
     step_s = step_estimate_s(status, running)
     deadline = max(float(stall_timeout_s), STALL_STEP_MULTIPLE * (step_s or 0.0)) + grace_s
-    return Silence(since, (current - since).total_seconds(), deadline, step_s)
+    return Silence(since, running, (current - since).total_seconds(), deadline, step_s)
 
 
 def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], generation: int,
@@ -117,7 +118,8 @@ def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], genera
     progress = status.get("progress") or {}
     step = progress.get("step")
     last = f"step {step}" if step is not None else "no step yet"
-    if progress.get("phase"):
+    marked = _time(progress.get("phaseAt"))
+    if progress.get("phase") and marked is not None and marked >= quiet.running:
         last += f", phase {progress['phase']}"
     estimate = f", a step ~{quiet.step_s:.0f} s" if quiet.step_s is not None else ""
     message = (f"the driver reported no progress for {quiet.seconds:.0f} s (deadline "
