@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_api.contract import STALL_TIMEOUT_S
 from grpo_api.job import GRPOJobSpec
 from grpo_operator.crd import CRD_NAME
 from grpo_testbed.examples import broken_job
@@ -46,6 +47,7 @@ def test_example_applies_and_reads_back_with_defaults(crd: Any, ns: str, path: P
     assert stored["restartPolicy"] == {  # what the example leaves out is defaulted
         "maxRestarts": stored["restartPolicy"]["maxRestarts"],
         "backoff": {"initialSeconds": 30, "maxSeconds": 600, **given.get("backoff", {})},
+        "stallTimeoutSeconds": STALL_TIMEOUT_S,
         "remediate": True,
         "allowPrecisionChange": False,
     }
