@@ -110,21 +110,21 @@ def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, namespace: str | None,
     try:
         ns = namespace or "default"
         name = str(body["metadata"]["name"])
-        claim = names.checkpoint_claim(JobRef(name, ns, ""),
-                                       (spec.get("checkpoint") or {}).get("claimName"))
+        ref = JobRef(name, ns, "")  # names only
+        status = dict(body.get("status") or {})
+        claim = names.checkpoint_claim(ref, (spec.get("checkpoint") or {}).get("claimName"))
         model_claim = (spec.get("model") or {}).get("claimName")
         # A new job's name may be an earlier job's whose pods are still going away.
-        fresh = not (body.get("status") or {}).get("attempts")
+        fresh = not status.get("attempts")
         observed = Observed(claim=kube.get_claim(ns, claim),
                             model_claim=kube.get_claim(ns, model_claim) if model_claim else None,
                             pods=kube.list_pods(ns, f"{JOB_LABEL}={name}") if fresh else [])
         config = from_memo(memo)
-        status = dict(body.get("status") or {})
         if rec.operator_reads_hub(dict(spec), status, config.read_public_hub):
             observed = replace(observed, hub=hub_config.read(rec.hub_url(dict(spec))))
         elif rec.to_read(dict(spec), status) == "pod":
-            reader = names.model_reader(JobRef(name, ns, ""))
-            observed = replace(observed, model_reader=kube.get_pod(ns, reader))
+            observed = replace(observed,
+                               model_reader=kube.get_pod(ns, names.model_reader(ref)))
         action = rec.reconcile(_job(body), observed, rec.SpecChanged(), _now(), config)
         _apply(_job(body), action, config)
         if action.retry:

@@ -312,18 +312,22 @@ def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generati
         problem = claim_problem(spec, ref.namespace, observed.claim, observed.model_claim,
                                 planned_pods(spec, config.catalog, model_config.recorded(status)))
         if problem:
-            action = _claim_missing(status, generation, now, problem, config)
-            action.status = {**step.fields, **action.status}
-            action.events[:0], action.delete_pod = step.events, step.delete_pod
-            return action
+            return _with_read(_claim_missing(status, generation, now, problem, config), step)
     action = ensure_attempt(ref, spec, status, generation, now, config.default_image,
                             config.catalog)
     if step.fields:
-        action.status = {**step.fields, **action.status}
-        action.events[:0], action.delete_pod = step.events, step.delete_pod
+        action = _with_read(action, step)
     action.claim_change = claim_change(spec, ref, observed.claim)
     if action.claim_change is not None and action.claim_change.event is not None:
         action.events.append(action.claim_change.event)
+    return action
+
+
+def _with_read(action: Action, step: model_config.ModelStep) -> Action:
+    """`action` with what reading config.json adds: status.modelConfig, its events
+    first, and the reader pod to delete."""
+    action.status = {**step.fields, **action.status}
+    action.events[:0], action.delete_pod = step.events, step.delete_pod
     return action
 
 

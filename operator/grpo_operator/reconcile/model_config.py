@@ -125,9 +125,9 @@ def admission_input(spec_body: dict[str, Any], hub: HubAnswer | None,
         return done, True
     how = how_read(spec_body)
     known = known_family(str((spec_body.get("model") or {}).get("path") or ""))
-    if how == "hub" and hub is None:  # not read: the operator reads no public hub
-        return PlanInput(None, PUBLIC_HUB_OFF), True
-    if how == "hub" and hub is not None:
+    if how == "hub":
+        if hub is None:  # not read: the operator reads no public hub
+            return PlanInput(None, PUBLIC_HUB_OFF), True
         if hub.config is not None:
             return PlanInput(hub.config, f"hub config.json ({hub.url})"), True
         note = PlanInput(None, f"hub config.json unreadable: {hub.error}")
