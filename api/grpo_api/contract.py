@@ -38,6 +38,15 @@ def driver_done_marker(checkpoint_dir: str, job_uid: str, attempt: int) -> str:
     waits for it, so Ray on the workers outlives the save. Per job uid: a job created
     again under the same name counts attempts from 0 again."""
     return f"{checkpoint_dir}/driver-done/{job_uid or 'local'}-{attempt}"
+
+
+def driver_stop_request(checkpoint_dir: str, job_uid: str, attempt: int) -> str:
+    """The file a worker pod's preStop hook writes when that pod alone is deleted (a
+    drain, an eviction): its SIGTERM never reaches the driver, so the hook asks the
+    driver to save its last finished step and stop, as on a SIGTERM of its own."""
+    return f"{checkpoint_dir}/driver-stop/{job_uid or 'local'}-{attempt}"
+
+
 ATTEMPT_LABEL = f"{API_GROUP}/attempt"  # on per-attempt children and the Ray pods
 ROLE_LABEL = f"{API_GROUP}/role"  # on the Ray pods: a Role value
 # Kueue's queue label (spec.queueName): on each attempt's RayCluster, set at creation only.

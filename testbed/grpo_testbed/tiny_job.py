@@ -54,6 +54,19 @@ def example() -> dict[str, Any]:
     return dict(yaml.safe_load(EXAMPLE.read_text()))
 
 
+def multipod_example(steps: int, interval: int) -> dict[str, Any]:
+    """The tiny example with one worker pod: the head runs only Ray and the driver.
+    13Gi of host memory per node: the worker is planned at 11 GiB (its 6.3 GiB need, FSDP2's
+    buffers counted, plus 4), so the HostOOM ladder's last rung (pod memory up to the
+    node's allocatable, 12 GiB) has room; the head (9) and that worker fit the real node,
+    and together request the 2 CPUs the head-only example does."""
+    doc = example()
+    doc["spec"]["resources"].update({"nodes": 1, "cpusPerNode": 1, "hostMemory": "13Gi"})
+    doc["spec"]["training"]["maxSteps"] = steps
+    doc["spec"]["checkpoint"]["intervalSteps"] = interval
+    return doc
+
+
 @dataclass
 class TinyJob:
     tb: Testbed

@@ -1,33 +1,41 @@
-"""Kueue preempts a training GRPOJob for real and it resumes from its checkpoint.
+"""Kueue preempts a training GRPOJob for real, a drain evicts its worker pod, and each
+time it resumes from the step the trainer had finished.
 
 On the real node, with the real Kueue and KubeRay, the trainer image and the operator
 running as the chart's ServiceAccount (so the chart's Kueue RBAC is what it has): a
-ClusterQueue with CPU for one tiny job; the tiny job (low priority) trains and writes
-checkpoints; an urgent job (high priority) arrives, Kueue suspends the tiny job's
-RayCluster and KubeRay deletes its pod (the trainer gets SIGTERM mid-run). The operator
-records the attempt as Preempted without counting a restart; the urgent job runs to the
-end; Kueue readmits the tiny job, whose next attempt resumes from the newest complete
-checkpoint and finishes."""
+ClusterQueue with CPU for one tiny job; the tiny job (low priority, a Ray head and a
+worker pod, no interval checkpoint before its last step) trains; an urgent job (high
+priority) arrives, Kueue suspends the tiny job's RayCluster and KubeRay deletes its pods:
+the driver gets SIGTERM and commits its last finished step while the worker pod's preStop
+hook keeps Ray there up. The operator records the attempt as Preempted without counting a
+restart; the urgent job runs to the end; Kueue readmits the tiny job, whose next attempt
+resumes from that step. Then the worker pod is evicted through the Eviction API, as
+`kubectl drain` does: its preStop hook asks the driver to save and stop, and the attempt
+after resumes from the step finished then."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from grpo_api.contract import ATTEMPT_LABEL, JOB_LABEL, ROLE_LABEL, Role
 from grpo_testbed.images import OPERATOR, TRAINER_CPU
 from grpo_testbed.launcher import running_testbed
-from grpo_testbed.tiny_job import JOB, JOB_NS, TERMINAL, TinyJob, example
+from grpo_testbed.tiny_job import JOB, JOB_NS, TERMINAL, TinyJob, example, multipod_example
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 6
+STEPS = 8
+NO_INTERVAL = 100  # only a stop's save (and the last step's) checkpoints before the end
 URGENT = "urgent"
 PRIORITIES = {"grpo-low": 100, "grpo-high": 1000}
 QUEUE = "grpo"
@@ -50,14 +58,58 @@ def queues(cpus: str) -> list[dict[str, Any]]:
     ]
 
 
-def queued_job(name: str, priority: str, steps: int) -> dict[str, Any]:
-    doc = example()
+def queued_job(name: str, priority: str, doc: dict[str, Any]) -> dict[str, Any]:
     doc["metadata"] = {"name": name, "namespace": JOB_NS}
     spec = doc["spec"]
     spec["queueName"] = QUEUE
     spec["pods"] = {"common": {"priorityClassName": priority}}
-    spec["training"]["maxSteps"] = steps
     return doc
+
+
+def urgent_job() -> dict[str, Any]:
+    doc = example()  # head-only, the same 2 CPUs as the tiny job's head and worker
+    doc["spec"]["training"]["maxSteps"] = 2
+    return queued_job(URGENT, "grpo-high", doc)
+
+
+def evict_worker(tj: TinyJob, attempt: int) -> str:
+    """What `kubectl drain` does to the pod: the Eviction API (a DisruptionTarget
+    condition, then the delete with the pod's grace period and its preStop hook)."""
+    pods = json.loads(tj.tb.kubectl(
+        "get", "pods", "-n", JOB_NS, "-l",
+        f"{JOB_LABEL}={JOB},{ATTEMPT_LABEL}={attempt},{ROLE_LABEL}={Role.WORKER.value}",
+        "-o", "json").stdout)["items"]
+    (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    name = pod["metadata"]["name"]
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": name, "namespace": JOB_NS}}
+    tj.tb.kubectl("create", "--raw", f"/api/v1/namespaces/{JOB_NS}/pods/{name}/eviction",
+                  "-f", "-", input=json.dumps(eviction))
+    return name
+
+
+def committed_on_stop(log: str) -> int:
+    """The step the driver saved when told to stop (its SIGTERM, or a drained pod's hook)."""
+    found = re.findall(r": committed a checkpoint of step (\d+), [0-9.]+ s after the signal", log)
+    assert found, log[-3000:]
+    return int(found[-1])
+
+
+def resumed_past(attempt: int) -> Any:
+    """The tiny job's attempt ``attempt`` has finished a step after the one it resumed from."""
+    def check(job: dict[str, Any]) -> bool:
+        st = job.get("status") or {}
+        record = next((a for a in st.get("attempts") or [] if a.get("index") == attempt), {})
+        if st.get("attempt") != attempt or record.get("resumedFromStep") is None:
+            return False
+        return int((st.get("progress") or {}).get("step") or 0) > record["resumedFromStep"]
+    return check
+
+
+@dataclass(frozen=True)
+class Drained:
+    tj: TinyJob
+    evicted: str  # attempt 1's worker pod
 
 
 def status(tj: TinyJob, name: str) -> dict[str, Any]:
@@ -73,7 +125,7 @@ def kueue_flavors() -> str:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
+def drained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drained]:
     work = tmp_path_factory.mktemp("kueue")
     with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag)) as tb:
         tj = TinyJob(tb, work)
@@ -84,39 +136,62 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
             tb.kubectl("apply", "-f", "-", input=kueue_flavors())
             cpus = example()["spec"]["resources"]["cpusPerNode"]
             tb.apply(queues(str(cpus)))
-            tb.apply(queued_job(JOB, "grpo-low", STEPS))
-            tj.watch(lambda j: (j.get("status", {}).get("progress") or {}).get(
-                "lastCheckpointStep", 0) >= 2, 600, "the tiny job's first checkpoint")
-            tb.apply(queued_job(URGENT, "grpo-high", 2))
+            tb.apply(queued_job(JOB, "grpo-low", multipod_example(STEPS, NO_INTERVAL)))
+            tj.watch(lambda j: int(((j.get("status") or {}).get("progress") or {}).get(
+                "step") or 0) >= 2, 600, "the tiny job's second step")
+            tb.apply(urgent_job())
             # Watching the tiny job (every state it shows is kept) until the urgent one ends.
             tj.watch(lambda _: status(tj, URGENT).get("phase") in TERMINAL, 600,
                      "the urgent job to finish")
+            tj.watch(resumed_past(1), 600, "the readmitted tiny job's first new step")
+            evicted = evict_worker(tj, 1)
             tj.watch(lambda j: j.get("status", {}).get("phase") in TERMINAL, 900,
-                     "the preempted tiny job to finish")
-            yield tj
+                     "the preempted and drained tiny job to finish")
+            yield Drained(tj, evicted)
         finally:
             tb.kubectl("delete", "grpojob", URGENT, "-n", JOB_NS, "--ignore-not-found",
                        "--wait=true", "--timeout=60s", check=False)
             tj.teardown()
 
 
-def test_the_preempted_job_costs_no_restart_and_resumes_from_its_checkpoint(
-        run: TinyJob) -> None:
+def test_the_preempted_job_costs_no_restart_and_resumes_from_its_last_finished_step(
+        drained: Drained) -> None:
+    run = drained.tj
     st = run.job()["status"]
     assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
     assert status(run, URGENT)["phase"] == "Succeeded"
-    first, second = st["attempts"]
+    first, second, _ = st["attempts"]
     assert first["outcome"] == "Preempted", first
     assert "Preempted" in first["reason"], first  # Kueue's own eviction words
-    assert st["restarts"] == 0 and st["preemptions"] == 1
-    resumed = second["resumedFromStep"]
-    assert resumed is not None and resumed >= 2 and resumed == first["lastCheckpointStep"]
-    assert f"resumed from checkpoint step {resumed}" in run.head_log(1)
-    assert second["outcome"] == "Succeeded"
+    assert st["preemptions"] == 1
+    # No interval checkpoint before step 8: the step it resumed from is the one the
+    # driver saved on SIGTERM, the last it had finished.
+    saved = committed_on_stop(run.head_log(0))
+    assert saved >= 2 and first["lastCheckpointStep"] == saved, (saved, first)
+    assert second["resumedFromStep"] == saved, second
+    assert f"resumed from checkpoint step {saved}" in run.head_log(1)
+
+
+def test_a_drained_worker_pod_costs_no_finished_step(drained: Drained) -> None:
+    run = drained.tj
+    st = run.job()["status"]
+    _, second, third = st["attempts"]
+    log = run.head_log(1)
+    assert "is being deleted (its preStop hook asked): saving the last finished step" in log
+    assert drained.evicted in log  # the hook names its pod
+    saved = committed_on_stop(log)
+    assert saved > second["resumedFromStep"], (saved, second)
+    # The worker pod's eviction or the driver's exit 143 ends the attempt; either way it
+    # is a counted restart and the next attempt starts from the saved step.
+    assert second["outcome"] in ("Evicted", "Terminated"), second
+    assert st["restarts"] == 1
+    assert third["resumedFromStep"] == saved and third["outcome"] == "Succeeded", third
+    assert f"resumed from checkpoint step {saved}" in run.head_log(2)
 
 
 def test_the_job_showed_queued_with_kueues_reason_while_the_urgent_one_ran(
-        run: TinyJob) -> None:
+        drained: Drained) -> None:
+    run = drained.tj
     # Polled states: attempt 1 waits as long as the urgent job runs. (Between the
     # preemption and attempt 1 the job shows Queued/Preempted only until the old pod is
     # gone, often shorter than a poll: the events keep that.)

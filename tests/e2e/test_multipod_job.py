@@ -23,7 +23,7 @@ from grpo_testbed.faults import EnvInjection
 from grpo_testbed.images import OPERATOR, TRAINER_CPU
 from grpo_testbed.launcher import running_testbed
 from grpo_testbed.node.runtime import NODE_NAME
-from grpo_testbed.tiny_job import JOB, JOB_NS, TERMINAL, TinyJob, example
+from grpo_testbed.tiny_job import JOB, JOB_NS, TERMINAL, TinyJob, multipod_example
 
 pytestmark = pytest.mark.e2e
 
@@ -31,18 +31,6 @@ LEAK_STEP = 2
 LEAK_MIB = 1024  # per rank per step (the most the switch allows): 2 GiB a step
 STEPS = 6
 INTERVAL = 2
-
-
-def multipod_manifest() -> dict[str, Any]:
-    """The tiny example with one worker pod: the head runs only Ray and the driver.
-    13Gi of host memory per node: the worker is planned at 11 GiB (its 6.3 GiB need, FSDP2's
-    buffers counted, plus 4), so the HostOOM ladder's last rung (pod memory up to the
-    node's allocatable, 12 GiB) has room; the head (9) and that worker fit the real node."""
-    doc = example()
-    doc["spec"]["resources"].update({"nodes": 1, "cpusPerNode": 1, "hostMemory": "13Gi"})
-    doc["spec"]["training"]["maxSteps"] = STEPS
-    doc["spec"]["checkpoint"]["intervalSteps"] = INTERVAL
-    return doc
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +48,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TinyJob, lis
             tj.start_operator()
             tj.build_assets()
             manifest = work / "grpojob-multipod.yaml"
-            manifest.write_text(yaml.safe_dump(multipod_manifest()))
+            manifest.write_text(yaml.safe_dump(multipod_example(STEPS, INTERVAL)))
             tb.kubectl("apply", "-n", JOB_NS, "-f", str(manifest))
             seen: list[Any] = []
 

@@ -1,9 +1,11 @@
-"""The worker pods' preStop hook waits for the driver's done marker, which the driver
-writes at its end; the operator renders the hook with the grace period's bound."""
+"""The worker pods' preStop hook asks the driver to stop (a drained pod's SIGTERM never
+reaches it) and waits for the driver's done marker, which the driver writes at its end;
+the operator renders the hook with the grace period's bound."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,9 @@ from grpo_operator.planner.save_time import GRACE_EXTRA_S
 from grpo_operator.reconcile.attempts import ensure_attempt
 from grpo_operator.render import JobRef
 from grpo_trainer.config import build_config
-from grpo_trainer.prestop import marker_path, wait_for_driver
+from grpo_trainer.prestop import attempt_paths, main, wait_for_driver
 from grpo_trainer.run import run_training
+from grpo_trainer.sigterm import TermSignal
 
 pytestmark = pytest.mark.unit
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -71,12 +74,39 @@ def test_the_driver_writes_the_marker_the_hook_of_its_attempt_waits_for(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     monkeypatch.setenv("GRPO_TERMINATION_LOG", str(tmp_path / "termination-log"))
-    marker = marker_path(env)
-    assert marker is not None and not marker.exists()
+    paths = attempt_paths(env)
+    assert paths is not None and not paths[0].exists()
     code = run_training(str(path))
     assert code not in (ExitCode.FINISHED, ExitCode.CONFIG_ERROR)
-    assert marker.exists()
-    assert marker_path({}) is None  # outside a GRPOJob's pod: the hook returns at once
+    assert paths[0].exists()
+    assert attempt_paths({}) is None  # outside a GRPOJob's pod: the hook returns at once
+
+
+def test_a_drained_worker_pods_hook_asks_the_driver_to_stop_and_the_driver_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {Env.CHECKPOINT_DIR.value: str(tmp_path), Env.JOB_UID.value: "u1",
+           Env.ATTEMPT.value: "2", "HOSTNAME": "j-a2-cpu-worker-x7k2p"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    paths = attempt_paths(env)
+    assert paths is not None
+    done, stop = paths
+    term = TermSignal()
+    term.watch(stop)
+    try:
+        assert main(["--timeout", "0"]) == 0  # the driver is not done: it gives up at once
+        assert stop.read_text() == "j-a2-cpu-worker-x7k2p"
+        deadline = time.monotonic() + 10
+        while not term.requested and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert term.requested  # the driver saves and stops as on its own SIGTERM
+    finally:
+        term.restore()
+    done.parent.mkdir(parents=True)
+    done.touch()
+    stop.unlink()
+    assert main(["--timeout", "0"]) == 0
+    assert not stop.exists()  # a driver already done is asked nothing
 
 
 def test_worker_pods_wait_for_the_driver_within_their_grace_period() -> None:

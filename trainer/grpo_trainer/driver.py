@@ -34,7 +34,7 @@ from .metrics import MetricsLogger
 from .placement import Gang, layout_for
 from .progress import NullProgressReporter, Progress, ProgressReporter
 from .rewards import RewardRunner, resolve_reward_fn
-from .sigterm import StepAbandoned, Terminated, TermSignal
+from .sigterm import AttemptFiles, StepAbandoned, Terminated, TermSignal
 from .stall import Heartbeat
 from .stall_monitor import RankTarget, StallMonitor
 from .validation import Validator
@@ -354,6 +354,9 @@ class GRPOTrainer:
             self.start()
         assert self.group is not None
         self.term.install()
+        files = AttemptFiles.of(self.cfg)
+        if files is not None:
+            self.term.watch(files.stop)
         monitor = self._monitor()
         try:
             return self._run(monitor)

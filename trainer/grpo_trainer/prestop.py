@@ -1,12 +1,15 @@
 """A worker pod's preStop hook: keep Ray on this node up until the driver is done.
 
-When a RayCluster's pods are deleted (a preemption, a drain, suspend), the kubelet runs
-this hook before it sends SIGTERM to the worker container's `ray start --block`, whose
-exit takes the node's raylet and ranks with it. The driver meanwhile commits a checkpoint
-of its last finished step with those ranks and then writes its done marker
-(``grpo_api.contract.driver_done_marker``); this hook returns once the marker is there,
-or after ``--timeout`` seconds (the operator passes the pods' grace period less Ray's
-shutdown time), whichever comes first. Outside a GRPOJob's pod it returns at once.
+When a worker pod is deleted (a preemption or suspend deletes every pod, a drain or an
+eviction this one), the kubelet runs this hook before it sends SIGTERM to the worker
+container's `ray start --block`, whose exit takes the node's raylet and ranks with it.
+The hook first writes the attempt's stop request (``driver_stop_request``, with this
+pod's name): a drain sends the driver no SIGTERM of its own, and the request makes it
+stop as if it had. The driver commits a checkpoint of its last finished step with those
+ranks and then writes its done marker (``driver_done_marker``); this hook returns once
+the marker is there, or after ``--timeout`` seconds (the operator passes the pods' grace
+period less Ray's shutdown time), whichever comes first. Outside a GRPOJob's pod it
+returns at once.
 
     python -m grpo_trainer.prestop --timeout 300
 """
@@ -20,17 +23,29 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from grpo_api.contract import Env, driver_done_marker
+from grpo_api.contract import Env, driver_done_marker, driver_stop_request
 
 POLL_S = 1.0
 
 
-def marker_path(env: dict[str, str]) -> Path | None:
-    """This attempt's marker from the operator's env; None outside a GRPOJob's pod."""
+def attempt_paths(env: dict[str, str]) -> tuple[Path, Path] | None:
+    """This attempt's (done marker, stop request) from the operator's env; None outside
+    a GRPOJob's pod."""
     ckpt, attempt = env.get(Env.CHECKPOINT_DIR.value), env.get(Env.ATTEMPT.value)
     if not ckpt or attempt is None or not attempt.isdigit():
         return None
-    return Path(driver_done_marker(ckpt, env.get(Env.JOB_UID.value, ""), int(attempt)))
+    uid = env.get(Env.JOB_UID.value, "")
+    return (Path(driver_done_marker(ckpt, uid, int(attempt))),
+            Path(driver_stop_request(ckpt, uid, int(attempt))))
+
+
+def request_stop(stop: Path, pod: str) -> None:
+    """Ask the driver to save and stop; a failure only costs the save (said in the log)."""
+    try:
+        stop.parent.mkdir(parents=True, exist_ok=True)
+        stop.write_text(pod)
+    except OSError as err:
+        print(f"preStop: could not write the stop request {stop}: {err}", file=sys.stderr)
 
 
 def wait_for_driver(marker: Path, timeout_s: float,
@@ -51,10 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, required=True,
                         help="seconds to wait at most for the driver's done marker")
     args = parser.parse_args(argv)
-    marker = marker_path(dict(os.environ))
-    if marker is None:
+    paths = attempt_paths(dict(os.environ))
+    if paths is None:
         return 0
+    marker, stop = paths
     t0 = time.monotonic()
+    if not marker.exists():  # the driver still runs: it may not know the pod goes
+        request_stop(stop, os.environ.get("HOSTNAME", "a worker pod"))
     done = wait_for_driver(marker, args.timeout)
     # The kubelet keeps a failed hook's output in the pod's events: say what happened.
     print(f"preStop: {'driver done' if done else 'no driver marker'} after "

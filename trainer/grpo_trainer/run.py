@@ -5,33 +5,15 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from grpo_api.contract import TERMINATION_LOG, ExitCode, FailureReason, driver_done_marker
-from grpo_api.trainer_config import Config
+from grpo_api.contract import TERMINATION_LOG, ExitCode, FailureReason
 
 from .checkpointing.model_guard import check_same_model
 from .config import ConfigError, check_runtime, load_config
 from .errors import classify, step_of, termination_log_path, termination_message, write_termination
+from .sigterm import AttemptFiles
 
 log = logging.getLogger("grpo_trainer")
-
-
-def _done_marker(cfg: Config) -> Path | None:
-    if cfg.checkpoint.dir is None:
-        return None
-    tr = cfg.trainer
-    return Path(driver_done_marker(str(cfg.checkpoint.dir), tr.job_uid or "", tr.attempt))
-
-
-def _write_done(path: Path) -> None:
-    """The ranks are needed no more (the save on SIGTERM, if any, is committed): the
-    worker pods' preStop hooks (prestop.py) let Ray stop."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
-    except OSError as err:  # the hooks then wait out their timeout
-        log.warning("could not write the driver's done marker %s: %s", path, err)
 
 
 def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: bool = True) -> int:
@@ -61,9 +43,9 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
     from .kube_progress import reporter_for
 
     reporter = reporter_for(cfg)
-    done = _done_marker(cfg)
-    if done is not None:
-        done.unlink(missing_ok=True)  # an earlier run's, from a crash before its end
+    files = AttemptFiles.of(cfg)  # the worker pods' preStop hooks wait on these
+    if files is not None:
+        files.clear()
     trainer: GRPOTrainer | None = None
     started_ray = False
     try:
@@ -93,8 +75,8 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
     finally:
         if trainer is not None:
             trainer.close()
-        if done is not None:
-            _write_done(done)
+        if files is not None:  # the ranks are needed no more: the hooks let Ray stop
+            files.write_done()
         if started_ray:
             import ray
 

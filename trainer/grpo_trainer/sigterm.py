@@ -7,6 +7,10 @@ if its update has finished and drops it otherwise (the loader is rewound), commi
 checkpoint of that step unless one exists, and ends with exit 143 (``Terminated``). The
 ranks' handler defers their exit meanwhile: the driver ending (or killing them) ends them,
 and ``RANK_DEFER_LIMIT_S`` bounds the wait should it never come.
+
+A drain deletes one pod. A worker pod's SIGTERM goes to its own `ray start` only, after
+its preStop hook (prestop.py), which writes the attempt's stop request on the checkpoint
+claim; the driver polls for that file and stops exactly as on its own SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,8 +20,13 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from grpo_api.contract import driver_done_marker, driver_stop_request
+from grpo_api.trainer_config import Config
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +34,35 @@ log = logging.getLogger(__name__)
 # does: the kubelet's SIGKILL at the end of the grace period comes first on a cluster
 # (a save of the largest planned checkpoint takes minutes, never ten).
 RANK_DEFER_LIMIT_S = 600.0
+STOP_REQUEST_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class AttemptFiles:
+    """The driver's two files on the checkpoint claim, shared with the preStop hooks."""
+
+    done: Path  # written by the driver at its end: the hooks let Ray stop
+    stop: Path  # written by a hook whose pod alone is deleted: the driver stops
+
+    @classmethod
+    def of(cls, cfg: Config) -> AttemptFiles | None:
+        if cfg.checkpoint.dir is None:
+            return None
+        ckpt, uid, attempt = str(cfg.checkpoint.dir), cfg.trainer.job_uid or "", cfg.trainer.attempt
+        return cls(Path(driver_done_marker(ckpt, uid, attempt)),
+                   Path(driver_stop_request(ckpt, uid, attempt)))
+
+    def clear(self) -> None:
+        """At the driver's start: an earlier local run's (same uid and attempt) are stale."""
+        self.done.unlink(missing_ok=True)
+        self.stop.unlink(missing_ok=True)
+
+    def write_done(self) -> None:
+        try:
+            self.done.parent.mkdir(parents=True, exist_ok=True)
+            self.done.touch()
+        except OSError as err:  # the hooks then wait out their timeout
+            log.warning("could not write the driver's done marker %s: %s", self.done, err)
 
 
 class Terminated(Exception):
@@ -47,6 +85,7 @@ class TermSignal:
     def __init__(self) -> None:
         self.at: float | None = None
         self._previous: Any = None
+        self._watching = threading.Event()
 
     @property
     def requested(self) -> bool:
@@ -58,15 +97,36 @@ class TermSignal:
             return
         self._previous = signal.signal(signal.SIGTERM, self._handle)
 
+    def watch(self, stop_request: Path) -> None:
+        """Also stop when ``stop_request`` appears (a worker pod's preStop hook)."""
+        self._watching.set()
+
+        def poll() -> None:
+            while self._watching.is_set() and self.at is None:
+                if stop_request.exists():
+                    try:
+                        who = stop_request.read_text().strip() or "a worker pod"
+                    except OSError:
+                        who = "a worker pod"
+                    self._request(f"{who} is being deleted (its preStop hook asked)")
+                    return
+                time.sleep(STOP_REQUEST_POLL_S)
+
+        threading.Thread(target=poll, name="stop-request", daemon=True).start()
+
     def restore(self) -> None:
+        self._watching.clear()
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
+    def _request(self, why: str) -> None:
         if self.at is None:
             self.at = time.monotonic()
-            log.warning("SIGTERM: saving the last finished step, then stopping")
+            log.warning("%s: saving the last finished step, then stopping", why)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._request("SIGTERM")
 
 
 def defer_in_rank(rank: int, limit_s: float = RANK_DEFER_LIMIT_S) -> bool:
