@@ -11,6 +11,7 @@ operator has a real OOMKilled pod to classify, remediate and resume from.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -243,6 +244,9 @@ class TinyJob:
     def teardown(self) -> None:
         self.tb.kubectl("delete", "grpojob", JOB, "-n", JOB_NS, "--ignore-not-found",
                         "--wait=true", "--timeout=60s", check=False)
+        node = self.tb.node
+        if node is not None and node.logs is not None:  # the testbed's dir goes with it
+            shutil.copytree(node.logs.archive, self.workdir / "pod-logs", dirs_exist_ok=True)
         if self.operator is not None:
             self.operator.stop()
         subprocess.run([str(binary("helm")), "uninstall", RELEASE, "-n", OPERATOR_NS,

@@ -9,9 +9,11 @@ priority) arrives, Kueue suspends the tiny job's RayCluster and KubeRay deletes 
 the driver gets SIGTERM and commits its last finished step while the worker pod's preStop
 hook keeps Ray there up. The operator records the attempt as Preempted without counting a
 restart; the urgent job runs to the end; Kueue readmits the tiny job, whose next attempt
-resumes from that step. Then the worker pod is evicted through the Eviction API, as
-`kubectl drain` does: its preStop hook asks the driver to save and stop, and the attempt
-after resumes from the step finished then."""
+resumes from that step. Then its worker pod is evicted through the Eviction API, as
+`kubectl drain` does: the operator ends the attempt at once, and the driver saves on the
+SIGTERM that follows. The next attempt's worker pod is deleted plainly (`kubectl delete
+pod`): the operator waits for the pod to end, so only the pod's preStop hook tells the
+driver, which saves and stops. Each attempt resumes from the step saved before it."""
 
 from __future__ import annotations
 
@@ -72,19 +74,29 @@ def urgent_job() -> dict[str, Any]:
     return queued_job(URGENT, "grpo-high", doc)
 
 
-def evict_worker(tj: TinyJob, attempt: int) -> str:
-    """What `kubectl drain` does to the pod: the Eviction API (a DisruptionTarget
-    condition, then the delete with the pod's grace period and its preStop hook)."""
+def worker_pod(tj: TinyJob, attempt: int) -> str:
     pods = json.loads(tj.tb.kubectl(
         "get", "pods", "-n", JOB_NS, "-l",
         f"{JOB_LABEL}={JOB},{ATTEMPT_LABEL}={attempt},{ROLE_LABEL}={Role.WORKER.value}",
         "-o", "json").stdout)["items"]
     (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    name = pod["metadata"]["name"]
+    return str(pod["metadata"]["name"])
+
+
+def evict_worker(tj: TinyJob, attempt: int) -> str:
+    """What `kubectl drain` does to the pod: the Eviction API (a DisruptionTarget
+    condition, then the delete with the pod's grace period and its preStop hook)."""
+    name = worker_pod(tj, attempt)
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": name, "namespace": JOB_NS}}
     tj.tb.kubectl("create", "--raw", f"/api/v1/namespaces/{JOB_NS}/pods/{name}/eviction",
                   "-f", "-", input=json.dumps(eviction))
+    return name
+
+
+def delete_worker(tj: TinyJob, attempt: int) -> str:
+    name = worker_pod(tj, attempt)
+    tj.tb.kubectl("delete", "pod", name, "-n", JOB_NS, "--wait=false")
     return name
 
 
@@ -110,6 +122,7 @@ def resumed_past(attempt: int) -> Any:
 class Drained:
     tj: TinyJob
     evicted: str  # attempt 1's worker pod
+    deleted: str  # attempt 2's
 
 
 def status(tj: TinyJob, name: str) -> dict[str, Any]:
@@ -145,9 +158,11 @@ def drained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drained]:
                      "the urgent job to finish")
             tj.watch(resumed_past(1), 600, "the readmitted tiny job's first new step")
             evicted = evict_worker(tj, 1)
+            tj.watch(resumed_past(2), 600, "the drained tiny job's first new step")
+            deleted = delete_worker(tj, 2)
             tj.watch(lambda j: j.get("status", {}).get("phase") in TERMINAL, 900,
-                     "the preempted and drained tiny job to finish")
-            yield Drained(tj, evicted)
+                     "the preempted, drained and deleted tiny job to finish")
+            yield Drained(tj, evicted, deleted)
         finally:
             tb.kubectl("delete", "grpojob", URGENT, "-n", JOB_NS, "--ignore-not-found",
                        "--wait=true", "--timeout=60s", check=False)
@@ -160,7 +175,7 @@ def test_the_preempted_job_costs_no_restart_and_resumes_from_its_last_finished_s
     st = run.job()["status"]
     assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
     assert status(run, URGENT)["phase"] == "Succeeded"
-    first, second, _ = st["attempts"]
+    first, second, *_ = st["attempts"]
     assert first["outcome"] == "Preempted", first
     assert "Preempted" in first["reason"], first  # Kueue's own eviction words
     assert st["preemptions"] == 1
@@ -172,22 +187,28 @@ def test_the_preempted_job_costs_no_restart_and_resumes_from_its_last_finished_s
     assert f"resumed from checkpoint step {saved}" in run.head_log(1)
 
 
-def test_a_drained_worker_pod_costs_no_finished_step(drained: Drained) -> None:
+def test_a_drained_or_deleted_worker_pod_costs_no_finished_step(drained: Drained) -> None:
     run = drained.tj
     st = run.job()["status"]
-    _, second, third = st["attempts"]
-    log = run.head_log(1)
-    assert "is being deleted (its preStop hook asked): saving the last finished step" in log, \
-        (json.dumps(st["attempts"], indent=1), log[-4000:])
-    assert drained.evicted in log  # the hook names its pod
+    assert st["phase"] == "Succeeded", json.dumps(st, indent=1)
+    _, evicted, deleted, last = st["attempts"]
+    # The eviction: the operator sees the pod's DisruptionTarget and ends the attempt at
+    # once (deleting its RayCluster), and the driver saves on that SIGTERM.
+    assert evicted["outcome"] == "Evicted" and drained.evicted in evicted["reason"], evicted
+    saved = committed_on_stop(run.head_log(1))
+    assert saved > evicted["resumedFromStep"], (saved, evicted)
+    assert deleted["resumedFromStep"] == saved, deleted
+    # The plain delete: nothing tells the driver but the pod's preStop hook.
+    log = run.head_log(2)
+    assert (f"{drained.deleted} is being deleted (its preStop hook asked): saving the last "
+            "finished step") in log, log[-3000:]
     saved = committed_on_stop(log)
-    assert saved > second["resumedFromStep"], (saved, second)
-    # The worker pod's eviction or the driver's exit 143 ends the attempt; either way it
-    # is a counted restart and the next attempt starts from the saved step.
-    assert second["outcome"] in ("Evicted", "Terminated"), second
-    assert st["restarts"] == 1
-    assert third["resumedFromStep"] == saved and third["outcome"] == "Succeeded", third
-    assert f"resumed from checkpoint step {saved}" in run.head_log(2)
+    assert saved > deleted["resumedFromStep"], (saved, deleted)
+    # The driver's exit 143 or the worker's end (after its hook) ends that attempt.
+    assert deleted["outcome"] in ("Terminated", "NodeLost"), deleted
+    assert last["resumedFromStep"] == saved and last["outcome"] == "Succeeded", last
+    assert f"resumed from checkpoint step {saved}" in run.head_log(3)
+    assert st["restarts"] == 2 and st["preemptions"] == 1  # a drain is a counted restart
 
 
 def test_the_job_showed_queued_with_kueues_reason_while_the_urgent_one_ran(
