@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
-from grpo_api.contract import Phase
+from grpo_api.contract import Phase, Role
 
-from .tiny_job import EXAMPLE, JOB, JOB_NS, OOM_STEP, TERMINAL, tiny_job_testbed
+from .tiny_job import (
+    EXAMPLE,
+    JOB,
+    JOB_NS,
+    OOM_STEP,
+    TERMINAL,
+    TinyJob,
+    head_oom,
+    multipod_example,
+    tiny_job_testbed,
+)
 
 console = Console(highlight=False)
 
@@ -33,6 +45,35 @@ def _resume_line(log: str) -> str:
     return "(no resume line in the trainer log)"
 
 
+def _log_line(log: str) -> str:
+    """The line of a worker's log that says what it is: Ray joining the head."""
+    lines = [x.strip() for x in log.splitlines() if x.strip()]
+    chosen = next((x for x in lines if "Ray runtime started" in x), None)
+    return chosen or (lines[-1] if lines else "(no output yet)")
+
+
+def _training(job: dict[str, Any]) -> bool:
+    st = job.get("status") or {}
+    return int((st.get("progress") or {}).get("step") or 0) >= 1 or \
+        (st.get("attempt") or 0) >= 1 or st.get("phase") in TERMINAL
+
+
+def _show_pods(tj: TinyJob) -> None:
+    console.print("    $ kubectl get pods -n grpo-demo / -n grpo-system -o wide (with images)")
+    for line in tj.kubectl_pods_wide().splitlines():
+        console.print("    " + escape(line))
+    workers = [p["metadata"]["name"] for p in tj.pods(attempt=0, role=Role.WORKER)]
+    for name in workers[:1]:
+        line = _log_line(tj.kubectl_logs(name))
+        console.print(f"    $ kubectl logs -n {JOB_NS} {name}\n      {escape(line)}")
+
+
+def _show_kill(tj: TinyJob) -> None:
+    for e in tj.terminations(0):
+        console.print(f"    kubectl get pods showed {e.pod} ({e.role.value}): {e.reason}, "
+                      f"exit {e.exit_code}")
+
+
 def run_demo(out: Path, oom_step: int | None = None) -> int:
     t0 = time.monotonic()
     step_no = iter(range(1, 10))
@@ -42,26 +83,29 @@ def run_demo(out: Path, oom_step: int | None = None) -> int:
 
     oom_at = oom_step or OOM_STEP
     with tempfile.TemporaryDirectory(prefix="grpo-demo-") as tmp:
-        stage("testbed: API server, etcd, scheduler, controller-manager, KubeRay, kwok GPU "
-              "nodes and the local node whose pods really run")
-        with tiny_job_testbed(Path(tmp), oom_at) as tj:
+        stage("testbed: API server, etcd, scheduler, controller-manager, KubeRay, Kueue, "
+              "kwok GPU nodes, and a real node (kubelet + containerd) with the product's "
+              "images")
+        with tiny_job_testbed(Path(tmp), (head_oom(oom_at),)) as tj:
             tj.say = console.print
-            console.print(f"    local node agent: pods run under {tj.agent.workdir}")
-            stage("helm install the chart; start the operator as the chart's ServiceAccount")
+            stage("helm install the chart: the operator runs in the cluster from its image")
             tj.install_chart()
-            tj.start_operator()
-            console.print(f"    operator log: {tj.operator.log if tj.operator else '-'}")
             stage(f"build the tiny Qwen2.5-VL + dataset on claim tiny-assets; kubectl apply "
-                  f"-f {EXAMPLE.relative_to(EXAMPLE.parents[1])}")
+                  f"-f {EXAMPLE.relative_to(EXAMPLE.parents[1])} with one worker pod")
             tj.build_assets()
-            tj.apply_job()
-            console.print(f"    attempt 0's head is OOM-killed at step {oom_at} "
-                          "(testbed fault switch GRPO_FAULT_INJECT=host_oom; the kernel kills "
-                          "it at the pod's memory limit)")
+            manifest = tj.apply_job(multipod_example())
+            console.print(f"    applied {manifest} (resources: nodes 1, cpusPerNode 1, "
+                          "hostMemory 13Gi: a CPU head pod and a worker pod)")
+            console.print(f"    attempt 0's head is OOM-killed by the kernel at step {oom_at} "
+                          "(testbed fault switch GRPO_FAULT_INJECT=host_oom: the driver "
+                          "allocates until its pod's memory limit)")
             stage("kubectl get grpojobs -w: training until the OOM kill and the restart")
+            tj.watch(_training, 600, "attempt 0 to train")
+            _show_pods(tj)
             job = tj.watch(lambda j: (j.get("status", {}).get("attempt") or 0) >= 1
                            or j.get("status", {}).get("phase") in TERMINAL, 600,
                            "the operator to start attempt 1")
+            _show_kill(tj)
             for rec in job["status"].get("attempts", [])[:-1]:
                 console.print("    " + _attempt_line(rec))
             stage("attempt 1 resumes from the last checkpoint and finishes")
@@ -79,15 +123,19 @@ def run_demo(out: Path, oom_step: int | None = None) -> int:
             for rec in job["status"].get("attempts", []):
                 console.print("      " + _attempt_line(rec))
             if phase != Phase.SUCCEEDED:
-                for attempt in sorted(tj.head_runs()):
+                for attempt in sorted({0, *range(len(job["status"].get("attempts", [])))}):
                     tail = tj.head_log(attempt).splitlines()[-25:]
                     console.print(f"--- trainer log, attempt {attempt}:\n" + "\n".join(tail))
                 return 1
-            stage("export the trained model (Hugging Face safetensors + processor)")
-            console.print("    " + tj.export(out))
+            stage("the model the trainer exported (status.export: Hugging Face safetensors "
+                  "+ processor)")
+            export = job["status"]["export"]
+            console.print(f"    status.export: claim {export['claimName']}, path "
+                          f"{export['path']}, step {export['step']}")
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.copytree(tj.exported_dir(), out)
             console.print(f"[bold green]    model: {out}[/]  (load it with transformers "
                           "AutoModelForImageTextToText.from_pretrained)")
-            console.print("    tearing down: job, operator, chart, testbed")
+            console.print("    tearing down: job, chart, testbed")
     console.print(f"[bold]demo finished in {time.monotonic() - t0:.0f} s[/]")
     return 0
-

@@ -28,7 +28,6 @@ import yaml
 from . import build, leftovers
 from .faults import EnvInjection, FaultSwitch
 from .kueue import start_kueue
-from .local_node.agent import LocalNodeAgent
 from .node.network import NodeNetwork, allocate
 from .node.runtime import RealNode
 from .nodes import FAKE_NODES, FakeNode, node_manifest
@@ -81,10 +80,8 @@ class Testbed:
     api_port: int = 0
     pki: Pki | None = None
     fake_nodes: tuple[FakeNode, ...] = FAKE_NODES
-    # A node whose pods really run, as local processes (see local_node/agent.py).
-    local_node: bool = False
+    # The fault switch (faults.py): env its webhook adds to pods whose labels match.
     injections: tuple[EnvInjection, ...] = ()
-    agent: LocalNodeAgent | None = None
     # A real kubelet on containerd in a network namespace of its own (node/), running
     # pods from these images (podman tags, imported into its containerd).
     real_node: bool = False
@@ -188,11 +185,6 @@ class Testbed:
                 self._start_kuberay()
                 if self.with_kueue:
                     start_kueue(self)
-            if self.local_node:
-                assert self.pki is not None
-                self.agent = LocalNodeAgent(self.kubeconfig, self.workdir / "local-node",
-                                            self.api_port, self.pki.ca_cert,
-                                            injections=self.injections).start()
             if self.real_node and self.injections:
                 self._start_fault_switch()
             if self.real_node:
@@ -208,9 +200,6 @@ class Testbed:
         return self
 
     def stop(self) -> None:
-        if self.agent is not None:  # its pods' processes first, while the API is up
-            self.agent.stop()
-            self.agent = None
         if self.node is not None:  # containers before the API server goes
             self.node.stop()
             self.node = None
@@ -415,23 +404,24 @@ class Testbed:
 @contextmanager
 def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
                     with_kueue: bool = True,
-                    local_node: bool = False,
                     injections: tuple[EnvInjection, ...] = (),
                     real_node: bool = False,
                     node_images: tuple[str, ...] = ()) -> Iterator[Testbed]:
     """A started testbed that is stopped (and its temp dir removed) on exit.
 
-    With ``local_node`` the untainted fake CPU node is left out, so CPU-only pods land
-    on the local node and really run.
+    With ``real_node`` the untainted fake CPU node is left out, so CPU-only pods land
+    on the real node and really run; ``injections`` need it (the fault switch's webhook
+    listens where the real node's network meets the host).
     """
+    if injections and not real_node:
+        raise ValueError("the fault switch's injections need real_node=True")
     owns = workdir is None
     wd = Path(tempfile.mkdtemp(prefix=leftovers.PREFIX)) if workdir is None else workdir
     wd.mkdir(parents=True, exist_ok=True)
-    runs_pods = local_node or real_node
-    nodes = tuple(n for n in FAKE_NODES if n.gpu_type) if runs_pods else FAKE_NODES
+    nodes = tuple(n for n in FAKE_NODES if n.gpu_type) if real_node else FAKE_NODES
     tb = Testbed(workdir=wd, with_kuberay=with_kuberay, with_kueue=with_kueue,
                  fake_nodes=nodes,
-                 local_node=local_node, injections=injections, real_node=real_node,
+                 injections=injections, real_node=real_node,
                  node_images=node_images, _owns_workdir=owns)
     with tb:
         yield tb

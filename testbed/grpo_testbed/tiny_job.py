@@ -1,11 +1,11 @@
-"""The main job end to end: chart, operator, and a tiny GRPOJob that really trains.
+"""The main job end to end: the chart, the operator in the cluster, and a tiny GRPOJob
+that really trains on the testbed's real node.
 
 Shared by `grpo-testbed demo` (which narrates it) and the e2e tier (which asserts on
-it). The testbed runs with its local node, so the job's head pod is a real process
-tree: Ray's head, then the trainer driver with two gloo ranks. Attempt 0's head gets
-``GRPO_FAULT_INJECT=host_oom@step=N`` from the node (a testbed fault switch, like
-kwok's chaos stage), so the kernel OOM-kills it under the pod's memory limit and the
-operator has a real OOMKilled pod to classify, remediate and resume from.
+it). `helm install` runs the operator from its image, as the chart deploys it; the job
+runs as a CPU Ray head pod (Ray and the driver) and a worker pod (both ranks), each in
+its own network namespace, from the product's trainer image. Faults come from the
+testbed's one fault switch (faults.py): env that its webhook adds to matching pods.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,13 +23,12 @@ from typing import Any
 
 import yaml
 
-from grpo_api.contract import ATTEMPT_LABEL, ROLE_LABEL, TERMINAL_PHASES, Env, Role
+from grpo_api.contract import ATTEMPT_LABEL, JOB_LABEL, ROLE_LABEL, TERMINAL_PHASES, Env, Role
 
 from .faults import EnvInjection
-from .images import TRAINER_CPU
+from .images import OPERATOR, TRAINER_CPU
 from .launcher import Testbed, running_testbed
-from .local_node.agent import LocalNodeAgent
-from .operator_process import OperatorProcess
+from .node.runtime import RealNode
 from .processes import wait_until
 from .versions import binary
 
@@ -40,14 +38,30 @@ EXAMPLE = REPO / "examples" / "grpojob-tiny.yaml"
 JOB_NS = "grpo-demo"
 OPERATOR_NS = "grpo-system"
 RELEASE = "grpo"
+OPERATOR_DEPLOYMENT = f"{RELEASE}-grpo-operator"
 JOB = "tiny"
 OOM_STEP = 5
 TERMINAL = tuple(p.value for p in TERMINAL_PHASES)
+# The chart's values for the testbed: the images built here, nothing read from the public
+# hub (nothing leaves the testbed), one operator without peering, and no CPU request for
+# the operator's pod (limit 1 CPU): on 2 cores the tiny job's head (1 CPU) and worker
+# (1 CPU) need all the node's allocatable CPU, so 100m more would leave the worker Pending.
+CHART_VALUES = {
+    "image.repository": OPERATOR.tag.rsplit(":", 1)[0],
+    "image.tag": OPERATOR.tag.rsplit(":", 1)[1],
+    "image.pullPolicy": "Never",
+    "trainerImage": TRAINER_CPU.tag,
+    "leaderElection.enabled": "false",
+    "readPublicHub": "false",
+    "resources.requests.cpu": "0",
+    "watchNamespaces": f"{{{JOB_NS}}}",
+}
 
 
-def oom_injection(step: int = OOM_STEP) -> EnvInjection:
-    """Only attempt 0's head: the restarted attempt must run clean."""
-    return EnvInjection({ATTEMPT_LABEL: "0", ROLE_LABEL: Role.HEAD.value},
+def head_oom(step: int = OOM_STEP) -> EnvInjection:
+    """Attempt 0's driver allocates host memory at ``step`` until the kernel OOM-kills it
+    at its pod's memory limit; the restarted attempt runs clean."""
+    return EnvInjection({JOB_LABEL: JOB, ATTEMPT_LABEL: "0", ROLE_LABEL: Role.HEAD.value},
                         {Env.FAULT_INJECT.value: f"host_oom@step={step}"})
 
 
@@ -55,7 +69,8 @@ def example() -> dict[str, Any]:
     return dict(yaml.safe_load(EXAMPLE.read_text()))
 
 
-def multipod_example(steps: int, interval: int) -> dict[str, Any]:
+def multipod_example(steps: int | None = None, interval: int | None = None
+                     ) -> dict[str, Any]:
     """The tiny example with one worker pod: the head runs only Ray and the driver.
     13Gi of host memory per node: the worker is planned at 11 GiB (its 6.3 GiB need, FSDP2's
     buffers counted, plus 4), so the HostOOM ladder's last rung (pod memory up to the
@@ -63,9 +78,21 @@ def multipod_example(steps: int, interval: int) -> dict[str, Any]:
     and together request the 2 CPUs the head-only example does."""
     doc = example()
     doc["spec"]["resources"].update({"nodes": 1, "cpusPerNode": 1, "hostMemory": "13Gi"})
-    doc["spec"]["training"]["maxSteps"] = steps
-    doc["spec"]["checkpoint"]["intervalSteps"] = interval
+    if steps is not None:
+        doc["spec"]["training"]["maxSteps"] = steps
+    if interval is not None:
+        doc["spec"]["checkpoint"]["intervalSteps"] = interval
     return doc
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A pod's container as it ended (its first `terminated` state seen)."""
+
+    pod: str
+    role: Role
+    reason: str
+    exit_code: int | None
 
 
 @dataclass
@@ -73,36 +100,32 @@ class TinyJob:
     tb: Testbed
     workdir: Path
     say: Callable[[str], None] = print
-    operator: OperatorProcess | None = None
     seen: list[dict[str, Any]] = field(default_factory=list)  # every job state observed
+    # Every state of the job's pods observed while watching, by pod name, oldest first
+    # (an ended attempt's pods are deleted with its RayCluster).
+    pod_states: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
-    def agent(self) -> LocalNodeAgent:
-        assert self.tb.agent is not None, "the testbed runs without its local node"
-        return self.tb.agent
+    def node(self) -> RealNode:
+        assert self.tb.node is not None, "the tiny job needs the testbed's real node"
+        return self.tb.node
 
     # ---- stages ----------------------------------------------------------------------
 
     def install_chart(self) -> None:
-        """The chart with the operator's pod scaled to 0: the operator runs here, locally,
-        as the chart's ServiceAccount (so the chart's RBAC is what it gets)."""
+        """`helm install` of the chart: the operator runs in the cluster from its image,
+        watching the job's namespace, with its admission webhook on."""
         self.tb.kubectl("create", "namespace", JOB_NS)
         wait_until(f"ServiceAccount default in {JOB_NS}", lambda: self.tb.kubectl(
             "get", "sa", "default", "-n", JOB_NS, check=False).returncode == 0, 30)
+        sets = [a for k, v in CHART_VALUES.items() for a in ("--set", f"{k}={v}")]
         self.helm("install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
-                  "--set", "replicaCount=0", "--set", "webhook.enabled=false",
-                  "--set", "leaderElection.enabled=false",
-                  "--set", f"watchNamespaces={{{JOB_NS}}}", "--wait", "--timeout", "120s")
+                  *sets, "--wait", "--timeout", "240s")
 
-    def start_operator(self) -> None:
-        account = f"{RELEASE}-grpo-operator"
-        kc = self.tb.token_kubeconfig(account, OPERATOR_NS, self.workdir / "operator.kubeconfig")
-        (self.workdir / "operator").mkdir(parents=True, exist_ok=True)
-        # The real node runs the product's trainer image; the local agent runs this venv.
-        image = ("--trainer-image", TRAINER_CPU.tag) if self.tb.node is not None else ()
-        self.operator = OperatorProcess(self.tb, self.workdir / "operator", kubeconfig=kc,
-                                        webhook=False, namespaces=(JOB_NS,),
-                                        extra_args=image).start()
+    def operator_log(self, tail: int = 200) -> str:
+        out = self.tb.kubectl("logs", "-n", OPERATOR_NS, f"deploy/{OPERATOR_DEPLOYMENT}",
+                              f"--tail={tail}", check=False)
+        return out.stdout + out.stderr
 
     def build_assets(self) -> Path:
         """The tiny Qwen2.5-VL and an EasyR1-layout dataset on the claim the job mounts."""
@@ -118,7 +141,7 @@ class TinyJob:
                                 "resources": {"requests": {"storage": "1Gi"}}}})
         root = self.claim_dir(claim)
         model_dir = root / Path(spec["model"]["path"]).relative_to("/models")
-        data = root / Path(spec["data"]["train"]).relative_to("/models")
+        data = self.data_file()
         if not (model_dir / "config.json").exists():
             build_tiny_qwen2_5_vl(model_dir, hidden=TINY_VL_HIDDEN)
         data.parent.mkdir(parents=True, exist_ok=True)
@@ -129,22 +152,15 @@ class TinyJob:
 
     def claim_dir(self, claim: str) -> Path:
         """Where a claim of the job's namespace lives on the host."""
-        node = self.tb.node
-        if node is None:
-            return self.agent.claim_dir(JOB_NS, claim)
-        assert node.claims is not None
-        return node.claims.wait_path(JOB_NS, claim)
+        assert self.node.claims is not None
+        return self.node.claims.wait_path(JOB_NS, claim)
 
-    def apply_job(self, engine: str | None = None) -> None:
-        """`kubectl apply -f examples/grpojob-tiny.yaml`; ``engine`` sets spec.rollout.engine."""
-        if engine is None:
-            self.tb.kubectl("apply", "-n", JOB_NS, "-f", str(EXAMPLE))
-            return
-        doc = example()
-        doc["spec"]["rollout"] = {"engine": engine}
-        manifest = self.workdir / f"grpojob-tiny-{engine}.yaml"
-        manifest.write_text(yaml.safe_dump(doc))
+    def apply_job(self, doc: dict[str, Any]) -> Path:
+        """`kubectl apply -f` of ``doc`` (the tiny example as changed), kept as a file."""
+        manifest = self.workdir / "grpojob-tiny.yaml"
+        manifest.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.tb.kubectl("apply", "-n", JOB_NS, "-f", str(manifest))
+        return manifest
 
     def job(self) -> dict[str, Any]:
         out = self.tb.kubectl("get", "grpojob", JOB, "-n", JOB_NS, "-o", "json")
@@ -152,7 +168,8 @@ class TinyJob:
 
     def watch(self, until: Callable[[dict[str, Any]], bool], timeout_s: float,
               what: str) -> dict[str, Any]:
-        """`kubectl get grpojobs -w` on screen while polling the job until ``until``."""
+        """`kubectl get grpojobs -w` on screen while polling the job (and its pods) until
+        ``until``."""
         with self._kubectl_watch():
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
@@ -160,12 +177,24 @@ class TinyJob:
                 if not self.seen or job["metadata"]["resourceVersion"] != \
                         self.seen[-1]["metadata"]["resourceVersion"]:
                     self.seen.append(job)
+                self._observe_pods()
                 if until(job):
                     return job
                 time.sleep(0.5)
         raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}; "
                            f"status: {json.dumps(self.job().get('status'), indent=1)}\n"
-                           f"operator log:\n{self.operator.log_tail() if self.operator else ''}")
+                           f"operator log:\n{self.operator_log()}")
+
+    def _observe_pods(self) -> None:
+        out = self.tb.kubectl("get", "pods", "-n", JOB_NS, "-l", f"{JOB_LABEL}={JOB}",
+                              "-o", "json", check=False)
+        if out.returncode != 0:
+            return
+        for pod in json.loads(out.stdout)["items"]:
+            states = self.pod_states.setdefault(pod["metadata"]["name"], [])
+            if not states or states[-1]["metadata"]["resourceVersion"] != \
+                    pod["metadata"]["resourceVersion"]:
+                states.append(pod)
 
     @contextmanager
     def _kubectl_watch(self) -> Iterator[None]:
@@ -188,51 +217,87 @@ class TinyJob:
             proc.wait(10)
             t.join(5)
 
-    # ---- where things are on the node --------------------------------------------------
+    # ---- what the pods did -----------------------------------------------------------
+
+    def pods(self, attempt: int | None = None, role: Role | None = None
+             ) -> list[dict[str, Any]]:
+        """The last state seen of each of the job's pods (of one attempt, one role)."""
+        out = []
+        for states in self.pod_states.values():
+            labels = states[-1]["metadata"].get("labels") or {}
+            if attempt is not None and labels.get(ATTEMPT_LABEL) != str(attempt):
+                continue
+            if role is not None and labels.get(ROLE_LABEL) != role.value:
+                continue
+            out.append(states[-1])
+        return out
+
+    def terminations(self, attempt: int) -> list[Ended]:
+        """How each of one attempt's pods ended, as `kubectl get pods` first showed it."""
+        ended: list[Ended] = []
+        for name, states in self.pod_states.items():
+            labels = states[-1]["metadata"].get("labels") or {}
+            if labels.get(ATTEMPT_LABEL) != str(attempt):
+                continue
+            term = next((state["terminated"] for pod in states
+                         for cs in pod.get("status", {}).get("containerStatuses") or []
+                         for state in (cs.get("state") or {}, cs.get("lastState") or {})
+                         if state.get("terminated")), None)
+            if term is not None:
+                ended.append(Ended(name, Role(str(labels.get(ROLE_LABEL))),
+                                   str(term.get("reason")), term.get("exitCode")))
+        return ended
+
+    def kubectl_pods_wide(self) -> str:
+        """`kubectl get pods -o wide`, with each pod's image: the job's and the operator's."""
+        columns = ("NAME:.metadata.name,STATUS:.status.phase,IP:.status.podIP,"
+                   "NODE:.spec.nodeName,IMAGE:.spec.containers[0].image")
+        return "\n".join(self.tb.kubectl("get", "pods", "-n", ns, "-o",
+                                         f"custom-columns={columns}").stdout.rstrip()
+                         for ns in (JOB_NS, OPERATOR_NS))
+
+    def kubectl_logs(self, pod: str, tail: int = 400) -> str:
+        out = self.tb.kubectl("logs", "-n", JOB_NS, pod, f"--tail={tail}", check=False)
+        return out.stdout
+
+    def checkpoint_claim(self) -> str:
+        spec = example()["spec"]
+        return str(spec["checkpoint"].get("claimName") or f"{JOB}-checkpoints")
 
     def checkpoint_dir(self) -> Path:
-        spec = example()["spec"]
-        claim = spec["checkpoint"].get("claimName") or f"{JOB}-checkpoints"
-        return self.claim_dir(claim) / JOB_NS / JOB
+        return self.claim_dir(self.checkpoint_claim()) / JOB_NS / JOB
 
     def model_dir(self) -> Path:
         spec = example()["spec"]
         return self.claim_dir(spec["model"]["claimName"]) / \
             Path(spec["model"]["path"]).relative_to("/models")
 
-    def head_runs(self) -> dict[int, list[Path]]:
-        """attempt -> the agent's directories of that attempt's head pods, in start order.
+    def data_file(self) -> Path:
+        spec = example()["spec"]
+        return self.claim_dir(spec["model"]["claimName"]) / \
+            Path(spec["data"]["train"]).relative_to("/models")
 
-        An attempt can have more than one: KubeRay replaces a head whose container
-        ended, and the replacement runs (briefly) until the operator deletes the cluster.
-        """
-        out: dict[int, list[Path]] = {}
-        started = sorted((self.agent.workdir / "pods").glob(f"{JOB_NS}_*head*/containers/"
-                                                            "ray-head/env.json"),
-                         key=lambda p: p.stat().st_mtime)
-        for env_file in started:
-            attempt = int(json.loads(env_file.read_text()).get("GRPO_ATTEMPT", "-1"))
-            out.setdefault(attempt, []).append(env_file.parents[2])
-        return out
+    def exported_dir(self) -> Path:
+        """The model the trainer exported when the job succeeded, where status.export says
+        it is on the checkpoint claim."""
+        export = self.job()["status"]["export"]
+        return self.claim_dir(export["claimName"]) / export["path"]
 
     def head_log(self, attempt: int) -> str:
-        """Everything the trainer of one attempt printed, over all its head pods."""
-        node = self.tb.node
-        if node is not None:  # the real node: its log archive outlives the pods
-            assert node.logs is not None
-            return "".join(node.logs.text(d)
-                           for d in node.logs.pods(JOB_NS, f"{JOB}-a{attempt}-head"))
-        return "".join((d / "ray-head.log").read_text(errors="replace")
-                       for d in self.head_runs().get(attempt, []))
+        """Everything the trainer of one attempt printed, over all its head pods (the real
+        node's log archive outlives the pods)."""
+        logs = self.node.logs
+        assert logs is not None
+        return "".join(logs.text(d) for d in logs.pods(JOB_NS, f"{JOB}-a{attempt}-head"))
 
-    def export(self, out: Path) -> str:
-        proc = subprocess.run(
-            [sys.executable, "-m", "grpo_trainer", "export", "--checkpoint-dir",
-             str(self.checkpoint_dir()), "--out", str(out), "--model-path", str(self.model_dir())],
-            capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"export failed:\n{proc.stdout}\n{proc.stderr}")
-        return proc.stdout.strip()
+    def worker_log(self, attempt: int) -> str:
+        """Everything one attempt's worker pods printed (Ray's worker node; its ranks' own
+        output goes to the driver's log too)."""
+        logs = self.node.logs
+        assert logs is not None
+        names = {p["metadata"]["name"] for p in self.pods(attempt, Role.WORKER)}
+        return "".join(logs.text(d) for d in logs.pods(JOB_NS)
+                       if d.name.split("_")[1] in names)
 
     def helm(self, *args: str) -> str:
         proc = subprocess.run([str(binary("helm")), *args], env=self.tb.env(),
@@ -244,21 +309,22 @@ class TinyJob:
     def teardown(self) -> None:
         self.tb.kubectl("delete", "grpojob", JOB, "-n", JOB_NS, "--ignore-not-found",
                         "--wait=true", "--timeout=60s", check=False)
-        node = self.tb.node
-        if node is not None and node.logs is not None:  # the testbed's dir goes with it
-            shutil.copytree(node.logs.archive, self.workdir / "pod-logs", dirs_exist_ok=True)
-        if self.operator is not None:
-            self.operator.stop()
+        (self.workdir / "operator.log").write_text(self.operator_log(tail=-1))
+        logs = self.tb.node.logs if self.tb.node is not None else None
+        if logs is not None:  # the testbed's dir goes with it
+            shutil.copytree(logs.archive, self.workdir / "pod-logs", dirs_exist_ok=True)
         subprocess.run([str(binary("helm")), "uninstall", RELEASE, "-n", OPERATOR_NS,
                         "--wait", "--timeout", "60s"], env=self.tb.env(),
                        capture_output=True, check=False)
 
 
 @contextmanager
-def tiny_job_testbed(workdir: Path, oom_step: int | None = OOM_STEP) -> Iterator[TinyJob]:
-    """A testbed with its local node (and the OOM switch for attempt 0), ready for the job."""
-    injections = (oom_injection(oom_step),) if oom_step else ()
-    with running_testbed(local_node=True, injections=injections) as tb:
+def tiny_job_testbed(workdir: Path, injections: tuple[EnvInjection, ...] = ()
+                     ) -> Iterator[TinyJob]:
+    """A testbed with its real node (the operator's and the CPU trainer's images imported)
+    and the fault switch's ``injections``; the job and the chart are removed on exit."""
+    with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag),
+                         injections=injections) as tb:
         tj = TinyJob(tb, workdir)
         try:
             yield tj

@@ -2,7 +2,7 @@
 time it resumes from the step the trainer had finished.
 
 On the real node, with the real Kueue and KubeRay, the trainer image and the operator
-running as the chart's ServiceAccount (so the chart's Kueue RBAC is what it has): a
+running in the cluster as the chart deploys it (so the chart's Kueue RBAC is what it has): a
 ClusterQueue with CPU for one tiny job; the tiny job (low priority, a Ray head and a
 worker pod, no interval checkpoint before its last step) trains; an urgent job (high
 priority) arrives, Kueue suspends the tiny job's RayCluster and KubeRay deletes its pods:
@@ -30,9 +30,15 @@ from typing import Any
 import pytest
 
 from grpo_api.contract import ATTEMPT_LABEL, JOB_LABEL, ROLE_LABEL, Role
-from grpo_testbed.images import OPERATOR, TRAINER_CPU
-from grpo_testbed.launcher import running_testbed
-from grpo_testbed.tiny_job import JOB, JOB_NS, TERMINAL, TinyJob, example, multipod_example
+from grpo_testbed.tiny_job import (
+    JOB,
+    JOB_NS,
+    TERMINAL,
+    TinyJob,
+    example,
+    multipod_example,
+    tiny_job_testbed,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -140,11 +146,10 @@ def kueue_flavors() -> str:
 @pytest.fixture(scope="module")
 def drained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drained]:
     work = tmp_path_factory.mktemp("kueue")
-    with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag)) as tb:
-        tj = TinyJob(tb, work)
+    with tiny_job_testbed(work) as tj:
+        tb = tj.tb
         try:
             tj.install_chart()
-            tj.start_operator()
             tj.build_assets()
             tb.kubectl("apply", "-f", "-", input=kueue_flavors())
             cpus = example()["spec"]["resources"]["cpusPerNode"]
@@ -166,7 +171,6 @@ def drained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drained]:
         finally:
             tb.kubectl("delete", "grpojob", URGENT, "-n", JOB_NS, "--ignore-not-found",
                        "--wait=true", "--timeout=60s", check=False)
-            tj.teardown()
 
 
 def test_the_preempted_job_costs_no_restart_and_resumes_from_its_last_finished_step(

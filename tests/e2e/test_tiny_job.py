@@ -1,10 +1,12 @@
-"""The main job, end to end, with the operator, KubeRay and the trainer all real.
+"""The main job, end to end, with the operator, KubeRay and the trainer all real: what
+`make demo` runs (grpo_testbed/tiny_job.py), asserted on.
 
-The testbed's local node runs the head pod as real processes: Ray's head, the trainer
-driver and two gloo ranks. Attempt 0 is OOM-killed by the kernel at the pod's memory
-limit (testbed fault switch), the operator classifies and remediates it, attempt 1
-resumes from the last checkpoint and the job succeeds. One scenario (module fixture),
-several assertions on what a user would look at.
+On the testbed's real node: the operator in the cluster from its image (`helm install`),
+the tiny job as a CPU head pod (Ray and the driver) and a worker pod (both ranks) from the
+trainer image. Attempt 0's driver is OOM-killed by the kernel at its pod's memory limit
+(the testbed's fault switch), the operator classifies and remediates it, attempt 1
+resumes from the last checkpoint, the job succeeds and exports its model. One scenario
+(module fixture), several assertions on what a user would look at.
 """
 
 from __future__ import annotations
@@ -21,28 +23,31 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_api.contract import ROLE_LABEL, Role
 from grpo_testbed.tiny_job import (
     JOB,
     JOB_NS,
     OOM_STEP,
     TERMINAL,
     TinyJob,
-    example,
+    head_oom,
+    multipod_example,
     tiny_job_testbed,
 )
 
+pytestmark = pytest.mark.e2e
+
 RESUMED = re.compile(r"resumed from checkpoint step (\d+)")
-TOTAL = int(example()["spec"]["training"]["maxSteps"])
-INTERVAL = int(example()["spec"]["checkpoint"]["intervalSteps"])
+TOTAL = int(multipod_example()["spec"]["training"]["maxSteps"])
+INTERVAL = int(multipod_example()["spec"]["checkpoint"]["intervalSteps"])
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
-    with tiny_job_testbed(tmp_path_factory.mktemp("e2e")) as tj:
+    with tiny_job_testbed(tmp_path_factory.mktemp("e2e"), (head_oom(),)) as tj:
         tj.install_chart()
-        tj.start_operator()
         tj.build_assets()
-        tj.apply_job()
+        tj.apply_job(multipod_example())
         tj.watch(lambda j: j.get("status", {}).get("phase") in TERMINAL, 1500,
                  "the tiny job to finish")
         yield tj
@@ -73,6 +78,11 @@ def test_job_succeeds_after_a_real_oom_kill_and_one_restart(tiny: TinyJob) -> No
     assert second["outcome"] == "Succeeded"
     assert st["restarts"] == 1
     assert f"host_oom at step {OOM_STEP}" in tiny.head_log(0)
+    # What `kubectl get pods` showed: the kernel killed the head at its limit.
+    ended = tiny.terminations(0)
+    # (KubeRay may start a replacement head, which the operator deletes with the attempt.)
+    heads = [(e.reason, e.exit_code) for e in ended if e.role is Role.HEAD]
+    assert heads[:1] == [("OOMKilled", 137)], ended
 
 
 # Each planned setting: where status.plan reports it and where the trainer's config holds
@@ -97,19 +107,26 @@ def _as_config(key: str, value: Any) -> Any:
     return ("rank0" if value else "sharded") if key == "rank0Init" else value
 
 
+def _env(pod: dict[str, Any]) -> dict[str, str]:
+    """The plain-valued env of a pod's Ray container, as the API server stored it."""
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0].get("env") or []
+            if "value" in e}
+
+
 def test_the_trainer_ran_with_the_settings_the_status_reports(tiny: TinyJob) -> None:
     st = status(tiny)
     plan = st["plan"]  # attempt 1's plan, as the operator reported it to the user
     resolved = yaml.safe_load((tiny.checkpoint_dir() / f"step-{TOTAL}" / "config.yaml")
                               .read_text())
     configs = {}
-    for attempt, pod_dirs in sorted(tiny.head_runs().items()):
+    for attempt in (0, 1):
         cm = json.loads(tiny.tb.kubectl("get", "configmap", f"{JOB}-config-{attempt}", "-n",
                                         JOB_NS, "-o", "json").stdout)
         configs[attempt] = yaml.safe_load(cm["data"]["config.yaml"])
-        for pod_dir in pod_dirs:
-            env = json.loads((pod_dir / "containers" / "ray-head" / "env.json").read_text())
-            extra = sorted(n for n in env if n.startswith("GRPO_") and n not in PER_PROCESS)
+        pods = tiny.pods(attempt)
+        assert {p["metadata"]["labels"][ROLE_LABEL] for p in pods} == {"head", "worker"}
+        for pod in pods:
+            extra = sorted(n for n in _env(pod) if n.startswith("GRPO_") and n not in PER_PROCESS)
             assert not extra, f"attempt {attempt}: planned settings in the env: {extra}"
     for key, (section, field) in PLANNED.items():
         want = _as_config(key, plan[key])
@@ -141,25 +158,24 @@ def test_attempt_1_starts_at_the_checkpoint_step_plus_one(tiny: TinyJob) -> None
     assert steps1 == list(range(ckpt + 1, TOTAL + 1)), steps1
 
 
-def test_final_weights_equal_an_uninterrupted_local_run(tiny: TinyJob, tmp_path: Path) -> None:
+def test_the_exported_model_equals_an_uninterrupted_local_run(tiny: TinyJob,
+                                                              tmp_path: Path) -> None:
+    """The model status.export names, trained through an OOM kill and a resume, is bit for
+    bit the model of the same config run here without interruption."""
     import torch
     from safetensors.torch import load_file
 
     cm = json.loads(tiny.tb.kubectl("get", "configmap", f"{JOB}-config-1", "-n", JOB_NS,
                                     "-o", "json").stdout)
     cfg = yaml.safe_load(cm["data"]["config.yaml"])
-    spec = tiny.job()["spec"]
-    data = tiny.agent.claim_dir(JOB_NS, spec["model"]["claimName"]) / Path(
-        spec["data"]["train"]).relative_to("/models")
     cfg["model"]["path"] = str(tiny.model_dir())
-    cfg["data"]["train_files"] = [str(data)]
+    cfg["data"]["train_files"] = [str(tiny.data_file())]
     cfg["checkpoint"]["dir"] = str(tmp_path / "ckpt")
     cfg["resources"]["ray_address"] = "local"
     cfg["metrics"]["prometheus_port"] = None
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    pod_env = json.loads((tiny.head_runs()[1][0] / "containers" / "ray-head" / "env.json")
-                         .read_text())
-    env = {**os.environ, **{k: v for k, v in pod_env.items()
+    (worker,) = tiny.pods(1, Role.WORKER)  # where the ranks ran
+    env = {**os.environ, **{k: v for k, v in _env(worker).items()
                             if k.startswith(("GRPO_", "OMP_", "TOKENIZERS_"))
                             and k not in ("GRPO_CHECKPOINT_DIR", "GRPO_FAULT_INJECT")}}
     run = subprocess.run([sys.executable, "-m", "grpo_trainer", "--config",
@@ -171,9 +187,10 @@ def test_final_weights_equal_an_uninterrupted_local_run(tiny: TinyJob, tmp_path:
     subprocess.run([sys.executable, "-m", "grpo_trainer", "export", "--checkpoint-dir",
                     str(tmp_path / "ckpt"), "--out", str(local)], check=True,
                    capture_output=True)
-    tiny.export(tmp_path / "job-export")
+    exported = tiny.exported_dir()
+    assert tiny.job()["status"]["export"]["step"] == TOTAL
     a = load_file(str(local / "model.safetensors"))
-    b = load_file(str(tmp_path / "job-export" / "model.safetensors"))
+    b = load_file(str(exported / "model.safetensors"))
     assert a.keys() == b.keys()
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"

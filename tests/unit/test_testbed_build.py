@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from grpo_testbed.build import replace_lines
 from grpo_testbed.versions import K8S_STAGING_VERSION, KUBERNETES_VERSION
 
@@ -84,3 +88,17 @@ replace github.com/g/h => ./local
     assert directive_entries(gomod, "exclude") == [
         "github.com/a/b v1.0.1-0.2018", "github.com/c/d v0.1.0", "github.com/e/f v2.0.0"]
     assert directive_entries(gomod, "replace") == ["github.com/g/h => ./local"]
+
+
+def test_a_fault_switch_without_the_real_node_is_refused_before_anything_starts(
+        tmp_path: Path) -> None:
+    """Only the real node's pods can carry the switch (its webhook listens on the node's
+    veth): asked for without it, the testbed says so instead of running without faults."""
+    from grpo_testbed.faults import EnvInjection
+    from grpo_testbed.launcher import running_testbed
+
+    switch = EnvInjection({"grpo.dev/attempt": "0"}, {"GRPO_FAULT_INJECT": "host_oom@step=5"})
+    with pytest.raises(ValueError, match="real_node=True"), \
+            running_testbed(tmp_path / "tb", injections=(switch,)):
+        pass
+    assert not (tmp_path / "tb").exists()

@@ -1,1 +1,0 @@
-"""A node of the testbed whose pods really run, as local processes."""
