@@ -232,3 +232,17 @@ def _cmdline(proc: Path) -> bytes:
         return b""
 
 
+
+
+def test_a_container_whose_process_is_oom_killed_ends_whole_as_on_cgroup_v2(
+        tb: Testbed, ns: str) -> None:
+    """A child that raises its oom_score_adj (as Ray does for its workers) and grows is the
+    kernel's victim at the limit; the container's first process would live on under
+    cgroup v1. The node ends the container whole, as memory.oom.group does on cgroup v2,
+    so the pod says OOMKilled, exit 137, like a worker pod whose rank ran out of memory."""
+    child = (f"{PY} -c \"open('/proc/self/oom_score_adj', 'w').write('1000')\nb = []\n"
+             "while True: b.append(bytearray(16 << 20))\"")
+    tb.apply({**pod("ray-like", f"{child}; echo the first process lived on; sleep 600",
+                    memory="128Mi"), "metadata": {"name": "ray-like", "namespace": ns}})
+    term = ended(tb, ns, "ray-like")["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (term["exitCode"], term["reason"]) == (137, "OOMKilled"), term

@@ -36,6 +36,15 @@ class NodePaths:
         return self.root / "containerd" / "containerd.sock"
 
     @property
+    def containerd_state(self) -> Path:
+        return self.root / "containerd" / "state"
+
+    @property
+    def running_tasks(self) -> Path:
+        """One entry per container that containerd runs for the kubelet (by its id)."""
+        return self.containerd_state / "io.containerd.runtime.v2.task" / "k8s.io"
+
+    @property
     def cni_conf_dir(self) -> Path:
         return self.root / "cni" / "net.d"
 
@@ -70,7 +79,7 @@ def containerd_toml(paths: NodePaths, sandbox_image: str) -> str:
     bins = ", ".join(f"'{d}'" for d in CNI_BIN_DIRS)
     return f"""version = 3
 root = '{paths.store}'
-state = '{c / "state"}'
+state = '{paths.containerd_state}'
 
 [grpc]
   address = '{paths.containerd_socket}'

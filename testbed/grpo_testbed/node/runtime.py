@@ -22,6 +22,7 @@ from .config import Allocatable, NodePaths, write_node_config
 from .images import ensure_sandbox_image, import_image
 from .log_archive import LogArchive
 from .network import NodeNetwork
+from .oom_group import OomGroupKill
 from .store import ImageStore, acquire_store
 
 log = logging.getLogger("grpo_testbed.node")
@@ -47,6 +48,7 @@ class RealNode:
     store: ImageStore | None = None
     claims: ClaimDirectories | None = None
     logs: LogArchive | None = None
+    oom_group: OomGroupKill | None = None
 
     @property
     def paths(self) -> NodePaths:
@@ -101,6 +103,7 @@ class RealNode:
             return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
         wait_until(f"node {NODE_NAME} Ready", ready, 120, [containerd, kubelet])
+        self.oom_group = OomGroupKill(self.paths.running_tasks).start()
         self.claims = ClaimDirectories(self.kubectl).start()
         self.logs = LogArchive(self.paths.pod_logs, self.workdir / "log-archive").start()
         log.info("real node %s Ready in %.1f s (%s)", NODE_NAME, time.monotonic() - t0,
@@ -116,6 +119,8 @@ class RealNode:
         try:
             if self.logs is not None:
                 self.logs.stop()
+            if self.oom_group is not None:
+                self.oom_group.stop()
             for p in self.procs:
                 if p.name == "kubelet":
                     p.stop()
