@@ -138,15 +138,17 @@ def run_cmd(no_kuberay: bool, command: tuple[str, ...]) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               default=Path("demo-output"), show_default=True,
               help="Where the trained model is exported (kept after teardown).")
-@click.option("--oom-step", type=int, default=None,
-              help="Step at which attempt 0 is OOM-killed (default: the scenario's).")
-def demo_cmd(out: Path, oom_step: int | None) -> None:
-    """The main job end to end: helm install, a tiny GRPOJob that really trains, a real
-    OOM kill, the operator's restart from the last checkpoint, Succeeded, export."""
+@click.option("--leak-step", type=int, default=None,
+              help="Step from which attempt 0's ranks leak host memory until the kernel "
+                   "OOM-kills their worker pod (default: the scenario's).")
+def demo_cmd(out: Path, leak_step: int | None) -> None:
+    """The main job end to end: helm install, a tiny GRPOJob that really trains as a head
+    and a worker pod, a real OOM kill of the worker pod, the operator's restart from the
+    last checkpoint, Succeeded, the exported model."""
     from .demo import run_demo
 
     _sigterm_as_interrupt()
-    sys.exit(run_demo(out.resolve(), oom_step))
+    sys.exit(run_demo(out.resolve(), leak_step))
 
 
 def main() -> None:

@@ -17,12 +17,13 @@ from .tiny_job import (
     EXAMPLE,
     JOB,
     JOB_NS,
-    OOM_STEP,
+    LEAK_MIB,
+    LEAK_STEP,
     TERMINAL,
     TinyJob,
-    head_oom,
     multipod_example,
     tiny_job_testbed,
+    worker_oom,
 )
 
 console = Console(highlight=False)
@@ -74,19 +75,19 @@ def _show_kill(tj: TinyJob) -> None:
                       f"exit {e.exit_code}")
 
 
-def run_demo(out: Path, oom_step: int | None = None) -> int:
+def run_demo(out: Path, leak_step: int | None = None) -> int:
     t0 = time.monotonic()
     step_no = iter(range(1, 10))
 
     def stage(text: str) -> None:
         console.rule(f"[bold][{next(step_no)}/6] {text}  (t+{time.monotonic() - t0:.0f} s)")
 
-    oom_at = oom_step or OOM_STEP
+    leak_at = leak_step or LEAK_STEP
     with tempfile.TemporaryDirectory(prefix="grpo-demo-") as tmp:
         stage("testbed: API server, etcd, scheduler, controller-manager, KubeRay, Kueue, "
               "kwok GPU nodes, and a real node (kubelet + containerd) with the product's "
               "images")
-        with tiny_job_testbed(Path(tmp), (head_oom(oom_at),)) as tj:
+        with tiny_job_testbed(Path(tmp), worker_oom(leak_at)) as tj:
             tj.say = console.print
             stage("helm install the chart: the operator runs in the cluster from its image")
             tj.install_chart()
@@ -96,9 +97,11 @@ def run_demo(out: Path, oom_step: int | None = None) -> int:
             manifest = tj.apply_job(multipod_example())
             console.print(f"    applied {manifest} (resources: nodes 1, cpusPerNode 1, "
                           "hostMemory 13Gi: a CPU head pod and a worker pod)")
-            console.print(f"    attempt 0's head is OOM-killed by the kernel at step {oom_at} "
-                          "(testbed fault switch GRPO_FAULT_INJECT=host_oom: the driver "
-                          "allocates until its pod's memory limit)")
+            console.print(f"    attempt 0's worker pod runs out of memory: from step {leak_at} "
+                          f"its two ranks keep {LEAK_MIB} MiB more each step (testbed fault "
+                          "switch: GRPO_FAULT_INJECT=leak_host in attempt 0's head pod, "
+                          "RAY_memory_monitor_refresh_ms=0 in its worker pod, so Ray kills "
+                          "nothing first and the kernel kills the pod at its memory limit)")
             stage("kubectl get grpojobs -w: training until the OOM kill and the restart")
             tj.watch(_training, 600, "attempt 0 to train")
             _show_pods(tj)

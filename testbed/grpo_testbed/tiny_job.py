@@ -40,7 +40,8 @@ OPERATOR_NS = "grpo-system"
 RELEASE = "grpo"
 OPERATOR_DEPLOYMENT = f"{RELEASE}-grpo-operator"
 JOB = "tiny"
-OOM_STEP = 5
+LEAK_STEP = 2  # attempt 0's ranks leak from this step on (worker_oom)
+LEAK_MIB = 1024  # per rank per step, the most the switch allows: the worker's 11Gi in ~3 steps
 TERMINAL = tuple(p.value for p in TERMINAL_PHASES)
 # The chart's values for the testbed: the images built here, nothing read from the public
 # hub (nothing leaves the testbed), one operator without peering, and no CPU request for
@@ -58,11 +59,21 @@ CHART_VALUES = {
 }
 
 
-def head_oom(step: int = OOM_STEP) -> EnvInjection:
-    """Attempt 0's driver allocates host memory at ``step`` until the kernel OOM-kills it
-    at its pod's memory limit; the restarted attempt runs clean."""
-    return EnvInjection({JOB_LABEL: JOB, ATTEMPT_LABEL: "0", ROLE_LABEL: Role.HEAD.value},
-                        {Env.FAULT_INJECT.value: f"host_oom@step={step}"})
+def worker_oom(leak_step: int = LEAK_STEP) -> tuple[EnvInjection, EnvInjection]:
+    """Attempt 0's worker pod runs out of memory and the kernel kills it at its limit.
+
+    The driver (head) reads ``leak_host`` into the config it hands every rank, so from
+    ``leak_step`` on both ranks (in the worker pod) keep 1 GiB more each step. Ray's
+    memory monitor, which would kill a rank at 95% of the limit first (RayOOM) whenever its
+    250 ms poll sees the usage between 95% and 100%, is off in that pod only
+    (`RAY_memory_monitor_refresh_ms=0`, read by the raylet at `ray start`), so the kernel's
+    OOM kill at the limit is what ends it: `OOMKilled`, exit 137, HostOOM. The restarted
+    attempt runs clean, with the monitor on."""
+    attempt0 = {JOB_LABEL: JOB, ATTEMPT_LABEL: "0"}
+    return (EnvInjection({**attempt0, ROLE_LABEL: Role.HEAD.value},
+                         {Env.FAULT_INJECT.value: f"leak_host:{LEAK_MIB}@step={leak_step}"}),
+            EnvInjection({**attempt0, ROLE_LABEL: Role.WORKER.value},
+                         {"RAY_memory_monitor_refresh_ms": "0"}))
 
 
 def example() -> dict[str, Any]:
