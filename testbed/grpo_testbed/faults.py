@@ -1,5 +1,6 @@
 """Fault switches for the testbed's pods: extra env for the containers of pods whose
-labels match, e.g. ``GRPO_FAULT_INJECT=host_oom@step=5`` for attempt 0's head.
+labels match, e.g. ``GRPO_FAULT_INJECT=leak_host:1024@step=2`` for attempt 0's head
+(tiny_job.worker_oom).
 
 A testing aid, never part of the product. On the real node the switch is carried in the
 pod spec: the testbed serves a mutating admission webhook of its own (registered by URL

@@ -1,7 +1,7 @@
 """A model on a claim is sized from its own config.json, read inside the cluster: on the
 testbed's real node a pod of the product's trainer image mounts the claim read-only and
-reports the shape fields, and the operator (the chart's RBAC, as deployed) plans the job
-from them. The model is a tiny config.json written by transformers under a name no
+reports the shape fields, and the operator (in the cluster, as the chart deploys it)
+plans the job from them. The model is a tiny config.json written by transformers under a name no
 table knows; a directory without one fails the job naming the path."""
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import yaml
 
 from grpo_operator.planner import shape_from_config
 from grpo_testbed.images import TRAINER_CPU
-from grpo_testbed.launcher import running_testbed
 from grpo_testbed.processes import wait_until
-from grpo_testbed.tiny_job import JOB_NS, TinyJob, example
+from grpo_testbed.tiny_job import JOB_NS, TinyJob, example, tiny_job_testbed
 from grpo_trainer.testing.tiny_configs import write_config
 
 pytestmark = pytest.mark.e2e
@@ -38,9 +37,8 @@ def wait_status(tj: TinyJob, name: str, what: str,
         wait_until(f"{name}: {what}", lambda: ok(job_status(tj, name)), 240,
                    interval_s=1.0)
     except TimeoutError as exc:
-        log = tj.operator.log_tail() if tj.operator else ""
         raise AssertionError(f"{exc}\nstatus: {job_status(tj, name)}\n"
-                             f"operator log:\n{log}") from None
+                             f"operator log:\n{tj.operator_log()}") from None
     return job_status(tj, name)
 
 
@@ -49,11 +47,10 @@ def tj(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
     """Both jobs applied at once (their reader pods are small; the sized job's Ray head
     comes only after its read)."""
     work = tmp_path_factory.mktemp("model-config")
-    with running_testbed(real_node=True, node_images=(TRAINER_CPU.tag,)) as tb:
-        tj = TinyJob(tb, work)
+    with tiny_job_testbed(work) as tj:
+        tb = tj.tb
         try:
             tj.install_chart()
-            tj.start_operator()
             tb.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                       "metadata": {"name": CLAIM, "namespace": JOB_NS},
                       "spec": {"accessModes": ["ReadOnlyMany"],
@@ -77,7 +74,6 @@ def tj(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
             for name in JOBS:
                 tb.kubectl("delete", "grpojob", name, "-n", JOB_NS, "--ignore-not-found",
                            "--wait=true", "--timeout=60s", check=False)
-            tj.teardown()
 
 
 def test_a_claim_model_is_planned_from_its_config_json_read_by_a_pod(
