@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import time
@@ -46,9 +47,12 @@ def _resume_line(log: str) -> str:
     return "(no resume line in the trainer log)"
 
 
+ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # `ray start` colours its lines
+
+
 def _log_line(log: str) -> str:
     """The line of a worker's log that says what it is: Ray joining the head."""
-    lines = [x.strip() for x in log.splitlines() if x.strip()]
+    lines = [x.strip() for x in ANSI_COLOUR.sub("", log).splitlines() if x.strip()]
     chosen = next((x for x in lines if "Ray runtime started" in x), None)
     return chosen or (lines[-1] if lines else "(no output yet)")
 

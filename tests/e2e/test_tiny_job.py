@@ -193,6 +193,8 @@ def test_the_exported_model_equals_an_uninterrupted_local_run(tiny: TinyJob,
     cfg["data"]["train_files"] = [str(tiny.data_file())]
     cfg["checkpoint"]["dir"] = str(tmp_path / "ckpt")
     cfg["resources"]["ray_address"] = "local"
+    # The same layout (one node of 2 ranks) on the one local Ray node, which is the head.
+    cfg["resources"]["ranks_on_head"] = True
     cfg["metrics"]["prometheus_port"] = None
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     (worker,) = tiny.pods(1, Role.WORKER)  # where the ranks ran
