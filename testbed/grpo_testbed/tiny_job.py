@@ -67,8 +67,9 @@ def worker_oom(leak_step: int = LEAK_STEP) -> tuple[EnvInjection, EnvInjection]:
     memory monitor, which would kill a rank at 95% of the limit first (RayOOM) whenever its
     250 ms poll sees the usage between 95% and 100%, is off in that pod only
     (`RAY_memory_monitor_refresh_ms=0`, read by the raylet at `ray start`), so the kernel's
-    OOM kill at the limit is what ends it: `OOMKilled`, exit 137, HostOOM. The restarted
-    attempt runs clean, with the monitor on."""
+    OOM kill at the limit is what ends it (the node ends the container whole, as cgroup v2
+    does: node/oom_group.py): `OOMKilled`, exit 137, HostOOM. The restarted attempt runs
+    clean, with the monitor on."""
     attempt0 = {JOB_LABEL: JOB, ATTEMPT_LABEL: "0"}
     return (EnvInjection({**attempt0, ROLE_LABEL: Role.HEAD.value},
                          {Env.FAULT_INJECT.value: f"leak_host:{LEAK_MIB}@step={leak_step}"}),
