@@ -19,11 +19,16 @@ def _write(path: Path, *lines: str) -> None:
             f.write(f"2026-11-26T17:00:00.000000000Z stderr F {line}\n")
 
 
-def test_lines_written_after_the_last_look_survive_the_pods_removal(tmp_path: Path) -> None:
+def _head_log(tmp_path: Path) -> tuple[Path, LogArchive]:
+    """A head container's log as the kubelet keeps it, and an archive watching it."""
     logs = tmp_path / "pods"
     src = logs / "demo_tiny-a1-head-x_u1" / "ray-head" / "0.log"
     src.parent.mkdir(parents=True)
-    archive = LogArchive(logs, tmp_path / "archive")
+    return src, LogArchive(logs, tmp_path / "archive")
+
+
+def test_lines_written_after_the_last_look_survive_the_pods_removal(tmp_path: Path) -> None:
+    src, archive = _head_log(tmp_path)
     _write(src, "step 3")
     archive.sync()
     _write(src, "SIGTERM: committed a checkpoint of step 4")
@@ -33,10 +38,7 @@ def test_lines_written_after_the_last_look_survive_the_pods_removal(tmp_path: Pa
 
 
 def test_a_rotated_log_keeps_its_old_lines_first(tmp_path: Path) -> None:
-    logs = tmp_path / "pods"
-    src = logs / "demo_tiny-a0-head-x_u1" / "ray-head" / "0.log"
-    src.parent.mkdir(parents=True)
-    archive = LogArchive(logs, tmp_path / "archive")
+    src, archive = _head_log(tmp_path)
     _write(src, "old")
     archive.sync()
     src.rename(src.with_name("0.log.20261126-170000"))  # the kubelet's rotation
