@@ -17,7 +17,7 @@ from grpo_operator.planner.save_time import GRACE_EXTRA_S
 from grpo_operator.reconcile.attempts import ensure_attempt
 from grpo_operator.render import JobRef
 from grpo_trainer.config import build_config
-from grpo_trainer.prestop import attempt_paths, main, wait_for_driver
+from grpo_trainer.prestop import attempt_files, main, wait_for_driver
 from grpo_trainer.run import run_training
 from grpo_trainer.sigterm import TermSignal
 
@@ -74,12 +74,12 @@ def test_the_driver_writes_the_marker_the_hook_of_its_attempt_waits_for(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     monkeypatch.setenv("GRPO_TERMINATION_LOG", str(tmp_path / "termination-log"))
-    paths = attempt_paths(env)
-    assert paths is not None and not paths[0].exists()
+    files = attempt_files(env)
+    assert files is not None and not files.done.exists()
     code = run_training(str(path))
     assert code not in (ExitCode.FINISHED, ExitCode.CONFIG_ERROR)
-    assert paths[0].exists()
-    assert attempt_paths({}) is None  # outside a GRPOJob's pod: the hook returns at once
+    assert files.done.exists()
+    assert attempt_files({}) is None  # outside a GRPOJob's pod: the hook returns at once
 
 
 def test_a_drained_worker_pods_hook_asks_the_driver_to_stop_and_the_driver_does(
@@ -88,9 +88,9 @@ def test_a_drained_worker_pods_hook_asks_the_driver_to_stop_and_the_driver_does(
            Env.ATTEMPT.value: "2", "HOSTNAME": "j-a2-cpu-worker-x7k2p"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    paths = attempt_paths(env)
-    assert paths is not None
-    done, stop = paths
+    files = attempt_files(env)
+    assert files is not None
+    done, stop = files.done, files.stop
     term = TermSignal()
     term.watch(stop)
     try:

@@ -23,29 +23,20 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from grpo_api.contract import Env, driver_done_marker, driver_stop_request
+from grpo_api.contract import Env
+
+from .sigterm import AttemptFiles
 
 POLL_S = 1.0
 
 
-def attempt_paths(env: dict[str, str]) -> tuple[Path, Path] | None:
-    """This attempt's (done marker, stop request) from the operator's env; None outside
+def attempt_files(env: dict[str, str]) -> AttemptFiles | None:
+    """This attempt's done marker and stop request from the operator's env; None outside
     a GRPOJob's pod."""
     ckpt, attempt = env.get(Env.CHECKPOINT_DIR.value), env.get(Env.ATTEMPT.value)
     if not ckpt or attempt is None or not attempt.isdigit():
         return None
-    uid = env.get(Env.JOB_UID.value, "")
-    return (Path(driver_done_marker(ckpt, uid, int(attempt))),
-            Path(driver_stop_request(ckpt, uid, int(attempt))))
-
-
-def request_stop(stop: Path, pod: str) -> None:
-    """Ask the driver to save and stop; a failure only costs the save (said in the log)."""
-    try:
-        stop.parent.mkdir(parents=True, exist_ok=True)
-        stop.write_text(pod)
-    except OSError as err:
-        print(f"preStop: could not write the stop request {stop}: {err}", file=sys.stderr)
+    return AttemptFiles.at(ckpt, env.get(Env.JOB_UID.value, ""), int(attempt))
 
 
 def wait_for_driver(marker: Path, timeout_s: float,
@@ -66,17 +57,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, required=True,
                         help="seconds to wait at most for the driver's done marker")
     args = parser.parse_args(argv)
-    paths = attempt_paths(dict(os.environ))
-    if paths is None:
+    files = attempt_files(dict(os.environ))
+    if files is None:
         return 0
-    marker, stop = paths
     t0 = time.monotonic()
-    if not marker.exists():  # the driver still runs: it may not know the pod goes
-        request_stop(stop, os.environ.get("HOSTNAME", "a worker pod"))
-    done = wait_for_driver(marker, args.timeout)
+    if not files.done.exists():  # the driver still runs: it may not know the pod goes
+        files.request_stop(os.environ.get("HOSTNAME", "a worker pod"))
+    done = wait_for_driver(files.done, args.timeout)
     # The kubelet keeps a failed hook's output in the pod's events: say what happened.
     print(f"preStop: {'driver done' if done else 'no driver marker'} after "
-          f"{time.monotonic() - t0:.0f} s ({marker})", file=sys.stderr)
+          f"{time.monotonic() - t0:.0f} s ({files.done})", file=sys.stderr)
     return 0
 
 

@@ -45,12 +45,15 @@ class AttemptFiles:
     stop: Path  # written by a hook whose pod alone is deleted: the driver stops
 
     @classmethod
+    def at(cls, checkpoint_dir: str, job_uid: str, attempt: int) -> AttemptFiles:
+        return cls(Path(driver_done_marker(checkpoint_dir, job_uid, attempt)),
+                   Path(driver_stop_request(checkpoint_dir, job_uid, attempt)))
+
+    @classmethod
     def of(cls, cfg: Config) -> AttemptFiles | None:
         if cfg.checkpoint.dir is None:
             return None
-        ckpt, uid, attempt = str(cfg.checkpoint.dir), cfg.trainer.job_uid or "", cfg.trainer.attempt
-        return cls(Path(driver_done_marker(ckpt, uid, attempt)),
-                   Path(driver_stop_request(ckpt, uid, attempt)))
+        return cls.at(str(cfg.checkpoint.dir), cfg.trainer.job_uid or "", cfg.trainer.attempt)
 
     def clear(self) -> None:
         """At the driver's start: an earlier local run's (same uid and attempt) are stale."""
@@ -58,11 +61,18 @@ class AttemptFiles:
         self.stop.unlink(missing_ok=True)
 
     def write_done(self) -> None:
+        self._write(self.done, "")  # should it fail, the hooks wait out their timeout
+
+    def request_stop(self, pod: str) -> None:
+        self._write(self.stop, pod)  # should it fail, only the save is lost
+
+    @staticmethod
+    def _write(path: Path, text: str) -> None:
         try:
-            self.done.parent.mkdir(parents=True, exist_ok=True)
-            self.done.touch()
-        except OSError as err:  # the hooks then wait out their timeout
-            log.warning("could not write the driver's done marker %s: %s", self.done, err)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as err:
+            log.warning("could not write %s: %s", path, err)
 
 
 class Terminated(Exception):

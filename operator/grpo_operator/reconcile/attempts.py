@@ -406,6 +406,7 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
     if resumed is not None:
         record["resumedFromStep"] = resumed
     rc = names.ray_cluster(job, index)
+    saved = _measured_save_s(status)
     view = PhaseView(Phase.PENDING, "CreatingCluster",
                      f"attempt {index}: creating RayCluster {rc}, resuming "
                      f"from checkpoint step {resumed or 0}")
@@ -413,12 +414,12 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
         status_patch(status, generation, now, view, attempt=index,
                      attempts=[*attempts, record], nextAttempt=None,
                      rayCluster={"name": rc, "state": None, "admittedGeneration": None},
-                     plan=plan_status(plan, _measured_save_s(status)).to_wire()),
+                     plan=plan_status(plan, saved).to_wire()),
         # Only what is new per attempt: the claim and the trainer's RBAC exist since
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
         children=[c for c in render_children(spec, plan, job, index, default_image,
                                              debug_collectives=_after_hang(attempts),
-                                             measured_save_s=_measured_save_s(status))
+                                             measured_save_s=saved)
                   if c["kind"] in PER_ATTEMPT_KINDS],
         events=[("Normal", "Restarted", view.message)],
         recovered_after=failed_for(attempts, now),

@@ -61,9 +61,7 @@ class LogArchive:
         try:
             os.link(src, dest)
             self._linked.add(dest)
-        except FileExistsError:  # a copy: links failed before
-            shutil.copyfile(src, dest)
-        except OSError:  # another filesystem
+        except OSError:  # another filesystem (then dest is the copy made last time)
             shutil.copyfile(src, dest)
 
     def pods(self, namespace: str, name_contains: str = "") -> list[Path]:
