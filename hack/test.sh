@@ -9,5 +9,6 @@ printf '\n==> ruff\n'; .venv/bin/ruff check .
 printf '\n==> mypy\n'; .venv/bin/mypy
 printf '\n==> pytest (all tiers except gpu)\n'
 # No `|| true`: pytest's exit 5 (no tests collected) fails the run as it should.
-.venv/bin/pytest -m "not gpu" "$@"
+# The slowest tests, so a run that grows shows where (the cold-run budget is 60 min).
+.venv/bin/pytest -m "not gpu" --durations=40 "$@"
 echo "test suite finished in $((SECONDS - t_start)) s"

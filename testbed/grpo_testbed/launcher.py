@@ -27,6 +27,7 @@ import yaml
 
 from . import build, leftovers
 from .faults import EnvInjection, FaultSwitch
+from .images import REPO
 from .kueue import start_kueue
 from .node.network import NodeNetwork, allocate
 from .node.runtime import RealNode
@@ -34,6 +35,8 @@ from .nodes import FAKE_NODES, FakeNode, node_manifest
 from .pki import SERVICE_CLUSTER_IP_RANGE, Pki, issue_serving_cert, make_pki
 from .processes import Managed, free_ports, spawn, wait_until
 from .versions import COMPONENTS, bin_dir, binary, component
+
+GRPOJOB_CRD = REPO / "crds" / "grpojob.yaml"
 
 log = logging.getLogger("grpo_testbed")
 
@@ -140,6 +143,14 @@ class Testbed:
         wait_until(f"{what} CRDs established", lambda: self.kubectl(
             "wait", "--for", "condition=established", "--timeout=10s",
             *(f"crd/{c}" for c in crds), check=False).returncode == 0, timeout_s)
+
+    def install_grpojob_crd(self) -> None:
+        """Apply the product's CRD (crds/grpojob.yaml) and wait until it is established.
+        A bare `kubectl wait` right after the apply can answer NotFound and fail at once
+        (seen in a full run), so this asks again as `wait_established` does."""
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f",
+                     str(GRPOJOB_CRD))
+        self.wait_established("GRPOJob", ("grpojobs.grpo.dev",))
 
     def token_kubeconfig(self, account: str, namespace: str, path: Path,
                          duration: str = "60m") -> Path:

@@ -89,10 +89,7 @@ def ns(testbed: Testbed) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def grpo_crd(testbed: Testbed) -> Testbed:
-    testbed.kubectl("apply", "--server-side", "--force-conflicts", "-f",
-                    str(REPO / "crds" / "grpojob.yaml"))
-    testbed.kubectl("wait", "--for", "condition=established", "--timeout=60s",
-                    "crd/grpojobs.grpo.dev")
+    testbed.install_grpojob_crd()
     return testbed
 
 

@@ -22,8 +22,7 @@ BROKEN = yaml.safe_load((Path(__file__).parent / "broken_grpojobs.yaml").read_te
 
 @pytest.fixture(scope="module")
 def crd(testbed: Any) -> Any:
-    testbed.kubectl("apply", "--server-side", "-f", str(ROOT / "crds/grpojob.yaml"))
-    testbed.kubectl("wait", "--for", "condition=established", "--timeout=60s", f"crd/{CRD_NAME}")
+    testbed.install_grpojob_crd()
     return testbed
 
 

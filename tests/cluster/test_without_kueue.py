@@ -24,9 +24,7 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Testbed, Op
     """A testbed of its own without Kueue (no kueue.x-k8s.io API), and the operator."""
     try:
         with running_testbed(with_kueue=False) as tb:
-            tb.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "grpojob.yaml"))
-            tb.kubectl("wait", "--for", "condition=established", "--timeout=60s",
-                       "crd/grpojobs.grpo.dev")
+            tb.install_grpojob_crd()
             op = OperatorProcess(tb, tmp_path_factory.mktemp("bare-operator")).start()
             try:
                 yield tb, op

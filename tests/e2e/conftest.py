@@ -1,4 +1,8 @@
-"""The e2e tier's real-node testbed: one per session, shared by the modules that use it."""
+"""The e2e tier's real-node testbed, one per module that uses it.
+
+Not one per session: a testbed holds the node's shared image store while it runs, and a
+tiny-job module's own testbed (its own fault switch) would then import the 7 GB trainer
+image into a private store: minutes, and 21 GB of disk (a full run failed on it)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from grpo_testbed.launcher import Testbed, running_testbed
 SWITCH = EnvInjection({"testbed.grpo.dev/switch": "on"}, {"GRPO_FAULT_INJECT": "host_oom@step=3"})
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_tb() -> Iterator[Testbed]:
     """Control plane, KubeRay, kwok GPU nodes and the real node (the operator's image
     imported); the untainted fake CPU node is left out, so CPU pods really run."""
