@@ -176,6 +176,23 @@ def test_cpu_trainer_image_loads_vllms_cpu_kernels(built: None) -> None:
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
 
+COMPILE = textwrap.dedent("""\
+    import torch
+    f = torch.compile(lambda x: x.log_softmax(-1).sum(-1), dynamic=True)
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(f(x), x.log_softmax(-1).sum(-1))
+    """)
+
+
+def test_cpu_trainer_image_compiles_with_torch_inductor(built: None) -> None:
+    """vLLM's sampler is torch.compile'd whatever the engine's eager setting, and inductor
+    builds C++ that includes <Python.h> at run time: without a compiler and the headers in
+    the image every vLLM rollout failed at its first sample (the e2e tier's vLLM job)."""
+    proc = run(TRAINER_CPU, "-c", COMPILE, entrypoint="python", timeout=600,
+               opts=("--network", "none"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
 def test_cpu_trainer_image_trains_the_tiny_task_and_exports_the_model(
         built: None, tmp_path: Path) -> None:
     # The test helpers are not in the image (its .dockerignore), so the host builds the
