@@ -26,13 +26,12 @@ import yaml
 from grpo_api.contract import ATTEMPT_LABEL, JOB_LABEL, ROLE_LABEL, TERMINAL_PHASES, Env, Role
 
 from .faults import EnvInjection
-from .images import OPERATOR, TRAINER_CPU
+from .images import OPERATOR, REPO, TRAINER_CPU
 from .launcher import Testbed, running_testbed
 from .node.runtime import RealNode
 from .processes import wait_until
 from .versions import binary
 
-REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "grpo-operator"
 EXAMPLE = REPO / "examples" / "grpojob-tiny.yaml"
 JOB_NS = "grpo-demo"

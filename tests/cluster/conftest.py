@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
@@ -18,7 +17,6 @@ from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.operator_process import OPERATOR_NS_PREFIX, WEBHOOK_CONFIG, OperatorProcess
 from grpo_testbed.processes import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 # A GPU type the operator's catalog file adds (the chart's gpuCatalog value, mounted).
 ADDED_GPU = "MI300X-192GB"
 ADDED_GPU_ENTRY = {"memoryGiB": 191.5, "productLabel": "AMD-Instinct-MI300X",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
@@ -15,8 +14,6 @@ from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.operator_process import OPERATOR_NS_PREFIX, OperatorProcess
 from grpo_testbed.processes import wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

