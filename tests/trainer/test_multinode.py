@@ -6,9 +6,9 @@ One cluster serves the whole module, in order: an uninterrupted 2 x 2 run places
 0-1 on one worker node and 2-3 on the other, never on the head (which has CPUs and GPUs
 to spare, so only ``ranks_on_head: false`` keeps ranks off it), and is the reference;
 asking for 3 nodes ends with WorkersMissing (exit 5) at the gang deadline; removing a
-worker node during step 2 ends the run with NodeLost (exit 5) instead of hanging; the
-next attempt resumes on a new 1 x 4 node and ends with the reference's weights, bit for
-bit.
+worker node during step 2 (its rewards wait for the removal) ends the run with NodeLost
+(exit 5) instead of hanging; the next attempt resumes on a new 1 x 4 node and ends with
+the reference's weights, bit for bit.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.run import run_training
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.testing.rewards import HOLD_CHECKPOINTS, HOLD_LIMIT_S, HOLD_RELEASE
 
 pytestmark = pytest.mark.trainer
 STEPS = 3
@@ -175,18 +176,27 @@ def test_a_node_removed_mid_step_ends_the_attempt_as_node_lost(
 ) -> None:
     ckpt = multinode.tmp / "lost"
     term = multinode.tmp / "lost-termination-log"
+    release = multinode.tmp / "lost-node-removed"
     monkeypatch.setenv("GRPO_TERMINATION_LOG", str(term))
     monkeypatch.setenv("GRPO_ATTEMPT", "0")
-    path = multinode.write("lost", multinode.config(2, 2, ckpt))
+    # Step 2's rewards wait for the node's removal: the step cannot finish first.
+    monkeypatch.setenv(HOLD_CHECKPOINTS, str(ckpt))
+    monkeypatch.setenv(HOLD_RELEASE, str(release))
+    cfg = multinode.config(2, 2, ckpt)
+    cfg["reward"] = {
+        "type": "function",
+        "function": "grpo_trainer.testing.rewards:reward_held_after_a_checkpoint",
+        "timeout_s": HOLD_LIMIT_S + 60,
+    }
+    path = multinode.write("lost", cfg)
     victim = next(iter(multinode.cluster.worker_nodes))
-    removed = threading.Event()
+    stop = threading.Event()
 
     def remove_after_step_1() -> None:
-        while not removed.is_set():
-            tracker = read_tracker(ckpt)
-            if tracker is not None and tracker.step >= 1:
+        while not stop.is_set():
+            if read_tracker(ckpt) is not None:
                 multinode.cluster.remove_node(victim, allow_graceful=False)
-                removed.set()
+                release.touch()
                 return
             time.sleep(0.1)
 
@@ -195,15 +205,13 @@ def test_a_node_removed_mid_step_ends_the_attempt_as_node_lost(
     try:
         code = run_training(str(path))
     finally:
-        removed.set()
+        stop.set()
         killer.join()
     msg = json.loads(term.read_text())
     assert code == ExitCode.WORKER_LOST, msg
-    # The node goes once step 1 is committed; on a loaded machine its removal can take
-    # longer than a step, so the step it interrupts is the one after the last commit.
     committed = msg["lastCheckpointStep"]
-    assert msg["reason"] == "NodeLost" and committed >= 1, msg
-    assert msg["step"] == committed + 1, msg
+    assert msg["reason"] == "NodeLost" and committed == 1, msg
+    assert msg["step"] == 2, msg
     assert read_tracker(ckpt).step == committed  # type: ignore[union-attr]
     multinode.state["lost"] = ckpt
     multinode.state["lost_at"] = committed
