@@ -8,7 +8,8 @@ import pytest
 
 from grpo_api.contract import TERMINATION_MESSAGE_MAX_BYTES, ExitCode, FailureReason
 from grpo_trainer.config import ConfigError
-from grpo_trainer.errors import StepError, classify, parse_fault, step_of, termination_message
+from grpo_trainer.errors import StepError, classify, step_of, termination_message
+from grpo_trainer.faults import parse_fault
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import pytest
 
 from grpo_api.trainer_config import MetricsConfig
 from grpo_trainer.config import ConfigError, build_config
-from grpo_trainer.errors import leak_mib_per_step, parse_fault
+from grpo_trainer.faults import leak_mib_per_step, parse_fault
 from grpo_trainer.metrics import MetricsLogger
 from grpo_trainer.progress import Progress
 from grpo_trainer.watchdog import (

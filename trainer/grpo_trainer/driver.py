@@ -23,13 +23,8 @@ from .checkpointing.final_export import FinalExport, export_final
 from .checkpointing.seam import Checkpointer, NoCheckpointer
 from .config import ConfigError
 from .data import PromptDataset, Record, StatefulLoader
-from .errors import (
-    StepError,
-    allocate_until_killed,
-    is_peer_loss,
-    parse_fault,
-    raise_injected_oom,
-)
+from .errors import StepError, is_peer_loss
+from .faults import allocate_until_killed, parse_fault, raise_injected_oom
 from .metrics import MetricsLogger
 from .placement import Gang, layout_for
 from .progress import NullProgressReporter, Progress, ProgressReporter

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -30,7 +29,8 @@ from .devices import (
     process_group_backend,
     rank_device_type,
 )
-from .errors import SLOW_ROLLOUT_S, leak_mib_per_step, parse_fault, raise_injected_oom, rank_phase
+from .errors import rank_phase
+from .faults import RankFaults
 from .gpu_memory import GpuMemoryMeter
 from .lora.sync import sync_rollout_weights
 from .modeling import DTYPES, build_sharded, load_full, stream_full_params
@@ -97,9 +97,7 @@ class Worker:
             LOCAL_WORLD_SIZE=str(per_node),
         )
         self.samples: list[Sample] = []
-        self.fault = parse_fault(cfg.trainer.fault_inject)
-        self._leak_bytes = int(leak_mib_per_step(cfg.trainer.fault_inject) * 2**20)
-        self._leaked: list[torch.Tensor] = []
+        self.faults = RankFaults(cfg.trainer.fault_inject, rank, world_size)
         torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
         self.policy = PolicyUpdate(self)
 
@@ -309,30 +307,11 @@ class Worker:
         model = load_full(cfg.model, self.compute_dtype).to(self.device)
         return HFGenerateEngine(model, self.pad_id, self.eos_ids, cfg.rollout.hf_sampler)
 
-    def _maybe_fault(self, phase: str, step: int) -> None:
-        if self.fault is None or self.fault[1] != step:
-            return
-        kind = self.fault[0]
-        if kind == "cuda_oom" and phase == "update" and self.rank == 0:
-            raise_injected_oom(f"worker rank {self.rank} ({phase})", step)
-        if kind == "slow_rollout" and phase == "generate":
-            log.warning("INJECTED FAULT (GRPO_FAULT_INJECT): rank %d sleeps %.0f s", self.rank,
-                        SLOW_ROLLOUT_S)
-            time.sleep(SLOW_ROLLOUT_S)
-        if kind == "worker_exit" and phase == "generate" and self.rank == self.world_size - 1:
-            log.error("INJECTED FAULT (GRPO_FAULT_INJECT): worker rank %d exits", self.rank)
-            os._exit(1)
-
-    def _maybe_leak(self, step: int) -> None:
-        """``leak_host`` fault: a real leak, written pages kept alive for good."""
-        if self._leak_bytes and self.fault is not None and step >= self.fault[1]:
-            self._leaked.append(torch.ones(self._leak_bytes, dtype=torch.uint8))
-
     # -- rollout ---------------------------------------------------------------
     @rank_phase(RankPhase.ROLLOUT)
     def generate(self, records: list[Record], step: int) -> list[dict[str, Any]]:
         """``rollout.n`` responses per record; keeps the samples, returns their text."""
-        self._maybe_fault("generate", step)
+        self.faults.at("generate", step)
         self.gpu_memory.start_rollout()
         cfg = self.cfg
         # A TP group's ranks run one engine on the same prompts: the group's records,
@@ -422,8 +401,8 @@ class Worker:
     @rank_phase(RankPhase.TRAINING)
     def update(self, advantages: list[float], step: int) -> dict[str, float]:
         """The step's policy update on this rank's samples, given their advantages."""
-        self._maybe_fault("update", step)
-        self._maybe_leak(step)
+        self.faults.at("update", step)
+        self.faults.leak(step)
         if len(advantages) != len(self.samples):
             raise ValueError(f"{len(advantages)} advantages for {len(self.samples)} samples")
         for s, a in zip(self.samples, advantages, strict=True):
