@@ -23,6 +23,7 @@ from grpo_trainer.stall import (
     STALL_STEP_MULTIPLE,
     STALL_WARMUP_STEPS,
     Frame,
+    StallError,
     RankStacks,
     ThreadStack,
     effective_timeout_s,
@@ -31,7 +32,6 @@ from grpo_trainer.stall import (
     report_text,
     verdict,
 )
-from grpo_trainer.stall_monitor import StallError
 
 pytestmark = pytest.mark.unit
 

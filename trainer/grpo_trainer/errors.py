@@ -28,7 +28,7 @@ from grpo_api.contract import (
 
 from .config import ConfigError
 from .sigterm import Terminated
-from .stall_monitor import StallError
+from .stall import StallError
 
 log = logging.getLogger(__name__)
 

@@ -145,6 +145,16 @@ class StallVerdict:
         return f"{head}: {where}"
 
 
+class StallError(RuntimeError):
+    """The run made no progress for the stall timeout (exit 6, Hang)."""
+
+    def __init__(self, v: StallVerdict, stacks_path: Path | None) -> None:
+        where = f"; every rank's stacks: {stacks_path}" if stacks_path else ""
+        super().__init__(v.message() + where)
+        self.verdict = v
+        self.stacks_path = stacks_path
+
+
 def verdict(stacks: Sequence[RankStacks], waiting: Sequence[int], phase: str, idle_s: float,
             timeout_s: float, probe_timeout_s: float) -> StallVerdict:
     rank = choose_stuck(stacks, waiting)

@@ -25,7 +25,15 @@ from typing import Any, TextIO
 
 from grpo_api.contract import ExitCode, FailureReason
 
-from .stall import Heartbeat, RankStacks, StallVerdict, effective_timeout_s, report_text, verdict
+from .errors import termination_message, write_termination
+from .stall import (
+    Heartbeat,
+    RankStacks,
+    StallError,
+    effective_timeout_s,
+    report_text,
+    verdict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +141,6 @@ def driver_stacks() -> str:
         return f.read()
 
 
-class StallError(RuntimeError):
-    """The run made no progress for the stall timeout (exit 6, Hang)."""
-
-    def __init__(self, v: StallVerdict, stacks_path: Path | None) -> None:
-        where = f"; every rank's stacks: {stacks_path}" if stacks_path else ""
-        super().__init__(v.message() + where)
-        self.verdict = v
-        self.stacks_path = stacks_path
-
-
 class StallMonitor:
     """A thread in the driver: ends the run when the heartbeat stops for the timeout.
 
@@ -213,8 +211,6 @@ class StallMonitor:
         if self._stop.wait(self.force_exit_after_s):
             return
         # The loop never came back to a Ray wait (stuck in the driver's own code).
-        from .errors import termination_message, write_termination
-
         log.error("the training loop did not stop within %.0f s: exiting",
                   self.force_exit_after_s)
         write_termination(self.termination_log, termination_message(
