@@ -1,5 +1,5 @@
-"""Rollout engines behind one interface: transformers ``generate`` (CPU, tests) and vLLM (GPUs)."""
+"""Rollout engines behind one interface: transformers ``generate`` (CPU, tests) and vLLM (GPUs).
 
-from .base import Generation, RolloutEngine, SamplingSpec
-
-__all__ = ["Generation", "RolloutEngine", "SamplingSpec"]
+Deliberately empty: ``config.py`` imports ``engine_limits`` from here, and re-exporting
+``base`` would pull the samples and data modules (which import ``config``) into it.
+"""
