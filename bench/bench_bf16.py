@@ -81,14 +81,14 @@ def _group(cfg: Any, mode: str) -> Any:
     w = group.workers[0]
     if mode in ("stochastic", "none"):
         a = cfg.actor
-        w.optimizer = BF16AdamW(
-            w.actor.parameters(),
+        w.state.optimizer = BF16AdamW(
+            w.state.actor.parameters(),
             lr=a.lr,
             betas=a.betas,
             weight_decay=a.weight_decay,
             compensation=mode,
         )
-        w.scheduler = torch.optim.lr_scheduler.LambdaLR(w.optimizer, lambda s: 1.0)
+        w.state.scheduler = torch.optim.lr_scheduler.LambdaLR(w.state.optimizer, lambda s: 1.0)
     return group
 
 
@@ -98,10 +98,10 @@ def _params(group: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor
     every shard is the whole tensor."""
     w = group.workers[0]
     weights, held = {}, {}
-    for name, p in w.actor.named_parameters():
+    for name, p in w.state.actor.named_parameters():
         full = p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()
         weights[name] = full.double()
-        comp = w.optimizer.state.get(p, {}).get("compensation")
+        comp = w.state.optimizer.state.get(p, {}).get("compensation")
         if comp is not None:
             comp = comp.full_tensor() if hasattr(comp, "full_tensor") else comp
             held[name] = weights[name] + comp.double()
@@ -124,7 +124,8 @@ def drift(
         rng = random.Random(0)
         w = group.workers[0]
         # Low ids are ordinary tokens in the tiny tokenizers; never an image placeholder.
-        vocab = [t for t in range(3, 64) if t not in w.suppress_ids and t not in w.eos_ids]
+        vocab = [t for t in range(3, 64)
+                 if t not in w.tokens.suppress_ids and t not in w.tokens.eos_ids]
         for step in range(1, steps + 1):
             batch = rng.sample(records, 2)
             items = [

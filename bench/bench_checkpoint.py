@@ -121,11 +121,11 @@ def main() -> int:
     trainer = GRPOTrainer(cfg)
     group = LocalGroup(cfg)
     worker = group.workers[0]
-    params = list(worker.actor.parameters())
+    params = list(worker.state.actor.parameters())
     for p in params:  # real (not all-zero) Adam moments
         p.grad = torch.randn_like(p) * 1e-3
-    worker.optimizer.step()
-    worker.optimizer.zero_grad(set_to_none=True)
+    worker.state.optimizer.step()
+    worker.state.optimizer.zero_grad(set_to_none=True)
     n_params = sum(p.numel() for p in params)
     print(f"{n_params / 1e6:.1f} M parameters; fp32 weights + Adam moments", flush=True)
     logging.getLogger("grpo_trainer").setLevel(logging.WARNING)
@@ -187,7 +187,7 @@ def main() -> int:
         target = work / "full.pt"
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         t0 = time.perf_counter()
-        msd, osd = get_state_dict(worker.actor, worker.optimizer, options=opts)
+        msd, osd = get_state_dict(worker.state.actor, worker.state.optimizer, options=opts)
         with open(target, "wb") as f:
             torch.save({"model": msd, "optim": osd}, f)
             f.flush()
@@ -198,8 +198,8 @@ def main() -> int:
         t0 = time.perf_counter()
         state = torch.load(target, weights_only=True)
         set_state_dict(
-            worker.actor,
-            worker.optimizer,
+            worker.state.actor,
+            worker.state.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
             options=StateDictOptions(full_state_dict=True),

@@ -40,7 +40,7 @@ def _sync_once(policy: Any, micros: int) -> None:
     count = [0]
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        policy.w.actor.set_requires_gradient_sync(count[0] % micros == micros - 1)
+        policy.state.actor.set_requires_gradient_sync(count[0] % micros == micros - 1)
         count[0] += 1
         return step(*args, **kwargs)
 

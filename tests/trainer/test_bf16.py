@@ -65,7 +65,7 @@ def test_every_init_strategy_stores_the_checkpoint_in_bf16_and_rotary_in_fp32(
     )
     group = LocalGroup(build_config(raw, environ={}))
     try:
-        actor = group.workers[0].actor
+        actor = group.workers[0].state.actor
         params = {n: p.detach().full_tensor() for n, p in actor.named_parameters()}
         buffers = {n: b.detach() for n, b in actor.named_buffers()}
     finally:

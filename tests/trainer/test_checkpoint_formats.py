@@ -40,21 +40,21 @@ class Rig:
         """Every parameter and Adam moment of the rank, copied."""
         out = {f"p/{n}": p.detach().to_local().clone() for n, p in self._params()}
         for n, p in self._params():
-            for k, v in self.worker.optimizer.state.get(p, {}).items():
+            for k, v in self.worker.state.optimizer.state.get(p, {}).items():
                 if isinstance(v, torch.Tensor):
                     t = v.to_local() if hasattr(v, "to_local") else v
                     out[f"o/{n}/{k}"] = t.detach().clone()
         return out
 
     def _params(self) -> list[tuple[str, Any]]:
-        return list(self.worker.actor.named_parameters())
+        return list(self.worker.state.actor.named_parameters())
 
     def perturb(self) -> None:
         """One optimizer step on random gradients: every tensor of the state changes."""
         for _, p in self._params():
             p.grad = torch.randn_like(p) * 1e-2
-        self.worker.optimizer.step()
-        self.worker.optimizer.zero_grad(set_to_none=True)
+        self.worker.state.optimizer.step()
+        self.worker.state.optimizer.zero_grad(set_to_none=True)
 
     def save(self, step: int) -> Path:
         DCPCheckpointer(self.cfg).maybe_save(step, self.group, self.trainer.loader, final=True)

@@ -9,6 +9,7 @@ are the thin edges that read torch and the model directory.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,3 +110,10 @@ def checkpoint_bytes(model_path: str) -> int:
         return 0
     files = [*root.glob("*.safetensors"), *root.glob("*.bin")]
     return sum(f.stat().st_size for f in files if f.is_file())
+
+
+def free_port() -> int:
+    """A TCP port free on this host now: the process group's rendezvous port."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])

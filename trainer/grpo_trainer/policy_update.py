@@ -2,9 +2,9 @@
 loss over mini- and micro-batches, one optimizer step per mini-batch, and the step's
 update metrics (every rank's sums, all-reduced).
 
-``PolicyUpdate`` is held by a ``Worker`` and reads the rank's model, optimizer,
-scheduler and samples from it (as ``checkpointing.rank.RankCheckpointer`` does); the loss
-maths is in ``grpo_math``.
+``PolicyUpdate`` works on the rank's ``RankState`` (models, optimizer, scheduler, device,
+world), the one ``checkpointing.rank.RankCheckpointer`` saves; each step's samples are
+handed to ``run``. The loss maths is in ``grpo_math``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -22,10 +20,8 @@ from torch import nn
 from .grpo_math import GRPOLossOut, entropy_from_logits, grpo_loss, log_probs_from_logits
 from .lora import adapters_disabled
 from .modeling import params_home
+from .rank_state import RankState
 from .samples import Sample, TrainBatch, can_pack, collate_packed, collate_train
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -77,34 +73,34 @@ def _filled(log_probs: torch.Tensor | None, which: str) -> torch.Tensor:
 
 
 class PolicyUpdate:
-    """Reads ``cfg``, ``actor``, ``ref``, ``optimizer``, ``scheduler``, ``samples``,
-    ``device``, ``pad_id`` and ``compute_dtype`` from its ``Worker`` (all set by
-    ``Worker.setup``, so this holds no state of its own)."""
+    """The update of ``state`` (which it steps, holding no state of its own); ``pad_id``
+    is the tokenizer's, which the training collation pads with."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.w = worker
+    def __init__(self, state: RankState, pad_id: int) -> None:
+        self.state = state
+        self.pad_id = pad_id
 
-    def run(self, step: int) -> dict[str, float]:
-        """Recompute old (and reference) log-probs, then the clipped GRPO update; each
-        phase timed on this rank (the driver reports the slowest rank's times). The
-        samples carry their advantages already."""
-        w, cfg = self.w, self.w.cfg
+    def run(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
+        """Recompute old (and reference) log-probs of ``samples``, then the clipped GRPO
+        update; each phase timed on this rank (the driver reports the slowest rank's
+        times). The samples carry their advantages already."""
+        w, cfg = self.state, self.state.cfg
         # One optimizer step per rollout batch: the policy cannot move before its
         # log-probs are taken, so the update forward's detached log-probs are the
         # old ones and a separate recompute pass would be wasted work.
         on_policy = cfg.actor.ppo_epochs == 1 and cfg.mini_batch_samples == cfg.samples_per_step
         t0 = time.perf_counter()
         if not on_policy:
-            self._fill(w.actor, "old_log_probs")
+            self._fill(w.actor, samples, "old_log_probs")
         t1 = time.perf_counter()
         if w.ref is not None:
             with adapters_disabled(w.ref):
-                self._fill(w.ref, "ref_log_probs")
+                self._fill(w.ref, samples, "ref_log_probs")
         t2 = time.perf_counter()
-        stats = self._policy_update(step, on_policy)
+        stats = self._policy_update(samples, step, on_policy)
         t3 = time.perf_counter()
         return {
-            **self._update_metrics(stats),
+            **self._update_metrics(samples, stats),
             "time/old_logprob_s": t1 - t0,
             "time/ref_logprob_s": t2 - t1,
             "time/update_s": t3 - t2,
@@ -115,7 +111,7 @@ class PolicyUpdate:
     ) -> tuple[torch.Tensor, torch.Tensor | None, TrainBatch]:
         """``model``'s log-probs of the micro-batch's response tokens (and their entropy),
         and the collated batch that maps them back to samples."""
-        w = self.w
+        w = self.state
         batch = self._collate(micro)
         inputs = {k: v.to(w.device) for k, v in batch.model_inputs.items()}
         out = model(**inputs, use_cache=False)
@@ -133,31 +129,31 @@ class PolicyUpdate:
     def _collate(self, micro: list[Sample]) -> TrainBatch:
         # Shared-prefix packing needs a 4-D attention mask: every attention the config
         # allows (sdpa, eager) takes one.
-        if self.w.cfg.actor.shared_prefix and can_pack(micro):
-            return collate_packed(micro, self.w.pad_id, self.w.compute_dtype)
-        return collate_train(micro, self.w.pad_id)
+        if self.state.cfg.actor.shared_prefix and can_pack(micro):
+            return collate_packed(micro, self.pad_id, self.state.compute_dtype)
+        return collate_train(micro, self.pad_id)
 
     @torch.no_grad()
-    def _fill(self, model: nn.Module, attr: str) -> None:
-        for micro in _chunks(self.w.samples, self.w.cfg.actor.micro_batch_size):
+    def _fill(self, model: nn.Module, samples: Sequence[Sample], attr: str) -> None:
+        for micro in _chunks(samples, self.state.cfg.actor.micro_batch_size):
             logp, _, batch = self.log_probs(model, micro, with_entropy=False)
             for s, lp in zip(micro, batch.gather(logp.cpu()), strict=True):
                 setattr(s, attr, lp.clone())
 
     def _all_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.w.device)
-        dist.all_reduce(t)
+        t = torch.tensor(values, dtype=torch.float64, device=self.state.device)
+        dist.all_reduce(t, group=self.state.world.group)
         return [float(v) for v in t.cpu()]
 
-    def _policy_update(self, step: int, on_policy: bool) -> UpdateStats:
+    def _policy_update(self, samples: Sequence[Sample], step: int, on_policy: bool) -> UpdateStats:
         """``actor.ppo_epochs`` x mini-batches x micro-batches of the clipped loss, one
         optimizer step per mini-batch."""
-        w, cfg = self.w, self.w.cfg
+        w, cfg = self.state, self.state.cfg
         w.actor.train()  # HF only checkpoints activations in train mode
-        mini = cfg.mini_batch_samples // w.world_size
+        mini = cfg.mini_batch_samples // w.world.size
         stats = UpdateStats()
         for _epoch in range(cfg.actor.ppo_epochs):
-            for mini_batch in _chunks(w.samples, mini):
+            for mini_batch in _chunks(samples, mini):
                 local_tokens = sum(int(s.response_ids.numel()) for s in mini_batch)
                 global_tokens = self._all_sum([local_tokens])[0]
                 # Every micro-batch's backward reduce-scatters its gradients into the
@@ -175,7 +171,7 @@ class PolicyUpdate:
         self, micro: list[Sample], global_tokens: float, on_policy: bool
     ) -> GRPOLossOut:
         """Forward and backward of one micro-batch; its loss terms for the metrics."""
-        w = self.w
+        w = self.state
         alg, dev = w.cfg.algorithm, w.device
         logp, ent, batch = self.log_probs(w.actor, micro, with_entropy=True)
         if on_policy:
@@ -209,12 +205,12 @@ class PolicyUpdate:
         )
         # FSDP averages gradients over ranks; each rank's loss is already its share of
         # the global token mean, so undo the average.
-        (out.loss * w.world_size).backward()
+        (out.loss * w.world.size).backward()
         return out
 
     def _optimizer_step(self, step: int, stats: UpdateStats) -> None:
         """Clip, step (skipped on a non-finite norm), zero the gradients, advance the LR."""
-        w = self.w
+        w = self.state
         grad_norm = torch.nn.utils.clip_grad_norm_(w.actor.parameters(), w.cfg.actor.max_grad_norm)
         gn = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         stats.grad_norms.append(gn)
@@ -230,12 +226,12 @@ class PolicyUpdate:
         w.optimizer.zero_grad(set_to_none=True)
         w.scheduler.step()
 
-    def _update_metrics(self, stats: UpdateStats) -> dict[str, float]:
+    def _update_metrics(self, samples: Sequence[Sample], stats: UpdateStats) -> dict[str, float]:
         """The step's update metrics: every rank's sums, all-reduced."""
-        w, cfg = self.w, self.w.cfg
+        w, cfg = self.state, self.state.cfg
         diffs = [
             (s.old_log_probs - s.rollout_log_probs).abs()  # type: ignore[operator]
-            for s in w.samples
+            for s in samples
             if s.rollout_log_probs.abs().sum() > 0
         ]
         gap = torch.cat(diffs) if diffs else torch.zeros(1)
@@ -253,6 +249,6 @@ class PolicyUpdate:
             "actor/dual_clip_frac": total.dual_clip_tokens / max(total.tokens, 1.0),
             "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             "actor/lr": float(w.scheduler.get_last_lr()[0]),
-            "actor/optimizer_steps": total.optimizer_steps / w.world_size,
+            "actor/optimizer_steps": total.optimizer_steps / w.world.size,
             "rollout/logprob_abs_diff_mean": gap_sum / max(gap_count, 1.0),
         }

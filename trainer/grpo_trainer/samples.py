@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-from .data import Record, build_messages, decode_images
+from grpo_api.trainer_config import Config
+
+from .data import Record, build_messages, decode_images, load_template
 
 
 @dataclass
@@ -82,6 +84,66 @@ class PromptEncoder:
             else:
                 mm[key] = value
         return EncodedPrompt(record, ids, extras, mm, list(raw_ids), images)
+
+
+@dataclass(frozen=True)
+class RolloutTokens:
+    """The tokenizer's side of a rank's rollout: the prompt encoder, the pad id, the ids
+    that end a response and the ids never sampled."""
+
+    tokenizer: Any
+    encoder: PromptEncoder
+    pad_id: int
+    eos_ids: list[int]
+    # Image/video placeholders: never sampled (SamplingSpec.suppress_ids).
+    suppress_ids: tuple[int, ...]
+
+
+def load_rollout_tokens(cfg: Config, hf_config: Any) -> RolloutTokens:
+    """The tokenizer (and, for a VLM, the processor) of ``cfg.model``; ``hf_config`` is
+    the loaded model's config, whose EOS and vision token ids win over the tokenizer's."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    tok_path = cfg.model.tokenizer_path or cfg.model.path
+    tokenizer = AutoTokenizer.from_pretrained(
+        tok_path, trust_remote_code=cfg.model.trust_remote_code
+    )
+    processor = None
+    if getattr(hf_config, "vision_config", None) is not None:
+        processor = AutoProcessor.from_pretrained(
+            tok_path, trust_remote_code=cfg.model.trust_remote_code
+        )
+    size = None
+    if (
+        "image_max_pixels" in cfg.data.model_fields_set
+        or "image_min_pixels" in cfg.data.model_fields_set
+    ):
+        size = {
+            "shortest_edge": cfg.data.image_min_pixels,
+            "longest_edge": cfg.data.image_max_pixels,
+        }
+    encoder = PromptEncoder(processor, tokenizer, load_template(cfg.data.format_prompt), size)
+    eos = getattr(hf_config, "eos_token_id", None)
+    if eos is None:  # VLM configs keep it on the text sub-config
+        eos = getattr(getattr(hf_config, "text_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    eos_ids = eos if isinstance(eos, list) else [eos]
+    vision_keys = (
+        "image_token_id",
+        "video_token_id",
+        "vision_start_token_id",
+        "vision_end_token_id",
+    )
+    return RolloutTokens(
+        tokenizer=tokenizer,
+        encoder=encoder,
+        pad_id=int(tokenizer.pad_token_id),
+        eos_ids=[int(e) for e in eos_ids],
+        suppress_ids=tuple(
+            int(v) for k in vision_keys if (v := getattr(hf_config, k, None)) is not None
+        ),
+    )
 
 
 def _concat_mm(prompts: list[EncodedPrompt]) -> dict[str, torch.Tensor]:

@@ -3,28 +3,31 @@
 Plain class so tests and the benchmark can use it in-process; ``driver.py`` wraps
 it as a Ray actor. Samples stay on the rank that generated them (pixel values
 never travel back to the driver); the driver only sends advantages.
+
+``setup`` builds the rank's ``RankState`` (rank_state.py) and hands it to the update
+(policy_update.py) and the checkpoint I/O (checkpointing/rank.py); neither imports this
+module or reads the worker. What stays here is the rollout side: tokenizer, engine, samples.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from grpo_api.contract import RankPhase
 from grpo_api.trainer_config import Config
 
-from .data import Record, load_template
+from .checkpointing.rank import RankCheckpointer
+from .data import Record
 from .devices import (
     checkpoint_bytes,
     collective_timeout_s,
+    free_port,
     probe_cuda,
     process_group_backend,
     rank_device_type,
@@ -33,36 +36,15 @@ from .errors import rank_phase
 from .faults import RankFaults
 from .gpu_memory import GpuMemoryMeter
 from .lora.sync import sync_rollout_weights
-from .modeling import DTYPES, build_sharded, load_full, stream_full_params
+from .modeling import load_full, stream_full_params
 from .placement import cuda_device_index
 from .policy_update import PolicyUpdate
-from .precision import build_optimizer
+from .rank_state import RankState, World, build_rank_state
 from .rollout.base import RolloutEngine, SamplingSpec
-from .samples import (
-    EncodedPrompt,
-    PromptEncoder,
-    Sample,
-)
+from .rollout.seeds import prompt_seed, rollout_seed
+from .samples import EncodedPrompt, Sample, load_rollout_tokens
 
 log = logging.getLogger(__name__)
-
-
-def rollout_seed(base: int, step: int, rank: int) -> int:
-    """Rollout randomness as a function of (seed, step, rank): resumable without RNG state."""
-    return (base * 1_000_003 + step * 1009 + rank) % (2**31 - 1)
-
-
-def prompt_seed(base: int, step: int, index: int) -> int:
-    """One prompt's sampling seed (vLLM), from (seed, step, dataset index) only."""
-    import numpy as np
-
-    return int(np.random.SeedSequence([base, step, index]).generate_state(1)[0] >> 1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def _ray_gpu_ids() -> list[Any]:
@@ -79,6 +61,13 @@ def _ray_node_id() -> str | None:
 
 
 class Worker:
+    """One rank: its rollout side (tokenizer, engine, this step's samples) and, from
+    ``setup`` on, its ``RankState``, which the update and the checkpointer work on."""
+
+    state: RankState  # set by setup
+    policy: PolicyUpdate
+    checkpoints: RankCheckpointer
+
     def __init__(
         self, cfg: Config, rank: int, world_size: int, local_rank: int | None = None
     ) -> None:
@@ -99,7 +88,6 @@ class Worker:
         self.samples: list[Sample] = []
         self.faults = RankFaults(cfg.trainer.fault_inject, rank, world_size)
         torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
-        self.policy = PolicyUpdate(self)
 
     # -- setup ---------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -107,12 +95,12 @@ class Worker:
 
         return ray.util.get_node_ip_address(), free_port()
 
-    def _place(self) -> None:
+    def _place(self) -> tuple[torch.device, str, timedelta]:
         """This rank's device, process-group backend and collective timeout (devices.py).
         A rank given GPUs computes on CUDA or fails (exit 2): never on the CPU unnoticed."""
         res = self.cfg.resources
         device_type = rank_device_type(res, probe_cuda() if res.trains_on_cuda else None)
-        self.device = (
+        device = (
             torch.device(
                 "cuda",
                 cuda_device_index(
@@ -122,118 +110,47 @@ class Worker:
             if device_type == "cuda"
             else torch.device("cpu")
         )
-        self.backend = process_group_backend(device_type)
+        backend = process_group_backend(device_type)
         model_bytes = checkpoint_bytes(self.cfg.model.path)
-        self.collective_timeout = timedelta(
-            seconds=collective_timeout_s(model_bytes, res.collective_timeout_s)
-        )
-        self.gpu_memory = GpuMemoryMeter(self.device)
+        timeout = timedelta(seconds=collective_timeout_s(model_bytes, res.collective_timeout_s))
+        return device, backend, timeout
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         # Here, not in __init__: Ray hands a method's ConfigError to the driver (exit 2),
         # while one raised in an actor's constructor arrives as a dead actor (NodeLost).
-        self._place()
+        device, backend, timeout = self._place()
         if not dist.is_initialized():
             dist.init_process_group(
-                self.backend,
+                backend,
                 init_method=f"tcp://{master_addr}:{master_port}",
                 rank=self.rank,
                 world_size=self.world_size,
-                timeout=self.collective_timeout,
+                timeout=timeout,
             )
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        self.gpu_memory = GpuMemoryMeter(device)
+        world = World(self.rank, self.world_size, dist.group.WORLD)
         with rank_phase(RankPhase.LOAD):
-            self.build_update_state()
-        self._setup_tokenizer()
-        self.tp_group = self._rollout_group()
+            self.state = build_rank_state(self.cfg, device, world)
+        self.tokens = load_rollout_tokens(self.cfg, self.state.actor.config)
+        self.policy = PolicyUpdate(self.state, self.tokens.pad_id)
+        self.checkpoints = RankCheckpointer(self.state)
+        self.tp_group = self._rollout_group(timeout)
         with rank_phase(RankPhase.ROLLOUT):  # vLLM's start: its memory check, its pool
             self.engine = self._build_engine()
-        n_params = sum(p.numel() for p in self.actor.parameters())
+        n_params = sum(p.numel() for p in self.state.actor.parameters())
         return {
             "rank": self.rank,
-            "backend": self.backend,
+            "backend": backend,
             "local_params": n_params,
             "node_id": _ray_node_id(),
             "local_rank": self.local_rank,
-            "device": str(self.device),
+            "device": str(device),
             "env": {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")},
         }
 
-    def build_update_state(self, on_built: Callable[[str], object] = lambda _: None) -> None:
-        """The update half of ``setup``: actor, reference, optimizer and LR scheduler on
-        ``self.device``. bench/gpu_fidelity.py runs it on a bare GPU (no Ray, no vLLM);
-        ``on_built`` is told "load:actor" and "load:reference" as each is built."""
-        cfg = self.cfg
-        torch.manual_seed(cfg.trainer.seed)  # identical init everywhere (meta ranks overwrite)
-        self.compute_dtype = DTYPES[cfg.actor.dtype]
-        self.actor = build_sharded(cfg.model, cfg.actor, self.device, trainable=True)
-        on_built("load:actor")
-        self.ref: nn.Module | None = None
-        if cfg.algorithm.kl_coef > 0:
-            # LoRA: the reference is the actor itself with its adapters off (no copy).
-            self.ref = self.actor if cfg.actor.lora else build_sharded(
-                cfg.model, cfg.actor, self.device, trainable=False
-            )
-        on_built("load:reference")
-        # AdamW (fused, float32 state) or, for actor.precision bf16, BF16AdamW; with
-        # LoRA only the adapters are trainable.
-        self.optimizer = build_optimizer(
-            [p for p in self.actor.parameters() if p.requires_grad], cfg.actor
-        )
-        # Only meaningful on GPUs; on CPU the state is already in host memory.
-        offload = cfg.actor.offload_optimizer and self.device.type == "cuda"
-        self.optimizer_home = torch.device("cpu") if offload else self.device
-        warmup = cfg.actor.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
-        )
-
-    def _setup_tokenizer(self) -> None:
-        from transformers import AutoProcessor, AutoTokenizer
-
-        cfg = self.cfg
-        tok_path = cfg.model.tokenizer_path or cfg.model.path
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            tok_path, trust_remote_code=cfg.model.trust_remote_code
-        )
-        processor = None
-        if getattr(self.actor.config, "vision_config", None) is not None:
-            processor = AutoProcessor.from_pretrained(
-                tok_path, trust_remote_code=cfg.model.trust_remote_code
-            )
-        size = None
-        if (
-            "image_max_pixels" in cfg.data.model_fields_set
-            or "image_min_pixels" in cfg.data.model_fields_set
-        ):
-            size = {
-                "shortest_edge": cfg.data.image_min_pixels,
-                "longest_edge": cfg.data.image_max_pixels,
-            }
-        self.encoder = PromptEncoder(
-            processor, self.tokenizer, load_template(cfg.data.format_prompt), size
-        )
-        self.pad_id = int(self.tokenizer.pad_token_id)
-        hf_cfg = self.actor.config
-        eos = getattr(hf_cfg, "eos_token_id", None)
-        if eos is None:  # VLM configs keep it on the text sub-config
-            eos = getattr(getattr(hf_cfg, "text_config", None), "eos_token_id", None)
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        eos_ids = eos if isinstance(eos, list) else [eos]
-        self.eos_ids = [int(e) for e in eos_ids]
-        vision_keys = (
-            "image_token_id",
-            "video_token_id",
-            "vision_start_token_id",
-            "vision_end_token_id",
-        )
-        self.suppress_ids = tuple(
-            int(v) for k in vision_keys if (v := getattr(hf_cfg, k, None)) is not None
-        )
-
-    def _rollout_group(self) -> Any:
+    def _rollout_group(self, timeout: timedelta) -> Any:
         """This rank's tensor-parallel rollout group: consecutive ranks, as vLLM builds
         its TP groups over the world. Every rank creates every group (a collective)."""
         tp = self.cfg.rollout.tensor_parallel_size
@@ -242,7 +159,7 @@ class Worker:
         mine = None
         for first in range(0, self.world_size, tp):
             # new_group takes its backend's default timeout, not the world's.
-            group = dist.new_group(list(range(first, first + tp)), timeout=self.collective_timeout)
+            group = dist.new_group(list(range(first, first + tp)), timeout=timeout)
             if first <= self.rank < first + tp:
                 mine = group
         return mine
@@ -294,7 +211,7 @@ class Worker:
                     max_num_seqs=seqs,
                     gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                     cpu_kv_cache_bytes=kv_cache_bytes(
-                        self.actor.config, self.compute_dtype, seqs * max_len, tp
+                        self.state.actor.config, self.state.compute_dtype, seqs * max_len, tp
                     ),
                     seed=cfg.rollout.seed,
                     enable_sleep_mode=cfg.rollout.enable_sleep_mode,
@@ -304,8 +221,8 @@ class Worker:
             )
         from .rollout.hf import HFGenerateEngine
 
-        model = load_full(cfg.model, self.compute_dtype).to(self.device)
-        return HFGenerateEngine(model, self.pad_id, self.eos_ids, cfg.rollout.hf_sampler)
+        model = load_full(cfg.model, self.state.compute_dtype).to(self.state.device)
+        return HFGenerateEngine(model, self.tokens.pad_id, self.tokens.eos_ids, cfg.rollout.hf_sampler)
 
     # -- rollout ---------------------------------------------------------------
     @rank_phase(RankPhase.ROLLOUT)
@@ -317,7 +234,7 @@ class Worker:
         # A TP group's ranks run one engine on the same prompts: the group's records,
         # in rank order; each rank keeps the samples of its own records.
         everything, own = self._tp_union(records)
-        prompts = [self.encoder.encode(r) for r in everything]
+        prompts = [self.tokens.encoder.encode(r) for r in everything]
         for p in prompts:
             if p.input_ids.numel() > cfg.data.max_prompt_length:
                 log.warning(
@@ -327,14 +244,15 @@ class Worker:
                     cfg.data.max_prompt_length,
                 )
         self.engine.wake()
-        sync_rollout_weights(self.engine, self.actor, self.compute_dtype, cfg.actor.lora)
+        st = self.state
+        sync_rollout_weights(self.engine, st.actor, st.compute_dtype, cfg.actor.lora)
         spec = SamplingSpec(
             n=cfg.rollout.n,
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
             max_new_tokens=cfg.rollout.max_new_tokens,
             seed=rollout_seed(cfg.rollout.seed, step, self.rank),
-            suppress_ids=self.suppress_ids,
+            suppress_ids=self.tokens.suppress_ids,
             prompt_seeds=tuple(prompt_seed(cfg.rollout.seed, step, r.index) for r in everything),
         )
         groups = self.engine.generate(prompts, spec) if prompts else []
@@ -342,7 +260,7 @@ class Worker:
         self.samples = []
         for prompt, gens in zip(prompts[own], groups[own], strict=True):
             for g in gens:
-                text = str(self.tokenizer.decode(g.token_ids, skip_special_tokens=True))
+                text = str(self.tokens.tokenizer.decode(g.token_ids, skip_special_tokens=True))
                 self.samples.append(Sample(prompt, g.token_ids, g.log_probs, g.finished, text))
         return [self._summary(s) for s in self.samples]
 
@@ -351,28 +269,29 @@ class Worker:
         """Validation (validation.py): one greedy response per record, chunk by chunk, with
         the current weights. Keeps nothing, and restores the RNG it may touch, so the
         training trajectory is the same with or without it."""
-        cuda = [self.device] if self.device.type == "cuda" else []
+        st = self.state
+        cuda = [st.device] if st.device.type == "cuda" else []
         out: list[dict[str, Any]] = []
         with torch.random.fork_rng(devices=cuda):
             self.engine.wake()
-            sync_rollout_weights(self.engine, self.actor, self.compute_dtype, self.cfg.actor.lora)
+            sync_rollout_weights(self.engine, st.actor, st.compute_dtype, self.cfg.actor.lora)
             for chunk in chunks:  # the same number on every rank: TP groups call together
                 everything, own = self._tp_union(chunk)
-                prompts = [self.encoder.encode(r) for r in everything]
+                prompts = [self.tokens.encoder.encode(r) for r in everything]
                 spec = SamplingSpec(
                     n=1,
                     temperature=0.0,  # greedy
                     top_p=1.0,
                     max_new_tokens=self.cfg.rollout.max_new_tokens,
                     seed=rollout_seed(self.cfg.rollout.seed, step, self.rank),
-                    suppress_ids=self.suppress_ids,
+                    suppress_ids=self.tokens.suppress_ids,
                     prompt_seeds=tuple(
                         prompt_seed(self.cfg.rollout.seed, step, r.index) for r in everything
                     ),
                 )
                 groups = self.engine.generate(prompts, spec) if prompts else []
                 for prompt, (g,) in zip(prompts[own], groups[own], strict=True):
-                    text = str(self.tokenizer.decode(g.token_ids, skip_special_tokens=True))
+                    text = str(self.tokens.tokenizer.decode(g.token_ids, skip_special_tokens=True))
                     sample = Sample(prompt, g.token_ids, g.log_probs, g.finished, text)
                     out.append(self._summary(sample))
             self.gpu_memory.sleep(self.engine)
@@ -392,7 +311,7 @@ class Worker:
         """Test seam: install given (prompt, response tokens) instead of generating."""
         self.samples = []
         for record, ids in items:
-            prompt: EncodedPrompt = self.encoder.encode(record)
+            prompt: EncodedPrompt = self.tokens.encoder.encode(record)
             resp = torch.tensor(ids, dtype=torch.long)
             self.samples.append(Sample(prompt, resp, torch.zeros(len(ids)), True, ""))
         return [self._summary(s) for s in self.samples]
@@ -407,7 +326,7 @@ class Worker:
             raise ValueError(f"{len(advantages)} advantages for {len(self.samples)} samples")
         for s, a in zip(self.samples, advantages, strict=True):
             s.advantage = float(a)
-        return {**self.policy.run(step), **self._memory()}
+        return {**self.policy.run(self.samples, step), **self._memory()}
 
     def _memory(self) -> dict[str, float]:
         """This rank's memory after the update (the driver reports the max over ranks)."""
@@ -416,31 +335,15 @@ class Worker:
         mem = {"memory/host_rss_bytes": float(psutil.Process().memory_info().rss)}
         return {**mem, **self.gpu_memory.metrics()}
 
-    def optimizer_state_to(self, device: torch.device) -> None:
-        """Adam moments live on the host between steps when offload_optimizer is on."""
-        if self.optimizer_home == self.device:
-            return
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.device != device:
-                    state[key] = value.to(device, non_blocking=True)
-
     # -- checkpoints: collective over ranks; the logic is in checkpointing/rank.py --
     def save_checkpoint(self, path: str, async_save: bool = False) -> dict[str, Any]:
-        return self._checkpoint_io().save(path, async_save)
+        return self.checkpoints.save(path, async_save)
 
     def finish_checkpoint(self, wait: bool = True) -> dict[str, Any] | None:
-        return self._checkpoint_io().finish(wait)
+        return self.checkpoints.finish(wait)
 
     def load_checkpoint(self, verify: dict[str, list[Any]], path: str) -> dict[str, Any]:
-        return self._checkpoint_io().load(path, verify)
-
-    def _checkpoint_io(self) -> Any:
-        if getattr(self, "_ckpt_io", None) is None:
-            from .checkpointing.rank import RankCheckpointer
-
-            self._ckpt_io = RankCheckpointer(self)
-        return self._ckpt_io
+        return self.checkpoints.load(path, verify)
 
     # -- stall probe and SIGTERM (stall_monitor.py, sigterm.py): Ray actors only ---
     def arm_signals(self) -> dict[str, Any]:
@@ -456,7 +359,7 @@ class Worker:
     # -- introspection (tests, checkpoint seam) ---------------------------------
     def full_params(self) -> dict[str, torch.Tensor]:
         """Full fp32 parameters (collective: call on every rank); rank 0's copy is used."""
-        return {n: t.clone() for n, t in stream_full_params(self.actor, torch.float32)}
+        return {n: t.clone() for n, t in stream_full_params(self.state.actor, torch.float32)}
 
     def rollout_log_prob_gap(self) -> float:
         """Max |rollout log-prob - actor log-prob| over this rank's response tokens."""

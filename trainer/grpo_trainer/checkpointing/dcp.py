@@ -22,6 +22,7 @@ import yaml
 
 from grpo_api.trainer_config import Config
 
+from ..rollout.seeds import rollout_seed
 from . import fence
 from .files import atomic_write, digest_file, file_size, remove_step_dir, write_durable
 from .tracker import (
@@ -205,8 +206,6 @@ class DCPCheckpointer:
         return tracker.step if tracker else None
 
     def _driver_files(self, step: int, loader: Any, world: int) -> dict[str, bytes]:
-        from ..worker import rollout_seed
-
         seed = self.cfg.rollout.seed
         state = {
             "format": FORMAT,

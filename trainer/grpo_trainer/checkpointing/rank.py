@@ -1,6 +1,6 @@
 """One rank's side of a checkpoint: DCP shards, RNG streams, LR scheduler.
 
-Runs inside a ``Worker`` (every method is collective over the ranks). The model
+Works on a rank's ``RankState`` (every method is collective over the ranks). The model
 and optimizer go through ``torch.distributed.checkpoint`` with DTensor state
 dicts from ``get_state_dict``, so a checkpoint saved by W ranks loads on any
 other number of ranks. Each file's digest (xxh3-128) is computed while it is
@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
+from ..rank_state import RankState
 from .files import HashingWriter, digest_file, write_durable
 from .reader import DirectReader
 from .tracker import FileEntry, digest_problems, from_wire, rank_file, to_wire
@@ -186,12 +187,12 @@ def _as_error(err: BaseException) -> BaseException:
 
 
 class RankCheckpointer:
-    """Held by a ``Worker``; reads ``actor``, ``optimizer``, ``scheduler`` from it."""
+    """Saves and loads ``state``'s actor, optimizer, scheduler, and this process's RNG."""
 
-    def __init__(self, worker: Any) -> None:
-        self.w = worker
+    def __init__(self, state: RankState) -> None:
+        self.state = state
         # I/O and hashing threads: the CPUs this rank was given, within reason.
-        self.threads = max(1, min(8, int(worker.cfg.resources.cpus_per_worker)))
+        self.threads = max(1, min(8, int(state.cfg.resources.cpus_per_worker)))
         self._group: Any = None
         self._pending: Future[FileEntry] | None = None
         self._fs: HashingFileSystem | None = None
@@ -210,8 +211,8 @@ class RankCheckpointer:
 
         from ..lora.checkpoint import state_dict_options
 
-        opts = state_dict_options(self.w.cfg.actor.lora)  # LoRA: adapters only
-        msd, osd = get_state_dict(self.w.actor, self.w.optimizer, options=opts)
+        opts = state_dict_options(self.state.cfg.actor.lora)  # LoRA: adapters only
+        msd, osd = get_state_dict(self.state.actor, self.state.optimizer, options=opts)
         return msd, osd
 
     # -- save ------------------------------------------------------------------
@@ -229,16 +230,17 @@ class RankCheckpointer:
         self._t0 = t0
         pg = self._pg()
         buf = io.BytesIO()
+        world = self.state.world
         torch.save(
             {
-                "rank": self.w.rank,
-                "world_size": self.w.world_size,
+                "rank": world.rank,
+                "world_size": world.size,
                 "rng": _rng_state(),
-                "scheduler": self.w.scheduler.state_dict(),
+                "scheduler": self.state.scheduler.state_dict(),
             },
             buf,
         )
-        extra_path = Path(path) / rank_file(self.w.rank)
+        extra_path = Path(path) / rank_file(world.rank)
         extra = buf.getvalue()
         msd, osd = self._state()
         writer, self._fs = _writer(path, self.threads)
@@ -284,7 +286,7 @@ class RankCheckpointer:
             self._pending = None
             raise
         assert self._fs is not None
-        files = {rank_file(self.w.rank): extra, **self._fs.digests}
+        files = {rank_file(self.state.world.rank): extra, **self._fs.digests}
         self._result = {
             "files": {k: to_wire(v) for k, v in files.items()},
             "save_s": time.perf_counter() - self._t0,
@@ -325,22 +327,23 @@ class RankCheckpointer:
             raise
         from ..lora.checkpoint import state_dict_options
 
+        st = self.state
         set_state_dict(
-            self.w.actor,
-            self.w.optimizer,
+            st.actor,
+            st.optimizer,
             model_state_dict=msd,
             optim_state_dict=osd,
-            options=state_dict_options(self.w.cfg.actor.lora),
+            options=state_dict_options(st.cfg.actor.lora),
         )
-        self.w.optimizer_state_to(self.w.optimizer_home)
+        st.optimizer_state_to(st.optimizer_home)
         t_verify = check.finished - t0
 
-        own = root / rank_file(self.w.rank)
+        own = root / rank_file(st.world.rank)
         src = own if own.exists() else root / rank_file(0)
         extra = torch.load(src, weights_only=True)
-        self.w.scheduler.load_state_dict(extra["scheduler"])
+        st.scheduler.load_state_dict(extra["scheduler"])
         rng = "restored"
-        if src == own and extra["world_size"] == self.w.world_size:
+        if src == own and extra["world_size"] == st.world.size:
             _set_rng_state(extra["rng"])
         else:
             # Resharded: rank r's streams belonged to a different shard of the

@@ -1,10 +1,10 @@
 """The checkpoint seam the driver calls; ``checkpointing.dcp.DCPCheckpointer`` implements it.
 
 What a checkpoint must hold (docs/incidents.md) and where each piece comes from:
-model + optimizer + LR scheduler (``Worker`` holds ``actor``/``optimizer``/
+model + optimizer + LR scheduler (each rank's ``RankState`` holds ``actor``/``optimizer``/
 ``scheduler``, all rank-local FSDP2 state), the step, the data-loader position
 (``StatefulLoader.state_dict``), every rank's RNG streams (rollouts are already a
-pure function of ``rollout.seed``, step and rank, see ``worker.rollout_seed``).
+pure function of ``rollout.seed``, step and rank, see ``rollout.seeds.rollout_seed``).
 ``make_checkpointer`` (this package) picks the implementation from the config.
 """
 

@@ -32,7 +32,8 @@ class LocalGroup:
     """``WorkerGroup``'s interface over in-process workers: one rank, no Ray."""
 
     def __init__(self, cfg: Any) -> None:
-        from ..worker import Worker, free_port
+        from ..devices import free_port
+        from ..worker import Worker
 
         self.world_size = 1
         self.workers = [Worker(cfg, 0, 1)]

@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,10 +30,10 @@ import torch.distributed as dist
 from grpo_api.trainer_config import Config
 
 from ..data import Record, load_template
-from ..devices import process_group_backend
+from ..devices import free_port, process_group_backend
 from ..policy_update import PolicyUpdate
+from ..rank_state import RankState, World, build_rank_state
 from ..samples import EncodedPrompt, PromptEncoder, Sample
-from ..worker import Worker, free_port
 from .memory_probe import (
     MemoryProbe,
     gpu_identity,
@@ -175,23 +174,6 @@ def synthetic_samples(cfg: Config, vocab_size: int, seed: int = 0) -> tuple[list
     return samples, int(tok.pad_token_id)
 
 
-# -- the rank ---------------------------------------------------------------------
-class UpdateRank(Worker):
-    """A ``Worker`` with its update half only: actor, reference, optimizer and
-    scheduler built as ``Worker.setup`` builds them, and ``self.policy`` (the trainer's
-    ``PolicyUpdate``) to run the update. ``Worker.__init__`` is not called: it asks Ray
-    which GPU is this rank's, and ``setup`` starts the tokenizer and the rollout engine
-    (vLLM), none of which this machine may have."""
-
-    def __init__(self, cfg: Config, device: torch.device, on_built: Callable[[str], Any]) -> None:
-        self.cfg = cfg
-        self.rank, self.world_size, self.local_rank = 0, 1, 0
-        self.device = device
-        self.samples = []
-        self.policy = PolicyUpdate(self)
-        self.build_update_state(on_built)
-
-
 @dataclass(frozen=True)
 class CaseJob:
     """One case for a fresh process: the trainer config the operator would render for
@@ -231,7 +213,7 @@ def _init_process_group(device: torch.device) -> None:
     )
 
 
-def _hook_optimizer(rank: UpdateRank, probe: MemoryProbe, result: CaseResult) -> None:
+def _hook_optimizer(rank: RankState, probe: MemoryProbe, result: CaseResult) -> None:
     """Marks around every optimizer step: the backward's peak and the gradients just
     before it, the step's own peak and the optimizer state just after it."""
     steps = [0]
@@ -265,14 +247,16 @@ def run_case(job: CaseJob) -> CaseResult:
     probe.mark("init")
     try:
         progress(f"{job.name}: loading {cfg.model.path}", shown)
-        rank = UpdateRank(cfg, device, probe.mark)
+        # The rank's update half, built as ``Worker.setup`` builds it; no tokenizer or
+        # rollout engine (vLLM), which this machine may not have.
+        rank = build_rank_state(cfg, device, World(0, 1, dist.group.WORLD), probe.mark)
         result.components["weights"] = param_bytes(rank.actor, trainable=True)
         result.components["frozen"] = param_bytes(rank.actor, trainable=False)
         if rank.ref is not None and rank.ref is not rank.actor:
             result.components["reference_model"] = param_bytes(rank.ref, trainable=False)
         progress(f"{job.name}: loaded; encoding {cfg.samples_per_step} samples", shown)
-        samples, rank.pad_id = synthetic_samples(cfg, job.vocab_size, cfg.trainer.seed)
-        rank.samples = samples
+        samples, pad_id = synthetic_samples(cfg, job.vocab_size, cfg.trainer.seed)
+        policy = PolicyUpdate(rank, pad_id)
         _hook_optimizer(rank, probe, result)
         gen = torch.Generator().manual_seed(cfg.trainer.seed)
         for step in range(1, job.steps + 1):
@@ -280,7 +264,7 @@ def run_case(job: CaseJob) -> CaseResult:
                 s.old_log_probs = s.ref_log_probs = None
                 s.advantage = float(torch.randn(1, generator=gen))
             probe.mark(f"step{step}:start")
-            result.metrics = rank.policy.run(step)
+            result.metrics = policy.run(samples, step)
             probe.mark(f"step{step}:end")
             progress(f"{job.name}: step {step} done", shown)
     except torch.OutOfMemoryError as oom:

@@ -229,11 +229,12 @@ def measure(worker: Any, advantages: list[float]) -> dict[str, Any]:
     the transient peaks over the micro-batches (``peak``)."""
     micro: list[dict[str, int]] = []
     steps: list[dict[str, int]] = []
-    sampler = _PeakSampler(worker.actor)
+    state = worker.state
+    sampler = _PeakSampler(state.actor)
 
     def after_micro() -> None:
         sampler.enabled = False
-        micro.append(census(worker.actor, worker.ref, worker.optimizer))
+        micro.append(census(state.actor, state.ref, state.optimizer))
 
     def before_micro(fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -244,8 +245,8 @@ def measure(worker: Any, advantages: list[float]) -> dict[str, Any]:
 
     policy = worker.policy
     policy._micro_step = before_micro(_wrap(policy._micro_step, after_micro))
-    opt = worker.optimizer
-    opt.step = _wrap(opt.step, lambda: steps.append(census(worker.actor, worker.ref, opt)))
+    opt = state.optimizer
+    opt.step = _wrap(opt.step, lambda: steps.append(census(state.actor, state.ref, opt)))
     try:
         metrics = worker.update(advantages, step=0)
     finally:

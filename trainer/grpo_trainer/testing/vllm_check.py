@@ -32,7 +32,7 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
     def actor_log_probs() -> list[torch.Tensor]:
         with torch.no_grad():
             logp, _, batch = worker.policy.log_probs(
-                worker.actor, worker.samples, with_entropy=False
+                worker.state.actor, worker.samples, with_entropy=False
             )
             return [t.clone() for t in batch.gather(logp.cpu())]
 
@@ -45,7 +45,7 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
     worker.update(advantages, step=0)
     after = actor_log_probs()
     stale = gap(worker.score(), after)
-    sync_rollout_weights(engine, worker.actor, worker.compute_dtype, cfg.actor.lora)
+    sync_rollout_weights(engine, worker.state.actor, worker.state.compute_dtype, cfg.actor.lora)
     synced = gap(worker.score(), after)
     generated: dict[int, list[list[int]]] = {}
     for s in worker.samples:
