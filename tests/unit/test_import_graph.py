@@ -9,7 +9,9 @@ surely as a direct one. A failure names each hop: file, line and the import stat
 - grpo_operator never imports grpo_trainer (nor torch and the rest of the GPU stack);
 - grpo_trainer never imports grpo_operator (nor Kopf);
 - no shipped package imports the testbed, and nothing shipped imports the trainer's
-  test helpers (which the images leave out).
+  test helpers (which the images leave out);
+- the trainer has no import circle: a module that needs another's state is handed it
+  (the update and the checkpointer get a ``RankState``) instead of importing its owner.
 
 One runtime check stays: importing every operator module in a fresh interpreter, which
 also sees what third-party packages pull in.
@@ -45,6 +47,8 @@ FORBIDDEN = {
     "grpo_trainer": {"grpo_operator", "grpo_testbed", "kopf"},
 }
 TEST_HELPERS = "grpo_trainer.testing"
+# Packages whose modules must not import each other in a circle.
+NO_CIRCLES = ("grpo_trainer",)
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,61 @@ def test_shipped_code_never_imports_the_test_helpers() -> None:
     assert not found, "\n".join(found)
 
 
+def _internal_edges(package: str, sources: Mapping[str, Path]) -> dict[str, dict[str, Import]]:
+    """module -> {module of the same package it makes Python import: the statement}."""
+    modules = modules_of(sources)
+    ours = {m: p for m, p in modules.items() if m.split(".")[0] == package}
+    edges: dict[str, dict[str, Import]] = {}
+    for module, path in ours.items():
+        out = edges.setdefault(module, {})
+        for imp in imports_of(module, path, modules):
+            for target in _with_parents(imp.target, modules):
+                # A module's own packages are already being imported when it imports a
+                # sibling (`from .files import x` in a/b.py does not run a/__init__.py again).
+                if target in ours and target != module and not module.startswith(target + "."):
+                    out.setdefault(target, imp)
+    return edges
+
+
+def import_circles(package: str, sources: Mapping[str, Path] = SOURCES) -> list[str]:
+    """Each import circle among `package`'s modules, as its hops (file, line, statement);
+    a shortest one through each module not already named in a reported circle."""
+    edges = _internal_edges(package, sources)
+    found: list[str] = []
+    named: set[str] = set()
+    for start in sorted(edges):
+        if start in named:
+            continue
+        came_from: dict[str, Import | None] = {start: None}
+        queue = deque([start])
+        circle: list[Import] = []
+        while queue and not circle:
+            module = queue.popleft()
+            for target, imp in sorted(edges[module].items()):
+                if target == start:
+                    circle = [imp]
+                    while (prev := came_from[circle[-1].importer]) is not None:
+                        circle.append(prev)
+                    break
+                if target not in came_from:
+                    came_from[target] = imp
+                    queue.append(target)
+        if circle:
+            hops = list(reversed(circle))
+            named.update(i.importer for i in hops)
+            ring = " -> ".join([*(i.importer for i in hops), start])
+            found.append(f"{ring}:\n    " + "\n    ".join(i.describe(ROOT) for i in hops))
+    return found
+
+
+@pytest.mark.parametrize("package", NO_CIRCLES)
+def test_no_import_circle(package: str) -> None:
+    """Every import counts (lazy, TYPE_CHECKING): a circle means two modules are one job
+    split across files, which is how PolicyUpdate came to read its Worker's attributes."""
+    found = import_circles(package)
+    assert not found, "\n".join(found)
+
+
 # ---- the checker can fail: a planted crossing, two hops deep -------------------------
 
 
@@ -194,6 +253,35 @@ def test_a_transitive_crossing_is_reported_with_every_hop(tmp_path: Path) -> Non
     # The trainer reaches torch only through grpo_api, which is allowed for it; and
     # importing grpo_api.shapes runs grpo_api/__init__.py, which is followed too.
     assert violations("grpo_trainer", FORBIDDEN["grpo_trainer"], sources) == []
+
+
+def test_a_circle_through_a_lazy_import_is_reported_and_siblings_are_not(
+    tmp_path: Path,
+) -> None:
+    sources = _plant(tmp_path, {
+        "trainer/grpo_trainer/__init__.py": "",
+        "trainer/grpo_trainer/worker.py": "from .update import Update\n",
+        "trainer/grpo_trainer/update.py": "from typing import TYPE_CHECKING\n"
+                                          "if TYPE_CHECKING:\n"
+                                          "    from .worker import Worker\n",
+        # A package that re-exports its submodules, which import each other: no circle.
+        "trainer/grpo_trainer/ckpt/__init__.py": "from .rank import save\n",
+        "trainer/grpo_trainer/ckpt/files.py": "def write() -> None: ...\n",
+        "trainer/grpo_trainer/ckpt/rank.py": "from .files import write\nsave = write\n",
+        "trainer/grpo_trainer/ckpt/dcp.py": "def f() -> None:\n"
+                                            "    from ..seeds import seed\n",
+        "trainer/grpo_trainer/seeds.py": "def g() -> None:\n"
+                                         "    from .ckpt.dcp import f\n",
+    })
+    found = import_circles("grpo_trainer", sources)
+    assert len(found) == 2, found
+    lazy, typed = found
+    assert lazy.startswith("grpo_trainer.ckpt.dcp -> grpo_trainer.seeds -> grpo_trainer.ckpt.dcp")
+    assert "trainer/grpo_trainer/ckpt/dcp.py:2: from ..seeds import seed" in lazy
+    assert "trainer/grpo_trainer/seeds.py:2: from .ckpt.dcp import f" in lazy
+    assert typed.startswith("grpo_trainer.update -> grpo_trainer.worker -> grpo_trainer.update")
+    assert "trainer/grpo_trainer/update.py:3: from .worker import Worker" in typed
+    assert "trainer/grpo_trainer/worker.py:1: from .update import Update" in typed
 
 
 # ---- runtime: what third-party packages pull in --------------------------------------
