@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -84,18 +85,18 @@ class PolicyUpdate:
         """Recompute old (and reference) log-probs of ``samples``, then the clipped GRPO
         update; each phase timed on this rank (the driver reports the slowest rank's
         times). The samples carry their advantages already."""
-        w, cfg = self.state, self.state.cfg
+        st, cfg = self.state, self.state.cfg
         # One optimizer step per rollout batch: the policy cannot move before its
         # log-probs are taken, so the update forward's detached log-probs are the
         # old ones and a separate recompute pass would be wasted work.
         on_policy = cfg.actor.ppo_epochs == 1 and cfg.mini_batch_samples == cfg.samples_per_step
         t0 = time.perf_counter()
         if not on_policy:
-            self._fill(w.actor, samples, "old_log_probs")
+            self._fill(st.actor, samples, "old_log_probs")
         t1 = time.perf_counter()
-        if w.ref is not None:
-            with adapters_disabled(w.ref):
-                self._fill(w.ref, samples, "ref_log_probs")
+        if st.ref is not None:
+            with adapters_disabled(st.ref):
+                self._fill(st.ref, samples, "ref_log_probs")
         t2 = time.perf_counter()
         stats = self._policy_update(samples, step, on_policy)
         t3 = time.perf_counter()
@@ -111,15 +112,15 @@ class PolicyUpdate:
     ) -> tuple[torch.Tensor, torch.Tensor | None, TrainBatch]:
         """``model``'s log-probs of the micro-batch's response tokens (and their entropy),
         and the collated batch that maps them back to samples."""
-        w = self.state
+        st = self.state
         batch = self._collate(micro)
-        inputs = {k: v.to(w.device) for k, v in batch.model_inputs.items()}
+        inputs = {k: v.to(st.device) for k, v in batch.model_inputs.items()}
         out = model(**inputs, use_cache=False)
-        logits = batch.response_logits(out.logits).float() / w.cfg.rollout.temperature
-        logp = log_probs_from_logits(logits, batch.labels.to(w.device))
+        logits = batch.response_logits(out.logits).float() / st.cfg.rollout.temperature
+        logp = log_probs_from_logits(logits, batch.labels.to(st.device))
         ent = None
         if with_entropy:
-            if w.cfg.algorithm.entropy_coef > 0:
+            if st.cfg.algorithm.entropy_coef > 0:
                 ent = entropy_from_logits(logits)
             else:
                 with torch.no_grad():
@@ -148,9 +149,9 @@ class PolicyUpdate:
     def _policy_update(self, samples: Sequence[Sample], step: int, on_policy: bool) -> UpdateStats:
         """``actor.ppo_epochs`` x mini-batches x micro-batches of the clipped loss, one
         optimizer step per mini-batch."""
-        w, cfg = self.state, self.state.cfg
-        w.actor.train()  # HF only checkpoints activations in train mode
-        mini = cfg.mini_batch_samples // w.world.size
+        st, cfg = self.state, self.state.cfg
+        st.actor.train()  # HF only checkpoints activations in train mode
+        mini = cfg.mini_batch_samples // st.world.size
         stats = UpdateStats()
         for _epoch in range(cfg.actor.ppo_epochs):
             for mini_batch in _chunks(samples, mini):
@@ -171,9 +172,9 @@ class PolicyUpdate:
         self, micro: list[Sample], global_tokens: float, on_policy: bool
     ) -> GRPOLossOut:
         """Forward and backward of one micro-batch; its loss terms for the metrics."""
-        w = self.state
-        alg, dev = w.cfg.algorithm, w.device
-        logp, ent, batch = self.log_probs(w.actor, micro, with_entropy=True)
+        st = self.state
+        alg, dev = st.cfg.algorithm, st.device
+        logp, ent, batch = self.log_probs(st.actor, micro, with_entropy=True)
         if on_policy:
             old = logp.detach()
             for s, lp in zip(micro, batch.gather(old.cpu()), strict=True):
@@ -182,7 +183,7 @@ class PolicyUpdate:
             old = batch.scatter([_filled(s.old_log_probs, "old") for s in micro]).to(dev)
         ref = (
             batch.scatter([_filled(s.ref_log_probs, "reference") for s in micro]).to(dev)
-            if w.ref is not None
+            if st.ref is not None
             else None
         )
         adv = batch.scatter(
@@ -205,30 +206,32 @@ class PolicyUpdate:
         )
         # FSDP averages gradients over ranks; each rank's loss is already its share of
         # the global token mean, so undo the average.
-        (out.loss * w.world.size).backward()
+        (out.loss * st.world.size).backward()
         return out
 
     def _optimizer_step(self, step: int, stats: UpdateStats) -> None:
         """Clip, step (skipped on a non-finite norm), zero the gradients, advance the LR."""
-        w = self.state
-        grad_norm = torch.nn.utils.clip_grad_norm_(w.actor.parameters(), w.cfg.actor.max_grad_norm)
+        st = self.state
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            st.actor.parameters(), st.cfg.actor.max_grad_norm
+        )
         gn = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         stats.grad_norms.append(gn)
         if torch.isfinite(torch.tensor(gn)):
             # The step runs where the parameters are: on the host with offloaded
             # parameters, whatever optimizer offload says.
-            w.optimizer_state_to(params_home(w.cfg.actor, w.device))
-            w.optimizer.step()
-            w.optimizer_state_to(w.optimizer_home)
+            st.optimizer_state_to(params_home(st.cfg.actor, st.device))
+            st.optimizer.step()
+            st.optimizer_state_to(st.optimizer_home)
             stats.optimizer_steps += 1
         else:
             log.warning("step %d: non-finite grad norm, optimizer step skipped", step)
-        w.optimizer.zero_grad(set_to_none=True)
-        w.scheduler.step()
+        st.optimizer.zero_grad(set_to_none=True)
+        st.scheduler.step()
 
     def _update_metrics(self, samples: Sequence[Sample], stats: UpdateStats) -> dict[str, float]:
         """The step's update metrics: every rank's sums, all-reduced."""
-        w, cfg = self.state, self.state.cfg
+        st, cfg = self.state, self.state.cfg
         diffs = [
             (s.old_log_probs - s.rollout_log_probs).abs()  # type: ignore[operator]
             for s in samples
@@ -248,7 +251,7 @@ class PolicyUpdate:
             "actor/clip_frac": total.clip_tokens / max(total.tokens, 1.0),
             "actor/dual_clip_frac": total.dual_clip_tokens / max(total.tokens, 1.0),
             "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-            "actor/lr": float(w.scheduler.get_last_lr()[0]),
-            "actor/optimizer_steps": total.optimizer_steps / w.world.size,
+            "actor/lr": float(st.scheduler.get_last_lr()[0]),
+            "actor/optimizer_steps": total.optimizer_steps / st.world.size,
             "rollout/logprob_abs_diff_mean": gap_sum / max(gap_count, 1.0),
         }

@@ -222,7 +222,8 @@ class Worker:
         from .rollout.hf import HFGenerateEngine
 
         model = load_full(cfg.model, self.state.compute_dtype).to(self.state.device)
-        return HFGenerateEngine(model, self.tokens.pad_id, self.tokens.eos_ids, cfg.rollout.hf_sampler)
+        tokens = self.tokens
+        return HFGenerateEngine(model, tokens.pad_id, tokens.eos_ids, cfg.rollout.hf_sampler)
 
     # -- rollout ---------------------------------------------------------------
     @rank_phase(RankPhase.ROLLOUT)
