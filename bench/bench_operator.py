@@ -1,11 +1,15 @@
 """200 GRPOJobs at once through the operator vs 200 RayJobs through KubeRay alone.
 
-Per object, from the moment a watch sees it created: time until its RayCluster exists,
-and until it is Running (GRPOJob phase Running; RayJob jobDeploymentStatus Running).
-Also the operator's peak RSS and CPU time. Both runs share one testbed, one after the
-other, on enough extra fake CPU nodes that scheduling never waits for capacity.
+Per object, seconds from its creation until its RayCluster exists, its checkpoint claim
+is Bound, its head pod is scheduled and running, and the object is Running (GRPOJob
+phase Running; RayJob jobDeploymentStatus Running): the stages say where a gap opens.
+Also the operator's peak RSS and CPU time, and how long the creates took (each GRPOJob
+create goes through the admission webhooks). Both runs share one testbed, one after the
+other, on enough extra fake CPU nodes that scheduling never waits for capacity. The
+baseline's head pods mount a claim created with each RayJob, as each GRPOJob's do
+(`--no-baseline-claims`: none, as before 2026-11-27).
 
-    .venv/bin/python bench/bench_operator.py [--jobs 200]
+    .venv/bin/python bench/bench_operator.py [--jobs 200] [--no-baseline-claims]
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ import argparse
 import copy
 import datetime as dt
 import logging
-import statistics
+import os
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from kubernetes import client, config, watch
@@ -37,19 +41,27 @@ NS = "op-bench"
 BASE_NS = "rayjob-bench"
 
 
+STAGES = ("cluster", "claim", "scheduled", "head", "running")
+STAGE_LABELS = {"cluster": "RayCluster exists", "claim": "claim Bound",
+                "scheduled": "head pod scheduled", "head": "head pod Running",
+                "running": "Running"}
+BENCH_JOB_LABEL = "bench.grpo.dev/job"  # the baseline's claims and head pods
+
+
 class Stopwatch:
     """Per object name: its creation as the API server recorded it, and the first time a
-    client watch saw its RayCluster and its Running state (wall clock, one machine)."""
+    client watch saw each later stage (wall clock, one machine)."""
 
     def __init__(self) -> None:
         self.created: dict[str, float] = {}
-        self.cluster: dict[str, float] = {}
-        self.running: dict[str, float] = {}
+        self.stages: dict[str, dict[str, float]] = {s: {} for s in STAGES}
+        self.cluster_job: dict[str, str] = {}  # RayCluster name -> object name
         self.lock = threading.Lock()
 
-    def mark(self, table: dict[str, float], name: str) -> None:
-        with self.lock:
-            table.setdefault(name, time.time())
+    def mark(self, stage: str, name: str | None) -> None:
+        if name:
+            with self.lock:
+                self.stages[stage].setdefault(name, time.time())
 
     def mark_created(self, obj: dict[str, Any]) -> None:
         # creationTimestamp, not first-seen: a watch that restarts under load would see
@@ -59,21 +71,32 @@ class Stopwatch:
             self.created.setdefault(obj["metadata"]["name"],
                                     dt.datetime.fromisoformat(stamp).timestamp())
 
+    def on_claim(self, _: str, obj: dict[str, Any]) -> None:
+        labels = obj["metadata"].get("labels") or {}
+        if (obj.get("status") or {}).get("phase") == "Bound":
+            self.mark("claim", labels.get("grpo.dev/job") or labels.get(BENCH_JOB_LABEL))
 
-def _watch(fn: Any, ns: str, plural: str | None, on_event: Any, stop: threading.Event) -> None:
+    def on_pod(self, _: str, obj: dict[str, Any]) -> None:
+        labels = obj["metadata"].get("labels") or {}
+        if labels.get("ray.io/node-type") != "head":
+            return
+        name = self.cluster_job.get(labels.get("ray.io/cluster", ""))
+        if obj.get("spec", {}).get("nodeName"):
+            self.mark("scheduled", name)
+        if (obj.get("status") or {}).get("phase") == "Running":
+            self.mark("head", name)
+
+
+def _watch(fn: Any, args: tuple[str, ...], on_event: Any, stop: threading.Event) -> None:
     w = watch.Watch()
     while not stop.is_set():
-        kwargs: dict[str, Any] = {"timeout_seconds": 5}
-        args: tuple[Any, ...] = ("ray.io", "v1", ns, plural) if plural else (ns,)
-        if plural and plural.startswith("grpo"):
-            args = ("grpo.dev", "v1alpha1", ns, plural)
         try:
-            for ev in w.stream(fn, *args, **kwargs):
+            for ev in w.stream(fn, *args, timeout_seconds=5):
                 on_event(ev["type"], ev["object"])
                 if stop.is_set():
                     break
         except Exception as exc:  # a dropped watch: log it and watch again (re-lists)
-            logging.warning("watch %s restarted after %s %s", plural,
+            logging.warning("watch %s restarted after %s %s", args,
                             getattr(exc, "status", ""), getattr(exc, "reason", exc))
 
 
@@ -87,34 +110,65 @@ def grpojobs(n: int) -> list[dict[str, Any]]:
     return out
 
 
-def rayjobs(n: int, head: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
+def rayjobs(n: int, head: dict[str, Any], claims: bool) -> list[dict[str, Any]]:
+    """Each RayJob, preceded by its checkpoint claim when `claims` (mounted by its head
+    pod, as a GRPOJob's claim is)."""
+    out: list[dict[str, Any]] = []
     for i in range(n):
+        name, labels = f"job-{i}", {BENCH_JOB_LABEL: f"job-{i}"}
+        container: dict[str, Any] = {"name": "ray-head", "image": "rayproject/ray:2.60.0",
+                                     "resources": head}
+        pod: dict[str, Any] = {"containers": [container]}
+        if claims:
+            out.append({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": f"{name}-ckpt", "namespace": BASE_NS, "labels": labels},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": "1Gi"}}},
+            })
+            container["volumeMounts"] = [{"name": "ckpt", "mountPath": "/checkpoints"}]
+            pod["volumes"] = [{"name": "ckpt",
+                               "persistentVolumeClaim": {"claimName": f"{name}-ckpt"}}]
         out.append({
             "apiVersion": "ray.io/v1", "kind": "RayJob",
-            "metadata": {"name": f"job-{i}", "namespace": BASE_NS},
+            "metadata": {"name": name, "namespace": BASE_NS},
             "spec": {
                 "entrypoint": "python -m grpo_trainer --config /etc/grpo/config.yaml",
                 "shutdownAfterJobFinishes": False,
                 "rayClusterSpec": {
                     "rayVersion": "2.60.0",
-                    "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {
-                        "containers": [{"name": "ray-head", "image": "rayproject/ray:2.60.0",
-                                        "resources": head}]}}},
+                    "headGroupSpec": {"rayStartParams": {}, "template": {
+                        "metadata": {"labels": labels}, "spec": pod}},
                 },
             },
         })
     return out
 
 
-def create_all(docs: list[dict[str, Any]], group: str, version: str, plural: str) -> None:
-    """Create concurrently, as many clients would (kubectl applies one at a time)."""
-    custom = client.CustomObjectsApi()
+def create_all(docs: list[dict[str, Any]], group: str, version: str, plural: str) -> float:
+    """Create concurrently, as many clients would (kubectl applies one at a time); a
+    claim goes in just before the object after it. Returns the seconds it took."""
+    custom, core = client.CustomObjectsApi(), client.CoreV1Api()
+
+    def create(d: dict[str, Any]) -> None:
+        ns = d["metadata"]["namespace"]
+        if d["kind"] == "PersistentVolumeClaim":
+            core.create_namespaced_persistent_volume_claim(ns, cast(Any, d))
+        else:
+            custom.create_namespaced_custom_object(group, version, ns, plural, d)
+
+    units: list[list[dict[str, Any]]] = []
+    for d in docs:  # a claim and the object that mounts it, created in that order
+        if units and units[-1][-1]["kind"] == "PersistentVolumeClaim":
+            units[-1].append(d)
+        else:
+            units.append([d])
     t0 = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda d: custom.create_namespaced_custom_object(
-            group, version, d["metadata"]["namespace"], plural, d), docs))
-    logging.info("created %d %s in %.1f s", len(docs), plural, time.monotonic() - t0)
+        list(pool.map(lambda unit: list(map(create, unit)), units))
+    took = time.monotonic() - t0
+    logging.info("created %d %s in %.1f s", len(units), plural, took)
+    return took
 
 
 def pct(values: list[float], q: float) -> float:
@@ -122,69 +176,75 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-def summarize(sw: Stopwatch) -> dict[str, float]:
-    to_cluster = [sw.cluster[n] - sw.created[n] for n in sw.created if n in sw.cluster]
-    to_running = [sw.running[n] - sw.created[n] for n in sw.created if n in sw.running]
-    return {
-        "n": len(sw.created), "cluster_p50": pct(to_cluster, 0.5),
-        "cluster_p99": pct(to_cluster, 0.99), "running_p50": pct(to_running, 0.5),
-        "running_p99": pct(to_running, 0.99),
-        "running_mean": statistics.fmean(to_running),
-    }
+def summarize(sw: Stopwatch, create_s: float) -> dict[str, float]:
+    out = {"n": float(len(sw.created)), "create_s": create_s}
+    for stage in STAGES:
+        seen = sw.stages[stage]
+        took = [seen[n] - sw.created[n] for n in sw.created if n in seen]
+        if took:
+            out[f"{stage}_p50"], out[f"{stage}_p99"] = pct(took, 0.5), pct(took, 0.99)
+    return out
+
+
+def watch_stages(sw: Stopwatch, ns: str, jobs: tuple[str, str, str],
+                 on_job: Any, on_rc: Any) -> threading.Event:
+    """Watches of the jobs, their RayClusters, claims and pods; set the event to stop."""
+    stop = threading.Event()
+    custom, core = client.CustomObjectsApi(), client.CoreV1Api()
+    watches: list[tuple[Any, tuple[str, ...], Any]] = [
+        (custom.list_namespaced_custom_object, (*jobs[:2], ns, jobs[2]), on_job),
+        (custom.list_namespaced_custom_object, ("ray.io", "v1", ns, "rayclusters"), on_rc),
+        (core.list_namespaced_persistent_volume_claim, (ns,), sw.on_claim),
+        (core.list_namespaced_pod, (ns,), sw.on_pod),
+    ]
+    for fn, args, handler in watches:
+        threading.Thread(target=_watch, args=(fn, args, handler, stop), daemon=True).start()
+    return stop
 
 
 def run_grpojobs(tb: Testbed, op: OperatorProcess, n: int) -> dict[str, float]:
     tb.kubectl("create", "namespace", NS)
-    sw, stop = Stopwatch(), threading.Event()
-    custom = client.CustomObjectsApi()
+    sw = Stopwatch()
 
-    def on_job(t: str, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
+    def on_job(_: str, obj: dict[str, Any]) -> None:
         sw.mark_created(obj)
         if (obj.get("status") or {}).get("phase") == Phase.RUNNING:
-            sw.mark(sw.running, name)
+            sw.mark("running", obj["metadata"]["name"])
 
-    def on_rc(t: str, obj: dict[str, Any]) -> None:
-        sw.mark(sw.cluster, obj["metadata"]["labels"]["grpo.dev/job"])
+    def on_rc(_: str, obj: dict[str, Any]) -> None:
+        job = obj["metadata"]["labels"]["grpo.dev/job"]
+        sw.cluster_job[obj["metadata"]["name"]] = job
+        sw.mark("cluster", job)
 
-    threads = [threading.Thread(target=_watch, args=(custom.list_namespaced_custom_object,
-                                                     NS, p, f, stop), daemon=True)
-               for p, f in (("grpojobs", on_job), ("rayclusters", on_rc))]
-    for t in threads:
-        t.start()
+    stop = watch_stages(sw, NS, ("grpo.dev", "v1alpha1", "grpojobs"), on_job, on_rc)
     time.sleep(1)
-    create_all(grpojobs(n), "grpo.dev", "v1alpha1", "grpojobs")
-    wait_until(f"{n} GRPOJobs Running", lambda: len(sw.running) >= n, 900)
+    took = create_all(grpojobs(n), "grpo.dev", "v1alpha1", "grpojobs")
+    wait_until(f"{n} GRPOJobs Running", lambda: len(sw.stages["running"]) >= n, 900)
     stop.set()
-    return summarize(sw)
+    return summarize(sw, took)
 
 
-def run_rayjobs(tb: Testbed, n: int, head: dict[str, Any]) -> dict[str, float]:
+def run_rayjobs(tb: Testbed, n: int, head: dict[str, Any], claims: bool) -> dict[str, float]:
     tb.kubectl("create", "namespace", BASE_NS)
-    sw, stop = Stopwatch(), threading.Event()
-    custom = client.CustomObjectsApi()
+    sw = Stopwatch()
 
-    def on_job(t: str, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
+    def on_job(_: str, obj: dict[str, Any]) -> None:
         sw.mark_created(obj)
         if (obj.get("status") or {}).get("jobDeploymentStatus") == "Running":
-            sw.mark(sw.running, name)
+            sw.mark("running", obj["metadata"]["name"])
 
-    def on_rc(t: str, obj: dict[str, Any]) -> None:
+    def on_rc(_: str, obj: dict[str, Any]) -> None:
         owner = (obj["metadata"].get("ownerReferences") or [{}])[0].get("name")
         if owner:
-            sw.mark(sw.cluster, owner)
+            sw.cluster_job[obj["metadata"]["name"]] = owner
+            sw.mark("cluster", owner)
 
-    threads = [threading.Thread(target=_watch, args=(custom.list_namespaced_custom_object,
-                                                     BASE_NS, p, f, stop), daemon=True)
-               for p, f in (("rayjobs", on_job), ("rayclusters", on_rc))]
-    for t in threads:
-        t.start()
+    stop = watch_stages(sw, BASE_NS, ("ray.io", "v1", "rayjobs"), on_job, on_rc)
     time.sleep(1)
-    create_all(rayjobs(n, head), "ray.io", "v1", "rayjobs")
-    wait_until(f"{n} RayJobs Running", lambda: len(sw.running) >= n, 900)
+    took = create_all(rayjobs(n, head, claims), "ray.io", "v1", "rayjobs")
+    wait_until(f"{n} RayJobs Running", lambda: len(sw.stages["running"]) >= n, 900)
     stop.set()
-    return summarize(sw)
+    return summarize(sw, took)
 
 
 def proc_usage(pid: int) -> tuple[float, float]:
@@ -198,7 +258,10 @@ def proc_usage(pid: int) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--baseline-claims", action=argparse.BooleanOptionalAction, default=True,
+                    help="mount a claim created with each RayJob in its head pod")
     args = ap.parse_args()
+    load_before = f"{os.getloadavg()[0]:.2f}"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     with running_testbed() as tb:
         config.load_kube_config(str(tb.kubeconfig))
@@ -216,15 +279,22 @@ def main() -> None:
                 tb.kubectl("delete", kind, "grpo.dev", "--ignore-not-found", check=False)
         head_res = {"limits": {"cpu": "4", "memory": "13Gi"},
                     "requests": {"cpu": "4", "memory": "13Gi"}}
-        base = run_rayjobs(tb, args.jobs, head_res)
-    print(f"\n{args.jobs} objects created at once; seconds from creation (client watch)")
-    print(f"{'':28}{'GRPOJob (ours)':>16}{'RayJob (KubeRay)':>18}{'ratio':>8}")
-    for key, label in (("cluster_p50", "RayCluster exists p50"),
-                       ("cluster_p99", "RayCluster exists p99"),
-                       ("running_p50", "Running p50"), ("running_p99", "Running p99")):
+        base = run_rayjobs(tb, args.jobs, head_res, args.baseline_claims)
+    claims = "each mounting a claim created with it" if args.baseline_claims else "no claims"
+    print(f"\n{args.jobs} objects created at once (baseline RayJobs: {claims}); "
+          "seconds from creation (client watch)")
+    print(f"{'':30}{'GRPOJob (ours)':>16}{'RayJob (KubeRay)':>18}{'ratio':>8}")
+    rows = [(f"{stage}_{q}", f"{STAGE_LABELS[stage]} {q}") for stage in STAGES
+            for q in ("p50", "p99")] + [("create_s", "creating them all took")]
+    for key, label in rows:
+        if key not in ours or key not in base:
+            print(f"{label:30}{ours.get(key, float('nan')):>16.2f}"
+                  f"{base.get(key, float('nan')):>18.2f}")
+            continue
         ratio = ours[key] / base[key] if base[key] else float("inf")
-        print(f"{label:28}{ours[key]:>16.2f}{base[key]:>18.2f}{ratio:>7.2f}x")
+        print(f"{label:30}{ours[key]:>16.2f}{base[key]:>18.2f}{ratio:>7.2f}x")
     print(f"operator peak RSS {rss_mib:.0f} MiB, CPU time {cpu_s:.1f} s for {args.jobs} jobs")
+    print(f"load average before / after: {load_before} / {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -14,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
-from grpo_api.job import SpecError, parse_spec
+from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 
 from . import hub_config, kube
 from .config import from_memo
@@ -37,7 +38,7 @@ from .reconcile import (
     planned,
 )
 from .reconcile.retention import recreate_advice
-from .render import JobRef, render_children
+from .render import JobRef, render_ray_cluster
 
 log = logging.getLogger("grpo_operator")
 
@@ -65,6 +66,29 @@ def queue_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
     return None
 
 
+@dataclass(frozen=True)
+class AdmissionReview:
+    """The webhook's answer: why to refuse (None: admit), and what kubectl prints beside
+    an admitted spec."""
+
+    problem: str | None
+    warnings: list[str]
+
+
+def review_admission(spec: dict[str, Any], old_spec: dict[str, Any] | None,
+                     catalog: Mapping[str, GpuType] = GPU_CATALOG,
+                     namespace: NamespaceFacts | None = None,
+                     name: str = "job", kueue_installed: bool = True,
+                     hub: HubAnswer | None = None,
+                     old_status: dict[str, Any] | None = None) -> AdmissionReview:
+    """admission_problem and admission_warnings from one parse of the spec (pure)."""
+    problem, parsed = _problem(spec, old_spec, catalog, namespace, name, kueue_installed,
+                               hub, old_status)
+    if problem:
+        return AdmissionReview(problem, [])
+    return AdmissionReview(None, admission_warnings(spec, hub, parsed))
+
+
 def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
                       catalog: Mapping[str, GpuType] = GPU_CATALOG,
                       namespace: NamespaceFacts | None = None,
@@ -76,11 +100,20 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
     rendered for the first attempt); its GPU quota only on create (a live job's own pods
     count as used). `hub`: the operator's read of a public hub model's config.json;
     `old_status`: the live job's status (its config.json as read)."""
+    return _problem(spec, old_spec, catalog, namespace, name, kueue_installed, hub,
+                    old_status)[0]
+
+
+def _problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
+             catalog: Mapping[str, GpuType], namespace: NamespaceFacts | None, name: str,
+             kueue_installed: bool, hub: HubAnswer | None,
+             old_status: dict[str, Any] | None) -> tuple[str | None, GRPOJobSpec | None]:
+    """admission_problem's answer, and the spec as parsed when it parsed."""
     if old_spec is not None and old_spec == spec:
-        return None  # metadata/finalizer updates must never be blocked by a newer planner
+        return None, None  # metadata/finalizer updates are never blocked by a newer planner
     queue = queue_problem(spec, old_spec, kueue_installed)
     if queue:
-        return queue
+        return queue, None
     if old_spec is not None:
         changed = [k for k in IMMUTABLE_SECTIONS if old_spec.get(k) != spec.get(k)]
         if changed:
@@ -94,27 +127,25 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
             return (f"spec.{', spec.'.join(changed)} cannot change after the job is created "
                     f"(checkpoints depend on them); create a new GRPOJob instead, {how}. "
                     "spec.memory, spec.restartPolicy, spec.image and spec.suspend may change "
-                    "and take effect at the next attempt")
+                    "and take effect at the next attempt"), None
     model, plan_now = admission_input(spec, hub, old_status)
     if not plan_now:  # planned once config.json is read (admission_warning says so)
         try:
-            parse_spec(spec)
+            return None, parse_spec(spec)
         except SpecError as exc:
-            return str(exc)
-        return None
+            return str(exc), None
     try:
         parsed, plan = planned(spec, catalog=catalog, model=model)
     except SpecError as exc:
-        return str(exc)
+        return str(exc), None
     except (InfeasibleError, ValueError) as exc:
-        return f"the memory planner refuses this job: {exc}"
+        return f"the memory planner refuses this job: {exc}", None
     if namespace is None:
-        return None
-    rc = next(c for c in render_children(parsed, plan, JobRef(name, namespace.name, ""), 0)
-              if c["kind"] == "RayCluster")
+        return None, parsed
+    rc = render_ray_cluster(parsed, plan, JobRef(name, namespace.name, ""), 0)
     security = pod_security_problem(spec.get("pods") or {}, templates(rc), namespace)
     quota = gpu_quota_problem(template_gpus(rc), namespace) if old_spec is None else None
-    return "; ".join(p for p in (security, quota) if p) or None
+    return "; ".join(p for p in (security, quota) if p) or None, parsed
 
 
 def namespace_facts(namespace: str) -> NamespaceFacts | None:
@@ -141,11 +172,12 @@ def kueue_installed() -> bool:
         return True
 
 
-def admission_warnings(spec: dict[str, Any], hub: HubAnswer | None = None) -> list[str]:
+def admission_warnings(spec: dict[str, Any], hub: HubAnswer | None = None,
+                       parsed: GRPOJobSpec | None = None) -> list[str]:
     """What kubectl should print beside an accepted spec: deprecated fields set, and a
-    config.json not read yet (pure)."""
+    config.json not read yet (pure). `parsed`: the spec, when the caller parsed it."""
     try:
-        found = parse_spec(spec).deprecation_warnings()
+        found = (parsed or parse_spec(spec)).deprecation_warnings()
     except SpecError:
         return []  # refused anyway, with its own message
     model = admission_warning(spec, hub)
@@ -164,11 +196,11 @@ def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str],
     config = from_memo(memo)
     hub = (hub_config.read(hub_url(dict(spec))) if changed and operator_reads_hub(
         dict(spec), old_status, config.read_public_hub) else None)
-    problem = admission_problem(dict(spec), old_spec, config.catalog, facts,
-                                name or "job", kueue, hub, old_status)
-    if problem:
-        raise kopf.AdmissionError(problem, code=422)
-    warnings.extend(admission_warnings(dict(spec), hub))
+    review = review_admission(dict(spec), old_spec, config.catalog, facts, name or "job",
+                              kueue, hub, old_status)
+    if review.problem:
+        raise kopf.AdmissionError(review.problem, code=422)
+    warnings.extend(review.warnings)
 
 
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])
