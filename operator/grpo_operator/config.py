@@ -11,6 +11,7 @@ from typing import Any
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import DEFAULT_TRAINER_IMAGE
 
+from .peering import PEERING_LIFETIME_S
 from .watch_health import DEFAULT_STALE_AFTER_S as WATCH_STALE_AFTER_S
 
 # After the trainer's own stall deadline, it still captures every rank's stacks (up to
@@ -71,6 +72,9 @@ class OperatorConfig:
     # spec.hub.endpoint (--no-read-public-hub: a cluster that cannot or must not reach it;
     # those jobs plan from the known table, as jobs of a private repo's mirror never do).
     read_public_hub: bool = True
+    # A standby replica of the peering takes over this long after the active one's last
+    # keep-alive (--peering-lifetime; peering.py).
+    peering_lifetime_seconds: int = PEERING_LIFETIME_S
 
 
 MEMO_KEY = "config"

@@ -12,23 +12,25 @@ tests/unit/test_kopf_fixes.py fails on an upgrade that moves what is patched her
 2. /healthz must know whether watch streams are alive (watch_health.py), which no
    handler can see (an idle stream delivers nothing; Kopf drops bookmarks and reconnects
    silently): `track_watches` wraps the generator every watch stream goes through and
-   the request that (re)opens it.
+   the request that (re)opens it. It also hands the tracker Kopf's pause toggles, which
+   say whether peering holds this replica in standby (healthy, watching nothing).
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
+from kopf._cogs.aiokits.aiotoggles import Toggle
 from kopf._cogs.clients import api, watching
 from kopf._cogs.structs.references import Insights
 from kopf._core.reactor import observation
 
 from .watch_health import StreamKey, WatchTracker, resource_name
 
-__all__ = ["Insights", "see_listed_namespaces", "track_watches"]
+__all__ = ["Insights", "in_standby", "see_listed_namespaces", "track_watches"]
 
 # The stream a watcher task is running: Kopf runs each stream in a task of its own, and
 # the generator's body runs in that task's context.
@@ -66,6 +68,19 @@ def see_listed_namespaces() -> None:
                                                                 process_namespace_event)
 
 
+# Kopf's name of the pause toggle it sets while a mandatory peering's CRD is absent
+# (kopf/_core/reactor/orchestration.py). Its other pause toggles are one per peering
+# object: on while a live peer outranks this replica (or ties with it).
+PEERING_CRD_MISSING = "peering CRD is missing"
+
+
+def in_standby(pause_toggles: Iterable[Toggle]) -> bool:
+    """Paused by peering, and only by peering: another replica reconciles. A replica
+    paused because the peering CRD is absent is not standing by for anyone."""
+    on = [t for t in pause_toggles if t.is_on()]
+    return bool(on) and all(t.name != PEERING_CRD_MISSING for t in on)
+
+
 def track_watches(tracker: WatchTracker) -> None:
     """Every watch stream (resources, namespaces, CRDs) reports to `tracker` when it
     opens, each time the API server answers its watch request (the first and every
@@ -76,6 +91,9 @@ def track_watches(tracker: WatchTracker) -> None:
     async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
         resource, namespace = kwargs["resource"], kwargs["namespace"]
         key = StreamKey(resource_name(resource.plural, resource.group), namespace)
+        paused = kwargs.get("operator_paused")  # the same ToggleSet for every resource
+        if paused is not None:
+            tracker.in_standby = lambda: in_standby(paused)
         _STREAM.set(key)
         tracker.opened(key)
         try:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import sys
+import time
 from types import MappingProxyType
 from typing import Any
 
@@ -27,6 +29,7 @@ from .config import (
     from_memo,
 )
 from .kopf_fixes import Insights, see_listed_namespaces, track_watches
+from .peering import MIN_PEERING_LIFETIME_S, PEERING_LIFETIME_S, SALT_RANGE, replica_priority
 from .watch_health import WatchTracker
 
 log = logging.getLogger("grpo_operator")
@@ -119,6 +122,7 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     # short; a timed-out request is retried after the backoffs above.
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10  # watch streams too (Kopf falls back to it)
+    settings.peering.lifetime = config.peering_lifetime_seconds
     hook = config.webhook
     if hook.port:
         settings.admission.server = kopf.WebhookServer(
@@ -166,8 +170,14 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
               show_default=True, help="Seconds past a Running attempt's progress deadline "
               "(the stall timeout, or 5 x its step) before the operator ends it as Hang.")
 @click.option("--peering", default=None, help="Kopf peering name: one active replica.")
-@click.option("--priority", type=int, default=0, show_default=True,
-              help="Peering priority: a replica pauses while one of higher priority runs.")
+@click.option("--priority", type=int, default=None,
+              help="Peering priority: a replica pauses while one of higher priority runs. "
+              "Default: derived from the start time, so that the oldest replica reconciles "
+              "and the others stand by (serving admission only).")
+@click.option("--peering-lifetime", type=click.IntRange(min=MIN_PEERING_LIFETIME_S),
+              default=PEERING_LIFETIME_S, show_default=True,
+              help="Seconds a replica's peering keep-alive stays valid: a standby replica "
+              "takes over at most this long after the active one dies.")
 @click.option("--discovery-timeout", type=click.FloatRange(min=0), default=DISCOVERY_TIMEOUT_S,
               show_default=True, help="Seconds to wait at start for API discovery to list "
               "GRPOJobs, pods and RayClusters (a CRD just installed) before exiting.")
@@ -186,7 +196,8 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
         webhook_key: str | None, webhook_ca: str | None, webhook_manage: str | None,
         trainer_image: str, gpu_catalog: str | None, pod_create_deadline: float,
-        hang_grace: float, peering: str | None, priority: int, discovery_timeout: float,
+        hang_grace: float, peering: str | None, priority: int | None,
+        peering_lifetime: int, discovery_timeout: float,
         watch_stale_after: float, read_public_hub: bool, verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
@@ -202,13 +213,15 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         bind=bind, metrics_port=metrics_port, pod_create_deadline_seconds=pod_create_deadline,
         hang_grace_seconds=hang_grace,
         discovery_timeout_seconds=discovery_timeout, watch_stale_after_seconds=watch_stale_after,
-        read_public_hub=read_public_hub,
+        read_public_hub=read_public_hub, peering_lifetime_seconds=peering_lifetime,
         webhook=WebhookConfig(port=webhook_port, host=webhook_host, cert=webhook_cert,
                               key=webhook_key, ca=webhook_ca, manage=webhook_manage))
     if webhook_port:
         # Imported (and so registered with Kopf) only when there is a server for it:
         # Kopf refuses to run admission handlers without one.
         from . import webhook  # noqa: F401
+    if priority is None:
+        priority = replica_priority(time.time(), random.randrange(SALT_RANGE))
     see_listed_namespaces()
     tracker = WatchTracker()
     track_watches(tracker)

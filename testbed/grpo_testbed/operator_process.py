@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -23,9 +24,12 @@ class OperatorProcess:
     def __init__(self, tb: Testbed, workdir: Path, kubeconfig: Path | None = None,
                  webhook: bool = True, extra_args: tuple[str, ...] = (),
                  namespaces: tuple[str, ...] = (f"{OPERATOR_NS_PREFIX}-*",),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, webhook_port: int | None = None) -> None:
         """webhook=False runs without admission, as under the chart's ServiceAccount
-        (which may not manage webhook configurations); `env` is added to ours."""
+        (which may not manage webhook configurations); `env` is added to ours.
+        `webhook_port`: one port for several replicas, as the chart's webhook Service is
+        (Kopf listens with SO_REUSEPORT: the kernel spreads connections over the live
+        replicas, and a dead one's socket is gone with it)."""
         self.env = {**os.environ, **(env or {})}
         self.webhook = webhook
         self.extra_args = extra_args
@@ -33,7 +37,8 @@ class OperatorProcess:
         self.tb = tb
         self.workdir = workdir
         self.kubeconfig = kubeconfig or tb.kubeconfig
-        self.metrics_port, self.webhook_port = free_ports(2)
+        self.metrics_port, own_port = free_ports(2)
+        self.webhook_port = webhook_port or own_port
         assert tb.pki is not None
         self.ca = tb.pki.ca_cert
         self.cert, self.key = issue_serving_cert(tb.pki, workdir / "webhook", "webhook")
@@ -74,6 +79,15 @@ class OperatorProcess:
     def metrics(self) -> str:
         return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
                                       timeout=5).read().decode()
+
+    def healthz(self) -> str:
+        """/healthz's answer, healthy or not (its text says why)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/healthz",
+                                        timeout=5) as rsp:
+                return str(rsp.read().decode())
+        except urllib.error.HTTPError as exc:
+            return str(exc.read().decode())
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, like a node dying under the operator."""

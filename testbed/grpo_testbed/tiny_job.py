@@ -52,6 +52,7 @@ CHART_VALUES = {
     "image.pullPolicy": "Never",
     "trainerImage": TRAINER_CPU.tag,
     "leaderElection.enabled": "false",
+    "replicaCount": "1",
     "readPublicHub": "false",
     "resources.requests.cpu": "0",
     "watchNamespaces": f"{{{JOB_NS}}}",

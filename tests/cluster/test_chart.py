@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_testbed.chart import CHART, KUBE_VERSION
 from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OPERATOR_NS_PREFIX, OperatorProcess
@@ -27,7 +28,6 @@ from grpo_testbed.versions import binary
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts/grpo-operator"
 INSTANCE = "app.kubernetes.io/instance"
 # The API server cannot reach a kwok pod, so the webhooks must not block the tests.
 WEBHOOK_SOFT = ("--set", "webhook.failurePolicy=Ignore", "--set", "webhook.timeoutSeconds=2")
@@ -47,22 +47,22 @@ def get_json(tb: Testbed, *args: str, kubeconfig: Path | None = None) -> Any:
     return json.loads(tb.kubectl(*extra, "get", *args, "-o", "json").stdout)
 
 
-def operator_pod(tb: Testbed, ns: str, release: str) -> dict[str, Any]:
+REPLICAS = 2  # the chart's default
+
+
+def operator_pods(tb: Testbed, ns: str, release: str) -> list[dict[str, Any]]:
     pods = get_json(tb, "pods", "-n", ns, "-l", f"{INSTANCE}={release}")["items"]
-    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    assert len(live) == 1, [p["metadata"]["name"] for p in live]
-    return dict(live[0])
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
-def wait_operator_running(tb: Testbed, ns: str, release: str) -> dict[str, Any]:
+def wait_operator_running(tb: Testbed, ns: str, release: str) -> list[dict[str, Any]]:
     def running() -> bool:
-        try:
-            return operator_pod(tb, ns, release)["status"].get("phase") == "Running"
-        except AssertionError:
-            return False
+        pods = operator_pods(tb, ns, release)
+        return len(pods) == REPLICAS and all(p["status"].get("phase") == "Running"
+                                             for p in pods)
 
-    wait_until(f"operator pod of {release} Running", running, 120)
-    return operator_pod(tb, ns, release)
+    wait_until(f"{REPLICAS} operator pods of {release} Running", running, 120)
+    return operator_pods(tb, ns, release)
 
 
 @dataclass
@@ -98,11 +98,13 @@ def release(testbed: Testbed) -> Iterator[Release]:
 
 def test_install_runs_the_operator_on_the_cpu_node_and_says_how_to_start(
         testbed: Testbed, release: Release) -> None:
-    pod = wait_operator_running(testbed, release.ns, release.name)
-    assert pod["spec"]["nodeName"] == "cpu-0"  # the GPU nodes are tainted
-    c = pod["spec"]["containers"][0]
-    assert c["securityContext"]["readOnlyRootFilesystem"] is True
-    assert pod["spec"]["serviceAccountName"] == release.sa
+    for pod in wait_operator_running(testbed, release.ns, release.name):
+        assert pod["spec"]["nodeName"] == "cpu-0"  # the GPU nodes are tainted
+        c = pod["spec"]["containers"][0]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert pod["spec"]["serviceAccountName"] == release.sa
+    pdb = get_json(testbed, "pdb", f"{release.name}-grpo-operator", "-n", release.ns)
+    assert pdb["spec"]["minAvailable"] == 1
     notes = release.install_output
     assert "kubectl apply -f examples/grpojob-first.yaml" in notes
     assert "kubectl get grpojobs -w" in notes
@@ -311,7 +313,7 @@ def names(tb: Testbed, kinds: str, selector: str, *where: str) -> list[str]:
 
 
 NAMESPACED_KINDS = ("deployments,services,configmaps,secrets,serviceaccounts,roles,"
-                    "rolebindings,kopfpeerings.kopf.dev,pods")
+                    "rolebindings,kopfpeerings.kopf.dev,pods,poddisruptionbudgets")
 CLUSTER_KINDS = ("clusterroles,clusterrolebindings,validatingwebhookconfigurations,"
                  "mutatingwebhookconfigurations,clusterkopfpeerings.kopf.dev")
 
@@ -329,7 +331,7 @@ def test_upgrade_to_watched_namespaces_then_uninstall_leaves_no_orphans(
             f"validatingwebhookconfiguration.admissionregistration.k8s.io/{name}-grpo-operator"
         ) == 0
         assert can_i(testbed, sa, "create", "rayclusters.ray.io", "-n", home)  # all namespaces
-        first_pod = wait_operator_running(testbed, home, name)["metadata"]["name"]
+        first_pods = {p["metadata"]["name"] for p in wait_operator_running(testbed, home, name)}
 
         # Upgrade: watch only `ns`, webhook on, more memory.
         helm(testbed, "upgrade", name, str(CHART), "-n", home, "--wait", "--timeout", "180s",
@@ -337,9 +339,9 @@ def test_upgrade_to_watched_namespaces_then_uninstall_leaves_no_orphans(
              "--set", "resources.limits.memory=1Gi", *WEBHOOK_SOFT)
         status = json.loads(helm(testbed, "status", name, "-n", home, "-o", "json").stdout)
         assert status["version"] == 2 and status["info"]["status"] == "deployed"
-        pod = wait_operator_running(testbed, home, name)
-        assert pod["metadata"]["name"] != first_pod  # Recreate: a new pod with the new spec
-        c = pod["spec"]["containers"][0]
+        pods = wait_operator_running(testbed, home, name)
+        assert not first_pods & {p["metadata"]["name"] for p in pods}  # rolled: new pods
+        c = pods[0]["spec"]["containers"][0]
         assert f"--namespace={ns}" in c["args"] and "--webhook-port=9443" in c["args"]
         assert c["resources"]["limits"]["memory"] == "1Gi"
         assert can_i(testbed, sa, "create", "rayclusters.ray.io", "-n", ns)
@@ -375,9 +377,9 @@ def test_upgrade_to_watched_namespaces_then_uninstall_leaves_no_orphans(
 
 def test_bad_values_fail_helm_install_with_a_message(testbed: Testbed, ns: str) -> None:
     proc = helm(testbed, "install", "bad", str(CHART), "-n", ns, "--set", "replicaCount=3",
-                check=False)
+                "--set", "leaderElection.enabled=false", check=False)
     assert proc.returncode != 0
-    assert "/replicaCount" in proc.stderr and "maximum" in proc.stderr
+    assert "replicaCount: 3 replicas need leaderElection.enabled=true" in proc.stderr
     assert names(testbed, "deployments", f"{INSTANCE}=bad", "-A") == []
     listed = yaml.safe_load(helm(testbed, "list", "-A", "-o", "yaml").stdout) or []
     assert "bad" not in {r["name"] for r in listed}
@@ -420,3 +422,83 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
     finally:
         op.stop()
         testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def secret_data(docs: str) -> dict[str, str]:
+    (secret,) = [d for d in yaml.safe_load_all(docs) if d and d["kind"] == "Secret"]
+    return dict(secret["data"])
+
+
+def test_generated_certificate_survives_re_renders_and_upgrades(
+        testbed: Testbed, release: Release) -> None:
+    """The Secret is read back (`lookup`) and reused: a render with cluster access and a
+    plain upgrade keep the CA and the serving certificate; only a render without the
+    cluster (plain `helm template`, as GitOps tools run it) makes a new pair."""
+    name = f"{release.name}-grpo-operator"
+
+    def live() -> tuple[dict[str, str], set[str]]:
+        data = get_json(testbed, "secret", f"{name}-webhook-tls", "-n", release.ns)["data"]
+        bundles = {h["clientConfig"]["caBundle"] for kind in (
+            "validatingwebhookconfiguration", "mutatingwebhookconfiguration")
+            for h in get_json(testbed, kind, name)["webhooks"]}
+        return dict(data), bundles
+
+    data, bundles = live()
+    assert bundles == {data["ca.crt"]}
+    # helm template checks kubeVersion against its default (v1.20) even when it may
+    # reach the cluster: name the version.
+    render = ("template", release.name, str(CHART), "-n", release.ns, *WEBHOOK_SOFT,
+              "--kube-version", KUBE_VERSION)
+    for _ in range(2):
+        assert secret_data(helm(testbed, *render, "--dry-run=server").stdout) == data
+    offline = helm(testbed, *render).stdout  # no cluster, no lookup
+    assert secret_data(offline)["ca.crt"] != data["ca.crt"]
+    helm(testbed, "upgrade", release.name, str(CHART), "-n", release.ns, *WEBHOOK_SOFT,
+         "--set", "logLevel=debug", "--wait", "--timeout", "180s")
+    assert live() == (data, bundles)
+
+
+def test_finalizer_removal_and_delete_pass_while_no_webhook_answers(
+        testbed: Testbed, release: Release, ns: str) -> None:
+    """The chart's kwok pods never answer the API server: with failurePolicy Fail, a
+    spec change is refused, but a delete and the removal of a finalizer go through (the
+    validating webhook's rules hold no DELETE, and its matchConditions skip an update
+    that keeps the spec). Without the condition, the finalizer would be stuck."""
+    hook_name = f"{release.name}-grpo-operator"
+    original = get_json(testbed, "validatingwebhookconfiguration", hook_name)["webhooks"][0]
+    doc = example_job(name="held")
+    doc["metadata"]["finalizers"] = ["test.grpo.dev/hold"]
+    testbed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))  # Ignore: passes
+
+    def set_hook(**fields: Any) -> None:
+        testbed.kubectl("patch", "validatingwebhookconfiguration", hook_name, "--type=json",
+                        "-p", json.dumps([{"op": "replace", "path": "/webhooks/0",
+                                           "value": {**original, **fields}}]))
+
+    def refused(*patch: str) -> bool:
+        out = testbed.kubectl("patch", "grpojob", "held", "-n", ns, "--dry-run=server",
+                              *patch, check=False)
+        return out.returncode != 0 and "failed calling webhook" in out.stderr
+
+    unhold = ("--type=json", "-p", '[{"op":"remove","path":"/metadata/finalizers"}]')
+    respec = ("--type=merge", "-p", '{"spec":{"memory":{"gradientCheckpointing":true}}}')
+    try:
+        set_hook(failurePolicy="Fail")
+        wait_until("a spec change refused: no webhook answers", lambda: refused(*respec), 30)
+        assert not refused(*unhold)
+        testbed.kubectl("delete", "grpojob", "held", "-n", ns, "--wait=false")
+        without = {k: v for k, v in original.items() if k != "matchConditions"}
+        testbed.kubectl("patch", "validatingwebhookconfiguration", hook_name, "--type=json",
+                        "-p", json.dumps([{"op": "replace", "path": "/webhooks/0",
+                                           "value": {**without, "failurePolicy": "Fail"}}]))
+        wait_until("without matchConditions the finalizer is stuck",
+                   lambda: refused(*unhold), 30)
+        set_hook(failurePolicy="Fail")
+        wait_until("with them it is not", lambda: not refused(*unhold), 30)
+        testbed.kubectl("patch", "grpojob", "held", "-n", ns, *unhold)
+        wait_until("the deleted job gone", lambda: testbed.kubectl(
+            "get", "grpojob", "held", "-n", ns, check=False).returncode != 0, 30)
+    finally:
+        set_hook()
+        testbed.kubectl("patch", "grpojob", "held", "-n", ns, "--type=merge",
+                        "-p", '{"metadata":{"finalizers":null}}', check=False)

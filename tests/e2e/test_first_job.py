@@ -62,7 +62,8 @@ def run() -> Iterator[Run]:
         notes = helm(tb, "install", "grpo", str(CHART), "-n", system,
              "--set", f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
              "--set", "image.pullPolicy=Never", "--set", f"trainerImage={TRAINER_CPU.tag}",
-             "--set", "leaderElection.enabled=false", "--wait", "--timeout", "240s")
+             "--set", "leaderElection.enabled=false", "--set", "replicaCount=1",
+             "--wait", "--timeout", "240s")
         ns = tb.namespace("team")
         t0 = time.monotonic()
         tb.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))

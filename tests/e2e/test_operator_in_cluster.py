@@ -45,6 +45,7 @@ def release(real_tb: Testbed) -> Iterator[str]:
     helm(real_tb, "install", RELEASE, str(CHART), "-n", ns, "--set",
          f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
          "--set", "image.pullPolicy=Never", "--set", "leaderElection.enabled=false",
+         "--set", "replicaCount=1",
          "--set", "readPublicHub=false",  # nothing leaves the testbed
          "--wait", "--timeout", "240s")
     yield ns

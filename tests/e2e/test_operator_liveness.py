@@ -65,6 +65,7 @@ def gone(tb: Testbed, *namespaces: str) -> None:
 def install_args(ns: str, *values: str) -> list[str]:
     return ["-n", ns, "--set", f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
             "--set", "image.pullPolicy=Never", "--set", "leaderElection.enabled=false",
+            "--set", "replicaCount=1",
             "--set", "readPublicHub=false",  # nothing leaves the testbed
             *(a for v in values for a in ("--set", v)), "--wait", "--timeout", "240s"]
 

@@ -6,11 +6,8 @@ Fast (helm template only, no cluster); the install itself is tests/cluster/test_
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import re
-import subprocess
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +16,23 @@ import yaml
 from cryptography import x509
 
 from grpo_api import contract
-from grpo_testbed.versions import binary
+from grpo_testbed.chart import (
+    CHART,
+    KUBE_VERSION,
+    NS,
+    helm,
+    objects,
+    one,
+    render,
+    set_args,
+)
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts/grpo-operator"
-KUBE_VERSION = "1.36.3"  # the testbed's; helm template otherwise assumes an old default
-NS = "grpo-system"
 
 Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+
 
 # The operator's API usage (docs/deployment.md), one (group, resource, verb) per right.
 NAMESPACED_RIGHTS: set[Rule] = {
@@ -51,43 +55,6 @@ CLUSTER_RIGHTS: set[Rule] = {
     *{("", "namespaces", v) for v in ("get", "list", "watch")},
 }
 PEERING_VERBS = ("get", "list", "watch", "patch")
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    exe = binary("helm")
-    if not exe.exists():
-        pytest.fail(f"helm is not built at {exe}: run `make setup` (builds the testbed "
-                    "binaries, helm among them)", pytrace=False)
-    proc = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=60,
-                          check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stderr}")
-    return proc
-
-
-def set_args(values: dict[str, str]) -> list[str]:
-    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
-
-
-@functools.cache
-def _render(values: tuple[tuple[str, str], ...]) -> str:
-    return helm("template", "grpo", str(CHART), "-n", NS, "--kube-version", KUBE_VERSION,
-                *set_args(dict(values))).stdout
-
-
-def render(values: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """The chart's objects for these --set values (fresh dicts; the text is cached)."""
-    return [d for d in yaml.safe_load_all(_render(tuple(sorted((values or {}).items())))) if d]
-
-
-def objects(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def one(docs: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = objects(docs, kind)
-    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
-    return found[0]
 
 
 def rights(rules: list[dict[str, Any]]) -> set[Rule]:
@@ -127,8 +94,14 @@ VALUE_SETS: dict[str, dict[str, str]] = {
     "supplied-certs": {"webhook.certificate.source": "secret",
                        "webhook.certificate.secretName": "my-tls",
                        "webhook.certificate.caBundle": SUPPLIED_CA},
-    "no-peering-debug-catalog": {"leaderElection.enabled": "false", "logLevel": "debug",
+    "no-peering-debug-catalog": {"leaderElection.enabled": "false", "replicaCount": "1",
+                                 "logLevel": "debug",
                                  "gpuCatalog.H100-80GB.hostMemoryGiB": "1024"},
+    "cert-manager": {"webhook.certificate.source": "certManager"},
+    "cert-manager-cluster-issuer": {
+        "webhook.certificate.source": "certManager",
+        "webhook.certificate.certManager.issuerRef.name": "corp-ca",
+        "webhook.certificate.certManager.issuerRef.kind": "ClusterIssuer"},
 }
 
 
@@ -154,7 +127,9 @@ def test_renders_and_every_object_is_labelled_by_the_release(name: str) -> None:
 
 # (values, words the error must contain): a bad value fails with a message naming it.
 INVALID: list[tuple[dict[str, str], tuple[str, ...]]] = [
-    ({"replicaCount": "2"}, ("/replicaCount", "maximum")),
+    ({"replicaCount": "-1"}, ("/replicaCount", "minimum")),
+    ({"leaderElection.lifetimeSeconds": "5"}, ("/leaderElection/lifetimeSeconds", "minimum")),
+    ({"webhook.certificate.source": "vault"}, ("/webhook/certificate/source",)),
     ({"logLevel": "verbose"}, ("/logLevel",)),
     ({"image.pullPolicy": "Sometimes"}, ("/image/pullPolicy",)),
     ({"watchNamespace": "{a}"}, ("watchNamespace",)),  # a typo of watchNamespaces
@@ -291,10 +266,9 @@ def test_user_facing_aggregated_roles_let_editors_submit_grpojobs() -> None:
 
 # ---- Deployment -----------------------------------------------------------------------
 
-def test_deployment_is_one_hardened_replica() -> None:
+def test_deployment_is_hardened() -> None:
     dep = one(render(), "Deployment")
-    spec, pod = dep["spec"], dep["spec"]["template"]["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -327,6 +301,7 @@ def test_deployment_flags_follow_values() -> None:
         "--hang-grace=300",
         "--watch-stale-after=150",
         "--peering=grpo-grpo-operator",
+        "--peering-lifetime=15",
         "--webhook-port=9443",
         "--webhook-cert=/etc/grpo-operator/webhook/tls.crt",
         "--webhook-key=/etc/grpo-operator/webhook/tls.key",

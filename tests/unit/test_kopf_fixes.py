@@ -4,6 +4,7 @@ moves what is patched fails here, not silently in a cluster."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -109,3 +110,47 @@ def test_kopf_opens_a_watch_through_api_request_with_keywords() -> None:
 
     source = inspect.getsource(api.stream)
     assert "response = await request(" in source and "url=url," in source
+
+
+def test_a_replica_paused_by_its_peering_is_a_healthy_standby(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kopf hands every resource watch the operator's pause toggles: while a live peer
+    outranks this replica its streams are closed on purpose, and /healthz must not fail
+    it (the kubelet would restart the standby replica forever). Paused only because
+    the peering CRD is missing, nothing reconciles anywhere: that is no standby."""
+    from kopf._cogs.aiokits import aiotoggles
+    from kopf._core.reactor import orchestration
+
+    from grpo_operator.discovery import REQUIRED
+    from grpo_operator.kopf_fixes import PEERING_CRD_MISSING, in_standby
+
+    assert f"make_toggle(name={PEERING_CRD_MISSING!r})" in inspect.getsource(
+        orchestration.orchestrator)
+
+    async def stream(**kwargs: Any) -> AsyncIterator[Any]:
+        yield {"type": None, "object": {}}
+
+    monkeypatch.setattr(watching, "infinite_watch", stream)
+    tracker = WatchTracker(started_at=-1000.0)  # long past the start grace
+    track_watches(tracker)
+    kinds = [w.name for w in REQUIRED]
+
+    async def run() -> list[bool]:
+        paused = aiotoggles.ToggleSet(any)
+        missing = await paused.make_toggle(False, name=PEERING_CRD_MISSING)
+        outranked = await paused.make_toggle(True, name="grpo@op-a")
+        pods = Resource(group="", version="v1", plural="pods", namespaced=True)
+        async for _ in watching.infinite_watch(settings=None, resource=pods, namespace="op-a",
+                                                operator_paused=paused):
+            pass
+        seen = [tracker.verdict(kinds, 1, 150.0).healthy]  # outranked: standby
+        await outranked.turn_to(False)
+        # Took over: its streams have not answered yet, but it was alive a moment ago.
+        seen.append(tracker.verdict(kinds, 1, 150.0).healthy)
+        await missing.turn_to(True)
+        seen.append(in_standby(paused))
+        return seen
+
+    assert asyncio.run(run()) == [True, True, False]
+    tracker.standby_seen_at = None  # long after: no stream has delivered since
+    assert not tracker.verdict(kinds, 1, 150.0).healthy

@@ -70,3 +70,17 @@ def test_cluster_wide_operators_have_no_namespace_stream_to_require() -> None:
     streams = dict(live(k, at=1000.0, ns=None) for k in KINDS)
     assert watch_verdict(1100.0, 0.0, streams, KINDS, namespaces=None,
                          stale_after_s=STALE).healthy
+
+
+def test_a_standby_replica_is_healthy_and_says_why() -> None:
+    """Kopf peering closes a standby replica's streams on purpose."""
+    verdict = watch_verdict(5000.0, 0.0, {}, KINDS, 1, STALE, standby=True)
+    assert verdict.healthy and verdict.detail.startswith("standby:")
+
+
+def test_after_standby_the_start_grace_counts_from_the_takeover() -> None:
+    """Streams last alive before the pause (1000 s), standby until 4900 s: taking over
+    at 5000 s is no failure, but streams that never answer fail a grace later."""
+    streams = dict(live(k, at=1000.0) for k in [*KINDS, "namespaces"])
+    assert watch_verdict(5000.0, 4900.0, streams, KINDS, 1, STALE).healthy
+    assert not watch_verdict(5060.0, 4900.0, streams, KINDS, 1, STALE).healthy

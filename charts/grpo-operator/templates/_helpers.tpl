@@ -53,6 +53,19 @@ app.kubernetes.io/part-of: grpo-operator
 {{- default (include "grpo-operator.fullname" .) .Values.leaderElection.peeringName -}}
 {{- end -}}
 
+{{/* Certificate names under webhook.certificate.source certManager. */}}
+{{- define "grpo-operator.certManagerCertificate" -}}
+{{- printf "%s-webhook" (include "grpo-operator.fullname" .) -}}
+{{- end -}}
+
+{{- define "grpo-operator.webhookAnnotations" -}}
+{{- if eq .Values.webhook.certificate.source "certManager" -}}
+annotations:
+  # cert-manager's CA injector writes the Certificate's CA into every caBundle here.
+  cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "grpo-operator.certManagerCertificate" .) }}
+{{- end -}}
+{{- end -}}
+
 {{- define "grpo-operator.webhookSecretName" -}}
 {{- if eq .Values.webhook.certificate.source "secret" -}}
 {{- .Values.webhook.certificate.secretName -}}
