@@ -42,6 +42,7 @@ class Run:
     seconds: float
     pods: list[dict[str, Any]] = field(default_factory=list)  # every job pod state seen
     notes: str = ""  # what `helm install` printed (NOTES.txt)
+    operators: list[dict[str, Any]] = field(default_factory=list)  # after `helm --wait`
 
     def claim_dir(self) -> Path:
         assert self.tb.node is not None and self.tb.node.claims is not None
@@ -62,8 +63,10 @@ def run() -> Iterator[Run]:
         notes = helm(tb, "install", "grpo", str(CHART), "-n", system,
              "--set", f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
              "--set", "image.pullPolicy=Never", "--set", f"trainerImage={TRAINER_CPU.tag}",
-             "--set", "leaderElection.enabled=false", "--set", "replicaCount=1",
-             "--wait", "--timeout", "240s")
+             "--wait", "--timeout", "240s")  # the chart's defaults: 2 replicas, peering
+        operators = json.loads(tb.kubectl(
+            "get", "pods", "-n", system, "-l", "app.kubernetes.io/instance=grpo",
+            "-o", "json").stdout)["items"]
         ns = tb.namespace("team")
         t0 = time.monotonic()
         tb.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
@@ -77,7 +80,7 @@ def run() -> Iterator[Run]:
                 break
             assert time.monotonic() < deadline, json.dumps(job.get("status"), indent=1)
             time.sleep(2)
-        yield Run(tb, ns, job, time.monotonic() - t0, pods, notes)
+        yield Run(tb, ns, job, time.monotonic() - t0, pods, notes, operators)
         tb.kubectl("delete", "grpojob", JOB, "-n", ns, "--wait=true", "--timeout=60s",
                    check=False)
         subprocess.run([str(binary("helm")), "uninstall", "grpo", "-n", system, "--wait",
@@ -91,6 +94,14 @@ def test_the_first_example_succeeds_on_its_first_attempt(run: Run) -> None:
     steps = MANIFEST["spec"]["training"]["maxSteps"]
     assert status["progress"]["step"] == status["progress"]["totalSteps"] == steps
     print(f"first job: Succeeded in {run.seconds:.0f} s after kubectl apply")
+
+
+def test_the_default_install_runs_two_ready_operator_replicas(run: Run) -> None:
+    # One reconciles (the job above Succeeded once), the other stands by and stays Ready.
+    ready = [p["metadata"]["name"] for p in run.operators
+             if any(c["type"] == "Ready" and c["status"] == "True"
+                    for c in p["status"].get("conditions") or [])]
+    assert len(ready) == 2, [p["status"] for p in run.operators]
 
 
 def test_its_init_container_built_the_model_on_the_claim_the_operator_made(run: Run) -> None:
