@@ -18,6 +18,7 @@ from grpo_api.contract import (
     TERMINAL_PHASES,
     FailureReason,
     Phase,
+    Reason,
 )
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.job.trainer import config_sources
@@ -34,7 +35,7 @@ from ..render import JobRef, names, pod_settings, render_children
 from ..render.children import logging_env
 from ..render.trainer_config import trainer_config
 from .classify import PodOutcome
-from .conditions import PhaseView, attempt_of, status_patch
+from .conditions import JobEvent, PhaseView, attempt_of, status_patch
 from .model_config import PlanInput, recorded
 from .retention import ClaimChange, export_status, recreate_advice
 
@@ -42,10 +43,12 @@ PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
 CREATE_RETRY_SECONDS = 10  # a child the API server refused is tried again this often
 MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
-_WORDS = {"CudaOOM": "CUDA OOM", "HostOOM": "host OOM (pod OOMKilled)",
-          "WorkersMissing": "worker pods did not all join",
-          "RayOOM": "Ray OOM (memory monitor)", "NodeLost": "node or worker lost",
-          "Hang": "hang (no progress)", "Terminated": "terminated (SIGTERM)"}
+_WORDS = {FailureReason.CUDA_OOM: "CUDA OOM", FailureReason.HOST_OOM: "host OOM (pod OOMKilled)",
+          FailureReason.WORKERS_MISSING: "worker pods did not all join",
+          FailureReason.RAY_OOM: "Ray OOM (memory monitor)",
+          FailureReason.NODE_LOST: "node or worker lost",
+          FailureReason.HANG: "hang (no progress)",
+          FailureReason.TERMINATED: "terminated (SIGTERM)"}
 
 
 @dataclass
@@ -58,7 +61,7 @@ class Action:
     delete_ray_cluster: str | None = None
     claim_change: ClaimChange | None = None  # the checkpoint claim's owner and labels
     delete_pod: str | None = None  # the model-config reader pod, once read
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, msg)
+    events: list[JobEvent] = field(default_factory=list)
     retry: tuple[str, float] | None = None  # (why, seconds): cannot go on yet, decide again
     restart_reason: str | None = None  # an attempt failed and will be retried (metric)
     recovered_after: float | None = None  # seconds from a failure to the next attempt
@@ -208,43 +211,43 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
         return Action(status={})  # done, or the restart timer owns the next step
     bad_name = names.job_name_problem(job.name)  # the CRD refuses these; older CRDs did not
     if bad_name:
-        view = PhaseView(Phase.FAILED, "InvalidName", bad_name)
+        view = PhaseView(Phase.FAILED, Reason.INVALID_NAME, bad_name)
         return Action(status_patch(status, generation, now, view),
-                      events=[("Warning", "InvalidName", bad_name)])
+                      events=[("Warning", Reason.INVALID_NAME, bad_name)])
     attempts_so_far = [a for a in status.get("attempts") or []
                        if a.get("index") != status.get("attempt")]
     try:
         spec, plan = planned(spec_body, attempts_so_far, catalog, recorded(status))
     except SpecError as exc:
-        view = PhaseView(Phase.FAILED, "InvalidSpec", str(exc))
+        view = PhaseView(Phase.FAILED, Reason.INVALID_SPEC, str(exc))
         return Action(status_patch(status, generation, now, view),
-                      events=[("Warning", "InvalidSpec", str(exc))])
+                      events=[("Warning", Reason.INVALID_SPEC, str(exc))])
     except (InfeasibleError, ValueError) as exc:
-        view = PhaseView(Phase.FAILED, "Infeasible", str(exc))
+        view = PhaseView(Phase.FAILED, Reason.INFEASIBLE, str(exc))
         return Action(status_patch(status, generation, now, view),
-                      events=[("Warning", "Infeasible", str(exc))])
+                      events=[("Warning", Reason.INFEASIBLE, str(exc))])
     attempt = int(status.get("attempt") or 0)
     rc_name = names.ray_cluster(job, attempt)
     if spec.suspend:
-        view = PhaseView(Phase.SUSPENDED, "SuspendedByUser",
+        view = PhaseView(Phase.SUSPENDED, Reason.SUSPENDED_BY_USER,
                          "spec.suspend is true: Ray pods released, checkpoints and status kept")
         return Action(
             status_patch(status, generation, now, view),
             delete_ray_cluster=rc_name,
-            events=[("Normal", "Suspended", view.message)],
+            events=[("Normal", Reason.SUSPENDED, view.message)],
         )
     saved = _measured_save_s(status)
     children = render_children(spec, plan, job, attempt, default_image,
                                measured_save_s=saved)
     attempts = list(status.get("attempts") or [])
     fields: dict[str, Any] = {"attempt": attempt, "rayCluster": {"name": rc_name}}
-    events: list[tuple[str, str, str]] = []
+    events: list[JobEvent] = []
     if not any(a.get("index") == attempt for a in attempts):
         attempts.append({"index": attempt, "startTime": now, "outcome": ATTEMPT_RUNNING})
         fields |= {"attempts": attempts, "plan": plan_status(plan, saved).to_wire(),
                    "restarts": int(status.get("restarts") or 0)}
         settings = plan.settings
-        events.append(("Normal", "Planned",
+        events.append(("Normal", Reason.PLANNED,
                        f"{plan.world_size} x {plan.geometry.gpu}; gradient checkpointing "
                        f"{settings.gradient_checkpointing}, offload params "
                        f"{settings.offload_params}, offload optimizer "
@@ -255,11 +258,11 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
     # A live attempt's phase follows its pods and cluster, not the spec.
     start: PhaseView | None = None
     if status.get("phase") in (None, Phase.SUSPENDED):
-        start = PhaseView(Phase.PENDING, "CreatingCluster", f"creating RayCluster {rc_name}")
+        start = PhaseView(Phase.PENDING, Reason.CREATING_CLUSTER, f"creating RayCluster {rc_name}")
         # A new cluster: no state yet, and not admitted by Kueue yet.
         fields["rayCluster"] = {"name": rc_name, "state": None, "admittedGeneration": None}
         if status.get("phase") == Phase.SUSPENDED:
-            events.append(("Normal", "Resumed", f"resuming attempt {attempt} from its "
+            events.append(("Normal", Reason.RESUMED, f"resuming attempt {attempt} from its "
                            "newest complete checkpoint"))
     return Action(status_patch(status, generation, now, start, **fields), children=children,
                   events=events)
@@ -270,12 +273,12 @@ def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str
     """The API server refused a child: show it where users look (phase Pending, Degraded
     and Progressing with reason CreateFailed, a Warning event), with the server's own
     message, instead of a silent CreatingCluster; the handler retries the create."""
-    view = PhaseView(Phase.PENDING, "CreateFailed",
+    view = PhaseView(Phase.PENDING, Reason.CREATE_FAILED,
                      f"creating {kind} {name} failed: {api_message} (retrying every "
                      f"{CREATE_RETRY_SECONDS} s)")
     return Action(
         status_patch(status, generation, now, view, degraded=view),
-        events=[("Warning", "CreateFailed", view.message)],
+        events=[("Warning", Reason.CREATE_FAILED, view.message)],
         retry=(view.message, CREATE_RETRY_SECONDS))
 
 
@@ -306,24 +309,24 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
     rc = (status.get("rayCluster") or {}).get("name")
     reason = outcome.reason
     if reason is FailureReason.SUCCEEDED:
-        view = PhaseView(Phase.SUCCEEDED, "TrainingFinished",
+        view = PhaseView(Phase.SUCCEEDED, Reason.TRAINING_FINISHED,
                          f"attempt {attempt}: {outcome.message}")
         exported = ({"export": export_status(outcome.export, claim)}
                     if outcome.export is not None and claim else {})
         return _ended(status, attempts, view, generation, now, rc, "Normal", **exported)
     restarts = int(status.get("restarts") or 0)
-    what = _WORDS.get(reason.value, reason.value)
+    what = _WORDS.get(reason, reason.value)
     where = f" at step {step}" if step is not None else ""
     last = next((a["remediation"] for a in reversed(attempts[:-1]) if a.get("remediation")),
                 None)
     if reason in PERMANENT or spec_body is None:
-        view = PhaseView(Phase.FAILED, reason.value, f"attempt {attempt}: {outcome.message}; "
+        view = PhaseView(Phase.FAILED, Reason(reason), f"attempt {attempt}: {outcome.message}; "
                          "not retried: fix the cause, then delete the job and create it "
                          f"again ({recreate_advice(spec_body)})")
         return _ended(status, attempts, view, generation, now, rc, "Warning")
     spec, plan = planned(spec_body, attempts[:-1], catalog, recorded(status))
     if restarts >= spec.restart_policy.max_restarts:
-        view = PhaseView(Phase.FAILED, reason.value,
+        view = PhaseView(Phase.FAILED, Reason(reason),
                          f"{what}{where} after {restarts} restarts; last setting tried: "
                          f"{last or 'the planned settings'}")
         return _ended(status, attempts, view, generation, now, rc, "Warning")
@@ -331,7 +334,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
     if spec.restart_policy.remediate and reason in MEMORY_CLASSES:
         safer = next_safer_plan(plan, reason, phase=outcome.phase)
         if safer is None:
-            view = PhaseView(Phase.FAILED, reason.value,
+            view = PhaseView(Phase.FAILED, Reason(reason),
                              f"{what}{where} after {restarts} restarts; every safer setting "
                              f"for {reason.value} was tried; last: "
                              f"{last or 'the planned settings'}")
@@ -342,14 +345,14 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
     change = remediation or "the same settings (no memory ladder for this failure)"
     if reason is FailureReason.HANG:
         change += " and the collective debug env (NCCL flight recorder)"
-    view = PhaseView(Phase.RESTARTING, reason.value,
+    view = PhaseView(Phase.RESTARTING, Reason(reason),
                      f"attempt {attempt}: {what}{where}; attempt {attempt + 1} in {wait} s "
                      f"with {change}, resuming from checkpoint step {ckpt or 0}")
     return Action(
         status_patch(status, generation, now, view, attempts=attempts, restarts=restarts + 1,
                      nextAttempt={"index": attempt + 1, "notBefore": _at(now, wait)}),
         delete_ray_cluster=rc,
-        events=[("Warning", reason.value, view.message)],
+        events=[("Warning", Reason(reason), view.message)],
         restart_reason=reason.value,
     )
 
@@ -359,7 +362,7 @@ def _ended(status: dict[str, Any], attempts: list[dict[str, Any]], view: PhaseVi
     return Action(
         status_patch(status, generation, now, view, attempts=attempts, **fields),
         delete_ray_cluster=rc,
-        events=[(kind, view.reason, view.message)],
+        events=[(kind, Reason(view.reason), view.message)],
     )
 
 
@@ -380,14 +383,14 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
     waited = (_time(now) - _time(str(nxt["notBefore"]))).total_seconds()
     if lingering and waited < grace_seconds:
         # Two drivers of one job must never overlap on its checkpoints.
-        view = PhaseView(Phase.RESTARTING, "WaitingForPreviousAttempt",
+        view = PhaseView(Phase.RESTARTING, Reason.WAITING_FOR_PREVIOUS_ATTEMPT,
                          f"attempt {index} starts once {len(lingering)} pod(s) of earlier "
                          f"attempts are gone: {', '.join(lingering[:5])} (at most "
                          f"{grace_seconds:g} s more)")
         return Action(status_patch(status, generation, now, view))
     action = _next_attempt(job, spec_body, status, generation, now, default_image, catalog)
     if lingering:
-        action.events.append(("Warning", "PreviousAttemptLingers",
+        action.events.append(("Warning", Reason.PREVIOUS_ATTEMPT_LINGERS,
                                f"started attempt {index} although {', '.join(lingering[:5])} "
                                f"still exist after {waited:.0f} s (a lost node?); an older "
                                "driver cannot commit a checkpoint once a newer attempt exists"))
@@ -407,7 +410,7 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
         record["resumedFromStep"] = resumed
     rc = names.ray_cluster(job, index)
     saved = _measured_save_s(status)
-    view = PhaseView(Phase.PENDING, "CreatingCluster",
+    view = PhaseView(Phase.PENDING, Reason.CREATING_CLUSTER,
                      f"attempt {index}: creating RayCluster {rc}, resuming "
                      f"from checkpoint step {resumed or 0}")
     return Action(
@@ -421,7 +424,7 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
                                              debug_collectives=_after_hang(attempts),
                                              measured_save_s=saved)
                   if c["kind"] in PER_ATTEMPT_KINDS],
-        events=[("Normal", "Restarted", view.message)],
+        events=[("Normal", Reason.RESTARTED, view.message)],
         recovered_after=failed_for(attempts, now),
     )
 

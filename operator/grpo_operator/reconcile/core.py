@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_api.contract import TERMINAL_PHASES, Phase, Role
+from grpo_api.contract import TERMINAL_PHASES, Phase, Reason, Role
 from grpo_api.job import SpecError, parse_spec
 
 from ..config import OperatorConfig
@@ -266,9 +266,6 @@ def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
     raise TypeError(f"unknown event {event!r}")
 
 
-INTERNAL_ERROR = "InternalError"
-
-
 def _internal_error(event: Event, exc: Exception, spec: dict[str, Any],
                     status: dict[str, Any], generation: int, now: str) -> Action:
     """An exception from the operator's own code ends the job Failed with its message,
@@ -280,9 +277,9 @@ def _internal_error(event: Event, exc: Exception, spec: dict[str, Any],
                f"{type(exc).__name__}: {exc}"[:2000]
                + "; this is an operator defect: please report it with this message, and "
                f"after upgrading delete the job and create it again ({recreate_advice(spec)})")
-    view = PhaseView(Phase.FAILED, INTERNAL_ERROR, message)
+    view = PhaseView(Phase.FAILED, Reason.INTERNAL_ERROR, message)
     return Action(status_patch(status, generation, now, view),
-                  events=[("Warning", INTERNAL_ERROR, message)])
+                  events=[("Warning", Reason.INTERNAL_ERROR, message)])
 
 
 def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,
@@ -295,7 +292,7 @@ def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generati
     if earlier and not status.get("attempts"):
         # A job of this name was deleted and its pods are still going: its drivers must be
         # gone before this job's adopt the checkpoint directory.
-        view = PhaseView(Phase.PENDING, "WaitingForPreviousJob",
+        view = PhaseView(Phase.PENDING, Reason.WAITING_FOR_PREVIOUS_JOB,
                          f"{len(earlier)} pod(s) of an earlier job named {ref.name} are still "
                          f"there: {', '.join(earlier[:5])}; this job starts once they are gone")
         return Action(status_patch(status, generation, now, view),
@@ -341,9 +338,9 @@ def _earlier_jobs_pods(ref: JobRef, pods: list[dict[str, Any]]) -> list[str]:
 
 def _claim_missing(status: dict[str, Any], generation: int, now: str, problem: str,
                    config: OperatorConfig) -> Action:
-    view = PhaseView(Phase.PENDING, "ClaimMissing", problem)
+    view = PhaseView(Phase.PENDING, Reason.CLAIM_MISSING, problem)
     return Action(status_patch(status, generation, now, view),
-                  events=[("Warning", "ClaimMissing", problem)],
+                  events=[("Warning", Reason.CLAIM_MISSING, problem)],
                   retry=(problem, config.claim_retry_seconds))
 
 
@@ -372,7 +369,7 @@ def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:
     if new is None:
         return Action()
     growth = next((c for c in grown or [] if c["type"] == MEMORY_GROWTH), None)
-    events = ([("Warning", MEMORY_GROWTH.value, growth["message"])]
+    events = ([("Warning", Reason.MEMORY_GROWTH, growth["message"])]
               if growth is not None and growth["status"] == "True" else [])
     return Action({"conditions": new}, events=events)
 
@@ -409,7 +406,7 @@ def _seen(view: PhaseView, status: dict[str, Any], generation: int, now: str) ->
     the job starts running."""
     change = status_patch(status, generation, now, view)
     running = change.get("phase") == Phase.RUNNING
-    return Action(change, events=[("Normal", "Running", view.message)] if running else [])
+    return Action(change, events=[("Normal", Reason.RUNNING, view.message)] if running else [])
 
 
 def _on_cluster(spec: dict[str, Any], status: dict[str, Any], generation: int, now: str,
@@ -425,14 +422,14 @@ def _on_cluster(spec: dict[str, Any], status: dict[str, Any], generation: int, n
         view = queued_view(rc, observed.workload, observed.cluster_queue)
         action = Action(status_patch(status, generation, now, view))
         if action.status.get("phase") == Phase.QUEUED:
-            action.events.append(("Normal", "Queued", view.message))
+            action.events.append(("Normal", Reason.QUEUED, view.message))
         return action
     action = _observed_cluster(spec, status, generation, now, rc, observed.pods, config)
     if queue_of(rc) is not None and not admitted(status):
         action.status["rayCluster"] = {**action.status.get("rayCluster", {}),
                                        "name": rc["metadata"]["name"],
                                        "admittedGeneration": cluster_generation(rc)}
-        action.events.append(("Normal", "Admitted", admission_event(rc, observed.workload)))
+        action.events.append(("Normal", Reason.ADMITTED, admission_event(rc, observed.workload)))
     return action
 
 

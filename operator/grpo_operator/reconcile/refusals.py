@@ -19,12 +19,11 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.contract import ATTEMPT_RUNNING, FailureReason, Phase
+from grpo_api.contract import ATTEMPT_RUNNING, FailureReason, Phase, Reason
 
 from .attempts import Action
 from .conditions import PhaseView, status_patch
 
-POD_CREATE_REFUSED = "PodCreateRefused"  # the job's condition reason
 REPLICA_FAILURE = "ReplicaFailure"  # KubeRay's RayClusterReplicaFailure condition type
 CREATE_REASONS = {"FailedCreateHeadPod": "head", "FailedCreateWorkerPod": "worker"}
 FIX = ("change what refuses them (the namespace's Pod Security level, a ResourceQuota or "
@@ -72,15 +71,15 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: 
     until = since + dt.timedelta(seconds=deadline_s)
     what = f"KubeRay cannot create the {refusal.role} pod of RayCluster {rc_name}"
     if _time(now) < until:
-        view = PhaseView(Phase.PENDING, POD_CREATE_REFUSED,
+        view = PhaseView(Phase.PENDING, Reason.POD_CREATE_REFUSED,
                          f"{what}: {refusal.message}. The attempt fails at {_stamp(until)} "
                          f"unless this is fixed: {FIX}")
         change = status_patch(status, generation, now, view, degraded=view)
-        first = _reason(status, "Progressing") != POD_CREATE_REFUSED
-        return Action(change, events=[("Warning", POD_CREATE_REFUSED, view.message)]
+        first = _reason(status, "Progressing") != Reason.POD_CREATE_REFUSED
+        return Action(change, events=[("Warning", Reason.POD_CREATE_REFUSED, view.message)]
                       if first else [])
     seconds = int((_time(now) - since).total_seconds())
-    view = PhaseView(Phase.FAILED, POD_CREATE_REFUSED,
+    view = PhaseView(Phase.FAILED, Reason.POD_CREATE_REFUSED,
                      f"{what} for {seconds} s: {refusal.message}. Not retried: {FIX}, "
                      f"then delete the job and create it again ({advice})")
     attempt = int(status.get("attempt") or 0)
@@ -91,7 +90,7 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: 
     return Action(
         status_patch(status, generation, now, view, attempts=attempts),
         delete_ray_cluster=rc_name,
-        events=[("Warning", POD_CREATE_REFUSED, view.message)],
+        events=[("Warning", Reason.POD_CREATE_REFUSED, view.message)],
     )
 
 
@@ -112,4 +111,4 @@ def refusal_shown(status: dict[str, Any]) -> bool:
     """The job shows a refused pod create (until KubeRay's condition goes, only a
     running job or the deadline replaces it)."""
     return (status.get("phase") == Phase.PENDING
-            and _reason(status, "Progressing") == POD_CREATE_REFUSED)
+            and _reason(status, "Progressing") == Reason.POD_CREATE_REFUSED)
