@@ -42,7 +42,7 @@ def network(p: Plan) -> str:
 
 
 def containers(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    kids = ensure_attempt(JobRef("j", "ns", "u"), spec, {}, 1, "2026-11-24T00:00:00Z").children
+    kids = ensure_attempt(JobRef("j", "ns", "u"), spec, {}, "2026-11-24T00:00:00Z").children
     rc = next(c for c in kids if c["kind"] == "RayCluster")["spec"]
     return (rc["headGroupSpec"]["template"]["spec"]["containers"][0],
             rc["workerGroupSpecs"][0]["template"]["spec"]["containers"][0])

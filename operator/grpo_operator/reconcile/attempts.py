@@ -35,9 +35,10 @@ from ..render import JobRef, names, pod_settings, render_children
 from ..render.children import logging_env
 from ..render.trainer_config import trainer_config
 from .classify import PodOutcome
-from .conditions import JobEvent, PhaseView, attempt_of, status_patch
+from .conditions import JobEvent, PhaseView, attempt_of
 from .model_config import PlanInput, recorded
 from .retention import ClaimChange, export_status, recreate_advice
+from .status import StatusFacts, derive_status
 
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
@@ -56,6 +57,9 @@ class Action:
     """What one event calls for; the handler applies it: status first (one merge patch,
     only over the resourceVersion it was decided from), then the rest."""
 
+    # What the step found; `reconcile` derives `status` from it (status.derive_status).
+    # Not compared: two Actions that write and do the same are equal.
+    facts: StatusFacts = field(default_factory=StatusFacts, compare=False)
     status: dict[str, Any] = field(default_factory=dict)  # merge patch; {}: nothing to write
     children: list[dict[str, Any]] = field(default_factory=list)  # create if absent
     delete_ray_cluster: str | None = None
@@ -65,6 +69,12 @@ class Action:
     retry: tuple[str, float] | None = None  # (why, seconds): cannot go on yet, decide again
     restart_reason: str | None = None  # an attempt failed and will be retried (metric)
     recovered_after: float | None = None  # seconds from a failure to the next attempt
+
+    def derive(self, previous: dict[str, Any], generation: int, now: str) -> Action:
+        """This action with its status patch derived from its facts over `previous`, the
+        status it was decided from (`reconcile` does this once per decision)."""
+        self.status = derive_status(previous, self.facts, generation, now)
+        return self
 
 
 def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = None,
@@ -204,15 +214,15 @@ def claim_problem(spec_body: dict[str, Any], namespace: str,
 
 
 def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
-                   generation: int, now: str, default_image: str = "",
+                   now: str, default_image: str = "",
                    catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
     """Children and status of the current attempt, on create/resume/spec change."""
     if status.get("phase") in TERMINAL_PHASES or status.get("nextAttempt"):
-        return Action(status={})  # done, or the restart timer owns the next step
+        return Action()  # done, or the restart timer owns the next step
     bad_name = names.job_name_problem(job.name)  # the CRD refuses these; older CRDs did not
     if bad_name:
         view = PhaseView(Phase.FAILED, Reason.INVALID_NAME, bad_name)
-        return Action(status_patch(status, generation, now, view),
+        return Action(StatusFacts(view),
                       events=[("Warning", Reason.INVALID_NAME, bad_name)])
     attempts_so_far = [a for a in status.get("attempts") or []
                        if a.get("index") != status.get("attempt")]
@@ -220,11 +230,11 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
         spec, plan = planned(spec_body, attempts_so_far, catalog, recorded(status))
     except SpecError as exc:
         view = PhaseView(Phase.FAILED, Reason.INVALID_SPEC, str(exc))
-        return Action(status_patch(status, generation, now, view),
+        return Action(StatusFacts(view),
                       events=[("Warning", Reason.INVALID_SPEC, str(exc))])
     except (InfeasibleError, ValueError) as exc:
         view = PhaseView(Phase.FAILED, Reason.INFEASIBLE, str(exc))
-        return Action(status_patch(status, generation, now, view),
+        return Action(StatusFacts(view),
                       events=[("Warning", Reason.INFEASIBLE, str(exc))])
     attempt = int(status.get("attempt") or 0)
     rc_name = names.ray_cluster(job, attempt)
@@ -232,7 +242,7 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
         view = PhaseView(Phase.SUSPENDED, Reason.SUSPENDED_BY_USER,
                          "spec.suspend is true: Ray pods released, checkpoints and status kept")
         return Action(
-            status_patch(status, generation, now, view),
+            StatusFacts(view),
             delete_ray_cluster=rc_name,
             events=[("Normal", Reason.SUSPENDED, view.message)],
         )
@@ -264,12 +274,11 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
         if status.get("phase") == Phase.SUSPENDED:
             events.append(("Normal", Reason.RESUMED, f"resuming attempt {attempt} from its "
                            "newest complete checkpoint"))
-    return Action(status_patch(status, generation, now, start, **fields), children=children,
+    return Action(StatusFacts(start, record=fields), children=children,
                   events=events)
 
 
-def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str,
-                  generation: int, now: str) -> Action:
+def create_failed(kind: str, name: str, api_message: str) -> Action:
     """The API server refused a child: show it where users look (phase Pending, Degraded
     and Progressing with reason CreateFailed, a Warning event), with the server's own
     message, instead of a silent CreatingCluster; the handler retries the create."""
@@ -277,13 +286,13 @@ def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str
                      f"creating {kind} {name} failed: {api_message} (retrying every "
                      f"{CREATE_RETRY_SECONDS} s)")
     return Action(
-        status_patch(status, generation, now, view, degraded=view),
+        StatusFacts(view, degraded=True),
         events=[("Warning", Reason.CREATE_FAILED, view.message)],
         retry=(view.message, CREATE_RETRY_SECONDS))
 
 
-def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
-                   now: str, spec_body: dict[str, Any] | None = None,
+def finish_attempt(status: dict[str, Any], outcome: PodOutcome, now: str,
+                   spec_body: dict[str, Any] | None = None,
                    catalog: Mapping[str, GpuType] = GPU_CATALOG,
                    claim: str | None = None) -> Action:
     """The head's trainer ended: record the attempt, then succeed (with the exported
@@ -293,7 +302,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
     attempts = [dict(a) for a in status.get("attempts") or []]
     record = next((a for a in attempts if a.get("index") == attempt), None)
     if record is None or record.get("outcome") != ATTEMPT_RUNNING:
-        return Action(status={})  # already recorded (several pod events report it)
+        return Action()  # already recorded (several pod events report it)
     progress = status.get("progress") or {}
     record.update(endTime=now, outcome=outcome.reason.value, reason=outcome.message)
     step = outcome.step if outcome.step is not None else progress.get("step")
@@ -313,7 +322,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
                          f"attempt {attempt}: {outcome.message}")
         exported = ({"export": export_status(outcome.export, claim)}
                     if outcome.export is not None and claim else {})
-        return _ended(status, attempts, view, generation, now, rc, "Normal", **exported)
+        return _ended(attempts, view, rc, "Normal", **exported)
     restarts = int(status.get("restarts") or 0)
     what = _WORDS.get(reason, reason.value)
     where = f" at step {step}" if step is not None else ""
@@ -323,13 +332,13 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
         view = PhaseView(Phase.FAILED, Reason(reason), f"attempt {attempt}: {outcome.message}; "
                          "not retried: fix the cause, then delete the job and create it "
                          f"again ({recreate_advice(spec_body)})")
-        return _ended(status, attempts, view, generation, now, rc, "Warning")
+        return _ended(attempts, view, rc, "Warning")
     spec, plan = planned(spec_body, attempts[:-1], catalog, recorded(status))
     if restarts >= spec.restart_policy.max_restarts:
         view = PhaseView(Phase.FAILED, Reason(reason),
                          f"{what}{where} after {restarts} restarts; last setting tried: "
                          f"{last or 'the planned settings'}")
-        return _ended(status, attempts, view, generation, now, rc, "Warning")
+        return _ended(attempts, view, rc, "Warning")
     remediation = None
     if spec.restart_policy.remediate and reason in MEMORY_CLASSES:
         safer = next_safer_plan(plan, reason, phase=outcome.phase)
@@ -338,7 +347,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
                              f"{what}{where} after {restarts} restarts; every safer setting "
                              f"for {reason.value} was tried; last: "
                              f"{last or 'the planned settings'}")
-            return _ended(status, attempts, view, generation, now, rc, "Warning")
+            return _ended(attempts, view, rc, "Warning")
         remediation = safer.remediations[-1]
         record["remediation"] = remediation
     wait = backoff_seconds(spec, restarts)
@@ -349,25 +358,25 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
                      f"attempt {attempt}: {what}{where}; attempt {attempt + 1} in {wait} s "
                      f"with {change}, resuming from checkpoint step {ckpt or 0}")
     return Action(
-        status_patch(status, generation, now, view, attempts=attempts, restarts=restarts + 1,
-                     nextAttempt={"index": attempt + 1, "notBefore": _at(now, wait)}),
+        StatusFacts(view, record={"attempts": attempts, "restarts": restarts + 1, "nextAttempt": {
+            "index": attempt + 1, "notBefore": _at(now, wait)}}),
         delete_ray_cluster=rc,
         events=[("Warning", Reason(reason), view.message)],
         restart_reason=reason.value,
     )
 
 
-def _ended(status: dict[str, Any], attempts: list[dict[str, Any]], view: PhaseView,
-           generation: int, now: str, rc: str | None, kind: str, **fields: Any) -> Action:
+def _ended(attempts: list[dict[str, Any]], view: PhaseView, rc: str | None, kind: str,
+           **fields: Any) -> Action:
     return Action(
-        status_patch(status, generation, now, view, attempts=attempts, **fields),
+        StatusFacts(view, record={"attempts": attempts, **fields}),
         delete_ray_cluster=rc,
         events=[(kind, Reason(view.reason), view.message)],
     )
 
 
 def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
-                       generation: int, now: str, default_image: str = "",
+                       now: str, default_image: str = "",
                        catalog: Mapping[str, GpuType] = GPU_CATALOG,
                        pods: list[dict[str, Any]] | None = None,
                        grace_seconds: float = 120.0) -> Action | None:
@@ -387,8 +396,8 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
                          f"attempt {index} starts once {len(lingering)} pod(s) of earlier "
                          f"attempts are gone: {', '.join(lingering[:5])} (at most "
                          f"{grace_seconds:g} s more)")
-        return Action(status_patch(status, generation, now, view))
-    action = _next_attempt(job, spec_body, status, generation, now, default_image, catalog)
+        return Action(StatusFacts(view))
+    action = _next_attempt(job, spec_body, status, now, default_image, catalog)
     if lingering:
         action.events.append(("Warning", Reason.PREVIOUS_ATTEMPT_LINGERS,
                                f"started attempt {index} although {', '.join(lingering[:5])} "
@@ -398,7 +407,7 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
 
 
 def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
-                  generation: int, now: str, default_image: str,
+                  now: str, default_image: str,
                   catalog: Mapping[str, GpuType]) -> Action:
     nxt = status["nextAttempt"]
     attempts = [dict(a) for a in status.get("attempts") or []]
@@ -414,10 +423,10 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
                      f"attempt {index}: creating RayCluster {rc}, resuming "
                      f"from checkpoint step {resumed or 0}")
     return Action(
-        status_patch(status, generation, now, view, attempt=index,
-                     attempts=[*attempts, record], nextAttempt=None,
-                     rayCluster={"name": rc, "state": None, "admittedGeneration": None},
-                     plan=plan_status(plan, saved).to_wire()),
+        StatusFacts(view, record={
+            "attempt": index, "attempts": [*attempts, record], "nextAttempt": None,
+            "rayCluster": {"name": rc, "state": None, "admittedGeneration": None},
+            "plan": plan_status(plan, saved).to_wire()}),
         # Only what is new per attempt: the claim and the trainer's RBAC exist since
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
         children=[c for c in render_children(spec, plan, job, index, default_image,

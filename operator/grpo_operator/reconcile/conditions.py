@@ -174,27 +174,3 @@ def hub_fetch_conditions(progress: dict[str, Any] | None,
         want = {"status": "False", "reason": Reason.FETCHING,
                 "message": f"{fetch['repo']}: {size}, now {fetch.get('file') or '-'}"}
     return _with_condition(conditions, HUB_FETCH, want, generation, now)
-
-
-def status_patch(status: dict[str, Any], generation: int, now: str,
-                 view: PhaseView | None = None, degraded: PhaseView | None = None,
-                 **fields: Any) -> dict[str, Any]:
-    """The one status builder (KubeRay's calculateStatus): the phase and every condition
-    derived from `view` (None: the phase stands), plus the bookkeeping `fields` (wire
-    names; None removes one), reduced to what changes `status` when merged as a merge
-    patch. {}: nothing to write."""
-    want: dict[str, Any] = {"observedGeneration": generation, **fields}
-    if view is not None:
-        want["phase"] = view.phase
-        want["conditions"] = conditions_for(view, generation, now, status.get("conditions"),
-                                            degraded)
-    return {k: v for k, v in want.items() if _changes(status.get(k), v)}
-
-
-def _changes(current: Any, patch: Any) -> bool:
-    """Whether merging `patch` (RFC 7386) into `current` changes it."""
-    if patch is None:
-        return current is not None
-    if isinstance(patch, dict) and isinstance(current, dict):
-        return any(_changes(current.get(k), v) for k, v in patch.items())
-    return bool(current != patch)

@@ -29,7 +29,8 @@ from grpo_api.model_config import ReaderReport, hub_config_url
 from ..planner.model_shape import known_family
 from ..render import JobRef, names
 from ..render.model_reader import render_model_reader
-from .conditions import JobEvent, PhaseView, status_patch, unschedulable
+from .conditions import JobEvent, PhaseView, unschedulable
+from .status import StatusFacts
 
 READ_POLL_SECONDS = 2.0  # how often a waiting job looks at its reader pod
 RETRY_SECONDS = 30.0  # a hub that could not be reached is asked again after this
@@ -278,10 +279,9 @@ def _waiting_reason(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def waiting_patch(status: dict[str, Any], step: ModelStep, generation: int,
-                  now: str) -> dict[str, Any]:
-    """The status of a job whose config.json is being read or could not be."""
+def waiting_facts(step: ModelStep) -> StatusFacts:
+    """What a job whose config.json is being read, or could not be, shows."""
     assert step.waiting is not None
     view = step.waiting.view
-    degraded = view if view.reason == Reason.MODEL_CONFIG_UNAVAILABLE else None
-    return status_patch(status, generation, now, view, degraded, **step.fields)
+    return StatusFacts(view, degraded=view.reason == Reason.MODEL_CONFIG_UNAVAILABLE,
+                       record=step.fields)

@@ -25,7 +25,8 @@ from grpo_api.contract import (
 )
 
 from .attempts import Action
-from .conditions import PhaseView, status_patch
+from .conditions import PhaseView
+from .status import StatusFacts
 
 _REASON_SAFE = re.compile(r"[^A-Za-z0-9_,:]")
 
@@ -114,8 +115,8 @@ def eviction_message(workload: dict[str, Any] | None) -> str:
     return "Kueue suspended the admitted RayCluster (its Workload was evicted)"
 
 
-def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None,
-                    generation: int, now: str, advice: str) -> Action:
+def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None, now: str,
+                    advice: str) -> Action:
     """Kueue took the live attempt's quota back: record it as Preempted (no restart
     counted, no backoff), release its cluster and queue the next attempt, which resumes
     from the newest complete checkpoint once Kueue admits it again. `advice`: what
@@ -139,7 +140,7 @@ def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None,
                          f"attempt {attempt}: {why}; no attempt numbers left (at most "
                          f"{MAX_RESTARTS + 1} attempts); to go on from checkpoint step "
                          f"{ckpt}, delete the job and create it again ({advice})")
-        return Action(status_patch(status, generation, now, view, attempts=attempts),
+        return Action(StatusFacts(view, record={"attempts": attempts}),
                       delete_ray_cluster=rc, events=[("Warning", Reason.PREEMPTED,
                                                       view.message)])
     view = PhaseView(Phase.QUEUED, Reason.PREEMPTED,
@@ -147,9 +148,9 @@ def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None,
                      f"queues again and resumes from checkpoint step {ckpt} (no restart "
                      "counted)")
     return Action(
-        status_patch(status, generation, now, view, attempts=attempts,
-                     preemptions=int(status.get("preemptions") or 0) + 1,
-                     nextAttempt={"index": attempt + 1, "notBefore": now}),
+        StatusFacts(view, record={"attempts": attempts,
+                                  "preemptions": int(status.get("preemptions") or 0) + 1,
+                                  "nextAttempt": {"index": attempt + 1, "notBefore": now}}),
         delete_ray_cluster=rc,
         events=[("Warning", Reason.PREEMPTED, view.message)],
     )

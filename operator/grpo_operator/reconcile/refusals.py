@@ -22,7 +22,8 @@ from typing import Any
 from grpo_api.contract import ATTEMPT_RUNNING, FailureReason, Phase, Reason
 
 from .attempts import Action
-from .conditions import PhaseView, status_patch
+from .conditions import PhaseView
+from .status import StatusFacts
 
 REPLICA_FAILURE = "ReplicaFailure"  # KubeRay's RayClusterReplicaFailure condition type
 CREATE_REASONS = {"FailedCreateHeadPod": "head", "FailedCreateWorkerPod": "worker"}
@@ -60,8 +61,8 @@ def _stamp(t: dt.datetime) -> str:
     return t.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: int,
-            now: str, deadline_s: float, advice: str) -> Action:
+def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, now: str,
+            deadline_s: float, advice: str) -> Action:
     """Pending (Progressing and Degraded reason PodCreateRefused, the API server's
     message, one Warning event) until `deadline_s` after the first refusal; then the
     attempt fails for good (retrying the same pods cannot help) and the RayCluster goes,
@@ -74,9 +75,9 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: 
         view = PhaseView(Phase.PENDING, Reason.POD_CREATE_REFUSED,
                          f"{what}: {refusal.message}. The attempt fails at {_stamp(until)} "
                          f"unless this is fixed: {FIX}")
-        change = status_patch(status, generation, now, view, degraded=view)
         first = _reason(status, "Progressing") != Reason.POD_CREATE_REFUSED
-        return Action(change, events=[("Warning", Reason.POD_CREATE_REFUSED, view.message)]
+        return Action(StatusFacts(view, degraded=True),
+                      events=[("Warning", Reason.POD_CREATE_REFUSED, view.message)]
                       if first else [])
     seconds = int((_time(now) - since).total_seconds())
     view = PhaseView(Phase.FAILED, Reason.POD_CREATE_REFUSED,
@@ -88,7 +89,7 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: 
         if a.get("index") == attempt and a.get("outcome") == ATTEMPT_RUNNING:
             a.update(endTime=now, outcome=FailureReason.ERROR.value, reason=view.message)
     return Action(
-        status_patch(status, generation, now, view, attempts=attempts),
+        StatusFacts(view, record={"attempts": attempts}),
         delete_ray_cluster=rc_name,
         events=[("Warning", Reason.POD_CREATE_REFUSED, view.message)],
     )
