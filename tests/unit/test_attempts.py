@@ -9,10 +9,11 @@ import pytest
 import yaml
 
 from grpo_api.contract import FailureReason as R
-from grpo_operator.reconcile.attempts import backoff_seconds, finish_attempt, planned
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
+from grpo_operator.reconcile.attempts import finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome
+from grpo_operator.reconcile.planning import backoff_seconds, planned
 from grpo_operator.render import JobRef
 from grpo_testbed.wire import apply_status_patch
 
@@ -152,7 +153,7 @@ RWO, RWX, ROX = pvc("ReadWriteOnce"), pvc("ReadWriteMany"), pvc("ReadOnlyMany")
 
 
 def test_named_claim_must_exist_and_be_shared_by_every_pod() -> None:
-    from grpo_operator.reconcile.attempts import claim_problem
+    from grpo_operator.reconcile.claims import claim_problem
 
     sp = spec("grpojob-qwen25vl-7b-h100.yaml")  # nodes: 1, i.e. a head and a worker pod
     sp["checkpoint"] = {"claimName": "ckpt"}
@@ -173,7 +174,7 @@ def test_named_claim_must_exist_and_be_shared_by_every_pod() -> None:
 
 
 def test_a_model_claim_must_exist_and_be_readable_from_every_pod() -> None:
-    from grpo_operator.reconcile.attempts import claim_problem
+    from grpo_operator.reconcile.claims import claim_problem
 
     sp = spec("grpojob-qwen25vl-7b-h100.yaml")
     sp["model"] = {**sp["model"], "claimName": "weights", "path": "/models/qwen"}
@@ -189,7 +190,7 @@ def test_a_model_claim_must_exist_and_be_readable_from_every_pod() -> None:
 
 
 def test_the_pods_a_claim_must_serve_come_from_the_plan() -> None:
-    from grpo_operator.reconcile.attempts import planned_pods
+    from grpo_operator.reconcile.planning import planned_pods
 
     one_node = spec("grpojob-qwen25vl-7b-h100.yaml")
     assert planned_pods(one_node) == 2  # `nodes: 1` is a CPU head and a GPU worker

@@ -1,16 +1,15 @@
 """An attempt's life (pure): start it, record how it ended, start the next one.
 
-`core.reconcile` calls these; each returns the Action for one event.
+`core.reconcile` calls these; each returns the Action for one event, with what it found
+as StatusFacts (the status is derived from them once, in status.py). Planning is in
+planning.py, the claims' checks in claims.py.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
-
-from pydantic import ValidationError
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import (
@@ -20,129 +19,27 @@ from grpo_api.contract import (
     Phase,
     Reason,
 )
-from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
-from grpo_api.job.trainer import config_sources
+from grpo_api.job import SpecError
 
-from ..planner import (
-    InfeasibleError,
-    Plan,
-    UnsupportedArchitecture,
-    next_safer_plan,
-    plan_memory,
-    plan_status,
-)
-from ..render import JobRef, names, pod_settings, render_children
-from ..render.children import logging_env
-from ..render.trainer_config import trainer_config
+from ..planner import InfeasibleError, next_safer_plan, plan_status
+from ..render import JobRef, names, render_children
+from .action import Action
 from .classify import PodOutcome
 from .conditions import JobEvent, PhaseView, attempt_of
-from .model_config import PlanInput, recorded
-from .retention import ClaimChange, export_status, recreate_advice
-from .status import StatusFacts, derive_status
+from .model_config import recorded
+from .planning import MEMORY_CLASSES, backoff_seconds, planned
+from .retention import export_status, recreate_advice
+from .status import StatusFacts
 
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
 CREATE_RETRY_SECONDS = 10  # a child the API server refused is tried again this often
-MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
 _WORDS = {FailureReason.CUDA_OOM: "CUDA OOM", FailureReason.HOST_OOM: "host OOM (pod OOMKilled)",
           FailureReason.WORKERS_MISSING: "worker pods did not all join",
           FailureReason.RAY_OOM: "Ray OOM (memory monitor)",
           FailureReason.NODE_LOST: "node or worker lost",
           FailureReason.HANG: "hang (no progress)",
           FailureReason.TERMINATED: "terminated (SIGTERM)"}
-
-
-@dataclass
-class Action:
-    """What one event calls for; the handler applies it: status first (one merge patch,
-    only over the resourceVersion it was decided from), then the rest."""
-
-    # What the step found; `reconcile` derives `status` from it (status.derive_status).
-    # Not compared: two Actions that write and do the same are equal.
-    facts: StatusFacts = field(default_factory=StatusFacts, compare=False)
-    status: dict[str, Any] = field(default_factory=dict)  # merge patch; {}: nothing to write
-    children: list[dict[str, Any]] = field(default_factory=list)  # create if absent
-    delete_ray_cluster: str | None = None
-    claim_change: ClaimChange | None = None  # the checkpoint claim's owner and labels
-    delete_pod: str | None = None  # the model-config reader pod, once read
-    events: list[JobEvent] = field(default_factory=list)
-    retry: tuple[str, float] | None = None  # (why, seconds): cannot go on yet, decide again
-    restart_reason: str | None = None  # an attempt failed and will be retried (metric)
-    recovered_after: float | None = None  # seconds from a failure to the next attempt
-
-    def derive(self, previous: dict[str, Any], generation: int, now: str) -> Action:
-        """This action with its status patch derived from its facts over `previous`, the
-        status it was decided from (`reconcile` does this once per decision)."""
-        self.status = derive_status(previous, self.facts, generation, now)
-        return self
-
-
-def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = None,
-            catalog: Mapping[str, GpuType] = GPU_CATALOG,
-            model: PlanInput | None = None) -> tuple[GRPOJobSpec, Plan]:
-    """Parse and plan; raises SpecError / InfeasibleError / ValueError with the reason.
-
-    With `attempts`, the plan is the one for the attempt after them: the first plan with
-    every remediation recorded in `attempts` replayed in order (the ladder is
-    deterministic, so the operator keeps no plan state of its own). `model`: the
-    model's config.json as read (status.modelConfig, model_config.py)."""
-    spec = parse_spec(spec_body)
-    plan = (checked_plan(spec, catalog, model.config, model.source) if model is not None
-            else checked_plan(spec, catalog))
-    for a in attempts or []:
-        if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
-            plan = next_safer_plan(plan, a["outcome"], phase=a.get("failedPhase")) or plan
-    return spec, plan
-
-
-def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG,
-                 model_config: dict[str, Any] | None = None,
-                 model_source: str | None = None) -> Plan:
-    """The first attempt's plan, checked as admission checks it (`grpo plan` too, so the
-    two accept the same jobs): raises SpecError / InfeasibleError / ValueError.
-    `model_source`: where `model_config` was read (model_shape.resolve_shape)."""
-    try:
-        plan = plan_memory(spec, catalog, model_config, model_source)
-    except UnsupportedArchitecture as exc:
-        raise SpecError([f"spec.model.path: {exc}"]) from None
-    ours = [*plan.env, *(e["name"] for e in logging_env(spec))]
-    clashes = pod_settings.conflicts(spec.pods, ours)  # never override the operator's
-    if clashes:
-        raise SpecError(clashes)
-    _check_trainer_config(spec, plan)
-    return plan
-
-
-# The trainer config is rendered per attempt for a job's own name; any name renders the
-# same fields, so admission checks it under this one.
-_ADMISSION_REF = JobRef("admission-check", "default", "")
-
-
-def _check_trainer_config(spec: GRPOJobSpec, plan: Plan) -> None:
-    """What the webhook admits, reconcile can render: the trainer config this spec and
-    plan make must pass the trainer's own schema (a job the API server stores but whose
-    config cannot be rendered would never get a status)."""
-    try:
-        trainer_config(spec, plan, _ADMISSION_REF, 0)
-    except ValidationError as exc:
-        raise SpecError([_spec_problem(e["loc"], e["msg"]) for e in exc.errors()]) from None
-
-
-def _spec_problem(loc: tuple[int | str, ...], msg: str) -> str:
-    """A trainer config error as the spec fields a user changes: each config path in the
-    location or the message names its spec field (a planned knob's by grpo_api.knobs,
-    the others' by grpo_api.job.trainer.SPEC_SOURCES)."""
-    where = ".".join(str(p) for p in loc)
-    sources = config_sources()
-    fields = [field for path, field in sources.items() if path == where or path in msg]
-    named = ", ".join(dict.fromkeys(fields)) or "spec"
-    return f"{named}: {msg.removeprefix('Value error, ')} (trainer config {where or 'check'})"
-
-
-def backoff_seconds(spec: GRPOJobSpec, restarts: int) -> int:
-    """Exponential, capped: initial x 2^restarts, at most max."""
-    b = spec.restart_policy.backoff
-    return int(min(b.initial_seconds * 2 ** restarts, b.max_seconds))
 
 
 def _time(stamp: str) -> dt.datetime:
@@ -155,62 +52,6 @@ def _at(now: str, seconds: int) -> str:
         timespec="milliseconds").replace("+00:00", "Z")
 
 
-
-
-def planned_pods(spec_body: dict[str, Any],
-                 catalog: Mapping[str, GpuType] = GPU_CATALOG,
-                 model: PlanInput | None = None) -> int:
-    """Ray pods the job's plan has (the planner resolves an unset resources.nodes); 1 when
-    the spec cannot be planned (ensure_attempt then refuses it with the reason)."""
-    try:
-        return planned(spec_body, None, catalog, model)[1].pods
-    except (SpecError, InfeasibleError, ValueError):
-        return 1
-
-
-_MODES_REACH = {"ReadWriteOnce": "one node", "ReadWriteOncePod": "one pod",
-                "ReadOnlyMany": "read-only mounts"}
-
-
-def _one_claim_problem(field: str, claim: str, namespace: str, pvc: dict[str, Any] | None,
-                       pods: int, access: str, shared: tuple[str, ...],
-                       create_hint: str) -> str | None:
-    """Why the claim at `field` cannot be mounted (`access`: read-write or read-only) by
-    all `pods` Ray pods: absent, or no access mode that allows it (`shared`: the modes
-    that do for pods on several nodes)."""
-    if pvc is None:
-        return f"{field} {claim!r} does not exist in {namespace}; create it {create_hint}"
-    modes = list(pvc.get("spec", {}).get("accessModes") or [])
-    ok = set(shared) if pods > 1 else {*shared, "ReadWriteOnce", "ReadWriteOncePod"}
-    if ok & set(modes):
-        return None
-    reach = " and ".join(_MODES_REACH[m] for m in modes if m in _MODES_REACH)
-    who = (f"all {pods} Ray pods of this job (the head and its workers, as a rule on "
-           "different nodes) mount" if pods > 1 else "the job's one pod mounts")
-    return (f"{field} {claim!r} is {','.join(modes) or 'without access modes'}"
-            + (f" ({reach} only)" if reach else "")
-            + f", but {who} it {access}: use a {' or '.join(shared)} claim")
-
-
-def claim_problem(spec_body: dict[str, Any], namespace: str,
-                  checkpoint_pvc: dict[str, Any] | None, model_pvc: dict[str, Any] | None,
-                  pods: int) -> str | None:
-    """Why a claim the spec names cannot serve the job's `pods` Ray pods (`*_pvc` is what
-    the API server returned for spec.checkpoint.claimName / spec.model.claimName, None if
-    absent), or None. Every pod mounts both: checkpoints read-write, so a job of several
-    pods needs ReadWriteMany; the model read-only, so ReadOnlyMany will do."""
-    ckpt = (spec_body.get("checkpoint") or {}).get("claimName")
-    model = (spec_body.get("model") or {}).get("claimName")
-    problem = None
-    if ckpt:
-        problem = _one_claim_problem(
-            "checkpoint.claimName", ckpt, namespace, checkpoint_pvc, pods, "read-write",
-            ("ReadWriteMany",), "or set checkpoint.size to let the operator create one")
-    if model and not problem:
-        problem = _one_claim_problem(
-            "model.claimName", model, namespace, model_pvc, pods, "read-only",
-            ("ReadOnlyMany", "ReadWriteMany"), "holding the model at model.path")
-    return problem
 
 
 def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],

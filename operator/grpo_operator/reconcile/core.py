@@ -19,15 +19,9 @@ from grpo_api.job import SpecError, parse_spec
 from ..config import OperatorConfig
 from ..render import JobRef, names
 from . import model_config
-from .attempts import (
-    Action,
-    claim_problem,
-    create_failed,
-    ensure_attempt,
-    finish_attempt,
-    planned_pods,
-    start_next_attempt,
-)
+from .action import Action
+from .attempts import create_failed, ensure_attempt, finish_attempt, start_next_attempt
+from .claims import claim_problem
 from .classify import LOST_RANKS, PodOutcome, classify_pod, in_context, worker_outcome
 from .conditions import (
     MEMORY_GROWTH,
@@ -41,6 +35,7 @@ from .conditions import (
     unschedulable,
     unschedulable_view,
 )
+from .planning import planned_pods
 from .progress_deadline import end_silent_attempt
 from .queue import (
     admission_event,

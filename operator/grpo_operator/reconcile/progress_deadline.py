@@ -21,7 +21,8 @@ from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import ATTEMPT_RUNNING, STALL_STEP_MULTIPLE, FailureReason, Phase
 from grpo_api.job import SpecError, parse_spec
 
-from .attempts import Action, finish_attempt
+from .action import Action
+from .attempts import finish_attempt
 from .classify import PodOutcome
 
 # How often the operator looks (a timer per Running job): late by at most this much.

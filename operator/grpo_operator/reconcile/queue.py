@@ -24,7 +24,7 @@ from grpo_api.contract import (
     Reason,
 )
 
-from .attempts import Action
+from .action import Action
 from .conditions import PhaseView
 from .status import StatusFacts
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from grpo_api.contract import ATTEMPT_RUNNING, FailureReason, Phase, Reason
 
-from .attempts import Action
+from .action import Action
 from .conditions import PhaseView
 from .status import StatusFacts
 
