@@ -3,9 +3,10 @@
 KubeRay-style: every handler gathers the job and what the event needs, calls
 `reconcile` once and applies the Action. The steps below record what they found
 (`status.StatusFacts`); `reconcile` derives the status from those facts once
-(`status.derive_status`), one merge patch written with the resourceVersion it was
-decided from, and only when it changes something. Facts that must outlive the operator process
-(what was counted, when an attempt failed) are read from and written to status only.
+(`status.derive_status`): one merge patch, written with the resourceVersion it was
+decided from and only when it changes something. Facts that must outlive the operator
+process (what was counted, when an attempt failed) are read from and written to status
+only.
 """
 
 from __future__ import annotations
