@@ -7,6 +7,7 @@ name lives here once.
 from __future__ import annotations
 
 from enum import IntEnum, StrEnum
+from typing import NewType
 
 API_GROUP = "grpo.dev"
 API_VERSION = "v1alpha1"
@@ -169,6 +170,90 @@ class FailureReason(StrEnum):
     TERMINATED = "Terminated"
     CONFIG_ERROR = "ConfigError"
     ERROR = "Error"
+
+
+class Reason(StrEnum):
+    """Every reason the operator writes: the GRPOJob's phase and condition reasons and its
+    events' reasons. Users' alerts match these strings: never rename one. The attempt
+    failure classes are FailureReason's (one string each); Kueue's own reasons pass
+    through as KueueReason. docs/troubleshooting.md lists them (tested)."""
+
+    # Pending / Starting / Running: the live attempt's cluster and pods
+    CREATING_CLUSTER = "CreatingCluster"
+    WAITING_FOR_PODS = "WaitingForPods"
+    PODS_STARTING = "PodsStarting"
+    CLUSTER_RUNNING = "ClusterRunning"
+    UNSCHEDULABLE = "Unschedulable"
+    CREATE_FAILED = "CreateFailed"
+    POD_CREATE_REFUSED = "PodCreateRefused"
+    # Pending before an attempt exists
+    CLAIM_MISSING = "ClaimMissing"
+    WAITING_FOR_PREVIOUS_JOB = "WaitingForPreviousJob"
+    READING_MODEL_CONFIG = "ReadingModelConfig"
+    MODEL_CONFIG_UNAVAILABLE = "ModelConfigUnavailable"
+    # Queued: Kueue has no Workload yet; the fallbacks when Kueue gives no reason
+    WAITING_FOR_WORKLOAD = "WaitingForWorkload"
+    ADMISSION_CHECKS_PENDING = "AdmissionChecksPending"
+    PENDING = "Pending"
+    # Restarting
+    WAITING_FOR_PREVIOUS_ATTEMPT = "WaitingForPreviousAttempt"
+    # Suspended, Succeeded, Failed
+    SUSPENDED_BY_USER = "SuspendedByUser"
+    TRAINING_FINISHED = "TrainingFinished"
+    INVALID_NAME = "InvalidName"
+    INVALID_SPEC = "InvalidSpec"
+    INFEASIBLE = "Infeasible"
+    INTERNAL_ERROR = "InternalError"
+    # How an attempt ended (Restarting or Failed, and the Warning event)
+    HOST_OOM = FailureReason.HOST_OOM
+    CUDA_OOM = FailureReason.CUDA_OOM
+    RAY_OOM = FailureReason.RAY_OOM
+    NODE_LOST = FailureReason.NODE_LOST
+    WORKERS_MISSING = FailureReason.WORKERS_MISSING
+    EVICTED = FailureReason.EVICTED
+    PREEMPTED = FailureReason.PREEMPTED
+    HANG = FailureReason.HANG
+    TERMINATED = FailureReason.TERMINATED
+    CONFIG_ERROR = FailureReason.CONFIG_ERROR
+    ERROR = FailureReason.ERROR
+    # A condition that does not hold (its reason when False)
+    NOT_READY = f"Not{ConditionType.READY}"
+    NOT_PROGRESSING = f"Not{ConditionType.PROGRESSING}"
+    NOT_DEGRADED = f"Not{ConditionType.DEGRADED}"
+    NOT_SUSPENDED = f"Not{ConditionType.SUSPENDED}"
+    NOT_SUCCEEDED = f"Not{ConditionType.SUCCEEDED}"
+    NOT_FAILED = f"Not{ConditionType.FAILED}"
+    NOT_QUEUED = f"Not{ConditionType.QUEUED}"
+    # The MemoryGrowth and HubFetch conditions
+    SUSTAINED_GROWTH = "SustainedGrowth"
+    NO_GROWTH = "NoGrowth"
+    FETCHING = "Fetching"
+    FETCHED = "Fetched"
+    FETCH_FAILED = "FetchFailed"
+    # Events only
+    PLANNED = "Planned"
+    CREATED = "Created"
+    RUNNING = "Running"
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    RESTARTED = "Restarted"
+    RELEASED = "Released"
+    PREVIOUS_ATTEMPT_LINGERS = "PreviousAttemptLingers"
+    MEMORY_GROWTH = ConditionType.MEMORY_GROWTH
+    CLAIM_ADOPTED = "ClaimAdopted"
+    CLAIM_RETAINED = "ClaimRetained"
+
+
+# Kueue's own reason for a Queued job (its Workload's QuotaReserved or Admitted reason,
+# made CamelCase-safe): passed through, so not a Reason member.
+KueueReason = NewType("KueueReason", str)
+
+
+def not_reason(condition: ConditionType) -> Reason:
+    """The reason of a phase condition that does not hold (NotReady, NotFailed...)."""
+    return Reason(f"Not{condition}")
 
 
 class RankPhase(StrEnum):

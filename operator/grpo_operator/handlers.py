@@ -23,6 +23,7 @@ from grpo_api.contract import (
     KUEUE_QUEUE_LABEL,
     PLURAL,
     Phase,
+    Reason,
 )
 
 from . import hub_config, kube, metrics
@@ -41,7 +42,7 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _post(job: Any, kind: str, reason: str, message: str) -> None:
+def _post(job: Any, kind: str, reason: Reason, message: str) -> None:
     """A Kubernetes event on the job (Kopf posts them in the background). kopf.event, not
     kopf.info: those follow settings.posting.level, which keeps Kopf's own chatter out."""
     kopf.event(job, type=kind, reason=reason, message=message)
@@ -63,14 +64,14 @@ def _apply(job: dict[str, Any], action: Action, config: OperatorConfig) -> None:
         except ApiException as exc:
             _create_failed(job, child, exc, config)
         if created:
-            _post(job, "Normal", "Created", f"{child['kind']} {child['metadata']['name']}")
+            _post(job, "Normal", Reason.CREATED, f"{child['kind']} {child['metadata']['name']}")
     if action.claim_change:
         kube.patch_claim(namespace, action.claim_change.name, action.claim_change.patch)
     if action.delete_pod:
         kube.delete_pod(namespace, action.delete_pod)
     if action.delete_ray_cluster and kube.delete_ray_cluster(namespace,
                                                              action.delete_ray_cluster):
-        _post(job, "Normal", "Released", f"deleted RayCluster {action.delete_ray_cluster} "
+        _post(job, "Normal", Reason.RELEASED, f"deleted RayCluster {action.delete_ray_cluster} "
               "(GPUs released; checkpoint volume and status kept)")
     for kind, reason, message in action.events:
         _post(job, kind, reason, message)

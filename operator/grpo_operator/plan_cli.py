@@ -20,7 +20,7 @@ from grpo_api.job import GRPOJob, SpecError, load_documents, parse_manifest
 from .catalog_file import load_catalog
 from .planner import InfeasibleError, Plan, plan_to_dict, read_model_config
 from .planner.report import plan_tables
-from .reconcile.attempts import checked_plan
+from .reconcile.planning import checked_plan
 from .render.names import job_name_problem
 
 # The API server completes metadata.generateName with five random characters.

@@ -9,10 +9,11 @@ import pytest
 import yaml
 
 from grpo_api.contract import FailureReason as R
-from grpo_operator.reconcile.attempts import backoff_seconds, finish_attempt, planned
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
+from grpo_operator.reconcile.attempts import finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome
+from grpo_operator.reconcile.planning import backoff_seconds, planned
 from grpo_operator.render import JobRef
 from grpo_testbed.wire import apply_status_patch
 
@@ -29,7 +30,7 @@ def spec(example: str = "grpojob-qwen25vl-7b-a100-40gb.yaml", **restart: Any) ->
 
 
 def started(sp: dict[str, Any]) -> dict[str, Any]:
-    d = reconcile(JOB, sp, {}, 1, NOW)
+    d = reconcile(JOB, sp, {}, NOW).derive({}, 1, NOW)
     return apply_status_patch({}, d.status)
 
 
@@ -38,7 +39,7 @@ def oom(step: int = 12, ckpt: int = 10, reason: R = R.CUDA_OOM) -> PodOutcome:
 
 
 def test_first_reconcile_plans_and_renders_attempt_0() -> None:
-    d = reconcile(JOB, spec(), {}, 1, NOW)
+    d = reconcile(JOB, spec(), {}, NOW).derive({}, 1, NOW)
     kinds = [c["kind"] for c in d.children]
     assert kinds == ["ConfigMap", "PersistentVolumeClaim", "ServiceAccount", "Role",
                      "RoleBinding", "RayCluster"]
@@ -50,7 +51,7 @@ def test_first_reconcile_plans_and_renders_attempt_0() -> None:
 def test_infeasible_job_fails_with_numbers_and_no_children() -> None:
     sp = spec("grpojob-qwen2vl-72b-h100.yaml")
     sp["resources"] = {"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1}
-    d = reconcile(JOB, sp, {}, 1, NOW)
+    d = reconcile(JOB, sp, {}, NOW).derive({}, 1, NOW)
     assert d.status["phase"] == "Failed" and not d.children
     failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "Infeasible" and "GiB" in failed["message"]
@@ -66,7 +67,7 @@ def test_backoff_is_exponential_and_capped() -> None:
 def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
     sp = spec()
     st = started(sp)
-    d = finish_attempt(st, oom(), 1, NOW, sp)
+    d = finish_attempt(st, oom(), NOW, sp).derive(st, 1, NOW)
     assert d.status["phase"] == "Restarting" and d.status["restarts"] == 1
     assert d.status["nextAttempt"] == {"index": 1, "notBefore": "2026-11-21T10:00:30.000Z"}
     rec = d.status["attempts"][0]
@@ -74,9 +75,10 @@ def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
     assert rec["remediation"].startswith("CudaOOM")
     assert d.delete_ray_cluster == "j-a0"
     merged = apply_status_patch(st, d.status)
-    assert start(JOB, sp, merged, 1, "2026-11-21T10:00:29.999Z") is None  # still backing off
-    nxt = start(JOB, sp, merged, 1, "2026-11-21T10:00:30Z")
+    assert start(JOB, sp, merged, "2026-11-21T10:00:29.999Z") is None  # still backing off
+    nxt = start(JOB, sp, merged, "2026-11-21T10:00:30Z")
     assert nxt is not None
+    nxt.derive(merged, 1, "2026-11-21T10:00:30Z")
     assert nxt.status["attempt"] == 1 and nxt.status["nextAttempt"] is None
     assert nxt.status["attempts"][1]["resumedFromStep"] == 10
     rc = next(c for c in nxt.children if c["kind"] == "RayCluster")
@@ -95,7 +97,7 @@ def test_a_rollout_oom_is_recorded_with_its_phase_and_replayed_the_same_way() ->
     sp = spec()
     st = started(sp)
     out = PodOutcome(R.CUDA_OOM, 3, "CudaOOM at step 12", 12, 10, RankPhase.ROLLOUT)
-    d = finish_attempt(st, out, 1, NOW, sp)
+    d = finish_attempt(st, out, NOW, sp).derive(st, 1, NOW)
     rec = d.status["attempts"][0]
     assert rec["failedPhase"] == "rollout"
     assert "lower rollout GPU memory utilisation" in rec["remediation"]
@@ -109,22 +111,27 @@ def test_a_rollout_oom_is_recorded_with_its_phase_and_replayed_the_same_way() ->
 
 def test_remediate_false_restarts_unchanged() -> None:
     sp = spec(remediate=False)
-    d = finish_attempt(started(sp), oom(), 1, NOW, sp)
+    st = started(sp)
+    d = finish_attempt(st, oom(), NOW, sp).derive(st, 1, NOW)
     assert d.status["phase"] == "Restarting" and "remediation" not in d.status["attempts"][0]
 
 
 def test_config_error_is_permanent() -> None:
     sp = spec()
-    d = finish_attempt(started(sp), PodOutcome(R.CONFIG_ERROR, 2, "bad"), 1, NOW, sp)
+    st = started(sp)
+    d = finish_attempt(st, PodOutcome(R.CONFIG_ERROR, 2, "bad"), NOW, sp).derive(st, 1, NOW)
     assert d.status["phase"] == "Failed" and "nextAttempt" not in d.status
 
 
 def test_give_up_message_says_what_happened_and_what_was_tried() -> None:
     sp = spec(maxRestarts=1)
     st = started(sp)
-    st = apply_status_patch(st, finish_attempt(st, oom(), 1, NOW, sp).status)
-    st = apply_status_patch(st, start(JOB, sp, st, 1, "2026-11-21T10:01:00Z").status)  # type: ignore[union-attr]
-    d = finish_attempt(st, oom(step=20), 1, "2026-11-21T10:02:00Z", sp)
+    st = apply_status_patch(st, finish_attempt(st, oom(), NOW, sp).derive(st, 1, NOW).status)
+    nxt = start(JOB, sp, st, "2026-11-21T10:01:00Z")
+    assert nxt is not None
+    st = apply_status_patch(st, nxt.derive(st, 1, "2026-11-21T10:01:00Z").status)
+    d = finish_attempt(st, oom(step=20), "2026-11-21T10:02:00Z", sp).derive(
+        st, 1, "2026-11-21T10:02:00Z")
     failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")
     assert d.status["phase"] == "Failed"
     assert failed["message"].startswith("CUDA OOM at step 20 after 1 restarts; last setting tried:")
@@ -134,8 +141,8 @@ def test_give_up_message_says_what_happened_and_what_was_tried() -> None:
 def test_an_outcome_is_recorded_once() -> None:
     sp = spec()
     st = started(sp)
-    st = apply_status_patch(st, finish_attempt(st, oom(), 1, NOW, sp).status)
-    assert finish_attempt(st, oom(), 1, NOW, sp).status == {}
+    st = apply_status_patch(st, finish_attempt(st, oom(), NOW, sp).derive(st, 1, NOW).status)
+    assert finish_attempt(st, oom(), NOW, sp).derive(st, 1, NOW).status == {}
 
 
 def pvc(*modes: str) -> dict[str, Any]:
@@ -146,7 +153,7 @@ RWO, RWX, ROX = pvc("ReadWriteOnce"), pvc("ReadWriteMany"), pvc("ReadOnlyMany")
 
 
 def test_named_claim_must_exist_and_be_shared_by_every_pod() -> None:
-    from grpo_operator.reconcile.attempts import claim_problem
+    from grpo_operator.reconcile.claims import claim_problem
 
     sp = spec("grpojob-qwen25vl-7b-h100.yaml")  # nodes: 1, i.e. a head and a worker pod
     sp["checkpoint"] = {"claimName": "ckpt"}
@@ -167,7 +174,7 @@ def test_named_claim_must_exist_and_be_shared_by_every_pod() -> None:
 
 
 def test_a_model_claim_must_exist_and_be_readable_from_every_pod() -> None:
-    from grpo_operator.reconcile.attempts import claim_problem
+    from grpo_operator.reconcile.claims import claim_problem
 
     sp = spec("grpojob-qwen25vl-7b-h100.yaml")
     sp["model"] = {**sp["model"], "claimName": "weights", "path": "/models/qwen"}
@@ -183,7 +190,7 @@ def test_a_model_claim_must_exist_and_be_readable_from_every_pod() -> None:
 
 
 def test_the_pods_a_claim_must_serve_come_from_the_plan() -> None:
-    from grpo_operator.reconcile.attempts import planned_pods
+    from grpo_operator.reconcile.planning import planned_pods
 
     one_node = spec("grpojob-qwen25vl-7b-h100.yaml")
     assert planned_pods(one_node) == 2  # `nodes: 1` is a CPU head and a GPU worker
@@ -199,7 +206,7 @@ def test_the_pods_a_claim_must_serve_come_from_the_plan() -> None:
 ])
 def test_the_operators_claim_is_shared_whenever_the_job_has_several_pods(
         example: str, mode: str) -> None:
-    kids = reconcile(JOB, spec(example), {}, 1, NOW).children
+    kids = reconcile(JOB, spec(example), {}, NOW).children
     claim = next(c for c in kids if c["kind"] == "PersistentVolumeClaim")
     assert claim["spec"]["accessModes"] == [mode]
 
@@ -207,7 +214,7 @@ def test_the_operators_claim_is_shared_whenever_the_job_has_several_pods(
 def test_model_claim_is_mounted_read_only_at_models_in_every_ray_pod() -> None:
     sp = spec("grpojob-qwen25vl-7b-h100.yaml")
     sp["model"] = {**sp["model"], "claimName": "weights", "path": "/models/qwen2.5-vl-7b"}
-    rc = next(c for c in reconcile(JOB, sp, {}, 1, NOW).children if c["kind"] == "RayCluster")
+    rc = next(c for c in reconcile(JOB, sp, {}, NOW).children if c["kind"] == "RayCluster")
     groups = [rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"]]
     for g in groups:
         pod = g["template"]["spec"]
@@ -215,14 +222,14 @@ def test_model_claim_is_mounted_read_only_at_models_in_every_ray_pod() -> None:
         assert vol["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
         mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "models")
         assert mount == {"name": "models", "mountPath": "/models", "readOnly": True}
-    without = reconcile(JOB, spec("grpojob-qwen25vl-7b-h100.yaml"), {}, 1, NOW).children
+    without = reconcile(JOB, spec("grpojob-qwen25vl-7b-h100.yaml"), {}, NOW).children
     rc0 = next(c for c in without if c["kind"] == "RayCluster")
     assert all(v["name"] != "models" for v in rc0["spec"]["headGroupSpec"]["template"]["spec"]
                ["volumes"])
 
 
 def ray_cluster(example: str) -> dict[str, Any]:
-    kids = reconcile(JOB, spec(example), {}, 1, NOW).children
+    kids = reconcile(JOB, spec(example), {}, NOW).children
     return next(c for c in kids if c["kind"] == "RayCluster")
 
 

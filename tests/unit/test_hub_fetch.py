@@ -119,7 +119,7 @@ SPEC: dict[str, Any] = {
 
 
 def test_the_head_fetches_before_ray_starts_and_the_trainer_gets_local_paths() -> None:
-    d = reconcile(JobRef("geo", "ns", "u"), SPEC, {}, 1, "2026-01-01T00:00:00Z", "img")
+    d = reconcile(JobRef("geo", "ns", "u"), SPEC, {}, "2026-01-01T00:00:00Z", "img")
     rc = next(c for c in d.children if c["kind"] == "RayCluster")["spec"]
     (init,) = rc["headGroupSpec"]["template"]["spec"]["initContainers"]
     assert init["command"] == [
@@ -143,7 +143,7 @@ def test_the_head_fetches_before_ray_starts_and_the_trainer_gets_local_paths() -
 def test_paths_on_volumes_are_never_fetched() -> None:
     local = dict(SPEC, model={"path": "Qwen/Qwen2.5-VL-7B-Instruct", "claimName": "models"},
                  data={"train": "/models/geo/train.parquet"})
-    d = reconcile(JobRef("geo", "ns", "u"), local, {}, 1, "2026-01-01T00:00:00Z", "img")
+    d = reconcile(JobRef("geo", "ns", "u"), local, {}, "2026-01-01T00:00:00Z", "img")
     rc = next(c for c in d.children if c["kind"] == "RayCluster")["spec"]
     assert "initContainers" not in rc["headGroupSpec"]["template"]["spec"]
 

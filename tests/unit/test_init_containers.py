@@ -25,7 +25,7 @@ STEP = {"name": "prepare", "command": ["python", "-m", "prep"], "args": ["--to",
 
 
 def children(spec: dict[str, Any], image: str = "img:1") -> dict[str, dict[str, Any]]:
-    d = ensure_attempt(JobRef("first", "ns", "u"), spec, {}, 0, "2026-01-01T00:00:00Z", image)
+    d = ensure_attempt(JobRef("first", "ns", "u"), spec, {}, "2026-01-01T00:00:00Z", image)
     assert d.children, d.status
     return {c["kind"]: c for c in d.children}
 

@@ -160,7 +160,7 @@ def test_the_remediation_note_names_every_setting_the_rung_moved_rollout_tp_too(
     the attempt must say so, not only the knob the rung turned."""
     import yaml
 
-    from grpo_operator.reconcile.attempts import planned
+    from grpo_operator.reconcile.planning import planned
 
     doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples"
                           / "grpojob-qwen2vl-72b-h100.yaml").read_text())

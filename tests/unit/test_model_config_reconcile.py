@@ -100,7 +100,8 @@ def test_a_hub_model_no_table_knows_is_planned_from_its_config_json(
 
     # The next attempt plans from status: no hub needed (Observed carries none).
     outcome = PodOutcome(FailureReason.CUDA_OOM, 3, "CUDA out of memory", step=3)
-    job = applied(job, finish_attempt(job["status"], outcome, 1, T0, job["spec"]))
+    job = applied(job, finish_attempt(job["status"], outcome, T0, job["spec"]).derive(
+        job["status"], 1, T0))
     job["status"]["nextAttempt"]["notBefore"] = T0
     job, _ = step(job, rec.BackoffTimer())
     assert job["status"]["attempt"] == 1

@@ -42,7 +42,7 @@ def network(p: Plan) -> str:
 
 
 def containers(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    kids = ensure_attempt(JobRef("j", "ns", "u"), spec, {}, 1, "2026-11-24T00:00:00Z").children
+    kids = ensure_attempt(JobRef("j", "ns", "u"), spec, {}, "2026-11-24T00:00:00Z").children
     rc = next(c for c in kids if c["kind"] == "RayCluster")["spec"]
     return (rc["headGroupSpec"]["template"]["spec"]["containers"][0],
             rc["workerGroupSpecs"][0]["template"]["spec"]["containers"][0])
@@ -136,7 +136,7 @@ def test_an_rdma_job_adds_ipc_lock_and_a_baseline_namespace_refuses_it_at_apply(
     """The fabric's capability reaches the worker container (render/security.py), and
     the webhook says which namespace level refuses it before KubeRay is refused."""
     from grpo_operator.namespace_policy import NamespaceFacts
-    from grpo_operator.reconcile.attempts import planned
+    from grpo_operator.reconcile.planning import planned
     from grpo_operator.render import render_children
 
     spec_body = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples"

@@ -40,7 +40,7 @@ def ns(level: str | None = None, *quotas: GpuQuota) -> NamespaceFacts:
 
 
 def ray_cluster(spec: dict[str, Any]) -> dict[str, Any]:
-    action = ensure_attempt(JobRef("j", "team-a", "u"), spec, {}, 1,
+    action = ensure_attempt(JobRef("j", "team-a", "u"), spec, {},
                             "2026-01-01T00:00:00Z", "img")
     return next(c for c in action.children if c["kind"] == "RayCluster")
 

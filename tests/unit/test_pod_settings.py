@@ -50,7 +50,7 @@ def with_pods(pods: dict[str, Any]) -> dict[str, Any]:
 
 
 def children(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    d = reconcile(JobRef("j", "ns", "u"), spec, {}, 1, "2026-01-01T00:00:00Z", "img")
+    d = reconcile(JobRef("j", "ns", "u"), spec, {}, "2026-01-01T00:00:00Z", "img")
     assert d.children, d.status
     return d.children
 

@@ -111,7 +111,7 @@ def test_a_drained_worker_pods_hook_asks_the_driver_to_stop_and_the_driver_does(
 
 def test_worker_pods_wait_for_the_driver_within_their_grace_period() -> None:
     sp = yaml.safe_load((EXAMPLES / "grpojob-qwen2vl-72b-h100.yaml").read_text())["spec"]
-    action = ensure_attempt(JobRef("j", "ns", "u1"), sp, {}, 1, "2026-11-21T10:00:00Z")
+    action = ensure_attempt(JobRef("j", "ns", "u1"), sp, {}, "2026-11-21T10:00:00Z")
     rc = next(c for c in action.children if c["kind"] == "RayCluster")["spec"]
     worker = rc["workerGroupSpecs"][0]["template"]["spec"]
     grace = worker["terminationGracePeriodSeconds"]

@@ -46,7 +46,7 @@ def graces(children: list[dict[str, Any]]) -> list[int]:
 
 
 def test_a_72b_jobs_pods_wait_for_its_predicted_save_a_tiny_jobs_for_the_minimum() -> None:
-    big = ensure_attempt(JOB, spec("grpojob-qwen2vl-72b-h100.yaml"), {}, 1, T0)
+    big = ensure_attempt(JOB, spec("grpojob-qwen2vl-72b-h100.yaml"), {}, T0).derive({}, 1, T0)
     plan = plan_memory(parse_spec(spec("grpojob-qwen2vl-72b-h100.yaml")))
     # 8 ranks a node each write ~12.8 GiB of fp32 weights and Adam state.
     node_gib = plan.budget.checkpoint_rank_gib * plan.geometry.ranks_per_node
@@ -56,19 +56,21 @@ def test_a_72b_jobs_pods_wait_for_its_predicted_save_a_tiny_jobs_for_the_minimum
     assert want > 1.5 * node_gib / SAVE_GIB_PER_S
     assert graces(big.children) == [want, want]  # the head and the workers alike
     assert big.status["plan"]["terminationGraceSeconds"] == want
-    tiny = ensure_attempt(JOB, spec("grpojob-tiny.yaml"), {}, 1, T0)
+    tiny = ensure_attempt(JOB, spec("grpojob-tiny.yaml"), {}, T0).derive({}, 1, T0)
     (small,) = set(graces(tiny.children))  # a few MiB to write: the floor
     assert GRACE_MIN_S <= small <= GRACE_MIN_S + 1 < want
 
 
 def test_the_measured_save_sizes_the_next_attempts_grace_within_bounds() -> None:
     sp = spec("grpojob-qwen2vl-72b-h100.yaml")
-    status = apply_status_patch({}, ensure_attempt(JOB, sp, {}, 1, T0).status)
+    status = apply_status_patch({}, ensure_attempt(JOB, sp, {}, T0).derive({}, 1, T0).status)
     status["progress"] = {"step": 10, "lastCheckpointStep": 10, "saveSeconds": 400.0}
-    ended = finish_attempt(status, PodOutcome(R.TERMINATED, 143, "terminated", 10, 10), 1,
+    ended = finish_attempt(status, PodOutcome(R.TERMINATED, 143, "terminated", 10, 10),
                            T0, sp)
-    status = apply_status_patch(status, ended.status)
-    nxt = start(JOB, sp, status, 1, "2026-11-21T11:00:00Z")
+    status = apply_status_patch(status, ended.derive(status, 1, T0).status)
+    nxt = start(JOB, sp, status, "2026-11-21T11:00:00Z")
+    assert nxt is not None
+    nxt.derive(status, 1, "2026-11-21T11:00:00Z")
     assert nxt is not None
     assert graces(nxt.children) == [630, 630]  # 1.5 x 400 s + 30 s
     assert nxt.status["plan"]["terminationGraceSeconds"] == 630

@@ -32,7 +32,7 @@ def with_logging(logging: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def rendered(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    d = ensure_attempt(JOB, spec, {}, 1, "2026-01-01T00:00:00Z", "img")
+    d = ensure_attempt(JOB, spec, {}, "2026-01-01T00:00:00Z", "img")
     assert d.children, d.status
     return {c["kind"]: c for c in d.children}
 

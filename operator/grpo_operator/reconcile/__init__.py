@@ -1,10 +1,13 @@
 """Reconciling a GRPOJob (pure): `reconcile(job, observed, event, now, config)` returns
-the one Action for an event; `classify`, `conditions`, `attempts` and `queue` (Kueue) are
-its parts; `model_config` reads a new job's config.json once."""
+the one Action for an event (`action`). Its steps record what they find (`attempts`: an
+attempt's life; `queue`: Kueue; `refusals`: refused pod creates; `progress_deadline`;
+`model_config`: a new job's config.json, read once; `classify`: how a pod ended;
+`claims`; `planning`), and `status.derive_status` computes the status from those facts
+once, with the phase conditions from `conditions`."""
 
 from __future__ import annotations
 
-from .attempts import Action, backoff_seconds, planned
+from .action import Action
 from .core import (
     BackoffTimer,
     ClusterChanged,
@@ -32,6 +35,7 @@ from .model_config import (
     operator_reads_hub,
     to_read,
 )
+from .planning import backoff_seconds, planned
 from .progress_deadline import PROGRESS_CHECK_INTERVAL_S, progress_watched
 from .refusals import refusal_pending
 

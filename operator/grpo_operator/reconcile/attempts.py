@@ -1,16 +1,15 @@
 """An attempt's life (pure): start it, record how it ended, start the next one.
 
-`core.reconcile` calls these; each returns the Action for one event.
+`core.reconcile` calls these; each returns the Action for one event, with what it found
+as StatusFacts (the status is derived from them once, in status.py). Planning is in
+planning.py, the claims' checks in claims.py.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
-
-from pydantic import ValidationError
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import (
@@ -18,118 +17,29 @@ from grpo_api.contract import (
     TERMINAL_PHASES,
     FailureReason,
     Phase,
+    Reason,
 )
-from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
-from grpo_api.job.trainer import config_sources
+from grpo_api.job import SpecError
 
-from ..planner import (
-    InfeasibleError,
-    Plan,
-    UnsupportedArchitecture,
-    next_safer_plan,
-    plan_memory,
-    plan_status,
-)
-from ..render import JobRef, names, pod_settings, render_children
-from ..render.children import logging_env
-from ..render.trainer_config import trainer_config
+from ..planner import InfeasibleError, next_safer_plan, plan_status
+from ..render import JobRef, names, render_children
+from .action import Action
 from .classify import PodOutcome
-from .conditions import PhaseView, attempt_of, status_patch
-from .model_config import PlanInput, recorded
-from .retention import ClaimChange, export_status, recreate_advice
+from .conditions import JobEvent, PhaseView, attempt_of
+from .model_config import recorded
+from .planning import MEMORY_CLASSES, backoff_seconds, planned
+from .retention import export_status, recreate_advice
+from .status import StatusFacts
 
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
 PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
 CREATE_RETRY_SECONDS = 10  # a child the API server refused is tried again this often
-MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
-_WORDS = {"CudaOOM": "CUDA OOM", "HostOOM": "host OOM (pod OOMKilled)",
-          "WorkersMissing": "worker pods did not all join",
-          "RayOOM": "Ray OOM (memory monitor)", "NodeLost": "node or worker lost",
-          "Hang": "hang (no progress)", "Terminated": "terminated (SIGTERM)"}
-
-
-@dataclass
-class Action:
-    """What one event calls for; the handler applies it: status first (one merge patch,
-    only over the resourceVersion it was decided from), then the rest."""
-
-    status: dict[str, Any] = field(default_factory=dict)  # merge patch; {}: nothing to write
-    children: list[dict[str, Any]] = field(default_factory=list)  # create if absent
-    delete_ray_cluster: str | None = None
-    claim_change: ClaimChange | None = None  # the checkpoint claim's owner and labels
-    delete_pod: str | None = None  # the model-config reader pod, once read
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, msg)
-    retry: tuple[str, float] | None = None  # (why, seconds): cannot go on yet, decide again
-    restart_reason: str | None = None  # an attempt failed and will be retried (metric)
-    recovered_after: float | None = None  # seconds from a failure to the next attempt
-
-
-def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = None,
-            catalog: Mapping[str, GpuType] = GPU_CATALOG,
-            model: PlanInput | None = None) -> tuple[GRPOJobSpec, Plan]:
-    """Parse and plan; raises SpecError / InfeasibleError / ValueError with the reason.
-
-    With `attempts`, the plan is the one for the attempt after them: the first plan with
-    every remediation recorded in `attempts` replayed in order (the ladder is
-    deterministic, so the operator keeps no plan state of its own). `model`: the
-    model's config.json as read (status.modelConfig, model_config.py)."""
-    spec = parse_spec(spec_body)
-    plan = (checked_plan(spec, catalog, model.config, model.source) if model is not None
-            else checked_plan(spec, catalog))
-    for a in attempts or []:
-        if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
-            plan = next_safer_plan(plan, a["outcome"], phase=a.get("failedPhase")) or plan
-    return spec, plan
-
-
-def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG,
-                 model_config: dict[str, Any] | None = None,
-                 model_source: str | None = None) -> Plan:
-    """The first attempt's plan, checked as admission checks it (`grpo plan` too, so the
-    two accept the same jobs): raises SpecError / InfeasibleError / ValueError.
-    `model_source`: where `model_config` was read (model_shape.resolve_shape)."""
-    try:
-        plan = plan_memory(spec, catalog, model_config, model_source)
-    except UnsupportedArchitecture as exc:
-        raise SpecError([f"spec.model.path: {exc}"]) from None
-    ours = [*plan.env, *(e["name"] for e in logging_env(spec))]
-    clashes = pod_settings.conflicts(spec.pods, ours)  # never override the operator's
-    if clashes:
-        raise SpecError(clashes)
-    _check_trainer_config(spec, plan)
-    return plan
-
-
-# The trainer config is rendered per attempt for a job's own name; any name renders the
-# same fields, so admission checks it under this one.
-_ADMISSION_REF = JobRef("admission-check", "default", "")
-
-
-def _check_trainer_config(spec: GRPOJobSpec, plan: Plan) -> None:
-    """What the webhook admits, reconcile can render: the trainer config this spec and
-    plan make must pass the trainer's own schema (a job the API server stores but whose
-    config cannot be rendered would never get a status)."""
-    try:
-        trainer_config(spec, plan, _ADMISSION_REF, 0)
-    except ValidationError as exc:
-        raise SpecError([_spec_problem(e["loc"], e["msg"]) for e in exc.errors()]) from None
-
-
-def _spec_problem(loc: tuple[int | str, ...], msg: str) -> str:
-    """A trainer config error as the spec fields a user changes: each config path in the
-    location or the message names its spec field (a planned knob's by grpo_api.knobs,
-    the others' by grpo_api.job.trainer.SPEC_SOURCES)."""
-    where = ".".join(str(p) for p in loc)
-    sources = config_sources()
-    fields = [field for path, field in sources.items() if path == where or path in msg]
-    named = ", ".join(dict.fromkeys(fields)) or "spec"
-    return f"{named}: {msg.removeprefix('Value error, ')} (trainer config {where or 'check'})"
-
-
-def backoff_seconds(spec: GRPOJobSpec, restarts: int) -> int:
-    """Exponential, capped: initial x 2^restarts, at most max."""
-    b = spec.restart_policy.backoff
-    return int(min(b.initial_seconds * 2 ** restarts, b.max_seconds))
+_WORDS = {FailureReason.CUDA_OOM: "CUDA OOM", FailureReason.HOST_OOM: "host OOM (pod OOMKilled)",
+          FailureReason.WORKERS_MISSING: "worker pods did not all join",
+          FailureReason.RAY_OOM: "Ray OOM (memory monitor)",
+          FailureReason.NODE_LOST: "node or worker lost",
+          FailureReason.HANG: "hang (no progress)",
+          FailureReason.TERMINATED: "terminated (SIGTERM)"}
 
 
 def _time(stamp: str) -> dt.datetime:
@@ -144,107 +54,51 @@ def _at(now: str, seconds: int) -> str:
 
 
 
-def planned_pods(spec_body: dict[str, Any],
-                 catalog: Mapping[str, GpuType] = GPU_CATALOG,
-                 model: PlanInput | None = None) -> int:
-    """Ray pods the job's plan has (the planner resolves an unset resources.nodes); 1 when
-    the spec cannot be planned (ensure_attempt then refuses it with the reason)."""
-    try:
-        return planned(spec_body, None, catalog, model)[1].pods
-    except (SpecError, InfeasibleError, ValueError):
-        return 1
-
-
-_MODES_REACH = {"ReadWriteOnce": "one node", "ReadWriteOncePod": "one pod",
-                "ReadOnlyMany": "read-only mounts"}
-
-
-def _one_claim_problem(field: str, claim: str, namespace: str, pvc: dict[str, Any] | None,
-                       pods: int, access: str, shared: tuple[str, ...],
-                       create_hint: str) -> str | None:
-    """Why the claim at `field` cannot be mounted (`access`: read-write or read-only) by
-    all `pods` Ray pods: absent, or no access mode that allows it (`shared`: the modes
-    that do for pods on several nodes)."""
-    if pvc is None:
-        return f"{field} {claim!r} does not exist in {namespace}; create it {create_hint}"
-    modes = list(pvc.get("spec", {}).get("accessModes") or [])
-    ok = set(shared) if pods > 1 else {*shared, "ReadWriteOnce", "ReadWriteOncePod"}
-    if ok & set(modes):
-        return None
-    reach = " and ".join(_MODES_REACH[m] for m in modes if m in _MODES_REACH)
-    who = (f"all {pods} Ray pods of this job (the head and its workers, as a rule on "
-           "different nodes) mount" if pods > 1 else "the job's one pod mounts")
-    return (f"{field} {claim!r} is {','.join(modes) or 'without access modes'}"
-            + (f" ({reach} only)" if reach else "")
-            + f", but {who} it {access}: use a {' or '.join(shared)} claim")
-
-
-def claim_problem(spec_body: dict[str, Any], namespace: str,
-                  checkpoint_pvc: dict[str, Any] | None, model_pvc: dict[str, Any] | None,
-                  pods: int) -> str | None:
-    """Why a claim the spec names cannot serve the job's `pods` Ray pods (`*_pvc` is what
-    the API server returned for spec.checkpoint.claimName / spec.model.claimName, None if
-    absent), or None. Every pod mounts both: checkpoints read-write, so a job of several
-    pods needs ReadWriteMany; the model read-only, so ReadOnlyMany will do."""
-    ckpt = (spec_body.get("checkpoint") or {}).get("claimName")
-    model = (spec_body.get("model") or {}).get("claimName")
-    problem = None
-    if ckpt:
-        problem = _one_claim_problem(
-            "checkpoint.claimName", ckpt, namespace, checkpoint_pvc, pods, "read-write",
-            ("ReadWriteMany",), "or set checkpoint.size to let the operator create one")
-    if model and not problem:
-        problem = _one_claim_problem(
-            "model.claimName", model, namespace, model_pvc, pods, "read-only",
-            ("ReadOnlyMany", "ReadWriteMany"), "holding the model at model.path")
-    return problem
-
-
 def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
-                   generation: int, now: str, default_image: str = "",
+                   now: str, default_image: str = "",
                    catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
     """Children and status of the current attempt, on create/resume/spec change."""
     if status.get("phase") in TERMINAL_PHASES or status.get("nextAttempt"):
-        return Action(status={})  # done, or the restart timer owns the next step
+        return Action()  # done, or the restart timer owns the next step
     bad_name = names.job_name_problem(job.name)  # the CRD refuses these; older CRDs did not
     if bad_name:
-        view = PhaseView(Phase.FAILED, "InvalidName", bad_name)
-        return Action(status_patch(status, generation, now, view),
-                      events=[("Warning", "InvalidName", bad_name)])
+        view = PhaseView(Phase.FAILED, Reason.INVALID_NAME, bad_name)
+        return Action(StatusFacts(view),
+                      events=[("Warning", Reason.INVALID_NAME, bad_name)])
     attempts_so_far = [a for a in status.get("attempts") or []
                        if a.get("index") != status.get("attempt")]
     try:
         spec, plan = planned(spec_body, attempts_so_far, catalog, recorded(status))
     except SpecError as exc:
-        view = PhaseView(Phase.FAILED, "InvalidSpec", str(exc))
-        return Action(status_patch(status, generation, now, view),
-                      events=[("Warning", "InvalidSpec", str(exc))])
+        view = PhaseView(Phase.FAILED, Reason.INVALID_SPEC, str(exc))
+        return Action(StatusFacts(view),
+                      events=[("Warning", Reason.INVALID_SPEC, str(exc))])
     except (InfeasibleError, ValueError) as exc:
-        view = PhaseView(Phase.FAILED, "Infeasible", str(exc))
-        return Action(status_patch(status, generation, now, view),
-                      events=[("Warning", "Infeasible", str(exc))])
+        view = PhaseView(Phase.FAILED, Reason.INFEASIBLE, str(exc))
+        return Action(StatusFacts(view),
+                      events=[("Warning", Reason.INFEASIBLE, str(exc))])
     attempt = int(status.get("attempt") or 0)
     rc_name = names.ray_cluster(job, attempt)
     if spec.suspend:
-        view = PhaseView(Phase.SUSPENDED, "SuspendedByUser",
+        view = PhaseView(Phase.SUSPENDED, Reason.SUSPENDED_BY_USER,
                          "spec.suspend is true: Ray pods released, checkpoints and status kept")
         return Action(
-            status_patch(status, generation, now, view),
+            StatusFacts(view),
             delete_ray_cluster=rc_name,
-            events=[("Normal", "Suspended", view.message)],
+            events=[("Normal", Reason.SUSPENDED, view.message)],
         )
     saved = _measured_save_s(status)
     children = render_children(spec, plan, job, attempt, default_image,
                                measured_save_s=saved)
     attempts = list(status.get("attempts") or [])
     fields: dict[str, Any] = {"attempt": attempt, "rayCluster": {"name": rc_name}}
-    events: list[tuple[str, str, str]] = []
+    events: list[JobEvent] = []
     if not any(a.get("index") == attempt for a in attempts):
         attempts.append({"index": attempt, "startTime": now, "outcome": ATTEMPT_RUNNING})
         fields |= {"attempts": attempts, "plan": plan_status(plan, saved).to_wire(),
                    "restarts": int(status.get("restarts") or 0)}
         settings = plan.settings
-        events.append(("Normal", "Planned",
+        events.append(("Normal", Reason.PLANNED,
                        f"{plan.world_size} x {plan.geometry.gpu}; gradient checkpointing "
                        f"{settings.gradient_checkpointing}, offload params "
                        f"{settings.offload_params}, offload optimizer "
@@ -255,32 +109,31 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
     # A live attempt's phase follows its pods and cluster, not the spec.
     start: PhaseView | None = None
     if status.get("phase") in (None, Phase.SUSPENDED):
-        start = PhaseView(Phase.PENDING, "CreatingCluster", f"creating RayCluster {rc_name}")
+        start = PhaseView(Phase.PENDING, Reason.CREATING_CLUSTER, f"creating RayCluster {rc_name}")
         # A new cluster: no state yet, and not admitted by Kueue yet.
         fields["rayCluster"] = {"name": rc_name, "state": None, "admittedGeneration": None}
         if status.get("phase") == Phase.SUSPENDED:
-            events.append(("Normal", "Resumed", f"resuming attempt {attempt} from its "
+            events.append(("Normal", Reason.RESUMED, f"resuming attempt {attempt} from its "
                            "newest complete checkpoint"))
-    return Action(status_patch(status, generation, now, start, **fields), children=children,
+    return Action(StatusFacts(start, record=fields), children=children,
                   events=events)
 
 
-def create_failed(status: dict[str, Any], kind: str, name: str, api_message: str,
-                  generation: int, now: str) -> Action:
+def create_failed(kind: str, name: str, api_message: str) -> Action:
     """The API server refused a child: show it where users look (phase Pending, Degraded
     and Progressing with reason CreateFailed, a Warning event), with the server's own
     message, instead of a silent CreatingCluster; the handler retries the create."""
-    view = PhaseView(Phase.PENDING, "CreateFailed",
+    view = PhaseView(Phase.PENDING, Reason.CREATE_FAILED,
                      f"creating {kind} {name} failed: {api_message} (retrying every "
                      f"{CREATE_RETRY_SECONDS} s)")
     return Action(
-        status_patch(status, generation, now, view, degraded=view),
-        events=[("Warning", "CreateFailed", view.message)],
+        StatusFacts(view, degraded=True),
+        events=[("Warning", Reason.CREATE_FAILED, view.message)],
         retry=(view.message, CREATE_RETRY_SECONDS))
 
 
-def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
-                   now: str, spec_body: dict[str, Any] | None = None,
+def finish_attempt(status: dict[str, Any], outcome: PodOutcome, now: str,
+                   spec_body: dict[str, Any] | None = None,
                    catalog: Mapping[str, GpuType] = GPU_CATALOG,
                    claim: str | None = None) -> Action:
     """The head's trainer ended: record the attempt, then succeed (with the exported
@@ -290,7 +143,7 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
     attempts = [dict(a) for a in status.get("attempts") or []]
     record = next((a for a in attempts if a.get("index") == attempt), None)
     if record is None or record.get("outcome") != ATTEMPT_RUNNING:
-        return Action(status={})  # already recorded (several pod events report it)
+        return Action()  # already recorded (several pod events report it)
     progress = status.get("progress") or {}
     record.update(endTime=now, outcome=outcome.reason.value, reason=outcome.message)
     step = outcome.step if outcome.step is not None else progress.get("step")
@@ -306,65 +159,65 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, generation: int,
     rc = (status.get("rayCluster") or {}).get("name")
     reason = outcome.reason
     if reason is FailureReason.SUCCEEDED:
-        view = PhaseView(Phase.SUCCEEDED, "TrainingFinished",
+        view = PhaseView(Phase.SUCCEEDED, Reason.TRAINING_FINISHED,
                          f"attempt {attempt}: {outcome.message}")
         exported = ({"export": export_status(outcome.export, claim)}
                     if outcome.export is not None and claim else {})
-        return _ended(status, attempts, view, generation, now, rc, "Normal", **exported)
+        return _ended(attempts, view, rc, "Normal", **exported)
     restarts = int(status.get("restarts") or 0)
-    what = _WORDS.get(reason.value, reason.value)
+    what = _WORDS.get(reason, reason.value)
     where = f" at step {step}" if step is not None else ""
     last = next((a["remediation"] for a in reversed(attempts[:-1]) if a.get("remediation")),
                 None)
     if reason in PERMANENT or spec_body is None:
-        view = PhaseView(Phase.FAILED, reason.value, f"attempt {attempt}: {outcome.message}; "
+        view = PhaseView(Phase.FAILED, Reason(reason), f"attempt {attempt}: {outcome.message}; "
                          "not retried: fix the cause, then delete the job and create it "
                          f"again ({recreate_advice(spec_body)})")
-        return _ended(status, attempts, view, generation, now, rc, "Warning")
+        return _ended(attempts, view, rc, "Warning")
     spec, plan = planned(spec_body, attempts[:-1], catalog, recorded(status))
     if restarts >= spec.restart_policy.max_restarts:
-        view = PhaseView(Phase.FAILED, reason.value,
+        view = PhaseView(Phase.FAILED, Reason(reason),
                          f"{what}{where} after {restarts} restarts; last setting tried: "
                          f"{last or 'the planned settings'}")
-        return _ended(status, attempts, view, generation, now, rc, "Warning")
+        return _ended(attempts, view, rc, "Warning")
     remediation = None
     if spec.restart_policy.remediate and reason in MEMORY_CLASSES:
         safer = next_safer_plan(plan, reason, phase=outcome.phase)
         if safer is None:
-            view = PhaseView(Phase.FAILED, reason.value,
+            view = PhaseView(Phase.FAILED, Reason(reason),
                              f"{what}{where} after {restarts} restarts; every safer setting "
                              f"for {reason.value} was tried; last: "
                              f"{last or 'the planned settings'}")
-            return _ended(status, attempts, view, generation, now, rc, "Warning")
+            return _ended(attempts, view, rc, "Warning")
         remediation = safer.remediations[-1]
         record["remediation"] = remediation
     wait = backoff_seconds(spec, restarts)
     change = remediation or "the same settings (no memory ladder for this failure)"
     if reason is FailureReason.HANG:
         change += " and the collective debug env (NCCL flight recorder)"
-    view = PhaseView(Phase.RESTARTING, reason.value,
+    view = PhaseView(Phase.RESTARTING, Reason(reason),
                      f"attempt {attempt}: {what}{where}; attempt {attempt + 1} in {wait} s "
                      f"with {change}, resuming from checkpoint step {ckpt or 0}")
     return Action(
-        status_patch(status, generation, now, view, attempts=attempts, restarts=restarts + 1,
-                     nextAttempt={"index": attempt + 1, "notBefore": _at(now, wait)}),
+        StatusFacts(view, record={"attempts": attempts, "restarts": restarts + 1, "nextAttempt": {
+            "index": attempt + 1, "notBefore": _at(now, wait)}}),
         delete_ray_cluster=rc,
-        events=[("Warning", reason.value, view.message)],
+        events=[("Warning", Reason(reason), view.message)],
         restart_reason=reason.value,
     )
 
 
-def _ended(status: dict[str, Any], attempts: list[dict[str, Any]], view: PhaseView,
-           generation: int, now: str, rc: str | None, kind: str, **fields: Any) -> Action:
+def _ended(attempts: list[dict[str, Any]], view: PhaseView, rc: str | None, kind: str,
+           **fields: Any) -> Action:
     return Action(
-        status_patch(status, generation, now, view, attempts=attempts, **fields),
+        StatusFacts(view, record={"attempts": attempts, **fields}),
         delete_ray_cluster=rc,
-        events=[(kind, view.reason, view.message)],
+        events=[(kind, Reason(view.reason), view.message)],
     )
 
 
 def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
-                       generation: int, now: str, default_image: str = "",
+                       now: str, default_image: str = "",
                        catalog: Mapping[str, GpuType] = GPU_CATALOG,
                        pods: list[dict[str, Any]] | None = None,
                        grace_seconds: float = 120.0) -> Action | None:
@@ -380,14 +233,14 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
     waited = (_time(now) - _time(str(nxt["notBefore"]))).total_seconds()
     if lingering and waited < grace_seconds:
         # Two drivers of one job must never overlap on its checkpoints.
-        view = PhaseView(Phase.RESTARTING, "WaitingForPreviousAttempt",
+        view = PhaseView(Phase.RESTARTING, Reason.WAITING_FOR_PREVIOUS_ATTEMPT,
                          f"attempt {index} starts once {len(lingering)} pod(s) of earlier "
                          f"attempts are gone: {', '.join(lingering[:5])} (at most "
                          f"{grace_seconds:g} s more)")
-        return Action(status_patch(status, generation, now, view))
-    action = _next_attempt(job, spec_body, status, generation, now, default_image, catalog)
+        return Action(StatusFacts(view))
+    action = _next_attempt(job, spec_body, status, now, default_image, catalog)
     if lingering:
-        action.events.append(("Warning", "PreviousAttemptLingers",
+        action.events.append(("Warning", Reason.PREVIOUS_ATTEMPT_LINGERS,
                                f"started attempt {index} although {', '.join(lingering[:5])} "
                                f"still exist after {waited:.0f} s (a lost node?); an older "
                                "driver cannot commit a checkpoint once a newer attempt exists"))
@@ -395,7 +248,7 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
 
 
 def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
-                  generation: int, now: str, default_image: str,
+                  now: str, default_image: str,
                   catalog: Mapping[str, GpuType]) -> Action:
     nxt = status["nextAttempt"]
     attempts = [dict(a) for a in status.get("attempts") or []]
@@ -407,21 +260,21 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
         record["resumedFromStep"] = resumed
     rc = names.ray_cluster(job, index)
     saved = _measured_save_s(status)
-    view = PhaseView(Phase.PENDING, "CreatingCluster",
+    view = PhaseView(Phase.PENDING, Reason.CREATING_CLUSTER,
                      f"attempt {index}: creating RayCluster {rc}, resuming "
                      f"from checkpoint step {resumed or 0}")
     return Action(
-        status_patch(status, generation, now, view, attempt=index,
-                     attempts=[*attempts, record], nextAttempt=None,
-                     rayCluster={"name": rc, "state": None, "admittedGeneration": None},
-                     plan=plan_status(plan, saved).to_wire()),
+        StatusFacts(view, record={
+            "attempt": index, "attempts": [*attempts, record], "nextAttempt": None,
+            "rayCluster": {"name": rc, "state": None, "admittedGeneration": None},
+            "plan": plan_status(plan, saved).to_wire()}),
         # Only what is new per attempt: the claim and the trainer's RBAC exist since
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
         children=[c for c in render_children(spec, plan, job, index, default_image,
                                              debug_collectives=_after_hang(attempts),
                                              measured_save_s=saved)
                   if c["kind"] in PER_ATTEMPT_KINDS],
-        events=[("Normal", "Restarted", view.message)],
+        events=[("Normal", Reason.RESTARTED, view.message)],
         recovered_after=failed_for(attempts, now),
     )
 

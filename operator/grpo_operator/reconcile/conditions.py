@@ -10,16 +10,23 @@ from grpo_api.contract import (
     PHASE_CONDITIONS,
     ROLE_LABEL,
     ConditionType,
+    KueueReason,
     Phase,
+    Reason,
     Role,
+    not_reason,
 )
 
 
 @dataclass(frozen=True)
 class PhaseView:
-    phase: str
-    reason: str  # CamelCase
+    phase: Phase
+    reason: Reason | KueueReason
     message: str
+
+
+# A Kubernetes event on the job: (type Normal or Warning, reason, message).
+JobEvent = tuple[str, Reason, str]
 
 
 def role(pod: dict[str, Any]) -> str:
@@ -43,7 +50,7 @@ def unschedulable_view(pod: dict[str, Any]) -> PhaseView | None:
     why = unschedulable(pod)
     if why is None:
         return None
-    return PhaseView(Phase.PENDING, "Unschedulable",
+    return PhaseView(Phase.PENDING, Reason.UNSCHEDULABLE,
                      f"pod {pod['metadata']['name']} cannot be scheduled: {why}")
 
 
@@ -56,7 +63,7 @@ def attempt_phase(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any]]
     """Pending / Starting / Running for the live attempt (terminal outcomes come from
     classify_pod on the head)."""
     if ray_cluster is None:
-        return PhaseView(Phase.PENDING, "CreatingCluster", "creating the RayCluster")
+        return PhaseView(Phase.PENDING, Reason.CREATING_CLUSTER, "creating the RayCluster")
     live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
     for p in live:
         view = unschedulable_view(p)
@@ -67,12 +74,12 @@ def attempt_phase(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any]]
     running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
     if (ray_cluster.get("status") or {}).get("state") == RAY_CLUSTER_READY or (
             heads and len(running) == len(live) and len(workers) >= workers_expected):
-        return PhaseView(Phase.RUNNING, "ClusterRunning",
+        return PhaseView(Phase.RUNNING, Reason.CLUSTER_RUNNING,
                          f"head and {workers_expected} worker pod(s) running")
     if not heads:
-        return PhaseView(Phase.PENDING, "WaitingForPods",
+        return PhaseView(Phase.PENDING, Reason.WAITING_FOR_PODS,
                          "waiting for KubeRay to create the head pod")
-    return PhaseView(Phase.STARTING, "PodsStarting",
+    return PhaseView(Phase.STARTING, Reason.PODS_STARTING,
                      f"{len(running)} of {1 + workers_expected} Ray pods running")
 
 
@@ -104,7 +111,7 @@ def conditions_for(view: PhaseView, generation: int, now: str,
         status = "True" if t in true_types else "False"
         src = degraded if (t == "Degraded" and degraded) else view
         reason, message = (src.reason, src.message) if status == "True" or t in (
-            "Ready", "Progressing") else (f"Not{t}", "")
+            "Ready", "Progressing") else (not_reason(t), "")
         old = before.get(t)
         ltt = old["lastTransitionTime"] if old and old.get("status") == status else now
         out.append({"type": t.value, "status": status, "reason": reason, "message": message,
@@ -124,9 +131,9 @@ def memory_growth_conditions(progress: dict[str, Any] | None,
     message = (progress or {}).get("memoryGrowth")
     current = next((c for c in conditions or [] if c.get("type") == MEMORY_GROWTH), None)
     if message:
-        want = {"status": "True", "reason": "SustainedGrowth", "message": str(message)}
+        want = {"status": "True", "reason": Reason.SUSTAINED_GROWTH, "message": str(message)}
     elif current is not None and current.get("status") == "True" and progress:
-        want = {"status": "False", "reason": "NoGrowth", "message": ""}
+        want = {"status": "False", "reason": Reason.NO_GROWTH, "message": ""}
     else:
         return None
     return _with_condition(conditions, MEMORY_GROWTH, want, generation, now)
@@ -159,35 +166,11 @@ def hub_fetch_conditions(progress: dict[str, Any] | None,
     size = f"{done / 2**30:.2f} of {total / 2**30:.2f} GiB"
     state = fetch.get("state")
     if state == "Fetched":
-        want = {"status": "True", "reason": "Fetched", "message": f"{fetch['repo']}: {size}"}
+        want = {"status": "True", "reason": Reason.FETCHED, "message": f"{fetch['repo']}: {size}"}
     elif state == "Failed":
-        want = {"status": "False", "reason": "FetchFailed",
+        want = {"status": "False", "reason": Reason.FETCH_FAILED,
                 "message": str(fetch.get("message") or fetch["repo"])}
     else:
-        want = {"status": "False", "reason": "Fetching",
+        want = {"status": "False", "reason": Reason.FETCHING,
                 "message": f"{fetch['repo']}: {size}, now {fetch.get('file') or '-'}"}
     return _with_condition(conditions, HUB_FETCH, want, generation, now)
-
-
-def status_patch(status: dict[str, Any], generation: int, now: str,
-                 view: PhaseView | None = None, degraded: PhaseView | None = None,
-                 **fields: Any) -> dict[str, Any]:
-    """The one status builder (KubeRay's calculateStatus): the phase and every condition
-    derived from `view` (None: the phase stands), plus the bookkeeping `fields` (wire
-    names; None removes one), reduced to what changes `status` when merged as a merge
-    patch. {}: nothing to write."""
-    want: dict[str, Any] = {"observedGeneration": generation, **fields}
-    if view is not None:
-        want["phase"] = view.phase
-        want["conditions"] = conditions_for(view, generation, now, status.get("conditions"),
-                                            degraded)
-    return {k: v for k, v in want.items() if _changes(status.get(k), v)}
-
-
-def _changes(current: Any, patch: Any) -> bool:
-    """Whether merging `patch` (RFC 7386) into `current` changes it."""
-    if patch is None:
-        return current is not None
-    if isinstance(patch, dict) and isinstance(current, dict):
-        return any(_changes(current.get(k), v) for k, v in patch.items())
-    return bool(current != patch)

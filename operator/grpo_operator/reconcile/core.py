@@ -1,9 +1,12 @@
 """The reconcile function (pure): (job, observed children, event) -> one Action.
 
 KubeRay-style: every handler gathers the job and what the event needs, calls
-`reconcile` once and applies the Action, whose status is one merge patch written with
-the resourceVersion it was decided from. Facts that must outlive the operator process
-(what was counted, when an attempt failed) are read from and written to status only.
+`reconcile` once and applies the Action. The steps below record what they found
+(`status.StatusFacts`); `reconcile` derives the status from those facts once
+(`status.derive_status`): one merge patch, written with the resourceVersion it was
+decided from and only when it changes something. Facts that must outlive the operator
+process (what was counted, when an attempt failed) are read from and written to status
+only.
 """
 
 from __future__ import annotations
@@ -11,21 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_api.contract import TERMINAL_PHASES, Phase, Role
+from grpo_api.contract import TERMINAL_PHASES, Phase, Reason, Role
 from grpo_api.job import SpecError, parse_spec
 
 from ..config import OperatorConfig
 from ..render import JobRef, names
 from . import model_config
-from .attempts import (
-    Action,
-    claim_problem,
-    create_failed,
-    ensure_attempt,
-    finish_attempt,
-    planned_pods,
-    start_next_attempt,
-)
+from .action import Action
+from .attempts import create_failed, ensure_attempt, finish_attempt, start_next_attempt
+from .claims import claim_problem
 from .classify import LOST_RANKS, PodOutcome, classify_pod, in_context, worker_outcome
 from .conditions import (
     MEMORY_GROWTH,
@@ -36,10 +33,10 @@ from .conditions import (
     hub_fetch_conditions,
     memory_growth_conditions,
     role,
-    status_patch,
     unschedulable,
     unschedulable_view,
 )
+from .planning import planned_pods
 from .progress_deadline import end_silent_attempt
 from .queue import (
     admission_event,
@@ -53,6 +50,7 @@ from .queue import (
 from .queue import generation as cluster_generation
 from .refusals import pod_create_refusal, refusal_shown, refused
 from .retention import claim_change, recreate_advice
+from .status import StatusFacts
 
 PREVIOUS_JOB_RETRY_SECONDS = 5.0  # a new job waits this long for an earlier one's pods
 
@@ -238,39 +236,37 @@ def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
     ref = JobRef(str(meta.get("name")), str(meta.get("namespace") or "default"),
                  str(meta.get("uid") or ""))
     try:
-        return _decide(ref, spec, status, generation, now, observed, event, config)
+        return _decide(ref, spec, status, generation, now, observed, event, config).derive(
+            status, generation, now)
     except Exception as exc:  # a defect in pure code: never a job without a status
-        return _internal_error(event, exc, spec, status, generation, now)
+        return _internal_error(event, exc, spec, status).derive(status, generation, now)
 
 
 def _decide(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,
             now: str, observed: Observed, event: Event, config: OperatorConfig) -> Action:
     match event:
         case SpecChanged():
-            return _on_spec(ref, spec, status, generation, now, observed, config)
+            return _on_spec(ref, spec, status, now, observed, config)
         case BackoffTimer():
-            return start_next_attempt(ref, spec, status, generation, now,
-                                      config.default_image, config.catalog, observed.pods,
+            return start_next_attempt(ref, spec, status, now, config.default_image,
+                                      config.catalog, observed.pods,
                                       config.previous_attempt_grace_seconds) or Action()
         case ProgressTimer():
-            return end_silent_attempt(status, spec, generation, now,
-                                      config.hang_grace_seconds, config.catalog)
+            return end_silent_attempt(status, spec, now, config.hang_grace_seconds,
+                                      config.catalog)
         case JobChanged():
             return _on_job(status, generation, now)
         case PodChanged(pod=pod, deleted=deleted):
-            return _on_pod(ref, spec, status, generation, now, pod, deleted, observed, config)
+            return _on_pod(ref, spec, status, now, pod, deleted, observed, config)
         case ClusterChanged(ray_cluster=rc):
-            return _on_cluster(spec, status, generation, now, rc, observed, config)
+            return _on_cluster(spec, status, now, rc, observed, config)
         case CreateFailed(kind=kind, name=name, message=message):
-            return create_failed(status, kind, name, message, generation, now)
+            return create_failed(kind, name, message)
     raise TypeError(f"unknown event {event!r}")
 
 
-INTERNAL_ERROR = "InternalError"
-
-
 def _internal_error(event: Event, exc: Exception, spec: dict[str, Any],
-                    status: dict[str, Any], generation: int, now: str) -> Action:
+                    status: dict[str, Any]) -> Action:
     """An exception from the operator's own code ends the job Failed with its message,
     once: Kopf would retry the handler forever and the job would never get a status.
     The job's children stay (owner references take them with the job)."""
@@ -280,30 +276,28 @@ def _internal_error(event: Event, exc: Exception, spec: dict[str, Any],
                f"{type(exc).__name__}: {exc}"[:2000]
                + "; this is an operator defect: please report it with this message, and "
                f"after upgrading delete the job and create it again ({recreate_advice(spec)})")
-    view = PhaseView(Phase.FAILED, INTERNAL_ERROR, message)
-    return Action(status_patch(status, generation, now, view),
-                  events=[("Warning", INTERNAL_ERROR, message)])
+    view = PhaseView(Phase.FAILED, Reason.INTERNAL_ERROR, message)
+    return Action(StatusFacts(view), events=[("Warning", Reason.INTERNAL_ERROR, message)])
 
 
-def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,
-             now: str, observed: Observed, config: OperatorConfig) -> Action:
+def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], now: str,
+             observed: Observed, config: OperatorConfig) -> Action:
     problem = claim_problem(spec, ref.namespace, observed.claim, observed.model_claim,
                             planned_pods(spec, config.catalog, model_config.recorded(status)))
     if problem:
-        return _claim_missing(status, generation, now, problem, config)
+        return _claim_missing(problem, config)
     earlier = _earlier_jobs_pods(ref, observed.pods)
     if earlier and not status.get("attempts"):
         # A job of this name was deleted and its pods are still going: its drivers must be
         # gone before this job's adopt the checkpoint directory.
-        view = PhaseView(Phase.PENDING, "WaitingForPreviousJob",
+        view = PhaseView(Phase.PENDING, Reason.WAITING_FOR_PREVIOUS_JOB,
                          f"{len(earlier)} pod(s) of an earlier job named {ref.name} are still "
                          f"there: {', '.join(earlier[:5])}; this job starts once they are gone")
-        return Action(status_patch(status, generation, now, view),
-                      retry=(view.message, PREVIOUS_JOB_RETRY_SECONDS))
+        return Action(StatusFacts(view), retry=(view.message, PREVIOUS_JOB_RETRY_SECONDS))
     step = _read_model_config(ref, spec, status, observed, now, config)
     if step.waiting is not None:
         wait = step.waiting
-        return Action(model_config.waiting_patch(status, step, generation, now),
+        return Action(model_config.waiting_facts(step),
                       children=wait.create, delete_pod=step.delete_pod, events=step.events,
                       retry=(wait.view.message, wait.retry_seconds)
                       if wait.retry_seconds is not None else None)
@@ -312,9 +306,8 @@ def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generati
         problem = claim_problem(spec, ref.namespace, observed.claim, observed.model_claim,
                                 planned_pods(spec, config.catalog, model_config.recorded(status)))
         if problem:
-            return _with_read(_claim_missing(status, generation, now, problem, config), step)
-    action = ensure_attempt(ref, spec, status, generation, now, config.default_image,
-                            config.catalog)
+            return _with_read(_claim_missing(problem, config), step)
+    action = ensure_attempt(ref, spec, status, now, config.default_image, config.catalog)
     if step.fields:
         action = _with_read(action, step)
     action.claim_change = claim_change(spec, ref, observed.claim)
@@ -326,7 +319,7 @@ def _on_spec(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generati
 def _with_read(action: Action, step: model_config.ModelStep) -> Action:
     """`action` with what reading config.json adds: status.modelConfig, its events
     first, and the reader pod to delete."""
-    action.status = {**step.fields, **action.status}
+    action.facts.record = {**step.fields, **action.facts.record}
     action.events[:0], action.delete_pod = step.events, step.delete_pod
     return action
 
@@ -339,11 +332,10 @@ def _earlier_jobs_pods(ref: JobRef, pods: list[dict[str, Any]]) -> list[str]:
                              for o in p.get("metadata", {}).get("ownerReferences") or []))
 
 
-def _claim_missing(status: dict[str, Any], generation: int, now: str, problem: str,
-                   config: OperatorConfig) -> Action:
-    view = PhaseView(Phase.PENDING, "ClaimMissing", problem)
-    return Action(status_patch(status, generation, now, view),
-                  events=[("Warning", "ClaimMissing", problem)],
+def _claim_missing(problem: str, config: OperatorConfig) -> Action:
+    view = PhaseView(Phase.PENDING, Reason.CLAIM_MISSING, problem)
+    return Action(StatusFacts(view),
+                  events=[("Warning", Reason.CLAIM_MISSING, problem)],
                   retry=(problem, config.claim_retry_seconds))
 
 
@@ -372,13 +364,13 @@ def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:
     if new is None:
         return Action()
     growth = next((c for c in grown or [] if c["type"] == MEMORY_GROWTH), None)
-    events = ([("Warning", MEMORY_GROWTH.value, growth["message"])]
+    events = ([("Warning", Reason.MEMORY_GROWTH, growth["message"])]
               if growth is not None and growth["status"] == "True" else [])
-    return Action({"conditions": new}, events=events)
+    return Action(StatusFacts(reported=new), events=events)
 
 
-def _on_pod(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generation: int,
-            now: str, pod: dict[str, Any], deleted: bool, observed: Observed,
+def _on_pod(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], now: str,
+            pod: dict[str, Any], deleted: bool, observed: Observed,
             config: OperatorConfig) -> Action:
     if not _live(status, pod):
         return Action()  # the job is quiet, or a pod of an earlier attempt being removed
@@ -386,13 +378,12 @@ def _on_pod(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
     outcome = _ended(pod, deleted)
     if (outcome is not None and observed.ray_cluster is not None
             and preempted(observed.ray_cluster, status)):
-        return preempt_attempt(status, observed.workload, generation, now,
-                               recreate_advice(spec))
+        return preempt_attempt(status, observed.workload, now, recreate_advice(spec))
     if outcome is not None:
         if role(pod) == Role.HEAD and outcome.reason in LOST_RANKS:
             outcome = in_context(outcome, pods)
         claim = names.checkpoint_claim(ref, (spec.get("checkpoint") or {}).get("claimName"))
-        return finish_attempt(status, outcome, generation, now, spec, config.catalog, claim)
+        return finish_attempt(status, outcome, now, spec, config.catalog, claim)
     view = None if deleted else unschedulable_view(pod)
     if view is None and pods and status.get("phase") != Phase.RUNNING:
         # Its pods exist, so its RayCluster does: the phase follows from the pods.
@@ -401,53 +392,50 @@ def _on_pod(ref: JobRef, spec: dict[str, Any], status: dict[str, Any], generatio
         # A worker still refused: the head's pod events must not hide it (the cluster's
         # events say when KubeRay's refusal goes, and its deadline keeps running).
         return Action()
-    return _seen(view, status, generation, now) if view else Action()
+    return _seen(view, status) if view else Action()
 
 
-def _seen(view: PhaseView, status: dict[str, Any], generation: int, now: str) -> Action:
-    """The live attempt's phase as seen: a status patch when it changed, an event when
-    the job starts running."""
-    change = status_patch(status, generation, now, view)
-    running = change.get("phase") == Phase.RUNNING
-    return Action(change, events=[("Normal", "Running", view.message)] if running else [])
+def _seen(view: PhaseView, status: dict[str, Any]) -> Action:
+    """The live attempt's phase as seen, and an event when the job starts running."""
+    running = view.phase == Phase.RUNNING and status.get("phase") != Phase.RUNNING
+    return Action(StatusFacts(view),
+                  events=[("Normal", Reason.RUNNING, view.message)] if running else [])
 
 
-def _on_cluster(spec: dict[str, Any], status: dict[str, Any], generation: int, now: str,
-                rc: dict[str, Any], observed: Observed, config: OperatorConfig) -> Action:
+def _on_cluster(spec: dict[str, Any], status: dict[str, Any], now: str, rc: dict[str, Any],
+                observed: Observed, config: OperatorConfig) -> Action:
     if not _live(status, rc):
         return Action()
     if preempted(rc, status):
-        return preempt_attempt(status, observed.workload, generation, now,
-                               recreate_advice(spec))
+        return preempt_attempt(status, observed.workload, now, recreate_advice(spec))
     if held_by_kueue(rc):
         if admitted(status):
             return Action()  # a copy read before the admission was seen: nothing new
         view = queued_view(rc, observed.workload, observed.cluster_queue)
-        action = Action(status_patch(status, generation, now, view))
-        if action.status.get("phase") == Phase.QUEUED:
-            action.events.append(("Normal", "Queued", view.message))
-        return action
-    action = _observed_cluster(spec, status, generation, now, rc, observed.pods, config)
+        queued = status.get("phase") != Phase.QUEUED
+        return Action(StatusFacts(view),
+                      events=[("Normal", Reason.QUEUED, view.message)] if queued else [])
+    action = _observed_cluster(spec, status, now, rc, observed.pods, config)
     if queue_of(rc) is not None and not admitted(status):
-        action.status["rayCluster"] = {**action.status.get("rayCluster", {}),
-                                       "name": rc["metadata"]["name"],
-                                       "admittedGeneration": cluster_generation(rc)}
-        action.events.append(("Normal", "Admitted", admission_event(rc, observed.workload)))
+        record = action.facts.record
+        record["rayCluster"] = {**record.get("rayCluster", {}), "name": rc["metadata"]["name"],
+                                "admittedGeneration": cluster_generation(rc)}
+        action.events.append(("Normal", Reason.ADMITTED, admission_event(rc, observed.workload)))
     return action
 
 
-def _observed_cluster(spec: dict[str, Any], status: dict[str, Any], generation: int,
-                      now: str, rc: dict[str, Any], pods: list[dict[str, Any]],
+def _observed_cluster(spec: dict[str, Any], status: dict[str, Any], now: str,
+                      rc: dict[str, Any], pods: list[dict[str, Any]],
                       config: OperatorConfig) -> Action:
     """The live attempt's cluster as KubeRay reports it: refused pod creates, or the
     phase its state and pods give."""
     refusal = pod_create_refusal(rc)
     if refusal is not None and status.get("phase") != Phase.RUNNING:
-        return refused(status, refusal, rc["metadata"]["name"], generation, now,
+        return refused(status, refusal, rc["metadata"]["name"], now,
                        config.pod_create_deadline_seconds, recreate_advice(spec))
     workers = int((status.get("plan") or {}).get("nodes") or 0)
-    action = _seen(attempt_phase(rc, pods, workers), status, generation, now)
+    action = _seen(attempt_phase(rc, pods, workers), status)
     state = (rc.get("status") or {}).get("state")
     if state != (status.get("rayCluster") or {}).get("state"):
-        action.status["rayCluster"] = {"name": rc["metadata"]["name"], "state": state}
+        action.facts.record["rayCluster"] = {"name": rc["metadata"]["name"], "state": state}
     return action

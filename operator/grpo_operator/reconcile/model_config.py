@@ -22,20 +22,18 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from grpo_api.contract import TERMINAL_PHASES, Phase, is_hub_id
+from grpo_api.contract import TERMINAL_PHASES, Phase, Reason, is_hub_id
 from grpo_api.job import GRPOJobSpec
 from grpo_api.model_config import ReaderReport, hub_config_url
 
 from ..planner.model_shape import known_family
 from ..render import JobRef, names
 from ..render.model_reader import render_model_reader
-from .conditions import PhaseView, status_patch, unschedulable
+from .conditions import JobEvent, PhaseView, unschedulable
+from .status import StatusFacts
 
 READ_POLL_SECONDS = 2.0  # how often a waiting job looks at its reader pod
 RETRY_SECONDS = 30.0  # a hub that could not be reached is asked again after this
-READING = "ReadingModelConfig"
-UNAVAILABLE = "ModelConfigUnavailable"
-CONFIG_ERROR = "ConfigError"
 
 How = Literal["shape", "hub", "pod", "path"]
 
@@ -148,8 +146,8 @@ def admission_warning(spec_body: dict[str, Any], hub: HubAnswer | None) -> str |
     known = known_family(str((spec_body.get("model") or {}).get("path") or ""))
     if known is not None:
         return f"spec.model: {hub.error}; planned from the known table ({known[0]})"
-    return (f"spec.model: {hub.error}; the job waits ({UNAVAILABLE}) until the hub answers. "
-            f"Fix: {_fix(spec_body)}")
+    return (f"spec.model: {hub.error}; the job waits ({Reason.MODEL_CONFIG_UNAVAILABLE}) "
+            f"until the hub answers. Fix: {_fix(spec_body)}")
 
 
 def _where(spec_body: dict[str, Any]) -> str:
@@ -181,7 +179,7 @@ class ModelStep:
     """What reading config.json adds to this decision."""
 
     fields: dict[str, Any] = field(default_factory=dict)  # status.modelConfig, once read
-    events: list[tuple[str, str, str]] = field(default_factory=list)
+    events: list[JobEvent] = field(default_factory=list)
     delete_pod: str | None = None  # the reader pod, done
     waiting: Waiting | None = None  # set: this decision instead of a plan
 
@@ -210,16 +208,16 @@ def _unreadable(spec_body: dict[str, Any], error: str, retry: bool, now: str,
         message = (f"planned {path} from the known table ({known[0]}): {note}; the plan is "
                    "as good as the table's entry for this model")
         return ModelStep(_record("table", where, None, now, note),
-                         [("Warning", UNAVAILABLE, message)], delete_pod)
+                         [("Warning", Reason.MODEL_CONFIG_UNAVAILABLE, message)], delete_pod)
     if retry:
-        view = PhaseView(Phase.PENDING, UNAVAILABLE,
+        view = PhaseView(Phase.PENDING, Reason.MODEL_CONFIG_UNAVAILABLE,
                          f"cannot read {where}: {error}; retrying every {RETRY_SECONDS:g} s. "
                          f"Fix: {_fix(spec_body)}")
-        return ModelStep(events=[("Warning", UNAVAILABLE, view.message)],
+        return ModelStep(events=[("Warning", Reason.MODEL_CONFIG_UNAVAILABLE, view.message)],
                          delete_pod=delete_pod, waiting=Waiting(view, [], RETRY_SECONDS))
-    view = PhaseView(Phase.FAILED, CONFIG_ERROR,
+    view = PhaseView(Phase.FAILED, Reason.CONFIG_ERROR,
                      f"spec.model.path: cannot read {where}: {error}; {_fix(spec_body)}")
-    return ModelStep(events=[("Warning", CONFIG_ERROR, view.message)], delete_pod=delete_pod,
+    return ModelStep(events=[("Warning", Reason.CONFIG_ERROR, view.message)], delete_pod=delete_pod,
                      waiting=Waiting(view))
 
 
@@ -240,15 +238,15 @@ def read_step(job: JobRef, spec_body: dict[str, Any], spec: GRPOJobSpec,
     url = None if spec.model.claim_name else hub_url(spec_body)
     name = names.model_reader(job)
     if reader is None:
-        view = PhaseView(Phase.PENDING, READING,
+        view = PhaseView(Phase.PENDING, Reason.READING_MODEL_CONFIG,
                          f"pod {name} reads {_where(spec_body)} before the job is planned")
         pod = render_model_reader(spec, job, url, default_image)
         return ModelStep(waiting=Waiting(view, [pod], READ_POLL_SECONDS))
     ended = _terminated(reader)
     if ended is None:
         why = unschedulable(reader) or _waiting_reason(reader)
-        view = PhaseView(Phase.PENDING, READING, f"pod {name} reads {_where(spec_body)}"
-                         + (f": {why}" if why else ""))
+        view = PhaseView(Phase.PENDING, Reason.READING_MODEL_CONFIG,
+                         f"pod {name} reads {_where(spec_body)}" + (f": {why}" if why else ""))
         return ModelStep(waiting=Waiting(view, [], READ_POLL_SECONDS))
     try:
         report = ReaderReport.model_validate_json(str(ended.get("message") or ""))
@@ -281,10 +279,9 @@ def _waiting_reason(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def waiting_patch(status: dict[str, Any], step: ModelStep, generation: int,
-                  now: str) -> dict[str, Any]:
-    """The status of a job whose config.json is being read or could not be."""
+def waiting_facts(step: ModelStep) -> StatusFacts:
+    """What a job whose config.json is being read, or could not be, shows."""
     assert step.waiting is not None
     view = step.waiting.view
-    degraded = view if view.reason == UNAVAILABLE else None
-    return status_patch(status, generation, now, view, degraded, **step.fields)
+    return StatusFacts(view, degraded=view.reason == Reason.MODEL_CONFIG_UNAVAILABLE,
+                       record=step.fields)

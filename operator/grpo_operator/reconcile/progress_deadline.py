@@ -21,7 +21,8 @@ from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import ATTEMPT_RUNNING, STALL_STEP_MULTIPLE, FailureReason, Phase
 from grpo_api.job import SpecError, parse_spec
 
-from .attempts import Action, finish_attempt
+from .action import Action
+from .attempts import finish_attempt
 from .classify import PodOutcome
 
 # How often the operator looks (a timer per Running job): late by at most this much.
@@ -98,8 +99,8 @@ def silence(status: dict[str, Any], stall_timeout_s: int, now: str,
     return Silence(since, running, (current - since).total_seconds(), deadline, step_s)
 
 
-def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], generation: int,
-                       now: str, grace_s: float,
+def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], now: str,
+                       grace_s: float,
                        catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
     """The timer's decision: nothing while the driver reports in time; once it is
     overdue, the attempt ends as Hang and restarts like one the trainer ended (same plan,
@@ -130,7 +131,7 @@ def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], genera
     outcome = PodOutcome(FailureReason.HANG, None, message,
                          step if isinstance(step, int) else None,
                          progress.get("lastCheckpointStep"))
-    return finish_attempt(status, outcome, generation, now, spec_body, catalog)
+    return finish_attempt(status, outcome, now, spec_body, catalog)
 
 
 def progress_watched(job: dict[str, Any]) -> bool:

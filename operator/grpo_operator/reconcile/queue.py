@@ -15,12 +15,19 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grpo_api.contract import ATTEMPT_RUNNING, KUEUE_QUEUE_LABEL, MAX_RESTARTS, FailureReason, Phase
+from grpo_api.contract import (
+    ATTEMPT_RUNNING,
+    KUEUE_QUEUE_LABEL,
+    MAX_RESTARTS,
+    KueueReason,
+    Phase,
+    Reason,
+)
 
-from .attempts import Action
-from .conditions import PhaseView, status_patch
+from .action import Action
+from .conditions import PhaseView
+from .status import StatusFacts
 
-KUEUE_PREEMPTED = FailureReason.PREEMPTED.value
 _REASON_SAFE = re.compile(r"[^A-Za-z0-9_,:]")
 
 
@@ -62,10 +69,10 @@ def _condition(workload: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     return {}
 
 
-def _reason(text: str, fallback: str) -> str:
+def _reason(text: str, fallback: Reason) -> KueueReason | Reason:
     """Kueue's reason as a condition reason (CamelCase; Kueue's already are)."""
     clean = _REASON_SAFE.sub("", text)
-    return clean if clean[:1].isalpha() else fallback
+    return KueueReason(clean) if clean[:1].isalpha() else fallback
 
 
 def queued_view(ray_cluster: dict[str, Any], workload: dict[str, Any] | None,
@@ -77,7 +84,7 @@ def queued_view(ray_cluster: dict[str, Any], workload: dict[str, Any] | None,
                                      else "")
     name = ray_cluster.get("metadata", {}).get("name")
     if workload is None:
-        return PhaseView(Phase.QUEUED, "WaitingForWorkload",
+        return PhaseView(Phase.QUEUED, Reason.WAITING_FOR_WORKLOAD,
                          f"RayCluster {name} is suspended in {where}; waiting for Kueue to "
                          "create its Workload (is Kueue running with the ray.io/raycluster "
                          "integration?)")
@@ -85,11 +92,11 @@ def queued_view(ray_cluster: dict[str, Any], workload: dict[str, Any] | None,
     if reserved.get("status") == "True":
         checks = _condition(workload, "Admitted")
         return PhaseView(Phase.QUEUED, _reason(str(checks.get("reason") or ""),
-                                               "AdmissionChecksPending"),
+                                               Reason.ADMISSION_CHECKS_PENDING),
                          f"quota reserved in {where}; waiting for admission checks"
                          + (f": {checks['message']}" if checks.get("message") else ""))
     why = str(reserved.get("message") or "waiting for Kueue to consider the Workload")
-    return PhaseView(Phase.QUEUED, _reason(str(reserved.get("reason") or ""), "Pending"),
+    return PhaseView(Phase.QUEUED, _reason(str(reserved.get("reason") or ""), Reason.PENDING),
                      f"queued in {where}: {why}")
 
 
@@ -108,8 +115,8 @@ def eviction_message(workload: dict[str, Any] | None) -> str:
     return "Kueue suspended the admitted RayCluster (its Workload was evicted)"
 
 
-def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None,
-                    generation: int, now: str, advice: str) -> Action:
+def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None, now: str,
+                    advice: str) -> Action:
     """Kueue took the live attempt's quota back: record it as Preempted (no restart
     counted, no backoff), release its cluster and queue the next attempt, which resumes
     from the newest complete checkpoint once Kueue admits it again. `advice`: what
@@ -122,28 +129,28 @@ def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None,
         return Action()  # already recorded (cluster and pod events both report it)
     why = eviction_message(workload)
     progress = status.get("progress") or {}
-    record.update(endTime=now, outcome=KUEUE_PREEMPTED, reason=why[:4096])
+    record.update(endTime=now, outcome=Reason.PREEMPTED, reason=why[:4096])
     for key in ("step", "lastCheckpointStep"):
         if progress.get(key) is not None:
             record[key] = progress[key]
     rc = (status.get("rayCluster") or {}).get("name")
     ckpt = record.get("lastCheckpointStep") or 0
     if attempt >= MAX_RESTARTS:
-        view = PhaseView(Phase.FAILED, KUEUE_PREEMPTED,
+        view = PhaseView(Phase.FAILED, Reason.PREEMPTED,
                          f"attempt {attempt}: {why}; no attempt numbers left (at most "
                          f"{MAX_RESTARTS + 1} attempts); to go on from checkpoint step "
                          f"{ckpt}, delete the job and create it again ({advice})")
-        return Action(status_patch(status, generation, now, view, attempts=attempts),
-                      delete_ray_cluster=rc, events=[("Warning", KUEUE_PREEMPTED,
+        return Action(StatusFacts(view, record={"attempts": attempts}),
+                      delete_ray_cluster=rc, events=[("Warning", Reason.PREEMPTED,
                                                       view.message)])
-    view = PhaseView(Phase.QUEUED, KUEUE_PREEMPTED,
+    view = PhaseView(Phase.QUEUED, Reason.PREEMPTED,
                      f"attempt {attempt} preempted by Kueue ({why}); attempt {attempt + 1} "
                      f"queues again and resumes from checkpoint step {ckpt} (no restart "
                      "counted)")
     return Action(
-        status_patch(status, generation, now, view, attempts=attempts,
-                     preemptions=int(status.get("preemptions") or 0) + 1,
-                     nextAttempt={"index": attempt + 1, "notBefore": now}),
+        StatusFacts(view, record={"attempts": attempts,
+                                  "preemptions": int(status.get("preemptions") or 0) + 1,
+                                  "nextAttempt": {"index": attempt + 1, "notBefore": now}}),
         delete_ray_cluster=rc,
-        events=[("Warning", KUEUE_PREEMPTED, view.message)],
+        events=[("Warning", Reason.PREEMPTED, view.message)],
     )

@@ -19,12 +19,12 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.contract import ATTEMPT_RUNNING, FailureReason, Phase
+from grpo_api.contract import ATTEMPT_RUNNING, FailureReason, Phase, Reason
 
-from .attempts import Action
-from .conditions import PhaseView, status_patch
+from .action import Action
+from .conditions import PhaseView
+from .status import StatusFacts
 
-POD_CREATE_REFUSED = "PodCreateRefused"  # the job's condition reason
 REPLICA_FAILURE = "ReplicaFailure"  # KubeRay's RayClusterReplicaFailure condition type
 CREATE_REASONS = {"FailedCreateHeadPod": "head", "FailedCreateWorkerPod": "worker"}
 FIX = ("change what refuses them (the namespace's Pod Security level, a ResourceQuota or "
@@ -61,8 +61,8 @@ def _stamp(t: dt.datetime) -> str:
     return t.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: int,
-            now: str, deadline_s: float, advice: str) -> Action:
+def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, now: str,
+            deadline_s: float, advice: str) -> Action:
     """Pending (Progressing and Degraded reason PodCreateRefused, the API server's
     message, one Warning event) until `deadline_s` after the first refusal; then the
     attempt fails for good (retrying the same pods cannot help) and the RayCluster goes,
@@ -72,15 +72,15 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: 
     until = since + dt.timedelta(seconds=deadline_s)
     what = f"KubeRay cannot create the {refusal.role} pod of RayCluster {rc_name}"
     if _time(now) < until:
-        view = PhaseView(Phase.PENDING, POD_CREATE_REFUSED,
+        view = PhaseView(Phase.PENDING, Reason.POD_CREATE_REFUSED,
                          f"{what}: {refusal.message}. The attempt fails at {_stamp(until)} "
                          f"unless this is fixed: {FIX}")
-        change = status_patch(status, generation, now, view, degraded=view)
-        first = _reason(status, "Progressing") != POD_CREATE_REFUSED
-        return Action(change, events=[("Warning", POD_CREATE_REFUSED, view.message)]
+        first = _reason(status, "Progressing") != Reason.POD_CREATE_REFUSED
+        return Action(StatusFacts(view, degraded=True),
+                      events=[("Warning", Reason.POD_CREATE_REFUSED, view.message)]
                       if first else [])
     seconds = int((_time(now) - since).total_seconds())
-    view = PhaseView(Phase.FAILED, POD_CREATE_REFUSED,
+    view = PhaseView(Phase.FAILED, Reason.POD_CREATE_REFUSED,
                      f"{what} for {seconds} s: {refusal.message}. Not retried: {FIX}, "
                      f"then delete the job and create it again ({advice})")
     attempt = int(status.get("attempt") or 0)
@@ -89,9 +89,9 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, generation: 
         if a.get("index") == attempt and a.get("outcome") == ATTEMPT_RUNNING:
             a.update(endTime=now, outcome=FailureReason.ERROR.value, reason=view.message)
     return Action(
-        status_patch(status, generation, now, view, attempts=attempts),
+        StatusFacts(view, record={"attempts": attempts}),
         delete_ray_cluster=rc_name,
-        events=[("Warning", POD_CREATE_REFUSED, view.message)],
+        events=[("Warning", Reason.POD_CREATE_REFUSED, view.message)],
     )
 
 
@@ -112,4 +112,4 @@ def refusal_shown(status: dict[str, Any]) -> bool:
     """The job shows a refused pod create (until KubeRay's condition goes, only a
     running job or the deadline replaces it)."""
     return (status.get("phase") == Phase.PENDING
-            and _reason(status, "Progressing") == POD_CREATE_REFUSED)
+            and _reason(status, "Progressing") == Reason.POD_CREATE_REFUSED)

@@ -25,11 +25,13 @@ from grpo_api.contract import (
     JOB_UID_LABEL,
     KIND,
     CheckpointRetention,
+    Reason,
 )
 from grpo_api.job import SpecError, parse_spec
 
 from ..render import JobRef, names
 from .classify import Exported
+from .conditions import JobEvent
 
 # What a failure message that sends the user to delete and re-create the job says about
 # the checkpoints (it must never cost them silently).
@@ -65,7 +67,7 @@ class ClaimChange:
 
     name: str
     patch: dict[str, Any]
-    event: tuple[str, str, str] | None = None
+    event: JobEvent | None = None
 
 
 def _owner(job: JobRef, controller: bool) -> dict[str, Any]:
@@ -118,13 +120,13 @@ def claim_change(spec_body: dict[str, Any], job: JobRef,
         patch["metadata"]["ownerReferences"] = owners
     event = None
     if earlier and earlier != job.uid:
-        event = ("Normal", "ClaimAdopted",
+        event = ("Normal", Reason.CLAIM_ADOPTED,
                  f"adopted checkpoint claim {name}, kept from an earlier job {job.name} "
                  f"(uid {earlier}): this job resumes from its newest complete checkpoint "
                  f"(checkpoint.retention {retention.value})")
     elif not ours and any(r.get("uid") == job.uid for r in mine):
         # A claim created before retention existed (always owned): kept from now on.
-        event = ("Normal", "ClaimRetained",
+        event = ("Normal", Reason.CLAIM_RETAINED,
                  f"checkpoint claim {name} no longer belongs to the job: deleting the job "
                  "keeps it and its checkpoints (checkpoint.retention Retain)")
     return ClaimChange(name, patch, event)

@@ -2,7 +2,7 @@
 
 Validated with the trainer's own schema (`grpo_api.trainer_config`, which the trainer
 loads its file into), so a job the trainer would reject with exit 2 is caught here; the
-webhook renders it too (reconcile.attempts.planned), so such a job is refused at apply.
+webhook renders it too (reconcile.planning.planned), so such a job is refused at apply.
 """
 
 from __future__ import annotations

@@ -1,0 +1,102 @@
+"""A job's plan (pure): parsed, planned and checked as admission checks it; the plan of
+the attempt after a memory failure (the ladder replayed from status.attempts); the
+restart backoff."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from grpo_api.catalog import GPU_CATALOG, GpuType
+from grpo_api.contract import FailureReason
+from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
+from grpo_api.job.trainer import config_sources
+
+from ..planner import InfeasibleError, Plan, UnsupportedArchitecture, next_safer_plan, plan_memory
+from ..render import JobRef, pod_settings
+from ..render.children import logging_env
+from ..render.trainer_config import trainer_config
+from .model_config import PlanInput
+
+MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
+
+
+def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = None,
+            catalog: Mapping[str, GpuType] = GPU_CATALOG,
+            model: PlanInput | None = None) -> tuple[GRPOJobSpec, Plan]:
+    """Parse and plan; raises SpecError / InfeasibleError / ValueError with the reason.
+
+    With `attempts`, the plan is the one for the attempt after them: the first plan with
+    every remediation recorded in `attempts` replayed in order (the ladder is
+    deterministic, so the operator keeps no plan state of its own). `model`: the
+    model's config.json as read (status.modelConfig, model_config.py)."""
+    spec = parse_spec(spec_body)
+    plan = (checked_plan(spec, catalog, model.config, model.source) if model is not None
+            else checked_plan(spec, catalog))
+    for a in attempts or []:
+        if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
+            plan = next_safer_plan(plan, a["outcome"], phase=a.get("failedPhase")) or plan
+    return spec, plan
+
+
+def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG,
+                 model_config: dict[str, Any] | None = None,
+                 model_source: str | None = None) -> Plan:
+    """The first attempt's plan, checked as admission checks it (`grpo plan` too, so the
+    two accept the same jobs): raises SpecError / InfeasibleError / ValueError.
+    `model_source`: where `model_config` was read (model_shape.resolve_shape)."""
+    try:
+        plan = plan_memory(spec, catalog, model_config, model_source)
+    except UnsupportedArchitecture as exc:
+        raise SpecError([f"spec.model.path: {exc}"]) from None
+    ours = [*plan.env, *(e["name"] for e in logging_env(spec))]
+    clashes = pod_settings.conflicts(spec.pods, ours)  # never override the operator's
+    if clashes:
+        raise SpecError(clashes)
+    _check_trainer_config(spec, plan)
+    return plan
+
+
+# The trainer config is rendered per attempt for a job's own name; any name renders the
+# same fields, so admission checks it under this one.
+_ADMISSION_REF = JobRef("admission-check", "default", "")
+
+
+def _check_trainer_config(spec: GRPOJobSpec, plan: Plan) -> None:
+    """What the webhook admits, reconcile can render: the trainer config this spec and
+    plan make must pass the trainer's own schema (a job the API server stores but whose
+    config cannot be rendered would never get a status)."""
+    try:
+        trainer_config(spec, plan, _ADMISSION_REF, 0)
+    except ValidationError as exc:
+        raise SpecError([_spec_problem(e["loc"], e["msg"]) for e in exc.errors()]) from None
+
+
+def _spec_problem(loc: tuple[int | str, ...], msg: str) -> str:
+    """A trainer config error as the spec fields a user changes: each config path in the
+    location or the message names its spec field (a planned knob's by grpo_api.knobs,
+    the others' by grpo_api.job.trainer.SPEC_SOURCES)."""
+    where = ".".join(str(p) for p in loc)
+    sources = config_sources()
+    fields = [field for path, field in sources.items() if path == where or path in msg]
+    named = ", ".join(dict.fromkeys(fields)) or "spec"
+    return f"{named}: {msg.removeprefix('Value error, ')} (trainer config {where or 'check'})"
+
+
+def backoff_seconds(spec: GRPOJobSpec, restarts: int) -> int:
+    """Exponential, capped: initial x 2^restarts, at most max."""
+    b = spec.restart_policy.backoff
+    return int(min(b.initial_seconds * 2 ** restarts, b.max_seconds))
+
+
+def planned_pods(spec_body: dict[str, Any],
+                 catalog: Mapping[str, GpuType] = GPU_CATALOG,
+                 model: PlanInput | None = None) -> int:
+    """Ray pods the job's plan has (the planner resolves an unset resources.nodes); 1 when
+    the spec cannot be planned (ensure_attempt then refuses it with the reason)."""
+    try:
+        return planned(spec_body, None, catalog, model)[1].pods
+    except (SpecError, InfeasibleError, ValueError):
+        return 1

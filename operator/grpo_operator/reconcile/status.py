@@ -1,0 +1,62 @@
+"""The job's status, computed once per decision (pure), as KubeRay's `calculateStatus`
+computes a RayCluster's: the reconcile steps only record what they found (`StatusFacts`)
+and `derive_status` turns the facts and the status before into the one merge patch the
+handler writes, reduced to what changes ({}: nothing to write, as KubeRay writes status
+only when it differs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .conditions import PhaseView, conditions_for
+
+
+@dataclass
+class StatusFacts:
+    """What one reconcile step found out about the job."""
+
+    # The phase what the step saw gives (an attempt's end, the pods' or Kueue's state, a
+    # refusal, a spec problem, config.json being read) with its reason and message;
+    # None: the phase stands.
+    seen: PhaseView | None = None
+    # The seen phase is a fault the job waits out (a refused create, an unreachable hub):
+    # Degraded is True with its reason beside Progressing.
+    degraded: bool = False
+    # The record, in wire names (None removes a field): attempts[], nextAttempt, restarts,
+    # preemptions, plan, rayCluster (name, state, admittedGeneration), modelConfig, export.
+    record: dict[str, Any] = field(default_factory=dict)
+    # The conditions after the trainer's report (MemoryGrowth, HubFetch); None: unchanged.
+    reported: list[dict[str, Any]] | None = None
+
+
+def derive_status(previous: dict[str, Any], facts: StatusFacts, generation: int,
+                  now: str) -> dict[str, Any]:
+    """The status patch for `facts` over `previous` (the status the decision was made
+    from): the phase and every phase condition from `facts.seen` (their
+    lastTransitionTime kept while they hold), the record, and observedGeneration, which
+    moves with a decision on the job and not with the trainer's report alone."""
+    conditions = facts.reported
+    want: dict[str, Any] = {}
+    if facts.seen is not None or facts.record:
+        want["observedGeneration"] = generation
+    want |= facts.record
+    if facts.seen is not None:
+        view: PhaseView = facts.seen
+        want["phase"] = view.phase
+        conditions = conditions_for(view, generation, now,
+                                    conditions if conditions is not None
+                                    else previous.get("conditions"),
+                                    view if facts.degraded else None)
+    if conditions is not None:
+        want["conditions"] = conditions
+    return {k: v for k, v in want.items() if _changes(previous.get(k), v)}
+
+
+def _changes(current: Any, patch: Any) -> bool:
+    """Whether merging `patch` (RFC 7386) into `current` changes it."""
+    if patch is None:
+        return current is not None
+    if isinstance(patch, dict) and isinstance(current, dict):
+        return any(_changes(current.get(k), v) for k, v in patch.items())
+    return bool(current != patch)
