@@ -92,7 +92,7 @@ def _watch(fn: Any, args: tuple[str, ...], on_event: Any, stop: threading.Event)
     while not stop.is_set():
         try:
             for ev in w.stream(fn, *args, timeout_seconds=5):
-                on_event(ev["type"], ev["object"])
+                on_event(ev["type"], ev["raw_object"])  # dicts, typed API or not
                 if stop.is_set():
                     break
         except Exception as exc:  # a dropped watch: log it and watch again (re-lists)
@@ -176,6 +176,23 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
+def webhook_seconds(tb: Testbed) -> dict[str, tuple[int, float]]:
+    """Per admission webhook: requests and total seconds, as the API server timed them
+    (apiserver_admission_webhook_admission_duration_seconds)."""
+    out: dict[str, tuple[int, float]] = {}
+    metric = "apiserver_admission_webhook_admission_duration_seconds"
+    for line in tb.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        for suffix in ("_count", "_sum"):
+            if line.startswith(metric + suffix + "{"):
+                labels, value = line[len(metric + suffix) + 1:].rsplit("} ", 1)
+                name = next(p.split("=", 1)[1].strip('"') for p in labels.split(",")
+                            if p.startswith("name="))
+                count, total = out.get(name, (0, 0.0))  # summed over operations
+                out[name] = ((count + int(float(value)), total) if suffix == "_count"
+                             else (count, total + float(value)))
+    return out
+
+
 def summarize(sw: Stopwatch, create_s: float) -> dict[str, float]:
     out = {"n": float(len(sw.created)), "create_s": create_s}
     for stage in STAGES:
@@ -219,6 +236,9 @@ def run_grpojobs(tb: Testbed, op: OperatorProcess, n: int) -> dict[str, float]:
     stop = watch_stages(sw, NS, ("grpo.dev", "v1alpha1", "grpojobs"), on_job, on_rc)
     time.sleep(1)
     took = create_all(grpojobs(n), "grpo.dev", "v1alpha1", "grpojobs")
+    for hook, (count, total) in webhook_seconds(tb).items():
+        logging.info("API server: webhook %s answered %d requests, mean %.1f ms", hook,
+                     count, 1000 * total / max(count, 1))
     wait_until(f"{n} GRPOJobs Running", lambda: len(sw.stages["running"]) >= n, 900)
     stop.set()
     return summarize(sw, took)

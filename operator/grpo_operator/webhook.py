@@ -5,8 +5,10 @@ would otherwise only show once KubeRay tries to create them."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +20,7 @@ from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 
 from . import hub_config, kube
-from .config import from_memo
+from .config import OperatorConfig, from_memo
 from .namespace_policy import (
     GPU_QUOTA,
     GpuQuota,
@@ -184,27 +186,48 @@ def admission_warnings(spec: dict[str, Any], hub: HubAnswer | None = None,
     return [*found, model] if model else found
 
 
-@kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
-def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str],
-                     name: str | None, namespace: str | None, old: kopf.Body | None = None,
-                     operation: str | None = None, **_: Any) -> None:
+# Admission work runs on threads of its own: Kopf runs sync handlers on the one executor
+# that reconciles use, so while 200 new jobs reconciled, every admission queued behind
+# them (1.2 s mean as the API server timed it; docs/benchmarks.md). An admission mostly
+# waits on two namespace reads, so it gets many threads.
+ADMISSION_WORKERS = 16
+_admission_pool = ThreadPoolExecutor(ADMISSION_WORKERS, thread_name_prefix="admission")
+
+
+def review_request(spec: dict[str, Any], old: dict[str, Any] | None, operation: str | None,
+                   name: str | None, namespace: str | None,
+                   config: OperatorConfig) -> AdmissionReview:
+    """Gather what the review needs (the namespace's rules, Kueue, the hub's config.json),
+    then review: on an admission thread."""
     old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
     old_status = dict(old.get("status") or {}) if old_spec is not None and old else {}
-    changed = old_spec != dict(spec)
+    changed = old_spec != spec
     facts = namespace_facts(namespace) if namespace and changed else None
     kueue = kueue_installed() if spec.get("queueName") and old_spec is None else True
-    config = from_memo(memo)
-    hub = (hub_config.read(hub_url(dict(spec))) if changed and operator_reads_hub(
-        dict(spec), old_status, config.read_public_hub) else None)
-    review = review_admission(dict(spec), old_spec, config.catalog, facts, name or "job",
-                              kueue, hub, old_status)
+    hub = (hub_config.read(hub_url(spec)) if changed and operator_reads_hub(
+        spec, old_status, config.read_public_hub) else None)
+    return review_admission(spec, old_spec, config.catalog, facts, name or "job", kueue, hub,
+                            old_status)
+
+
+@kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
+async def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str],
+                           name: str | None, namespace: str | None,
+                           old: kopf.Body | None = None, operation: str | None = None,
+                           **_: Any) -> None:
+    old_body = dict(old) if old else None
+    review = await asyncio.get_running_loop().run_in_executor(
+        _admission_pool, review_request, dict(spec), old_body, operation, name, namespace,
+        from_memo(memo))
     if review.problem:
         raise kopf.AdmissionError(review.problem, code=422)
     warnings.extend(review.warnings)
 
 
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])
-def grpojob_default(spec: kopf.Spec, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Record the trainer image a job runs, so an operator upgrade does not change it."""
+async def grpojob_default(spec: kopf.Spec, patch: kopf.Patch, memo: kopf.Memo,
+                          **_: Any) -> None:
+    """Record the trainer image a job runs, so an operator upgrade does not change it
+    (in the event loop: no I/O, nothing to wait for)."""
     if not spec.get("image"):
         patch.spec["image"] = from_memo(memo).default_image
