@@ -29,7 +29,8 @@ def cli() -> None:
 @click.option(
     "--write",
     is_flag=True,
-    help="Write crds/grpojob.yaml and charts/grpo-operator/crds/grpojob.yaml instead.",
+    help="Write crds/grpojob.yaml, the chart's copy and the chart's trainer-status rule "
+    "(charts/grpo-operator/files/trainer-status-rule.cel) instead.",
 )
 @click.option(
     "--root",
@@ -41,9 +42,10 @@ def cli() -> None:
 def crd(write: bool, root: Path) -> None:
     """Print the GRPOJob CRD generated from the API models."""
     from .crd import crd_yaml, write_crds
+    from .status_policy import write_rule
 
     if write:
-        for path in write_crds(root):
+        for path in [*write_crds(root), write_rule(root)]:
             click.echo(f"wrote {path}")
     else:
         click.echo(crd_yaml(), nl=False)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_operator.render.names import JobRef, trainer_account
 from grpo_testbed.chart import CHART, KUBE_VERSION
 from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
@@ -407,6 +408,8 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
 
         wait_until("tiny Running under the chart's ServiceAccount",
                    lambda: phase() == "Running", 120)
+        _trainer_may_write_progress_only(testbed, ns, tmp_path)
+        assert phase() == "Running"
         # Recovery's main path: an OOM kill, then attempt 1 from the checkpoint.
         testbed.kubectl("label", "pod", head(0), "-n", ns, "grpo.dev/chaos=terminate")
         wait_until("attempt 1 Running", lambda: phase() == "Running" and get_json(
@@ -422,6 +425,31 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
     finally:
         op.stop()
         testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _trainer_may_write_progress_only(testbed: Testbed, ns: str, tmp_path: Path) -> None:
+    """With a token of the job's own trainer ServiceAccount (the operator made it), a
+    progress report lands and every other status write is refused by the chart's
+    ValidatingAdmissionPolicy, which names the one field it may change."""
+    account = trainer_account(JobRef("tiny", ns, ""))
+    kc = testbed.token_kubeconfig(account, ns, tmp_path / "trainer.kubeconfig", "20m")
+
+    def as_trainer(status: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return testbed.kubectl("--kubeconfig", str(kc), "patch", "grpojob", "tiny", "-n", ns,
+                               "--subresource=status", "--type=merge",
+                               "-p", json.dumps({"status": status}), check=False)
+
+    report = as_trainer({"progress": {"step": 1, "totalSteps": 3, "rewardMean": 0.5}})
+    assert report.returncode == 0, report.stderr
+    assert get_json(testbed, "grpojob", "tiny", "-n", ns)["status"]["progress"]["step"] == 1
+    for forged in ({"phase": "Succeeded"}, {"attempts": []}, {"plan": {"nodes": 64}},
+                   {"conditions": None}, {"progress": {"step": 2}, "restarts": 7}):
+        proc = as_trainer(forged)
+        assert proc.returncode != 0, f"{forged} was taken"
+        assert "may change only status.progress" in proc.stderr, proc.stderr
+    after = get_json(testbed, "grpojob", "tiny", "-n", ns)["status"]
+    assert after["phase"] == "Running" and after["restarts"] == 0, after
+    assert after["progress"]["step"] == 1  # the forged report with restarts was refused whole
 
 
 def secret_data(docs: str) -> dict[str, str]:

@@ -42,11 +42,40 @@ class Run:
     seconds: float
     pods: list[dict[str, Any]] = field(default_factory=list)  # every job pod state seen
     notes: str = ""  # what `helm install` printed (NOTES.txt)
+    probe: dict[str, Any] = field(default_factory=dict)  # PROBE's answer from the head pod
     operators: list[dict[str, Any]] = field(default_factory=list)  # after `helm --wait`
 
     def claim_dir(self) -> Path:
         assert self.tb.node is not None and self.tb.node.claims is not None
         return self.tb.node.claims.wait_path(self.ns, f"{JOB}-checkpoints")
+
+
+# Run inside the head pod with its own ServiceAccount token, as a job's reward code
+# could: forge the phase, then re-send the job's own progress. Prints the HTTP codes.
+PROBE = """
+import json, sys
+from kubernetes import client, config
+config.load_incluster_config()
+api = client.CustomObjectsApi()
+ns = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
+args = ("grpo.dev", "v1alpha1", ns, "grpojobs", sys.argv[1])
+def patch(body):
+    try:
+        api.patch_namespaced_custom_object_status(*args, body)
+        return 200, ""
+    except client.ApiException as e:
+        return e.status, e.body
+phase = patch({"status": {"phase": "Succeeded"}})
+progress = (api.get_namespaced_custom_object_status(*args).get("status") or {}).get("progress")
+report = patch({"status": {"progress": progress}})
+print(json.dumps({"phase": phase, "progress": report}))
+"""
+
+
+def probe_from_head(tb: Testbed, ns: str, pod: str) -> dict[str, Any]:
+    out = tb.kubectl("exec", pod, "-n", ns, "-c", "ray-head", "--", "python", "-c",
+                     PROBE, JOB).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
 
 
 def helm(tb: Testbed, *args: str) -> str:
@@ -71,16 +100,24 @@ def run() -> Iterator[Run]:
         t0 = time.monotonic()
         tb.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
         pods: list[dict[str, Any]] = []
+        probe: dict[str, Any] = {}
         deadline = t0 + 900
         while True:
             job = json.loads(tb.kubectl("get", "grpojob", JOB, "-n", ns, "-o", "json").stdout)
-            pods += json.loads(tb.kubectl("get", "pods", "-n", ns, "-l", f"{JOB_LABEL}={JOB}",
-                                          "-o", "json").stdout)["items"]
+            now = json.loads(tb.kubectl("get", "pods", "-n", ns, "-l", f"{JOB_LABEL}={JOB}",
+                                        "-o", "json").stdout)["items"]
+            pods += now
+            head = [p["metadata"]["name"] for p in now if "running" in (
+                {c["name"]: c["state"] for c in p["status"].get("containerStatuses") or []}
+                .get("ray-head") or {})]
+            # Once the trainer has reported: its progress is then whole and valid.
+            if head and not probe and job.get("status", {}).get("progress"):
+                probe = probe_from_head(tb, ns, head[0])
             if job.get("status", {}).get("phase") in TERMINAL:
                 break
             assert time.monotonic() < deadline, json.dumps(job.get("status"), indent=1)
             time.sleep(2)
-        yield Run(tb, ns, job, time.monotonic() - t0, pods, notes, operators)
+        yield Run(tb, ns, job, time.monotonic() - t0, pods, notes, operators, probe)
         tb.kubectl("delete", "grpojob", JOB, "-n", ns, "--wait=true", "--timeout=60s",
                    check=False)
         subprocess.run([str(binary("helm")), "uninstall", "grpo", "-n", system, "--wait",
@@ -94,6 +131,16 @@ def test_the_first_example_succeeds_on_its_first_attempt(run: Run) -> None:
     steps = MANIFEST["spec"]["training"]["maxSteps"]
     assert status["progress"]["step"] == status["progress"]["totalSteps"] == steps
     print(f"first job: Succeeded in {run.seconds:.0f} s after kubectl apply")
+
+
+def test_the_jobs_own_token_reports_progress_but_cannot_forge_its_phase(run: Run) -> None:
+    """From the running head pod, with the token mounted there: the chart's policy
+    refuses a phase patch (403, naming the one field allowed), takes a progress patch,
+    and the job still ends on its own (Succeeded above, one attempt)."""
+    assert run.probe, "the head pod was never seen running after a progress report"
+    code, body = run.probe["phase"]
+    assert code == 403 and "may change only status.progress" in body, run.probe
+    assert run.probe["progress"] == [200, ""], run.probe
 
 
 def test_the_default_install_runs_two_ready_operator_replicas(run: Run) -> None:
