@@ -168,7 +168,7 @@ def test_the_remediation_note_names_every_setting_the_rung_moved_rollout_tp_too(
     # 0.80 of the card and TP 4 (34 GiB slices) leaves it 40% for the KV cache; 0.70 no
     # longer does.
     doc["spec"]["resources"]["nodes"] = 16
-    _, plan = planned(doc["spec"])
+    plan: Plan | None = planned(parse_spec(doc["spec"]))
     while plan is not None and "lower rollout GPU memory utilisation" not in plan.rungs:
         plan = next_safer_plan(plan, "CudaOOM")
     assert plan is not None
