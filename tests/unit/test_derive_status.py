@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_api.contract import PHASE_CONDITIONS, KueueReason, Phase, Reason
-from grpo_operator.reconcile.phases import Finding
+from grpo_api.contract import PHASE_CONDITIONS, FailureReason, KueueReason, Phase, Reason
+from grpo_operator.reconcile.phases import PHASE_OF, Finding
 from grpo_operator.reconcile.status import StatusFacts, derive_status
 from grpo_testbed.wire import apply_status_patch
 
@@ -133,3 +133,48 @@ def test_no_reconcile_step_writes_status_around_derive_status() -> None:
     found = {f"{p.name}:{w}" for p in RECONCILE.glob("*.py")
              for w in _writes_around_derive(ast.parse(p.read_text()))}
     assert found == set()
+
+
+def _phase_choices(tree: ast.AST) -> list[str]:
+    """Where a module could choose a phase: a Phase member anywhere but in a comparison
+    with the status's phase (reading it) or in a tuple of phases compared with, and a
+    "phase" key written."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "Phase":
+            up = parents.get(node)
+            while isinstance(up, ast.Tuple | ast.Starred):
+                up = parents.get(up)
+            read = isinstance(up, ast.Compare) or (
+                isinstance(up, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper()
+                                                   for t in up.targets))
+            if not read:
+                found.append(f"{node.lineno}: {ast.unparse(up or node)}")
+        if isinstance(node, ast.Dict) and any(
+                isinstance(k, ast.Constant) and k.value == "phase" for k in node.keys):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_step_chooses_a_phase_outside_the_table() -> None:
+    """PhaseView literals outside the table: 0. A step reports a Finding; a Phase member
+    outside phases.py only reads the status's phase (a comparison, or a constant tuple
+    of phases compared with)."""
+    found = {f"{p.name}:{w}" for p in RECONCILE.glob("*.py") if p.name != "phases.py"
+             for w in _phase_choices(ast.parse(p.read_text()))}
+    assert found == set()
+    planted = ast.parse("def f(s):\n    if s.get('phase') == Phase.RUNNING:\n"
+                        "        return Seen(Phase.FAILED)\n    return {'phase': 'Failed'}\n")
+    assert len(_phase_choices(planted)) == 2  # the checker sees a choice
+
+
+def test_every_reason_a_step_reports_has_its_phase_in_the_table() -> None:
+    reported = {ast.unparse(node.args[0]).removeprefix("Reason.")
+                for p in RECONCILE.glob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding"
+                and node.args and ast.unparse(node.args[0]).startswith("Reason.")}
+    assert len(reported) > 15
+    assert {r for r in reported if Reason[r] not in PHASE_OF} == set()
+    # Reason(outcome): every attempt failure class, restarted unless the job gives up.
+    assert {Reason(r) for r in FailureReason if r != FailureReason.SUCCEEDED} <= set(PHASE_OF)
