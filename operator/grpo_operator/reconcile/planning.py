@@ -118,15 +118,14 @@ def _check_trainer_config(spec: GRPOJobSpec, plan: Plan) -> None:
     plan make must pass the trainer's own schema (a job the API server stores but whose
     config cannot be rendered would never get a status)."""
     try:
-        trainer_config(spec, plan, _ADMISSION_REF, 0)
+        trainer_config(spec, plan, _ADMISSION_REF)
     except ValidationError as exc:
         raise SpecError([_spec_problem(e["loc"], e["msg"]) for e in exc.errors()]) from None
 
 
 def _spec_problem(loc: tuple[int | str, ...], msg: str) -> str:
     """A trainer config error as the spec fields a user changes: each config path in the
-    location or the message names its spec field (a planned knob's by grpo_api.knobs,
-    the others' by grpo_api.job.trainer.SPEC_SOURCES)."""
+    location or the message names its spec field (grpo_api.job.trainer.SOURCES)."""
     where = ".".join(str(p) for p in loc)
     sources = config_sources()
     fields = [field for path, field in sources.items() if path == where or path in msg]
