@@ -16,17 +16,8 @@ import yaml
 
 from grpo_api.contract import Env
 from grpo_api.job import parse_spec
-from grpo_api.job.trainer import (
-    IDENTITY_ENV,
-    SOURCES,
-    TRAINER_PATHS,
-    config_sources,
-    identity,
-    one_each,
-    passed,
-    planned,
-    rendered,
-)
+from grpo_api.job import trainer as declared
+from grpo_api.job.trainer import IDENTITY_ENV, SOURCES
 from grpo_api.knobs import KNOBS, ROLLOUT_TENSOR_PARALLEL
 from grpo_operator.planner import plan_memory
 from grpo_operator.reconcile.attempts import ensure_attempt
@@ -46,14 +37,15 @@ DECLARING = {ROOT / "api/grpo_api/knobs.py", ROOT / "api/grpo_api/job/trainer.py
 
 def test_a_path_declared_twice_is_refused_and_each_is_of_one_kind() -> None:
     with pytest.raises(ValueError, match=r"rollout\.tensor_parallel_size is declared twice"):
-        one_each([planned(ROLLOUT_TENSOR_PARALLEL, "rollout.tensor_parallel_size"),
-                  rendered("rollout.tensor_parallel_size", "spec.rollout")])
+        declared.one_each([
+            declared.planned(ROLLOUT_TENSOR_PARALLEL, "rollout.tensor_parallel_size"),
+            declared.rendered("rollout.tensor_parallel_size", "spec.rollout")])
     assert len(SOURCES) > 60
     for s in SOURCES.values():
         kinds = [s.knob is not None, s.passed is not None, s.env is not None]
         assert sum(kinds) <= 1, s
-    assert identity("a.b", Env.ATTEMPT, "x").env is Env.ATTEMPT
-    assert passed("ppo_epochs", "actor.ppo_epochs").field == "spec.trainer.ppoEpochs"
+    assert declared.identity("a.b", Env.ATTEMPT, "x").env is Env.ATTEMPT
+    assert declared.passed("ppo_epochs", "actor.ppo_epochs").field == "spec.trainer.ppoEpochs"
 
 
 def test_rollout_tensor_parallel_comes_from_the_plan_and_names_spec_rollout() -> None:
@@ -61,7 +53,7 @@ def test_rollout_tensor_parallel_comes_from_the_plan_and_names_spec_rollout() ->
     spec has, against spec.rollout) and a dict merge's order decided."""
     source = SOURCES["rollout.tensor_parallel_size"]
     assert source.knob is ROLLOUT_TENSOR_PARALLEL
-    assert config_sources()["rollout.tensor_parallel_size"] == "spec.rollout"
+    assert declared.config_sources()["rollout.tensor_parallel_size"] == "spec.rollout"
 
 
 def _literals(path: Path, names: set[str]) -> list[str]:
@@ -104,7 +96,7 @@ def test_every_declared_path_is_set_and_every_set_path_declared() -> None:
     raw = trainer_config(parsed := parse_spec(_maximal_spec()), plan_memory(parsed), JOB)
     paths = {f"{section}.{key}" for section, keys in raw.items() for key in keys}
     assert paths == set(SOURCES) - set(IDENTITY_ENV.values())
-    assert set(TRAINER_PATHS.values()) <= paths
+    assert set(declared.TRAINER_PATHS.values()) <= paths
 
 
 def test_the_jobs_identity_reaches_the_trainer_once_as_env() -> None:

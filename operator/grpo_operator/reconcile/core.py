@@ -20,7 +20,7 @@ from grpo_api.job import GRPOJobSpec
 
 from ..config import OperatorConfig
 from ..render import JobRef, names
-from . import model_config
+from . import model_config, observe
 from .action import Action
 from .attempts import (
     create_failed,
@@ -39,19 +39,7 @@ from .conditions import (
     role,
     unschedulable_finding,
 )
-from .observe import (
-    BackoffTimer,
-    ClusterChanged,
-    CreateFailed,
-    Event,
-    JobChanged,
-    Observed,
-    PodChanged,
-    ProgressTimer,
-    SpecChanged,
-    ended,
-    live,
-)
+from .observe import Event, Observed, ended, live
 from .phases import Finding
 from .planning import JobPlan, Planner, Refused
 from .progress_deadline import end_silent_attempt
@@ -97,21 +85,21 @@ def _decide(ref: JobRef, raw_spec: dict[str, Any], planner: Planner, status: dic
             generation: int, now: str, observed: Observed, event: Event,
             config: OperatorConfig) -> Action:
     match event:
-        case SpecChanged():
+        case observe.SpecChanged():
             return _on_spec(ref, raw_spec, planner, status, now, observed, config)
-        case BackoffTimer():
+        case observe.BackoffTimer():
             return start_next_attempt(ref, planner, status, now, config.default_image,
                                       observed.pods,
                                       config.previous_attempt_grace_seconds) or Action()
-        case ProgressTimer():
+        case observe.ProgressTimer():
             return end_silent_attempt(status, planner, now, config.hang_grace_seconds)
-        case JobChanged():
+        case observe.JobChanged():
             return _on_job(status, generation, now)
-        case PodChanged(pod=pod, deleted=deleted):
+        case observe.PodChanged(pod=pod, deleted=deleted):
             return _on_pod(ref, planner, status, now, pod, deleted, observed)
-        case ClusterChanged(ray_cluster=rc):
+        case observe.ClusterChanged(ray_cluster=rc):
             return _on_cluster(planner.spec, status, now, rc, observed, config)
-        case CreateFailed(kind=kind, name=name, message=message):
+        case observe.CreateFailed(kind=kind, name=name, message=message):
             return create_failed(kind, name, message)
     raise TypeError(f"unknown event {event!r}")
 
