@@ -222,13 +222,14 @@ def review_request(raw_spec: dict[str, Any], old: dict[str, Any] | None,
 
 
 @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
-async def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str],
+async def grpojob_validate(body: kopf.Body, memo: kopf.Memo, warnings: list[str],
                            name: str | None, namespace: str | None,
                            old: kopf.Body | None = None, operation: str | None = None,
                            **_: Any) -> None:
     old_body = dict(old) if old else None
+    raw_spec = dict(body.get("spec") or {})  # parsed on the admission thread, once
     review = await asyncio.get_running_loop().run_in_executor(
-        _admission_pool, review_request, dict(spec), old_body, operation, name, namespace,
+        _admission_pool, review_request, raw_spec, old_body, operation, name, namespace,
         from_memo(memo))
     if review.problem:
         raise kopf.AdmissionError(review.problem, code=422)
@@ -236,9 +237,9 @@ async def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str]
 
 
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])
-async def grpojob_default(spec: kopf.Spec, patch: kopf.Patch, memo: kopf.Memo,
+async def grpojob_default(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
                           **_: Any) -> None:
     """Record the trainer image a job runs, so an operator upgrade does not change it
     (in the event loop: no I/O, nothing to wait for)."""
-    if not spec.get("image"):
+    if not (body.get("spec") or {}).get("image"):
         patch.spec["image"] = from_memo(memo).default_image
