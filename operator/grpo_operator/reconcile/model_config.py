@@ -13,6 +13,9 @@ A model the table knows is planned from the table when its config.json cannot be
 and the plan and a Warning event say so; any other model waits (hub unreachable: the
 read is retried) or fails (no config.json, an architecture the trainer does not train),
 naming the error and the fix.
+
+What to read is decided on the spec as stored (`raw_spec`): by the handler before any
+parse, and by admission for specs that may not parse; reading it takes the parsed spec.
 """
 
 from __future__ import annotations

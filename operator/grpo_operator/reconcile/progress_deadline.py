@@ -122,7 +122,7 @@ def end_silent_attempt(status: dict[str, Any], planner: Planner, now: str,
     last = f"step {step}" if step is not None else "no step yet"
     marked = _time(progress.get(STAGE_AT))
     if progress.get(STAGE) and marked is not None and marked >= quiet.running:
-        last += f", phase {progress[STAGE]}"  # the users' word for it in this message
+        last += f", phase {progress[STAGE]}"  # the Hang message's wording, kept for users
     estimate = f", a step ~{quiet.step_s:.0f} s" if quiet.step_s is not None else ""
     message = (f"the driver reported no progress for {quiet.seconds:.0f} s (deadline "
                f"{quiet.deadline_s:.0f} s: restartPolicy.stallTimeoutSeconds {stall}"
