@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from grpo_api.job import parse_spec
 from grpo_operator.namespace_policy import NamespaceFacts, pod_security_problem, templates
 from grpo_operator.reconcile import planned
 from grpo_operator.render import JobRef, children, render_children
@@ -45,7 +46,8 @@ def pure_python_yaml() -> Iterator[None]:
 
 
 def baseline_review(spec: dict[str, Any]) -> str | None:
-    parsed, plan = planned(spec)
+    parsed = parse_spec(spec)
+    plan = planned(parsed)
     rc = next(c for c in render_children(parsed, plan, JobRef("job", FACTS.name, ""), 0)
               if c["kind"] == "RayCluster")
     problem = pod_security_problem(spec.get("pods") or {}, templates(rc), FACTS)

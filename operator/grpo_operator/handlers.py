@@ -42,6 +42,19 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
+               config: OperatorConfig) -> Action:
+    """`reconcile.reconcile`, with how often it ran the planner recorded (at most once)."""
+    action = rec.reconcile(job, observed, event, now, config)
+    kind = type(event).__name__
+    metrics.PLANS_PER_DECISION.labels(event=kind).observe(action.plans)
+    if action.plans:
+        meta = job.get("metadata") or {}
+        log.debug("%s/%s: %s planned %d time(s)", meta.get("namespace"), meta.get("name"),
+                  kind, action.plans)
+    return action
+
+
 def _post(job: Any, kind: str, reason: Reason, message: str) -> None:
     """A Kubernetes event on the job (Kopf posts them in the background). kopf.event, not
     kopf.info: those follow settings.posting.level, which keeps Kopf's own chatter out."""
@@ -92,7 +105,7 @@ def _create_failed(job: dict[str, Any], child: dict[str, Any], exc: ApiException
     fresh = kube.get_job(str(meta.get("namespace") or "default"), str(meta["name"])) or job
     event = rec.CreateFailed(str(child["kind"]), str(child["metadata"]["name"]),
                              kube.api_message(exc))
-    action = rec.reconcile(fresh, Observed(), event, _now(), config)
+    action = _reconcile(fresh, Observed(), event, _now(), config)
     _apply(fresh, action, config)
     why, delay = action.retry or (str(event), 10.0)
     raise kopf.TemporaryError(why, delay=delay)
@@ -105,28 +118,30 @@ def _job(body: kopf.Body) -> dict[str, Any]:
 @kopf.on.create(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.resume(API_GROUP, API_VERSION, PLURAL)
 @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec")
-def grpojob_reconcile(body: kopf.Body, spec: kopf.Spec, namespace: str | None,
-                      memo: kopf.Memo, **_: Any) -> None:
+def grpojob_reconcile(body: kopf.Body, namespace: str | None, memo: kopf.Memo,
+                      **_: Any) -> None:
     t0 = time.monotonic()
     try:
         ns = namespace or "default"
         name = str(body["metadata"]["name"])
         ref = JobRef(name, ns, "")  # names only
+        # What to read comes from the stored spec as it is: reconcile parses it.
+        raw_spec = dict(body.get("spec") or {})
         status = dict(body.get("status") or {})
-        claim = names.checkpoint_claim(ref, (spec.get("checkpoint") or {}).get("claimName"))
-        model_claim = (spec.get("model") or {}).get("claimName")
+        claim = names.checkpoint_claim(ref, (raw_spec.get("checkpoint") or {}).get("claimName"))
+        model_claim = (raw_spec.get("model") or {}).get("claimName")
         # A new job's name may be an earlier job's whose pods are still going away.
         fresh = not status.get("attempts")
         observed = Observed(claim=kube.get_claim(ns, claim),
                             model_claim=kube.get_claim(ns, model_claim) if model_claim else None,
                             pods=kube.list_pods(ns, f"{JOB_LABEL}={name}") if fresh else [])
         config = from_memo(memo)
-        if rec.operator_reads_hub(dict(spec), status, config.read_public_hub):
-            observed = replace(observed, hub=hub_config.read(rec.hub_url(dict(spec))))
-        elif rec.to_read(dict(spec), status) == "pod":
+        if rec.operator_reads_hub(raw_spec, status, config.read_public_hub):
+            observed = replace(observed, hub=hub_config.read(rec.hub_url(raw_spec)))
+        elif rec.to_read(raw_spec, status) == "pod":
             observed = replace(observed,
                                model_reader=kube.get_pod(ns, names.model_reader(ref)))
-        action = rec.reconcile(_job(body), observed, rec.SpecChanged(), _now(), config)
+        action = _reconcile(_job(body), observed, rec.SpecChanged(), _now(), config)
         _apply(_job(body), action, config)
         if action.retry:
             raise kopf.TemporaryError(action.retry[0], delay=action.retry[1])
@@ -153,7 +168,7 @@ def grpojob_restart(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     pods = (kube.list_pods(namespace, f"{JOB_LABEL}={name}") if rec.restart_due(job, now)
             else [])
     try:
-        _apply(job, rec.reconcile(job, Observed(pods=pods), rec.BackoffTimer(), now, config),
+        _apply(job, _reconcile(job, Observed(pods=pods), rec.BackoffTimer(), now, config),
                config)
     except kube.Conflict:
         return  # the next tick decides again on the fresh object
@@ -170,8 +185,8 @@ def grpojob_progress(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     a stuck driver sends no event)."""
     job = _job(body)
     try:
-        _apply(job, rec.reconcile(job, Observed(), rec.ProgressTimer(), _now(),
-                                  from_memo(memo)), from_memo(memo))
+        _apply(job, _reconcile(job, Observed(), rec.ProgressTimer(), _now(), from_memo(memo)),
+               from_memo(memo))
     except kube.Conflict:
         return  # the next tick decides again on the fresh object
 
@@ -188,7 +203,7 @@ def grpojob_event(type: str, body: kopf.Body, namespace: str | None, name: str,
     job, config = _job(body), from_memo(memo)
     metrics.JOB_PHASES[key] = str((job.get("status") or {}).get("phase") or Phase.PENDING)
     try:
-        _apply(job, rec.reconcile(job, Observed(), rec.JobChanged(), _now(), config), config)
+        _apply(job, _reconcile(job, Observed(), rec.JobChanged(), _now(), config), config)
     except kube.Conflict:
         return  # a newer version of the job is on its way here; decide on that one
 
@@ -202,7 +217,7 @@ def _decide_fresh(namespace: str, job_name: str, event: Event, config: OperatorC
         if job is None:
             return
         try:
-            _apply(job, rec.reconcile(job, gather(job), event, _now(), config), config)
+            _apply(job, _reconcile(job, gather(job), event, _now(), config), config)
             return
         except kube.Conflict:
             continue

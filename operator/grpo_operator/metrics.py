@@ -37,3 +37,9 @@ TIME_TO_RECOVER = Histogram(
     buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1200),
 )
 API_ERRORS = Counter("grpo_operator_api_errors_total", "Kubernetes API errors", ["operation"])
+# A decision parses the spec once and runs the memory planner at most once (a spec change,
+# the next attempt, an attempt that failed and restarts; reconcile.planning.Planner).
+PLANS_PER_DECISION = Histogram(
+    "grpo_operator_plans_per_decision", "Memory planner runs of one reconcile decision",
+    ["event"], buckets=(0, 1, 2, 3),
+)

@@ -50,17 +50,26 @@ IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "trainer", "traini
                       "resources", "checkpoint")
 
 
-def queue_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
+def _advice(old_raw_spec: dict[str, Any]) -> str:
+    """What re-creating the live job does to its checkpoints (a refusal's words): its
+    stored spec, parsed for this message only."""
+    try:
+        return recreate_advice(parse_spec(old_raw_spec))
+    except SpecError:
+        return recreate_advice(None)
+
+
+def queue_problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
                   kueue_installed: bool) -> str | None:
     """spec.queueName: Kueue must be there to admit the job (else its cluster would run
     at once, unqueued), and the queue is fixed at creation (Kueue's label is immutable
     on an admitted cluster; the operator never rewrites it)."""
-    queue = spec.get("queueName")
-    if old_spec is not None and old_spec.get("queueName") != queue:
+    queue = raw_spec.get("queueName")
+    if old_raw_spec is not None and old_raw_spec.get("queueName") != queue:
         return ("spec.queueName cannot change after the job is created (Kueue's queue label "
                 "is fixed on the job's RayCluster); delete the job and create it again with "
-                f"the new queue ({recreate_advice(old_spec)})")
-    if queue and old_spec is None and not kueue_installed:
+                f"the new queue ({_advice(old_raw_spec)})")
+    if queue and old_raw_spec is None and not kueue_installed:
         return (f"spec.queueName: {queue!r} names a Kueue LocalQueue, but Kueue is not "
                 "installed in this cluster (no kueue.x-k8s.io/v1beta2 API); install Kueue "
                 "with the ray.io/raycluster integration, or remove spec.queueName to run at "
@@ -77,21 +86,21 @@ class AdmissionReview:
     warnings: list[str]
 
 
-def review_admission(spec: dict[str, Any], old_spec: dict[str, Any] | None,
+def review_admission(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
                      catalog: Mapping[str, GpuType] = GPU_CATALOG,
                      namespace: NamespaceFacts | None = None,
                      name: str = "job", kueue_installed: bool = True,
                      hub: HubAnswer | None = None,
                      old_status: dict[str, Any] | None = None) -> AdmissionReview:
     """admission_problem and admission_warnings from one parse of the spec (pure)."""
-    problem, parsed = _problem(spec, old_spec, catalog, namespace, name, kueue_installed,
-                               hub, old_status)
+    problem, spec = _problem(raw_spec, old_raw_spec, catalog, namespace, name,
+                             kueue_installed, hub, old_status)
     if problem:
         return AdmissionReview(problem, [])
-    return AdmissionReview(None, admission_warnings(spec, hub, parsed))
+    return AdmissionReview(None, admission_warnings(raw_spec, hub, spec))
 
 
-def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
+def admission_problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
                       catalog: Mapping[str, GpuType] = GPU_CATALOG,
                       namespace: NamespaceFacts | None = None,
                       name: str = "job", kueue_installed: bool = True,
@@ -102,22 +111,23 @@ def admission_problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
     rendered for the first attempt); its GPU quota only on create (a live job's own pods
     count as used). `hub`: the operator's read of a public hub model's config.json;
     `old_status`: the live job's status (its config.json as read)."""
-    return _problem(spec, old_spec, catalog, namespace, name, kueue_installed, hub,
+    return _problem(raw_spec, old_raw_spec, catalog, namespace, name, kueue_installed, hub,
                     old_status)[0]
 
 
-def _problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
+def _problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
              catalog: Mapping[str, GpuType], namespace: NamespaceFacts | None, name: str,
              kueue_installed: bool, hub: HubAnswer | None,
              old_status: dict[str, Any] | None) -> tuple[str | None, GRPOJobSpec | None]:
-    """admission_problem's answer, and the spec as parsed when it parsed."""
-    if old_spec is not None and old_spec == spec:
+    """admission_problem's answer, and the spec as parsed (once) when it parsed."""
+    if old_raw_spec is not None and old_raw_spec == raw_spec:
         return None, None  # metadata/finalizer updates are never blocked by a newer planner
-    queue = queue_problem(spec, old_spec, kueue_installed)
+    queue = queue_problem(raw_spec, old_raw_spec, kueue_installed)
     if queue:
         return queue, None
-    if old_spec is not None:
-        changed = [k for k in IMMUTABLE_SECTIONS if old_spec.get(k) != spec.get(k)]
+    if old_raw_spec is not None:
+        changed = [k for k in IMMUTABLE_SECTIONS
+                   if old_raw_spec.get(k) != raw_spec.get(k)]
         if changed:
             # Re-created under this name, a job resumes this one's checkpoints (Retain):
             # right for new data or resources, not for another model or LoRA setting
@@ -125,29 +135,30 @@ def _problem(spec: dict[str, Any], old_spec: dict[str, Any] | None,
             how = ("under another name (a job created again under this one would find this "
                    "one's checkpoints, of another model or LoRA setting)"
                    if {"model", "lora"} & set(changed)
-                   else f"or delete this one and create it again ({recreate_advice(old_spec)})")
+                   else f"or delete this one and create it again ({_advice(old_raw_spec)})")
             return (f"spec.{', spec.'.join(changed)} cannot change after the job is created "
                     f"(checkpoints depend on them); create a new GRPOJob instead, {how}. "
                     "spec.memory, spec.restartPolicy, spec.image and spec.suspend may change "
                     "and take effect at the next attempt"), None
-    model, plan_now = admission_input(spec, hub, old_status)
-    if not plan_now:  # planned once config.json is read (admission_warning says so)
-        try:
-            return None, parse_spec(spec)
-        except SpecError as exc:
-            return str(exc), None
     try:
-        parsed, plan = planned(spec, catalog=catalog, model=model)
+        spec = parse_spec(raw_spec)
+    except SpecError as exc:
+        return str(exc), None
+    model, plan_now = admission_input(raw_spec, hub, old_status)
+    if not plan_now:  # planned once config.json is read (admission_warning says so)
+        return None, spec
+    try:
+        plan = planned(spec, catalog=catalog, model=model)
     except SpecError as exc:
         return str(exc), None
     except (InfeasibleError, ValueError) as exc:
         return f"the memory planner refuses this job: {exc}", None
     if namespace is None:
-        return None, parsed
-    rc = render_ray_cluster(parsed, plan, JobRef(name, namespace.name, ""), 0)
-    security = pod_security_problem(spec.get("pods") or {}, templates(rc), namespace)
-    quota = gpu_quota_problem(template_gpus(rc), namespace) if old_spec is None else None
-    return "; ".join(p for p in (security, quota) if p) or None, parsed
+        return None, spec
+    rc = render_ray_cluster(spec, plan, JobRef(name, namespace.name, ""), 0)
+    security = pod_security_problem(raw_spec.get("pods") or {}, templates(rc), namespace)
+    quota = gpu_quota_problem(template_gpus(rc), namespace) if old_raw_spec is None else None
+    return "; ".join(p for p in (security, quota) if p) or None, spec
 
 
 def namespace_facts(namespace: str) -> NamespaceFacts | None:
@@ -174,15 +185,15 @@ def kueue_installed() -> bool:
         return True
 
 
-def admission_warnings(spec: dict[str, Any], hub: HubAnswer | None = None,
-                       parsed: GRPOJobSpec | None = None) -> list[str]:
+def admission_warnings(raw_spec: dict[str, Any], hub: HubAnswer | None = None,
+                       spec: GRPOJobSpec | None = None) -> list[str]:
     """What kubectl should print beside an accepted spec: deprecated fields set, and a
-    config.json not read yet (pure). `parsed`: the spec, when the caller parsed it."""
+    config.json not read yet (pure). `spec`: the spec as parsed, when the caller did."""
     try:
-        found = (parsed or parse_spec(spec)).deprecation_warnings()
+        found = (spec or parse_spec(raw_spec)).deprecation_warnings()
     except SpecError:
         return []  # refused anyway, with its own message
-    model = admission_warning(spec, hub)
+    model = admission_warning(raw_spec, hub)
     return [*found, model] if model else found
 
 
@@ -194,30 +205,31 @@ ADMISSION_WORKERS = 16
 _admission_pool = ThreadPoolExecutor(ADMISSION_WORKERS, thread_name_prefix="admission")
 
 
-def review_request(spec: dict[str, Any], old: dict[str, Any] | None, operation: str | None,
-                   name: str | None, namespace: str | None,
+def review_request(raw_spec: dict[str, Any], old: dict[str, Any] | None,
+                   operation: str | None, name: str | None, namespace: str | None,
                    config: OperatorConfig) -> AdmissionReview:
     """Gather what the review needs (the namespace's rules, Kueue, the hub's config.json),
     then review: on an admission thread."""
-    old_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
-    old_status = dict(old.get("status") or {}) if old_spec is not None and old else {}
-    changed = old_spec != spec
+    old_raw_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
+    old_status = dict(old.get("status") or {}) if old_raw_spec is not None and old else {}
+    changed = old_raw_spec != raw_spec
     facts = namespace_facts(namespace) if namespace and changed else None
-    kueue = kueue_installed() if spec.get("queueName") and old_spec is None else True
-    hub = (hub_config.read(hub_url(spec)) if changed and operator_reads_hub(
-        spec, old_status, config.read_public_hub) else None)
-    return review_admission(spec, old_spec, config.catalog, facts, name or "job", kueue, hub,
-                            old_status)
+    kueue = kueue_installed() if raw_spec.get("queueName") and old_raw_spec is None else True
+    hub = (hub_config.read(hub_url(raw_spec)) if changed and operator_reads_hub(
+        raw_spec, old_status, config.read_public_hub) else None)
+    return review_admission(raw_spec, old_raw_spec, config.catalog, facts, name or "job",
+                            kueue, hub, old_status)
 
 
 @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
-async def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str],
+async def grpojob_validate(body: kopf.Body, memo: kopf.Memo, warnings: list[str],
                            name: str | None, namespace: str | None,
                            old: kopf.Body | None = None, operation: str | None = None,
                            **_: Any) -> None:
     old_body = dict(old) if old else None
+    raw_spec = dict(body.get("spec") or {})  # parsed on the admission thread, once
     review = await asyncio.get_running_loop().run_in_executor(
-        _admission_pool, review_request, dict(spec), old_body, operation, name, namespace,
+        _admission_pool, review_request, raw_spec, old_body, operation, name, namespace,
         from_memo(memo))
     if review.problem:
         raise kopf.AdmissionError(review.problem, code=422)
@@ -225,9 +237,9 @@ async def grpojob_validate(spec: kopf.Spec, memo: kopf.Memo, warnings: list[str]
 
 
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])
-async def grpojob_default(spec: kopf.Spec, patch: kopf.Patch, memo: kopf.Memo,
+async def grpojob_default(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
                           **_: Any) -> None:
     """Record the trainer image a job runs, so an operator upgrade does not change it
     (in the event loop: no I/O, nothing to wait for)."""
-    if not spec.get("image"):
+    if not (body.get("spec") or {}).get("image"):
         patch.spec["image"] = from_memo(memo).default_image

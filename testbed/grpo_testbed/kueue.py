@@ -14,21 +14,19 @@ from __future__ import annotations
 import base64
 import copy
 import logging
+import subprocess
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 
 from grpo_api.catalog import GPU_CATALOG
 from grpo_operator.kueue_flavors import resource_flavors
 
-from .pki import issue_serving_cert
-from .processes import free_ports, wait_until
+from .pki import Pki, issue_serving_cert
+from .processes import Managed, free_ports, wait_until
 from .versions import bin_dir, binary, component
-
-if TYPE_CHECKING:
-    from .launcher import Testbed
 
 log = logging.getLogger("grpo_testbed")
 
@@ -90,7 +88,30 @@ def in_private_etc(scratch: Path, cert_dir: Path, argv: list[str]) -> list[str]:
             *argv]
 
 
-def start_kueue(tb: Testbed) -> None:
+class ControlPlane(Protocol):
+    """What Kueue's start needs of the running control plane (launcher.Testbed is one):
+    named here, so that this module does not import the launcher that starts it."""
+
+    workdir: Path
+    pki: Pki | None
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 120) -> subprocess.CompletedProcess[str]: ...
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]] | str,
+              server_side: bool = False) -> None: ...
+
+    def wait_established(self, what: str, crds: tuple[str, ...],
+                         timeout_s: float = 90) -> None: ...
+
+    def spawn(self, name: str, argv: list[str],
+              env: dict[str, str] | None = None) -> Managed: ...
+
+
+def start_kueue(tb: ControlPlane) -> None:
     assert tb.pki is not None
     home = bin_dir(component("kueue"))
     crds = sorted((home / "crds").glob("*.yaml"))
@@ -105,7 +126,7 @@ def start_kueue(tb: Testbed) -> None:
     config = tb.workdir / "kueue.yaml"
     config.write_text(yaml.safe_dump(kueue_config(webhook_port, health_port, cert_dir)))
     del crt, key  # named tls.crt / tls.key in cert_dir, as Kueue expects
-    kueue = tb._spawn("kueue", in_private_etc(tb.workdir / "kueue-etc", cert_dir, [
+    kueue = tb.spawn("kueue", in_private_etc(tb.workdir / "kueue-etc", cert_dir, [
         # The on-demand visibility API server wants certificates at /visibility and an
         # APIService; pending workloads are read from their own status here.
         str(binary("kueue")), "--config", str(config),

@@ -253,7 +253,8 @@ class Testbed:
         self.fault_switch = FaultSwitch(self.injections, self.api_host, cert, key).start()
         self.apply(self.fault_switch.manifest(self.pki.ca_cert))
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Managed:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Managed:
+        """A process of the testbed's: logged to its log dir, stopped with it."""
         p = spawn(name, argv, self.log_dir, env)
         self.procs.append(p)
         return p
@@ -268,7 +269,7 @@ class Testbed:
         if self.etcd_seed is not None:
             shutil.copytree(self.etcd_seed, self.workdir / "etcd")
             seeded = ["--force-new-cluster"]
-        etcd = self._spawn("etcd", [
+        etcd = self.spawn("etcd", [
             str(binary("etcd")), "--name", "testbed", *seeded,
             "--data-dir", str(self.workdir / "etcd"),
             "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
@@ -282,7 +283,7 @@ class Testbed:
         wait_until("etcd health", lambda: json.loads(urllib.request.urlopen(
             f"http://127.0.0.1:{etcd_port}/health", timeout=2).read())["health"] == "true",
                    30, [etcd])
-        api = self._spawn("kube-apiserver", [
+        api = self.spawn("kube-apiserver", [
             str(binary("kube-apiserver")),
             "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
             "--bind-address", self.api_host, "--advertise-address", self.api_host,
@@ -319,7 +320,7 @@ class Testbed:
                   "--authentication-kubeconfig", str(self.kubeconfig),
                   "--authorization-kubeconfig", str(self.kubeconfig),
                   "--leader-elect=false", "--bind-address", "127.0.0.1"]
-        self._spawn("kube-controller-manager", [
+        self.spawn("kube-controller-manager", [
             str(binary("kube-controller-manager")), *common,
             "--secure-port", str(kcm_port),
             "--cert-dir", str(self.workdir / "kcm-certs"),
@@ -330,7 +331,7 @@ class Testbed:
             "--service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE,
             "--concurrent-gc-syncs", "10",
         ])
-        self._spawn("kube-scheduler", [
+        self.spawn("kube-scheduler", [
             str(binary("kube-scheduler")), *common,
             "--secure-port", str(sched_port),
             "--cert-dir", str(self.workdir / "scheduler-certs"),
@@ -374,7 +375,7 @@ class Testbed:
         # (seen once in easycel's registerTraits, never after it is up): start it again.
         for tries_left in (2, 1, 0):
             (server_port,) = free_ports(1)
-            kwok = self._spawn("kwok", [
+            kwok = self.spawn("kwok", [
                 str(binary("kwok")), "--kubeconfig", str(self.kubeconfig),
                 "--config", str(config),
                 "--manage-all-nodes=false",
@@ -401,7 +402,7 @@ class Testbed:
                                           "rayservices.ray.io"))
         metrics_port, probe_port = free_ports(2)
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        kuberay = self._spawn("kuberay-operator", [
+        kuberay = self.spawn("kuberay-operator", [
             str(binary("kuberay-operator")),
             "--enable-leader-election=false",
             "--metrics-addr", f"127.0.0.1:{metrics_port}",

@@ -80,7 +80,8 @@ def test_tiny_job_gets_children_owned_by_it_and_runs(
     assert cond["Ready"]["observedGeneration"] == job(testbed, op_ns, "tiny")["metadata"][
         "generation"]
     # The head runs Ray's head and then the trainer, with the job's identity and Ray's
-    # settings as env; the planned settings are in the trainer's config only.
+    # settings as env; the planned settings are in the trainer's config only, and the
+    # identity in the env only.
     head = head_pod(testbed, op_ns, "tiny")["spec"]["containers"][0]
     assert "grpo_trainer --config /etc/grpo/config.yaml" in head["args"][0]
     env = {e["name"]: e.get("value") for e in head["env"]}
@@ -91,7 +92,7 @@ def test_tiny_job_gets_children_owned_by_it_and_runs(
     assert {"/checkpoints", "/etc/grpo", "/dev/shm"} <= mounts
     cm = items(testbed, "configmap", op_ns, "grpo.dev/job=tiny")[0]
     cfg = yaml.safe_load(cm["data"]["config.yaml"])
-    assert cfg["checkpoint"]["dir"] == f"/checkpoints/{op_ns}/tiny"
+    assert "dir" not in cfg["checkpoint"] and "job_name" not in cfg["trainer"]
     assert cfg["resources"]["num_workers"] == 2
     assert isinstance(cfg["actor"]["gradient_checkpointing"], bool)
 
@@ -396,6 +397,18 @@ def test_metrics_and_healthz(testbed: Testbed, operator: OperatorProcess, op_ns:
                if ln.startswith('grpo_operator_jobs{phase="Running"}')]
     assert running and float(running[0].split()[-1]) >= 1
     assert "grpo_operator_reconcile_duration_seconds_count" in text
+    # No decision on a spec change planned more than once (the bucket of at most one
+    # plan holds them all), and the job's were planned.
+    plans = "grpo_operator_plans_per_decision"
+    decisions = sample(text, f'{plans}_count{{event="SpecChanged"}}')
+    assert decisions >= 1 and sample(text, f'{plans}_sum{{event="SpecChanged"}}') >= 1
+    assert sample(text, f'{plans}_bucket{{event="SpecChanged",le="1.0"}}') == decisions
+
+
+def sample(metrics: str, series: str) -> float:
+    """The value of one series in Prometheus's text format."""
+    return next(float(ln.split()[-1]) for ln in metrics.splitlines()
+                if ln.startswith(series + " "))
 
 
 @pytest.mark.parametrize("jobs", [5])

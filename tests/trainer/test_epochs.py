@@ -37,7 +37,7 @@ def rendered_schedule(training: dict[str, Any]) -> dict[str, Any]:
             "checkpoint": {"size": "1Gi"},
         }
     )
-    cfg = trainer_config(spec, plan_memory(spec), JobRef("j", "ns", "u"), 0)
+    cfg = trainer_config(spec, plan_memory(spec), JobRef("j", "ns", "u"))
     return {k: v for k, v in cfg["trainer"].items() if k in ("epochs", "total_steps")}
 
 

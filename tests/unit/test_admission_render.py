@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_api.job import parse_spec
 from grpo_operator.namespace_policy import NamespaceFacts
 from grpo_operator.reconcile import planned
 from grpo_operator.render import JobRef, render_children, render_ray_cluster
@@ -35,7 +36,8 @@ SPECS = _example_specs()
 def test_admission_renders_the_ray_cluster_reconcile_creates(
     example: str, spec: dict[str, Any]
 ) -> None:
-    parsed, plan = planned(spec)
+    parsed = parse_spec(spec)
+    plan = planned(parsed)
     job = JobRef("j", "ns", "uid-1")
     clusters = [c for c in render_children(parsed, plan, job, 0, "img:1")
                 if c["kind"] == "RayCluster"]

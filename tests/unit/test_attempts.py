@@ -9,11 +9,12 @@ import pytest
 import yaml
 
 from grpo_api.contract import FailureReason as R
-from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
-from grpo_operator.reconcile.attempts import finish_attempt
+from grpo_api.job import parse_spec
+from grpo_operator.reconcile import Action
+from grpo_operator.reconcile.attempts import ensure_attempt, finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome
-from grpo_operator.reconcile.planning import backoff_seconds, planned
+from grpo_operator.reconcile.planning import Planner, backoff_seconds, planned
 from grpo_operator.render import JobRef
 from grpo_testbed.wire import apply_status_patch
 
@@ -29,8 +30,13 @@ def spec(example: str = "grpojob-qwen25vl-7b-a100-40gb.yaml", **restart: Any) ->
     return s
 
 
+def reconcile(sp: dict[str, Any]) -> Action:
+    """A new job's first decision (the plan of its attempt 0)."""
+    return ensure_attempt(JOB, Planner(sp).plan([], None), {}, NOW)
+
+
 def started(sp: dict[str, Any]) -> dict[str, Any]:
-    d = reconcile(JOB, sp, {}, NOW).derive({}, 1, NOW)
+    d = reconcile(sp).derive({}, 1, NOW)
     return apply_status_patch({}, d.status)
 
 
@@ -39,7 +45,7 @@ def oom(step: int = 12, ckpt: int = 10, reason: R = R.CUDA_OOM) -> PodOutcome:
 
 
 def test_first_reconcile_plans_and_renders_attempt_0() -> None:
-    d = reconcile(JOB, spec(), {}, NOW).derive({}, 1, NOW)
+    d = reconcile(spec()).derive({}, 1, NOW)
     kinds = [c["kind"] for c in d.children]
     assert kinds == ["ConfigMap", "PersistentVolumeClaim", "ServiceAccount", "Role",
                      "RoleBinding", "RayCluster"]
@@ -51,15 +57,13 @@ def test_first_reconcile_plans_and_renders_attempt_0() -> None:
 def test_infeasible_job_fails_with_numbers_and_no_children() -> None:
     sp = spec("grpojob-qwen2vl-72b-h100.yaml")
     sp["resources"] = {"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1}
-    d = reconcile(JOB, sp, {}, NOW).derive({}, 1, NOW)
+    d = reconcile(sp).derive({}, 1, NOW)
     assert d.status["phase"] == "Failed" and not d.children
     failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "Infeasible" and "GiB" in failed["message"]
 
 
 def test_backoff_is_exponential_and_capped() -> None:
-    from grpo_api.job import parse_spec
-
     s = parse_spec(spec())
     assert [backoff_seconds(s, r) for r in range(4)] == [30, 60, 100, 100]
 
@@ -67,7 +71,7 @@ def test_backoff_is_exponential_and_capped() -> None:
 def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
     sp = spec()
     st = started(sp)
-    d = finish_attempt(st, oom(), NOW, sp).derive(st, 1, NOW)
+    d = finish_attempt(st, oom(), NOW, Planner(sp)).derive(st, 1, NOW)
     assert d.status["phase"] == "Restarting" and d.status["restarts"] == 1
     assert d.status["nextAttempt"] == {"index": 1, "notBefore": "2026-11-21T10:00:30.000Z"}
     rec = d.status["attempts"][0]
@@ -75,8 +79,8 @@ def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
     assert rec["remediation"].startswith("CudaOOM")
     assert d.delete_ray_cluster == "j-a0"
     merged = apply_status_patch(st, d.status)
-    assert start(JOB, sp, merged, "2026-11-21T10:00:29.999Z") is None  # still backing off
-    nxt = start(JOB, sp, merged, "2026-11-21T10:00:30Z")
+    assert start(JOB, Planner(sp), merged, "2026-11-21T10:00:29.999Z") is None  # still backing off
+    nxt = start(JOB, Planner(sp), merged, "2026-11-21T10:00:30Z")
     assert nxt is not None
     nxt.derive(merged, 1, "2026-11-21T10:00:30Z")
     assert nxt.status["attempt"] == 1 and nxt.status["nextAttempt"] is None
@@ -84,8 +88,8 @@ def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
     rc = next(c for c in nxt.children if c["kind"] == "RayCluster")
     assert rc["metadata"]["name"] == "j-a1"
     # The replayed plan is the remediated one, and differs from attempt 0's.
-    _, plan0 = planned(sp)
-    _, plan1 = planned(sp, merged["attempts"])
+    plan0 = planned(parse_spec(sp))
+    plan1 = planned(parse_spec(sp), merged["attempts"])
     assert plan1.settings != plan0.settings and plan1.remediations
 
 
@@ -97,13 +101,13 @@ def test_a_rollout_oom_is_recorded_with_its_phase_and_replayed_the_same_way() ->
     sp = spec()
     st = started(sp)
     out = PodOutcome(R.CUDA_OOM, 3, "CudaOOM at step 12", 12, 10, RankPhase.ROLLOUT)
-    d = finish_attempt(st, out, NOW, sp).derive(st, 1, NOW)
+    d = finish_attempt(st, out, NOW, Planner(sp)).derive(st, 1, NOW)
     rec = d.status["attempts"][0]
     assert rec["failedPhase"] == "rollout"
     assert "lower rollout GPU memory utilisation" in rec["remediation"]
     merged = apply_status_patch(st, d.status)  # checked against the CRD's schema
-    _, plan0 = planned(sp)
-    _, plan1 = planned(sp, merged["attempts"])
+    plan0 = planned(parse_spec(sp))
+    plan1 = planned(parse_spec(sp), merged["attempts"])
     assert (plan1.settings.rollout_gpu_memory_utilization
             < plan0.settings.rollout_gpu_memory_utilization)
     assert plan1.settings.gradient_checkpointing == plan0.settings.gradient_checkpointing
@@ -112,25 +116,27 @@ def test_a_rollout_oom_is_recorded_with_its_phase_and_replayed_the_same_way() ->
 def test_remediate_false_restarts_unchanged() -> None:
     sp = spec(remediate=False)
     st = started(sp)
-    d = finish_attempt(st, oom(), NOW, sp).derive(st, 1, NOW)
+    d = finish_attempt(st, oom(), NOW, Planner(sp)).derive(st, 1, NOW)
     assert d.status["phase"] == "Restarting" and "remediation" not in d.status["attempts"][0]
 
 
 def test_config_error_is_permanent() -> None:
     sp = spec()
     st = started(sp)
-    d = finish_attempt(st, PodOutcome(R.CONFIG_ERROR, 2, "bad"), NOW, sp).derive(st, 1, NOW)
+    bad = PodOutcome(R.CONFIG_ERROR, 2, "bad")
+    d = finish_attempt(st, bad, NOW, Planner(sp)).derive(st, 1, NOW)
     assert d.status["phase"] == "Failed" and "nextAttempt" not in d.status
 
 
 def test_give_up_message_says_what_happened_and_what_was_tried() -> None:
     sp = spec(maxRestarts=1)
     st = started(sp)
-    st = apply_status_patch(st, finish_attempt(st, oom(), NOW, sp).derive(st, 1, NOW).status)
-    nxt = start(JOB, sp, st, "2026-11-21T10:01:00Z")
+    ended = finish_attempt(st, oom(), NOW, Planner(sp)).derive(st, 1, NOW)
+    st = apply_status_patch(st, ended.status)
+    nxt = start(JOB, Planner(sp), st, "2026-11-21T10:01:00Z")
     assert nxt is not None
     st = apply_status_patch(st, nxt.derive(st, 1, "2026-11-21T10:01:00Z").status)
-    d = finish_attempt(st, oom(step=20), "2026-11-21T10:02:00Z", sp).derive(
+    d = finish_attempt(st, oom(step=20), "2026-11-21T10:02:00Z", Planner(sp)).derive(
         st, 1, "2026-11-21T10:02:00Z")
     failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")
     assert d.status["phase"] == "Failed"
@@ -141,8 +147,9 @@ def test_give_up_message_says_what_happened_and_what_was_tried() -> None:
 def test_an_outcome_is_recorded_once() -> None:
     sp = spec()
     st = started(sp)
-    st = apply_status_patch(st, finish_attempt(st, oom(), NOW, sp).derive(st, 1, NOW).status)
-    assert finish_attempt(st, oom(), NOW, sp).derive(st, 1, NOW).status == {}
+    ended = finish_attempt(st, oom(), NOW, Planner(sp)).derive(st, 1, NOW)
+    st = apply_status_patch(st, ended.status)
+    assert finish_attempt(st, oom(), NOW, Planner(sp)).derive(st, 1, NOW).status == {}
 
 
 def pvc(*modes: str) -> dict[str, Any]:
@@ -157,6 +164,7 @@ def test_named_claim_must_exist_and_be_shared_by_every_pod() -> None:
 
     sp = spec("grpojob-qwen25vl-7b-h100.yaml")  # nodes: 1, i.e. a head and a worker pod
     sp["checkpoint"] = {"claimName": "ckpt"}
+    sp = parse_spec(sp)
     assert "checkpoint.claimName 'ckpt' does not exist in ns" in str(
         claim_problem(sp, "ns", None, None, 2))
     assert claim_problem(sp, "ns", RWO, None, 2) == (
@@ -170,7 +178,7 @@ def test_named_claim_must_exist_and_be_shared_by_every_pod() -> None:
     assert claim_problem(sp, "ns", ROX, None, 1) == (
         "checkpoint.claimName 'ckpt' is ReadOnlyMany (read-only mounts only), but the job's "
         "one pod mounts it read-write: use a ReadWriteMany claim")
-    assert claim_problem(spec(), "ns", None, None, 2) is None  # size: the operator makes one
+    assert claim_problem(parse_spec(spec()), "ns", None, None, 2) is None  # size: made
 
 
 def test_a_model_claim_must_exist_and_be_readable_from_every_pod() -> None:
@@ -178,6 +186,7 @@ def test_a_model_claim_must_exist_and_be_readable_from_every_pod() -> None:
 
     sp = spec("grpojob-qwen25vl-7b-h100.yaml")
     sp["model"] = {**sp["model"], "claimName": "weights", "path": "/models/qwen"}
+    sp = parse_spec(sp)
     assert "model.claimName 'weights' does not exist in ns" in str(
         claim_problem(sp, "ns", None, None, 2))
     assert claim_problem(sp, "ns", None, RWO, 2) == (
@@ -190,14 +199,15 @@ def test_a_model_claim_must_exist_and_be_readable_from_every_pod() -> None:
 
 
 def test_the_pods_a_claim_must_serve_come_from_the_plan() -> None:
-    from grpo_operator.reconcile.planning import planned_pods
+    def pods(sp: dict[str, Any]) -> int:
+        return planned(parse_spec(sp)).pods
 
     one_node = spec("grpojob-qwen25vl-7b-h100.yaml")
-    assert planned_pods(one_node) == 2  # `nodes: 1` is a CPU head and a GPU worker
+    assert pods(one_node) == 2  # `nodes: 1` is a CPU head and a GPU worker
     unset = spec("grpojob-qwen2vl-72b-h100.yaml")
     del unset["resources"]["nodes"]  # the planner resolves it
-    assert planned_pods(unset) > 2
-    assert planned_pods(spec("grpojob-tiny.yaml")) == 1  # the head runs the ranks
+    assert pods(unset) > 2
+    assert pods(spec("grpojob-tiny.yaml")) == 1  # the head runs the ranks
 
 
 @pytest.mark.parametrize(("example", "mode"), [
@@ -206,7 +216,7 @@ def test_the_pods_a_claim_must_serve_come_from_the_plan() -> None:
 ])
 def test_the_operators_claim_is_shared_whenever_the_job_has_several_pods(
         example: str, mode: str) -> None:
-    kids = reconcile(JOB, spec(example), {}, NOW).children
+    kids = reconcile(spec(example)).children
     claim = next(c for c in kids if c["kind"] == "PersistentVolumeClaim")
     assert claim["spec"]["accessModes"] == [mode]
 
@@ -214,7 +224,7 @@ def test_the_operators_claim_is_shared_whenever_the_job_has_several_pods(
 def test_model_claim_is_mounted_read_only_at_models_in_every_ray_pod() -> None:
     sp = spec("grpojob-qwen25vl-7b-h100.yaml")
     sp["model"] = {**sp["model"], "claimName": "weights", "path": "/models/qwen2.5-vl-7b"}
-    rc = next(c for c in reconcile(JOB, sp, {}, NOW).children if c["kind"] == "RayCluster")
+    rc = next(c for c in reconcile(sp).children if c["kind"] == "RayCluster")
     groups = [rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"]]
     for g in groups:
         pod = g["template"]["spec"]
@@ -222,14 +232,14 @@ def test_model_claim_is_mounted_read_only_at_models_in_every_ray_pod() -> None:
         assert vol["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
         mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "models")
         assert mount == {"name": "models", "mountPath": "/models", "readOnly": True}
-    without = reconcile(JOB, spec("grpojob-qwen25vl-7b-h100.yaml"), {}, NOW).children
+    without = reconcile(spec("grpojob-qwen25vl-7b-h100.yaml")).children
     rc0 = next(c for c in without if c["kind"] == "RayCluster")
     assert all(v["name"] != "models" for v in rc0["spec"]["headGroupSpec"]["template"]["spec"]
                ["volumes"])
 
 
 def ray_cluster(example: str) -> dict[str, Any]:
-    kids = reconcile(JOB, spec(example), {}, NOW).children
+    kids = reconcile(spec(example)).children
     return next(c for c in kids if c["kind"] == "RayCluster")
 
 

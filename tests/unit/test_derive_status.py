@@ -1,6 +1,7 @@
 """The status is derived in one place (reconcile/status.py, as KubeRay's
-calculateStatus): one row per phase and reason a user sees, each patch merged and checked
-against the CRD's schema as the API server would."""
+calculateStatus), the phase and its conditions by one table (reconcile/phases.py): one
+row per phase and reason a user sees, each patch merged and checked against the CRD's
+schema as the API server would."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_api.contract import PHASE_CONDITIONS, KueueReason, Phase, Reason
-from grpo_operator.reconcile.conditions import PhaseView
+from grpo_api.contract import PHASE_CONDITIONS, FailureReason, KueueReason, Phase, Reason
+from grpo_operator.reconcile.phases import PHASE_OF, Finding
 from grpo_operator.reconcile.status import StatusFacts, derive_status
 from grpo_testbed.wire import apply_status_patch
 
@@ -18,44 +19,51 @@ pytestmark = pytest.mark.unit
 RECONCILE = Path(__file__).resolve().parents[2] / "operator/grpo_operator/reconcile"
 T0, T1 = "2026-11-26T10:00:00.000Z", "2026-11-26T10:05:00.000Z"
 
-# (phase, reason, degraded, the phase conditions that are True)
-ROWS: list[tuple[Phase, Reason | KueueReason, bool, set[str]]] = [
-    (Phase.PENDING, Reason.CREATING_CLUSTER, False, {"Progressing"}),
-    (Phase.PENDING, Reason.WAITING_FOR_PODS, False, {"Progressing"}),
-    (Phase.PENDING, Reason.UNSCHEDULABLE, False, {"Progressing"}),
-    (Phase.PENDING, Reason.CLAIM_MISSING, False, {"Progressing"}),
-    (Phase.PENDING, Reason.WAITING_FOR_PREVIOUS_JOB, False, {"Progressing"}),
-    (Phase.PENDING, Reason.READING_MODEL_CONFIG, False, {"Progressing"}),
-    (Phase.PENDING, Reason.MODEL_CONFIG_UNAVAILABLE, True, {"Progressing", "Degraded"}),
-    (Phase.PENDING, Reason.CREATE_FAILED, True, {"Progressing", "Degraded"}),
-    (Phase.PENDING, Reason.POD_CREATE_REFUSED, True, {"Progressing", "Degraded"}),
-    (Phase.QUEUED, Reason.WAITING_FOR_WORKLOAD, False, {"Queued"}),
-    (Phase.QUEUED, KueueReason("Pending"), False, {"Queued"}),
-    (Phase.QUEUED, Reason.PREEMPTED, False, {"Queued"}),
-    (Phase.STARTING, Reason.PODS_STARTING, False, {"Progressing"}),
-    (Phase.RUNNING, Reason.CLUSTER_RUNNING, False, {"Ready", "Progressing"}),
-    (Phase.RESTARTING, Reason.CUDA_OOM, False, {"Progressing", "Degraded"}),
-    (Phase.RESTARTING, Reason.WAITING_FOR_PREVIOUS_ATTEMPT, False, {"Progressing", "Degraded"}),
-    (Phase.SUSPENDED, Reason.SUSPENDED_BY_USER, False, {"Suspended"}),
-    (Phase.SUCCEEDED, Reason.TRAINING_FINISHED, False, {"Succeeded"}),
-    (Phase.RESTARTING, Reason.HANG, False, {"Progressing", "Degraded"}),
-    (Phase.FAILED, Reason.INVALID_NAME, False, {"Failed"}),
-    (Phase.FAILED, Reason.INVALID_SPEC, False, {"Failed"}),
-    (Phase.FAILED, Reason.CONFIG_ERROR, False, {"Failed"}),
-    (Phase.FAILED, Reason.PREEMPTED, False, {"Failed"}),
-    (Phase.FAILED, Reason.INFEASIBLE, False, {"Failed"}),
-    (Phase.FAILED, Reason.POD_CREATE_REFUSED, False, {"Failed"}),
-    (Phase.FAILED, Reason.HOST_OOM, False, {"Failed"}),
-    (Phase.FAILED, Reason.INTERNAL_ERROR, False, {"Failed"}),
+FINAL, REQUEUED = {"final": True}, {"requeued": True}
+# (what a step found: its reason and facts; the phase a user sees, the conditions True)
+ROWS: list[tuple[Reason | KueueReason, dict[str, bool], Phase, set[str]]] = [
+    (Reason.CREATING_CLUSTER, {}, Phase.PENDING, {"Progressing"}),
+    (Reason.WAITING_FOR_PODS, {}, Phase.PENDING, {"Progressing"}),
+    (Reason.UNSCHEDULABLE, {}, Phase.PENDING, {"Progressing"}),
+    (Reason.CLAIM_MISSING, {}, Phase.PENDING, {"Progressing"}),
+    (Reason.WAITING_FOR_PREVIOUS_JOB, {}, Phase.PENDING, {"Progressing"}),
+    (Reason.READING_MODEL_CONFIG, {}, Phase.PENDING, {"Progressing"}),
+    (Reason.MODEL_CONFIG_UNAVAILABLE, {}, Phase.PENDING, {"Progressing", "Degraded"}),
+    (Reason.CREATE_FAILED, {}, Phase.PENDING, {"Progressing", "Degraded"}),
+    (Reason.POD_CREATE_REFUSED, {}, Phase.PENDING, {"Progressing", "Degraded"}),
+    (Reason.WAITING_FOR_WORKLOAD, {}, Phase.QUEUED, {"Queued"}),
+    (Reason.ADMISSION_CHECKS_PENDING, {}, Phase.QUEUED, {"Queued"}),
+    (Reason.PENDING, {}, Phase.QUEUED, {"Queued"}),
+    (KueueReason("Pending"), {}, Phase.QUEUED, {"Queued"}),
+    (KueueReason("QuotaReserved"), {}, Phase.QUEUED, {"Queued"}),
+    (Reason.PREEMPTED, REQUEUED, Phase.QUEUED, {"Queued"}),
+    (Reason.PODS_STARTING, {}, Phase.STARTING, {"Progressing"}),
+    (Reason.CLUSTER_RUNNING, {}, Phase.RUNNING, {"Ready", "Progressing"}),
+    (Reason.CUDA_OOM, {}, Phase.RESTARTING, {"Progressing", "Degraded"}),
+    (Reason.PREEMPTED, {}, Phase.RESTARTING, {"Progressing", "Degraded"}),  # a pod's
+    (Reason.WAITING_FOR_PREVIOUS_ATTEMPT, {}, Phase.RESTARTING, {"Progressing", "Degraded"}),
+    (Reason.SUSPENDED_BY_USER, {}, Phase.SUSPENDED, {"Suspended"}),
+    (Reason.TRAINING_FINISHED, {}, Phase.SUCCEEDED, {"Succeeded"}),
+    (Reason.HANG, {}, Phase.RESTARTING, {"Progressing", "Degraded"}),
+    (Reason.INVALID_NAME, {}, Phase.FAILED, {"Failed"}),
+    (Reason.INVALID_SPEC, {}, Phase.FAILED, {"Failed"}),
+    (Reason.CONFIG_ERROR, {}, Phase.FAILED, {"Failed"}),
+    (Reason.CONFIG_ERROR, FINAL, Phase.FAILED, {"Failed"}),
+    (Reason.PREEMPTED, FINAL, Phase.FAILED, {"Failed"}),
+    (Reason.INFEASIBLE, {}, Phase.FAILED, {"Failed"}),
+    (Reason.POD_CREATE_REFUSED, FINAL, Phase.FAILED, {"Failed"}),
+    (Reason.HOST_OOM, FINAL, Phase.FAILED, {"Failed"}),
+    (Reason.INTERNAL_ERROR, {}, Phase.FAILED, {"Failed"}),
 ]
 
 
-@pytest.mark.parametrize(("phase", "reason", "degraded", "true"), ROWS,
-                         ids=[f"{r[0]}-{r[1]}" for r in ROWS])
-def test_each_phase_and_reason_derives_its_conditions(
-        phase: Phase, reason: Reason | KueueReason, degraded: bool, true: set[str]) -> None:
-    facts = StatusFacts(PhaseView(phase, reason, f"why {reason}"), degraded=degraded)
-    patch = derive_status({}, facts, 3, T0)
+@pytest.mark.parametrize(("reason", "facts", "phase", "true"), ROWS,
+                         ids=[f"{r[1] and next(iter(r[1]))}-{r[0]}-{r[2]}" for r in ROWS])
+def test_each_finding_derives_its_phase_and_conditions(
+        reason: Reason | KueueReason, facts: dict[str, bool], phase: Phase,
+        true: set[str]) -> None:
+    found = Finding(reason, f"why {reason}", **facts)
+    patch = derive_status({}, StatusFacts(found), 3, T0)
     status = apply_status_patch({}, patch)  # the API server accepts it
     assert status["phase"] == phase and status["observedGeneration"] == 3
     conditions = {c["type"]: c for c in status["conditions"]}
@@ -67,14 +75,13 @@ def test_each_phase_and_reason_derives_its_conditions(
                                                else (f"Not{t}", ""))
         assert c["lastTransitionTime"] == T0 and c["observedGeneration"] == 3
     # The same facts again change nothing: no write.
-    assert derive_status(status, facts, 3, T1) == {}
+    assert derive_status(status, StatusFacts(found), 3, T1) == {}
 
 
 def test_a_condition_that_holds_keeps_its_transition_time() -> None:
     pending = apply_status_patch({}, derive_status(
-        {}, StatusFacts(PhaseView(Phase.PENDING, Reason.CREATING_CLUSTER, "c")), 1, T0))
-    starting = derive_status(
-        pending, StatusFacts(PhaseView(Phase.STARTING, Reason.PODS_STARTING, "s")), 1, T1)
+        {}, StatusFacts(Finding(Reason.CREATING_CLUSTER, "c")), 1, T0))
+    starting = derive_status(pending, StatusFacts(Finding(Reason.PODS_STARTING, "s")), 1, T1)
     times = {c["type"]: c["lastTransitionTime"] for c in starting["conditions"]}
     assert times["Progressing"] == T0  # still True: since Pending
     assert starting["phase"] == Phase.STARTING and "observedGeneration" not in starting
@@ -82,7 +89,7 @@ def test_a_condition_that_holds_keeps_its_transition_time() -> None:
 
 def test_the_record_alone_moves_observed_generation_and_keeps_the_phase() -> None:
     running = apply_status_patch({}, derive_status(
-        {}, StatusFacts(PhaseView(Phase.RUNNING, Reason.CLUSTER_RUNNING, "r")), 1, T0))
+        {}, StatusFacts(Finding(Reason.CLUSTER_RUNNING, "r")), 1, T0))
     patch = derive_status(running, StatusFacts(record={"rayCluster": {"name": "j-a0",
                                                                       "state": "ready"}}),
                           2, T1)
@@ -92,7 +99,7 @@ def test_the_record_alone_moves_observed_generation_and_keeps_the_phase() -> Non
 
 def test_the_trainers_report_alone_does_not_claim_the_spec_was_observed() -> None:
     running = apply_status_patch({}, derive_status(
-        {}, StatusFacts(PhaseView(Phase.RUNNING, Reason.CLUSTER_RUNNING, "r")), 1, T0))
+        {}, StatusFacts(Finding(Reason.CLUSTER_RUNNING, "r")), 1, T0))
     grown = {"type": "MemoryGrowth", "status": "True", "reason": Reason.SUSTAINED_GROWTH,
              "message": "rss grows", "lastTransitionTime": T1, "observedGeneration": 1}
     reported = [*running["conditions"], grown]
@@ -126,3 +133,48 @@ def test_no_reconcile_step_writes_status_around_derive_status() -> None:
     found = {f"{p.name}:{w}" for p in RECONCILE.glob("*.py")
              for w in _writes_around_derive(ast.parse(p.read_text()))}
     assert found == set()
+
+
+def _phase_choices(tree: ast.AST) -> list[str]:
+    """Where a module could choose a phase: a Phase member anywhere but in a comparison
+    with the status's phase (reading it) or in a tuple of phases compared with, and a
+    "phase" key written."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "Phase":
+            up = parents.get(node)
+            while isinstance(up, ast.Tuple | ast.Starred):
+                up = parents.get(up)
+            read = isinstance(up, ast.Compare) or (
+                isinstance(up, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper()
+                                                   for t in up.targets))
+            if not read:
+                found.append(f"{node.lineno}: {ast.unparse(up or node)}")
+        if isinstance(node, ast.Dict) and any(
+                isinstance(k, ast.Constant) and k.value == "phase" for k in node.keys):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_step_chooses_a_phase_outside_the_table() -> None:
+    """PhaseView literals outside the table: 0. A step reports a Finding; a Phase member
+    outside phases.py only reads the status's phase (a comparison, or a constant tuple
+    of phases compared with)."""
+    found = {f"{p.name}:{w}" for p in RECONCILE.glob("*.py") if p.name != "phases.py"
+             for w in _phase_choices(ast.parse(p.read_text()))}
+    assert found == set()
+    planted = ast.parse("def f(s):\n    if s.get('phase') == Phase.RUNNING:\n"
+                        "        return Seen(Phase.FAILED)\n    return {'phase': 'Failed'}\n")
+    assert len(_phase_choices(planted)) == 2  # the checker sees a choice
+
+
+def test_every_reason_a_step_reports_has_its_phase_in_the_table() -> None:
+    reported = {ast.unparse(node.args[0]).removeprefix("Reason.")
+                for p in RECONCILE.glob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding"
+                and node.args and ast.unparse(node.args[0]).startswith("Reason.")}
+    assert len(reported) > 15
+    assert {r for r in reported if Reason[r] not in PHASE_OF} == set()
+    # Reason(outcome): every attempt failure class, restarted unless the job gives up.
+    assert {Reason(r) for r in FailureReason if r != FailureReason.SUCCEEDED} <= set(PHASE_OF)

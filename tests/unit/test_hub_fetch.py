@@ -23,6 +23,7 @@ from grpo_api.trainer_config import DataConfig
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.reconcile.classify import classify_pod
 from grpo_operator.reconcile.conditions import hub_fetch_conditions
+from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_trainer.config import build_config, check_runtime
 from grpo_trainer.data import PromptDataset
@@ -119,7 +120,8 @@ SPEC: dict[str, Any] = {
 
 
 def test_the_head_fetches_before_ray_starts_and_the_trainer_gets_local_paths() -> None:
-    d = reconcile(JobRef("geo", "ns", "u"), SPEC, {}, "2026-01-01T00:00:00Z", "img")
+    d = reconcile(JobRef("geo", "ns", "u"), Planner(SPEC).plan([], None), {},
+                  "2026-01-01T00:00:00Z", "img")
     rc = next(c for c in d.children if c["kind"] == "RayCluster")["spec"]
     (init,) = rc["headGroupSpec"]["template"]["spec"]["initContainers"]
     assert init["command"] == [
@@ -143,7 +145,8 @@ def test_the_head_fetches_before_ray_starts_and_the_trainer_gets_local_paths() -
 def test_paths_on_volumes_are_never_fetched() -> None:
     local = dict(SPEC, model={"path": "Qwen/Qwen2.5-VL-7B-Instruct", "claimName": "models"},
                  data={"train": "/models/geo/train.parquet"})
-    d = reconcile(JobRef("geo", "ns", "u"), local, {}, "2026-01-01T00:00:00Z", "img")
+    d = reconcile(JobRef("geo", "ns", "u"), Planner(local).plan([], None), {},
+                  "2026-01-01T00:00:00Z", "img")
     rc = next(c for c in d.children if c["kind"] == "RayCluster")["spec"]
     assert "initContainers" not in rc["headGroupSpec"]["template"]["spec"]
 

@@ -12,6 +12,7 @@ import pytest
 from grpo_api.contract import CHECKPOINT_MOUNT
 from grpo_operator.namespace_policy import NamespaceFacts
 from grpo_operator.reconcile.attempts import ensure_attempt
+from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_operator.webhook import admission_problem
 from grpo_testbed.examples import example_job
@@ -25,7 +26,8 @@ STEP = {"name": "prepare", "command": ["python", "-m", "prep"], "args": ["--to",
 
 
 def children(spec: dict[str, Any], image: str = "img:1") -> dict[str, dict[str, Any]]:
-    d = ensure_attempt(JobRef("first", "ns", "u"), spec, {}, "2026-01-01T00:00:00Z", image)
+    d = ensure_attempt(JobRef("first", "ns", "u"), Planner(spec).plan([], None), {},
+                       "2026-01-01T00:00:00Z", image)
     assert d.children, d.status
     return {c["kind"]: c for c in d.children}
 

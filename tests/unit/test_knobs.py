@@ -15,7 +15,8 @@ from grpo_api.job import load_manifest
 from grpo_api.job.resources import MemorySpec
 from grpo_api.job.spec import AlgorithmSpec, TrainingSpec
 from grpo_api.job.status import PlanStatus
-from grpo_api.knobs import KNOBS, Knob
+from grpo_api.job.trainer import PLANNED
+from grpo_api.knobs import KNOBS, RAY_OBJECT_STORE, ROLLOUT_GPU_MEMORY_UTILIZATION, Knob
 from grpo_api.trainer_config import Config
 from grpo_operator.planner import plan_memory
 from grpo_operator.planner.report import plan_status
@@ -55,31 +56,35 @@ def test_every_knob_is_declared_and_every_declaration_names_real_fields() -> Non
             assert knob.section == "memory", knob
         if knob.in_status:
             assert aliases(PlanStatus).get(knob.spec) == knob.setting, knob
-        if knob.trainer:
-            assert trainer_field(knob.trainer), knob
-            assert knob.trainer not in ENV_OVERRIDES.values(), f"{knob} has a second channel"
+    paths = {s.knob: s.path for s in PLANNED}
+    assert set(paths) == set(KNOBS) - {RAY_OBJECT_STORE}, "each knob but Ray's sets a path"
+    for knob, path in paths.items():
+        assert trainer_field(path), knob
+        assert path not in ENV_OVERRIDES.values(), f"{knob} has a second channel"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_the_plan_reaches_status_and_the_config_and_not_the_env(path: Path) -> None:
     spec = load_manifest(path).spec
     plan = plan_memory(spec)
-    raw = trainer_config(spec, plan, JobRef("j", "ns", "uid"), attempt=0)
+    raw = trainer_config(spec, plan, JobRef("j", "ns", "uid"))
     alone = build_config(raw, environ={})
     assert build_config(raw, environ=plan.env) == alone, "the env changes a setting"
     status = plan_status(plan).to_wire()
     for knob in KNOBS:
-        value = plan.knob_value(knob)
         if knob.in_status:
-            assert status[knob.spec] == value, knob
-        if knob.trainer and not (knob.setting == "rollout_gpu_memory_utilization"
-                                 and not plan.geometry.is_gpu):
-            section, key = knob.trainer.split(".")
-            assert getattr(getattr(alone, section), key) == knob.trainer_value(value), knob
+            assert status[knob.spec] == plan.knob_value(knob), knob
+    for source in PLANNED:
+        assert source.knob is not None
+        if source.knob == ROLLOUT_GPU_MEMORY_UTILIZATION and not plan.geometry.is_gpu:
+            continue  # a fixed, valid fraction: no GPU memory to share with vLLM
+        section, key = source.path.split(".")
+        assert getattr(getattr(alone, section), key) == source.knob.trainer_value(
+            plan.knob_value(source.knob)), source
 
 
 def test_values_are_spelled_as_the_trainer_reads_them() -> None:
-    init = Knob("rank0_init", "rank0Init", "actor.init_strategy")
+    init = Knob("rank0_init", "rank0Init")
     assert (init.trainer_value(True), init.trainer_value(False)) == ("rank0", "sharded")
-    micro = Knob("micro_batch_size", "microBatchSize", "actor.micro_batch_size")
+    micro = Knob("micro_batch_size", "microBatchSize")
     assert micro.trainer_value(3) == 3

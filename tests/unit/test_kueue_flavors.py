@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from grpo_api.catalog import GPU_CATALOG
+from grpo_api.job import parse_spec
 from grpo_operator.kueue_flavors import CPU_FLAVOR, resource_flavors
 from grpo_operator.reconcile import planned
 from grpo_operator.render import JobRef, render_children
@@ -22,7 +23,8 @@ QUEUES = Path(__file__).resolve().parents[2] / "examples" / "kueue-queues.yaml"
 def test_each_jobs_workers_match_exactly_their_gpu_types_flavor(example: Path) -> None:
     """Kueue assigns a flavor only if its node labels agree with the pod's nodeSelector:
     a job's worker pods must fit its own GPU type's flavor and no other type's."""
-    spec, plan = planned(yaml.safe_load(example.read_text())["spec"])
+    spec = parse_spec(yaml.safe_load(example.read_text())["spec"])
+    plan = planned(spec)
     rc = next(c for c in render_children(spec, plan, JobRef("j", "ns", "u"), 0)
               if c["kind"] == "RayCluster")
     group = (rc["spec"].get("workerGroupSpecs") or [{"template": rc["spec"]["headGroupSpec"][

@@ -70,7 +70,7 @@ def test_cuda_oom_turns_checkpointing_on_first_and_keeps_generations() -> None:
     assert first is not None
     assert first.settings.gradient_checkpointing
     assert first.settings.rollout_n == 8
-    config = trainer_config(spec(), first, JOB, attempt=1)  # the next attempt's ConfigMap
+    config = trainer_config(spec(), first, JOB)  # the next attempt's ConfigMap
     assert config["actor"]["gradient_checkpointing"] is True
     assert first.remediations[-1].startswith("CudaOOM: gradient checkpointing on:")
     assert "predicted GPU" in first.remediations[-1]
@@ -91,9 +91,9 @@ def test_precision_never_changes_unless_the_spec_allows_it() -> None:
     plans = walk(plan_memory(spec()), FailureReason.CUDA_OOM)
     assert "bf16 training" not in [p.rungs[-1] for p in plans]
     assert len(plans) == 5 and plans[-1].settings.offload_params
-    for attempt, p in enumerate(plans, 1):
+    for p in plans:
         assert p.settings.precision == "mixed"
-        assert trainer_config(spec(), p, JOB, attempt)["actor"]["precision"] == "mixed"
+        assert trainer_config(spec(), p, JOB)["actor"]["precision"] == "mixed"
         assert plan_status(p).mode == "mixed"
 
 
@@ -104,7 +104,7 @@ def test_allowed_precision_change_is_bf16_before_any_offload() -> None:
     before = plans[rungs.index("bf16 training") - 1]
     assert not (switched.settings.offload_optimizer or switched.settings.offload_params)
     assert switched.settings.precision == "bf16" and plan_status(switched).mode == "bf16"
-    assert trainer_config(spec(allow_bf16=True), switched, JOB, 4)["actor"]["precision"] == "bf16"
+    assert trainer_config(spec(allow_bf16=True), switched, JOB)["actor"]["precision"] == "bf16"
     assert switched.budget.peak_gpu_gib < before.budget.peak_gpu_gib
     assert "settings.precision mixed -> bf16" in switched.remediations[-1]
     # Once switched, every later attempt stays in bf16.
@@ -147,7 +147,7 @@ def test_host_oom_after_cuda_remediation_undoes_offload() -> None:
     after = next_safer_plan(plan, FailureReason.RAY_OOM)
     assert after is not None
     assert not after.settings.offload_params
-    assert trainer_config(spec(), after, JOB, attempt=2)["actor"]["offload_params"] is False
+    assert trainer_config(spec(), after, JOB)["actor"]["offload_params"] is False
 
 
 def test_accepts_a_spec_and_returns_none_for_non_memory_failures() -> None:
@@ -168,7 +168,7 @@ def test_the_remediation_note_names_every_setting_the_rung_moved_rollout_tp_too(
     # 0.80 of the card and TP 4 (34 GiB slices) leaves it 40% for the KV cache; 0.70 no
     # longer does.
     doc["spec"]["resources"]["nodes"] = 16
-    _, plan = planned(doc["spec"])
+    plan: Plan | None = planned(parse_spec(doc["spec"]))
     while plan is not None and "lower rollout GPU memory utilisation" not in plan.rungs:
         plan = next_safer_plan(plan, "CudaOOM")
     assert plan is not None

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from grpo_api.contract import Reason
 from grpo_api.job import GRPOJobStatus
-from grpo_operator.reconcile.conditions import PhaseView, conditions_for, memory_growth_conditions
+from grpo_operator.reconcile.conditions import conditions_for, memory_growth_conditions
+from grpo_operator.reconcile.phases import Finding, shown
+
+
+def phase_conditions(found: Finding, now: str,
+                     previous: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    return conditions_for(shown(found), found, 1, now, previous)
+
 
 T0, T1 = "2026-11-22T00:00:00Z", "2026-11-22T00:05:00Z"
-RUNNING = conditions_for(PhaseView("Running", "ClusterRunning", "ok"), 1, T0)
+RUNNING = phase_conditions(Finding(Reason.CLUSTER_RUNNING, "ok"), T0)
 MSG = "host RSS of rank 1 grew 4.1 MB/step over the last 20 steps"
 
 
@@ -40,7 +50,7 @@ def test_a_clean_report_clears_it_and_the_transition_time_moves() -> None:
 
 def test_the_operators_own_condition_rewrite_keeps_memory_growth() -> None:
     flagged = memory_growth_conditions({"memoryGrowth": MSG}, RUNNING, 1, T0)
-    rewritten = conditions_for(PhaseView("Restarting", "HostOOM", "oom"), 1, T1, flagged)
+    rewritten = phase_conditions(Finding(Reason.HOST_OOM, "oom"), T1, flagged)
     c = growth(rewritten)
     assert c is not None and c["status"] == "True" and c["message"] == MSG
 

@@ -18,7 +18,7 @@ from grpo_operator import reconcile as rec
 from grpo_operator.config import OperatorConfig
 from grpo_operator.namespace_policy import pod_violations
 from grpo_operator.planner import shape_from_config
-from grpo_operator.reconcile import HubAnswer, Observed
+from grpo_operator.reconcile import HubAnswer, Observed, Planner
 from grpo_operator.reconcile.attempts import finish_attempt
 from grpo_operator.reconcile.classify import PodOutcome
 from grpo_operator.reconcile.model_config import READ_POLL_SECONDS, RETRY_SECONDS
@@ -100,7 +100,7 @@ def test_a_hub_model_no_table_knows_is_planned_from_its_config_json(
 
     # The next attempt plans from status: no hub needed (Observed carries none).
     outcome = PodOutcome(FailureReason.CUDA_OOM, 3, "CUDA out of memory", step=3)
-    job = applied(job, finish_attempt(job["status"], outcome, T0, job["spec"]).derive(
+    job = applied(job, finish_attempt(job["status"], outcome, T0, Planner(job["spec"])).derive(
         job["status"], 1, T0))
     job["status"]["nextAttempt"]["notBefore"] = T0
     job, _ = step(job, rec.BackoffTimer())

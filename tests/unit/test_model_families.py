@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from grpo_api.job import SpecError
+from grpo_api.job import SpecError, parse_spec
 from grpo_api.trainer_config import ModelConfig
 from grpo_operator.planner import SUPPORTED, UnsupportedArchitecture, plan_memory, shape_from_config
 from grpo_operator.reconcile import planned
@@ -77,7 +77,7 @@ def test_a_job_on_an_unknown_name_is_planned_from_its_config(
         tmp_path: Path, family: str) -> None:
     config = written(tmp_path, family)
     where = "claim config.json (claim models:/models/acme-sft/config.json)"
-    _, plan = planned(spec(), model=_input(config, where))
+    plan = planned(parse_spec(spec()), model=_input(config, where))
     assert plan.geometry.shape.parameters == shape_from_config(config).parameters
     assert plan.geometry.shape_source == where
     model = next(d for d in plan.decisions if d.knob == "model")
@@ -101,12 +101,11 @@ def test_another_architecture_is_refused_naming_it_and_the_supported_ones(
         assert f"{family.name} ({family.model_type})" in message
     with pytest.raises(SpecError, match=r"spec\.model\.path: config\.json says model_type "
                                         r"'llama'"):
-        planned(spec(), model=_input(config, "hub config.json (x)"))
+        planned(parse_spec(spec()), model=_input(config, "hub config.json (x)"))
 
 
 def test_a_supported_type_with_another_head_is_refused(tmp_path: Path) -> None:
     config = written(tmp_path, "qwen2") | {"architectures": ["Qwen2ForSequenceClassification"]}
     with pytest.raises(UnsupportedArchitecture, match=re.escape(
             "loads Qwen2/Qwen2.5 text as Qwen2ForCausalLM only")):
-        plan_memory(planned(spec(), model=_input(written(tmp_path, "qwen2"), "x"))[0],
-                    model_config=config)
+        plan_memory(parse_spec(spec()), model_config=config)

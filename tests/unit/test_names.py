@@ -17,6 +17,7 @@ from grpo_operator.kube import api_message
 from grpo_operator.planner import plan_memory
 from grpo_operator.reconcile.attempts import create_failed
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
+from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef, render_children
 from grpo_operator.render.names import JOB_NAME_RULE, MAX_JOB_NAME, job_name_problem
 
@@ -89,8 +90,8 @@ def test_the_crd_states_the_same_rule() -> None:
 def test_a_job_with_a_name_kuberay_would_refuse_fails_at_once_saying_why() -> None:
     """Jobs created before the CRD had its rule: Failed with the rule, no children."""
     spec = TINY.to_wire()
-    d = reconcile(JobRef("x" * 49, "ns", "u"), spec, {}, "2026-01-01T00:00:00Z").derive(
-        {}, 1, "2026-01-01T00:00:00Z")
+    d = reconcile(JobRef("x" * 49, "ns", "u"), Planner(spec).plan([], None), {},
+                  "2026-01-01T00:00:00Z").derive({}, 1, "2026-01-01T00:00:00Z")
     assert d.status["phase"] == "Failed" and not d.children
     assert d.events[0][:2] == ("Warning", "InvalidName") and JOB_NAME_RULE in d.events[0][2]
 

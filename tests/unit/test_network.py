@@ -15,6 +15,7 @@ from grpo_api.job import parse_spec
 from grpo_operator.catalog_file import CatalogError, merge_catalog
 from grpo_operator.planner import Plan, plan_memory
 from grpo_operator.reconcile.attempts import ensure_attempt
+from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_operator.webhook import admission_problem
 
@@ -42,7 +43,8 @@ def network(p: Plan) -> str:
 
 
 def containers(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    kids = ensure_attempt(JobRef("j", "ns", "u"), spec, {}, "2026-11-24T00:00:00Z").children
+    kids = ensure_attempt(JobRef("j", "ns", "u"), Planner(spec).plan([], None), {},
+                          "2026-11-24T00:00:00Z").children
     rc = next(c for c in kids if c["kind"] == "RayCluster")["spec"]
     return (rc["headGroupSpec"]["template"]["spec"]["containers"][0],
             rc["workerGroupSpecs"][0]["template"]["spec"]["containers"][0])
@@ -135,21 +137,23 @@ def test_the_charts_catalog_sets_or_clears_a_types_fabric() -> None:
 def test_an_rdma_job_adds_ipc_lock_and_a_baseline_namespace_refuses_it_at_apply() -> None:
     """The fabric's capability reaches the worker container (render/security.py), and
     the webhook says which namespace level refuses it before KubeRay is refused."""
+    from grpo_api.job import parse_spec
     from grpo_operator.namespace_policy import NamespaceFacts
     from grpo_operator.reconcile.planning import planned
     from grpo_operator.render import render_children
 
-    spec_body = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples"
+    raw_spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples"
                                 / "grpojob-qwen2vl-72b-h100.yaml").read_text())["spec"]
-    assert spec_body["resources"]["devices"] == {"rdma/ib": 1}
-    spec, plan = planned(spec_body)
+    assert raw_spec["resources"]["devices"] == {"rdma/ib": 1}
+    spec = parse_spec(raw_spec)
+    plan = planned(spec)
     rc = next(c for c in render_children(spec, plan, JobRef("j", "ns", "u"), 0)
               if c["kind"] == "RayCluster")
     worker = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
     assert worker["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"], "drop": ["ALL"]}
     level = "pod-security.kubernetes.io/enforce"
-    assert admission_problem(spec_body, None, namespace=NamespaceFacts(
+    assert admission_problem(raw_spec, None, namespace=NamespaceFacts(
         "ns", {level: "privileged"})) is None
-    problem = admission_problem(spec_body, None,
+    problem = admission_problem(raw_spec, None,
                                 namespace=NamespaceFacts("ns", {level: "baseline"}))
     assert problem is not None and "IPC_LOCK" in problem and "baseline" in problem, problem

@@ -91,7 +91,7 @@ def test_the_layout_fields_must_add_up() -> None:
 def test_the_operator_renders_one_node_per_worker_pod(path: Path) -> None:
     spec = load_manifest(path).spec
     plan = plan_memory(spec)
-    cfg = build_config(trainer_config(spec, plan, JobRef("j", "ns", "u"), 0), environ=plan.env)
+    cfg = build_config(trainer_config(spec, plan, JobRef("j", "ns", "u")), environ=plan.env)
     geo, res = plan.geometry, cfg.resources
     lay = layout_for(cfg)  # the planner's TP fits inside a node
     assert lay.world_size == plan.world_size == res.num_workers
@@ -154,7 +154,7 @@ def test_a_nodes_ranks_ask_ray_for_no_more_cpus_than_their_pod_offers(
     spec = load_manifest(path).spec.model_copy(deep=True)
     spec.resources.nodes, spec.resources.cpus_per_node = nodes, cpus
     plan = plan_memory(spec)
-    cfg = build_config(trainer_config(spec, plan, JobRef("j", "ns", "u"), 0), environ=plan.env)
+    cfg = build_config(trainer_config(spec, plan, JobRef("j", "ns", "u")), environ=plan.env)
     pod = plan.worker or plan.head
     assert (pod is plan.head) is (nodes == 0)
     lay = layout_for(cfg)

@@ -54,6 +54,6 @@ def test_a_host_that_fits_sync_saves_refuses_async_ones_and_names_the_buffer() -
 def test_the_trainer_saves_the_way_the_plan_budgeted(async_save: bool) -> None:
     spec = parse_spec(doc(async_save))
     plan = plan_memory(spec)
-    raw = trainer_config(spec, plan, JobRef("j", "ns", "uid"), attempt=0)
+    raw = trainer_config(spec, plan, JobRef("j", "ns", "uid"))
     cfg = build_config(raw, environ={})  # what the trainer resolves in the pod
     assert cfg.checkpoint.async_save is async_save

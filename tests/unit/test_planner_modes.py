@@ -343,16 +343,16 @@ def test_bad_mode_fields_are_refused_naming_the_field(patch: dict[str, Any], fie
 def test_the_spec_renders_into_actor_precision_and_actor_lora() -> None:
     job = JobRef("j", "ns", "uid")
     full = parse_spec(BASE | {"training": {"precision": "bf16"}})
-    actor = trainer_config(full, plan_memory(full), job, 0)["actor"]
+    actor = trainer_config(full, plan_memory(full), job)["actor"]
     assert actor["precision"] == "bf16" and "lora" not in actor  # full fine-tuning
     lora = parse_spec(BASE | {"lora": {"rank": 16, "alpha": 32, "targetModules": ["q_proj"],
                                        "excludeModules": ""}})
-    cfg = trainer_config(lora, plan_memory(lora), job, 0)
+    cfg = trainer_config(lora, plan_memory(lora), job)
     assert cfg["actor"]["precision"] == "mixed"
     assert cfg["actor"]["lora"] == {"rank": 16, "alpha": 32.0, "target_modules": ["q_proj"],
                                     "exclude_modules": None}
     default = parse_spec(BASE | {"lora": {}})
-    loaded = Config.model_validate(trainer_config(default, plan_memory(default), job, 0))
+    loaded = Config.model_validate(trainer_config(default, plan_memory(default), job))
     assert loaded.actor.lora is not None
     assert (loaded.actor.lora.rank, loaded.actor.lora.target_modules,
             loaded.actor.lora.exclude_modules) == (32, "all-linear", r".*visual.*")

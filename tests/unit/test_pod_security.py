@@ -23,6 +23,7 @@ from grpo_operator.namespace_policy import (
     templates,
 )
 from grpo_operator.reconcile.attempts import ensure_attempt
+from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_operator.render.children import HEAD_COMMAND, OPEN_FILES, WORKER_COMMAND
 from grpo_operator.render.security import container_security_context, pod_security_context
@@ -40,7 +41,7 @@ def ns(level: str | None = None, *quotas: GpuQuota) -> NamespaceFacts:
 
 
 def ray_cluster(spec: dict[str, Any]) -> dict[str, Any]:
-    action = ensure_attempt(JobRef("j", "team-a", "u"), spec, {},
+    action = ensure_attempt(JobRef("j", "team-a", "u"), Planner(spec).plan([], None), {},
                             "2026-01-01T00:00:00Z", "img")
     return next(c for c in action.children if c["kind"] == "RayCluster")
 

@@ -10,6 +10,7 @@ import pytest
 
 from grpo_api.job import load_manifest
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
+from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_operator.webhook import admission_problem
 
@@ -50,7 +51,8 @@ def with_pods(pods: dict[str, Any]) -> dict[str, Any]:
 
 
 def children(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    d = reconcile(JobRef("j", "ns", "u"), spec, {}, "2026-01-01T00:00:00Z", "img")
+    d = reconcile(JobRef("j", "ns", "u"), Planner(spec).plan([], None), {},
+                  "2026-01-01T00:00:00Z", "img")
     assert d.children, d.status
     return d.children
 

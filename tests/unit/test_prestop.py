@@ -15,6 +15,7 @@ import yaml
 from grpo_api.contract import Env, ExitCode
 from grpo_operator.planner.save_time import GRACE_EXTRA_S
 from grpo_operator.reconcile.attempts import ensure_attempt
+from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_trainer.config import build_config
 from grpo_trainer.prestop import attempt_files, main, wait_for_driver
@@ -111,7 +112,8 @@ def test_a_drained_worker_pods_hook_asks_the_driver_to_stop_and_the_driver_does(
 
 def test_worker_pods_wait_for_the_driver_within_their_grace_period() -> None:
     sp = yaml.safe_load((EXAMPLES / "grpojob-qwen2vl-72b-h100.yaml").read_text())["spec"]
-    action = ensure_attempt(JobRef("j", "ns", "u1"), sp, {}, "2026-11-21T10:00:00Z")
+    action = ensure_attempt(JobRef("j", "ns", "u1"), Planner(sp).plan([], None), {},
+                            "2026-11-21T10:00:00Z")
     rc = next(c for c in action.children if c["kind"] == "RayCluster")["spec"]
     worker = rc["workerGroupSpecs"][0]["template"]["spec"]
     grace = worker["terminationGracePeriodSeconds"]

@@ -36,14 +36,14 @@ def test_every_attempt_failure_class_but_success_is_a_reason() -> None:
 
 
 def _literal_reasons(tree: ast.AST) -> list[tuple[int, str]]:
-    """String literals where the operator writes a reason: PhaseView's second argument,
+    """String literals where the operator writes a reason: a Finding's first argument,
     an event tuple ("Normal"/"Warning", reason, message), a condition's "reason" value."""
     found = []
     for node in ast.walk(tree):
         reason: ast.expr | None = None
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "PhaseView" \
-                and len(node.args) > 1:
-            reason = node.args[1]
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding" \
+                and node.args:
+            reason = node.args[0]
         elif isinstance(node, ast.Tuple) and len(node.elts) == 3 and isinstance(
                 node.elts[0], ast.Constant) and node.elts[0].value in ("Normal", "Warning"):
             reason = node.elts[1]

@@ -103,7 +103,7 @@ def test_a_job_created_again_adopts_the_kept_claim_and_relabels_it() -> None:
 def test_a_delete_job_takes_ownership_of_the_claim_it_adopts() -> None:
     stale = {**OWNER, "uid": "uid-older", "controller": True, "blockOwnerDeletion": True}
     other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "c1"}
-    change = claim_change(new_job(retention="Delete")["spec"], JOB,
+    change = claim_change(parse_spec(new_job(retention="Delete")["spec"]), JOB,
                           kept_claim(ownerReferences=[stale, other]))
     assert change is not None
     assert change.patch["metadata"]["ownerReferences"] == [
@@ -116,7 +116,7 @@ def test_a_claim_an_older_operator_made_owned_is_kept_from_now_on() -> None:
     mine = {**OWNER, "uid": "uid-new", "controller": True, "blockOwnerDeletion": True}
     claim = kept_claim(ownerReferences=[mine])
     del claim["metadata"]["labels"][JOB_UID_LABEL]
-    change = claim_change(new_job()["spec"], JOB, claim)
+    change = claim_change(parse_spec(new_job()["spec"]), JOB, claim)
     assert change is not None
     assert change.patch["metadata"]["ownerReferences"] == []
     assert change.patch["metadata"]["labels"][JOB_UID_LABEL] == "uid-new"
@@ -124,11 +124,11 @@ def test_a_claim_an_older_operator_made_owned_is_kept_from_now_on() -> None:
 
 
 def test_a_claim_that_already_serves_the_job_is_not_written() -> None:
-    assert claim_change(new_job()["spec"], JOB, kept_claim("uid-new")) is None
+    assert claim_change(parse_spec(new_job()["spec"]), JOB, kept_claim("uid-new")) is None
     mine = {**OWNER, "uid": "uid-new", "controller": True, "blockOwnerDeletion": True}
-    assert claim_change(new_job(retention="Delete")["spec"], JOB,
+    assert claim_change(parse_spec(new_job(retention="Delete")["spec"]), JOB,
                         kept_claim("uid-new", ownerReferences=[mine])) is None
-    assert claim_change(new_job()["spec"], JOB, None) is None  # created as rendered
+    assert claim_change(parse_spec(new_job()["spec"]), JOB, None) is None  # created as rendered
 
 
 def test_a_users_claim_changes_only_with_delete() -> None:
@@ -136,9 +136,9 @@ def test_a_users_claim_changes_only_with_delete() -> None:
     spec["checkpoint"] = {"claimName": "mine"}
     users = {"metadata": {"name": "mine", "resourceVersion": "3"},
              "spec": {"accessModes": ["ReadWriteMany"]}}
-    assert claim_change(spec, JOB, users) is None  # Retain: never touched
+    assert claim_change(parse_spec(spec), JOB, users) is None  # Retain: never touched
     spec["checkpoint"]["retention"] = "Delete"
-    change = claim_change(spec, JOB, users)
+    change = claim_change(parse_spec(spec), JOB, users)
     assert change is not None and change.name == "mine"
     assert change.patch == {"metadata": {"resourceVersion": "3", "ownerReferences": [
         {**OWNER, "uid": "uid-new", "controller": False, "blockOwnerDeletion": False}]}}

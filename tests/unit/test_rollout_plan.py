@@ -21,7 +21,7 @@ JOB = JobRef("j", "ns", "uid")
 def test_plan_and_trainer_agree_on_engine_and_tp(path: Path) -> None:
     spec = load_manifest(path).spec
     plan = plan_memory(spec)
-    raw = trainer_config(spec, plan, JOB, attempt=0)
+    raw = trainer_config(spec, plan, JOB)
     cfg = build_config(raw, environ=plan.env)  # what the trainer resolves in the pod
     assert cfg.rollout.tensor_parallel_size == plan.budget.rollout_tensor_parallel
     assert cfg.rollout.engine == ("vllm" if plan.geometry.is_gpu else "hf")
@@ -46,7 +46,7 @@ def test_vllm_on_cpu_counts_its_resident_weights_and_cache() -> None:
     vllm = plan_memory(parse_spec({**doc, "rollout": {"engine": "vllm"}}))
     assert hf.geometry.rollout_engine == "hf" and vllm.geometry.rollout_engine == "vllm"
     assert vllm.budget.host_terms["cpu_rollout_engine"] > hf.budget.host_terms["cpu_rollout_engine"]
-    raw = trainer_config(parse_spec({**doc, "rollout": {"engine": "vllm"}}), vllm, JOB, 0)
+    raw = trainer_config(parse_spec({**doc, "rollout": {"engine": "vllm"}}), vllm, JOB)
     assert raw["rollout"]["engine"] == "vllm"
 
 

@@ -23,9 +23,11 @@ from grpo_operator.planner.save_time import (
     predicted_save_s,
     termination_grace_s,
 )
+from grpo_operator.reconcile import Action
 from grpo_operator.reconcile.attempts import ensure_attempt, finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome
+from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_testbed.wire import apply_status_patch
 
@@ -39,6 +41,10 @@ def spec(example: str) -> dict[str, Any]:
     return dict(yaml.safe_load((EXAMPLES / example).read_text())["spec"])
 
 
+def first_attempt(sp: dict[str, Any]) -> Action:
+    return ensure_attempt(JOB, Planner(sp).plan([], None), {}, T0).derive({}, 1, T0)
+
+
 def graces(children: list[dict[str, Any]]) -> list[int]:
     rc = next(c for c in children if c["kind"] == "RayCluster")["spec"]
     groups = [rc["headGroupSpec"], *rc.get("workerGroupSpecs", [])]
@@ -46,7 +52,7 @@ def graces(children: list[dict[str, Any]]) -> list[int]:
 
 
 def test_a_72b_jobs_pods_wait_for_its_predicted_save_a_tiny_jobs_for_the_minimum() -> None:
-    big = ensure_attempt(JOB, spec("grpojob-qwen2vl-72b-h100.yaml"), {}, T0).derive({}, 1, T0)
+    big = first_attempt(spec("grpojob-qwen2vl-72b-h100.yaml"))
     plan = plan_memory(parse_spec(spec("grpojob-qwen2vl-72b-h100.yaml")))
     # 8 ranks a node each write ~12.8 GiB of fp32 weights and Adam state.
     node_gib = plan.budget.checkpoint_rank_gib * plan.geometry.ranks_per_node
@@ -56,19 +62,19 @@ def test_a_72b_jobs_pods_wait_for_its_predicted_save_a_tiny_jobs_for_the_minimum
     assert want > 1.5 * node_gib / SAVE_GIB_PER_S
     assert graces(big.children) == [want, want]  # the head and the workers alike
     assert big.status["plan"]["terminationGraceSeconds"] == want
-    tiny = ensure_attempt(JOB, spec("grpojob-tiny.yaml"), {}, T0).derive({}, 1, T0)
+    tiny = first_attempt(spec("grpojob-tiny.yaml"))
     (small,) = set(graces(tiny.children))  # a few MiB to write: the floor
     assert GRACE_MIN_S <= small <= GRACE_MIN_S + 1 < want
 
 
 def test_the_measured_save_sizes_the_next_attempts_grace_within_bounds() -> None:
     sp = spec("grpojob-qwen2vl-72b-h100.yaml")
-    status = apply_status_patch({}, ensure_attempt(JOB, sp, {}, T0).derive({}, 1, T0).status)
+    status = apply_status_patch({}, first_attempt(sp).status)
     status["progress"] = {"step": 10, "lastCheckpointStep": 10, "saveSeconds": 400.0}
     ended = finish_attempt(status, PodOutcome(R.TERMINATED, 143, "terminated", 10, 10),
-                           T0, sp)
+                           T0, Planner(sp))
     status = apply_status_patch(status, ended.derive(status, 1, T0).status)
-    nxt = start(JOB, sp, status, "2026-11-21T11:00:00Z")
+    nxt = start(JOB, Planner(sp), status, "2026-11-21T11:00:00Z")
     assert nxt is not None
     nxt.derive(status, 1, "2026-11-21T11:00:00Z")
     assert nxt is not None

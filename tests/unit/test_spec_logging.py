@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from grpo_operator.reconcile.attempts import ensure_attempt
+from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_operator.webhook import admission_problem
 from grpo_testbed.examples import example_job
@@ -32,7 +33,7 @@ def with_logging(logging: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def rendered(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    d = ensure_attempt(JOB, spec, {}, "2026-01-01T00:00:00Z", "img")
+    d = ensure_attempt(JOB, Planner(spec).plan([], None), {}, "2026-01-01T00:00:00Z", "img")
     assert d.children, d.status
     return {c["kind"]: c for c in d.children}
 

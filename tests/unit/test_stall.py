@@ -125,10 +125,10 @@ def test_a_stall_exits_6_as_hang_and_sigterm_143_as_terminated() -> None:
 def test_the_spec_stall_timeout_reaches_the_trainer_config() -> None:
     spec = example_job()["spec"]
     parsed = parse_spec(spec)
-    cfg = trainer_config(parsed, plan_memory(parsed), JobRef("j", "ns", "u"), 0)
+    cfg = trainer_config(parsed, plan_memory(parsed), JobRef("j", "ns", "u"))
     assert cfg["trainer"]["stall_timeout_s"] == STALL_TIMEOUT_S
     spec = {**spec, "restartPolicy": {**spec.get("restartPolicy", {}),
                                       "stallTimeoutSeconds": 120}}
     parsed = parse_spec(spec)
-    cfg = trainer_config(parsed, plan_memory(parsed), JobRef("j", "ns", "u"), 0)
+    cfg = trainer_config(parsed, plan_memory(parsed), JobRef("j", "ns", "u"))
     assert cfg["trainer"]["stall_timeout_s"] == 120

@@ -33,7 +33,7 @@ def spec_with(base: dict[str, Any], **sections: Any) -> dict[str, Any]:
 
 def rendered(spec: dict[str, Any]) -> dict[str, Any]:
     parsed = parse_spec(spec)
-    return trainer_config(parsed, plan_memory(parsed), JobRef("j", "ns", "uid-1"), 0)
+    return trainer_config(parsed, plan_memory(parsed), JobRef("j", "ns", "uid-1"))
 
 
 def test_each_setting_reaches_its_trainer_config_path() -> None:

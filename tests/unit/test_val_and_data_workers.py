@@ -42,7 +42,7 @@ def body(data: dict[str, Any] | None = None, **training: Any) -> dict[str, Any]:
 
 def test_val_split_and_interval_reach_the_trainer_config() -> None:
     spec = parse_spec(body({"val": "/data/val.parquet"}, valIntervalSteps=5))
-    cfg = trainer_config(spec, plan_memory(spec), JOB, attempt=0)
+    cfg = trainer_config(spec, plan_memory(spec), JOB)
     assert cfg["data"]["val_files"] == ["/data/val.parquet"]
     assert cfg["trainer"]["val_interval_steps"] == 5
     parsed = Config.model_validate(cfg)
@@ -51,7 +51,7 @@ def test_val_split_and_interval_reach_the_trainer_config() -> None:
 
 def test_no_interval_means_no_validation_in_the_trainer_config() -> None:
     spec = parse_spec(body({"val": "/data/val.parquet"}))
-    assert trainer_config(spec, plan_memory(spec), JOB, attempt=0)["trainer"][
+    assert trainer_config(spec, plan_memory(spec), JOB)["trainer"][
         "val_interval_steps"
     ] == 0
 

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from grpo_api.contract import Env
+from grpo_api.job.trainer import IDENTITY_ENV
 from grpo_api.trainer_config import BUILTIN_FORMAT_PROMPTS as BUILTIN_TEMPLATES
 from grpo_api.trainer_config import Config
 
@@ -36,13 +37,10 @@ class ConfigError(ValueError):
 
 
 # GRPO_* variables the operator injects -> dotted config path (env wins). Only the job's
-# identity and per-process switches: the planned settings come in the config file alone.
+# identity (declared with every trainer path's source: the operator's config file does
+# not carry it) and per-process switches: the planned settings come in the file alone.
 ENV_OVERRIDES: dict[str, str] = {
-    Env.CHECKPOINT_DIR: "checkpoint.dir",
-    Env.JOB_NAME: "trainer.job_name",
-    Env.JOB_NAMESPACE: "trainer.job_namespace",
-    Env.JOB_UID: "trainer.job_uid",
-    Env.ATTEMPT: "trainer.attempt",
+    **IDENTITY_ENV,
     Env.FAULT_INJECT: "trainer.fault_inject",
     Env.TERMINATION_LOG: "trainer.termination_log",
 }

@@ -1,111 +1,177 @@
-"""spec.trainer: the trainer's algorithm settings a GRPOJob passes on as they are.
+"""Where each trainer config path's value comes from, declared once (SOURCES), and
+spec.trainer: the trainer's algorithm settings a GRPOJob passes on as they are.
 
-These are the EasyR1-style settings that no planner decision depends on. Each field is
-one trainer config path (TRAINER_PATHS); its type and bounds are the trainer schema's own
-(grpo_api.trainer_config), so the API server, the webhook and the trainer refuse the same
-values, and the operator validates the whole rendered config with that schema at apply.
+A trainer path comes from exactly one of: a planned knob (grpo_api.knobs: the planner
+resolves it), a spec field the operator renders it from, spec.trainer (passed through),
+or the job's identity (the operator's env, which the trainer reads over its config;
+not in the per-attempt config). The operator's render, admission's messages and the
+trainer's env overrides all read this table, and a path declared twice fails at import.
 
-What the operator plans or renders from other spec fields (memory knobs, batch sizes,
-lengths, the learning rate, ...) is no field here: the CRD keeps spec.trainer open so that
-such a setting reaches the webhook, which refuses it naming the spec field that sets it
-(`unknown_field_hint`, from SPEC_SOURCES and grpo_api.knobs).
+spec.trainer holds the EasyR1-style settings that no planner decision depends on; each
+field's type and bounds are the trainer schema's own (grpo_api.trainer_config), so the
+API server, the webhook and the trainer refuse the same values, and the operator
+validates the whole rendered config with that schema at apply. What the operator plans
+or renders from other spec fields is no field there: the CRD keeps spec.trainer open so
+that such a setting reaches the webhook, which refuses it naming the spec field that
+sets it (`unknown_field_hint`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from ..knobs import KNOBS
+from .. import knobs
+from ..contract import Env
+from ..knobs import Knob
 from ..trainer_config import BUILTIN_FORMAT_PROMPTS, Config, KLEstimator
 from .base import ApiModel
 
-# spec.trainer's fields (snake_case) -> the trainer config path each one sets.
-TRAINER_PATHS = {
-    "format_prompt": "data.format_prompt",
-    "entropy_coef": "algorithm.entropy_coef",
-    "clip_ratio_dual": "algorithm.clip_ratio_dual",
-    "kl_estimator": "algorithm.kl_estimator",
-    "norm_adv_by_std": "algorithm.norm_adv_by_std",
-    "warmup_steps": "actor.warmup_steps",
-    "ppo_epochs": "actor.ppo_epochs",
-    "reward_timeout_seconds": "reward.timeout_s",
-    "reward_workers": "reward.num_workers",
-    "val_before_train": "trainer.val_before_train",
-}
 
-# Trainer config paths the operator renders from another spec field (the planned knobs'
-# own are in grpo_api.knobs): admission names these fields when the trainer's schema
-# refuses a config, and spec.trainer refuses them naming the field to set instead.
-# tests/unit/test_trainer_settings.py checks that every path the operator renders is here.
-SPEC_SOURCES = {
-    "model.path": "spec.model.path",
-    "data.train_files": "spec.data.train",
-    "data.val_files": "spec.data.val",
-    "data.prompt_key": "spec.data.promptKey",
-    "data.answer_key": "spec.data.answerKey",
-    "data.image_key": "spec.data.imageKey",
-    "data.max_prompt_length": "spec.data.maxPromptLength",
-    "data.seed": "spec.training.seed",
-    "data.image_max_pixels": "spec.data.maxPixels",
-    "data.image_min_pixels": "spec.data.maxPixels",
-    "rollout.engine": "spec.rollout.engine",
-    "rollout.temperature": "spec.algorithm.temperature",
-    "rollout.top_p": "spec.algorithm.topP",
-    "rollout.max_new_tokens": "spec.data.maxResponseLength",
-    "rollout.seed": "spec.training.seed",
-    "rollout.tensor_parallel_size": "spec.rollout",
-    "algorithm.clip_ratio_low": "spec.algorithm.clipRatioLow",
-    "algorithm.clip_ratio_high": "spec.algorithm.clipRatioHigh",
-    "algorithm.kl_coef": "spec.algorithm.klCoef",
-    "actor.lr": "spec.training.learningRate",
-    "actor.weight_decay": "spec.training.weightDecay",
-    "actor.max_grad_norm": "spec.training.maxGradNorm",
-    "actor.mini_batch_size": "spec.training.globalBatchSize",
-    "actor.dtype": "spec.resources.gpu",
-    "actor.lora": "spec.lora",
-    "resources.num_workers": "spec.resources.nodes x spec.resources.gpusPerNode",
-    "resources.nodes": "spec.resources.nodes",
-    "resources.ranks_per_node": "spec.resources.gpusPerNode",
-    "resources.ranks_on_head": "spec.resources.nodes",
-    "resources.gpus_per_worker": "spec.resources.gpu",
-    "resources.cpus_per_worker": "spec.resources.cpusPerNode",
-    "resources.ray_address": "spec.resources",
-    "reward.type": "spec.reward.type",
-    "reward.function": "spec.reward.function",
-    "reward.format_weight": "spec.reward.formatWeight",
-    "checkpoint.dir": "spec.checkpoint",
-    "checkpoint.interval_steps": "spec.checkpoint.intervalSteps",
-    "checkpoint.keep": "spec.checkpoint.keep",
-    "checkpoint.async_save": "spec.checkpoint.asyncSave",
-    "checkpoint.export": "the operator (every job exports its final model: status.export)",
-    "metrics.prometheus_port": "spec.logging",
-    "metrics.progress_bar": "spec.logging",
-    "metrics.tensorboard_dir": "spec.logging.tensorboard",
-    "metrics.wandb": "spec.logging.wandb",
-    "metrics.mlflow": "spec.logging.mlflow",
-    "trainer.total_steps": "spec.training.maxSteps",
-    "trainer.epochs": "spec.training.epochs",
-    "trainer.rollout_batch_size": "spec.training.rolloutBatchSize",
-    "trainer.seed": "spec.training.seed",
-    "trainer.val_interval_steps": "spec.training.valIntervalSteps",
-    "trainer.job_name": "metadata.name",
-    "trainer.job_namespace": "metadata.namespace",
-    "trainer.attempt": "the operator's attempt count",
-    "trainer.stall_timeout_s": "spec.restartPolicy.stallTimeoutSeconds",
-} | {path: f"spec.trainer.{to_camel(name)}" for name, path in TRAINER_PATHS.items()}
+@dataclass(frozen=True)
+class Source:
+    """Where one trainer config path's value comes from: `knob`, `passed` or `env` says
+    which kind (none of them: rendered from `field`)."""
+
+    path: str  # dotted trainer config path
+    field: str  # the spec field that sets it, as messages name it
+    knob: Knob | None = None  # planned: the plan's value for this knob
+    passed: str | None = None  # spec.trainer's field (snake_case), passed on as set
+    env: Env | None = None  # the job's identity: this env var of the Ray containers
+
+
+def planned(knob: Knob, path: str) -> Source:
+    return Source(path, knob.spec_path, knob=knob)
+
+
+def rendered(path: str, field: str) -> Source:
+    return Source(path, field)
+
+
+def passed(name: str, path: str) -> Source:
+    return Source(path, f"spec.trainer.{to_camel(name)}", passed=name)
+
+
+def identity(path: str, env: Env, field: str) -> Source:
+    return Source(path, field, env=env)
+
+
+def one_each(sources: Iterable[Source]) -> Mapping[str, Source]:
+    """The sources by path; a path declared twice is an error (no order may decide)."""
+    out: dict[str, Source] = {}
+    for source in sources:
+        if source.path in out:
+            raise ValueError(f"trainer path {source.path} is declared twice: "
+                             f"{out[source.path]} and {source}")
+        out[source.path] = source
+    return out
+
+
+SOURCES: Mapping[str, Source] = one_each((
+    # The plan's knobs (Ray's object store is Ray's, not the trainer's: no path).
+    planned(knobs.RANK0_INIT, "actor.init_strategy"),
+    planned(knobs.OFFLOAD_PARAMS, "actor.offload_params"),
+    planned(knobs.OFFLOAD_OPTIMIZER, "actor.offload_optimizer"),
+    planned(knobs.GRADIENT_CHECKPOINTING, "actor.gradient_checkpointing"),
+    planned(knobs.MICRO_BATCH_SIZE, "actor.micro_batch_size"),
+    planned(knobs.ROLLOUT_GPU_MEMORY_UTILIZATION, "rollout.gpu_memory_utilization"),
+    planned(knobs.ROLLOUT_N, "rollout.n"),
+    planned(knobs.PRECISION, "actor.precision"),
+    planned(knobs.ROLLOUT_TENSOR_PARALLEL, "rollout.tensor_parallel_size"),
+    # Rendered from the spec (render/trainer_config.py).
+    rendered("model.path", "spec.model.path"),
+    rendered("data.train_files", "spec.data.train"),
+    rendered("data.val_files", "spec.data.val"),
+    rendered("data.prompt_key", "spec.data.promptKey"),
+    rendered("data.answer_key", "spec.data.answerKey"),
+    rendered("data.image_key", "spec.data.imageKey"),
+    rendered("data.max_prompt_length", "spec.data.maxPromptLength"),
+    rendered("data.seed", "spec.training.seed"),
+    rendered("data.image_max_pixels", "spec.data.maxPixels"),
+    rendered("data.image_min_pixels", "spec.data.maxPixels"),
+    rendered("rollout.engine", "spec.rollout.engine"),
+    rendered("rollout.temperature", "spec.algorithm.temperature"),
+    rendered("rollout.top_p", "spec.algorithm.topP"),
+    rendered("rollout.max_new_tokens", "spec.data.maxResponseLength"),
+    rendered("rollout.seed", "spec.training.seed"),
+    rendered("algorithm.clip_ratio_low", "spec.algorithm.clipRatioLow"),
+    rendered("algorithm.clip_ratio_high", "spec.algorithm.clipRatioHigh"),
+    rendered("algorithm.kl_coef", "spec.algorithm.klCoef"),
+    rendered("actor.lr", "spec.training.learningRate"),
+    rendered("actor.weight_decay", "spec.training.weightDecay"),
+    rendered("actor.max_grad_norm", "spec.training.maxGradNorm"),
+    rendered("actor.mini_batch_size", "spec.training.globalBatchSize"),
+    rendered("actor.dtype", "spec.resources.gpu"),
+    rendered("actor.lora", "spec.lora"),
+    rendered("resources.num_workers", "spec.resources.nodes x spec.resources.gpusPerNode"),
+    rendered("resources.nodes", "spec.resources.nodes"),
+    rendered("resources.ranks_per_node", "spec.resources.gpusPerNode"),
+    rendered("resources.ranks_on_head", "spec.resources.nodes"),
+    rendered("resources.gpus_per_worker", "spec.resources.gpu"),
+    rendered("resources.cpus_per_worker", "spec.resources.cpusPerNode"),
+    rendered("resources.ray_address", "spec.resources"),
+    rendered("reward.type", "spec.reward.type"),
+    rendered("reward.function", "spec.reward.function"),
+    rendered("reward.format_weight", "spec.reward.formatWeight"),
+    rendered("checkpoint.interval_steps", "spec.checkpoint.intervalSteps"),
+    rendered("checkpoint.keep", "spec.checkpoint.keep"),
+    rendered("checkpoint.async_save", "spec.checkpoint.asyncSave"),
+    rendered("checkpoint.export",
+             "the operator (every job exports its final model: status.export)"),
+    rendered("metrics.prometheus_port", "spec.logging"),
+    rendered("metrics.progress_bar", "spec.logging"),
+    rendered("metrics.tensorboard_dir", "spec.logging.tensorboard"),
+    rendered("metrics.wandb", "spec.logging.wandb"),
+    rendered("metrics.mlflow", "spec.logging.mlflow"),
+    rendered("trainer.total_steps", "spec.training.maxSteps"),
+    rendered("trainer.epochs", "spec.training.epochs"),
+    rendered("trainer.rollout_batch_size", "spec.training.rolloutBatchSize"),
+    rendered("trainer.seed", "spec.training.seed"),
+    rendered("trainer.val_interval_steps", "spec.training.valIntervalSteps"),
+    rendered("trainer.stall_timeout_s", "spec.restartPolicy.stallTimeoutSeconds"),
+    # spec.trainer, passed on as set.
+    passed("format_prompt", "data.format_prompt"),
+    passed("entropy_coef", "algorithm.entropy_coef"),
+    passed("clip_ratio_dual", "algorithm.clip_ratio_dual"),
+    passed("kl_estimator", "algorithm.kl_estimator"),
+    passed("norm_adv_by_std", "algorithm.norm_adv_by_std"),
+    passed("warmup_steps", "actor.warmup_steps"),
+    passed("ppo_epochs", "actor.ppo_epochs"),
+    passed("reward_timeout_seconds", "reward.timeout_s"),
+    passed("reward_workers", "reward.num_workers"),
+    passed("val_before_train", "trainer.val_before_train"),
+    # The job's identity, once, as env: every process of the Ray containers reads it (the
+    # driver over its config file, the worker's preStop hook, Ray's rank actors), and so
+    # do the head's hub-fetch step and spec.pods' init containers ($(GRPO_CHECKPOINT_DIR)),
+    # which do not read the config file.
+    identity("checkpoint.dir", Env.CHECKPOINT_DIR, "spec.checkpoint"),
+    identity("trainer.job_name", Env.JOB_NAME, "metadata.name"),
+    identity("trainer.job_namespace", Env.JOB_NAMESPACE, "metadata.namespace"),
+    identity("trainer.job_uid", Env.JOB_UID, "metadata.uid"),
+    identity("trainer.attempt", Env.ATTEMPT, "the operator's attempt count"),
+))
+
+# Views of SOURCES, by kind.
+PLANNED = tuple(s for s in SOURCES.values() if s.knob is not None)
+IDENTITY_ENV: Mapping[str, str] = {s.env.value: s.path for s in SOURCES.values() if s.env}
+"""Env var -> the trainer config path it sets (the trainer reads them over its config)."""
+TRAINER_PATHS: Mapping[str, str] = {s.passed: s.path for s in SOURCES.values() if s.passed}
+"""spec.trainer's fields (snake_case) -> the trainer config path each one sets."""
 
 
 def config_sources() -> dict[str, str]:
-    """Every trainer config path the operator renders -> the spec field that sets it."""
-    return {k.trainer: k.spec_path for k in KNOBS if k.trainer} | SPEC_SOURCES
+    """Every trainer config path the operator sets -> the spec field that sets it."""
+    return {path: s.field for path, s in SOURCES.items()}
 
 
-def _schema_field(path: str, description: str) -> Any:
-    """A spec.trainer field with the trainer schema's bounds for `path` and its default
-    named in the description (unset: the trainer's default)."""
+def _schema_field(name: str, description: str) -> Any:
+    """The spec.trainer field `name` with the trainer schema's bounds for its path and its
+    default named in the description (unset: the trainer's default)."""
+    path = TRAINER_PATHS[name]
     section, key = path.split(".")
     model = Config.model_fields[section].annotation
     assert isinstance(model, type), path
@@ -132,10 +198,10 @@ class TrainerSpec(ApiModel):
         "renders {{ content }}, the row's prompt. Unset: math for reward.type math, r1v for "
         "r1v, plain for function. Trainer setting data.format_prompt.")
     entropy_coef: float | None = _schema_field(
-        "algorithm.entropy_coef", "Entropy bonus coefficient in the loss (0: none; "
+        "entropy_coef", "Entropy bonus coefficient in the loss (0: none; "
         "above 0 the plan counts the softmax kept for its gradient).")
     clip_ratio_dual: float | None = _schema_field(
-        "algorithm.clip_ratio_dual", "Dual-clip bound c on the ratio for negative "
+        "clip_ratio_dual", "Dual-clip bound c on the ratio for negative "
         "advantages (DAPO/EasyR1 clip_ratio_dual).")
     kl_estimator: KLEstimator | None = Field(
         None, description="KL estimator of the KL loss (EasyR1 kl_penalty): k1, k3 or "
@@ -145,13 +211,13 @@ class TrainerSpec(ApiModel):
         "(EasyR1 norm_adv_by_std_in_grpo). Unset: true. Trainer setting "
         "algorithm.norm_adv_by_std.")
     warmup_steps: int | None = _schema_field(
-        "actor.warmup_steps", "Linear learning-rate warm-up, in optimizer steps.")
+        "warmup_steps", "Linear learning-rate warm-up, in optimizer steps.")
     ppo_epochs: int | None = _schema_field(
-        "actor.ppo_epochs", "Passes of the policy update over each step's responses.")
+        "ppo_epochs", "Passes of the policy update over each step's responses.")
     reward_timeout_seconds: float | None = _schema_field(
-        "reward.timeout_s", "Seconds one reward call may take; a slower one scores 0.")
+        "reward_timeout_seconds", "Seconds one reward call may take; a slower one scores 0.")
     reward_workers: int | None = _schema_field(
-        "reward.num_workers", "Reward calls scored at once (threads of the driver).")
+        "reward_workers", "Reward calls scored at once (threads of the driver).")
     val_before_train: bool | None = Field(
         None, description="Validate once before the first step of a fresh run (EasyR1 "
         "val_before_train); needs training.valIntervalSteps. Unset: true. Trainer setting "

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from grpo_api.knobs import PINNABLE
+from grpo_api.knobs import (
+    GRADIENT_CHECKPOINTING,
+    MICRO_BATCH_SIZE,
+    OFFLOAD_OPTIMIZER,
+    OFFLOAD_PARAMS,
+    PINNABLE,
+    RANK0_INIT,
+    RAY_OBJECT_STORE,
+    ROLLOUT_GPU_MEMORY_UTILIZATION,
+    ROLLOUT_N,
+    Knob,
+)
 
 from .budget import BF16_B, GIB, kv_bytes_per_token
 from .modes import FROZEN, LORA, STATE
@@ -77,16 +88,16 @@ def explain(
         ),
     ]
 
-    def src(knob: str) -> str:
-        return "spec" if knob in pinned else "auto"
+    def src(knob: Knob) -> str:
+        return "spec" if knob.setting in pinned else "auto"
 
     every_rank = geo.ranks_per_node * weights
     rank0_load = b.host_load_terms.get("rank0_full_model_fp32", 0.0)
     out.append(
         Decision(
-            "rank0Init",
+            RANK0_INIT.spec,
             str(st.rank0_init).lower(),
-            src("rank0_init"),
+            src(RANK0_INIT),
             (
                 f"only rank 0 loads the model, in float32 as the trainer reads it "
                 f"({_g(rank0_load)} host RAM with loader buffers, on rank 0's node); "
@@ -102,7 +113,8 @@ def explain(
     cap = b.gpu_capacity_gib
     train = _phase(b, "training")
     no_gc = next((tb for ts, tb in trail if not ts.gradient_checkpointing), None)
-    if st.gradient_checkpointing and no_gc is not None and "gradient_checkpointing" not in pinned:
+    if (st.gradient_checkpointing and no_gc is not None
+            and GRADIENT_CHECKPOINTING.setting not in pinned):
         why = (
             f"without it training peaks at {_g(_phase(no_gc, 'training'))} > "
             f"{_g(cap - b.gpu_margin_gib)} (usable less the margin); "
@@ -115,9 +127,9 @@ def explain(
         why = "cpu job: host RAM only, no GPU budget"
     out.append(
         Decision(
-            "gradientCheckpointing",
+            GRADIENT_CHECKPOINTING.spec,
             str(st.gradient_checkpointing).lower(),
-            src("gradient_checkpointing"),
+            src(GRADIENT_CHECKPOINTING),
             why,
         )
     )
@@ -138,19 +150,19 @@ def explain(
     per_rank = geo.global_batch_size // geo.world_size
     out.append(
         Decision(
-            "microBatchSize",
+            MICRO_BATCH_SIZE.spec,
             str(st.micro_batch_size),
-            src("micro_batch_size"),
+            src(MICRO_BATCH_SIZE),
             f"{per_rank} samples per rank per update -> {per_rank // st.micro_batch_size} "
             f"accumulation steps; {geo.sequence_length} tokens per sample",
         )
     )
     host = sum(b.host_terms.values())
-    for knob, key, name in (
-        ("offload_optimizer", "offloaded_optimizer", "offloadOptimizer"),
-        ("offload_params", "offloaded_params_and_grads", "offloadParams"),
+    for knob, key in (
+        (OFFLOAD_OPTIMIZER, "offloaded_optimizer"),
+        (OFFLOAD_PARAMS, "offloaded_params_and_grads"),
     ):
-        on = getattr(st, knob)
+        on = getattr(st, knob.setting)
         if on:
             why = (
                 f"GPU does not fit otherwise; costs {_g(b.host_terms.get(key, 0))} host per "
@@ -164,7 +176,7 @@ def explain(
                 if geo.is_gpu
                 else "cpu job: everything already lives in host RAM"
             )
-        out.append(Decision(name, str(on).lower(), src(knob), why))
+        out.append(Decision(knob.spec, str(on).lower(), src(knob), why))
     if geo.is_gpu:
         kv_tokens = (
             b.rollout_kv_cache_gib
@@ -174,9 +186,9 @@ def explain(
         )
         out.append(
             Decision(
-                "rolloutGpuMemoryUtilization",
+                ROLLOUT_GPU_MEMORY_UTILIZATION.spec,
                 f"{st.rollout_gpu_memory_utilization:.2f}",
-                src("rollout_gpu_memory_utilization"),
+                src(ROLLOUT_GPU_MEMORY_UTILIZATION),
                 f"vLLM gets {_g(st.rollout_gpu_memory_utilization * geo.gpu_memory_gib)}: "
                 f"weights {_g(weights / b.rollout_tensor_parallel)} (TP "
                 f"{b.rollout_tensor_parallel}) + KV cache {_g(b.rollout_kv_cache_gib)} "
@@ -186,7 +198,7 @@ def explain(
         )
     out.append(
         Decision(
-            "rolloutN",
+            ROLLOUT_N.spec,
             str(st.rollout_n),
             "spec",
             "never lowered by the planner or a remediation: it is the algorithm's, and "
@@ -196,9 +208,9 @@ def explain(
     default_store = ray_default_store_gib(geo.host_memory_gib)
     out.append(
         Decision(
-            "rayObjectStoreMemory",
+            RAY_OBJECT_STORE.spec,
             _g(st.ray_object_store_gib),
-            src("ray_object_store_gib"),
+            src(RAY_OBJECT_STORE),
             f"a step moves ~{_g(step_data_gib(geo, st.rollout_n))}; Ray's default would take "
             f"{_g(default_store)} (30% of {_g(geo.host_memory_gib)}, capped at 200 GB)",
         )

@@ -1,14 +1,25 @@
 """Reconciling a GRPOJob (pure): `reconcile(job, observed, event, now, config)` returns
-the one Action for an event (`action`). Its steps record what they find (`attempts`: an
-attempt's life; `queue`: Kueue; `refusals`: refused pod creates; `progress_deadline`;
-`model_config`: a new job's config.json, read once; `classify`: how a pod ended;
-`claims`; `planning`), and `status.derive_status` computes the status from those facts
-once, with the phase conditions from `conditions`."""
+the one Action for an event (`action`). `observe` says what a handler reads for an
+event; `core` decides. The steps record what they find as a `phases.Finding` and a
+record (`attempts`: an attempt's life; `queue`: Kueue; `refusals`: refused pod creates;
+`progress_deadline`; `model_config`: a new job's config.json, read once; `classify`: how
+a pod ended; `claims`; `planning`: the spec parsed once, planned at most once), and
+`status.derive_status` computes the status from those facts once, the phase and its
+conditions by the one table in `phases`."""
 
 from __future__ import annotations
 
 from .action import Action
-from .core import (
+from .core import reconcile
+from .model_config import (
+    HubAnswer,
+    admission_input,
+    admission_warning,
+    hub_url,
+    operator_reads_hub,
+    to_read,
+)
+from .observe import (
     BackoffTimer,
     ClusterChanged,
     CreateFailed,
@@ -23,19 +34,10 @@ from .core import (
     pod_matters,
     pod_needs_cluster,
     pod_needs_pods,
-    reconcile,
     restart_due,
     restart_pending,
 )
-from .model_config import (
-    HubAnswer,
-    admission_input,
-    admission_warning,
-    hub_url,
-    operator_reads_hub,
-    to_read,
-)
-from .planning import backoff_seconds, planned
+from .planning import JobPlan, Planner, Refused, backoff_seconds, planned
 from .progress_deadline import PROGRESS_CHECK_INTERVAL_S, progress_watched
 from .refusals import refusal_pending
 
@@ -48,9 +50,12 @@ __all__ = [
     "Event",
     "HubAnswer",
     "JobChanged",
+    "JobPlan",
     "Observed",
+    "Planner",
     "PodChanged",
     "ProgressTimer",
+    "Refused",
     "SpecChanged",
     "admission_input",
     "admission_warning",

@@ -27,6 +27,9 @@ class Action:
     retry: tuple[str, float] | None = None  # (why, seconds): cannot go on yet, decide again
     restart_reason: str | None = None  # an attempt failed and will be retried (metric)
     recovered_after: float | None = None  # seconds from a failure to the next attempt
+    # How many times the planner ran for this decision (at most once: planning.Planner);
+    # a metric, not part of what the action does.
+    plans: int = field(default=0, compare=False)
 
     def derive(self, previous: dict[str, Any], generation: int, now: str) -> Action:
         """This action with its status patch derived from its facts over `previous`, the

@@ -2,16 +2,14 @@
 
 `core.reconcile` calls these; each returns the Action for one event, with what it found
 as StatusFacts (the status is derived from them once, in status.py). Planning is in
-planning.py, the claims' checks in claims.py.
+planning.py (the decision's `Planner`), the claims' checks in claims.py.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
 from typing import Any
 
-from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import (
     ATTEMPT_RUNNING,
     TERMINAL_PHASES,
@@ -19,15 +17,15 @@ from grpo_api.contract import (
     Phase,
     Reason,
 )
-from grpo_api.job import SpecError
 
-from ..planner import InfeasibleError, next_safer_plan, plan_status
+from ..planner import next_safer_plan, plan_status
 from ..render import JobRef, names, render_children
 from .action import Action
 from .classify import PodOutcome
-from .conditions import JobEvent, PhaseView, attempt_of
+from .conditions import JobEvent, attempt_of, pod_phase
 from .model_config import recorded
-from .planning import MEMORY_CLASSES, backoff_seconds, planned
+from .phases import Finding
+from .planning import MEMORY_CLASSES, JobPlan, Planner, Refused, backoff_seconds
 from .retention import export_status, recreate_advice
 from .status import StatusFacts
 
@@ -54,38 +52,37 @@ def _at(now: str, seconds: int) -> str:
 
 
 
-def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
-                   now: str, default_image: str = "",
-                   catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
-    """Children and status of the current attempt, on create/resume/spec change."""
+def current_plan(planner: Planner, status: dict[str, Any]) -> JobPlan | Refused:
+    """The live attempt's plan: the remediations of the attempts before it replayed
+    (planning.planned), with config.json as status.modelConfig holds it."""
+    before = [a for a in status.get("attempts") or [] if a.get("index") != status.get("attempt")]
+    return planner.plan(before, recorded(status))
+
+
+def ensure_attempt(job: JobRef, planned: JobPlan | Refused, status: dict[str, Any],
+                   now: str, default_image: str = "") -> Action:
+    """Children and status of the current attempt, on create/resume/spec change;
+    `planned`: its plan (current_plan), or why there is none."""
     if status.get("phase") in TERMINAL_PHASES or status.get("nextAttempt"):
         return Action()  # done, or the restart timer owns the next step
     bad_name = names.job_name_problem(job.name)  # the CRD refuses these; older CRDs did not
     if bad_name:
-        view = PhaseView(Phase.FAILED, Reason.INVALID_NAME, bad_name)
-        return Action(StatusFacts(view),
+        return Action(StatusFacts(Finding(Reason.INVALID_NAME, bad_name)),
                       events=[("Warning", Reason.INVALID_NAME, bad_name)])
-    attempts_so_far = [a for a in status.get("attempts") or []
-                       if a.get("index") != status.get("attempt")]
-    try:
-        spec, plan = planned(spec_body, attempts_so_far, catalog, recorded(status))
-    except SpecError as exc:
-        view = PhaseView(Phase.FAILED, Reason.INVALID_SPEC, str(exc))
-        return Action(StatusFacts(view),
-                      events=[("Warning", Reason.INVALID_SPEC, str(exc))])
-    except (InfeasibleError, ValueError) as exc:
-        view = PhaseView(Phase.FAILED, Reason.INFEASIBLE, str(exc))
-        return Action(StatusFacts(view),
-                      events=[("Warning", Reason.INFEASIBLE, str(exc))])
+    if isinstance(planned, Refused):
+        why = str(planned.error)
+        return Action(StatusFacts(Finding(planned.reason, why)),
+                      events=[("Warning", planned.reason, why)])
+    spec, plan = planned.spec, planned.plan
     attempt = int(status.get("attempt") or 0)
     rc_name = names.ray_cluster(job, attempt)
     if spec.suspend:
-        view = PhaseView(Phase.SUSPENDED, Reason.SUSPENDED_BY_USER,
-                         "spec.suspend is true: Ray pods released, checkpoints and status kept")
+        found = Finding(Reason.SUSPENDED_BY_USER,
+                        "spec.suspend is true: Ray pods released, checkpoints and status kept")
         return Action(
-            StatusFacts(view),
+            StatusFacts(found),
             delete_ray_cluster=rc_name,
-            events=[("Normal", Reason.SUSPENDED, view.message)],
+            events=[("Normal", Reason.SUSPENDED, found.message)],
         )
     saved = _measured_save_s(status)
     children = render_children(spec, plan, job, attempt, default_image,
@@ -107,9 +104,9 @@ def ensure_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any
                        f"{plan.budget.peak_host_gib:.0f} GiB host/node; model shape from "
                        f"{plan.geometry.shape_source}"))
     # A live attempt's phase follows its pods and cluster, not the spec.
-    start: PhaseView | None = None
+    start: Finding | None = None
     if status.get("phase") in (None, Phase.SUSPENDED):
-        start = PhaseView(Phase.PENDING, Reason.CREATING_CLUSTER, f"creating RayCluster {rc_name}")
+        start = Finding(Reason.CREATING_CLUSTER, f"creating RayCluster {rc_name}")
         # A new cluster: no state yet, and not admitted by Kueue yet.
         fields["rayCluster"] = {"name": rc_name, "state": None, "admittedGeneration": None}
         if status.get("phase") == Phase.SUSPENDED:
@@ -123,22 +120,20 @@ def create_failed(kind: str, name: str, api_message: str) -> Action:
     """The API server refused a child: show it where users look (phase Pending, Degraded
     and Progressing with reason CreateFailed, a Warning event), with the server's own
     message, instead of a silent CreatingCluster; the handler retries the create."""
-    view = PhaseView(Phase.PENDING, Reason.CREATE_FAILED,
-                     f"creating {kind} {name} failed: {api_message} (retrying every "
-                     f"{CREATE_RETRY_SECONDS} s)")
+    found = Finding(Reason.CREATE_FAILED, f"creating {kind} {name} failed: {api_message} "
+                    f"(retrying every {CREATE_RETRY_SECONDS} s)")
     return Action(
-        StatusFacts(view, degraded=True),
-        events=[("Warning", Reason.CREATE_FAILED, view.message)],
-        retry=(view.message, CREATE_RETRY_SECONDS))
+        StatusFacts(found),
+        events=[("Warning", Reason.CREATE_FAILED, found.message)],
+        retry=(found.message, CREATE_RETRY_SECONDS))
 
 
 def finish_attempt(status: dict[str, Any], outcome: PodOutcome, now: str,
-                   spec_body: dict[str, Any] | None = None,
-                   catalog: Mapping[str, GpuType] = GPU_CATALOG,
-                   claim: str | None = None) -> Action:
+                   planner: Planner | None = None, claim: str | None = None) -> Action:
     """The head's trainer ended: record the attempt, then succeed (with the exported
     model's place on the checkpoint `claim` in status.export), restart (after a
-    backoff, with the next safer setting for its failure class) or give up."""
+    backoff, with the next safer setting for its failure class, planned by `planner`;
+    None: not retried) or give up."""
     attempt = int(status.get("attempt") or 0)
     attempts = [dict(a) for a in status.get("attempts") or []]
     record = next((a for a in attempts if a.get("index") == attempt), None)
@@ -154,72 +149,72 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, now: str,
         ckpt = progress.get("lastCheckpointStep")
     if ckpt is not None:
         record["lastCheckpointStep"] = ckpt
-    if outcome.phase is not None:
-        record["failedPhase"] = outcome.phase.value
+    if outcome.failed_during is not None:
+        record["failedPhase"] = outcome.failed_during.value
     rc = (status.get("rayCluster") or {}).get("name")
     reason = outcome.reason
     if reason is FailureReason.SUCCEEDED:
-        view = PhaseView(Phase.SUCCEEDED, Reason.TRAINING_FINISHED,
-                         f"attempt {attempt}: {outcome.message}")
         exported = ({"export": export_status(outcome.export, claim)}
                     if outcome.export is not None and claim else {})
-        return _ended(attempts, view, rc, "Normal", **exported)
+        return _ended(attempts, Finding(Reason.TRAINING_FINISHED,
+                                        f"attempt {attempt}: {outcome.message}"),
+                      rc, "Normal", **exported)
     restarts = int(status.get("restarts") or 0)
     what = _WORDS.get(reason, reason.value)
     where = f" at step {step}" if step is not None else ""
     last = next((a["remediation"] for a in reversed(attempts[:-1]) if a.get("remediation")),
                 None)
-    if reason in PERMANENT or spec_body is None:
-        view = PhaseView(Phase.FAILED, Reason(reason), f"attempt {attempt}: {outcome.message}; "
-                         "not retried: fix the cause, then delete the job and create it "
-                         f"again ({recreate_advice(spec_body)})")
-        return _ended(attempts, view, rc, "Warning")
-    spec, plan = planned(spec_body, attempts[:-1], catalog, recorded(status))
+    if reason in PERMANENT or planner is None:
+        advice = recreate_advice(planner.spec if planner is not None else None)
+        return _ended(attempts, Finding(
+            Reason(reason), f"attempt {attempt}: {outcome.message}; not retried: fix the "
+            f"cause, then delete the job and create it again ({advice})", final=True),
+            rc, "Warning")
+    planned = planner.plan(attempts[:-1], recorded(status))
+    if isinstance(planned, Refused):
+        raise planned.error  # as an admitted job's spec does not: an operator defect
+    spec, plan = planned.spec, planned.plan
     if restarts >= spec.restart_policy.max_restarts:
-        view = PhaseView(Phase.FAILED, Reason(reason),
-                         f"{what}{where} after {restarts} restarts; last setting tried: "
-                         f"{last or 'the planned settings'}")
-        return _ended(attempts, view, rc, "Warning")
+        return _ended(attempts, Finding(
+            Reason(reason), f"{what}{where} after {restarts} restarts; last setting tried: "
+            f"{last or 'the planned settings'}", final=True), rc, "Warning")
     remediation = None
     if spec.restart_policy.remediate and reason in MEMORY_CLASSES:
-        safer = next_safer_plan(plan, reason, phase=outcome.phase)
+        safer = next_safer_plan(plan, reason, phase=outcome.failed_during)
         if safer is None:
-            view = PhaseView(Phase.FAILED, Reason(reason),
-                             f"{what}{where} after {restarts} restarts; every safer setting "
-                             f"for {reason.value} was tried; last: "
-                             f"{last or 'the planned settings'}")
-            return _ended(attempts, view, rc, "Warning")
+            return _ended(attempts, Finding(
+                Reason(reason), f"{what}{where} after {restarts} restarts; every safer "
+                f"setting for {reason.value} was tried; last: "
+                f"{last or 'the planned settings'}", final=True), rc, "Warning")
         remediation = safer.remediations[-1]
         record["remediation"] = remediation
     wait = backoff_seconds(spec, restarts)
     change = remediation or "the same settings (no memory ladder for this failure)"
     if reason is FailureReason.HANG:
         change += " and the collective debug env (NCCL flight recorder)"
-    view = PhaseView(Phase.RESTARTING, Reason(reason),
-                     f"attempt {attempt}: {what}{where}; attempt {attempt + 1} in {wait} s "
-                     f"with {change}, resuming from checkpoint step {ckpt or 0}")
+    found = Finding(Reason(reason), f"attempt {attempt}: {what}{where}; attempt {attempt + 1} "
+                    f"in {wait} s with {change}, resuming from checkpoint step {ckpt or 0}")
     return Action(
-        StatusFacts(view, record={"attempts": attempts, "restarts": restarts + 1, "nextAttempt": {
-            "index": attempt + 1, "notBefore": _at(now, wait)}}),
+        StatusFacts(found, record={"attempts": attempts, "restarts": restarts + 1,
+                                   "nextAttempt": {"index": attempt + 1,
+                                                   "notBefore": _at(now, wait)}}),
         delete_ray_cluster=rc,
-        events=[("Warning", Reason(reason), view.message)],
+        events=[("Warning", Reason(reason), found.message)],
         restart_reason=reason.value,
     )
 
 
-def _ended(attempts: list[dict[str, Any]], view: PhaseView, rc: str | None, kind: str,
+def _ended(attempts: list[dict[str, Any]], found: Finding, rc: str | None, kind: str,
            **fields: Any) -> Action:
     return Action(
-        StatusFacts(view, record={"attempts": attempts, **fields}),
+        StatusFacts(found, record={"attempts": attempts, **fields}),
         delete_ray_cluster=rc,
-        events=[(kind, Reason(view.reason), view.message)],
+        events=[(kind, Reason(found.reason), found.message)],
     )
 
 
-def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
-                       now: str, default_image: str = "",
-                       catalog: Mapping[str, GpuType] = GPU_CATALOG,
-                       pods: list[dict[str, Any]] | None = None,
+def start_next_attempt(job: JobRef, planner: Planner, status: dict[str, Any], now: str,
+                       default_image: str = "", pods: list[dict[str, Any]] | None = None,
                        grace_seconds: float = 120.0) -> Action | None:
     """After the backoff, once the earlier attempts' pods are gone: the next attempt's
     children with the remediated plan. None while the backoff has not passed."""
@@ -229,16 +224,15 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
     index = int(nxt["index"])
     lingering = sorted(str(p.get("metadata", {}).get("name")) for p in pods or []
                        if attempt_of(p) != str(index)
-                       and p.get("status", {}).get("phase") not in ("Succeeded", "Failed"))
+                       and pod_phase(p) not in ("Succeeded", "Failed"))
     waited = (_time(now) - _time(str(nxt["notBefore"]))).total_seconds()
     if lingering and waited < grace_seconds:
         # Two drivers of one job must never overlap on its checkpoints.
-        view = PhaseView(Phase.RESTARTING, Reason.WAITING_FOR_PREVIOUS_ATTEMPT,
-                         f"attempt {index} starts once {len(lingering)} pod(s) of earlier "
-                         f"attempts are gone: {', '.join(lingering[:5])} (at most "
-                         f"{grace_seconds:g} s more)")
-        return Action(StatusFacts(view))
-    action = _next_attempt(job, spec_body, status, now, default_image, catalog)
+        return Action(StatusFacts(Finding(
+            Reason.WAITING_FOR_PREVIOUS_ATTEMPT,
+            f"attempt {index} starts once {len(lingering)} pod(s) of earlier attempts are "
+            f"gone: {', '.join(lingering[:5])} (at most {grace_seconds:g} s more)")))
+    action = _next_attempt(job, planner, status, now, default_image)
     if lingering:
         action.events.append(("Warning", Reason.PREVIOUS_ATTEMPT_LINGERS,
                                f"started attempt {index} although {', '.join(lingering[:5])} "
@@ -247,12 +241,14 @@ def start_next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str,
     return action
 
 
-def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any],
-                  now: str, default_image: str,
-                  catalog: Mapping[str, GpuType]) -> Action:
+def _next_attempt(job: JobRef, planner: Planner, status: dict[str, Any], now: str,
+                  default_image: str) -> Action:
     nxt = status["nextAttempt"]
     attempts = [dict(a) for a in status.get("attempts") or []]
-    spec, plan = planned(spec_body, attempts, catalog, recorded(status))
+    planned = planner.plan(attempts, recorded(status))
+    if isinstance(planned, Refused):
+        raise planned.error  # as an admitted job's spec does not: an operator defect
+    spec, plan = planned.spec, planned.plan
     index = int(nxt["index"])
     resumed = _newest_checkpoint(attempts, status.get("progress") or {})
     record: dict[str, Any] = {"index": index, "startTime": now, "outcome": ATTEMPT_RUNNING}
@@ -260,11 +256,10 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
         record["resumedFromStep"] = resumed
     rc = names.ray_cluster(job, index)
     saved = _measured_save_s(status)
-    view = PhaseView(Phase.PENDING, Reason.CREATING_CLUSTER,
-                     f"attempt {index}: creating RayCluster {rc}, resuming "
-                     f"from checkpoint step {resumed or 0}")
+    found = Finding(Reason.CREATING_CLUSTER, f"attempt {index}: creating RayCluster {rc}, "
+                    f"resuming from checkpoint step {resumed or 0}")
     return Action(
-        StatusFacts(view, record={
+        StatusFacts(found, record={
             "attempt": index, "attempts": [*attempts, record], "nextAttempt": None,
             "rayCluster": {"name": rc, "state": None, "admittedGeneration": None},
             "plan": plan_status(plan, saved).to_wire()}),
@@ -274,7 +269,7 @@ def _next_attempt(job: JobRef, spec_body: dict[str, Any], status: dict[str, Any]
                                              debug_collectives=_after_hang(attempts),
                                              measured_save_s=saved)
                   if c["kind"] in PER_ATTEMPT_KINDS],
-        events=[("Normal", Reason.RESTARTED, view.message)],
+        events=[("Normal", Reason.RESTARTED, found.message)],
         recovered_after=failed_for(attempts, now),
     )
 

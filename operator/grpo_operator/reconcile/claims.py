@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpo_api.job import GRPOJobSpec
+
 _MODES_REACH = {"ReadWriteOnce": "one node", "ReadWriteOncePod": "one pod",
                 "ReadOnlyMany": "read-only mounts"}
 
@@ -29,15 +31,14 @@ def _one_claim_problem(field: str, claim: str, namespace: str, pvc: dict[str, An
             + f", but {who} it {access}: use a {' or '.join(shared)} claim")
 
 
-def claim_problem(spec_body: dict[str, Any], namespace: str,
+def claim_problem(spec: GRPOJobSpec, namespace: str,
                   checkpoint_pvc: dict[str, Any] | None, model_pvc: dict[str, Any] | None,
                   pods: int) -> str | None:
     """Why a claim the spec names cannot serve the job's `pods` Ray pods (`*_pvc` is what
     the API server returned for spec.checkpoint.claimName / spec.model.claimName, None if
     absent), or None. Every pod mounts both: checkpoints read-write, so a job of several
     pods needs ReadWriteMany; the model read-only, so ReadOnlyMany will do."""
-    ckpt = (spec_body.get("checkpoint") or {}).get("claimName")
-    model = (spec_body.get("model") or {}).get("claimName")
+    ckpt, model = spec.checkpoint.claim_name, spec.model.claim_name
     problem = None
     if ckpt:
         problem = _one_claim_problem(

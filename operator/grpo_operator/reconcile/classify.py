@@ -57,7 +57,8 @@ class PodOutcome:
     message: str  # one line for humans
     step: int | None = None
     last_checkpoint_step: int | None = None
-    phase: RankPhase | None = None  # the termination message's: what the ranks were doing
+    # What the ranks were doing when it failed (the termination message's "phase").
+    failed_during: RankPhase | None = None
     export: Exported | None = None  # a succeeded trainer's exported model
 
 
@@ -122,10 +123,10 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
     detail = detail[:HANG_DETAIL_CHARS if reason is FailureReason.HANG else DETAIL_CHARS]
     where = f" at step {step}" if step is not None else ""
     text = "finished" if reason is FailureReason.SUCCEEDED else f"{reason.value}{where}"
-    phase = str(msg.get("phase") or "")
+    during = str(msg.get("phase") or "")
     return PodOutcome(reason, code, f"{text} (exit {code}){': ' + detail if detail else ''}",
                       step, ckpt,
-                      RankPhase(phase) if phase in RankPhase.__members__.values() else None,
+                      RankPhase(during) if during in RankPhase.__members__.values() else None,
                       _exported(msg) if reason is FailureReason.SUCCEEDED else None)
 
 

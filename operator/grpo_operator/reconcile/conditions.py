@@ -1,8 +1,7 @@
-"""Job phase and conditions from what the cluster shows (pure)."""
+"""What the cluster shows of the live attempt, and the job's conditions (pure)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from grpo_api.contract import (
@@ -10,20 +9,12 @@ from grpo_api.contract import (
     PHASE_CONDITIONS,
     ROLE_LABEL,
     ConditionType,
-    KueueReason,
-    Phase,
     Reason,
     Role,
     not_reason,
 )
 
-
-@dataclass(frozen=True)
-class PhaseView:
-    phase: Phase
-    reason: Reason | KueueReason
-    message: str
-
+from .phases import Finding, Shown
 
 # A Kubernetes event on the job: (type Normal or Warning, reason, message).
 JobEvent = tuple[str, Reason, str]
@@ -31,6 +22,12 @@ JobEvent = tuple[str, Reason, str]
 
 def role(pod: dict[str, Any]) -> str:
     return str(pod.get("metadata", {}).get("labels", {}).get(ROLE_LABEL, ""))
+
+
+def pod_phase(pod: dict[str, Any]) -> str | None:
+    """The pod's own phase (Pending, Running, Succeeded, Failed), as the kubelet reports it."""
+    phase = pod.get("status", {}).get("phase")
+    return None if phase is None else str(phase)
 
 
 def attempt_of(obj: dict[str, Any]) -> str | None:
@@ -46,72 +43,53 @@ def unschedulable(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def unschedulable_view(pod: dict[str, Any]) -> PhaseView | None:
+def unschedulable_finding(pod: dict[str, Any]) -> Finding | None:
     why = unschedulable(pod)
     if why is None:
         return None
-    return PhaseView(Phase.PENDING, Reason.UNSCHEDULABLE,
-                     f"pod {pod['metadata']['name']} cannot be scheduled: {why}")
+    return Finding(Reason.UNSCHEDULABLE,
+                   f"pod {pod['metadata']['name']} cannot be scheduled: {why}")
 
 
 # KubeRay's RayCluster .status.state once every Ray pod is running and ready.
 RAY_CLUSTER_READY = "ready"
 
 
-def attempt_phase(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any]],
-                  workers_expected: int) -> PhaseView:
-    """Pending / Starting / Running for the live attempt (terminal outcomes come from
-    classify_pod on the head)."""
+def cluster_finding(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any]],
+                    workers_expected: int) -> Finding:
+    """How far the live attempt's cluster and pods are: not created, waiting for pods,
+    starting, running (how an attempt ends comes from classify_pod on the head)."""
     if ray_cluster is None:
-        return PhaseView(Phase.PENDING, Reason.CREATING_CLUSTER, "creating the RayCluster")
+        return Finding(Reason.CREATING_CLUSTER, "creating the RayCluster")
     live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
     for p in live:
-        view = unschedulable_view(p)
-        if view:
-            return view
+        found = unschedulable_finding(p)
+        if found:
+            return found
     heads = [p for p in live if role(p) == Role.HEAD]
     workers = [p for p in live if role(p) != Role.HEAD]
-    running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
+    running = [p for p in live if pod_phase(p) == "Running"]
     if (ray_cluster.get("status") or {}).get("state") == RAY_CLUSTER_READY or (
             heads and len(running) == len(live) and len(workers) >= workers_expected):
-        return PhaseView(Phase.RUNNING, Reason.CLUSTER_RUNNING,
-                         f"head and {workers_expected} worker pod(s) running")
+        return Finding(Reason.CLUSTER_RUNNING, f"head and {workers_expected} worker pod(s) running")
     if not heads:
-        return PhaseView(Phase.PENDING, Reason.WAITING_FOR_PODS,
-                         "waiting for KubeRay to create the head pod")
-    return PhaseView(Phase.STARTING, Reason.PODS_STARTING,
-                     f"{len(running)} of {1 + workers_expected} Ray pods running")
+        return Finding(Reason.WAITING_FOR_PODS, "waiting for KubeRay to create the head pod")
+    return Finding(Reason.PODS_STARTING,
+                   f"{len(running)} of {1 + workers_expected} Ray pods running")
 
 
-_TRUE_FOR: dict[str, set[str]] = {
-    Phase.PENDING: {"Progressing"},
-    Phase.QUEUED: {"Queued"},  # Kueue holds it: waiting, not progressing
-    Phase.STARTING: {"Progressing"},
-    Phase.RUNNING: {"Ready", "Progressing"},
-    Phase.RESTARTING: {"Progressing", "Degraded"},
-    Phase.SUSPENDED: {"Suspended"},
-    Phase.SUCCEEDED: {"Succeeded"},
-    Phase.FAILED: {"Failed"},
-}
-
-
-def conditions_for(view: PhaseView, generation: int, now: str,
-                   previous: list[dict[str, Any]] | None = None,
-                   degraded: PhaseView | None = None) -> list[dict[str, Any]]:
-    """All six conditions for a phase; lastTransitionTime kept while status holds.
-
-    Conditions of other types (MemoryGrowth, from the trainer's report) are kept.
-    """
+def conditions_for(shown: Shown, finding: Finding, generation: int, now: str,
+                   previous: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """All the phase conditions for what the job shows (phases.shown): those that hold
+    and Ready and Progressing carry the finding's reason and message; lastTransitionTime
+    is kept while a condition's status holds. Conditions of other types (MemoryGrowth,
+    HubFetch, from the trainer's reports) are kept."""
     before = {c.get("type"): c for c in previous or []}
-    true_types = set(_TRUE_FOR.get(view.phase, set()))
-    if degraded:
-        true_types.add("Degraded")
     out = []
     for t in PHASE_CONDITIONS:
-        status = "True" if t in true_types else "False"
-        src = degraded if (t == "Degraded" and degraded) else view
-        reason, message = (src.reason, src.message) if status == "True" or t in (
-            "Ready", "Progressing") else (not_reason(t), "")
+        status = "True" if t in shown.holds else "False"
+        reason, message = (finding.reason, finding.message) if status == "True" or t in (
+            ConditionType.READY, ConditionType.PROGRESSING) else (not_reason(t), "")
         old = before.get(t)
         ltt = old["lastTransitionTime"] if old and old.get("status") == status else now
         out.append({"type": t.value, "status": status, "reason": reason, "message": message,

@@ -13,6 +13,9 @@ A model the table knows is planned from the table when its config.json cannot be
 and the plan and a Warning event say so; any other model waits (hub unreachable: the
 read is retried) or fails (no config.json, an architecture the trainer does not train),
 naming the error and the fix.
+
+What to read is decided on the spec as stored (`raw_spec`): by the handler before any
+parse, and by admission for specs that may not parse; reading it takes the parsed spec.
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from grpo_api.contract import TERMINAL_PHASES, Phase, Reason, is_hub_id
+from grpo_api.contract import TERMINAL_PHASES, Reason, is_hub_id
 from grpo_api.job import GRPOJobSpec
 from grpo_api.model_config import ReaderReport, hub_config_url
 
 from ..planner.model_shape import known_family
 from ..render import JobRef, names
 from ..render.model_reader import render_model_reader
-from .conditions import JobEvent, PhaseView, unschedulable
+from .conditions import JobEvent, unschedulable
+from .phases import Finding
 from .status import StatusFacts
 
 READ_POLL_SECONDS = 2.0  # how often a waiting job looks at its reader pod
@@ -57,15 +61,15 @@ class PlanInput:
     source: str
 
 
-def how_read(spec_body: dict[str, Any]) -> How:
-    model = spec_body.get("model") or {}
+def how_read(raw_spec: dict[str, Any]) -> How:
+    model = raw_spec.get("model") or {}
     if model.get("shape"):
         return "shape"
     if model.get("claimName"):
         return "pod"
     if is_hub_id(str(model.get("path") or "")):
         # The token is in the job's Secret: a pod that gets it from the Secret reads.
-        return "pod" if (spec_body.get("hub") or {}).get("tokenSecret") else "hub"
+        return "pod" if (raw_spec.get("hub") or {}).get("tokenSecret") else "hub"
     return "path"
 
 
@@ -73,28 +77,28 @@ PUBLIC_HUB_OFF = ("this operator does not read the public hub (--no-read-public-
                   "chart's readPublicHub: false); spec.hub.endpoint names a hub it reads")
 
 
-def operator_reads_hub(spec_body: dict[str, Any], status: dict[str, Any],
+def operator_reads_hub(raw_spec: dict[str, Any], status: dict[str, Any],
                        read_public_hub: bool) -> bool:
     """Whether the operator GETs this job's config.json itself now: a hub model not read
     yet, from the endpoint the job names, or from the public hub where the operator may
     reach it (--read-public-hub). Otherwise the job plans as without a hub (the table)."""
-    return to_read(spec_body, status) == "hub" and (
-        read_public_hub or bool((spec_body.get("hub") or {}).get("endpoint")))
+    return to_read(raw_spec, status) == "hub" and (
+        read_public_hub or bool((raw_spec.get("hub") or {}).get("endpoint")))
 
 
-def hub_url(spec_body: dict[str, Any]) -> str:
-    model, hub = spec_body.get("model") or {}, spec_body.get("hub") or {}
+def hub_url(raw_spec: dict[str, Any]) -> str:
+    model, hub = raw_spec.get("model") or {}, raw_spec.get("hub") or {}
     return hub_config_url(hub.get("endpoint"), str(model.get("path")), model.get("revision"))
 
 
-def to_read(spec_body: dict[str, Any], status: dict[str, Any]) -> How | None:
+def to_read(raw_spec: dict[str, Any], status: dict[str, Any]) -> How | None:
     """What the handler must gather for this decision: "hub" (the operator's GET),
     "pod" (the reader pod), or None: read already, the shape is given, or the job was
     planned before (by an operator that did not read config.json: its plan stays)."""
     if (status.get("modelConfig") or status.get("attempts")
             or status.get("phase") in TERMINAL_PHASES):
         return None
-    how = how_read(spec_body)
+    how = how_read(raw_spec)
     return how if how in ("hub", "pod") else None
 
 
@@ -112,7 +116,7 @@ def recorded(status: dict[str, Any]) -> PlanInput | None:
                      f"{_SOURCE_WORDS[read['source']]} ({read.get('location')})")
 
 
-def admission_input(spec_body: dict[str, Any], hub: HubAnswer | None,
+def admission_input(raw_spec: dict[str, Any], hub: HubAnswer | None,
                     old_status: dict[str, Any] | None = None) -> tuple[PlanInput | None, bool]:
     """(plan input, whether to plan now) at admission. A recorded read (an update of a
     live job) or the operator's own GET of a public repo plan as reconcile will; so does
@@ -121,8 +125,8 @@ def admission_input(spec_body: dict[str, Any], hub: HubAnswer | None,
     the hub answers or the reader pod has read config.json."""
     if (done := recorded(old_status or {})) is not None:
         return done, True
-    how = how_read(spec_body)
-    known = known_family(str((spec_body.get("model") or {}).get("path") or ""))
+    how = how_read(raw_spec)
+    known = known_family(str((raw_spec.get("model") or {}).get("path") or ""))
     if how == "hub":
         if hub is None:  # not read: the operator reads no public hub
             return PlanInput(None, PUBLIC_HUB_OFF), True
@@ -131,34 +135,34 @@ def admission_input(spec_body: dict[str, Any], hub: HubAnswer | None,
         note = PlanInput(None, f"hub config.json unreadable: {hub.error}")
         return note, known is not None or not hub.retry
     if how == "pod":
-        return PlanInput(None, f"{_where(spec_body)} is read once the job exists"), bool(known)
+        return PlanInput(None, f"{_where(raw_spec)} is read once the job exists"), bool(known)
     return None, True
 
 
-def admission_warning(spec_body: dict[str, Any], hub: HubAnswer | None) -> str | None:
+def admission_warning(raw_spec: dict[str, Any], hub: HubAnswer | None) -> str | None:
     """What kubectl prints beside an admitted job whose config.json was not read."""
-    how = how_read(spec_body)
+    how = how_read(raw_spec)
     if how == "pod":
-        return (f"spec.model: {_where(spec_body)} is read by a pod of the job's image once "
+        return (f"spec.model: {_where(raw_spec)} is read by a pod of the job's image once "
                 "the job exists; the plan, or why it cannot run, shows in its status then")
     if how != "hub" or hub is None or hub.error is None:
         return None
-    known = known_family(str((spec_body.get("model") or {}).get("path") or ""))
+    known = known_family(str((raw_spec.get("model") or {}).get("path") or ""))
     if known is not None:
         return f"spec.model: {hub.error}; planned from the known table ({known[0]})"
     return (f"spec.model: {hub.error}; the job waits ({Reason.MODEL_CONFIG_UNAVAILABLE}) "
-            f"until the hub answers. Fix: {_fix(spec_body)}")
+            f"until the hub answers. Fix: {_fix(raw_spec)}")
 
 
-def _where(spec_body: dict[str, Any]) -> str:
-    model = spec_body.get("model") or {}
+def _where(raw_spec: dict[str, Any]) -> str:
+    model = raw_spec.get("model") or {}
     if model.get("claimName"):
         return f"claim {model['claimName']}:{str(model.get('path')).rstrip('/')}/config.json"
-    return hub_url(spec_body)
+    return hub_url(raw_spec)
 
 
-def _fix(spec_body: dict[str, Any]) -> str:
-    if how_read(spec_body) == "hub" or (spec_body.get("hub") or {}).get("tokenSecret"):
+def _fix(raw_spec: dict[str, Any]) -> str:
+    if how_read(raw_spec) == "hub" or (raw_spec.get("hub") or {}).get("tokenSecret"):
         return ("set spec.model.shape, or make the hub reachable from the cluster "
                 "(spec.hub.endpoint for a mirror)")
     return "set spec.model.shape, or put config.json in the model's directory"
@@ -166,10 +170,10 @@ def _fix(spec_body: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Waiting:
-    """The job cannot be planned yet: its phase, the reader pod to create, and when to
+    """The job cannot be planned yet: what it shows, the reader pod to create, and when to
     decide again (None: it failed for good)."""
 
-    view: PhaseView
+    found: Finding
     create: list[dict[str, Any]] = field(default_factory=list)
     retry_seconds: float | None = None
 
@@ -196,12 +200,12 @@ def _record(source: str, location: str, config: dict[str, Any] | None, now: str,
     return {"modelConfig": out}
 
 
-def _unreadable(spec_body: dict[str, Any], error: str, retry: bool, now: str,
+def _unreadable(raw_spec: dict[str, Any], error: str, retry: bool, now: str,
                 delete_pod: str | None = None) -> ModelStep:
     """config.json could not be read: the table when it knows the name, else wait (an
     error that may pass) or fail (the model's own)."""
-    path = str((spec_body.get("model") or {}).get("path") or "")
-    where = _where(spec_body)
+    path = str((raw_spec.get("model") or {}).get("path") or "")
+    where = _where(raw_spec)
     known = known_family(path)
     if known is not None:
         note = f"{where} unreadable: {error}"
@@ -210,57 +214,57 @@ def _unreadable(spec_body: dict[str, Any], error: str, retry: bool, now: str,
         return ModelStep(_record("table", where, None, now, note),
                          [("Warning", Reason.MODEL_CONFIG_UNAVAILABLE, message)], delete_pod)
     if retry:
-        view = PhaseView(Phase.PENDING, Reason.MODEL_CONFIG_UNAVAILABLE,
-                         f"cannot read {where}: {error}; retrying every {RETRY_SECONDS:g} s. "
-                         f"Fix: {_fix(spec_body)}")
-        return ModelStep(events=[("Warning", Reason.MODEL_CONFIG_UNAVAILABLE, view.message)],
-                         delete_pod=delete_pod, waiting=Waiting(view, [], RETRY_SECONDS))
-    view = PhaseView(Phase.FAILED, Reason.CONFIG_ERROR,
-                     f"spec.model.path: cannot read {where}: {error}; {_fix(spec_body)}")
-    return ModelStep(events=[("Warning", Reason.CONFIG_ERROR, view.message)], delete_pod=delete_pod,
-                     waiting=Waiting(view))
+        found = Finding(Reason.MODEL_CONFIG_UNAVAILABLE,
+                        f"cannot read {where}: {error}; retrying every {RETRY_SECONDS:g} s. "
+                        f"Fix: {_fix(raw_spec)}")
+        return ModelStep(events=[("Warning", Reason.MODEL_CONFIG_UNAVAILABLE, found.message)],
+                         delete_pod=delete_pod, waiting=Waiting(found, [], RETRY_SECONDS))
+    found = Finding(Reason.CONFIG_ERROR,
+                    f"spec.model.path: cannot read {where}: {error}; {_fix(raw_spec)}")
+    return ModelStep(events=[("Warning", Reason.CONFIG_ERROR, found.message)],
+                     delete_pod=delete_pod, waiting=Waiting(found))
 
 
-def read_step(job: JobRef, spec_body: dict[str, Any], spec: GRPOJobSpec,
+def read_step(job: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec,
               status: dict[str, Any], hub: HubAnswer | None, reader: dict[str, Any] | None,
               now: str, default_image: str = "") -> ModelStep:
     """This decision's part of reading config.json (`hub`, `reader`: what the handler
     gathered for to_read; `reader` None: no reader pod yet)."""
-    how = to_read(spec_body, status)
+    how = to_read(raw_spec, status)
     if how == "hub":
         if hub is None:  # not read: planned as without a hub (the table)
             return ModelStep()
         if hub.config is not None:
             return ModelStep(_record("hub", hub.url, hub.config, now))
-        return _unreadable(spec_body, str(hub.error), hub.retry, now)
+        return _unreadable(raw_spec, str(hub.error), hub.retry, now)
     if how != "pod":
         return ModelStep()
-    url = None if spec.model.claim_name else hub_url(spec_body)
+    url = None if spec.model.claim_name else hub_url(raw_spec)
     name = names.model_reader(job)
     if reader is None:
-        view = PhaseView(Phase.PENDING, Reason.READING_MODEL_CONFIG,
-                         f"pod {name} reads {_where(spec_body)} before the job is planned")
+        found = Finding(Reason.READING_MODEL_CONFIG,
+                        f"pod {name} reads {_where(raw_spec)} before the job is planned")
         pod = render_model_reader(spec, job, url, default_image)
-        return ModelStep(waiting=Waiting(view, [pod], READ_POLL_SECONDS))
+        return ModelStep(waiting=Waiting(found, [pod], READ_POLL_SECONDS))
     ended = _terminated(reader)
     if ended is None:
         why = unschedulable(reader) or _waiting_reason(reader)
-        view = PhaseView(Phase.PENDING, Reason.READING_MODEL_CONFIG,
-                         f"pod {name} reads {_where(spec_body)}" + (f": {why}" if why else ""))
-        return ModelStep(waiting=Waiting(view, [], READ_POLL_SECONDS))
+        found = Finding(Reason.READING_MODEL_CONFIG,
+                        f"pod {name} reads {_where(raw_spec)}" + (f": {why}" if why else ""))
+        return ModelStep(waiting=Waiting(found, [], READ_POLL_SECONDS))
     try:
         report = ReaderReport.model_validate_json(str(ended.get("message") or ""))
     except ValidationError:
-        return _unreadable(spec_body, (
+        return _unreadable(raw_spec, (
             f"pod {name} ended (exit {ended.get('exitCode')}, {ended.get('reason')}) without "
             f"a report: {str(ended.get('message') or '').strip()[-500:]}; a trainer image "
             "older than the operator lacks `python -m grpo_api.model_config`: set spec.image "
             "to a current one"), False, now, name)
     if report.config is not None:
         source = "hub" if url else "claim"
-        return ModelStep(_record(source, _where(spec_body), report.config, now),
+        return ModelStep(_record(source, _where(raw_spec), report.config, now),
                          delete_pod=name)
-    return _unreadable(spec_body, str(report.error), report.retry, now, name)
+    return _unreadable(raw_spec, str(report.error), report.retry, now, name)
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -282,6 +286,4 @@ def _waiting_reason(pod: dict[str, Any]) -> str | None:
 def waiting_facts(step: ModelStep) -> StatusFacts:
     """What a job whose config.json is being read, or could not be, shows."""
     assert step.waiting is not None
-    view = step.waiting.view
-    return StatusFacts(view, degraded=view.reason == Reason.MODEL_CONFIG_UNAVAILABLE,
-                       record=step.fields)
+    return StatusFacts(step.waiting.found, record=step.fields)

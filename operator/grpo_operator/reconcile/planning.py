@@ -1,16 +1,18 @@
-"""A job's plan (pure): parsed, planned and checked as admission checks it; the plan of
-the attempt after a memory failure (the ladder replayed from status.attempts); the
-restart backoff."""
+"""A job's plan (pure): planned and checked as admission checks it; the plan of the
+attempt after a memory failure (the ladder replayed from status.attempts); the restart
+backoff. Within one decision the spec is parsed once and planned at most once
+(`Planner`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
-from grpo_api.contract import FailureReason
+from grpo_api.contract import FailureReason, Reason
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.job.trainer import config_sources
 
@@ -23,22 +25,69 @@ from .model_config import PlanInput
 MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
 
 
-def planned(spec_body: dict[str, Any], attempts: list[dict[str, Any]] | None = None,
+def planned(spec: GRPOJobSpec, attempts: list[dict[str, Any]] | None = None,
             catalog: Mapping[str, GpuType] = GPU_CATALOG,
-            model: PlanInput | None = None) -> tuple[GRPOJobSpec, Plan]:
-    """Parse and plan; raises SpecError / InfeasibleError / ValueError with the reason.
+            model: PlanInput | None = None) -> Plan:
+    """The plan; raises SpecError / InfeasibleError / ValueError with the reason.
 
     With `attempts`, the plan is the one for the attempt after them: the first plan with
     every remediation recorded in `attempts` replayed in order (the ladder is
     deterministic, so the operator keeps no plan state of its own). `model`: the
     model's config.json as read (status.modelConfig, model_config.py)."""
-    spec = parse_spec(spec_body)
     plan = (checked_plan(spec, catalog, model.config, model.source) if model is not None
             else checked_plan(spec, catalog))
     for a in attempts or []:
         if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
             plan = next_safer_plan(plan, a["outcome"], phase=a.get("failedPhase")) or plan
-    return spec, plan
+    return plan
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """A job that can run: its spec and the plan of an attempt."""
+
+    spec: GRPOJobSpec
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a job cannot run: its spec does not parse (InvalidSpec) or cannot be planned
+    (Infeasible); `error` is what was raised, with the reasons."""
+
+    reason: Reason
+    error: Exception
+
+
+class Planner:
+    """One decision's job spec, parsed once, and its plan, made only when a step needs
+    one: `reconcile` makes one per decision and passes it down; `runs` counts the
+    planner's runs (at most one a decision; the handler records it as a metric)."""
+
+    def __init__(self, raw_spec: dict[str, Any],
+                 catalog: Mapping[str, GpuType] = GPU_CATALOG) -> None:
+        self.catalog = catalog
+        self.runs = 0
+        self.spec: GRPOJobSpec | None = None
+        self.error: SpecError | None = None
+        try:
+            self.spec = parse_spec(raw_spec)
+        except SpecError as exc:
+            self.error = exc
+
+    def plan(self, attempts_before: list[dict[str, Any]],
+             model: PlanInput | None) -> JobPlan | Refused:
+        """The plan of the attempt after `attempts_before` (planned)."""
+        if self.spec is None:
+            assert self.error is not None
+            return Refused(Reason.INVALID_SPEC, self.error)
+        self.runs += 1
+        try:
+            return JobPlan(self.spec, planned(self.spec, attempts_before, self.catalog, model))
+        except SpecError as exc:
+            return Refused(Reason.INVALID_SPEC, exc)
+        except (InfeasibleError, ValueError) as exc:
+            return Refused(Reason.INFEASIBLE, exc)
 
 
 def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG,
@@ -69,15 +118,14 @@ def _check_trainer_config(spec: GRPOJobSpec, plan: Plan) -> None:
     plan make must pass the trainer's own schema (a job the API server stores but whose
     config cannot be rendered would never get a status)."""
     try:
-        trainer_config(spec, plan, _ADMISSION_REF, 0)
+        trainer_config(spec, plan, _ADMISSION_REF)
     except ValidationError as exc:
         raise SpecError([_spec_problem(e["loc"], e["msg"]) for e in exc.errors()]) from None
 
 
 def _spec_problem(loc: tuple[int | str, ...], msg: str) -> str:
     """A trainer config error as the spec fields a user changes: each config path in the
-    location or the message names its spec field (a planned knob's by grpo_api.knobs,
-    the others' by grpo_api.job.trainer.SPEC_SOURCES)."""
+    location or the message names its spec field (grpo_api.job.trainer.SOURCES)."""
     where = ".".join(str(p) for p in loc)
     sources = config_sources()
     fields = [field for path, field in sources.items() if path == where or path in msg]
@@ -89,14 +137,3 @@ def backoff_seconds(spec: GRPOJobSpec, restarts: int) -> int:
     """Exponential, capped: initial x 2^restarts, at most max."""
     b = spec.restart_policy.backoff
     return int(min(b.initial_seconds * 2 ** restarts, b.max_seconds))
-
-
-def planned_pods(spec_body: dict[str, Any],
-                 catalog: Mapping[str, GpuType] = GPU_CATALOG,
-                 model: PlanInput | None = None) -> int:
-    """Ray pods the job's plan has (the planner resolves an unset resources.nodes); 1 when
-    the spec cannot be planned (ensure_attempt then refuses it with the reason)."""
-    try:
-        return planned(spec_body, None, catalog, model)[1].pods
-    except (SpecError, InfeasibleError, ValueError):
-        return 1

@@ -4,26 +4,29 @@ nothing for too long is ended as Hang.
 The trainer ends a hung run itself (exit 6, with every rank's stacks), but a driver
 that is itself stuck (frozen, stopped, its monitor thread gone) reports nothing and
 exits never. Its last sign of life is the newest of: when the attempt became Running
-(the Ready condition), the last step report (progress.updatedAt) and the last phase
-mark (progress.phaseAt). The deadline is the trainer's own rule (the stall timeout, or
-`STALL_STEP_MULTIPLE` x the step time, whichever is larger) plus a grace in which the
-trainer's verdict, which says more, would have arrived (OperatorConfig.hang_grace_seconds).
+(the Ready condition), the last step report (progress.updatedAt) and the last stage
+mark (the stage of a step it entered: progress.phase, at progress.phaseAt). The
+deadline is the trainer's own rule (the stall timeout, or `STALL_STEP_MULTIPLE` x the
+step time, whichever is larger) plus a grace in which the trainer's verdict, which says
+more, would have arrived (OperatorConfig.hang_grace_seconds).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import ATTEMPT_RUNNING, STALL_STEP_MULTIPLE, FailureReason, Phase
-from grpo_api.job import SpecError, parse_spec
 
 from .action import Action
 from .attempts import finish_attempt
 from .classify import PodOutcome
+from .planning import Planner
+
+# status.progress fields of the driver's stage marks (the wire names, written by the
+# trainer: the stage of a step it entered last, and when).
+STAGE, STAGE_AT = "phase", "phaseAt"
 
 # How often the operator looks (a timer per Running job): late by at most this much.
 PROGRESS_CHECK_INTERVAL_S = 30.0
@@ -91,7 +94,7 @@ def silence(status: dict[str, Any], stall_timeout_s: int, now: str,
     if running is None or current is None:
         return None
     progress = status.get("progress") or {}
-    marks = [t for t in (_time(progress.get("updatedAt")), _time(progress.get("phaseAt")))
+    marks = [t for t in (_time(progress.get("updatedAt")), _time(progress.get(STAGE_AT)))
              if t is not None]
     since = max([running, *marks])  # an earlier attempt's reports are older than Running
     step_s = step_estimate_s(status, running)
@@ -99,17 +102,15 @@ def silence(status: dict[str, Any], stall_timeout_s: int, now: str,
     return Silence(since, running, (current - since).total_seconds(), deadline, step_s)
 
 
-def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], now: str,
-                       grace_s: float,
-                       catalog: Mapping[str, GpuType] = GPU_CATALOG) -> Action:
+def end_silent_attempt(status: dict[str, Any], planner: Planner, now: str,
+                       grace_s: float) -> Action:
     """The timer's decision: nothing while the driver reports in time; once it is
     overdue, the attempt ends as Hang and restarts like one the trainer ended (same plan,
     the collective debug env, counted towards maxRestarts). Idempotent: an ended attempt
     is not Running any more."""
-    try:
-        stall = parse_spec(spec_body).restart_policy.stall_timeout_seconds
-    except SpecError:
+    if planner.spec is None:
         return Action()  # the spec's own events say why
+    stall = planner.spec.restart_policy.stall_timeout_seconds
     quiet = silence(status, stall, now, grace_s)
     if quiet is None or not quiet.overdue:
         return Action()
@@ -119,9 +120,9 @@ def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], now: s
     progress = status.get("progress") or {}
     step = progress.get("step")
     last = f"step {step}" if step is not None else "no step yet"
-    marked = _time(progress.get("phaseAt"))
-    if progress.get("phase") and marked is not None and marked >= quiet.running:
-        last += f", phase {progress['phase']}"
+    marked = _time(progress.get(STAGE_AT))
+    if progress.get(STAGE) and marked is not None and marked >= quiet.running:
+        last += f", phase {progress[STAGE]}"  # the Hang message's wording, kept for users
     estimate = f", a step ~{quiet.step_s:.0f} s" if quiet.step_s is not None else ""
     message = (f"the driver reported no progress for {quiet.seconds:.0f} s (deadline "
                f"{quiet.deadline_s:.0f} s: restartPolicy.stallTimeoutSeconds {stall}"
@@ -131,7 +132,7 @@ def end_silent_attempt(status: dict[str, Any], spec_body: dict[str, Any], now: s
     outcome = PodOutcome(FailureReason.HANG, None, message,
                          step if isinstance(step, int) else None,
                          progress.get("lastCheckpointStep"))
-    return finish_attempt(status, outcome, now, spec_body, catalog)
+    return finish_attempt(status, outcome, now, planner)
 
 
 def progress_watched(job: dict[str, Any]) -> bool:

@@ -15,17 +15,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from grpo_api.contract import (
-    ATTEMPT_RUNNING,
-    KUEUE_QUEUE_LABEL,
-    MAX_RESTARTS,
-    KueueReason,
-    Phase,
-    Reason,
-)
+from grpo_api.contract import ATTEMPT_RUNNING, KUEUE_QUEUE_LABEL, MAX_RESTARTS, KueueReason, Reason
 
 from .action import Action
-from .conditions import PhaseView
+from .phases import Finding
 from .status import StatusFacts
 
 _REASON_SAFE = re.compile(r"[^A-Za-z0-9_,:]")
@@ -75,29 +68,29 @@ def _reason(text: str, fallback: Reason) -> KueueReason | Reason:
     return KueueReason(clean) if clean[:1].isalpha() else fallback
 
 
-def queued_view(ray_cluster: dict[str, Any], workload: dict[str, Any] | None,
-                cluster_queue: str | None) -> PhaseView:
-    """Phase Queued with Kueue's reason: why the Workload has no quota yet (which
-    ClusterQueue, which resource is short), or what admission still waits for."""
+def queued_finding(ray_cluster: dict[str, Any], workload: dict[str, Any] | None,
+                   cluster_queue: str | None) -> Finding:
+    """Kueue's reason for holding the cluster (phase Queued): why the Workload has no
+    quota yet (which ClusterQueue, which resource is short), or what admission still
+    waits for."""
     queue = queue_of(ray_cluster)
     where = f"LocalQueue {queue}" + (f" (ClusterQueue {cluster_queue})" if cluster_queue
                                      else "")
     name = ray_cluster.get("metadata", {}).get("name")
     if workload is None:
-        return PhaseView(Phase.QUEUED, Reason.WAITING_FOR_WORKLOAD,
-                         f"RayCluster {name} is suspended in {where}; waiting for Kueue to "
-                         "create its Workload (is Kueue running with the ray.io/raycluster "
-                         "integration?)")
+        return Finding(Reason.WAITING_FOR_WORKLOAD,
+                       f"RayCluster {name} is suspended in {where}; waiting for Kueue to "
+                       "create its Workload (is Kueue running with the ray.io/raycluster "
+                       "integration?)")
     reserved = _condition(workload, "QuotaReserved")
     if reserved.get("status") == "True":
         checks = _condition(workload, "Admitted")
-        return PhaseView(Phase.QUEUED, _reason(str(checks.get("reason") or ""),
-                                               Reason.ADMISSION_CHECKS_PENDING),
-                         f"quota reserved in {where}; waiting for admission checks"
-                         + (f": {checks['message']}" if checks.get("message") else ""))
+        return Finding(_reason(str(checks.get("reason") or ""), Reason.ADMISSION_CHECKS_PENDING),
+                       f"quota reserved in {where}; waiting for admission checks"
+                       + (f": {checks['message']}" if checks.get("message") else ""))
     why = str(reserved.get("message") or "waiting for Kueue to consider the Workload")
-    return PhaseView(Phase.QUEUED, _reason(str(reserved.get("reason") or ""), Reason.PENDING),
-                     f"queued in {where}: {why}")
+    return Finding(_reason(str(reserved.get("reason") or ""), Reason.PENDING),
+                   f"queued in {where}: {why}")
 
 
 def admission_event(ray_cluster: dict[str, Any], workload: dict[str, Any] | None) -> str:
@@ -136,21 +129,21 @@ def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None, now
     rc = (status.get("rayCluster") or {}).get("name")
     ckpt = record.get("lastCheckpointStep") or 0
     if attempt >= MAX_RESTARTS:
-        view = PhaseView(Phase.FAILED, Reason.PREEMPTED,
-                         f"attempt {attempt}: {why}; no attempt numbers left (at most "
-                         f"{MAX_RESTARTS + 1} attempts); to go on from checkpoint step "
-                         f"{ckpt}, delete the job and create it again ({advice})")
-        return Action(StatusFacts(view, record={"attempts": attempts}),
+        found = Finding(Reason.PREEMPTED,
+                        f"attempt {attempt}: {why}; no attempt numbers left (at most "
+                        f"{MAX_RESTARTS + 1} attempts); to go on from checkpoint step "
+                        f"{ckpt}, delete the job and create it again ({advice})", final=True)
+        return Action(StatusFacts(found, record={"attempts": attempts}),
                       delete_ray_cluster=rc, events=[("Warning", Reason.PREEMPTED,
-                                                      view.message)])
-    view = PhaseView(Phase.QUEUED, Reason.PREEMPTED,
-                     f"attempt {attempt} preempted by Kueue ({why}); attempt {attempt + 1} "
-                     f"queues again and resumes from checkpoint step {ckpt} (no restart "
-                     "counted)")
+                                                      found.message)])
+    found = Finding(Reason.PREEMPTED,
+                    f"attempt {attempt} preempted by Kueue ({why}); attempt {attempt + 1} "
+                    f"queues again and resumes from checkpoint step {ckpt} (no restart "
+                    "counted)", requeued=True)
     return Action(
-        StatusFacts(view, record={"attempts": attempts,
+        StatusFacts(found, record={"attempts": attempts,
                                   "preemptions": int(status.get("preemptions") or 0) + 1,
                                   "nextAttempt": {"index": attempt + 1, "notBefore": now}}),
         delete_ray_cluster=rc,
-        events=[("Warning", Reason.PREEMPTED, view.message)],
+        events=[("Warning", Reason.PREEMPTED, found.message)],
     )

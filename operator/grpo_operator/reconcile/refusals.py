@@ -22,7 +22,7 @@ from typing import Any
 from grpo_api.contract import ATTEMPT_RUNNING, FailureReason, Phase, Reason
 
 from .action import Action
-from .conditions import PhaseView
+from .phases import Finding
 from .status import StatusFacts
 
 REPLICA_FAILURE = "ReplicaFailure"  # KubeRay's RayClusterReplicaFailure condition type
@@ -72,26 +72,26 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, now: str,
     until = since + dt.timedelta(seconds=deadline_s)
     what = f"KubeRay cannot create the {refusal.role} pod of RayCluster {rc_name}"
     if _time(now) < until:
-        view = PhaseView(Phase.PENDING, Reason.POD_CREATE_REFUSED,
-                         f"{what}: {refusal.message}. The attempt fails at {_stamp(until)} "
-                         f"unless this is fixed: {FIX}")
+        found = Finding(Reason.POD_CREATE_REFUSED,
+                        f"{what}: {refusal.message}. The attempt fails at {_stamp(until)} "
+                        f"unless this is fixed: {FIX}")
         first = _reason(status, "Progressing") != Reason.POD_CREATE_REFUSED
-        return Action(StatusFacts(view, degraded=True),
-                      events=[("Warning", Reason.POD_CREATE_REFUSED, view.message)]
+        return Action(StatusFacts(found),
+                      events=[("Warning", Reason.POD_CREATE_REFUSED, found.message)]
                       if first else [])
     seconds = int((_time(now) - since).total_seconds())
-    view = PhaseView(Phase.FAILED, Reason.POD_CREATE_REFUSED,
-                     f"{what} for {seconds} s: {refusal.message}. Not retried: {FIX}, "
-                     f"then delete the job and create it again ({advice})")
+    found = Finding(Reason.POD_CREATE_REFUSED,
+                    f"{what} for {seconds} s: {refusal.message}. Not retried: {FIX}, "
+                    f"then delete the job and create it again ({advice})", final=True)
     attempt = int(status.get("attempt") or 0)
     attempts = [dict(a) for a in status.get("attempts") or []]
     for a in attempts:
         if a.get("index") == attempt and a.get("outcome") == ATTEMPT_RUNNING:
-            a.update(endTime=now, outcome=FailureReason.ERROR.value, reason=view.message)
+            a.update(endTime=now, outcome=FailureReason.ERROR.value, reason=found.message)
     return Action(
-        StatusFacts(view, record={"attempts": attempts}),
+        StatusFacts(found, record={"attempts": attempts}),
         delete_ray_cluster=rc_name,
-        events=[("Warning", Reason.POD_CREATE_REFUSED, view.message)],
+        events=[("Warning", Reason.POD_CREATE_REFUSED, found.message)],
     )
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from grpo_api.contract import (
     API_GROUP,
     API_VERSION,
@@ -27,7 +25,7 @@ from grpo_api.contract import (
     CheckpointRetention,
     Reason,
 )
-from grpo_api.job import SpecError, parse_spec
+from grpo_api.job import GRPOJobSpec
 
 from ..render import JobRef, names
 from .classify import Exported
@@ -47,17 +45,12 @@ DELETE_ADVICE = (
 )
 
 
-def _retention(spec_body: dict[str, Any] | None) -> CheckpointRetention:
-    try:
-        return parse_spec(spec_body or {}).checkpoint.effective_retention
-    except (SpecError, ValidationError, ValueError):
-        return CheckpointRetention.RETAIN  # a spec that does not parse changes no claim
-
-
-def recreate_advice(spec_body: dict[str, Any] | None) -> str:
-    """What deleting and re-creating this job does to its checkpoints, in words."""
-    return DELETE_ADVICE if _retention(spec_body) is CheckpointRetention.DELETE else \
-        RETAIN_ADVICE
+def recreate_advice(spec: GRPOJobSpec | None) -> str:
+    """What deleting and re-creating this job does to its checkpoints, in words (None: a
+    spec that does not parse, which changes no claim)."""
+    delete = spec is not None and \
+        spec.checkpoint.effective_retention is CheckpointRetention.DELETE
+    return DELETE_ADVICE if delete else RETAIN_ADVICE
 
 
 @dataclass(frozen=True)
@@ -81,7 +74,7 @@ def _job_refs(refs: list[dict[str, Any]], job: JobRef) -> list[dict[str, Any]]:
             and str(r.get("apiVersion", "")).startswith(f"{API_GROUP}/")]
 
 
-def claim_change(spec_body: dict[str, Any], job: JobRef,
+def claim_change(spec: GRPOJobSpec, job: JobRef,
                  pvc: dict[str, Any] | None) -> ClaimChange | None:
     """How the existing checkpoint claim (`pvc`, None when absent: it is created as
     rendered) must change to serve this job under its retention, or None.
@@ -92,14 +85,13 @@ def claim_change(spec_body: dict[str, Any], job: JobRef,
     changes it, adding this job as a (non-controller) owner."""
     if pvc is None:
         return None
-    ckpt = spec_body.get("checkpoint") or {}
-    retention = _retention(spec_body)
+    retention = spec.checkpoint.effective_retention
     meta = pvc.get("metadata") or {}
-    name = str(meta.get("name") or names.checkpoint_claim(job, ckpt.get("claimName")))
+    name = str(meta.get("name") or names.checkpoint_claim(job, spec.checkpoint.claim_name))
     refs = list(meta.get("ownerReferences") or [])
     version = {"resourceVersion": meta["resourceVersion"]} if meta.get("resourceVersion") \
         else {}
-    if ckpt.get("claimName"):
+    if spec.checkpoint.claim_name:
         if retention is CheckpointRetention.RETAIN or any(
                 r.get("uid") == job.uid for r in refs):
             return None

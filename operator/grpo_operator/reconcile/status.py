@@ -2,27 +2,26 @@
 computes a RayCluster's: the reconcile steps only record what they found (`StatusFacts`)
 and `derive_status` turns the facts and the status before into the one merge patch the
 handler writes, reduced to what changes ({}: nothing to write, as KubeRay writes status
-only when it differs)."""
+only when it differs). The phase and its conditions come from the one table in
+phases.py, applied here only."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from .conditions import PhaseView, conditions_for
+from .conditions import conditions_for
+from .phases import Finding, shown
 
 
 @dataclass
 class StatusFacts:
     """What one reconcile step found out about the job."""
 
-    # The phase what the step saw gives (an attempt's end, the pods' or Kueue's state, a
-    # refusal, a spec problem, config.json being read) with its reason and message;
-    # None: the phase stands.
-    seen: PhaseView | None = None
-    # The seen phase is a fault the job waits out (a refused create, an unreachable hub):
-    # Degraded is True with its reason beside Progressing.
-    degraded: bool = False
+    # What the step saw (an attempt's end, the pods' or Kueue's state, a refusal, a spec
+    # problem, config.json being read): the reason the job shows, with its message and
+    # whether the job gives up; None: the phase stands.
+    seen: Finding | None = None
     # The record, in wire names (None removes a field): attempts[], nextAttempt, restarts,
     # preemptions, plan, rayCluster (name, state, admittedGeneration), modelConfig, export.
     record: dict[str, Any] = field(default_factory=dict)
@@ -33,7 +32,7 @@ class StatusFacts:
 def derive_status(previous: dict[str, Any], facts: StatusFacts, generation: int,
                   now: str) -> dict[str, Any]:
     """The status patch for `facts` over `previous` (the status the decision was made
-    from): the phase and every phase condition from `facts.seen` (their
+    from): the phase and every phase condition `facts.seen` gives (phases.shown; their
     lastTransitionTime kept while they hold), the record, and observedGeneration, which
     moves with a decision on the job and not with the trainer's report alone."""
     conditions = facts.reported
@@ -42,12 +41,11 @@ def derive_status(previous: dict[str, Any], facts: StatusFacts, generation: int,
         want["observedGeneration"] = generation
     want |= facts.record
     if facts.seen is not None:
-        view: PhaseView = facts.seen
-        want["phase"] = view.phase
-        conditions = conditions_for(view, generation, now,
+        show = shown(facts.seen)
+        want["phase"] = show.phase
+        conditions = conditions_for(show, facts.seen, generation, now,
                                     conditions if conditions is not None
-                                    else previous.get("conditions"),
-                                    view if facts.degraded else None)
+                                    else previous.get("conditions"))
     if conditions is not None:
         want["conditions"] = conditions
     return {k: v for k, v in want.items() if _changes(previous.get(k), v)}

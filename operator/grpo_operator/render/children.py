@@ -74,16 +74,25 @@ def render_template(name: str, ctx: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for d in yaml.load_all(text, Loader=yaml.CSafeLoader) if d]
 
 
-def job_env(plan: Plan, job: JobRef, attempt: int) -> dict[str, str]:
-    """Everything injected into the Ray containers: the plan's env plus identity."""
+def identity_env(job: JobRef, attempt: int) -> dict[str, str]:
+    """The job's identity, as the env of its Ray containers: the one channel it reaches
+    the trainer by (grpo_api.job.trainer.IDENTITY_ENV says which config path each sets)."""
     return {
-        **plan.env,
         Env.JOB_NAME.value: job.name,
         Env.JOB_NAMESPACE.value: job.namespace,
         Env.JOB_UID.value: job.uid,
         Env.ATTEMPT.value: str(attempt),
         Env.CHECKPOINT_DIR.value: names.checkpoint_dir(job),
     }
+
+
+def job_env(plan: Plan, job: JobRef, attempt: int) -> dict[str, str]:
+    """Everything injected into the Ray containers: the plan's env plus identity."""
+    return {**plan.env, **identity_env(job, attempt)}
+
+
+# What the head's hub-fetch step reads of the identity: where it reports its progress.
+HUB_FETCH_ENV = (Env.JOB_NAME.value, Env.JOB_NAMESPACE.value)
 
 
 def logging_env(spec: GRPOJobSpec) -> list[dict[str, Any]]:
@@ -104,7 +113,7 @@ def render_children(
     `measured_save_s`: status.progress.saveSeconds, which sizes the SIGTERM grace."""
     ctx = _context(spec, plan, job, attempt, default_image, debug_collectives,
                    measured_save_s)
-    config = trainer_config(spec, plan, job, attempt)
+    config = trainer_config(spec, plan, job)
     ctx["config_yaml"] = yaml.dump(config, Dumper=yaml.CSafeDumper, sort_keys=False)
     files = ["configmap.yaml.j2", "rbac.yaml.j2", "raycluster.yaml.j2"]
     if spec.checkpoint.claim_name is None:
@@ -164,6 +173,7 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
         "head_command": HEAD_COMMAND,
         "worker_command": WORKER_COMMAND,
         "env": env,
+        "hub_fetch_env": {k: env[k] for k in HUB_FETCH_ENV},
         "termination_log": TERMINATION_LOG,
         "grace_s": grace_s,
         "prestop_command": PRESTOP_COMMAND.format(timeout=prestop_timeout_s(grace_s)),

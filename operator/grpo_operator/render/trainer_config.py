@@ -1,8 +1,12 @@
 """The resolved trainer config (the per-attempt ConfigMap) from spec + plan.
 
+Every path it sets is declared, with its source, in grpo_api.job.trainer.SOURCES; the
+job's identity (checkpoint.dir, trainer.job_name, .job_namespace, .job_uid, .attempt)
+is not in it: it reaches the trainer once, as the Ray containers' env (children.py).
 Validated with the trainer's own schema (`grpo_api.trainer_config`, which the trainer
-loads its file into), so a job the trainer would reject with exit 2 is caught here; the
-webhook renders it too (reconcile.planning.planned), so such a job is refused at apply.
+loads its file into, with that env over it), so a job the trainer would reject with
+exit 2 is caught here; the webhook renders it too (reconcile.planning.planned), so such
+a job is refused at apply.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 from grpo_api.job import GRPOJobSpec
 from grpo_api.job.lora import ALL_LINEAR, LoraSpec
 from grpo_api.job.tracking import LoggingSpec
-from grpo_api.knobs import KNOBS
+from grpo_api.job.trainer import PLANNED
 from grpo_api.trainer_config import Config
 
 from ..planner import Plan
@@ -59,7 +63,7 @@ def metrics_config(logging: LoggingSpec, job: JobRef) -> dict[str, Any]:
     return out
 
 
-def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> dict[str, Any]:
+def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]:
     s, g = plan.settings, plan.geometry
     tr, alg = spec.training, spec.algorithm
     samples = tr.rollout_batch_size * s.rollout_n
@@ -116,7 +120,6 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             **({"function": spec.reward.function} if spec.reward.function else {}),
         },
         "checkpoint": {
-            "dir": checkpoint_dir(job),
             "interval_steps": spec.checkpoint.interval_steps,
             "keep": spec.checkpoint.keep,
             "async_save": spec.checkpoint.async_save,
@@ -131,16 +134,13 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int) -> 
             "rollout_batch_size": tr.rollout_batch_size,
             "seed": tr.seed,
             "val_interval_steps": tr.val_interval_steps,
-            "job_name": job.name,
-            "job_namespace": job.namespace,
-            "attempt": attempt,
             "stall_timeout_s": spec.restart_policy.stall_timeout_seconds,
         },
     }
-    for knob in KNOBS:  # the planned settings, by their trainer paths (grpo_api.knobs)
-        if knob.trainer:
-            section, key = knob.trainer.split(".")
-            cfg[section][key] = knob.trainer_value(plan.knob_value(knob))
+    for source in PLANNED:  # the planned settings, by their trainer paths
+        assert source.knob is not None
+        section, key = source.path.split(".")
+        cfg[section][key] = source.knob.trainer_value(plan.knob_value(source.knob))
     for path, value in spec.trainer.trainer_settings().items():  # passed on as they are
         section, key = path.split(".")
         cfg[section][key] = value

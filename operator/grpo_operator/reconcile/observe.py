@@ -1,0 +1,183 @@
+"""What a decision reads (pure): the events `reconcile` decides on, what a handler
+gathers for each (`Observed`), and the predicates by which a handler reads only what
+the event needs (a pending pod's many events cost no API call). core.py decides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_api.contract import TERMINAL_PHASES, Phase, Role
+
+from .classify import LOST_RANKS, PodOutcome, classify_pod, worker_outcome
+from .conditions import RAY_CLUSTER_READY, attempt_of, pod_phase, role, unschedulable
+from .model_config import HubAnswer
+from .queue import admitted, held_by_kueue, queue_of
+
+# Job phases in which the Ray pods and cluster say nothing new: the job ended, is
+# suspended, or waits for its next attempt (whose cluster does not exist yet).
+QUIET = (*TERMINAL_PHASES, Phase.SUSPENDED, Phase.RESTARTING)
+
+
+@dataclass(frozen=True)
+class SpecChanged:
+    """The job was created, edited, or seen again at operator start."""
+
+
+@dataclass(frozen=True)
+class BackoffTimer:
+    """The restart timer ticked (the job has status.nextAttempt)."""
+
+
+@dataclass(frozen=True)
+class ProgressTimer:
+    """The progress deadline's timer ticked (the job is Running)."""
+
+
+@dataclass(frozen=True)
+class JobChanged:
+    """Any change of the job, e.g. the trainer's progress report."""
+
+
+@dataclass(frozen=True)
+class PodChanged:
+    """A Ray pod of the job changed or was deleted."""
+
+    pod: dict[str, Any]
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterChanged:
+    """The job's RayCluster changed (KubeRay writes its status as pods become ready)."""
+
+    ray_cluster: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CreateFailed:
+    """The API server refused a child the last Action asked for (quota, admission, RBAC):
+    reported in status and an event, and tried again, not left as a silent
+    CreatingCluster."""
+
+    kind: str
+    name: str
+    message: str  # the API server's own words (kube.api_message)
+
+
+Event = (SpecChanged | BackoffTimer | ProgressTimer | JobChanged | PodChanged
+         | ClusterChanged | CreateFailed)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the handler read besides the job, for the events that need it."""
+
+    # The checkpoint claim (spec.checkpoint.claimName, or the operator's <job>-checkpoints,
+    # which may be kept from an earlier job of this name).
+    claim: dict[str, Any] | None = None
+    model_claim: dict[str, Any] | None = None  # the PVC spec.model.claimName names
+    # The cluster's Ray pods; for the restart timer, every pod of the job; for a job
+    # without attempts yet, the pods labelled with its name (an earlier job's).
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    # Read when a pod is deleted: deleting a namespace deletes the pods before the job,
+    # which would otherwise read as a node loss and start a restart nothing can create.
+    namespace_terminating: bool = False
+    # Kueue (spec.queueName): for a cluster event, the cluster's Workload and the
+    # ClusterQueue its LocalQueue feeds; for a Ray pod going away, the live attempt's
+    # RayCluster (suspended by Kueue: preempted) and its Workload.
+    workload: dict[str, Any] | None = None
+    cluster_queue: str | None = None
+    ray_cluster: dict[str, Any] | None = None
+    # For a new job whose config.json is read (model_config.to_read): the operator's GET
+    # of the hub, or the reader pod (None: not created yet).
+    hub: HubAnswer | None = None
+    model_reader: dict[str, Any] | None = None
+
+
+def restart_pending(job: dict[str, Any]) -> bool:
+    """The restart timer runs only for a job waiting out a backoff, and never for one
+    being deleted: deleting a namespace deletes the head pod first, which reads as a
+    failure, and the timer would try to start the next attempt where nothing can be
+    created any more."""
+    meta = job.get("metadata") or {}
+    return bool((job.get("status") or {}).get("nextAttempt")) and not meta.get(
+        "deletionTimestamp")
+
+
+def restart_due(job: dict[str, Any], now: str) -> bool:
+    """Whether the restart timer's next decision needs the job's pods: once the backoff
+    has passed (the next attempt starts only when the earlier ones' pods are gone)."""
+    nxt = (job.get("status") or {}).get("nextAttempt") or {}
+    return bool(nxt) and now >= str(nxt.get("notBefore") or "")
+
+
+def ended(pod: dict[str, Any], deleted: bool = False) -> PodOutcome | None:
+    """How a Ray pod's end ends its attempt, by its role; None while it has not."""
+    if role(pod) == Role.HEAD:
+        return classify_pod(pod, deleted=deleted)
+    return worker_outcome(pod, deleted=deleted)
+
+
+def pod_matters(event: PodChanged) -> bool:
+    """Whether a pod event can change the job: a Ray pod that ended or was deleted while
+    it ran (a worker's end ends the attempt too: its ranks are gone), one the scheduler
+    cannot place, or a running one (the job may now be Running: noticed from the pods at
+    once, not when KubeRay next writes the cluster's status). Pending pods' many other
+    events cost no API call."""
+    pod = event.pod
+    if ended(pod, event.deleted) is not None:
+        return True
+    if event.deleted or pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    return unschedulable(pod) is not None or pod_phase(pod) == "Running"
+
+
+def pod_needs_pods(job: dict[str, Any], event: PodChanged) -> bool:
+    """Whether deciding on this pod event needs the attempt's other pods: a running pod
+    of a job not yet Running (Running depends on all its pods), and a head that lost its
+    ranks (a worker that ended first tells why: the pod that died decides)."""
+    status = job.get("status") or {}
+    if (status.get("phase") in QUIET
+            or attempt_of(event.pod) != str(status.get("attempt") or 0)):
+        return False
+    if role(event.pod) == Role.HEAD:
+        head = classify_pod(event.pod, deleted=event.deleted)
+        if head is not None and head.reason in LOST_RANKS:
+            return True
+    return status.get("phase") != Phase.RUNNING and pod_phase(event.pod) == "Running"
+
+
+def live(status: dict[str, Any], obj: dict[str, Any]) -> bool:
+    """Whether a pod or cluster event can change the job: one of its live attempt, which
+    has not ended (a preempted attempt waits for the next one as Queued, not Restarting).
+    A job without attempts has none: pods and clusters labelled with its name then are
+    an earlier job's of that name, going away."""
+    return (status.get("phase") not in QUIET and not status.get("nextAttempt")
+            and bool(status.get("attempts"))
+            and attempt_of(obj) == str(status.get("attempt") or 0))
+
+
+def cluster_needs_pods(job: dict[str, Any], ray_cluster: dict[str, Any]) -> bool:
+    """A ready cluster says Running by itself, and one Kueue holds has no pods;
+    otherwise the pods tell what it waits on."""
+    status = job.get("status") or {}
+    return (live(status, ray_cluster) and not held_by_kueue(ray_cluster)
+            and (ray_cluster.get("status") or {}).get("state") != RAY_CLUSTER_READY)
+
+
+def cluster_needs_workload(job: dict[str, Any], ray_cluster: dict[str, Any]) -> bool:
+    """Kueue's words are needed while it holds the cluster (why it waits, why it was
+    preempted) and once when it admits it (which ClusterQueue)."""
+    status = job.get("status") or {}
+    return (queue_of(ray_cluster) is not None and live(status, ray_cluster)
+            and (held_by_kueue(ray_cluster) or not admitted(status)))
+
+
+def pod_needs_cluster(job: dict[str, Any], event: PodChanged) -> bool:
+    """A Ray pod of an admitted queued job going away: was its cluster preempted? (Kueue
+    suspends the cluster, then KubeRay deletes its pods: the cluster says it first.)"""
+    status = job.get("status") or {}
+    going = event.deleted or bool(event.pod.get("metadata", {}).get("deletionTimestamp"))
+    return (going and bool((job.get("spec") or {}).get("queueName"))
+            and admitted(status) and live(status, event.pod))
