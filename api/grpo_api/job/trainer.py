@@ -51,6 +51,7 @@ SPEC_SOURCES = {
     "data.seed": "spec.training.seed",
     "data.image_max_pixels": "spec.data.maxPixels",
     "data.image_min_pixels": "spec.data.maxPixels",
+    "data.overlong_prompts": "spec.data.overlongPrompts",
     "rollout.engine": "spec.rollout.engine",
     "rollout.temperature": "spec.algorithm.temperature",
     "rollout.top_p": "spec.algorithm.topP",

@@ -48,6 +48,7 @@ import torch
 
 from grpo_api.trainer_config import LoraConfig
 
+from ..images import PixelBounds
 from ..lora.vllm_adapter import AdapterSlot
 from ..samples import EncodedPrompt
 from .base import Generation, SamplingSpec
@@ -76,6 +77,9 @@ class VLLMEngineConfig:
     # LoRA (actor.lora): the adapter rank; 0 without LoRA. The engine then serves the
     # base from the model path plus the adapter sent at each sync (load_adapter).
     lora_rank: int = 0
+    # A VLM's pixel bounds, to which the trainer resized every image it hands over
+    # (grpo_trainer.images); None for a text model.
+    image_bounds: PixelBounds | None = None
 
 
 def kv_cache_bytes(hf_config: Any, dtype: torch.dtype, tokens: int, tp: int) -> int:
@@ -147,11 +151,26 @@ def engine_kwargs(
 
         rank = vllm_lora_rank(cfg.lora_rank)
         kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
+    if cfg.image_bounds is not None:
+        # The checkpoint's own limit would otherwise apply (12,845,056 pixels for Qwen2/
+        # 2.5-VL): to the images (already resized to these bounds, so this resize leaves
+        # them alone) and to the dummy images vLLM profiles its encoder with at start-up.
+        kwargs["mm_processor_kwargs"] = cfg.image_bounds.vllm_kwargs
+        # The processor cache keeps every image it saw in host RAM, up to 4 GiB in each
+        # of its two mirrored halves (renderer and engine core), for reuse by a later
+        # request; a rollout sees each image once per epoch, and the next epoch comes
+        # long after. Off: no host memory the planner does not count.
+        kwargs["mm_processor_cache_gb"] = 0
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_bytes
         kwargs["enforce_eager"] = True  # no graph capture on CPU
     else:
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if sleep_mode:
+            # CUDA graphs live in their own pool, which a sleep leaves on the GPU unless
+            # it is backed up to (pinned) host RAM and restored on wake: 0.5-2 GiB per
+            # GPU the update would otherwise not have.
+            kwargs["sleep_mode_offload_cudagraph"] = True
     if distributed:
         kwargs["distributed_executor_backend"] = "external_launcher"
     return kwargs
@@ -195,6 +214,11 @@ class VLLMEngine:
             self.llm.wake_up(tags=["weights"])
 
     def sleep(self) -> None:
+        # The vision embeddings of this rollout's images: plain torch tensors outside the
+        # pool a sleep frees, so they would stay on the GPU through the update (EasyR1
+        # 07cae10: under LoRA, never reset, they ran the update out of memory). Before
+        # every sleep, whichever path synced the weights; on CPU it frees host memory.
+        self.llm.llm_engine.reset_encoder_cache()
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
@@ -250,7 +274,8 @@ class VLLMEngine:
             _inputs(prompts), params, use_tqdm=False, lora_request=self._lora_request()
         )
         result: list[list[Generation]] = []
-        for out in outputs:
+        for prompt, out in zip(prompts, outputs, strict=True):
+            _same_prompt(prompt, out)
             gens: list[Generation] = []
             for c in out.outputs:
                 ids = list(c.token_ids)
@@ -284,6 +309,18 @@ class VLLMEngine:
             ids = list(out.prompt_token_ids or [])[-len(resp) :] if resp else []
             scores.append(torch.tensor([_logprob(d, t) for t, d in zip(ids, tail, strict=True)]))
         return scores
+
+
+def _same_prompt(prompt: EncodedPrompt, out: Any) -> None:
+    """vLLM expanded the prompt's image placeholders to as many tokens as the trainer's
+    processor did: otherwise it sampled from other inputs than the update trains on."""
+    got, want = len(out.prompt_token_ids or ()), int(prompt.input_ids.numel())
+    if got != want:
+        raise RuntimeError(
+            f"{prompt.record.where}: vLLM's prompt has {got} tokens, the trainer's {want} "
+            f"({len(prompt.images)} image(s)): the rollout would sample from other inputs "
+            "than the update trains on"
+        )
 
 
 def _logprob(entry: dict[int, Any] | None, token: int) -> float:
