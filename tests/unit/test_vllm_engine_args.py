@@ -91,6 +91,18 @@ def test_a_vlm_engine_resizes_to_the_trainers_pixel_bounds() -> None:
     assert "mm_processor_kwargs" not in cuda(FULL)  # a text model has no image processor
 
 
+def test_vllm_budgets_its_encoder_for_images_not_videos() -> None:
+    """The trainer sends no videos. A modality left out of ``limit_mm_per_prompt`` gets 999
+    a prompt (vllm/config/multimodal.py:702-706), and the encoder's cache budget and its
+    start-up profile go to the modality with the most tokens an item
+    (multimodal/encoder_budget.py:73-138, 184-188; v1/worker/gpu_model_runner.py's
+    profile_run): a video, sized by max_model_len, instead of the largest image the pixel
+    bounds allow. tests/vllm checks the budget the CPU engine ends up with."""
+    for on_cpu in (False, True):
+        kwargs = engine_kwargs(VLM, on_cpu=on_cpu, sleep_mode=not on_cpu, distributed=True)
+        assert kwargs["limit_mm_per_prompt"] == {"image": 4, "video": 0}
+
+
 def test_a_vlm_engine_keeps_no_processed_images_in_host_ram() -> None:
     """vLLM's multimodal processor cache (vllm/config/multimodal.py:357,
     ``mm_processor_cache_gb`` = 4 by default) keeps processed images for reuse, in two

@@ -137,7 +137,10 @@ def engine_kwargs(
         # One step at a time: what the external launcher's identical schedulers on
         # every TP rank rely on, and what makes seeded runs repeat exactly.
         "async_scheduling": False,
-        "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt},
+        # No videos: left unset, vLLM allows 999 a prompt, and budgets its encoder cache and
+        # runs its start-up encoder profile for whichever modality has the most tokens an
+        # item (multimodal/encoder_budget.py:184-188), a video of up to max_model_len.
+        "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt, "video": 0},
         # Log-probs after temperature scaling: what the actor recomputes.
         "logprobs_mode": "processed_logprobs",
         # Each rank's Ray actor sees only its own GPU, and vLLM's custom all-reduce maps
@@ -303,7 +306,8 @@ class VLLMEngine:
             _inputs(prompts, responses), params, use_tqdm=False, lora_request=self._lora_request()
         )
         scores: list[torch.Tensor] = []
-        for out, resp in zip(outputs, responses, strict=True):
+        for prompt, out, resp in zip(prompts, outputs, responses, strict=True):
+            _same_prompt(prompt, out, len(resp))
             # prompt_logprobs[i] scores token i of the submitted sequence.
             tail = (out.prompt_logprobs or [])[-len(resp) :] if resp else []
             ids = list(out.prompt_token_ids or [])[-len(resp) :] if resp else []
@@ -311,10 +315,12 @@ class VLLMEngine:
         return scores
 
 
-def _same_prompt(prompt: EncodedPrompt, out: Any) -> None:
+def _same_prompt(prompt: EncodedPrompt, out: Any, appended: int = 0) -> None:
     """vLLM expanded the prompt's image placeholders to as many tokens as the trainer's
-    processor did: otherwise it sampled from other inputs than the update trains on."""
-    got, want = len(out.prompt_token_ids or ()), int(prompt.input_ids.numel())
+    processor did: otherwise it sampled from other inputs than the update trains on.
+    ``appended``: response tokens submitted after the prompt (``score``)."""
+    got = len(out.prompt_token_ids or ()) - appended
+    want = int(prompt.input_ids.numel())
     if got != want:
         raise RuntimeError(
             f"{prompt.record.where}: vLLM's prompt has {got} tokens, the trainer's {want} "
