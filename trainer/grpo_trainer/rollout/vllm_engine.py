@@ -20,11 +20,15 @@ Per step (``RolloutEngine`` lifecycle):
                     rank or TP layout generated it
     load_adapter()  LoRA instead of load_weights: only the adapter tensors, served as a
                     vLLM LoRA request over the base loaded once from the model path
-    sleep()         CUDA: KV cache freed while FSDP trains, and the weights discarded
-                    (level 2: the next load_weights rewrites every one) or, with LoRA,
-                    moved to host (level 1: the base is never sent again); CPU: sleep
-                    mode does not exist, the engine keeps its weights (the planner's
-                    host budget counts them)
+    sleep()         the encoder cache (this rollout's vision embeddings) emptied; CUDA:
+                    KV cache freed while FSDP trains, CUDA graphs backed up to host, and
+                    the weights discarded (level 2: the next load_weights rewrites every
+                    one) or, with LoRA, moved to host (level 1: the base is never sent
+                    again); CPU: sleep mode does not exist, the engine keeps its weights
+                    (the planner's host budget counts them)
+
+Images reach vLLM already resized to the trainer's pixel bounds (grpo_trainer.images),
+and vLLM gets the same bounds, so its prompt has the trainer's tokens (checked per prompt).
 
 The engine loads the checkpoint once at start-up even though the first load_weights
 rewrites every parameter: vLLM's placeholder weights (``load_format="dummy"``) also
@@ -160,7 +164,7 @@ def engine_kwargs(
         # them alone) and to the dummy images vLLM profiles its encoder with at start-up.
         kwargs["mm_processor_kwargs"] = cfg.image_bounds.vllm_kwargs
         # The processor cache keeps every image it saw in host RAM, up to 4 GiB in each
-        # of its two mirrored halves (renderer and engine core), for reuse by a later
+        # of its mirrored halves (renderer and engine core), for reuse by a later
         # request; a rollout sees each image once per epoch, and the next epoch comes
         # long after. Off: no host memory the planner does not count.
         kwargs["mm_processor_cache_gb"] = 0
