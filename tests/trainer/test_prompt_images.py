@@ -51,3 +51,44 @@ def test_each_image_is_resized_once_and_both_sides_get_those_pixels(tiny_vlm: Pa
     big = encoder.encode(records[1])
     assert big.images[0].size == (28, 28)
     assert int(big.mm_inputs["image_grid_thw"].prod()) // 4 == 1
+
+
+def test_the_driver_drops_or_refuses_overlong_prompts_as_the_ranks_count_them(
+    tiny_vlm: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driver's own check, before Ray starts: the real tokenizer and processor count
+    each row (the 100 x 100 image at its resized size); with a limit between the rows'
+    lengths the long one is dropped, or refused with data.overlong_prompts: fail."""
+    import re
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from grpo_trainer.config import ConfigError
+    from grpo_trainer.driver import GRPOTrainer
+
+    rows = [("<image>How many?", png((9, 9, 9), (100, 100))),
+            ("<image>" + " and then some more words" * 6, png((9, 9, 9), (40, 36))),
+            ("<image>Which?", png((1, 1, 1), (44, 36)))] * 2
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"problem": [p for p, _ in rows], "answer": ["1"] * len(rows),
+                             "images": [[{"bytes": b, "path": None}] for _, b in rows]}), data)
+    cfg = build_config({
+        "model": {"path": str(tiny_vlm)},
+        "data": {"train_files": [str(data)], "image_min_pixels": MIN_PIXELS,
+                 "image_max_pixels": MAX_PIXELS, "max_prompt_length": 60},
+        "trainer": {"rollout_batch_size": 2, "total_steps": 1},
+        "resources": {"num_workers": 1},
+        "metrics": {"progress_bar": "off"},
+    }, environ={})
+    count = prompt_token_counter(cfg)
+    lengths = [count(Record(i, p, "1", [b])) for i, (p, b) in enumerate(rows)]
+    assert lengths[0] <= 60 < lengths[1], lengths
+    trainer = GRPOTrainer(cfg)
+    trainer.close()
+    assert [r.row for r in trainer.loader.dataset.records] == [0, 2, 3, 5]
+    dropped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dropped")]
+    assert dropped and f"{data} row 1: the prompt has {lengths[1]} tokens" in dropped[0]
+    cfg.data.overlong_prompts = "fail"
+    with pytest.raises(ConfigError, match=re.escape(f"{data} row 1: the prompt has")):
+        GRPOTrainer(cfg)
