@@ -23,6 +23,10 @@ class _Strict(BaseModel):
 KLEstimator = Literal["k1", "k3", "low_var_kl"]
 # A builtin prompt template's name; data.format_prompt may also be a path to a Jinja2 file.
 BUILTIN_FORMAT_PROMPTS = ("plain", "math", "r1v")
+# What a prompt longer than data.max_prompt_length does (data.overlong_prompts), found when
+# the data is loaded: "drop" leaves it out (EasyR1's filter_overlong_prompts), "fail" ends
+# the run with a config error (grpo_trainer.data.limit_prompt_lengths).
+OverlongPrompts = Literal["drop", "fail"]
 
 
 class InitStrategy(StrEnum):
@@ -67,8 +71,20 @@ class DataConfig(_Strict):
     max_prompt_length: int = Field(default=512, gt=0)
     shuffle: bool = True
     seed: int = 1
+    # Qwen's pixel bounds, to which each image is resized once (grpo_trainer.images);
+    # neither set: the checkpoint processor's own.
     image_max_pixels: int = Field(default=512 * 28 * 28, gt=0)
     image_min_pixels: int = Field(default=4 * 28 * 28, gt=0)
+    overlong_prompts: OverlongPrompts = "drop"
+
+    @model_validator(mode="after")
+    def _pixel_bounds_in_order(self) -> DataConfig:
+        if self.image_min_pixels > self.image_max_pixels:
+            raise ValueError(
+                f"image_min_pixels {self.image_min_pixels} is more than image_max_pixels "
+                f"{self.image_max_pixels}: every image is resized to between the two"
+            )
+        return self
 
 
 class RolloutConfig(_Strict):

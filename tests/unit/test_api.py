@@ -90,6 +90,8 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("model.bogus", 1, "spec.model.bogus: unknown field; known fields: claimName, path"),
         ("memory.offload_params", True, "spec.memory.offload_params: unknown field"),
         ("data.maxPromptLength", 8, "spec.data.maxPromptLength"),
+        ("data.overlongPrompts", "skip",
+         "spec.data.overlongPrompts: Input should be 'drop' or 'fail'"),
     ],
 )
 def test_bad_input_names_the_field(path: str, value: Any, expected: str) -> None:

@@ -46,6 +46,38 @@ def test_the_update_peak_leaves_out_the_pool_vllm_unmapped() -> None:
     assert m["memory/gpu_device_used_bytes"] == 44 * GiB
 
 
+def test_the_cards_own_figure_is_reported_beside_each_of_torchs() -> None:
+    """torch counts only its own allocator; the card also holds the CUDA context, NCCL and
+    cuBLAS buffers and what vLLM keeps outside torch through a sleep (its CUDA graphs
+    unless offloaded). The meter reads the card (cudaMemGetInfo) at the rollout's end,
+    right after the sleep and after the update, beside torch's figures of those moments."""
+
+    class Engine:
+        def sleep(self) -> None:
+            pass
+
+    readings = iter([
+        DeviceMemory(free=CARD - 70 * GiB, total=CARD, reserved=64 * GiB),  # before the sleep
+        DeviceMemory(free=CARD - 24 * GiB, total=CARD, reserved=63 * GiB),  # after it
+        DeviceMemory(free=CARD - 50 * GiB, total=CARD, reserved=(45 + 40) * GiB),  # update
+    ])
+    meter = GpuMemoryMeter(torch.device("cuda", 0))
+    with pytest.MonkeyPatch.context() as mp:  # a fake card: the readings above
+        from grpo_trainer import gpu_memory
+
+        mp.setattr(gpu_memory, "read_device", lambda _device: next(readings))
+        mp.setattr(torch.cuda, "max_memory_allocated", lambda _d: 60 * GiB)
+        mp.setattr(torch.cuda, "reset_peak_memory_stats", lambda _d: None)
+        mp.setattr(torch.cuda, "memory_allocated", lambda _d: (45 + 30) * GiB)
+        meter.sleep(Engine())
+        m = meter.metrics()
+    assert m["memory/gpu_rollout_device_used_bytes"] == 70 * GiB
+    assert m["memory/gpu_asleep_device_used_bytes"] == 24 * GiB
+    assert m["memory/gpu_device_used_bytes"] == 50 * GiB
+    assert m["memory/gpu_vllm_asleep_bytes"] == 45 * GiB
+    assert m["memory/gpu_reserved_bytes"] == 40 * GiB
+
+
 def test_an_engine_without_sleep_mode_changes_nothing() -> None:
     card = DeviceMemory(free=20 * GiB, total=CARD, reserved=58 * GiB)
     assert released_by_sleep(card, card) == 0

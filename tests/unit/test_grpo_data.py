@@ -10,7 +10,13 @@ import pytest
 
 from grpo_api.trainer_config import DataConfig
 from grpo_trainer.config import ConfigError
-from grpo_trainer.data import PromptDataset, StatefulLoader, build_messages, load_template
+from grpo_trainer.data import (
+    PromptDataset,
+    Record,
+    StatefulLoader,
+    build_messages,
+    load_template,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -85,3 +91,72 @@ def test_batch_larger_than_dataset_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         StatefulLoader(ds, 2, seed=0, shuffle=False)
     assert err.value.field == "trainer.rollout_batch_size"
+
+
+def _rows(tmp_path: Path) -> tuple[Path, Path]:
+    a = _jsonl(tmp_path / "a.jsonl", [{"problem": "x" * n, "answer": "1"} for n in (5, 40, 9)])
+    b = _jsonl(tmp_path / "b.jsonl", [{"problem": "y" * n, "answer": "2"} for n in (50, 7)])
+    return a, b
+
+
+def _chars(record: Record) -> int:
+    """A stand-in tokenizer for the policy: one token per character."""
+    return len(record.problem)
+
+
+def test_overlong_prompts_are_dropped_by_default_and_each_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EasyR1's filter_overlong_prompts: a prompt longer than data.max_prompt_length is left
+    out when the data is loaded; the log names its file, its row, both lengths and the
+    settings (with the GRPOJob fields that set them)."""
+    a, b = _rows(tmp_path)
+    cfg = DataConfig(train_files=["x"], max_prompt_length=30)
+    ds = PromptDataset([str(a), str(b)], cfg, prompt_tokens=_chars)
+    assert [(r.index, r.source, r.row) for r in ds.records] == [
+        (0, str(a), 0), (2, str(a), 2), (4, str(b), 1)]
+    (line,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert line.startswith("dropped 2 of 5 prompts of data.train_files (data.overlong_prompts "
+                           "(spec.data.overlongPrompts): drop): ")
+    assert (f"{a} row 1: the prompt has 40 tokens, more than the 30 of data.max_prompt_length "
+            "(spec.data.maxPromptLength)") in line
+    assert f"{b} row 0: the prompt has 50 tokens" in line
+
+
+def test_overlong_prompts_fail_the_run_when_asked_naming_the_row_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    a, b = _rows(tmp_path)
+    cfg = DataConfig(train_files=["x"], max_prompt_length=30, overlong_prompts="fail")
+    with pytest.raises(ConfigError) as err:
+        PromptDataset([str(a), str(b)], cfg, prompt_tokens=_chars)
+    assert err.value.field == "data.max_prompt_length"
+    assert str(err.value) == (
+        f"data.max_prompt_length: {a} row 1: the prompt has 40 tokens, more than the 30 of "
+        "data.max_prompt_length (spec.data.maxPromptLength); raise it, or set "
+        "data.overlong_prompts (spec.data.overlongPrompts) to drop to leave such prompts out")
+    # Every prompt fits: both settings keep them all.
+    assert len(PromptDataset([str(a), str(b)], cfg.model_copy(update={"max_prompt_length": 50}),
+                             prompt_tokens=_chars)) == 5
+
+
+def test_a_dataset_of_only_overlong_prompts_is_a_config_error(tmp_path: Path) -> None:
+    a, _ = _rows(tmp_path)
+    with pytest.raises(ConfigError, match=r"every prompt is too long: .*a\.jsonl row 0"):
+        PromptDataset([str(a)], DataConfig(train_files=["x"], max_prompt_length=4),
+                      "data.val_files", prompt_tokens=_chars)
+
+
+def test_an_image_no_resize_accepts_is_named_with_its_row(tmp_path: Path) -> None:
+    a, _ = _rows(tmp_path)
+
+    def refuse(record: Record) -> int:
+        raise ValueError("absolute aspect ratio must be smaller than 200, got 250.0")
+
+    with pytest.raises(ConfigError, match=r"a\.jsonl row 0: absolute aspect ratio"):
+        PromptDataset([str(a)], DataConfig(train_files=["x"]), prompt_tokens=refuse)
+
+
+def test_the_overlong_setting_accepts_drop_and_fail_only() -> None:
+    with pytest.raises(ValueError, match=r"overlong_prompts\n  Input should be 'drop' or 'fail'"):
+        DataConfig(train_files=["x"], overlong_prompts="skip")  # type: ignore[arg-type]

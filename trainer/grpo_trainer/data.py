@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,14 @@ from typing import Any
 import jinja2
 import numpy as np
 
+from grpo_api.job.trainer import config_sources
 from grpo_api.trainer_config import DataConfig
 
 from .config import ConfigError
+
+log = logging.getLogger(__name__)
+# Overlong prompts named one by one in the drop message; the rest are counted.
+MAX_NAMED = 20
 
 # Our wording of the common reasoning formats (EasyR1 math / R1-V style).
 BUILTIN_TEMPLATE_TEXT = {
@@ -44,6 +51,12 @@ class Record:
     problem: str
     answer: str
     images: list[bytes] = field(default_factory=list)
+    source: str = ""  # the file it was read from (messages name it)
+    row: int = 0  # its row in that file, from 0
+
+    @property
+    def where(self) -> str:
+        return f"{self.source} row {self.row}" if self.source else f"prompt {self.index}"
 
 
 # Where a split's parquet files sit in a hub dataset (the Hugging Face / EasyR1 layout,
@@ -92,13 +105,21 @@ def _image_bytes(item: Any, base: Path) -> bytes:
 
 
 class PromptDataset:
+    """Every row of ``files``; with ``prompt_tokens`` (a prompt's length in tokens, image
+    tokens included), those longer than ``data.max_prompt_length`` are dropped or refused
+    (``limit_prompt_lengths``)."""
+
     def __init__(
-        self, files: list[str], cfg: DataConfig, field: str = "data.train_files"
+        self,
+        files: list[str],
+        cfg: DataConfig,
+        field: str = "data.train_files",
+        prompt_tokens: Callable[[Record], int] | None = None,
     ) -> None:
         self.cfg = cfg
         self.records: list[Record] = []
         for path in (p for f in files for p in data_files(f, field)):
-            for row in _read_rows(path, field):
+            for i, row in enumerate(_read_rows(path, field)):
                 missing = [k for k in (cfg.prompt_key, cfg.answer_key) if k not in row]
                 if missing:
                     raise ConfigError("data.prompt_key", f"{path} lacks column(s) {missing}")
@@ -109,13 +130,69 @@ class PromptDataset:
                         problem=str(row[cfg.prompt_key]),
                         answer=str(row[cfg.answer_key]),
                         images=[_image_bytes(i, path.parent) for i in imgs],
+                        source=str(path),
+                        row=i,
                     )
                 )
         if not self.records:
             raise ConfigError(field, "no rows found")
+        if prompt_tokens is not None:
+            self.records = limit_prompt_lengths(self.records, prompt_tokens, cfg, field)
 
     def __len__(self) -> int:
         return len(self.records)
+
+
+def limit_prompt_lengths(
+    records: list[Record], prompt_tokens: Callable[[Record], int], cfg: DataConfig, field: str
+) -> list[Record]:
+    """The records whose prompts fit ``data.max_prompt_length``. A longer one is left out
+    (``data.overlong_prompts: drop``, logged) or refused (``fail``: a ConfigError); both
+    messages name the file, the row, both lengths and the setting. vLLM's context is the
+    prompt limit plus the response limit, so a longer prompt would fail its ``generate``
+    for the whole TP group, and the update would train on a truncated one."""
+    limit = cfg.max_prompt_length
+    kept: list[Record] = []
+    over: list[str] = []
+    for r in records:
+        try:
+            n = prompt_tokens(r)
+        except ConfigError as err:  # pixel bounds no image size satisfies
+            raise ConfigError(err.field, f"{r.where}: {err.message}") from err
+        except ValueError as err:  # e.g. smart-resize refuses an aspect ratio over 200
+            raise ConfigError(field, f"{r.where}: {err}") from err
+        if n <= limit:
+            kept.append(r)
+            continue
+        where = overlong(r, n, limit)
+        if cfg.overlong_prompts == "fail":
+            raise ConfigError(
+                "data.max_prompt_length",
+                f"{where}; raise it, or set {_setting('overlong_prompts')} to drop to leave "
+                "such prompts out",
+            )
+        over.append(where)
+    if over:
+        log.warning(
+            "dropped %d of %d prompts of %s (%s: drop): %s", len(over), len(records), field,
+            _setting("overlong_prompts"), "; ".join(over[:MAX_NAMED]) +
+            (f"; and {len(over) - MAX_NAMED} more" if len(over) > MAX_NAMED else ""),
+        )
+    if not kept:
+        raise ConfigError(field, f"every prompt is too long: {over[0]}")
+    return kept
+
+
+def overlong(record: Record, tokens: int, limit: int) -> str:
+    """Where a prompt is and how much too long."""
+    return (f"{record.where}: the prompt has {tokens} tokens, more than the {limit} of "
+            f"{_setting('max_prompt_length')}")
+
+
+def _setting(key: str) -> str:
+    """``data.<key>`` with the GRPOJob field that sets it, for messages."""
+    path = f"data.{key}"
+    return f"{path} ({config_sources()[path]})"
 
 
 class StatefulLoader:

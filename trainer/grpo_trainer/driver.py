@@ -247,7 +247,12 @@ class GRPOTrainer:
         self.checkpointer = checkpointer or NoCheckpointer()
         self.fault = parse_fault(cfg.trainer.fault_inject)
         layout_for(cfg)  # a layout that cannot work is a config error, before Ray starts
-        dataset = PromptDataset(cfg.data.train_files, cfg.data)
+        from .samples import prompt_token_counter
+
+        # Prompts longer than data.max_prompt_length are dropped or refused here, before
+        # Ray starts (data.overlong_prompts), counted as the ranks will encode them.
+        prompt_tokens = prompt_token_counter(cfg)
+        dataset = PromptDataset(cfg.data.train_files, cfg.data, prompt_tokens=prompt_tokens)
         self.total_steps = cfg.trainer.steps(len(dataset))
         self.metrics = metrics or MetricsLogger(cfg.metrics, self.total_steps,
                                                 run_config=cfg.model_dump(mode="json"))
@@ -257,7 +262,7 @@ class GRPOTrainer:
         self.rewards = RewardRunner(
             resolve_reward_fn(cfg.reward), cfg.reward.num_workers, cfg.reward.timeout_s
         )
-        self.validator = Validator(cfg, self.total_steps, self.rewards)
+        self.validator = Validator(cfg, self.total_steps, self.rewards, prompt_tokens)
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.group: WorkerGroup | None = None

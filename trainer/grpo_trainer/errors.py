@@ -50,6 +50,12 @@ CUDA_OOM_WORDINGS = (
     re.compile(r"Cuda failure (\d+ )?'out of memory'"),
     # cuBLAS could not allocate its handle or workspace.
     re.compile(r"CUBLAS_STATUS_ALLOC_FAILED"),
+    # vLLM's KV cache at start-up (v1/core/kv_cache_utils.py, _check_enough_kv_cache_memory):
+    # its weights and activations leave nothing of rollout.gpu_memory_utilization x card,
+    # or less than one max_model_len sequence needs. Raised while the engine starts, so in
+    # the rollout phase; vLLM's own advice is a higher utilisation (docs/troubleshooting.md).
+    re.compile(r"No available memory for the cache blocks"),
+    re.compile(r"KV cache is needed, which is larger than the available KV cache memory"),
 )
 
 

@@ -27,6 +27,12 @@ class DeviceMemory:
     total: int
     reserved: int  # torch.cuda.memory_reserved: every pool, the sleeping one included
 
+    @property
+    def used(self) -> int:
+        """The card as the driver sees it: torch's pools and everything outside them (CUDA
+        context, NCCL and cuBLAS buffers, vLLM's CUDA graphs and cuMem mappings)."""
+        return self.total - self.free
+
 
 def read_device(device: torch.device) -> DeviceMemory:
     free, total = torch.cuda.mem_get_info(device)
@@ -49,7 +55,12 @@ class StepGpuMemory:
     update_peak: int  # torch.cuda.max_memory_allocated since the rollout's sleep
     rollout_peak: int  # torch.cuda.max_memory_allocated over the rollout (pool awake)
     asleep: int  # the rollout engine's pool, asleep during the update (released_by_sleep)
-    device_used: int  # total - free: the card as the driver sees it
+    device_used: int  # DeviceMemory.used after the update
+    # DeviceMemory.used just before the engine's sleep (its pool on the card) and just
+    # after it (what the update starts from: whatever vLLM left behind included). 0 when
+    # not measured.
+    rollout_device_used: int = 0
+    asleep_device_used: int = 0
 
 
 def gpu_memory_metrics(m: StepGpuMemory) -> dict[str, float]:
@@ -65,6 +76,8 @@ def gpu_memory_metrics(m: StepGpuMemory) -> dict[str, float]:
         "memory/gpu_update_peak_bytes": float(update_peak),
         "memory/gpu_vllm_asleep_bytes": float(m.asleep),
         "memory/gpu_device_used_bytes": float(m.device_used),
+        "memory/gpu_rollout_device_used_bytes": float(m.rollout_device_used),
+        "memory/gpu_asleep_device_used_bytes": float(m.asleep_device_used),
     }
 
 
@@ -82,6 +95,8 @@ class GpuMemoryMeter:
         self.cuda = device.type == "cuda"
         self.rollout_peak = 0
         self.asleep = 0
+        self.rollout_device_used = 0
+        self.asleep_device_used = 0
 
     def start_rollout(self) -> None:
         if self.cuda:
@@ -94,7 +109,9 @@ class GpuMemoryMeter:
         self.rollout_peak = int(torch.cuda.max_memory_allocated(self.device))
         before = read_device(self.device)
         engine.sleep()
-        self.asleep = released_by_sleep(before, read_device(self.device))
+        after = read_device(self.device)
+        self.asleep = released_by_sleep(before, after)
+        self.rollout_device_used, self.asleep_device_used = before.used, after.used
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def metrics(self) -> dict[str, float]:
@@ -108,6 +125,8 @@ class GpuMemoryMeter:
                 update_peak=int(torch.cuda.max_memory_allocated(self.device)),
                 rollout_peak=self.rollout_peak,
                 asleep=self.asleep,
-                device_used=card.total - card.free,
+                device_used=card.used,
+                rollout_device_used=self.rollout_device_used,
+                asleep_device_used=self.asleep_device_used,
             )
         )

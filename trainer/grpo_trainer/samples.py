@@ -8,6 +8,7 @@ order, which is the layout Qwen-VL models expect for a batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 from grpo_api.trainer_config import Config
 
 from .data import Record, build_messages, decode_images, load_template
+from .images import PixelBounds, image_size, pixel_bounds, processor_bounds
 
 
 @dataclass
@@ -47,32 +49,54 @@ class Sample:
 
 
 class PromptEncoder:
-    """Chat template + processor, identical for rollout and training."""
+    """Chat template + processor, identical for rollout and training. Each image is
+    resized once to ``bounds`` (grpo_trainer.images) and that image is what both the
+    processor and the rollout engine get."""
 
     def __init__(
-        self, processor: Any, tokenizer: Any, template: Any, image_size: dict[str, int] | None
-    ):
+        self, processor: Any, tokenizer: Any, template: Any, bounds: PixelBounds | None
+    ) -> None:
         self.processor = processor
         self.tokenizer = tokenizer
         self.template = template
-        self.image_size = image_size
+        # None: the processor's own (a VLM), or none at all (a text model).
+        self.bounds = bounds
+        if bounds is None and processor is not None:
+            self.bounds = processor_bounds(processor.image_processor)
 
-    def encode(self, record: Record) -> EncodedPrompt:
+    def _prompt(self, record: Record) -> tuple[str, list[int]]:
+        """The templated prompt and its tokens, one placeholder per image (what vLLM is
+        given; the processor expands each placeholder to the image's tokens)."""
         messages = build_messages(record, self.template)
         text = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False
         )
-        raw_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return text, list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _bounds(self) -> PixelBounds:
+        if self.bounds is None:
+            raise ValueError("the model has no image processor but the data has images")
+        return self.bounds
+
+    def count_tokens(self, record: Record) -> int:
+        """``encode(record).input_ids.numel()`` without running the processor: each image's
+        placeholder becomes ``PixelBounds.tokens`` of its size, read from its header."""
+        raw = len(self._prompt(record)[1])
+        if not record.images:
+            return raw
+        bounds = self._bounds()
+        return raw + sum(bounds.tokens(*image_size(b)) - 1 for b in record.images)
+
+    def encode(self, record: Record) -> EncodedPrompt:
+        text, raw_ids = self._prompt(record)
         if not record.images:
             ids = torch.tensor(raw_ids, dtype=torch.long)
-            return EncodedPrompt(record, ids, raw_prompt_ids=list(raw_ids))
-        if self.processor is None:
-            raise ValueError("the model has no image processor but the data has images")
-        images = decode_images(record.images)
-        kwargs: dict[str, Any] = {}
-        if self.image_size is not None:
-            kwargs["size"] = self.image_size
-        enc = self.processor(text=[text], images=images, return_tensors="pt", **kwargs)
+            return EncodedPrompt(record, ids, raw_prompt_ids=raw_ids)
+        bounds = self._bounds()
+        images = [bounds.fit(im) for im in decode_images(record.images)]
+        enc = self.processor(
+            text=[text], images=images, return_tensors="pt", size=bounds.processor_size
+        )
         ids = enc["input_ids"][0]
         extras: dict[str, torch.Tensor] = {}
         mm: dict[str, torch.Tensor] = {}
@@ -83,7 +107,7 @@ class PromptEncoder:
                 extras[key] = value[0]
             else:
                 mm[key] = value
-        return EncodedPrompt(record, ids, extras, mm, list(raw_ids), images)
+        return EncodedPrompt(record, ids, extras, mm, raw_ids, images)
 
 
 @dataclass(frozen=True)
@@ -113,16 +137,8 @@ def load_rollout_tokens(cfg: Config, hf_config: Any) -> RolloutTokens:
         processor = AutoProcessor.from_pretrained(
             tok_path, trust_remote_code=cfg.model.trust_remote_code
         )
-    size = None
-    if (
-        "image_max_pixels" in cfg.data.model_fields_set
-        or "image_min_pixels" in cfg.data.model_fields_set
-    ):
-        size = {
-            "shortest_edge": cfg.data.image_min_pixels,
-            "longest_edge": cfg.data.image_max_pixels,
-        }
-    encoder = PromptEncoder(processor, tokenizer, load_template(cfg.data.format_prompt), size)
+    bounds = pixel_bounds(cfg.data, processor.image_processor) if processor else None
+    encoder = PromptEncoder(processor, tokenizer, load_template(cfg.data.format_prompt), bounds)
     eos = getattr(hf_config, "eos_token_id", None)
     if eos is None:  # VLM configs keep it on the text sub-config
         eos = getattr(getattr(hf_config, "text_config", None), "eos_token_id", None)
@@ -144,6 +160,17 @@ def load_rollout_tokens(cfg: Config, hf_config: Any) -> RolloutTokens:
             int(v) for k in vision_keys if (v := getattr(hf_config, k, None)) is not None
         ),
     )
+
+
+def prompt_token_counter(cfg: Config) -> Callable[[Record], int]:
+    """A prompt's length in tokens as the ranks will encode it (``count_tokens``), for the
+    driver's check of ``data.max_prompt_length`` when it loads the data."""
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(
+        cfg.model.path, trust_remote_code=cfg.model.trust_remote_code
+    )
+    return load_rollout_tokens(cfg, hf_config).encoder.count_tokens
 
 
 def _concat_mm(prompts: list[EncodedPrompt]) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -122,13 +122,21 @@ def validation_pass(
 class Validator:
     """The driver's side: the schedule, the val set, the newest result for progress."""
 
-    def __init__(self, cfg: Config, total_steps: int, rewards: RewardRunner) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        total_steps: int,
+        rewards: RewardRunner,
+        prompt_tokens: Callable[[Record], int] | None = None,
+    ) -> None:
         tr = cfg.trainer
         self.schedule = ValSchedule(tr.val_interval_steps, tr.val_before_train, total_steps)
         self.rewards = rewards
         self.records: list[Record] = []
         if tr.val_interval_steps:
-            self.records = PromptDataset(cfg.data.val_files, cfg.data, "data.val_files").records
+            self.records = PromptDataset(
+                cfg.data.val_files, cfg.data, "data.val_files", prompt_tokens
+            ).records
         # Prompts per rank per engine call: a training rollout's sequences (prompts per
         # rank x rollout.n), which the engine's batch and KV cache are sized for.
         world = cfg.resources.num_workers

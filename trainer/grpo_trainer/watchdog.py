@@ -33,6 +33,9 @@ MiB = 1024 * 1024
 WATCHED = {
     "host_rss_bytes": "host RSS",
     "gpu_allocated_bytes": "GPU memory allocated",
+    # The card as the driver sees it: growth outside torch's allocator too (NCCL, CUDA
+    # graphs, vLLM's own mappings), which torch's figure cannot show.
+    "gpu_device_used_bytes": "GPU memory used on the device",
 }
 
 

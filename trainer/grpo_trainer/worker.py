@@ -23,7 +23,7 @@ from grpo_api.contract import RankPhase
 from grpo_api.trainer_config import Config
 
 from .checkpointing.rank import RankCheckpointer
-from .data import Record
+from .data import Record, overlong
 from .devices import (
     checkpoint_bytes,
     collective_timeout_s,
@@ -217,6 +217,7 @@ class Worker:
                     enable_sleep_mode=cfg.rollout.enable_sleep_mode,
                     trust_remote_code=cfg.model.trust_remote_code,
                     lora_rank=cfg.actor.lora.rank if cfg.actor.lora else 0,
+                    image_bounds=self.tokens.encoder.bounds,
                 )
             )
         from .rollout.hf import HFGenerateEngine
@@ -236,14 +237,9 @@ class Worker:
         # in rank order; each rank keeps the samples of its own records.
         everything, own = self._tp_union(records)
         prompts = [self.tokens.encoder.encode(r) for r in everything]
-        for p in prompts:
-            if p.input_ids.numel() > cfg.data.max_prompt_length:
-                log.warning(
-                    "prompt %d has %d tokens > data.max_prompt_length %d",
-                    p.record.index,
-                    p.input_ids.numel(),
-                    cfg.data.max_prompt_length,
-                )
+        for p in prompts:  # the driver left such prompts out (or refused them) at load
+            if (n := p.input_ids.numel()) > cfg.data.max_prompt_length:
+                raise RuntimeError(overlong(p.record, n, cfg.data.max_prompt_length))
         self.engine.wake()
         st = self.state
         sync_rollout_weights(self.engine, st.actor, st.compute_dtype, cfg.actor.lora)

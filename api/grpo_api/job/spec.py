@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, ConfigDict, Field, JsonValue, model_validator
 
+from ..trainer_config import OverlongPrompts
 from .base import DNS_LABEL_PATTERN, ApiModel, cel_rule
 from .hub import HubSpec
 from .lora import LoraSpec
@@ -120,7 +121,17 @@ class DataSpec(ApiModel):
         2048, ge=16, le=131072, description="Max generated tokens per response."
     )
     max_pixels: int = Field(
-        1003520, ge=3136, description="Images are resized to at most this many pixels."
+        1003520,
+        ge=3136,
+        description="Each image is resized once, to at most this many pixels (sides multiples "
+        "of the model's patch x merge), and the same image goes to vLLM and to the update.",
+    )
+    overlong_prompts: OverlongPrompts = Field(
+        "drop",
+        description="A prompt longer than maxPromptLength (image tokens included, each image "
+        "at its resized size), counted when the data is loaded: drop leaves it out (as "
+        "EasyR1's filter_overlong_prompts), fail ends the attempt with ConfigError. Either "
+        "way the log names the file, the row, both lengths and this field.",
     )
     workers: int | None = Field(
         None,

@@ -93,6 +93,7 @@ SOURCES: Mapping[str, Source] = one_each((
     rendered("data.seed", "spec.training.seed"),
     rendered("data.image_max_pixels", "spec.data.maxPixels"),
     rendered("data.image_min_pixels", "spec.data.maxPixels"),
+    rendered("data.overlong_prompts", "spec.data.overlongPrompts"),
     rendered("rollout.engine", "spec.rollout.engine"),
     rendered("rollout.temperature", "spec.algorithm.temperature"),
     rendered("rollout.top_p", "spec.algorithm.topP"),

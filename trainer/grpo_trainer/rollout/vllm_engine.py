@@ -20,11 +20,15 @@ Per step (``RolloutEngine`` lifecycle):
                     rank or TP layout generated it
     load_adapter()  LoRA instead of load_weights: only the adapter tensors, served as a
                     vLLM LoRA request over the base loaded once from the model path
-    sleep()         CUDA: KV cache freed while FSDP trains, and the weights discarded
-                    (level 2: the next load_weights rewrites every one) or, with LoRA,
-                    moved to host (level 1: the base is never sent again); CPU: sleep
-                    mode does not exist, the engine keeps its weights (the planner's
-                    host budget counts them)
+    sleep()         the encoder cache (this rollout's vision embeddings) emptied; CUDA:
+                    KV cache freed while FSDP trains, CUDA graphs backed up to host, and
+                    the weights discarded (level 2: the next load_weights rewrites every
+                    one) or, with LoRA, moved to host (level 1: the base is never sent
+                    again); CPU: sleep mode does not exist, the engine keeps its weights
+                    (the planner's host budget counts them)
+
+Images reach vLLM already resized to the trainer's pixel bounds (grpo_trainer.images),
+and vLLM gets the same bounds, so its prompt has the trainer's tokens (checked per prompt).
 
 The engine loads the checkpoint once at start-up even though the first load_weights
 rewrites every parameter: vLLM's placeholder weights (``load_format="dummy"``) also
@@ -48,6 +52,7 @@ import torch
 
 from grpo_api.trainer_config import LoraConfig
 
+from ..images import PixelBounds
 from ..lora.vllm_adapter import AdapterSlot
 from ..samples import EncodedPrompt
 from .base import Generation, SamplingSpec
@@ -76,6 +81,9 @@ class VLLMEngineConfig:
     # LoRA (actor.lora): the adapter rank; 0 without LoRA. The engine then serves the
     # base from the model path plus the adapter sent at each sync (load_adapter).
     lora_rank: int = 0
+    # A VLM's pixel bounds, to which the trainer resized every image it hands over
+    # (grpo_trainer.images); None for a text model.
+    image_bounds: PixelBounds | None = None
 
 
 def kv_cache_bytes(hf_config: Any, dtype: torch.dtype, tokens: int, tp: int) -> int:
@@ -133,7 +141,10 @@ def engine_kwargs(
         # One step at a time: what the external launcher's identical schedulers on
         # every TP rank rely on, and what makes seeded runs repeat exactly.
         "async_scheduling": False,
-        "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt},
+        # No videos: left unset, vLLM allows 999 a prompt, and budgets its encoder cache and
+        # runs its start-up encoder profile for whichever modality has the most tokens an
+        # item (multimodal/encoder_budget.py:184-188), a video of up to max_model_len.
+        "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt, "video": 0},
         # Log-probs after temperature scaling: what the actor recomputes.
         "logprobs_mode": "processed_logprobs",
         # Each rank's Ray actor sees only its own GPU, and vLLM's custom all-reduce maps
@@ -147,11 +158,26 @@ def engine_kwargs(
 
         rank = vllm_lora_rank(cfg.lora_rank)
         kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
+    if cfg.image_bounds is not None:
+        # The checkpoint's own limit would otherwise apply (12,845,056 pixels for Qwen2/
+        # 2.5-VL): to the images (already resized to these bounds, so this resize leaves
+        # them alone) and to the dummy images vLLM profiles its encoder with at start-up.
+        kwargs["mm_processor_kwargs"] = cfg.image_bounds.vllm_kwargs
+        # The processor cache keeps every image it saw in host RAM, up to 4 GiB in each
+        # of its mirrored halves (renderer and engine core), for reuse by a later
+        # request; a rollout sees each image once per epoch, and the next epoch comes
+        # long after. Off: no host memory the planner does not count.
+        kwargs["mm_processor_cache_gb"] = 0
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_bytes
         kwargs["enforce_eager"] = True  # no graph capture on CPU
     else:
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if sleep_mode:
+            # CUDA graphs live in their own pool, which a sleep leaves on the GPU unless
+            # it is backed up to (pinned) host RAM and restored on wake: 0.5-2 GiB per
+            # GPU the update would otherwise not have.
+            kwargs["sleep_mode_offload_cudagraph"] = True
     if distributed:
         kwargs["distributed_executor_backend"] = "external_launcher"
     return kwargs
@@ -195,6 +221,11 @@ class VLLMEngine:
             self.llm.wake_up(tags=["weights"])
 
     def sleep(self) -> None:
+        # The vision embeddings of this rollout's images: plain torch tensors outside the
+        # pool a sleep frees, so they would stay on the GPU through the update (EasyR1
+        # 07cae10: under LoRA, never reset, they ran the update out of memory). Before
+        # every sleep, whichever path synced the weights; on CPU it frees host memory.
+        self.llm.llm_engine.reset_encoder_cache()
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
@@ -250,7 +281,8 @@ class VLLMEngine:
             _inputs(prompts), params, use_tqdm=False, lora_request=self._lora_request()
         )
         result: list[list[Generation]] = []
-        for out in outputs:
+        for prompt, out in zip(prompts, outputs, strict=True):
+            _same_prompt(prompt, out)
             gens: list[Generation] = []
             for c in out.outputs:
                 ids = list(c.token_ids)
@@ -278,12 +310,27 @@ class VLLMEngine:
             _inputs(prompts, responses), params, use_tqdm=False, lora_request=self._lora_request()
         )
         scores: list[torch.Tensor] = []
-        for out, resp in zip(outputs, responses, strict=True):
+        for prompt, out, resp in zip(prompts, outputs, responses, strict=True):
+            _same_prompt(prompt, out, len(resp))
             # prompt_logprobs[i] scores token i of the submitted sequence.
             tail = (out.prompt_logprobs or [])[-len(resp) :] if resp else []
             ids = list(out.prompt_token_ids or [])[-len(resp) :] if resp else []
             scores.append(torch.tensor([_logprob(d, t) for t, d in zip(ids, tail, strict=True)]))
         return scores
+
+
+def _same_prompt(prompt: EncodedPrompt, out: Any, appended: int = 0) -> None:
+    """vLLM expanded the prompt's image placeholders to as many tokens as the trainer's
+    processor did: otherwise it sampled from other inputs than the update trains on.
+    ``appended``: response tokens submitted after the prompt (``score``)."""
+    got = len(out.prompt_token_ids or ()) - appended
+    want = int(prompt.input_ids.numel())
+    if got != want:
+        raise RuntimeError(
+            f"{prompt.record.where}: vLLM's prompt has {got} tokens, the trainer's {want} "
+            f"({len(prompt.images)} image(s)): the rollout would sample from other inputs "
+            "than the update trains on"
+        )
 
 
 def _logprob(entry: dict[int, Any] | None, token: int) -> float:

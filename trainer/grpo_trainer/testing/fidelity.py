@@ -31,6 +31,7 @@ from grpo_api.trainer_config import Config
 
 from ..data import Record, load_template
 from ..devices import free_port, process_group_backend
+from ..images import PixelBounds, processor_bounds
 from ..policy_update import PolicyUpdate
 from ..rank_state import RankState, World, build_rank_state
 from ..samples import EncodedPrompt, PromptEncoder, Sample
@@ -153,8 +154,9 @@ def synthetic_samples(cfg: Config, vocab_size: int, seed: int = 0) -> tuple[list
 
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     processor = AutoProcessor.from_pretrained(cfg.model.path)
-    size = {"shortest_edge": cfg.data.image_min_pixels, "longest_edge": cfg.data.image_max_pixels}
-    encoder = PromptEncoder(processor, tok, load_template(cfg.data.format_prompt), size)
+    bounds = PixelBounds(cfg.data.image_min_pixels, cfg.data.image_max_pixels,
+                         processor_bounds(processor.image_processor).factor)
+    encoder = PromptEncoder(processor, tok, load_template(cfg.data.format_prompt), bounds)
     gen = torch.Generator().manual_seed(seed)
     low = len(tok)  # ids above the tokenizer's: never a special or placeholder token
     side = max(28, math.isqrt(cfg.data.image_max_pixels) // 28 * 28)

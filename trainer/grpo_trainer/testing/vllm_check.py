@@ -28,6 +28,7 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
     worker.generate(mine, step=0)
     engine = worker.engine
     assert isinstance(engine, VLLMEngine)
+    residue = vllm_residue(engine)  # after the rollout's sleep
 
     def actor_log_probs() -> list[torch.Tensor]:
         with torch.no_grad():
@@ -39,8 +40,18 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
     def gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
         return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True) if x.numel())
 
+    def mean_gap_by_prompt(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[int, float]:
+        """rollout/logprob_abs_diff_mean, each prompt's own: |a - b| over its tokens."""
+        sums: dict[int, list[float]] = {}
+        for s, x, y in zip(worker.samples, a, b, strict=True):
+            acc = sums.setdefault(s.prompt.record.index, [0.0, 0.0])
+            acc[0] += float((x - y).abs().sum())
+            acc[1] += x.numel()
+        return {i: total / max(n, 1.0) for i, (total, n) in sums.items()}
+
     before = actor_log_probs()
-    synced_at_rollout = gap(worker.score(), before)
+    scored = worker.score()
+    synced_at_rollout = gap(scored, before)
     advantages = [1.0 if i % 2 else -1.0 for i in range(len(worker.samples))]
     worker.update(advantages, step=0)
     after = actor_log_probs()
@@ -51,14 +62,39 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
     for s in worker.samples:
         generated.setdefault(s.prompt.record.index, []).append(s.response_ids.tolist())
     return {
+        **residue,
         "generated": generated,
+        "prompt_tokens": {s.prompt.record.index: int(s.prompt.input_ids.numel())
+                          for s in worker.samples},
         "rollout_vs_actor": gap([s.rollout_log_probs for s in worker.samples], before),
+        "rollout_vs_actor_by_prompt": mean_gap_by_prompt(
+            [s.rollout_log_probs for s in worker.samples], before),
+        "scored_vs_actor_by_prompt": mean_gap_by_prompt(scored, before),
         "synced_at_rollout": synced_at_rollout,
         "policy_moved": gap(before, after),
         "stale": stale,
         "synced": synced,
     }
 
+
+
+def vllm_residue(engine: Any) -> dict[str, Any]:
+    """What a sleeping engine still holds that the update's memory does not know about:
+    the vision embeddings in the model runner's encoder cache, and whether vLLM's
+    multimodal processor caches (host RAM) exist at all; and the image size it budgets."""
+    llm = engine.llm
+    core = llm.llm_engine.engine_core.engine_core  # in process: VLLM_ENABLE_V1_MULTIPROCESSING=0
+    (entries,) = llm.collective_rpc(lambda worker: len(worker.model_runner.encoder_cache))
+    # The most tokens vLLM expects of one image: what its start-up encoder profile and
+    # encoder cache are sized by (empty for a text model).
+    (budget,) = llm.collective_rpc(lambda worker: dict(
+        getattr(worker.model_runner.mm_budget, "mm_max_toks_per_item", None) or {}))
+    return {
+        "encoder_cache_entries": entries,
+        "max_tokens_per_item": budget,
+        "mm_processor_caches": [type(c).__name__ for c in (
+            llm.llm_engine.renderer.mm_processor_cache, core.mm_receiver_cache) if c is not None],
+    }
 
 
 def rollout_update_sync_on_discarded_weights(
