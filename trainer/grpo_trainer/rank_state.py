@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grpo_api.trainer_config import Config
+from grpo_api.trainer_config import ActorConfig, Config
 
 from .modeling import DTYPES, build_sharded
 from .precision import build_optimizer
@@ -61,6 +61,13 @@ class RankState:
                     state[key] = value.to(device, non_blocking=True)
 
 
+def optimizer_home(actor: ActorConfig, device: torch.device) -> torch.device:
+    """Where the Adam moments live between steps: the host with ``actor.offload_optimizer``
+    on a GPU rank, else the rank's device (on a CPU rank they are in host memory already).
+    Only where: what a checkpoint holds is the same either way (DCP records no device)."""
+    return torch.device("cpu") if actor.offload_optimizer and device.type == "cuda" else device
+
+
 def build_rank_state(
     cfg: Config,
     device: torch.device,
@@ -83,8 +90,6 @@ def build_rank_state(
     # AdamW (fused, float32 state) or, for actor.precision bf16, BF16AdamW; with
     # LoRA only the adapters are trainable.
     optimizer = build_optimizer([p for p in actor.parameters() if p.requires_grad], cfg.actor)
-    # Only meaningful on GPUs; on CPU the state is already in host memory.
-    offload = cfg.actor.offload_optimizer and device.type == "cuda"
     warmup = cfg.actor.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
@@ -98,5 +103,5 @@ def build_rank_state(
         ref=ref,
         optimizer=optimizer,
         scheduler=scheduler,
-        optimizer_home=torch.device("cpu") if offload else device,
+        optimizer_home=optimizer_home(cfg.actor, device),
     )
