@@ -42,9 +42,11 @@ def _head(message: str) -> dict[str, Any]:
 
 
 def test_raised_on_a_rank_it_is_exit_7_with_the_whole_message_as_detail() -> None:
-    # What the driver catches: the rank's exception inside Ray's RayTaskError.
+    # What the driver catches: Ray's RayTaskError, made an instance of the cause's class
+    # too, whose text is the actor's repr and the traceback before the message.
     wrapped = rex.RayTaskError("Worker.load_checkpoint", "Traceback ...",
-                               CheckpointIncompatible(DETAIL))
+                               CheckpointIncompatible(DETAIL)).as_instanceof_cause()
+    assert isinstance(wrapped, CheckpointIncompatible) and str(wrapped) != DETAIL
     c = classify(wrapped)
     assert (c.code, c.reason) == (ExitCode.CHECKPOINT_INCOMPATIBLE,
                                   FailureReason.CHECKPOINT_INCOMPATIBLE)

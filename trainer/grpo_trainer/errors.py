@@ -147,7 +147,9 @@ def classify(exc: BaseException) -> Classified:
     if any(isinstance(e, ConfigError) for e in chain):
         return Classified(ExitCode.CONFIG_ERROR, FailureReason.CONFIG_ERROR, detail)
     # Raised on a rank while loading; its message is the whole detail (step, keys, advice).
-    if bad := next((e for e in chain if isinstance(e, CheckpointIncompatible)), None):
+    # The innermost: Ray's wrapper is an instance of the cause's class too, and its text
+    # starts with the actor's repr and the traceback.
+    if bad := next((e for e in reversed(chain) if isinstance(e, CheckpointIncompatible)), None):
         return Classified(ExitCode.CHECKPOINT_INCOMPATIBLE, FailureReason.CHECKPOINT_INCOMPATIBLE,
                           str(bad))
     # Before the lost-rank classes: killing the ranks of a stalled run is our own doing.
