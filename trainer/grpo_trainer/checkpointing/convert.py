@@ -6,9 +6,10 @@ as it built them, plus temporaries where a value must be computed from what was 
 an fp32 master (mixed -> bf16: weight and Kahan compensation are derived from it) or a
 saved compensation (bf16 -> mixed: added to the weight). The temporaries are DTensors
 shaped like the parameter's shard, where the parameter lives: one fp32 shard copy at
-most, which with the bf16 state (weight, gradient, two moments, compensation: 10 bytes a
-parameter) stays under what the mixed attempt that wrote the checkpoint held when it
-loaded (16). ``finish`` returns the nested state for ``set_state_dict``.
+most, 4 bytes a parameter, 12 with the bf16 state (weight, two moments, compensation),
+under the 16 a mixed attempt holds while DCP's ``get_state_dict`` creates its optimizer
+state (fp32 weight, zeroed gradient, two moments). ``finish`` returns the nested state for
+``set_state_dict``.
 """
 
 from __future__ import annotations
