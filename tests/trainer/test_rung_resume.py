@@ -4,7 +4,7 @@ A restart after an OOM runs with the ladder's next rung (operator/grpo_operator/
 ladder.py): gradient checkpointing on, a halved micro-batch, less GPU memory for vLLM,
 bf16 training, optimizer then parameter offload on (CudaOOM); parameter then optimizer
 offload off, a smaller Ray object store, more pod memory (HostOOM/RayOOM). The last two
-never reach the trainer (no trainer path in grpo_api.knobs; tests/unit/
+never reach the trainer (no trainer config path in grpo_api.job.trainer.SOURCES; tests/unit/
 test_rung_resume_coverage.py holds every rung to the tests here).
 
 One module-scoped run on the tiny Qwen2.5-VL (2 ranks on real Ray, mixed precision, fp32

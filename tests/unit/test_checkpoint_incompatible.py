@@ -19,6 +19,7 @@ from grpo_api.contract import ExitCode, FailureReason, Reason
 from grpo_operator.planner.ladder import remediation_ladder
 from grpo_operator.reconcile.attempts import ensure_attempt, finish_attempt
 from grpo_operator.reconcile.classify import classify_pod
+from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_testbed.wire import apply_status_patch
 from grpo_trainer.checkpointing.compat import CheckpointIncompatible, incompatible_message
@@ -76,11 +77,12 @@ def test_the_job_fails_without_a_retry_and_keeps_its_checkpoint_step() -> None:
     sp: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())["spec"]
     sp["restartPolicy"] = {"maxRestarts": 3, "allowPrecisionChange": True}
     job = JobRef("j", "ns", "uid-1")
-    st = apply_status_patch({}, ensure_attempt(job, sp, {}, NOW).derive({}, 1, NOW).status)
+    first = ensure_attempt(job, Planner(sp).plan([], None), {}, NOW)
+    st = apply_status_patch({}, first.derive({}, 1, NOW).status)
     out = classify_pod(_head(termination_message(
         FailureReason.CHECKPOINT_INCOMPATIBLE, None, 40, DETAIL)))
     assert out is not None
-    action = finish_attempt(st, out, NOW, sp)
+    action = finish_attempt(st, out, NOW, Planner(sp))
     d = action.derive(st, 1, NOW)
     status = apply_status_patch(st, d.status)
     assert status["phase"] == "Failed" and not status.get("nextAttempt")
