@@ -155,18 +155,30 @@ def test_host_oom_kill_of_the_head_is_classified_and_retried(
     assert s["attempts"][1]["resumedFromStep"] == 4
 
 
+@pytest.mark.parametrize(("code", "reason", "detail"), [
+    (2, "ConfigError", "data.train_files: missing"),
+    # A checkpoint no setting of the plan can load: the same plan would fail the same way.
+    (7, "CheckpointIncompatible", "checkpoint step 4 (/checkpoints/ns/cfg/step-4) cannot be "
+     "loaded with this run's settings (actor.precision mixed, LoRA): ..."),
+], ids=["ConfigError", "CheckpointIncompatible"])
 def test_config_error_is_not_retried(
-        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+        testbed: Testbed, operator: OperatorProcess, op_ns: str, code: int, reason: str,
+        detail: str) -> None:
+    name = f"cfg{code}"
     testbed.kubectl("apply", "-n", op_ns, "-f", "-",
-                    input=manifest("grpojob-tiny.yaml", "cfg", FAST))
-    wait_status(testbed, operator, op_ns, "cfg", "attempt 0 Running", running(0))
-    kill_head(testbed, op_ns, "cfg", 2, "Error",
-              json.dumps({"reason": "ConfigError", "detail": "data.train_files: missing"}))
-    s = wait_status(testbed, operator, op_ns, "cfg", "Failed",
+                    input=manifest("grpojob-tiny.yaml", name, FAST))
+    wait_status(testbed, operator, op_ns, name, "attempt 0 Running", running(0))
+    kill_head(testbed, op_ns, name, code, "Error",
+              json.dumps({"reason": reason, "lastCheckpointStep": 4, "detail": detail}))
+    s = wait_status(testbed, operator, op_ns, name, "Failed",
                     lambda s: s.get("phase") == "Failed", 60)
     time.sleep(3)
-    s = status(testbed, op_ns, "cfg")
+    s = status(testbed, op_ns, name)
     assert s["restarts"] == 0 and len(s["attempts"]) == 1
+    # As the API server stored it: the outcome is in the CRD's enum, the detail kept.
+    assert s["attempts"][0]["outcome"] == reason and detail in s["attempts"][0]["reason"]
+    failed = next(c for c in s["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == reason and "not retried" in failed["message"]
 
 
 def test_max_restarts_ends_in_failed_after_exactly_that_many(
