@@ -103,7 +103,11 @@ def _without(entries: dict[str, Entry], *gone: str) -> dict[str, Entry]:
      "not a floating-point conversion"),
     ({**_layout("mixed"), "optim.param_groups.0.lr": Entry("float32", ())}, _layout("mixed"),
      "optim.param_groups.0.lr: the checkpoint has float32[], this run a value"),
-], ids=["shape", "missing-moment", "missing-lr", "extra-state", "int-dtype", "tensor-lr"])
+    # A param group this run does not have: its hyper-parameters would be dropped.
+    ({**_layout("mixed"), "optim.param_groups.1.lr": Entry(None)}, _layout("mixed"),
+     "optim.param_groups.1.lr: the checkpoint has a value, this run has no such entry"),
+], ids=["shape", "missing-moment", "missing-lr", "extra-state", "int-dtype", "tensor-lr",
+        "extra-group"])
 def test_what_cannot_load_is_named(saved: dict[str, Entry], mine: dict[str, Entry],
                                    named: str) -> None:
     problems = plan_load(saved, mine).problems

@@ -148,7 +148,8 @@ def plan_load(saved: Mapping[str, Entry], mine: Mapping[str, Entry]) -> LoadPlan
                 problems.append(f"{key}: the checkpoint has {_describe(have)}, this run "
                                 f"{_describe(want)} (not a floating-point conversion)")
     for key, have in saved.items():
-        if key in mine or key.startswith(GROUPS):
+        if key in mine or (key.startswith(GROUPS)
+                           and key.rpartition(".")[2] not in HYPERPARAMETERS):
             continue  # another optimizer's flags are not this one's
         split = _split_state(key)
         weight = MODEL + split[0] if split is not None else ""
