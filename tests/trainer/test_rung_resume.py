@@ -179,19 +179,22 @@ def _assert_step_as_uninterrupted(r: Resumed, b: Base, step: int = 3) -> None:
 
 def _layout(model: Path, actor: ActorConfig) -> dict[str, Entry]:
     """The state a rank with ``actor``'s settings loads into, built by the code every rank
-    runs to pick it (precision.store_params, build_optimizer, DCP's get_state_dict), on
-    one unsharded process: FSDP shards, and offload moves, only where the tensors live;
-    the keys, global shapes and dtypes are the same on a CUDA rank."""
+    runs to pick it (precision.store_params, build_optimizer, rank_state.build_scheduler,
+    DCP's get_state_dict), on one unsharded process: FSDP shards, and offload moves, only
+    where the tensors live; the keys, global shapes and dtypes are the same on a CUDA rank."""
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from grpo_trainer.checkpointing.convert import own_entries
     from grpo_trainer.modeling import load_full
     from grpo_trainer.precision import build_optimizer, store_params
+    from grpo_trainer.rank_state import build_scheduler
 
     m = load_full(ModelConfig(path=str(model)), torch.float32)
     store_params(m, actor)
-    msd, osd = get_state_dict(m, build_optimizer(m.parameters(), actor))
+    optimizer = build_optimizer(m.parameters(), actor)
+    build_scheduler(optimizer, actor)  # it adds the groups' initial_lr
+    msd, osd = get_state_dict(m, optimizer)
     return own_entries(flatten_state_dict({"model": msd, "optim": osd})[0])
 
 

@@ -68,6 +68,17 @@ def optimizer_home(actor: ActorConfig, device: torch.device) -> torch.device:
     return torch.device("cpu") if actor.offload_optimizer and device.type == "cuda" else device
 
 
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, actor: ActorConfig
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """Linear warm-up over ``actor.warmup_steps``, then constant. It sets each param
+    group's ``initial_lr``, which a checkpoint's optimizer state holds."""
+    warmup = actor.warmup_steps
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+    )
+
+
 def build_rank_state(
     cfg: Config,
     device: torch.device,
@@ -90,10 +101,7 @@ def build_rank_state(
     # AdamW (fused, float32 state) or, for actor.precision bf16, BF16AdamW; with
     # LoRA only the adapters are trainable.
     optimizer = build_optimizer([p for p in actor.parameters() if p.requires_grad], cfg.actor)
-    warmup = cfg.actor.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
-    )
+    scheduler = build_scheduler(optimizer, cfg.actor)
     return RankState(
         cfg=cfg,
         world=world,
