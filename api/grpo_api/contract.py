@@ -145,6 +145,9 @@ class ExitCode(IntEnum):
     # No progress for trainer.stall_timeout_s: the driver wrote every rank's stacks to
     # <checkpoint dir>/stalls/ and ended the attempt (grpo_trainer.stall).
     HANG = 6
+    # A checkpoint that is intact but cannot be loaded under this attempt's settings
+    # (grpo_trainer.checkpointing.compat): never retried, the checkpoint is kept.
+    CHECKPOINT_INCOMPATIBLE = 7
     # 128 + SIGTERM, what a process killed by it reports: the driver stopped on SIGTERM
     # after committing a checkpoint of its last finished step (grpo_trainer.sigterm).
     TERMINATED = 143
@@ -169,6 +172,10 @@ class FailureReason(StrEnum):
     # a preemption, suspend) is read from the pod, which the operator checks first.
     TERMINATED = "Terminated"
     CONFIG_ERROR = "ConfigError"
+    # The newest committed checkpoint cannot be loaded with this attempt's settings (exit
+    # 7); the detail names the step, the keys and why. Not retried: the same plan fails
+    # the same way, and an older checkpoint or step 0 would lose trained steps.
+    CHECKPOINT_INCOMPATIBLE = "CheckpointIncompatible"
     ERROR = "Error"
 
 
@@ -215,6 +222,7 @@ class Reason(StrEnum):
     HANG = FailureReason.HANG
     TERMINATED = FailureReason.TERMINATED
     CONFIG_ERROR = FailureReason.CONFIG_ERROR
+    CHECKPOINT_INCOMPATIBLE = FailureReason.CHECKPOINT_INCOMPATIBLE
     ERROR = FailureReason.ERROR
     # A condition that does not hold (its reason when False)
     NOT_READY = f"Not{ConditionType.READY}"

@@ -88,8 +88,12 @@ def report_progress(tb: Testbed, ns: str, name: str, step: int, ckpt: int) -> No
 
 def test_cuda_oom_restarts_with_the_next_safer_setting_from_the_checkpoint(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    """The CudaOOM ladder up to its bf16 rung, to Succeeded: with allowPrecisionChange a
+    second OOM in training moves the job to bf16 (docs/memory-model.md), whose attempt
+    resumes the mixed checkpoint (the trainer's side: tests/trainer/test_rung_resume.py)."""
+    policy = {**FAST, "allowPrecisionChange": True}
     testbed.kubectl("apply", "-n", op_ns, "-f", "-",
-                    input=manifest("grpojob-qwen25vl-7b-a100-40gb.yaml", "oom", FAST))
+                    input=manifest("grpojob-qwen25vl-7b-a100-40gb.yaml", "oom", policy))
     wait_status(testbed, operator, op_ns, "oom", "attempt 0 Running", running(0))
     plan0 = planned_settings(testbed, op_ns, "oom", 0)
     claim0 = claim_of(testbed, op_ns, "oom-a0")
@@ -116,6 +120,28 @@ def test_cuda_oom_restarts_with_the_next_safer_setting_from_the_checkpoint(
     events = testbed.kubectl("get", "events", "-n", op_ns).stdout
     assert "Restarted" in events and "CudaOOM" in events
 
+    # Out of memory again in training: the micro-batch is halved already, so the next
+    # rung that relieves training is bf16 (before offloading, which slows every step).
+    again = json.dumps({"reason": "CudaOOM", "step": 16, "lastCheckpointStep": 15,
+                        "phase": "training", "detail": "CUDA out of memory."})
+    kill_head(testbed, op_ns, "oom", 3, "Error", again)
+    s = wait_status(testbed, operator, op_ns, "oom", "attempt 2 Running", running(2))
+    assert s["attempts"][1]["remediation"].startswith("CudaOOM: bf16 training: ")
+    assert s["attempts"][1]["failedPhase"] == "training"
+    assert s["attempts"][2]["resumedFromStep"] == 15 and s["plan"]["precision"] == "bf16"
+    plan2 = planned_settings(testbed, op_ns, "oom", 2)
+    assert (plan1["actor.precision"], plan2["actor.precision"]) == ("mixed", "bf16")
+    assert claim_of(testbed, op_ns, "oom-a2") == claim0
+    done = json.dumps({"reason": "Succeeded", "step": 20, "lastCheckpointStep": 20,
+                       "detail": ""})
+    kill_head(testbed, op_ns, "oom", 0, "Completed", done)
+    s = wait_status(testbed, operator, op_ns, "oom", "Succeeded",
+                    lambda s: s.get("phase") == "Succeeded", 60)
+    assert [a["outcome"] for a in s["attempts"]] == ["CudaOOM", "CudaOOM", "Succeeded"]
+    assert [a.get("remediation", "").split(":")[1].strip() for a in s["attempts"][:2]] == [
+        remediation.split(":")[1].strip(), "bf16 training"]
+    assert s["restarts"] == 2
+
 
 def test_host_oom_kill_of_the_head_is_classified_and_retried(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
@@ -129,18 +155,30 @@ def test_host_oom_kill_of_the_head_is_classified_and_retried(
     assert s["attempts"][1]["resumedFromStep"] == 4
 
 
+@pytest.mark.parametrize(("code", "reason", "detail"), [
+    (2, "ConfigError", "data.train_files: missing"),
+    # A checkpoint no setting of the plan can load: the same plan would fail the same way.
+    (7, "CheckpointIncompatible", "checkpoint step 4 (/checkpoints/ns/cfg/step-4) cannot be "
+     "loaded with this run's settings (actor.precision mixed, LoRA): ..."),
+], ids=["ConfigError", "CheckpointIncompatible"])
 def test_config_error_is_not_retried(
-        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+        testbed: Testbed, operator: OperatorProcess, op_ns: str, code: int, reason: str,
+        detail: str) -> None:
+    name = f"cfg{code}"
     testbed.kubectl("apply", "-n", op_ns, "-f", "-",
-                    input=manifest("grpojob-tiny.yaml", "cfg", FAST))
-    wait_status(testbed, operator, op_ns, "cfg", "attempt 0 Running", running(0))
-    kill_head(testbed, op_ns, "cfg", 2, "Error",
-              json.dumps({"reason": "ConfigError", "detail": "data.train_files: missing"}))
-    s = wait_status(testbed, operator, op_ns, "cfg", "Failed",
+                    input=manifest("grpojob-tiny.yaml", name, FAST))
+    wait_status(testbed, operator, op_ns, name, "attempt 0 Running", running(0))
+    kill_head(testbed, op_ns, name, code, "Error",
+              json.dumps({"reason": reason, "lastCheckpointStep": 4, "detail": detail}))
+    s = wait_status(testbed, operator, op_ns, name, "Failed",
                     lambda s: s.get("phase") == "Failed", 60)
     time.sleep(3)
-    s = status(testbed, op_ns, "cfg")
+    s = status(testbed, op_ns, name)
     assert s["restarts"] == 0 and len(s["attempts"]) == 1
+    # As the API server stored it: the outcome is in the CRD's enum, the detail kept.
+    assert s["attempts"][0]["outcome"] == reason and detail in s["attempts"][0]["reason"]
+    failed = next(c for c in s["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == reason and "not retried" in failed["message"]
 
 
 def test_max_restarts_ends_in_failed_after_exactly_that_many(

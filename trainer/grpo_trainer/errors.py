@@ -26,6 +26,7 @@ from grpo_api.contract import (
     RankPhase,
 )
 
+from .checkpointing.compat import CheckpointIncompatible
 from .config import ConfigError
 from .sigterm import Terminated
 from .stall import StallError
@@ -151,6 +152,12 @@ def classify(exc: BaseException) -> Classified:
     detail = f"{type(chain[-1]).__name__}: {chain[-1]}"
     if any(isinstance(e, ConfigError) for e in chain):
         return Classified(ExitCode.CONFIG_ERROR, FailureReason.CONFIG_ERROR, detail)
+    # Raised on a rank while loading; its message is the whole detail (step, keys, advice).
+    # The innermost: Ray's wrapper is an instance of the cause's class too, and its text
+    # starts with the actor's repr and the traceback.
+    if bad := next((e for e in reversed(chain) if isinstance(e, CheckpointIncompatible)), None):
+        return Classified(ExitCode.CHECKPOINT_INCOMPATIBLE, FailureReason.CHECKPOINT_INCOMPATIBLE,
+                          str(bad))
     # Before the lost-rank classes: killing the ranks of a stalled run is our own doing.
     if stall := next((e for e in chain if isinstance(e, StallError)), None):
         return Classified(ExitCode.HANG, FailureReason.HANG, str(stall))

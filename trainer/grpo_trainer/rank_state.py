@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grpo_api.trainer_config import Config
+from grpo_api.trainer_config import ActorConfig, Config
 
 from .modeling import DTYPES, build_sharded
 from .precision import build_optimizer
@@ -61,6 +61,24 @@ class RankState:
                     state[key] = value.to(device, non_blocking=True)
 
 
+def optimizer_home(actor: ActorConfig, device: torch.device) -> torch.device:
+    """Where the Adam moments live between steps: the host with ``actor.offload_optimizer``
+    on a GPU rank, else the rank's device (on a CPU rank they are in host memory already).
+    Only where: what a checkpoint holds is the same either way (DCP records no device)."""
+    return torch.device("cpu") if actor.offload_optimizer and device.type == "cuda" else device
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, actor: ActorConfig
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """Linear warm-up over ``actor.warmup_steps``, then constant. It sets each param
+    group's ``initial_lr``, which a checkpoint's optimizer state holds."""
+    warmup = actor.warmup_steps
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+    )
+
+
 def build_rank_state(
     cfg: Config,
     device: torch.device,
@@ -83,12 +101,7 @@ def build_rank_state(
     # AdamW (fused, float32 state) or, for actor.precision bf16, BF16AdamW; with
     # LoRA only the adapters are trainable.
     optimizer = build_optimizer([p for p in actor.parameters() if p.requires_grad], cfg.actor)
-    # Only meaningful on GPUs; on CPU the state is already in host memory.
-    offload = cfg.actor.offload_optimizer and device.type == "cuda"
-    warmup = cfg.actor.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
-    )
+    scheduler = build_scheduler(optimizer, cfg.actor)
     return RankState(
         cfg=cfg,
         world=world,
@@ -98,5 +111,5 @@ def build_rank_state(
         ref=ref,
         optimizer=optimizer,
         scheduler=scheduler,
-        optimizer_home=torch.device("cpu") if offload else device,
+        optimizer_home=optimizer_home(cfg.actor, device),
     )

@@ -22,6 +22,7 @@ AttemptOutcome = Literal[
     "Hang",
     "Terminated",
     "ConfigError",
+    "CheckpointIncompatible",
     "Error",
 ]
 # metav1.Condition.reason: CamelCase, machine-readable.

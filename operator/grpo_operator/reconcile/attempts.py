@@ -24,13 +24,12 @@ from .action import Action
 from .classify import PodOutcome
 from .conditions import JobEvent, attempt_of, pod_phase
 from .model_config import recorded
-from .phases import Finding
+from .phases import PERMANENT, Finding
 from .planning import MEMORY_CLASSES, JobPlan, Planner, Refused, backoff_seconds
 from .retention import export_status, recreate_advice
 from .status import StatusFacts
 
 PER_ATTEMPT_KINDS = ("ConfigMap", "RayCluster")
-PERMANENT = (FailureReason.CONFIG_ERROR,)  # retrying cannot help
 CREATE_RETRY_SECONDS = 10  # a child the API server refused is tried again this often
 _WORDS = {FailureReason.CUDA_OOM: "CUDA OOM", FailureReason.HOST_OOM: "host OOM (pod OOMKilled)",
           FailureReason.WORKERS_MISSING: "worker pods did not all join",

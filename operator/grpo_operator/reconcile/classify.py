@@ -22,12 +22,15 @@ _EXIT_CLASSES = {
     ExitCode.WORKER_LOST: FailureReason.NODE_LOST,
     ExitCode.HANG: FailureReason.HANG,
     ExitCode.TERMINATED: FailureReason.TERMINATED,
+    ExitCode.CHECKPOINT_INCOMPATIBLE: FailureReason.CHECKPOINT_INCOMPATIBLE,
 }
 # The detail a status shows: one line for most failures. A Hang's names the stuck rank,
-# its frame (a full path in the image) and where the stacks file is, which 300
-# characters can cut; its termination message is one line, kept within 4 KiB.
+# its frame (a full path in the image) and where the stacks file is, and a
+# CheckpointIncompatible's the step, the keys and what to do, which 300 characters can
+# cut; their termination messages are one line, kept within 4 KiB.
 DETAIL_CHARS = 300
-HANG_DETAIL_CHARS = 1500
+LONG_DETAIL_CHARS = 1500
+_LONG_DETAILS = (FailureReason.HANG, FailureReason.CHECKPOINT_INCOMPATIBLE)
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
         reason = FailureReason(msg["reason"])
     else:
         reason = _EXIT_CLASSES.get(code, FailureReason.ERROR)  # type: ignore[call-overload]
-    detail = detail[:HANG_DETAIL_CHARS if reason is FailureReason.HANG else DETAIL_CHARS]
+    detail = detail[:LONG_DETAIL_CHARS if reason in _LONG_DETAILS else DETAIL_CHARS]
     where = f" at step {step}" if step is not None else ""
     text = "finished" if reason is FailureReason.SUCCEEDED else f"{reason.value}{where}"
     during = str(msg.get("phase") or "")

@@ -28,8 +28,13 @@ class Finding:
 
 # The attempt failure classes: an attempt that ended so is restarted (with the next
 # safer setting for a memory class) unless the job gives up (Finding.final).
+# Never retried, so never Restarting. A ConfigError's config fails again. A
+# CheckpointIncompatible attempt would fail the same way with the same plan, and starting
+# from an older checkpoint or step 0 would drop trained steps without the user's say: the
+# job fails with its checkpoint kept (docs/troubleshooting.md).
+PERMANENT = (FailureReason.CONFIG_ERROR, FailureReason.CHECKPOINT_INCOMPATIBLE)
 _RESTARTED = {Reason(r): Phase.RESTARTING for r in FailureReason
-              if r not in (FailureReason.SUCCEEDED, FailureReason.CONFIG_ERROR)}
+              if r is not FailureReason.SUCCEEDED and r not in PERMANENT}
 
 # The phase each reason shows. A reason that is not a key is not a phase's reason (a
 # condition's own, or an event's): a step that reported one would fail the decision.
@@ -58,6 +63,7 @@ PHASE_OF: Mapping[Reason, Phase] = {
     # The end
     Reason.TRAINING_FINISHED: Phase.SUCCEEDED,
     Reason.CONFIG_ERROR: Phase.FAILED,  # never retried
+    Reason.CHECKPOINT_INCOMPATIBLE: Phase.FAILED,  # never retried
     Reason.INVALID_NAME: Phase.FAILED,
     Reason.INVALID_SPEC: Phase.FAILED,
     Reason.INFEASIBLE: Phase.FAILED,

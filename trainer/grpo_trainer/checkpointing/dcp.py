@@ -141,20 +141,26 @@ class DCPCheckpointer:
     def restore(self, group: Any, loader: Any) -> int:
         # Before anything here is read or removed.
         fence.claim(self.root, self.attempt, self.job_uid)
-        self._latest_known = True
         plan = plan_startup(scan(self.root), self._tracker_step())
         for step, why in plan.remove:
             path = self.root / step_dir_name(step)
             log.warning("removing checkpoint directory %s: %s", path, why)
             remove_step_dir(path)
         if not self.resume:
+            self._latest_known = True
             log.info("not resuming (--no-resume): starting from step 0; %s", self.root)
             return 0
         for step in plan.candidates:
+            # A checkpoint that cannot load under these settings (CheckpointIncompatible)
+            # raises here: no older one is tried, which would silently lose steps, and
+            # until a load succeeded latest_step() still names the committed checkpoint,
+            # kept for the attempt that can load it (the termination message says so).
             loaded = self._try_load(step, group, loader)
             if loaded:
                 self._latest = step
+                self._latest_known = True
                 return step
+        self._latest_known = True
         if plan.candidates:
             log.error("no loadable checkpoint in %s: starting from step 0", self.root)
         else:
@@ -326,13 +332,14 @@ class DCPCheckpointer:
         }
         r = self.last_restore
         log.info(
-            "resumed from checkpoint step %d (%s, epoch %d%s; rng %s; %.1f MB: %s check "
-            "%.2f s, load %.2f s, total %.2f s)",
+            "resumed from checkpoint step %d (%s, epoch %d%s; rng %s; tensors %s; %.1f MB: "
+            "%s check %.2f s, load %.2f s, total %.2f s)",
             step,
             path,
             int(state.get("epoch", 0)),
             reshard,
             results[0]["rng"],
+            results[0].get("layout", "as saved"),
             r["bytes"] / 1e6,
             manifest.algorithm,
             r["verify_s"],

@@ -70,6 +70,14 @@ def load_model_tensors(step_dir: Path, dtype: torch.dtype | None = None) -> dict
     """The full (unsharded) model tensors, named as the HF module names them; in
     ``dtype`` if given (DCP converts each item as it reads it, so a float32 checkpoint
     never sits in memory whole next to its bfloat16 copy)."""
+    return load_tensors(step_dir, MODEL_PREFIX, dtype)
+
+
+def load_tensors(
+    step_dir: Path, prefix: str, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """Every full tensor whose DCP key starts with ``prefix`` (``model.``, or
+    ``optim.state.`` for the optimizer's), keyed without it; one process, no ranks."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -78,14 +86,14 @@ def load_model_tensors(step_dir: Path, dtype: torch.dtype | None = None) -> dict
     metadata = reader.read_metadata()
     state: dict[str, torch.Tensor] = {}
     for key, md in metadata.state_dict_metadata.items():
-        if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata):
+        if key.startswith(prefix) and isinstance(md, TensorStorageMetadata):
             state[key] = torch.empty(md.size, dtype=dtype or md.properties.dtype)
     if not state:
-        raise ExportError(f"{step_dir} holds no model tensors")
+        raise ExportError(f"{step_dir} holds no tensors under {prefix}")
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, storage_reader=reader, no_dist=True)
-    return {k.removeprefix(MODEL_PREFIX): v for k, v in state.items()}
+    return {k.removeprefix(prefix): v for k, v in state.items()}
 
 
 def saved_config(step_dir: Path) -> Config:

@@ -30,9 +30,11 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from ..rank_state import RankState
+from .compat import CheckpointIncompatible, incompatible_message
+from .convert import finish, prepare, saved_entries
 from .files import HashingWriter, digest_file, write_durable
 from .reader import DirectReader
-from .tracker import FileEntry, digest_problems, from_wire, rank_file, to_wire
+from .tracker import FileEntry, digest_problems, from_wire, parse_step_dir, rank_file, to_wire
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +296,11 @@ class RankCheckpointer:
         return self._result
 
     # -- load ------------------------------------------------------------------
+    def _incompatible(self, root: Path, problems: tuple[str, ...]) -> str:
+        actor = self.state.cfg.actor
+        settings = f"actor.precision {actor.precision}" + (", LoRA" if actor.lora else "")
+        return incompatible_message(parse_step_dir(root.name), str(root), problems, settings)
+
     def load(self, path: str, verify: dict[str, list[Any]]) -> dict[str, Any]:
         """Check this rank's share of the files and, if every rank agrees, load.
 
@@ -319,7 +326,11 @@ class RankCheckpointer:
         reader = DirectReader(path, before_read=check.gate)
         try:
             msd, osd = self._state()
-            dcp.load({"model": msd, "optim": osd}, storage_reader=reader, process_group=pg)
+            # Saved under another rung's settings (precision): what to read, and into what.
+            load = prepare({"model": msd, "optim": osd}, saved_entries(reader.read_metadata()))
+            if load.plan.problems:  # every rank alike: the same metadata, the same keys
+                raise CheckpointIncompatible(self._incompatible(root, load.plan.problems))
+            dcp.load(load.targets, storage_reader=reader, process_group=pg)
         except BaseException:  # DCP's CheckpointException is a BaseException
             # The gate's refusal would come back wrapped by DCP: name the files.
             if check.wait():
@@ -328,11 +339,12 @@ class RankCheckpointer:
         from ..lora.checkpoint import state_dict_options
 
         st = self.state
+        state = finish(load)
         set_state_dict(
             st.actor,
             st.optimizer,
-            model_state_dict=msd,
-            optim_state_dict=osd,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
             options=state_dict_options(st.cfg.actor.lora),
         )
         st.optimizer_state_to(st.optimizer_home)
@@ -352,6 +364,7 @@ class RankCheckpointer:
         return {
             "bad": [],
             "rng": rng,
+            "layout": load.plan.summary(),
             "verify_s": t_verify,
             "load_s": time.perf_counter() - t0 - t_verify,
             "direct_items": reader.direct_items,

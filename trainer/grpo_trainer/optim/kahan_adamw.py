@@ -42,7 +42,7 @@ from torch.distributed.tensor import DTensor
 Compensation = Literal["kahan", "stochastic", "none"]
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
     """The tensor this rank updates in place: a DTensor's local shard, else itself."""
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -165,7 +165,7 @@ class BF16AdamW(torch.optim.Optimizer):
         large the parameter (a 150k-vocabulary embedding shard would otherwise take GBs)."""
         comp = state.get("compensation")
         tensors = [
-            _local(t)
+            local_shard(t)
             for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"], comp)
             if t is not None
         ]
