@@ -272,6 +272,11 @@ class RankPhase(StrEnum):
     LOAD = "load"  # building the actor and the reference (checkpoint load, sharding)
     ROLLOUT = "rollout"  # the rollout engine: its start, wake-up, generation, validation
     TRAINING = "training"  # log-probs, the update, the optimizer step
+    # vLLM's engine start found too little of its memory left for the KV cache (its
+    # weights and profile took the rest of rollout.gpu_memory_utilization x card, or less
+    # than one max-length sequence remains). Relieved by more memory for vLLM, never by
+    # less: the ladder raises the utilisation the update's residency leaves room for.
+    KV_CACHE = "kv_cache"
 
 
 class Env(StrEnum):

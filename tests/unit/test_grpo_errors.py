@@ -163,11 +163,12 @@ def _vllm_kv_cache_messages() -> list[str]:
     return messages
 
 
-def test_vllms_kv_cache_wordings_are_cuda_oom_in_the_rollout_phase() -> None:
+def test_vllms_kv_cache_wordings_are_cuda_oom_of_the_kv_cache() -> None:
     """vLLM refuses to start when its share of the GPU leaves no KV cache, or less than
-    one max_model_len sequence needs. Both are out of GPU memory: CudaOOM, in the rollout
-    phase (the engine starts inside it), so the operator's ladder acts on them instead of
-    restarting the same plan as a plain Error."""
+    one max_model_len sequence needs. Both are out of GPU memory: CudaOOM, so the
+    operator's ladder acts on them instead of restarting the same plan as a plain Error,
+    and of their own rank phase (KV_CACHE, whatever the tag of the block the engine
+    started in): vLLM wants more of the GPU, the opposite of a rollout OOM's remedy."""
     from grpo_api.contract import RankPhase
     from grpo_trainer.errors import rank_phase
 
@@ -178,7 +179,7 @@ def test_vllms_kv_cache_wordings_are_cuda_oom_in_the_rollout_phase() -> None:
             raise ValueError(text)
         c = classify(StepError(0, err.value))
         assert (c.code, c.reason, c.phase) == (
-            ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, RankPhase.ROLLOUT), text
+            ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, RankPhase.KV_CACHE), text
 
 
 def test_a_config_error_raised_in_a_rank_reaches_the_driver_as_exit_2() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from grpo_operator.planner import (
     plan_status,
     remediation_ladder,
 )
+from grpo_operator.planner.core import replan
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
 
@@ -197,3 +199,61 @@ def test_a_rollout_oom_lowers_vllms_utilisation_before_anything_that_helps_only_
         steps.append(nxt.remediations[-1])
         plan = nxt
     assert steps and not any("gradient checkpointing" in s or "micro-batch" in s for s in steps)
+
+
+def _kv_walk(plan: Plan) -> list[Plan]:
+    out = []
+    while (nxt := next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE)):
+        out.append(nxt)
+        plan = nxt
+    return out
+
+
+def test_a_kv_cache_shortage_gives_vllm_more_of_the_gpu_never_less() -> None:
+    """vLLM's engine start found too little left for its KV cache (its wordings classify
+    as rank phase kv_cache). The rollout OOM's remedy, a lower utilisation, would shrink
+    the cache further: this ladder raises the utilisation to what the update's residency
+    leaves (the planner chose that already, so here the first rung has nothing to add),
+    then offloads the optimizer and the parameters to free more, each plan within the
+    margin and each with more KV cache per GPU than the one before."""
+    plan = plan_memory(spec())
+    assert remediation_ladder(FailureReason.CUDA_OOM, "kv_cache") == (
+        "raise rollout GPU memory utilisation", "offload optimizer for the KV cache",
+        "offload params for the KV cache")
+    steps = _kv_walk(plan)
+    assert [s.rungs[-1] for s in steps] == [
+        "offload optimizer for the KV cache", "offload params for the KV cache"]
+    before = plan
+    for step in steps:
+        assert step.budget.fits, step.budget.problems()
+        assert (step.settings.rollout_gpu_memory_utilization
+                > before.settings.rollout_gpu_memory_utilization)
+        assert step.budget.rollout_kv_cache_gib > before.budget.rollout_kv_cache_gib
+        before = step
+    # The same job's rollout OOM goes the other way.
+    rollout = next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)
+    assert rollout is not None and (rollout.settings.rollout_gpu_memory_utilization
+                                    < plan.settings.rollout_gpu_memory_utilization)
+
+
+def test_a_kv_cache_shortage_under_a_utilisation_below_the_most_raises_it() -> None:
+    """The user set a low utilisation in an earlier spec (not pinned now: a plan whose
+    utilisation a rollout OOM lowered skips the raise, below): raised to the most."""
+    plan = plan_memory(spec())
+    low = replan(plan, replace(plan.settings, rollout_gpu_memory_utilization=0.4), "")
+    raised = next_safer_plan(low, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE)
+    assert raised is not None and raised.rungs[-1] == "raise rollout GPU memory utilisation"
+    assert raised.settings.rollout_gpu_memory_utilization == pytest.approx(
+        plan.settings.rollout_gpu_memory_utilization)
+    # After a rollout OOM lowered it, the modelled most already ran out: offload instead.
+    lowered = next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)
+    assert lowered is not None
+    nxt = next_safer_plan(lowered, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE)
+    assert nxt is not None and nxt.rungs[-1] == "offload optimizer for the KV cache"
+
+
+def test_a_kv_cache_shortage_under_a_pinned_utilisation_has_no_rung() -> None:
+    """Every rung of the KV ladder moves the utilisation: pinned, the ladder is empty and
+    the job ends with the failure (the message says every safer setting was tried)."""
+    plan = plan_memory(spec(rolloutGpuMemoryUtilization=0.5))
+    assert next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE) is None

@@ -18,7 +18,7 @@ import pytest
 
 from grpo_api.job import GRPOJobSpec, parse_spec
 from grpo_operator.planner.core import plan_memory, replan
-from grpo_operator.planner.ladder import LADDERS
+from grpo_operator.planner.ladder import KV_CACHE_LADDER, LADDERS
 from grpo_operator.planner.types import Plan
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
@@ -46,6 +46,19 @@ COVERED: dict[str, tuple[set[str], str]] = {
                               "test_offload_on_then_off_resumes_exactly"),
     # Ray's and the pods': nothing reaches the trainer, whose resume is then the plain one
     # (tests/trainer/test_checkpoint_resume.py).
+    # vLLM's KV cache ran short (rank phase kv_cache): its share up, and the state offloaded
+    # to make room for it.
+    "raise rollout GPU memory utilisation": ({"rollout.gpu_memory_utilization",
+                                              "rollout.tensor_parallel_size"},
+                                             "test_lower_vllm_memory_resumes_exactly"),
+    "offload optimizer for the KV cache": ({"actor.offload_optimizer",
+                                            "rollout.gpu_memory_utilization",
+                                            "rollout.tensor_parallel_size"},
+                                           "test_offload_on_then_off_resumes_exactly"),
+    "offload params for the KV cache": ({"actor.offload_params",
+                                         "rollout.gpu_memory_utilization",
+                                         "rollout.tensor_parallel_size"},
+                                        "test_offload_on_then_off_resumes_exactly"),
     "smaller Ray object store": (set(), ""),
     "pod memory to node allocatable": (set(), ""),
 }
@@ -71,18 +84,24 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _where_it_applies(plan: Plan, name: str) -> Plan:
-    """The plan, or (for the HostOOM rungs that turn offloading off) one with it on."""
+    """The plan, or (for the HostOOM rungs that turn offloading off) one with it on, or
+    (for the KV cache's raise) one whose utilisation is below the most."""
+    if name == "raise rollout GPU memory utilisation":
+        return replan(plan, replace(plan.settings, rollout_gpu_memory_utilization=0.4), "")
     if name.endswith("offload off"):
         on = replace(plan.settings, offload_params=True, offload_optimizer=True)
         return replan(plan, on, "")
     return plan
 
 
-@pytest.mark.parametrize("name", sorted({n for ladder in LADDERS.values() for n, _ in ladder}))
+EVERY_LADDER = (*LADDERS.values(), KV_CACHE_LADDER)
+
+
+@pytest.mark.parametrize("name", sorted({n for ladder in EVERY_LADDER for n, _ in ladder}))
 def test_what_each_rung_changes_in_the_trainer_has_a_resume_test(name: str) -> None:
     assert name in COVERED, f"rung {name!r} has no resume test (tests/trainer/test_rung_resume.py)"
     spec = _spec()
-    rung = next(r for ladder in LADDERS.values() for n, r in ladder if n == name)
+    rung = next(r for ladder in EVERY_LADDER for n, r in ladder if n == name)
     before = _where_it_applies(plan_memory(spec), name)
     settings = rung(before)
     assert settings is not None, f"{name} does not apply to the test's plan"

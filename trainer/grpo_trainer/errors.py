@@ -34,6 +34,14 @@ from .stall import StallError
 log = logging.getLogger(__name__)
 
 CUDA_OOM_TEXT = "CUDA out of memory"
+# vLLM's KV cache at start-up (v1/core/kv_cache_utils.py, _check_enough_kv_cache_memory):
+# its weights and activations leave nothing of rollout.gpu_memory_utilization x card, or
+# less than one max_model_len sequence needs. A CudaOOM of its own rank phase (KV_CACHE):
+# vLLM's own advice is a higher utilisation, the opposite of the rollout OOM's remedy.
+KV_CACHE_WORDINGS = (
+    re.compile(r"No available memory for the cache blocks"),
+    re.compile(r"KV cache is needed, which is larger than the available KV cache memory"),
+)
 # Every wording in which a GPU run's out-of-memory reaches the driver, read from the pinned
 # libraries' sources and binaries (docs/trainer.md "CUDA path"). Each is CudaOOM (exit 3),
 # so the operator's CudaOOM ladder runs instead of a plain restart.
@@ -51,12 +59,7 @@ CUDA_OOM_WORDINGS = (
     re.compile(r"Cuda failure (\d+ )?'out of memory'"),
     # cuBLAS could not allocate its handle or workspace.
     re.compile(r"CUBLAS_STATUS_ALLOC_FAILED"),
-    # vLLM's KV cache at start-up (v1/core/kv_cache_utils.py, _check_enough_kv_cache_memory):
-    # its weights and activations leave nothing of rollout.gpu_memory_utilization x card,
-    # or less than one max_model_len sequence needs. Raised while the engine starts, so in
-    # the rollout phase; vLLM's own advice is a higher utilisation (docs/troubleshooting.md).
-    re.compile(r"No available memory for the cache blocks"),
-    re.compile(r"KV cache is needed, which is larger than the available KV cache memory"),
+    *KV_CACHE_WORDINGS,
 )
 
 
@@ -166,7 +169,10 @@ def classify(exc: BaseException) -> Classified:
     if any(isinstance(e, WorkersMissingError) for e in chain):
         return Classified(ExitCode.WORKER_LOST, FailureReason.WORKERS_MISSING, detail)
     if any(_is_cuda_oom(e) for e in chain):
-        return Classified(ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, detail, phase_of(exc))
+        # vLLM's KV-cache shortage wants the opposite of every other CUDA OOM's remedy.
+        short = any(w.search(str(e)) for e in chain for w in KV_CACHE_WORDINGS)
+        phase = RankPhase.KV_CACHE if short else phase_of(exc)
+        return Classified(ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, detail, phase)
     try:
         from ray import exceptions as rex
     except ImportError:

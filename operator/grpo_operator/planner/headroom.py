@@ -82,9 +82,14 @@ def improves(old: Plan, new: Plan, failure: FailureReason,
              phase: RankPhase | None = None) -> bool:
     """True when `new` lowers no pod limit and no part of the headroom for `failure`, and
     raises at least one part of it: of the GPU phases of the rank `phase` the failure
-    happened in, when known."""
+    happened in, when known. vLLM's KV cache (RankPhase.KV_CACHE) ran short because vLLM
+    had too little of the GPU: there `new` must give it more KV cache per GPU and still
+    fit with the margin, though the rollout phase's headroom shrinks by design."""
     if any(b < a for a, b in changed_limits(old, new).values()):
         return False
+    if failure is FailureReason.CUDA_OOM and phase is RankPhase.KV_CACHE:
+        return (new.budget.fits and new.budget.rollout_kv_cache_gib
+                > old.budget.rollout_kv_cache_gib + EPSILON_GIB)
     before, after = headroom(old, failure), headroom(new, failure)
     if not before or before.keys() != after.keys():
         return False

@@ -3,6 +3,9 @@
 CudaOOM:        gradient checkpointing on -> halve micro-batch -> lower rollout GPU memory
                 utilisation -> bf16 training (only with spec.restartPolicy.
                 allowPrecisionChange) -> offload optimizer -> offload params
+CudaOOM of vLLM's KV cache (rank phase kv_cache: too little left for it at engine start):
+                raise rollout GPU memory utilisation (to what the update's residency leaves)
+                -> offload optimizer, then raise it -> offload params, then raise it
 HostOOM/RayOOM: params offload off -> optimizer offload off -> smaller Ray object store ->
                 pod memory up to node allocatable
 Each rung applies at most once, leaves alone what the spec pinned, does not push the other
@@ -26,7 +29,7 @@ from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import FailureReason, RankPhase
 from grpo_api.job.spec import GRPOJobSpec
 
-from .budget import compute_budget
+from .budget import compute_budget, max_rollout_utilization
 from .core import _micro_batches, plan_memory, replan
 from .headroom import improves
 from .modes import BF16, MIXED
@@ -58,6 +61,38 @@ def _lower_utilization(p: Plan) -> Settings | None:
     if new > p.settings.rollout_gpu_memory_utilization - 0.01:
         return None
     return replace(p.settings, rollout_gpu_memory_utilization=new)
+
+
+def _most_utilization(p: Plan, settings: Settings) -> Settings | None:
+    """``settings`` with vLLM's share raised to the most the update's residency under them
+    leaves room for, or None when that is not more than the plan's."""
+    if (not p.geometry.is_gpu or not p.geometry.uses_vllm
+            or "rollout_gpu_memory_utilization" in p.pinned):
+        return None
+    most = math.floor(max_rollout_utilization(p.geometry, settings) * 100) / 100
+    if most < p.settings.rollout_gpu_memory_utilization + 0.01:
+        return None
+    return replace(settings, rollout_gpu_memory_utilization=most)
+
+
+def _raise_utilization(p: Plan) -> Settings | None:
+    # After a rollout OOM lowered it, the modelled most is what already ran out: only
+    # freeing the update's residency (the next rungs) makes room for more.
+    if "lower rollout GPU memory utilisation" in p.rungs:
+        return None
+    return _most_utilization(p, p.settings)
+
+
+def _offload_for_kv_cache(knob: str) -> Rung:
+    """Offload ``knob``'s state, and give vLLM the GPU memory it frees."""
+    def rung(p: Plan) -> Settings | None:
+        if getattr(p.settings, knob) or knob in p.pinned:
+            return None
+        switched: dict[str, Any] = {knob: True}
+        return _most_utilization(p, replace(p.settings, **switched))
+
+    rung.__name__ = f"{knob}_for_kv_cache"
+    return rung
 
 
 def _to_bf16(p: Plan) -> Settings | None:
@@ -109,6 +144,14 @@ _HOST: tuple[tuple[str, Rung], ...] = (
     ("smaller Ray object store", _smaller_store),
     ("pod memory to node allocatable", _pod_to_allocatable),
 )
+# vLLM's KV cache too small at engine start (RankPhase.KV_CACHE): more GPU memory for
+# vLLM, never less; each rung keeps every GPU phase within the plan's margin
+# (headroom.improves).
+KV_CACHE_LADDER: tuple[tuple[str, Rung], ...] = (
+    ("raise rollout GPU memory utilisation", _raise_utilization),
+    ("offload optimizer for the KV cache", _offload_for_kv_cache("offload_optimizer")),
+    ("offload params for the KV cache", _offload_for_kv_cache("offload_params")),
+)
 LADDERS: dict[FailureReason, tuple[tuple[str, Rung], ...]] = {
     FailureReason.CUDA_OOM: _CUDA,
     FailureReason.HOST_OOM: _HOST,
@@ -116,9 +159,19 @@ LADDERS: dict[FailureReason, tuple[tuple[str, Rung], ...]] = {
 }
 
 
-def remediation_ladder(failure: FailureReason | str) -> tuple[str, ...]:
-    """The rung names for a failure class, in order; empty when none applies."""
-    return tuple(name for name, _ in LADDERS.get(FailureReason(failure), ()))
+def _ladder(failure: FailureReason,
+            phase: RankPhase | None) -> tuple[tuple[str, Rung], ...]:
+    if failure is FailureReason.CUDA_OOM and phase is RankPhase.KV_CACHE:
+        return KV_CACHE_LADDER
+    return LADDERS.get(failure, ())
+
+
+def remediation_ladder(failure: FailureReason | str,
+                       phase: RankPhase | str | None = None) -> tuple[str, ...]:
+    """The rung names for a failure class (and the rank phase it happened in), in order;
+    empty when none applies."""
+    return tuple(name for name, _ in _ladder(
+        FailureReason(failure), RankPhase(phase) if phase is not None else None))
 
 
 def _acceptable(failure: FailureReason, budget: Budget) -> bool:
@@ -147,7 +200,7 @@ def next_safer_plan(
         if isinstance(plan_or_spec, Plan)
         else plan_memory(plan_or_spec, catalog, model_config)
     )
-    for name, rung in LADDERS.get(failure, ()):
+    for name, rung in _ladder(failure, phase):
         if name in plan.rungs:  # one restart per rung; the next failure moves on
             continue
         settings = rung(plan)
