@@ -49,18 +49,20 @@ def _chunk_forward(
     hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float,
     out: torch.Tensor,
 ) -> None:
-    """One chunk's log p(label) and entropy into ``out`` ([c, 1] or [c, 2])."""
+    """One chunk's log p(label) and entropy into ``out`` ([c, 1] or [c, 2]), in the
+    order of operations of ``grpo_math.log_probs_from_logits`` (torch.logsumexp's)."""
     z = _scaled_logits(hidden, weight, temperature)
-    z.sub_(z.amax(dim=1, keepdim=True))  # z' = z - max: exp cannot overflow
     picked = z.gather(1, labels.unsqueeze(1))
+    top = z.amax(dim=1, keepdim=True)
+    z.sub_(top)  # z' = z - max: exp cannot overflow
     p = z.exp()
     total = p.sum(dim=1, keepdim=True)
     p.div_(total)
-    log_total = total.log_()  # log-sum-exp of z', in place
-    out[:, LOGP : LOGP + 1] = picked - log_total
+    log_total = total.log_()
+    out[:, LOGP : LOGP + 1] = picked - (log_total + top)  # log-sum-exp of z
     if out.shape[1] > ENTROPY:
-        # H = logsumexp(z') - E_p[z'], the expectation as a batched dot product (no
-        # third [c, V] buffer for p * z').
+        # H = logsumexp(z) - E_p[z] = log(total) - E_p[z'], the expectation as a
+        # batched dot product (no third [c, V] buffer for p * z').
         expected = torch.bmm(p.unsqueeze(1), z.unsqueeze(2)).view(-1, 1)
         out[:, ENTROPY : ENTROPY + 1] = log_total - expected
 

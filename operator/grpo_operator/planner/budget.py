@@ -336,10 +336,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
                                if geo.is_gpu and geo.uses_vllm and geo.lora is not None
                                else 0.0),
         "ray_object_store": st.ray_object_store_gib,
-        # The weight sync's buffers where the shards are: host RAM for offloaded
-        # parameters and for CPU ranks (a transient beside the steady state).
-        "weight_sync_buffers": (
-            ranks * sync_gib if st.offload_params or not geo.is_gpu else 0.0),
+        "weight_sync_buffers": 0.0,
         # Async checkpoint saves stage each rank's trained weights and optimizer state in
         # a host buffer kept across saves (pinned on GPU nodes), whatever is offloaded.
         "async_save_staging": (
@@ -352,6 +349,15 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
             for part in (training, training_root)
         )
         host["cpu_rollout_engine"] = ranks * cpu_engine_gib(geo, st.rollout_n)
+    if st.offload_params or not geo.is_gpu:
+        # The sync runs in host RAM, where the shards are, once the update has freed its
+        # gradients (on CPU ranks also its activations and buffers), which the terms
+        # above count: only what the sync holds beyond them is added.
+        if geo.is_gpu:
+            freed = _state_gib(geo, st, lambda t: t.kind == GRADS)
+        else:
+            freed = host["cpu_rank_training_state"] / ranks - resident - ref
+        host["weight_sync_buffers"] = ranks * max(0.0, sync_gib - freed)
     if geo.nodes == 0:  # head runs everything
         host["driver"] = driver_gib(geo)
     # Rank 0 reads the whole checkpoint in float32 (the trainer's rank-0 init loads
