@@ -93,3 +93,16 @@ def test_the_micro_batch_that_ran_out_of_memory_on_the_h100_is_planned_to_fit_no
     full = sum(terms.values()) - terms["logits"] + _full_logits_gib(plan)
     usable = plan.budget.gpu_capacity_gib - plan.budget.gpu_margin_gib
     assert sum(terms.values()) <= usable < full
+
+
+def test_the_image_heavy_case_plans_on_the_h100_with_its_lengths() -> None:
+    """The next device run's case (prompt 4096 tokens, mostly one image, response 1024):
+    planned to fit one H100 with the logits of one chunk, where the full logits would
+    have taken (4096 + 1024) x micro-batch tokens of them."""
+    plan = _planned("7b-lora-image")
+    geo = plan.geometry
+    assert (geo.sequence_length, geo.response_length) == (5120, 1024)
+    assert geo.max_pixels == bench.IMAGE_HEAVY.max_pixels
+    logits = plan.budget.gpu_phases["training"]["logits"]
+    full = plan.settings.micro_batch_size * geo.sequence_length * geo.shape.vocab_size * 2 * 4
+    assert logits < 0.1 * full / GIB  # one float32 copy of the full logits, at least

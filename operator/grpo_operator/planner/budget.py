@@ -28,7 +28,7 @@ GPU_MARGIN_FRACTION = 0.04
 GPU_MARGIN_MIN_GIB = 1.0
 # Terms that are estimates, not counts of tensors: `grpo plan` marks them.
 ESTIMATES = frozenset({
-    "cuda_context", "activations", "logits", "vllm_kv_cache_and_overhead",
+    "cuda_context", "activations", "vllm_kv_cache_and_overhead",
     "rank_processes", "driver", "rank0_full_model_fp32", "every_rank_full_model_bf16",
     "cpu_rollout_engine",
 })
