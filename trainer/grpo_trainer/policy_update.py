@@ -4,7 +4,8 @@ update metrics (every rank's sums, all-reduced).
 
 ``PolicyUpdate`` works on the rank's ``RankState`` (models, optimizer, scheduler, device,
 world), the one ``checkpointing.rank.RankCheckpointer`` saves; each step's samples are
-handed to ``run``. The loss maths is in ``grpo_math``.
+handed to ``run``. The loss maths is in ``grpo_math``, the log-probs' chunked LM head in
+``lean_logprobs``.
 """
 
 from __future__ import annotations
