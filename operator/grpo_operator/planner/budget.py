@@ -34,16 +34,13 @@ ESTIMATES = frozenset({
 })
 VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its utilisation
 # The update's log-probs (trainer lean_logprobs.ChunkedHead; docs/memory-model.md,
-# "Logits"): the LM head, temperature, log-softmax and entropy run on the response
-# positions only, actor.logprob_chunk_tokens at a time, each chunk recomputed in
-# backward. A chunk's peak, in forward and in backward, is two float32 [chunk, V] buffers
-# (the scaled logits; their exponentials, then softmax) beside at most four float32
-# scalars per chunk token. Every response token of the micro-batch keeps its hidden
-# state (compute dtype) and int64 label from forward to backward, where its hidden
-# state's gradient is made beside them. Measured on CPU in every mode by the plan-equals-
-# tensors test. The plain path this replaced (the whole sequence's logits, a float32
-# copy, the entropy's softmax) took 25.7-29.2 B per response token per vocabulary entry
-# on an H100 with prompt = response, growing with the prompt (docs/benchmarks.md).
+# "Logits"): LM head, temperature, log-softmax and entropy on the response positions
+# only, actor.logprob_chunk_tokens at a time, recomputed in backward. A chunk's peak is
+# two float32 [chunk, V] buffers and at most four float32 scalars per chunk token; each
+# response token keeps its hidden state (compute dtype) and int64 label to backward,
+# where its hidden state's gradient joins them. Measured on CPU in every mode by the
+# plan-equals-tensors test. The full logits it replaced took 25.7-29.2 B per response
+# token per vocabulary entry on an H100 at prompt = response, growing with the prompt.
 LOGPROB_CHUNK_B = 8  # per chunk token per vocabulary entry
 LOGPROB_CHUNK_SCALARS_B = 16  # per chunk token
 LOGPROB_LABEL_B = 8  # per response token: its int64 label
