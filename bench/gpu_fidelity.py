@@ -100,6 +100,10 @@ GEOMETRY = {
     # The tiny tokenizer spells the chat template in ~120 tokens.
     "tiny": Geometry(160, 16, 3136),
 }
+# An image-heavy prompt: 4096 tokens, ~3970 of them one image's (1764 x 1764 pixels,
+# 28 x 28 per merged token), and a 1024-token response. The update's log-probs used to
+# cost (prompt + response) tokens of full logits here, 2.5x what was planned.
+IMAGE_HEAVY = Geometry(4096, 1024, 3136000)
 
 
 @dataclass(frozen=True)
@@ -108,9 +112,15 @@ class Case:
     shape: str  # a MODEL_CONFIGS key
     precisions: tuple[str, ...]  # the first the planner fits on this card is run
     lora: bool = False
+    geometry: Geometry | None = None  # None: the shape's (GEOMETRY)
+
+    @property
+    def lengths(self) -> Geometry:
+        return self.geometry or GEOMETRY[self.shape]
 
 
 CASES = (
+    Case("7b-lora-image", "qwen2.5-vl-7b", ("mixed",), lora=True, geometry=IMAGE_HEAVY),
     Case("3b-mixed", "qwen2.5-vl-3b", ("mixed",)),
     Case("3b-bf16", "qwen2.5-vl-3b", ("bf16",)),
     Case("7b-lora", "qwen2.5-vl-7b", ("mixed",), lora=True),
@@ -135,7 +145,7 @@ class Planned:
 def job_spec(case: Case, precision: str, model_dir: Path, gpu: str, host_gib: int) -> Any:
     from grpo_api.job.spec import GRPOJobSpec
 
-    g = GEOMETRY[case.shape]
+    g = case.lengths
     raw: dict[str, Any] = {
         "model": {"path": str(model_dir)},
         "data": {"train": str(model_dir / "unused.parquet"), "maxPromptLength": g.prompt,
@@ -302,7 +312,8 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
                 progress(f"writing a random {case.shape} checkpoint to {model_dir}", t0)
                 written[case.shape] = in_child("write_random_checkpoint", (
                     MODEL_CONFIGS[case.shape], model_dir, args.device,
-                    GEOMETRY[case.shape].max_pixels), args.case_timeout_s)
+                    max(c.lengths.max_pixels for c in cases if c.shape == case.shape)),
+                    args.case_timeout_s)
         if written[case.shape].get("error"):
             entry |= {"error": written[case.shape]["error"], "seconds": 0.0}
         else:

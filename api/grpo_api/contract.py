@@ -28,6 +28,9 @@ STALL_TIMEOUT_S = 1800
 # a stall is only a stall well past it: five times the median step (the trainer's rule),
 # and the operator's progress deadline uses the same multiple of its own step estimate.
 STALL_STEP_MULTIPLE = 5.0
+# The trainer's weight sync (param_gather) gathers this many bytes of full parameters per
+# collective (a larger tensor alone); the planner counts the gather's buffers.
+WEIGHT_SYNC_BUCKET_BYTES = 256 * 1024 * 1024
 # Where, under the job's checkpoint dir, the trainer writes every rank's stacks on a
 # stall (and where the attempt after a Hang has NCCL's flight recorder dump to).
 STALLS_DIR = "stalls"

@@ -21,6 +21,9 @@ class _Strict(BaseModel):
 
 
 KLEstimator = Literal["k1", "k3", "low_var_kl"]
+# actor.logprob_chunk_tokens' default: response tokens whose float32 logits the update
+# holds at once (verl's fused cross-entropy chunks 512 too); the planner counts it.
+LOGPROB_CHUNK_TOKENS = 512
 # A builtin prompt template's name; data.format_prompt may also be a path to a Jinja2 file.
 BUILTIN_FORMAT_PROMPTS = ("plain", "math", "r1v")
 # What a prompt longer than data.max_prompt_length does (data.overlong_prompts), found when
@@ -159,6 +162,11 @@ class ActorConfig(_Strict):
     # a 4-D mask (same log-probs; P + sum(R) tokens instead of n*P + sum(R)). Text-only
     # batches with sdpa or eager attention; others take the plain padded layout.
     shared_prefix: bool = True
+    # The update's log-probs: the LM head, log-softmax and entropy run on the response
+    # positions only, this many tokens at a time, each chunk recomputed in backward: two
+    # float32 [chunk, vocabulary] buffers at the peak (docs/memory-model.md, "Logits").
+    # The operator leaves it at the default, which its planner counts.
+    logprob_chunk_tokens: int = Field(default=LOGPROB_CHUNK_TOKENS, gt=0)
     offload_params: bool = False
     offload_optimizer: bool = False
     gradient_checkpointing: bool = False

@@ -9,12 +9,15 @@ one update of 3 micro-batches per rank (gradient accumulation) in each mode: mix
 keeps (FSDP2 parameter shards and gathered copies, sharded and unsharded gradients,
 reduce-scatter inputs, optimizer state, the reference model) after each micro-batch's
 backward and right after the optimizer step, the planner's peak points, and the largest
-sum of FSDP2's transient buffers during the micro-batches. The planner's side is
-``compute_budget`` on a 2-GPU geometry whose shape is read from the tiny model's
-config.json, as ``grpo plan`` reads a real model's.
+sum of FSDP2's transient buffers during the micro-batches. It also measures the live
+bytes of the chunked log-prob head in every forward and backward (the planner's
+``logits``, chunked here at ``CHUNK`` tokens so that every micro-batch takes several
+chunks), and of one weight sync after the update (``weight_sync_buffers``). The
+planner's side is ``compute_budget`` on a 2-GPU geometry whose shape is read from the
+tiny model's config.json, as ``grpo plan`` reads a real model's.
 
-Activations, logits, the CUDA context and vLLM's pool are estimates (``grpo plan`` says
-so) and are not compared.
+Activations, the CUDA context and vLLM's pool are estimates (``grpo plan`` says so) and
+are not compared.
 
 Offload on CPU: the trainer offloads only on CUDA ranks (a CPU rank's memory is host RAM
 already; ``modeling.params_home``), so a CPU run cannot show the GPU emptied. What it
@@ -37,7 +40,7 @@ import torch
 
 from grpo_api.catalog import GPU_CATALOG
 from grpo_api.job.lora import LoraSpec
-from grpo_operator.planner.budget import GIB, compute_budget
+from grpo_operator.planner.budget import GIB, compute_budget, logprob_bytes, weight_sync_bytes
 from grpo_operator.planner.model_shape import shape_from_config
 from grpo_operator.planner.modes import FROZEN, GRADS, OPTIMIZER, STATE, WEIGHTS, lora_plan
 from grpo_operator.planner.types import Budget, Geometry, Settings
@@ -55,6 +58,8 @@ LORA_RANK = 4
 # optimizer step. Token ids from 10 up: the special tokens (the image pad) are below.
 RESPONSES = [[15, 19, 13, 2], [17], [11, 12, 13, 14, 15, 2], [30, 31], [40, 41, 42], [50, 2]]
 MICRO = 2
+CHUNK = 4  # actor.logprob_chunk_tokens: micro-batches of 5 and 8 response tokens
+RESPONSE_LENGTH = 8
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,8 @@ def _config(model: Path, data: Path, mode: Mode) -> dict[str, Any]:
     return text_config(
         model,
         data,
-        actor={"dtype": "bfloat16", "micro_batch_size": MICRO, **mode.actor},
+        actor={"dtype": "bfloat16", "micro_batch_size": MICRO, "logprob_chunk_tokens": CHUNK,
+               **mode.actor},
         rollout={"n": len(RESPONSES)},
         trainer={"rollout_batch_size": WORLD},
         algorithm={"kl_coef": mode.kl},
@@ -125,10 +131,11 @@ def _budget(model: Path, mode: Mode) -> tuple[Budget, Geometry, Settings]:
         gpu_memory_gib=gpu.memory_gib, nodes=1, gpus_per_node=WORLD,
         node_gpus=gpu.gpus_per_node,
         host_memory_gib=gpu.host_memory_gib, cpus_per_node=gpu.cpus,
-        product_label=gpu.product_label, sequence_length=64, response_length=8,
+        product_label=gpu.product_label, sequence_length=64, response_length=RESPONSE_LENGTH,
         max_pixels=56 * 56, rollout_batch_size=WORLD, global_batch_size=WORLD * len(RESPONSES),
         kl_coef=mode.kl,
         lora=lora_plan(shape, LoraSpec(rank=lora["rank"])) if lora else None,
+        rollout_engine="vllm", logprob_chunk_tokens=CHUNK,
     )
     st = Settings(
         rank0_init=True, offload_params=bool(mode.actor.get("offload_params")),
@@ -253,3 +260,45 @@ def test_the_reference_in_the_compute_dtype_gives_the_policys_log_probs_exactly(
     the policy's to the bit and the KL of the whole update is exactly 0."""
     for r in measured[name]:
         assert r["metrics"]["actor/kl"] == 0.0
+
+
+@pytest.mark.parametrize("name", list(MODES))
+def test_the_log_prob_head_and_the_weight_sync_hold_the_planners_terms(
+    measured: dict[str, list[dict[str, Any]]], tiny_vlm: Path, tiny_lm: Path, name: str
+) -> None:
+    """The chunked head's bytes, at every call, are ``logprob_bytes`` for its response
+    tokens and chunk (its backward, the peak, within the tolerance; its forward below),
+    and the plan's ``logits`` term is that formula at the worst micro-batch (MICRO x
+    the longest response). One weight sync holds ``weight_sync_bytes`` beside the state,
+    on the GPU or, with offloaded parameters, in host RAM (the plan counts it there
+    beyond the gradients the update freed)."""
+    mode = MODES[name]
+    budget, geo, st = _budget(tiny_vlm if mode.model == "vlm" else tiny_lm, mode)
+    compute_b = 2  # actor.dtype bfloat16, as on GPUs
+    worst = logprob_bytes(geo.shape, compute_b, CHUNK, MICRO * RESPONSE_LENGTH)
+    assert budget.gpu_phases["training"]["logits"] * GIB == pytest.approx(worst)
+    sync = weight_sync_bytes(geo)
+    on_gpu = budget.gpu_phases["weight_sync"]["weight_sync_buffers"] * GIB
+    on_host = budget.host_terms["weight_sync_buffers"] / geo.ranks_per_node * GIB
+    if st.offload_params:  # in host RAM, beyond the offloaded gradient shard it follows
+        grads = sum(t.bytes_per_param for t in STATE[geo.mode(st)] if t.kind == GRADS)
+        freed = grads * geo.shape.parameters / geo.world_size
+        assert (on_host, on_gpu) == (pytest.approx(max(0.0, sync - freed)), 0)
+    else:
+        assert (on_host, on_gpu) == (0, pytest.approx(sync))
+    bad: list[str] = []
+    for rank, r in enumerate(measured[name]):
+        calls = r["head"]
+        # Every micro-batch's forward and backward (and the reference's forwards) went
+        # through the head, in several chunks each.
+        assert sum(c["pass"] == "backward" for c in calls) == len(RESPONSES) // MICRO
+        assert all(c["chunk"] == CHUNK < c["tokens"] for c in calls)
+        for c in calls:
+            planned = logprob_bytes(geo.shape, compute_b, c["chunk"], c["tokens"])
+            peak = c["pass"] == "backward"
+            if c["bytes"] > planned or (peak and not _close(c["bytes"], planned)):
+                bad.append(f"rank {rank}: head {c['pass']} of {c['tokens']} tokens held "
+                           f"{c['bytes']} B, planned {planned:.0f} B")
+        if not (r["sync"] <= sync and _close(r["sync"], sync)):
+            bad.append(f"rank {rank}: weight sync held {r['sync']} B, planned {sync:.0f} B")
+    assert not bad, "\n".join(bad)

@@ -121,9 +121,10 @@ def test_grpo_plan_shows_the_margin_and_names_the_estimates(tmp_path: Path) -> N
     assert "Margin" in result.output and "Usable" in result.output
     assert "activations ~" in result.output and "vllm_kv_cache_and_overhead ~" in result.output
     assert "fp32_master_params_shard ~" not in result.output  # a count, not an estimate
+    assert "logits ~" not in result.output  # counted: the chunked head's tensors
     out = CliRunner().invoke(cli, ["plan", str(H100_7B), "-o", "json"]).stdout
     memory = json.loads(out)["memory"]
     assert memory["gpuMarginGiB"] == pytest.approx(3.0, abs=0.1)
     assert memory["hostMarginGiB"] > 0
-    assert {"activations", "logits", "vllm_kv_cache_and_overhead"} <= set(
-        memory["estimatedTerms"])
+    assert {"activations", "vllm_kv_cache_and_overhead"} <= set(memory["estimatedTerms"])
+    assert not {"logits", "weight_sync_buffers"} & set(memory["estimatedTerms"])

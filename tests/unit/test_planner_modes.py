@@ -43,8 +43,7 @@ class Cell:
     # where the mode holds everything on the GPU are the ones mixed precision cannot
     # hold there.
     offload: str = ""
-    # False: the planner refuses the cell (the update's logits, measured on an H100 at
-    # 30 B per response token per vocabulary entry, leave no room).
+    # False: the planner refuses the cell.
     fits: bool = True
 
     @property
@@ -52,41 +51,43 @@ class Cell:
         return f"{self.row}-{self.size}-{self.gpus}x{self.gpu}"
 
 
-# The update's logits as an H100 measured them (planner/budget.py LOGIT_B: 30 B per
-# response token per vocabulary entry, 8.7 GiB for one 2048-token response over Qwen's
-# 152k vocabulary) move the Adam moments of three AMP cells to host RAM. EasyR1 computes
-# log-probs without materialising the full float32 logits; the trainer does not yet.
+# The update's log-probs hold one chunk of float32 logits (planner/budget.py
+# logprob_bytes: 0.6 GiB at the default 512 tokens over Qwen's 152k vocabulary, where the
+# full float32 logits of one 2048-token response were 8.7 GiB, measured on an H100 at 30 B
+# per response token per vocabulary entry): no AMP cell offloads now. The three that did
+# (1.5B, 7B, 72B) moved their Adam moments to host RAM for those logits alone.
 AMP = [
-    Cell("AMP", "1.5B", "L4-24GB", 2, f"{EASYR1}: 2*24GB", offload="optimizer"),
+    Cell("AMP", "1.5B", "L4-24GB", 2, f"{EASYR1}: 2*24GB"),
     Cell("AMP", "3B", "A100-40GB", 4, f"{EASYR1}: 4*40GB"),
-    Cell("AMP", "7B", "A100-40GB", 8, f"{EASYR1}: 8*40GB", offload="optimizer"),
+    Cell("AMP", "7B", "A100-40GB", 8, f"{EASYR1}: 8*40GB"),
     Cell("AMP", "32B", "H100-80GB", 16, f"{EASYR1}: 16*80GB"),
-    Cell("AMP", "72B", "H100-80GB", 32, f"{EASYR1}: 32*80GB", offload="optimizer"),
+    Cell("AMP", "72B", "H100-80GB", 32, f"{EASYR1}: 32*80GB"),
 ]
-# bf16 at 10 B/param (Kahan compensation included) does not hold the two single-GPU
-# cells on the GPU alone: 1.5B on a 24 GB L4 peaks at 22.5 GiB of 21.4 usable (state
-# 14.3 + reference 2.9 + logits 2.3 + context 1.5), 3B on a 40 GB A100 at 50.4 of 38.0
-# (state 34.9 + reference 7.0); with the Adam moments and compensation in host RAM they
-# fit. EasyR1 also keeps the reference model in host RAM, which this planner does not.
-# The optimizer step brings offloaded Adam state back to the GPU beside the weights and
-# gradients (the trainer steps where the parameters live, as verl does): for 3B on one
-# A100-40GB that step needs 43.4 GiB of 38.0 usable, so the parameters go to host RAM
-# as well and the step runs there.
+# bf16 at 10 B/param (Kahan compensation included) does not hold 1.5B on one 24 GB L4
+# with the optimizer state: 14.3 GiB of state, the 2.9 GiB reference and the context
+# leave less than the margin beside the training's activations; with the Adam moments
+# and compensation in host RAM it fits, and its optimizer step (the state back on the
+# GPU) too. 3B on one A100-40GB holds neither its state (34.9 GiB) nor the step there,
+# so its parameters go to host RAM as well. 7B on four A100s no longer offloads: its
+# optimizer state went to host RAM for the full logits alone. EasyR1 also keeps the
+# reference model in host RAM, which this planner does not.
 # The 72B cells hold what FSDP2 really gathers and reduces (planner/fsdp.py: the 2.5B-
 # parameter root, embeddings and LM head, stays gathered through every layer): bf16 on
-# 16 H100s peaks at 79.2 GiB in training with everything on the GPU, so the optimizer
-# state goes to host RAM; LoRA on 4 keeps a 34 GiB frozen base shard beside vLLM's 34 GiB
-# TP-4 weights, which leaves less than the margin for the KV cache, so the base goes too.
+# 16 H100s peaks above the usable memory in training with everything on the GPU, so the
+# optimizer state goes to host RAM; LoRA on 4 keeps a 34 GiB frozen base shard beside
+# vLLM's 34 GiB TP-4 weights, which leaves less than the margin for the KV cache, so the
+# base goes too. LoRA 1.5B on a 12 GB card and 3B on a 24 GB L4 fit without offload now:
+# the full logits (8.7 GiB) were what refused the one and offloaded the other.
 BF16 = [
-    Cell("BF16", "1.5B", "L4-24GB", 1, f"{EASYR1}: 1*24GB", offload="params"),
+    Cell("BF16", "1.5B", "L4-24GB", 1, f"{EASYR1}: 1*24GB", offload="optimizer"),
     Cell("BF16", "3B", "A100-40GB", 1, f"{EASYR1}: 1*40GB", offload="params"),
-    Cell("BF16", "7B", "A100-40GB", 4, f"{EASYR1}: 4*40GB", offload="optimizer"),
+    Cell("BF16", "7B", "A100-40GB", 4, f"{EASYR1}: 4*40GB"),
     Cell("BF16", "32B", "H100-80GB", 8, f"{EASYR1}: 8*80GB"),
     Cell("BF16", "72B", "H100-80GB", 16, f"{EASYR1}: 16*80GB", offload="optimizer"),
 ]
 LORA = [
-    Cell("LoRA", "1.5B", "RTX3060-12GB", 1, f"{EASYR1}: 1*12GB", fits=False),
-    Cell("LoRA", "3B", "L4-24GB", 1, f"{EASYR1}: 1*24GB", offload="params"),
+    Cell("LoRA", "1.5B", "RTX3060-12GB", 1, f"{EASYR1}: 1*12GB"),
+    Cell("LoRA", "3B", "L4-24GB", 1, f"{EASYR1}: 1*24GB"),
     Cell("LoRA", "7B", "RTX5090-32GB", 2, f"{EASYR1}: 2*32GB"),
     Cell("LoRA", "32B", "H100-80GB", 2, f"{EASYR1}: 2*80GB"),
     Cell("LoRA", "72B", "H100-80GB", 4, f"{EASYR1}: 4*80GB", offload="params"),
@@ -162,10 +163,11 @@ def test_mixed_fits_those_cells_only_by_offloading_to_host_ram(cell: Cell) -> No
     """What the modes buy: mixed precision fits the same GPUs only with its state moved to
     host RAM (slower steps); with the parameters too where its optimizer step (16 B a
     parameter on the GPU: 27.3 GiB of 21.4 for 1.5B on an L4, 78.4 of 75.6 for 72B on 16
-    H100s) or its training state does not fit: 1.5B, 3B, 7B and 72B."""
+    H100s) or its training state does not fit: 1.5B, 3B and 72B (7B on four A100s holds
+    its weights and gradients since the update's logits are chunked)."""
     mixed = plan_memory(parse_spec(easyr1_job(cell, "mixed"))).settings
     assert mixed.offload_optimizer, cell.source
-    params_too = cell.row == "LoRA" or cell.size in ("1.5B", "3B", "7B", "72B")
+    params_too = cell.row == "LoRA" or cell.size in ("1.5B", "3B", "72B")
     assert mixed.offload_params == params_too, cell.source
 
 

@@ -22,12 +22,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DeviceMesh, DTensor, Shard
 
+from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES
+
 # Bounds one collective's gathered buffer: world x (this rank's padded shards) = the
 # bucket's full parameters plus the padding of uneven last shards. The engine copies each
 # tensor out before the next bucket is gathered, so this is the extra peak memory, and
 # the number of collectives is about (model bytes / DEFAULT_BUCKET_BYTES) at any world
-# size (7B in bf16: ~57; each rank contributes 256 MiB / world to each).
-DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+# size (7B in bf16: ~57; each rank contributes 256 MiB / world to each). The planner
+# counts these buffers in the rollout phase (planner/budget.py, weight_sync_bytes).
+DEFAULT_BUCKET_BYTES = WEIGHT_SYNC_BUCKET_BYTES
 
 
 @dataclass(frozen=True)

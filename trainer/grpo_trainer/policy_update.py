@@ -4,7 +4,8 @@ update metrics (every rank's sums, all-reduced).
 
 ``PolicyUpdate`` works on the rank's ``RankState`` (models, optimizer, scheduler, device,
 world), the one ``checkpointing.rank.RankCheckpointer`` saves; each step's samples are
-handed to ``run``. The loss maths is in ``grpo_math``.
+handed to ``run``. The loss maths is in ``grpo_math``, the log-probs' chunked LM head in
+``lean_logprobs``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .grpo_math import GRPOLossOut, entropy_from_logits, grpo_loss, log_probs_from_logits
+from .grpo_math import GRPOLossOut, grpo_loss
+from .lean_logprobs import lean_log_probs
 from .lora import adapters_disabled
 from .modeling import params_home
 from .rank_state import RankState
@@ -111,21 +113,21 @@ class PolicyUpdate:
         self, model: nn.Module, micro: list[Sample], with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None, TrainBatch]:
         """``model``'s log-probs of the micro-batch's response tokens (and their entropy),
-        and the collated batch that maps them back to samples."""
+        and the collated batch that maps them back to samples. The LM head runs on the
+        response positions only, ``actor.logprob_chunk_tokens`` at a time (lean_logprobs):
+        no [batch, sequence, vocabulary] logits. The entropy carries a gradient only with
+        an entropy bonus; as a metric it comes from the same chunks at no extra memory."""
         st = self.state
         batch = self._collate(micro)
         inputs = {k: v.to(st.device) for k, v in batch.model_inputs.items()}
-        out = model(**inputs, use_cache=False)
-        logits = batch.response_logits(out.logits).float() / st.cfg.rollout.temperature
-        logp = log_probs_from_logits(logits, batch.labels.to(st.device))
-        ent = None
-        if with_entropy:
-            if st.cfg.algorithm.entropy_coef > 0:
-                ent = entropy_from_logits(logits)
-            else:
-                with torch.no_grad():
-                    ent = entropy_from_logits(logits.detach())
-        return logp, ent, batch
+        out = lean_log_probs(
+            model, inputs, batch,
+            temperature=st.cfg.rollout.temperature,
+            chunk=st.cfg.actor.logprob_chunk_tokens,
+            entropy=with_entropy,
+            entropy_grad=with_entropy and st.cfg.algorithm.entropy_coef > 0,
+        )
+        return out.logp, out.entropy, batch
 
     def _collate(self, micro: list[Sample]) -> TrainBatch:
         # Shared-prefix packing needs a 4-D attention mask: every attention the config

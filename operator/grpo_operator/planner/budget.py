@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES
+
 from .fsdp import fsdp_buffers, trained
+from .model_shape import Shape
 from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, StateTerm
 from .types import Budget, Geometry, Settings
 
@@ -25,23 +28,22 @@ GPU_MARGIN_FRACTION = 0.04
 GPU_MARGIN_MIN_GIB = 1.0
 # Terms that are estimates, not counts of tensors: `grpo plan` marks them.
 ESTIMATES = frozenset({
-    "cuda_context", "activations", "logits", "vllm_kv_cache_and_overhead",
+    "cuda_context", "activations", "vllm_kv_cache_and_overhead",
     "rank_processes", "driver", "rank0_full_model_fp32", "every_rank_full_model_bf16",
     "cpu_rollout_engine",
 })
 VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its utilisation
-# Bytes per response token per vocabulary entry at the update's peak, measured on an
-# H100 (docs/benchmarks.md, "GPU fidelity", 2026-11-26): 25.7-29.2 over three cases (3B
-# mixed micro-batch 1, 3B bf16 and 7B LoRA micro-batch 4). The forward keeps the model's
-# bf16 logits over the whole sequence, the float32 temperature-scaled copy saved for
-# backward, and the entropy's softmax and product; backward adds the gather's and
-# log-sum-exp's float32 gradients and the bf16 one padded back to the full sequence.
-# Counting "bf16 logits + one float32 copy" (8) was 3.6x short and OOMed 3B bf16.
-LOGIT_B = 30
-# With an entropy bonus in the loss (spec.trainer.entropyCoef > 0) its gradient keeps the
-# fp32 softmax, and the softmax x logits product is made beside it (grpo_math.entropy): an
-# estimate on top of the measured figure, whose entropy ran without gradient.
-ENTROPY_B = 8
+# The update's log-probs (trainer lean_logprobs.ChunkedHead; docs/memory-model.md,
+# "Logits"): LM head, temperature, log-softmax and entropy on the response positions
+# only, actor.logprob_chunk_tokens at a time, recomputed in backward. A chunk's peak is
+# two float32 [chunk, V] buffers and at most four float32 scalars per chunk token; each
+# response token keeps its hidden state (compute dtype) and int64 label to backward,
+# where its hidden state's gradient joins them. Measured on CPU in every mode by the
+# plan-equals-tensors test. The full logits it replaced took 25.7-29.2 B per response
+# token per vocabulary entry on an H100 at prompt = response, growing with the prompt.
+LOGPROB_CHUNK_B = 8  # per chunk token per vocabulary entry
+LOGPROB_CHUNK_SCALARS_B = 16  # per chunk token
+LOGPROB_LABEL_B = 8  # per response token: its int64 label
 RANK_PROCESS_GIB = 3.0  # RSS of one Python rank: torch, CUDA libs, tokenizer, Ray worker
 RANK_PROCESS_CPU_GIB = 1.5  # the same without the CUDA libraries (cpu jobs)
 DRIVER_GIB = 6.0  # head: Ray GCS/dashboard + the single-controller driver
@@ -62,6 +64,41 @@ def gpu_margin_gib(geo: Geometry) -> float:
     if not geo.is_gpu:
         return 0.0
     return max(GPU_MARGIN_MIN_GIB, GPU_MARGIN_FRACTION * geo.gpu_memory_gib * GPU_USABLE)
+
+
+def logprob_bytes(shape: Shape, compute_b: int, chunk: int, response_tokens: int) -> float:
+    """The update's log-prob head at its peak (backward: each response token's hidden
+    state, label and hidden-state gradient; one chunk's float32 buffers), bytes. Bounded
+    by the chunk and the response: no term grows with the prompt."""
+    c = min(chunk, response_tokens)
+    per_token = 2 * compute_b * shape.hidden_size + LOGPROB_LABEL_B
+    return response_tokens * per_token + c * (
+        LOGPROB_CHUNK_B * shape.vocab_size + LOGPROB_CHUNK_SCALARS_B)
+
+
+def weight_sync_bytes(geo: Geometry) -> float:
+    """What one rank holds while it brings the rollout engine to the actor's weights,
+    beside its resident state, bytes in the compute dtype (trainer param_gather,
+    lora/sync.py, the engine's load). Each bucket of full parameters
+    (WEIGHT_SYNC_BUCKET_BYTES, or one larger tensor alone) is all-gathered from this
+    rank's flat slice of it, kept until the bucket is done (1/W more); each tensor is
+    then copied out of the gathered rows (a reshape of strided rows, on 2 ranks or more)
+    and vLLM's loader takes a copy of that (the transformers engine copies into its own
+    weights instead). With T the largest tensor: ``max(T, bucket) (1 + 1/W) + 2 T``
+    (Qwen2.5-VL-7B on 8 GPUs: 3.2 GiB; 72B: 7.3 GiB). vLLM with LoRA gathers the adapters
+    only and holds all of them at once, beside the copy out of the gathered rows of the
+    one being taken (at most rank x the widest linear's features)."""
+    c, w = compute_bytes(geo), geo.world_size
+    if geo.lora is not None and geo.uses_vllm:
+        s = geo.shape
+        adapters = geo.lora.adapter_parameters * c
+        widest = max(s.hidden_size, s.intermediate_size, s.attention_heads * s.head_dim)
+        copy = geo.lora.rank * widest * c if w > 1 else 0
+        return adapters + min(WEIGHT_SYNC_BUCKET_BYTES, adapters) * (1 + 1 / w) + copy
+    largest = geo.shape.largest_tensor_parameters * c
+    bucket = min(WEIGHT_SYNC_BUCKET_BYTES, geo.shape.parameters * c)
+    copies = (1 if w > 1 else 0) + (1 if geo.uses_vllm else 0)
+    return max(largest, bucket) * (1 + 1 / w) + copies * largest
 
 
 def activation_bytes_per_token(geo: Geometry, checkpointing: bool) -> float:
@@ -187,8 +224,8 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     buffers = fsdp_buffers(s, compute_bytes(geo), trained(s, adapters))
     act = mb * geo.sequence_length * activation_bytes_per_token(geo, st.gradient_checkpointing)
     act += mb * vision_activation_bytes(geo, st.gradient_checkpointing)
-    logit_b = LOGIT_B + (ENTROPY_B if geo.entropy_in_loss else 0)
-    logits = mb * geo.response_length * s.vocab_size * logit_b
+    logits = logprob_bytes(s, compute_bytes(geo), geo.logprob_chunk_tokens,
+                           mb * geo.response_length)
     ctx = CUDA_CONTEXT_GIB if geo.is_gpu else 0.0
 
     training = {
@@ -218,7 +255,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     loading = {"cuda_context": ctx,
                **{k: v for k, v in state.items() if kinds[k] in (WEIGHTS, FROZEN)},
                "reference_model_shard": ref,
-               "largest_tensor_fp32": s.vocab_size * s.hidden_size * FP32_B / GIB}
+               "largest_tensor_fp32": s.largest_tensor_parameters * FP32_B / GIB}
     # The optimizer step runs where the parameters live (the trainer's params_home): with
     # only the optimizer offloaded, its state comes back to the GPU for the step beside
     # the weights and gradients (activations and FSDP's buffers are freed by then); with
@@ -251,12 +288,27 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
             "vllm_weights": weights_gib / tp,
             "vllm_kv_cache_and_overhead": vllm - weights_gib / tp,
         }
+        engine_weights = {"vllm_weights": weights_gib / tp}
     elif geo.is_gpu:  # the transformers engine: a whole bf16 copy on every GPU
         phases["rollout"] = {
             "cuda_context": ctx,
             "actor_resident": resident,
             "reference_model_shard": ref,
             "generate_engine_bf16": weights_gib,
+        }
+        engine_weights = {"generate_engine_bf16": weights_gib}
+    # The weight sync, first in every rollout: the engine's weights are back, its KV
+    # cache still asleep (the trainer wakes it after the sync), and the gather's buffers
+    # beside the actor's resident state; in host RAM with offloaded parameters (the
+    # shards are there, and so is the gather).
+    sync_gib = weight_sync_bytes(geo) / GIB
+    if geo.is_gpu:
+        phases["weight_sync"] = {
+            "cuda_context": ctx,
+            "actor_resident": resident,
+            "reference_model_shard": ref,
+            **engine_weights,
+            "weight_sync_buffers": 0.0 if st.offload_params else sync_gib,
         }
 
     ranks = geo.ranks_per_node
@@ -281,6 +333,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
                                if geo.is_gpu and geo.uses_vllm and geo.lora is not None
                                else 0.0),
         "ray_object_store": st.ray_object_store_gib,
+        "weight_sync_buffers": 0.0,
         # Async checkpoint saves stage each rank's trained weights and optimizer state in
         # a host buffer kept across saves (pinned on GPU nodes), whatever is offloaded.
         "async_save_staging": (
@@ -293,6 +346,15 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
             for part in (training, training_root)
         )
         host["cpu_rollout_engine"] = ranks * cpu_engine_gib(geo, st.rollout_n)
+    if st.offload_params or not geo.is_gpu:
+        # The sync runs in host RAM, where the shards are, once the update has freed its
+        # gradients (on CPU ranks also its activations and buffers), which the terms
+        # above count: only what the sync holds beyond them is added.
+        if geo.is_gpu:
+            freed = _state_gib(geo, st, lambda t: t.kind == GRADS)
+        else:
+            freed = host["cpu_rank_training_state"] / ranks - resident - ref
+        host["weight_sync_buffers"] = ranks * max(0.0, sync_gib - freed)
     if geo.nodes == 0:  # head runs everything
         host["driver"] = driver_gib(geo)
     # Rank 0 reads the whole checkpoint in float32 (the trainer's rank-0 init loads

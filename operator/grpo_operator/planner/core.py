@@ -162,7 +162,6 @@ def geometry(
         rollout_batch_size=spec.training.rollout_batch_size,
         global_batch_size=spec.training.global_batch_size,
         kl_coef=spec.algorithm.kl_coef,
-        entropy_in_loss=bool(spec.trainer.entropy_coef),
         rollout_engine=(
             ("vllm" if gpu.is_gpu else "hf")
             if spec.rollout.engine == "auto"

@@ -23,7 +23,7 @@ EPSILON_GIB = 1e-6  # float noise in sums of terms is not a change
 # The plan's GPU phases each thing the trainer's ranks do runs through (budget.py).
 GPU_PHASES: dict[RankPhase, tuple[str, ...]] = {
     RankPhase.LOAD: ("load",),
-    RankPhase.ROLLOUT: ("rollout",),
+    RankPhase.ROLLOUT: ("weight_sync", "rollout"),
     RankPhase.TRAINING: ("training", "training_root", "optimizer_step"),
 }
 

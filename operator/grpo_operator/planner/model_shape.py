@@ -52,6 +52,20 @@ class Shape:
         return self.vocab_size * self.hidden_size
 
     @property
+    def largest_tensor_parameters(self) -> int:
+        """The largest single parameter: the embeddings or LM head (V x h) for every
+        known model; the others bound it for small or unusual shapes: an MLP projection
+        (I x h), the vision tower's patch embedding (3 channels x 2 frames x patch^2 x
+        hv), its merger's first linear ((4 hv)^2), none larger than the tower (whose
+        width is Qwen2.5-VL's when unknown), and an MoE layer's fused experts (gate-up:
+        2/3 of the experts' weights, so at most 2/3 of the layer)."""
+        vision = min(self.vision_parameters, max(6 * self.patch_size**2 * self.vision_hidden,
+                                                 16 * self.vision_hidden**2))
+        fused = 2 * self.layer_parameters // 3 if self.experts else 0
+        mlp = self.intermediate_size * self.hidden_size
+        return max(self.head_parameters, mlp, vision, fused)
+
+    @property
     def vision_block_parameters(self) -> int:
         if not self.vision_parameters:
             return 0

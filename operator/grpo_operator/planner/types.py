@@ -7,6 +7,7 @@ from typing import Any
 
 from grpo_api.catalog import GPU_RESOURCE
 from grpo_api.knobs import Knob
+from grpo_api.trainer_config import LOGPROB_CHUNK_TOKENS
 
 from .model_shape import Shape
 from .modes import LoraPlan, Mode, mode_of
@@ -72,7 +73,8 @@ class Geometry:
     user_env: frozenset[str] = frozenset()  # env names spec.pods sets (theirs to tune)
     lora: LoraPlan | None = None  # spec.lora, sized on this shape; None: full fine-tuning
     allow_precision_change: bool = False  # spec.restartPolicy.allowPrecisionChange
-    entropy_in_loss: bool = False  # spec.trainer.entropyCoef > 0: the entropy has a gradient
+    # actor.logprob_chunk_tokens: the operator renders none, so the trainer's default.
+    logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
 
     def mode(self, st: Settings) -> Mode:
         """The training mode these settings run: lora, or the precision."""

@@ -14,17 +14,24 @@ parameters, unsharded gradients, reduce-scatter inputs), apart while a block run
 at the root's moments: the planner's two FSDP2 buffer terms (``planner/fsdp.py``).
 Wrapping ``_micro_step``, ``optimizer.step``, FSDP2's ``post_backward`` and its
 reduce-scatter copy-in is a measurement seam: the calls go through unchanged.
+
+The log-prob head and the weight sync are measured as live bytes (``LiveBytes``: every
+storage an operation creates while it watches, until it is freed): the chunked head's
+forward and backward on every call (``HeadProbe``, through ``ChunkedHead``'s two static
+methods), and one weight sync after the update (``sync_peak``).
 """
 
 from __future__ import annotations
 
 import gc
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 WEIGHTS = "weights"  # trained parameters' shards (mixed: fp32 master weights)
 FROZEN = "frozen"  # LoRA's frozen base, sharded
@@ -223,14 +230,119 @@ def _wrap(fn: Callable[..., Any], after: Callable[[], None]) -> Callable[..., An
     return wrapped
 
 
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages created while active (outputs of operations that do not
+    return a view or an input), counted until each is freed, and their peak. Storages
+    that existed before (inputs, views of them, in-place results) are not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0
+        self.peak = 0
+        self._live: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for ret, t in zip(func._schema.returns, outs, strict=False):
+            if ret.alias_info is None and isinstance(t, torch.Tensor):
+                self._add(t)
+        return out
+
+    def _add(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key, n = storage.data_ptr(), storage.nbytes()
+        if n == 0 or key in self._live:
+            return
+        self._live[key] = n
+        self.now += n
+        self.peak = max(self.peak, self.now)
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.now -= self._live.pop(key, 0)
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+class HeadProbe:
+    """Every call of the chunked log-prob head (``lean_logprobs.ChunkedHead``): the
+    response tokens, the chunk, and the bytes it holds at its peak, in forward (the
+    picked hidden states and labels it is given, and what it makes) and in backward
+    (the same, saved, and what it makes but the LM head's weight gradient, which the
+    planner counts among FSDP2's buffers)."""
+
+    def __init__(self) -> None:
+        from ..lean_logprobs import ChunkedHead
+
+        self.calls: list[dict[str, Any]] = []
+        self._cls = ChunkedHead
+        self._forward, self._backward = ChunkedHead.forward, ChunkedHead.backward
+        probe = self
+
+        def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor,
+                    labels: torch.Tensor, *rest: Any) -> Any:
+            with LiveBytes() as live:
+                out = probe._forward(ctx, hidden, weight, labels, *rest)
+            probe.calls.append({"pass": "forward", "tokens": hidden.shape[0], "chunk": rest[1],
+                                "bytes": _nbytes(hidden) + _nbytes(labels) + live.peak})
+            return out
+
+        def backward(ctx: Any, grad: torch.Tensor) -> Any:
+            hidden, _, labels = ctx.saved_tensors
+            with LiveBytes() as live:
+                grads = probe._backward(ctx, grad)
+            held = _nbytes(hidden) + _nbytes(labels) + live.peak - _nbytes(grads[1])
+            probe.calls.append({"pass": "backward", "tokens": hidden.shape[0],
+                                "chunk": ctx.chunk, "bytes": held})
+            return grads
+
+        ChunkedHead.forward = staticmethod(forward)  # type: ignore[method-assign,assignment]
+        ChunkedHead.backward = staticmethod(backward)  # type: ignore[method-assign,assignment]
+
+    def remove(self) -> None:
+        self._cls.forward = staticmethod(self._forward)  # type: ignore[method-assign]
+        self._cls.backward = staticmethod(self._backward)  # type: ignore[method-assign]
+
+
+class _SyncTarget:
+    """The rollout engine's side of a weight sync as vLLM's takes it
+    (``rollout.vllm_engine``: a copy of each tensor, let go once loaded; LoRA: every
+    adapter at once), without generating: what the trainer holds meanwhile is measured."""
+
+    def load_weights(self, weights: Any) -> None:
+        from ..rollout.vllm_engine import _owned
+
+        for _name, tensor in _owned(weights):
+            del tensor
+
+    def load_adapter(self, tensors: Any, lora: Any) -> None:
+        pass
+
+
+def sync_peak(worker: Any) -> int:
+    """Peak bytes this rank holds beyond its state during one weight sync."""
+    from ..lora.sync import sync_rollout_weights
+
+    st = worker.state
+    with LiveBytes() as live:
+        sync_rollout_weights(_SyncTarget(), st.actor, st.compute_dtype, st.cfg.actor.lora)
+    return live.peak
+
+
 def measure(worker: Any, advantages: list[float]) -> dict[str, Any]:
     """One update of ``worker`` (samples loaded): the census after each micro-batch's
     backward (``micro``, in order), right after the optimizer step (``step``), and
-    the transient peaks over the micro-batches (``peak``)."""
+    the transient peaks over the micro-batches (``peak``), every call of the log-prob
+    head (``head``), and a weight sync after the update (``sync``)."""
     micro: list[dict[str, int]] = []
     steps: list[dict[str, int]] = []
     state = worker.state
     sampler = _PeakSampler(state.actor)
+    head = HeadProbe()
 
     def after_micro() -> None:
         sampler.enabled = False
@@ -251,7 +363,9 @@ def measure(worker: Any, advantages: list[float]) -> dict[str, Any]:
         metrics = worker.update(advantages, step=0)
     finally:
         sampler.remove()
-    return {"micro": micro, "step": steps, "peak": dict(sampler.peak), "metrics": metrics}
+        head.remove()
+    return {"micro": micro, "step": steps, "peak": dict(sampler.peak), "metrics": metrics,
+            "head": head.calls, "sync": sync_peak(worker)}
 
 
 def rank_census(rank: int, world: int, arg: dict[str, dict[str, Any]]) -> dict[str, Any]:
