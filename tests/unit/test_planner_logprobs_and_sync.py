@@ -111,3 +111,26 @@ def test_offloaded_parameters_sync_in_host_ram_where_the_gradients_were() -> Non
         geo.ranks_per_node * excess)
     mixed = _job(offloadParams=True, offloadOptimizer=True)  # a 3.5 GiB float32 shard
     assert mixed.budget.host_terms["weight_sync_buffers"] == 0
+
+
+def test_vllms_cuda_graphs_wait_in_host_ram_while_it_sleeps() -> None:
+    """The trainer sleeps vLLM with sleep_mode_offload_cudagraph (vllm_engine.
+    engine_kwargs; vllm/config/model.py:380 and vllm/device_allocator/cumem.py:265-276 at
+    0.32.0: the graph pool is copied to pinned host memory at every sleep): each GPU rank's
+    pool is a host term, beside its freed share of the GPU, never on the GPU through the
+    update. The transformers engine captures no graphs."""
+    from grpo_operator.planner.budget import VLLM_CUDA_GRAPHS_GIB
+
+    vllm = _job()
+    assert vllm.budget.host_terms["vllm_sleep_cuda_graphs"] == pytest.approx(
+        vllm.geometry.ranks_per_node * VLLM_CUDA_GRAPHS_GIB)
+    assert not any("graph" in term for terms in vllm.budget.gpu_phases.values()
+                   for term in terms)
+    hf = plan_memory(parse_spec({
+        "model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"},
+        "data": {"train": "t", "maxPromptLength": 512, "maxResponseLength": 256},
+        "rollout": {"engine": "hf"},
+        "resources": {"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
+        "checkpoint": {"size": "50Gi"},
+    }))
+    assert hf.budget.host_terms["vllm_sleep_cuda_graphs"] == 0.0

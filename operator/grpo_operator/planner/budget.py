@@ -30,9 +30,15 @@ GPU_MARGIN_MIN_GIB = 1.0
 ESTIMATES = frozenset({
     "cuda_context", "activations", "vllm_kv_cache_and_overhead",
     "rank_processes", "driver", "rank0_full_model_fp32", "every_rank_full_model_bf16",
-    "cpu_rollout_engine",
+    "cpu_rollout_engine", "vllm_sleep_cuda_graphs",
 })
 VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its utilisation
+# Of that, the CUDA graph pool (vLLM 0.32 profiles it inside the utilisation:
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, v1/worker/gpu_worker.py:700-710; it logs
+# "CUDA graph pool memory: X GiB (actual)"). The trainer sleeps vLLM with
+# sleep_mode_offload_cudagraph, which copies the pool to pinned host RAM until the next
+# wake-up (vllm_engine.engine_kwargs): a host term per GPU rank while the update runs.
+VLLM_CUDA_GRAPHS_GIB = 1.0
 # The update's log-probs (trainer lean_logprobs.ChunkedHead; docs/memory-model.md,
 # "Logits"): LM head, temperature, log-softmax and entropy on the response positions
 # only, actor.logprob_chunk_tokens at a time, recomputed in backward. A chunk's peak is
@@ -332,6 +338,8 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         "vllm_sleep_weights": (ranks * weights_gib / tp
                                if geo.is_gpu and geo.uses_vllm and geo.lora is not None
                                else 0.0),
+        "vllm_sleep_cuda_graphs": (ranks * VLLM_CUDA_GRAPHS_GIB
+                                   if geo.is_gpu and geo.uses_vllm else 0.0),
         "ray_object_store": st.ray_object_store_gib,
         "weight_sync_buffers": 0.0,
         # Async checkpoint saves stage each rank's trained weights and optimizer state in
