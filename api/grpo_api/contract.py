@@ -300,7 +300,17 @@ class Env(StrEnum):
     TERMINATION_LOG = "GRPO_TERMINATION_LOG"  # where the driver writes it (tests: a file)
 
 
-PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"
+# Pinned host blocks above this are allocated exactly and freed, not rounded up to a power
+# of two and cached (torch's defaults: every block rounded and cached, 1.9x a 7B model's
+# offloaded state). Set as both limits: torch reuses a cached block for any request of
+# its power-of-two bucket, so only never-cached blocks may skip the rounding
+# (operator planner/pinned.py, which counts the rounding of the smaller ones).
+PINNED_EXACT_ABOVE_MB = 1
+PYTORCH_CUDA_ALLOC_CONF = (
+    "expandable_segments:True,"  # against GPU fragmentation
+    f"pinned_max_round_threshold_mb:{PINNED_EXACT_ABOVE_MB},"
+    f"pinned_max_cached_size_mb:{PINNED_EXACT_ABOVE_MB}"
+)
 
 # The Ray in the trainer image; the operator writes it into RayCluster.spec.rayVersion.
 # images/trainer's lock and requirements/dev.lock must pin the same version (tested).

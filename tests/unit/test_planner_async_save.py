@@ -8,6 +8,7 @@ import pytest
 
 from grpo_api.job import parse_spec
 from grpo_operator.planner import InfeasibleError, plan_memory
+from grpo_operator.planner.pinned import model_tensors, pinned_factor
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
 from grpo_trainer.config import build_config
@@ -29,8 +30,13 @@ def test_async_save_adds_each_ranks_fp32_weights_and_adam_state_to_the_host_budg
     off = plan_memory(parse_spec(doc(False)))
     on = plan_memory(parse_spec(doc(True)))
     g = on.geometry
-    # 8 ranks on the node, each staging its shard: 4 B of fp32 weight + 8 B of Adam moments.
-    want = g.gpus_per_node * g.shape.parameters / g.world_size * 12 / GIB
+    # 8 ranks on the node, each staging its shard: 4 B of fp32 weight + 8 B of Adam moments,
+    # each tensor in a pinned block as torch's host allocator sizes it (planner/pinned.py:
+    # above 1 MiB exact, below rounded up to a power of two).
+    tensors = model_tensors(g.shape)
+    want = g.gpus_per_node * g.shape.parameters / g.world_size / GIB * (
+        4 * pinned_factor(tensors, g.world_size, 4) + 8 * pinned_factor(tensors, g.world_size, 4))
+    assert want > g.gpus_per_node * g.shape.parameters / g.world_size * 12 / GIB
     assert off.budget.host_terms["async_save_staging"] == 0
     assert on.budget.host_terms["async_save_staging"] == pytest.approx(want)
     assert sum(on.budget.host_terms.values()) == pytest.approx(

@@ -46,7 +46,8 @@ def test_72b_gets_rank0_init_full_sharding_and_bounded_load_peak() -> None:
     # No GPU ever holds the whole model at load time.
     assert sum(plan.budget.gpu_phases["load"].values()) < full_copy / 8
     assert any(d.knob == "sharding" and d.value == "full over 64" for d in plan.decisions)
-    assert plan.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert plan.env["PYTORCH_CUDA_ALLOC_CONF"] == (
+        "expandable_segments:True,pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:1")
 
 
 def test_72b_with_rank0_init_pinned_off_reads_shards_and_no_gpu_holds_the_model() -> None:

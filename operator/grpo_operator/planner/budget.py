@@ -3,13 +3,15 @@ derives every formula and names the source of each constant."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES
 
 from .fsdp import fsdp_buffers, trained
 from .model_shape import Shape
-from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, StateTerm
+from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, LoraPlan, StateTerm
+from .pinned import adapter_tensors, model_tensors, pinned_factor
 from .types import Budget, Geometry, Settings
 
 GIB = 2**30
@@ -212,6 +214,27 @@ def _state_gib(geo: Geometry, st: Settings, keep: Callable[[StateTerm], bool]) -
     return sum(_term_gib(geo, t) for t in STATE[geo.mode(st)] if keep(t))
 
 
+@functools.lru_cache(maxsize=256)
+def _factor(shape: Shape, lora: LoraPlan | None, world: int, element_bytes: int,
+            frozen: bool) -> float:
+    tensors = adapter_tensors(shape, lora) if lora is not None and not frozen else (
+        model_tensors(shape))
+    return pinned_factor(tensors, world, element_bytes)
+
+
+def _pinned_gib(geo: Geometry, st: Settings, keep: Callable[[StateTerm], bool]) -> float:
+    """The terms `keep` selects, GiB per rank, as pinned host blocks (planner/pinned.py):
+    each of their tensors' blocks as torch's host allocator sizes them on a GPU node;
+    exact on a CPU node, where nothing is pinned."""
+    total = 0.0
+    for t in STATE[geo.mode(st)]:
+        if keep(t):
+            factor = (_factor(geo.shape, geo.lora, geo.world_size, t.element_bytes,
+                              t.kind == FROZEN) if geo.is_gpu else 1.0)
+            total += _term_gib(geo, t) * factor
+    return total
+
+
 def compute_budget(geo: Geometry, st: Settings) -> Budget:
     s, w = geo.shape, geo.world_size
     p = s.parameters
@@ -320,17 +343,23 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     ranks = geo.ranks_per_node
     checkpoint_rank_gib = _state_gib(geo, st, lambda t: t.checkpointed)
     rank_gib = RANK_PROCESS_GIB if geo.is_gpu else RANK_PROCESS_CPU_GIB
+    # Pinned on a GPU node, in blocks torch's host allocator rounds (planner/pinned.py):
+    # FSDP2's offloaded shards and gradients, the reference's, the moments the trainer
+    # moves off the GPU between steps; moments created in host RAM (offloaded
+    # parameters: the step runs there) are plain allocations.
+    ref_factor = (_factor(s, None, w, compute_bytes(geo), True) if geo.is_gpu else 1.0)
     host: dict[str, float] = {
         "rank_processes": ranks * rank_gib,
         "offloaded_params_and_grads": (
-            ranks * (_state_gib(geo, st, lambda t: t.params_offload)
-                     + (ref_shard if has_ref else 0.0))
+            ranks * (_pinned_gib(geo, st, lambda t: t.params_offload)
+                     + (ref_shard * ref_factor if has_ref else 0.0))
             if st.offload_params
             else 0.0
         ),
         "offloaded_optimizer": (
-            ranks * _state_gib(geo, st, lambda t: t.kind == OPTIMIZER)
-            if st.offload_optimizer or st.offload_params
+            ranks * _state_gib(geo, st, lambda t: t.kind == OPTIMIZER) if st.offload_params
+            else ranks * _pinned_gib(geo, st, lambda t: t.kind == OPTIMIZER)
+            if st.offload_optimizer
             else 0.0
         ),
         # LoRA's vLLM sleeps at level 1 (its base weights wait in host RAM); full fine-tuning
@@ -345,7 +374,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         # Async checkpoint saves stage each rank's trained weights and optimizer state in
         # a host buffer kept across saves (pinned on GPU nodes), whatever is offloaded.
         "async_save_staging": (
-            ranks * checkpoint_rank_gib if geo.async_save else 0.0
+            ranks * _pinned_gib(geo, st, lambda t: t.checkpointed) if geo.async_save else 0.0
         ),
     }
     if not geo.is_gpu:  # CPU ranks keep their whole training state in host RAM

@@ -40,6 +40,12 @@ class StateTerm:
     name: str  # the plan's term name (status.plan details, `grpo plan`)
     bytes_per_param: int
     kind: str  # WEIGHTS | FROZEN | GRADS | OPTIMIZER
+    tensors: int = 1  # tensors per parameter (Adam: m and v), each its own allocation
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes per element of each of its tensors (what pinned blocks are sized in)."""
+        return self.bytes_per_param // self.tensors
 
     @property
     def params_offload(self) -> bool:
@@ -56,19 +62,19 @@ STATE: dict[Mode, tuple[StateTerm, ...]] = {
     MIXED: (
         StateTerm("fp32_master_params_shard", 4, WEIGHTS),
         StateTerm("fp32_grads_shard", 4, GRADS),
-        StateTerm("adam_moments_shard", 8, OPTIMIZER),
+        StateTerm("adam_moments_shard", 8, OPTIMIZER, tensors=2),
     ),
     BF16: (
         StateTerm("bf16_params_shard", 2, WEIGHTS),
         StateTerm("bf16_grads_shard", 2, GRADS),
-        StateTerm("adam_moments_bf16_shard", 4, OPTIMIZER),
+        StateTerm("adam_moments_bf16_shard", 4, OPTIMIZER, tensors=2),
         StateTerm("kahan_compensation_bf16_shard", 2, OPTIMIZER),
     ),
     LORA: (
         StateTerm("frozen_base_bf16_shard", 2, FROZEN),
         StateTerm("adapter_fp32_params_shard", 4, WEIGHTS),
         StateTerm("adapter_fp32_grads_shard", 4, GRADS),
-        StateTerm("adapter_adam_moments_shard", 8, OPTIMIZER),
+        StateTerm("adapter_adam_moments_shard", 8, OPTIMIZER, tensors=2),
     ),
 }
 
