@@ -17,6 +17,7 @@ from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.job.trainer import config_sources
 
 from ..planner import InfeasibleError, Plan, UnsupportedArchitecture, next_safer_plan, plan_memory
+from ..planner.network import image_problem, plan_network
 from ..render import JobRef, pod_settings
 from ..render.children import logging_env
 from ..render.trainer_config import trainer_config
@@ -102,8 +103,9 @@ def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG
         raise SpecError([f"spec.model.path: {exc}"]) from None
     ours = [*plan.env, *(e["name"] for e in logging_env(spec))]
     clashes = pod_settings.conflicts(spec.pods, ours)  # never override the operator's
-    if clashes:
-        raise SpecError(clashes)
+    fabric = image_problem(plan_network(plan.geometry).fabrics, spec.image)
+    if clashes or fabric:
+        raise SpecError([*clashes, *([fabric] if fabric else [])])
     _check_trainer_config(spec, plan)
     return plan
 
