@@ -210,8 +210,11 @@ class Worker:
     def _build_engine(self) -> RolloutEngine:
         cfg = self.cfg
         if cfg.rollout.engine == "vllm":
+            from .rollout.sync_check import check_weight_sync
             from .rollout.vllm_engine import VLLMEngine, VLLMEngineConfig, kv_cache_bytes
 
+            if cfg.actor.lora is None:  # each sync sends every weight: names and shapes
+                check_weight_sync(self.state.actor, cfg.model.path)
             tp = cfg.rollout.tensor_parallel_size
             seqs = cfg.trainer.rollout_batch_size // self.world_size * tp * cfg.rollout.n
             max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens

@@ -1,0 +1,70 @@
+"""The weight sync's names and shapes against the checkpoint vLLM loaded, checked at
+start-up (rollout/sync_check.py): real tiny models written by transformers 5 itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_trainer.config import ConfigError
+from grpo_trainer.rollout.sync_check import Expected, check_weight_sync, sync_problems
+
+pytestmark = pytest.mark.unit
+
+
+def saved(model: torch.nn.Module, path: Path) -> str:
+    model.save_pretrained(path)
+    return str(path)
+
+
+def tiny_qwen3_vl_moe() -> torch.nn.Module:
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    text = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=48,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                num_experts=4, num_experts_per_tok=2, vocab_size=256, decoder_sparse_step=1,
+                rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  deepstack_visual_indexes=[0])
+    return Qwen3VLMoeForConditionalGeneration(
+        Qwen3VLMoeConfig(text_config=text, vision_config=vision))
+
+
+def tiny_qwen2_5_vl() -> torch.nn.Module:
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=256,
+                rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text,
+                                                                vision_config=vision))
+
+
+def test_a_renamed_checkpoint_passes(tmp_path: Path) -> None:
+    """Qwen2.5-VL: transformers only renames its keys (model.layers -> model.language_model
+    .layers), which vLLM's loader maps too."""
+    model = tiny_qwen2_5_vl()
+    check_weight_sync(model, saved(model, tmp_path))
+
+
+def test_qwen3_vl_moe_experts_are_refused_with_the_conversion_named(tmp_path: Path) -> None:
+    """transformers 5 transposes the fused experts on load: the sync would send them in
+    its layout under checkpoint names; the rank fails at start-up instead."""
+    model = tiny_qwen3_vl_moe()
+    with pytest.raises(ConfigError) as err:
+        check_weight_sync(model, saved(model, tmp_path))
+    text = str(err.value)
+    assert "rollout.engine" in text and "2 of" in text
+    assert "model.language_model.layers.0.mlp.experts.gate_up_proj" in text
+    assert "Transpose" in text and "rollout.engine: hf" in text
+
+
+def test_a_missing_name_or_another_shape_is_a_problem() -> None:
+    expected = {"a": Expected("a", (2, 3)), "b": Expected("model.b", (4,))}
+    assert sync_problems([("a", (2, 3)), ("b", (4,))], expected) == []
+    problems = sync_problems([("a", (3, 2)), ("c", (1,))], expected)
+    assert problems == ["a: shape [3, 2], the checkpoint's a is [2, 3]",
+                        "c [1]: no checkpoint tensor is renamed to it"]
