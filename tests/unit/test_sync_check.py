@@ -68,3 +68,23 @@ def test_a_missing_name_or_another_shape_is_a_problem() -> None:
     problems = sync_problems([("a", (3, 2)), ("c", (1,))], expected)
     assert problems == ["a: shape [3, 2], the checkpoint's a is [2, 3]",
                         "c [1]: no checkpoint tensor is renamed to it"]
+
+
+def test_a_moe_vlm_with_vllm_is_refused_at_apply(tmp_path: Path) -> None:
+    """What the start-up check would refuse, admission refuses first: the planner reads
+    the experts from config.json (transformers' own, here). hf, or LoRA, is admitted."""
+    import yaml
+
+    from grpo_api.job import SpecError, parse_spec
+    from grpo_operator.reconcile.planning import checked_plan
+
+    config = tiny_qwen3_vl_moe().config.to_dict()
+    config["architectures"] = ["Qwen3VLMoeForConditionalGeneration"]
+    root = Path(__file__).resolve().parents[2]
+    spec = yaml.safe_load((root / "examples/grpojob-qwen25vl-7b-a100-40gb.yaml").read_text())[
+        "spec"]
+    with pytest.raises(SpecError) as err:
+        checked_plan(parse_spec(spec), model_config=config, model_source="test")
+    assert "spec.rollout.engine: vllm cannot take this MoE model's weights" in str(err.value)
+    checked_plan(parse_spec({**spec, "rollout": {**spec.get("rollout", {}), "engine": "hf"}}),
+                 model_config=config, model_source="test")
