@@ -175,3 +175,14 @@ def test_the_cpu_image_needs_no_verbs_but_the_same_linking() -> None:
     assert image_check.problems(probe, cpu_pins, PROJECT) == []
     broken = probe.model_copy(update={"unresolved": {VLLM_C: ["libnuma.so.1"]}})
     assert image_check.link_problems(broken) == [f"ldd finds no libnuma.so.1 for {VLLM_C}"]
+
+
+def test_the_gpu_runtime_stage_installs_pinned_rdma_core() -> None:
+    """NCCL dlopens libibverbs.so.1 for InfiniBand/RoCE: the GPU variant's runtime stage
+    installs rdma-core from Debian at a pinned version (image-check then finds it loading)."""
+    runtime = stages()[-1]
+    pin = re.search(r"ARG RDMA_CORE_VERSION=(\S+)", runtime)
+    assert pin is not None and re.fullmatch(r"\d+\.\d+-\d+", pin.group(1)), pin
+    for package in ("libibverbs1", "ibverbs-providers", "librdmacm1"):
+        assert f'{package}="${{RDMA_CORE_VERSION}}"' in runtime, package
+    assert 'if [ "${VARIANT}" = gpu ]' in runtime
