@@ -3,6 +3,7 @@ start-up (rollout/sync_check.py): real tiny models written by transformers 5 its
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,11 +44,44 @@ def tiny_qwen2_5_vl() -> torch.nn.Module:
                                                                 vision_config=vision))
 
 
-def test_a_renamed_checkpoint_passes(tmp_path: Path) -> None:
+def hub_layout(model: torch.nn.Module, path: Path) -> str:
+    """The checkpoint as Qwen's hub repos hold Qwen2.5-VL: ``model.layers.*`` and
+    ``visual.*``, which transformers 5 renames on load (its own save_pretrained writes
+    its names)."""
+    from safetensors.torch import save_file
+
+    model.config.save_pretrained(path)
+    renamed = {k.replace("model.language_model.", "model.").replace("model.visual.", "visual."):
+               v.contiguous() for k, v in model.state_dict().items()}
+    save_file(renamed, str(path / "model.safetensors"))
+    return str(path)
+
+
+@pytest.fixture
+def one_rank_world() -> Iterator[None]:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", 0, 1, is_master=True),
+                            rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_renamed_checkpoint_passes_on_the_sharded_actor(
+        tmp_path: Path, one_rank_world: None) -> None:
     """Qwen2.5-VL: transformers only renames its keys (model.layers -> model.language_model
-    .layers), which vLLM's loader maps too."""
+    .layers), which vLLM's loader maps too; checked on the actor as the rank holds it,
+    FSDP2-sharded (whose root class transformers does not know by name)."""
+    from grpo_api.trainer_config import ActorConfig
+    from grpo_trainer.modeling import shard_model
+
     model = tiny_qwen2_5_vl()
-    check_weight_sync(model, saved(model, tmp_path))
+    hub = hub_layout(model, tmp_path)
+    check_weight_sync(model, hub)
+    shard_model(model, ActorConfig(dtype="float32"), torch.device("cpu"), trainable=True)
+    check_weight_sync(model, hub)
 
 
 def test_qwen3_vl_moe_experts_are_refused_with_the_conversion_named(tmp_path: Path) -> None:

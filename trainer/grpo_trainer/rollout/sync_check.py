@@ -57,6 +57,23 @@ def sync_problems(sent: Iterable[tuple[str, tuple[int, ...]]],
     return out
 
 
+def _as_transformers_sees_it(model: nn.Module) -> nn.Module:
+    """The model under its own class. FSDP2's ``fully_shard`` gives the root a class of
+    its own (``FSDP<Class>``, a subclass), and transformers picks a model's checkpoint
+    conversions by class name first (``conversion_mapping.get_model_conversion_mapping``),
+    so on the sharded actor it would find no renaming (Qwen2.5-VL's ``model.layers`` ->
+    ``model.language_model.layers``). A shallow copy with the original class sees the
+    same submodules and leaves the actor alone."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return model
+    own = next(c for c in type(model).__mro__[1:] if not issubclass(c, FSDPModule))
+    view: nn.Module = object.__new__(own)  # no __init__: the same state, shared
+    view.__dict__.update(model.__dict__)
+    return view
+
+
 def expected_layout(model: nn.Module, model_dir: str) -> dict[str, Expected]:
     """Model parameter name -> what the checkpoint in ``model_dir`` holds for it."""
     index = checkpoint_index(model_dir)
@@ -64,7 +81,8 @@ def expected_layout(model: nn.Module, model_dir: str) -> dict[str, Expected]:
     for file in sorted(set(index.values())):
         _, layout = safetensors_layout(file)
         shapes |= {k: tuple(v[2]) for k, v in layout.items()}
-    to_model = model_key_mapper(model, model.state_dict(keep_vars=True))
+    to_model = model_key_mapper(_as_transformers_sees_it(model),
+                                model.state_dict(keep_vars=True))
     out: dict[str, Expected] = {}
     for key in index:
         name, converter = to_model(key)
