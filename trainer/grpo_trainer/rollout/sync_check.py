@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from torch import nn
 
@@ -69,7 +70,7 @@ def _as_transformers_sees_it(model: nn.Module) -> nn.Module:
     if not isinstance(model, FSDPModule):
         return model
     own = next(c for c in type(model).__mro__[1:] if not issubclass(c, FSDPModule))
-    view: nn.Module = object.__new__(own)  # no __init__: the same state, shared
+    view = cast(nn.Module, object.__new__(own))  # no __init__: the same state, shared
     view.__dict__.update(model.__dict__)
     return view
 
