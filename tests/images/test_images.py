@@ -181,6 +181,18 @@ def test_cpu_trainer_image_loads_vllms_cpu_kernels(built: None) -> None:
     assert_runs_in_cpu_trainer("import vllm._C", timeout=300)
 
 
+def test_trainer_image_resolves_every_compiled_library_of_vllm_and_torch(built: None) -> None:
+    """The dynamic linker finds every library vLLM's and torch's compiled code links, but
+    the driver's libcuda the node mounts: a system library the image lacks (libnuma once)
+    fails an import on the cluster, not here. The same probe checks the GPU image
+    (`grpo-testbed image-check trainer-gpu`, with rdma-core's libibverbs.so.1 there)."""
+    from grpo_testbed import image_check
+
+    probe = image_check.run_probe(TRAINER_CPU)
+    assert probe.ldd_checked > 10, probe.ldd_checked
+    assert image_check.link_problems(probe) == []
+
+
 COMPILE = textwrap.dedent("""\
     import torch
     f = torch.compile(lambda x: x.log_softmax(-1).sum(-1), dynamic=True)

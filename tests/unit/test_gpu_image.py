@@ -110,7 +110,12 @@ def good_probe() -> Probe:
     return Probe(dists={**GPU_PINS, PROJECT[0]: PROJECT[1]},
                  torch_cuda=image_check.lock_cuda(GPU_PINS), cuda_available=False,
                  nccl="2.29.7", cudnn=92000, vllm_platform="UnspecifiedPlatform",
-                 libcuda=False, env=dict(image_check.TOOLKIT_ENV), uid=10001)
+                 libcuda=False, env=dict(image_check.TOOLKIT_ENV), uid=10001,
+                 ibverbs=True, verbs_providers=["libefa-rdmav34.so", "libmlx5-rdmav34.so"],
+                 ldd_checked=60, unresolved={VLLM_C: ["libcuda.so.1"]})
+
+
+VLLM_C = "/opt/venv/lib/python3.11/site-packages/vllm/_C.abi3.so"
 
 
 def test_a_right_image_has_no_problems() -> None:
@@ -145,3 +150,39 @@ def test_packages_beside_the_lock_are_named() -> None:
 def test_a_probe_without_a_result_line_is_an_error_with_its_output() -> None:
     with pytest.raises(images.ImageError, match=r"(?s)printed no result.*Traceback"):
         image_check.parse_probe("Traceback (most recent call last): ...")
+
+
+@pytest.mark.parametrize(("change", "expect"), [
+    ({"ibverbs": False}, r"libibverbs.so.1 does not load: NCCL cannot use InfiniBand or RoCE "
+                         r"and falls back to TCP sockets \(install rdma-core"),
+    ({"verbs_providers": ["libefa-rdmav34.so"]}, r"no verbs provider libmlx5"),
+    ({"unresolved": {VLLM_C: ["libcuda.so.1", "libnuma.so.1"]}},
+     r"ldd finds no libnuma.so.1 for .*vllm/_C.abi3.so"),
+    ({"ldd_checked": 0}, r"no compiled library of vLLM or torch was run through ldd"),
+])
+def test_the_fabric_and_the_linker_are_checked_in_the_gpu_image(
+        change: dict[str, object], expect: str) -> None:
+    """rdma-core (NCCL's IB transport) in the GPU image, and every compiled library of
+    vLLM and torch resolved by the dynamic linker, but the driver the node mounts."""
+    found = image_check.problems(good_probe().model_copy(update=change), GPU_PINS, PROJECT)
+    assert len(found) == 1 and re.search(expect, found[0]), found
+
+
+def test_the_cpu_image_needs_no_verbs_but_the_same_linking() -> None:
+    cpu_pins = image_check.lock_pins((ROOT / "images/trainer/requirements-cpu.lock").read_text())
+    probe = good_probe().model_copy(update={
+        "dists": {**cpu_pins, PROJECT[0]: PROJECT[1]}, "ibverbs": False, "verbs_providers": []})
+    assert image_check.problems(probe, cpu_pins, PROJECT) == []
+    broken = probe.model_copy(update={"unresolved": {VLLM_C: ["libnuma.so.1"]}})
+    assert image_check.link_problems(broken) == [f"ldd finds no libnuma.so.1 for {VLLM_C}"]
+
+
+def test_the_gpu_runtime_stage_installs_pinned_rdma_core() -> None:
+    """NCCL dlopens libibverbs.so.1 for InfiniBand/RoCE: the GPU variant's runtime stage
+    installs rdma-core from Debian at a pinned version (image-check then finds it loading)."""
+    runtime = stages()[-1]
+    pin = re.search(r"ARG RDMA_CORE_VERSION=(\S+)", runtime)
+    assert pin is not None and re.fullmatch(r"\d+\.\d+-\d+", pin.group(1)), pin
+    for package in ("libibverbs1", "ibverbs-providers", "librdmacm1"):
+        assert f'{package}="${{RDMA_CORE_VERSION}}"' in runtime, package
+    assert 'if [ "${VARIANT}" = gpu ]' in runtime

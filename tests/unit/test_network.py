@@ -23,10 +23,17 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def job(devices: dict[str, int] | None = None, nodes: int = 8, **pods: Any) -> dict[str, Any]:
+# An image of the user's own: one built FROM the trainer image with the EFA installer.
+EFA_IMAGE = "registry.example.com/me/trainer-efa:1"
+
+
+def job(devices: dict[str, int] | None = None, nodes: int = 8, image: str | None = None,
+        **pods: Any) -> dict[str, Any]:
     spec: dict[str, Any] = yaml.safe_load(
         (ROOT / "examples/grpojob-qwen2vl-72b-h100.yaml").read_text())["spec"]
     spec["resources"] = {"gpu": "H100-80GB", "nodes": nodes, "gpusPerNode": 8}
+    if image is not None:
+        spec["image"] = image
     if devices is not None:
         spec["resources"]["devices"] = devices
     if pods:
@@ -54,6 +61,9 @@ def test_infiniband_devices_go_on_the_workers_with_nccl_env_and_ipc_lock() -> No
     spec = job({"rdma/ib": 1})
     p = plan(spec)
     assert p.env["NCCL_IB_DISABLE"] == "0"
+    # NCCL may use IB only: without its verbs stack the first collective fails by name
+    # (`Error: network IB not found.`) instead of training over TCP sockets.
+    assert p.env["NCCL_NET"] == "IB" and "fails the first collective" in network(p)
     assert "FI_PROVIDER" not in p.env and "NCCL_SOCKET_IFNAME" not in p.env
     assert p.worker is not None and p.worker.devices == {"rdma/ib": 1}
     assert p.worker.capabilities == ("IPC_LOCK",)
@@ -67,9 +77,10 @@ def test_infiniband_devices_go_on_the_workers_with_nccl_env_and_ipc_lock() -> No
 
 
 def test_efa_devices_get_libfabric_env() -> None:
-    spec = job({"vpc.amazonaws.com/efa": 32})
+    spec = job({"vpc.amazonaws.com/efa": 32}, image=EFA_IMAGE)
     p = plan(spec)
     assert p.env["FI_PROVIDER"] == "efa" and p.env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert p.env["NCCL_NET"] == "AWS Libfabric"
     assert "NCCL_IB_DISABLE" not in p.env and "NCCL_PROTO" not in p.env
     assert p.worker is not None and p.worker.capabilities == ("IPC_LOCK",)
     assert "AWS EFA" in network(p) and "the GPU catalog says infiniband" in network(p)
@@ -94,7 +105,7 @@ def test_one_worker_node_needs_no_fabric() -> None:
 
 def test_what_spec_pods_sets_for_the_fabric_is_left_to_it() -> None:
     mine = {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "0"}
-    spec = job({"vpc.amazonaws.com/efa": 4}, workers={"env": [mine]})
+    spec = job({"vpc.amazonaws.com/efa": 4}, image=EFA_IMAGE, workers={"env": [mine]})
     p = plan(spec)
     assert "FI_EFA_USE_DEVICE_RDMA" not in p.env and p.env["FI_PROVIDER"] == "efa"
     assert "FI_EFA_USE_DEVICE_RDMA as spec.pods sets" in network(p)
@@ -157,3 +168,19 @@ def test_an_rdma_job_adds_ipc_lock_and_a_baseline_namespace_refuses_it_at_apply(
     problem = admission_problem(raw_spec, None,
                                 namespace=NamespaceFacts("ns", {level: "baseline"}))
     assert problem is not None and "IPC_LOCK" in problem and "baseline" in problem, problem
+
+
+@pytest.mark.parametrize("image", [None, "ghcr.io/grpo-operator/trainer:0.1.0",
+                                   "ghcr.io/grpo-operator/trainer@sha256:" + "a" * 64,
+                                   "localhost/grpo-operator/trainer:0.1.0"])
+def test_efa_on_the_project_image_is_refused_at_apply(image: str | None) -> None:
+    """The trainer image has no aws-ofi-nccl (neither Debian nor PyPI packages it), so
+    NCCL could not reach EFA and would train over TCP: the webhook says so, and what
+    image would serve."""
+    problem = admission_problem(job({"vpc.amazonaws.com/efa": 32}, image=image), None)
+    assert problem is not None, image
+    assert "spec.resources.devices: the workers request efa devices" in problem
+    assert "aws-ofi-nccl" in problem and "set spec.image" in problem
+    # The same job on an image of the user's own, or over InfiniBand, is admitted.
+    assert admission_problem(job({"vpc.amazonaws.com/efa": 32}, image=EFA_IMAGE), None) is None
+    assert admission_problem(job({"rdma/ib": 1}, image=image), None) is None

@@ -103,7 +103,8 @@ def test_every_setting_reaches_its_pods_next_to_the_operators() -> None:
         ({"workers": {"env": [{"name": "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
                                "value": "1"}]}},
          "spec.pods.workers.env[0].name: RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES would "
-         "stop Ray masking each actor's devices; the trainer relies on that"),
+         "stop Ray masking every actor's devices, the trainer's probes and helpers too; "
+         "the trainer relies on that"),
         ({"common": {"env": [HF_TOKEN, {"name": "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES",
                                         "value": "1"}]}},
          "spec.pods.common.env[1].name: RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES would "

@@ -26,6 +26,8 @@ def test_probe_runs_and_parses_here() -> None:
     assert dists["torch"] == pins["torch"] and dists["ray"] == pins["ray"]
     assert probe.torch_cuda == image_check.lock_cuda(pins)
     assert probe.cuda_available is False and probe.libcuda is False
+    # The linker finds every library vLLM's and torch's compiled code links here too.
+    assert probe.ldd_checked > 10 and image_check.link_problems(probe) == []
     # Exactly this environment's distributions: not the vendored ones setuptools puts
     # on sys.path once vLLM has imported it (which the lock comparison would call extra).
     plain = subprocess.run([sys.executable, "-c", "import importlib.metadata as m, json; "

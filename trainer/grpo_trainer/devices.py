@@ -92,6 +92,26 @@ def process_group_backend(device_type: str) -> str:
     return MIXED_BACKEND if device_type == "cuda" else "gloo"
 
 
+def collective_backend(group_backend: str, tensor_device_type: str) -> str:
+    """The backend a collective of the group takes for tensors on ``tensor_device_type``
+    (torch dispatches a mixed group's collective by its tensors' device): NCCL for
+    CUDA tensors, gloo for host tensors of a CUDA rank."""
+    pairs = dict(p.split(":", 1) for p in group_backend.split(",") if ":" in p)
+    return pairs.get(tensor_device_type, group_backend if not pairs else "none")
+
+
+def staging_device_type(shard_device_type: str, mesh_device_type: str) -> str:
+    """Where a collective over parameter shards puts its buffer: the mesh's device.
+
+    With ``actor.offload_params`` FSDP2 keeps a CUDA rank's shards on the host while the
+    DTensors' mesh stays CUDA; a buffer on the shard's device would send the whole model
+    over gloo (TCP) every weight sync. Each bucket is copied to the GPU instead and
+    gathered over NCCL, as verl's FSDP sync does; the bucket bounds that copy."""
+    if shard_device_type == "cpu" and mesh_device_type not in ("cpu", "meta"):
+        return mesh_device_type
+    return shard_device_type
+
+
 def collective_timeout_s(checkpoint_bytes: int, configured: float | None) -> float:
     """How long a rank waits in one collective before it fails (init_process_group's
     ``timeout``): ``resources.collective_timeout_s`` when set, else long enough for rank 0

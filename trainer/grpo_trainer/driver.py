@@ -26,8 +26,10 @@ from .data import PromptDataset, Record, StatefulLoader
 from .errors import StepError, is_peer_loss
 from .faults import allocate_until_killed, parse_fault, raise_injected_oom
 from .metrics import MetricsLogger
+from .nccl_log import Transport, combine, summary
 from .placement import Gang, layout_for
 from .progress import NullProgressReporter, Progress, ProgressReporter
+from .rank_env import rank_env
 from .rewards import RewardRunner, resolve_reward_fn
 from .sigterm import AttemptFiles, StepAbandoned, Terminated, TermSignal
 from .stall import Heartbeat
@@ -189,14 +191,18 @@ class WorkerGroup:
         try:
             self.gang.reserve(res.gang_timeout_s)
             remote: Any = ray.remote(Worker)
+            # Set before the actor's process loads CUDA or NCCL (rank_env.py).
+            env = rank_env(res, cfg.trainer.attempt)
+            extra = {"runtime_env": {"env_vars": env}} if env else {}
             self.workers = [
-                remote.options(**self.gang.actor_options(p.rank)).remote(
+                remote.options(**self.gang.actor_options(p.rank), **extra).remote(
                     cfg, p.rank, self.world_size, p.local_rank
                 )
                 for p in self.layout.places
             ]
-            addr, port = ray.get(self.workers[0].address.remote())
+            addr, port = ray.get(self.workers[0].open_rendezvous.remote())
             self.info = get_all([w.setup.remote(addr, port) for w in self.workers])
+            self.transport = transport_report(self.info, cfg.trainer.attempt)
             armed = get_all([w.arm_signals.remote() for w in self.workers])
         except BaseException:
             self.shutdown()  # the caller never gets a group to close
@@ -226,6 +232,19 @@ class WorkerGroup:
             ray.kill(w, no_restart=True)
         self.workers = []
         self.gang.release()
+
+
+def transport_report(info: Sequence[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
+    """status.progress.transport from every rank's parsed NCCL lines (None: not logged,
+    as on a CPU rank or a later attempt); the job's one line goes to the log."""
+    reports = [Transport(r["network"], tuple(r["intraNode"]), bool(r["interNode"]),
+                         tuple(r["causes"]))
+               for r in (i.get("transport") for i in info) if r]
+    if not reports:
+        return None
+    job = combine(reports)
+    log.info("transport: %s", summary(job))
+    return {**job.to_dict(), "attempt": attempt}
 
 
 def split(items: Sequence[Any], parts: int) -> list[list[Any]]:
@@ -419,7 +438,7 @@ class GRPOTrainer:
             self.reporter.report(
                 Progress(step, total, m["reward/mean"], ckpt, memory_growth=growth,
                          save_seconds=self.checkpointer.save_seconds(),
-                         **self.validator.progress()),
+                         transport=self.group.transport, **self.validator.progress()),
                 force=step == total or ckpt != self._reported_checkpoint,
             )
             self._reported_checkpoint = ckpt

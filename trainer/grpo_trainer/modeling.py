@@ -23,6 +23,7 @@ from grpo_api.trainer_config import ActorConfig, InitStrategy, ModelConfig
 
 from .precision import DTYPES as DTYPES  # the compute dtypes by name; worker.py reads them here
 from .precision import storage_dtype, store_params
+from .rank0_init import broadcast_device, load_from_rank0
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +152,18 @@ def build_sharded(
     # only full copies.
     full_sd = {k: v.detach() for k, v in model.state_dict().items()} if rank == 0 else {}
     shard_model(model, actor, device, trainable=trainable)
+    home = params_home(actor, device)
     if rank != 0:
-        _materialise(model, device, params_home(actor, device))
-    set_model_state_dict(
-        model,
-        full_sd,
-        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-    )
+        _materialise(model, device, home)
+    if broadcast_device(device, home) != home:
+        # Offloaded shards: torch would broadcast on the host, over gloo (rank0_init.py).
+        load_from_rank0(model, full_sd, broadcast_device(device, home))
+    else:
+        set_model_state_dict(
+            model,
+            full_sd,
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        )
     del full_sd
     # Non-persistent buffers (rotary inv_freq, ...) are not in the state dict; take
     # rank 0's, which went through from_pretrained.

@@ -1,5 +1,10 @@
 """Full parameters out of FSDP2 shards in buckets: one all-gather per bucket.
 
+Each bucket is packed and gathered on the mesh's device: with ``actor.offload_params`` a
+CUDA rank's shards are host memory, and the bucket is copied to the GPU first so NCCL
+gathers it (``bucket_device``); gathering on the host would send the whole model over
+gloo every step.
+
 ``modeling.stream_full_params`` gathers one parameter per collective; a model has
 hundreds of parameters, and on gloo (CPU) each collective costs about a millisecond
 of latency before any bytes move. Here each rank packs its row shards of many
@@ -23,6 +28,8 @@ from torch import nn
 from torch.distributed.tensor import DeviceMesh, DTensor, Shard
 
 from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES
+
+from .devices import staging_device_type
 
 # Bounds one collective's gathered buffer: world x (this rank's padded shards) = the
 # bucket's full parameters plus the padding of uneven last shards. The engine copies each
@@ -91,13 +98,20 @@ def plan_buckets(
     return buckets
 
 
+def bucket_device(shard: torch.Tensor, mesh_device_type: str) -> torch.device:
+    """Where a bucket is packed and gathered: the shards' device, or, for offloaded shards
+    (host) of a CUDA mesh, the rank's current GPU, so NCCL gathers it and not gloo."""
+    where = staging_device_type(shard.device.type, mesh_device_type)
+    return shard.device if where == shard.device.type else torch.device(where)
+
+
 def _gather_bucket(
     bucket: list[tuple[str, DTensor]], mesh: DeviceMesh, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
     world = mesh.size()
     slots = [_slot_rows(p.shape[0], world) * (p.numel() // max(p.shape[0], 1)) for _, p in bucket]
     local = bucket[0][1].to_local()
-    flat = torch.zeros(sum(slots), dtype=dtype, device=local.device)
+    flat = torch.zeros(sum(slots), dtype=dtype, device=bucket_device(local, mesh.device_type))
     offset = 0
     for (_, param), slot in zip(bucket, slots, strict=True):
         shard = param.to_local().reshape(-1)
@@ -112,6 +126,19 @@ def _gather_bucket(
         full = by_rank[:, offset : offset + slot].reshape(world * rows, *param.shape[1:])
         yield name, full[: param.shape[0]]
         offset += slot
+
+
+def _full_alone(p: torch.Tensor) -> torch.Tensor:
+    """A parameter that is not row-sharded, whole; an offloaded DTensor's shard is moved
+    to its mesh's device first, so its gather runs there (NCCL) too."""
+    if not isinstance(p, DTensor):
+        return p
+    local = p.to_local()
+    where = bucket_device(local, p.device_mesh.device_type)
+    if where != local.device:
+        p = DTensor.from_local(local.to(where), p.device_mesh, p.placements,
+                               shape=p.shape, stride=p.stride())
+    return p.full_tensor()
 
 
 def gather_full_params(
@@ -140,8 +167,7 @@ def gather_full_params(
         mesh = meshes[bucket[0]]
         if mesh is None:
             name, p = params[bucket[0]]
-            full = p.full_tensor() if isinstance(p, DTensor) else p
-            yield name, full.to(dtype)
+            yield name, _full_alone(p).to(dtype)
             continue
         members = [(params[i][0], cast(DTensor, params[i][1])) for i in bucket]
         yield from _gather_bucket(members, mesh, dtype)

@@ -35,6 +35,9 @@ class Progress:
     # The newest save's measured seconds, start to commit (a save on SIGTERM too): what
     # the pods' termination grace period must cover.
     save_seconds: float | None = None
+    # The transport NCCL chose (nccl_log.Transport.to_dict() plus its attempt), known on
+    # the first attempt, whose ranks log NCCL's INIT/NET lines.
+    transport: dict[str, object] | None = None
 
     def to_status(self) -> dict[str, object]:
         """camelCase keys as in GRPOJob.status.progress. Every field is sent, unset
@@ -56,6 +59,9 @@ class Progress:
         if self.val_step is not None:
             status["valRewardMean"] = self.val_reward_mean
             status["valStep"] = self.val_step
+        # Left out when unknown: a later attempt (no NCCL log read) keeps the first one's.
+        if self.transport is not None:
+            status["transport"] = self.transport
         return status
 
 

@@ -91,8 +91,10 @@ def checkpoint_index(model_dir: str | Path) -> dict[str, Path]:
     return out
 
 
-def _key_mapper(model: nn.Module, meta_sd: dict[str, Any]) -> Callable[[str], str]:
-    """Checkpoint key -> the model key transformers would load it into."""
+def model_key_mapper(model: nn.Module,
+                     meta_sd: dict[str, Any]) -> Callable[[str], tuple[str, str | None]]:
+    """Checkpoint key -> (the model key transformers would load it into, the conversion
+    it applies on the way, or None for a renaming alone)."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import (
@@ -101,17 +103,33 @@ def _key_mapper(model: nn.Module, meta_sd: dict[str, Any]) -> Callable[[str], st
             rename_source_key,
         )
     except ImportError:  # an older transformers: names are taken as they are
-        return lambda key: key
+        return lambda key: (key, None)
     transforms = get_model_conversion_mapping(model)  # type: ignore[arg-type]
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     prefix = getattr(model, "base_model_prefix", None)
+    operations = {str(src): ", ".join(type(op).__name__ for op in c.operations or [])
+                  for c in converters for src in c.source_patterns}
+
+    def to_model_key(ckpt_key: str) -> tuple[str, str | None]:
+        key, converter = rename_source_key(ckpt_key, renamings, converters, prefix, meta_sd)
+        if converter is None:
+            return str(key), None
+        ops = operations.get(str(converter), "")  # the conversion's source pattern
+        return str(key), f"{ops} of {converter}" if ops else str(converter)
+
+    return to_model_key
+
+
+def _key_mapper(model: nn.Module, meta_sd: dict[str, Any]) -> Callable[[str], str]:
+    """Checkpoint key -> the model key transformers would load it into."""
+    mapper = model_key_mapper(model, meta_sd)
 
     def to_model_key(ckpt_key: str) -> str:
-        key, converter = rename_source_key(ckpt_key, renamings, converters, prefix, meta_sd)
+        key, converter = mapper(ckpt_key)
         if converter is not None:
             raise NotShardable(f"checkpoint key {ckpt_key} needs a tensor conversion ({converter})")
-        return str(key)
+        return key
 
     return to_model_key
 

@@ -27,7 +27,6 @@ from .data import Record, overlong
 from .devices import (
     checkpoint_bytes,
     collective_timeout_s,
-    free_port,
     probe_cuda,
     process_group_backend,
     rank_device_type,
@@ -39,6 +38,7 @@ from .lora.sync import sync_rollout_weights
 from .modeling import load_full, stream_full_params
 from .placement import cuda_device_index
 from .policy_update import PolicyUpdate
+from .rank_env import NCCL_LOG_DIR, first_collective
 from .rank_state import RankState, World, build_rank_state
 from .rollout.base import RolloutEngine, SamplingSpec
 from .rollout.seeds import prompt_seed, rollout_seed
@@ -85,15 +85,23 @@ class Worker:
             WORLD_SIZE=str(world_size),
             LOCAL_WORLD_SIZE=str(per_node),
         )
+        if cfg.resources.trains_on_cuda:  # NCCL_DEBUG_FILE's directory (rank_env.py)
+            os.makedirs(NCCL_LOG_DIR, exist_ok=True)
         self.samples: list[Sample] = []
         self.faults = RankFaults(cfg.trainer.fault_inject, rank, world_size)
         torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
 
     # -- setup ---------------------------------------------------------------
-    def address(self) -> tuple[str, int]:
+    def open_rendezvous(self) -> tuple[str, int]:
+        """Rank 0: the process group's store, listening on a port the OS picks when it
+        binds and held from then on; the driver hands (address, port) to every rank.
+        A port picked by bind-then-close could be taken by Ray, vLLM or the object store
+        on a busy node before the store bound it again."""
         import ray
 
-        return ray.util.get_node_ip_address(), free_port()
+        self._store = dist.TCPStore("0.0.0.0", 0, self.world_size, is_master=True,
+                                    timeout=self._timeout(), wait_for_workers=False)
+        return ray.util.get_node_ip_address(), int(self._store.port)
 
     def _place(self) -> tuple[torch.device, str, timedelta]:
         """This rank's device, process-group backend and collective timeout (devices.py).
@@ -110,25 +118,29 @@ class Worker:
             if device_type == "cuda"
             else torch.device("cpu")
         )
-        backend = process_group_backend(device_type)
+        return device, process_group_backend(device_type), self._timeout()
+
+    def _timeout(self) -> timedelta:
         model_bytes = checkpoint_bytes(self.cfg.model.path)
-        timeout = timedelta(seconds=collective_timeout_s(model_bytes, res.collective_timeout_s))
-        return device, backend, timeout
+        return timedelta(
+            seconds=collective_timeout_s(model_bytes, self.cfg.resources.collective_timeout_s))
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         # Here, not in __init__: Ray hands a method's ConfigError to the driver (exit 2),
         # while one raised in an actor's constructor arrives as a dead actor (NodeLost).
         device, backend, timeout = self._place()
-        if not dist.is_initialized():
-            dist.init_process_group(
-                backend,
-                init_method=f"tcp://{master_addr}:{master_port}",
-                rank=self.rank,
-                world_size=self.world_size,
-                timeout=timeout,
-            )
         if device.type == "cuda":
+            # Before the process group: the rank sees every GPU of its node (rank_env.py),
+            # so NCCL and vLLM must find this one as the current device from the start.
             torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            store = getattr(self, "_store", None)
+            if store is None:  # not rank 0 (or a rank run without the driver)
+                store = dist.TCPStore(master_addr, master_port, self.world_size,
+                                      is_master=self.rank == 0, timeout=timeout)
+            dist.init_process_group(backend, store=store, rank=self.rank,
+                                    world_size=self.world_size, timeout=timeout)
+        transport = first_collective(device)  # a missing network fails here, by name
         self.gpu_memory = GpuMemoryMeter(device)
         world = World(self.rank, self.world_size, dist.group.WORLD)
         with rank_phase(RankPhase.LOAD):
@@ -148,6 +160,7 @@ class Worker:
             "local_rank": self.local_rank,
             "device": str(device),
             "env": {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")},
+            "transport": transport,
         }
 
     def _rollout_group(self, timeout: timedelta) -> Any:
@@ -197,8 +210,11 @@ class Worker:
     def _build_engine(self) -> RolloutEngine:
         cfg = self.cfg
         if cfg.rollout.engine == "vllm":
+            from .rollout.sync_check import check_weight_sync
             from .rollout.vllm_engine import VLLMEngine, VLLMEngineConfig, kv_cache_bytes
 
+            if cfg.actor.lora is None:  # each sync sends every weight: names and shapes
+                check_weight_sync(self.state.actor, cfg.model.path)
             tp = cfg.rollout.tensor_parallel_size
             seqs = cfg.trainer.rollout_batch_size // self.world_size * tp * cfg.rollout.n
             max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens

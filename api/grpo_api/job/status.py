@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -27,6 +27,9 @@ AttemptOutcome = Literal[
 ]
 # metav1.Condition.reason: CamelCase, machine-readable.
 _REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+Fabric = Annotated[str, Field(description="A fabric: infiniband or efa.")]
+NcclTransport = Annotated[str, Field(max_length=64, description="An NCCL transport.")]
+NcclLine = Annotated[str, Field(max_length=512, description="An NCCL log line's text.")]
 
 
 class Condition(ApiModel):
@@ -83,6 +86,11 @@ class PlanStatus(ApiModel):
     )
     rollout_tensor_parallel: int = Field(
         1, ge=1, description="Ranks that share one vLLM engine (tensor parallel), planned."
+    )
+    fabrics: list[Fabric] = Field(
+        default_factory=list,
+        description="RDMA fabrics whose devices the workers request (infiniband, efa): what "
+        "NCCL should use between nodes (progress.transport says what it did).",
     )
     model_source: str = Field(
         "", description="Where the model's shape came from: spec.model.shape, hub config.json, "
@@ -147,6 +155,30 @@ class FetchProgress(ApiModel):
     message: str | None = Field(None, max_length=1024, description="Why it failed.")
 
 
+class TransportStatus(ApiModel):
+    """The transport NCCL chose, from its INIT/NET log lines on the first attempt's ranks
+    (grpo_trainer.nccl_log); the operator shows a fabric job that got sockets as the
+    FabricFallback condition."""
+
+    network: str | None = Field(
+        None, max_length=64,
+        description="NCCL's network between nodes: IB, EFA, Socket (or OFI/<provider>); "
+        "null when no NCCL line named one.",
+    )
+    intra_node: list[NcclTransport] = Field(
+        default_factory=list,
+        description="Transports NCCL used inside a node: NVLS, P2P/CUMEM, P2P/IPC, SHM.",
+    )
+    inter_node: bool = Field(
+        False, description="A channel crossed nodes (false: every peer was on its node)."
+    )
+    causes: list[NcclLine] = Field(
+        default_factory=list,
+        description="NCCL's words for a network it did not take (NET/IB : No device found.).",
+    )
+    attempt: int = Field(0, ge=0, description="The attempt whose ranks reported it.")
+
+
 class ProgressStatus(ApiModel):
     """Training progress, patched by the trainer driver at most every 10 s."""
 
@@ -191,6 +223,9 @@ class ProgressStatus(ApiModel):
     )
     fetch: FetchProgress | None = Field(
         None, description="The head's hub fetch (grpo_trainer.hub_fetch), while and after."
+    )
+    transport: TransportStatus | None = Field(
+        None, description="The transport NCCL chose, as the first attempt's ranks logged it."
     )
 
 

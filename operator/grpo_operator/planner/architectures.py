@@ -65,3 +65,20 @@ def family_of(config: dict[str, Any]) -> Family:
             f"config.json says {what}: the trainer loads {family.name} as "
             f"{family.architecture} only ({', '.join(other)} has another head or layout)")
     return family
+
+
+def weight_sync_problem(experts: int, rollout_engine: str, lora: bool) -> str | None:
+    """Why the vLLM rollout engine cannot take the actor's weights, or None (pure).
+
+    transformers 5 keeps Qwen3-VL MoE's fused experts transposed from the checkpoint's
+    layout (its conversion mapping: Transpose of mlp.experts.gate_up_proj and down_proj),
+    and each full weight sync sends them under the checkpoint's names, which vLLM's loader
+    takes in the checkpoint's layout. The trainer checks every name and shape at start-up
+    (grpo_trainer.rollout.sync_check) and refuses such a model; admission says so first.
+    LoRA sends adapters only (the base is vLLM's own), and the hf engine is transformers."""
+    if experts and rollout_engine == "vllm" and not lora:
+        return ("spec.rollout.engine: vllm cannot take this MoE model's weights from the "
+                "actor: transformers 5 keeps its fused experts in its own (transposed) "
+                "layout, which vLLM would read as the checkpoint's; use rollout.engine: hf, "
+                "or LoRA (spec.lora: vLLM keeps the base it loaded)")
+    return None

@@ -14,6 +14,17 @@ Sources for the env:
   devices" for the vpc.amazonaws.com/efa resource. NCCL_PROTO stays NCCL's default.
 - RDMA memory registration pins pages (ibv_reg_mr), which RLIMIT_MEMLOCK caps unless the
   process has CAP_IPC_LOCK: the RDMA device plugins' examples add IPC_LOCK.
+- NCCL_NET names the one network NCCL may use. NCCL's net.cc (ncclNetInit) skips every
+  network whose name differs (strcasecmp) and, when none is left, fails communicator
+  init with `NCCL WARN Error: network IB not found.` (WARN: logged at the operator's
+  NCCL_DEBUG=WARN). Unset, NCCL tries the plugin, then IB, then sockets, and says it fell
+  back only at INFO (`NET/IB : No device found.`, then `Using network Socket`): a
+  fabric job without its verbs stack would train over TCP unnoticed. The aws-ofi-nccl
+  plugin answers to "AWS Libfabric" in every version (1.11 and earlier were named so;
+  later ones keep accepting that NCCL_NET, per the plugin's own source).
+- The GPU trainer image carries rdma-core (IB) but no aws-ofi-nccl, which neither Debian
+  nor PyPI packages: a job that requests EFA devices must name an image of its own with
+  the plugin (spec.image); on the project's image it is refused (`image_problem`).
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from grpo_api.catalog import EFA, FABRIC_DEVICE_PREFIXES, INFINIBAND, device_fabric
+from grpo_api.contract import DEFAULT_TRAINER_IMAGE
 
 from .types import Decision, Geometry
 
@@ -30,6 +42,13 @@ FABRIC_ENV: dict[str, dict[str, str]] = {
     INFINIBAND: {"NCCL_IB_DISABLE": "0"},
     EFA: {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"},
 }
+# NCCL's name of each fabric's network (NCCL_NET): with it set, a missing transport fails
+# the first collective naming it instead of falling back to sockets.
+NCCL_NET = {INFINIBAND: "IB", EFA: "AWS Libfabric"}
+# Fabrics the project's trainer image serves: rdma-core is in it, aws-ofi-nccl is not.
+IMAGE_FABRICS = (INFINIBAND,)
+# The project's trainer image, by repository: the published one and the testbed's build.
+PROJECT_IMAGES = (DEFAULT_TRAINER_IMAGE.rsplit(":", 1)[0], "localhost/grpo-operator/trainer")
 FABRIC_WORDS = {INFINIBAND: "InfiniBand/RoCE (RDMA verbs)", EFA: "AWS EFA (libfabric)"}
 
 
@@ -61,6 +80,8 @@ def plan_network(geo: Geometry) -> Network:
         env: dict[str, str] = {}
         for f in fabrics:
             env |= FABRIC_ENV[f]
+        if len(fabrics) == 1:  # both at once: NCCL picks, there is no one name to insist on
+            env["NCCL_NET"] = NCCL_NET[fabrics[0]]
         yours = sorted(k for k in env if k in geo.user_env)
         env = {k: v for k, v in env.items() if k not in geo.user_env}
         why = (
@@ -70,6 +91,8 @@ def plan_network(geo: Geometry) -> Network:
             + (f"; {', '.join(yours)} as spec.pods sets" if yours else "")
             + "; IPC_LOCK for RDMA memory registration; NCCL_SOCKET_IFNAME, NCCL_IB_HCA "
             "and NCCL_NET_GDR_LEVEL are NCCL's choice unless spec.pods.workers.env sets them"
+            + ("; NCCL_NET: a missing transport fails the first collective instead of "
+               "falling back to TCP sockets" if "NCCL_NET" in env else "")
         )
         if geo.fabric and geo.fabric not in fabrics:
             why += f" (the GPU catalog says {geo.fabric} for {geo.gpu})"
@@ -96,3 +119,36 @@ def plan_network(geo: Geometry) -> Network:
         )
         return Network((), decision=Decision("network", "TCP sockets", "auto", why))
     return Network(())
+
+
+def is_project_image(image: str | None) -> bool:
+    """Whether a job runs the project's trainer image (unset: the operator's default,
+    which the chart points at the project's image unless told otherwise)."""
+    if not image:
+        return True
+    repo = image.split("@", 1)[0]
+    if ":" in repo.rsplit("/", 1)[-1]:
+        repo = repo.rsplit(":", 1)[0]
+    return repo in PROJECT_IMAGES
+
+
+def image_problem(fabrics: tuple[str, ...], image: str | None) -> str | None:
+    """Why the job's image cannot use a fabric its workers request, or None.
+
+    Only what is known: the project's image serves IMAGE_FABRICS. Any other image is
+    the user's (one built FROM ours with the EFA installer, say) and is taken at its
+    word; NCCL_NET then makes a missing plugin fail the first collective by name."""
+    missing = [f for f in fabrics if f not in IMAGE_FABRICS]
+    if not missing or not is_project_image(image):
+        return None
+    shown = image or f"the operator's default trainer image ({DEFAULT_TRAINER_IMAGE})"
+    return (
+        f"spec.resources.devices: the workers request {' and '.join(missing)} devices, but "
+        f"{shown} cannot use them: NCCL reaches EFA only through the aws-ofi-nccl plugin "
+        "(libnccl-net.so) and libfabric, which the trainer image does not carry (neither "
+        "Debian nor PyPI packages the plugin), so NCCL would fall back to TCP sockets. Build "
+        "an image FROM the trainer image with AWS's EFA installer (libfabric and "
+        "aws-ofi-nccl, matching the image's NCCL) and set spec.image to it; the operator "
+        f"then sets NCCL_NET={NCCL_NET[EFA]!r}, so a missing plugin fails the first "
+        "collective by name. Or drop the EFA devices to run over TCP"
+    )

@@ -12,6 +12,7 @@ from grpo_api.job.status import PlanStatus
 from grpo_api.knobs import KNOBS
 
 from .budget import ESTIMATES
+from .network import plan_network
 from .save_time import predicted_save_s, termination_grace_s
 from .types import Plan, PodResources
 
@@ -130,6 +131,7 @@ def plan_status(plan: Plan, measured_save_s: float | None = None) -> PlanStatus:
             **_knobs(plan),
             "mode": g.mode(plan.settings),
             "rolloutEngine": g.rollout_engine,
+            "fabrics": list(plan_network(g).fabrics),
             "modelSource": g.shape_source,
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),

@@ -134,7 +134,10 @@ def build_env(geo: Geometry, st: Settings) -> dict[str, str]:
         env["NCCL_DEBUG"] = "WARN"
         # FSDP: free comm buffers as soon as the stream is done (lower peaks).
         env["TORCH_NCCL_AVOID_RECORD_STREAMS"] = "1"
-        # vLLM's sleep mode and NCCL's cuMem allocations do not mix; vLLM sets the same.
+        # NCCL's cuMem buffers (its default since 2.19) and vLLM's sleep mode, which
+        # unmaps its own cuMem pool, do not mix; with cuMem off NCCL also keeps out of
+        # NVIDIA/nccl#1906. vLLM 0.32 does not set this itself (only its sharded RDT
+        # weight-transfer server forwards it), so the operator does.
         env["NCCL_CUMEM_ENABLE"] = "0"
         env |= plan_network(geo).env  # the fabric the workers' devices connect to
     else:

@@ -152,3 +152,39 @@ def hub_fetch_conditions(progress: dict[str, Any] | None,
         want = {"status": "False", "reason": Reason.FETCHING,
                 "message": f"{fetch['repo']}: {size}, now {fetch.get('file') or '-'}"}
     return _with_condition(conditions, HUB_FETCH, want, generation, now)
+
+
+FABRIC_FALLBACK = ConditionType.FABRIC_FALLBACK
+
+
+def fabric_conditions(progress: dict[str, Any] | None, plan: dict[str, Any] | None,
+                      conditions: list[dict[str, Any]] | None, generation: int,
+                      now: str) -> list[dict[str, Any]] | None:
+    """The conditions with FabricFallback following the ranks' transport report
+    (``progress.transport``, from NCCL's own log lines), or None when nothing changes.
+
+    Only for a job across nodes whose workers request a fabric (``plan.fabrics``): True
+    (SocketFallback) when NCCL crossed nodes over TCP sockets, with NCCL's words for why
+    it passed the fabric over; False (FabricInUse) when it crossed them over a fabric."""
+    transport = (progress or {}).get("transport") or {}
+    fabrics = list((plan or {}).get("fabrics") or [])
+    if not transport or not fabrics or int((plan or {}).get("nodes") or 0) < 2:
+        return None
+    network = transport.get("network")
+    inside = ", ".join(transport.get("intraNode") or []) or "not reported"
+    if network == "Socket":
+        causes = "; ".join(str(c) for c in (transport.get("causes") or [])[:4])
+        message = (
+            f"the workers request {' and '.join(fabrics)} devices, but NCCL on attempt "
+            f"{transport.get('attempt', 0)} crossed nodes over TCP sockets (NET/Socket): "
+            f"{causes or 'NCCL named no cause'}. Check that the image loads "
+            "libibverbs.so.1 (InfiniBand) or carries aws-ofi-nccl (EFA), that the worker "
+            "pods get the devices, and that spec.pods sets no NCCL_NET or NCCL_IB_DISABLE "
+            "(docs/troubleshooting.md)")
+        want = {"status": "True", "reason": Reason.SOCKET_FALLBACK, "message": message}
+    elif network and transport.get("interNode"):
+        want = {"status": "False", "reason": Reason.FABRIC_IN_USE,
+                "message": f"NCCL crosses nodes over {network}; inside a node {inside}"}
+    else:
+        return None
+    return _with_condition(conditions, FABRIC_FALLBACK, want, generation, now)

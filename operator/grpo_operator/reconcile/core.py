@@ -32,8 +32,10 @@ from .attempts import (
 from .claims import claim_problem
 from .classify import LOST_RANKS, in_context
 from .conditions import (
+    FABRIC_FALLBACK,
     MEMORY_GROWTH,
     cluster_finding,
+    fabric_conditions,
     hub_fetch_conditions,
     memory_growth_conditions,
     role,
@@ -199,17 +201,23 @@ def _read_model_config(ref: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec 
 
 
 def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:
-    """The trainer's progress report: the MemoryGrowth and HubFetch conditions."""
+    """The trainer's progress report: the MemoryGrowth, HubFetch and FabricFallback
+    conditions."""
     grown = memory_growth_conditions(status.get("progress"), status.get("conditions"),
                                      generation, now)
     fetched = hub_fetch_conditions(status.get("progress"), grown or status.get("conditions"),
                                    generation, now)
-    new = fetched or grown
+    fabric = fabric_conditions(status.get("progress"), status.get("plan"),
+                               fetched or grown or status.get("conditions"), generation, now)
+    new = fabric or fetched or grown
     if new is None:
         return Action()
     growth = next((c for c in grown or [] if c["type"] == MEMORY_GROWTH), None)
     events = ([("Warning", Reason.MEMORY_GROWTH, growth["message"])]
               if growth is not None and growth["status"] == "True" else [])
+    fell = next((c for c in fabric or [] if c["type"] == FABRIC_FALLBACK), None)
+    if fell is not None and fell["status"] == "True":
+        events.append(("Warning", Reason.SOCKET_FALLBACK, fell["message"]))
     return Action(StatusFacts(reported=new), events=events)
 
 

@@ -17,6 +17,8 @@ from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.job.trainer import config_sources
 
 from ..planner import InfeasibleError, Plan, UnsupportedArchitecture, next_safer_plan, plan_memory
+from ..planner.architectures import weight_sync_problem
+from ..planner.network import image_problem, plan_network
 from ..render import JobRef, pod_settings
 from ..render.children import logging_env
 from ..render.trainer_config import trainer_config
@@ -102,8 +104,12 @@ def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG
         raise SpecError([f"spec.model.path: {exc}"]) from None
     ours = [*plan.env, *(e["name"] for e in logging_env(spec))]
     clashes = pod_settings.conflicts(spec.pods, ours)  # never override the operator's
-    if clashes:
-        raise SpecError(clashes)
+    g = plan.geometry
+    refused = [p for p in (image_problem(plan_network(g).fabrics, spec.image),
+                           weight_sync_problem(g.shape.experts, g.rollout_engine,
+                                               g.lora is not None)) if p]
+    if clashes or refused:
+        raise SpecError([*clashes, *refused])
     _check_trainer_config(spec, plan)
     return plan
 

@@ -78,9 +78,9 @@ def _env_problem(at: str, name: str, env: set[str]) -> str | None:
                 "job's identity, spec.logging's secret); set spec.memory.* or "
                 "spec.logging.*, or leave it out")
     if name.startswith(RAY_NOSET_PREFIX):
-        return (f"{at}.name: {name} would stop Ray masking each actor's devices; the "
-                "trainer relies on that (each rank and vLLM worker sees only the GPUs Ray "
-                "gave it); leave it out")
+        return (f"{at}.name: {name} would stop Ray masking every actor's devices, the "
+                "trainer's probes and helpers too; the trainer relies on that and unmasks "
+                "only its rank actors, binding each to its GPU itself; leave it out")
     return None
 
 

@@ -56,6 +56,7 @@ from ..images import PixelBounds
 from ..lora.vllm_adapter import AdapterSlot
 from ..samples import EncodedPrompt
 from .base import Generation, SamplingSpec
+from .collectives import collective_kwargs, restore_local_rank
 from .stale_shm import remove_stale_vllm_segments
 
 log = logging.getLogger(__name__)
@@ -147,10 +148,8 @@ def engine_kwargs(
         "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt, "video": 0},
         # Log-probs after temperature scaling: what the actor recomputes.
         "logprobs_mode": "processed_logprobs",
-        # Each rank's Ray actor sees only its own GPU, and vLLM's custom all-reduce maps
-        # its peers' ranks to device ids within CUDA_VISIBLE_DEVICES: an IndexError at
-        # start-up under TP >= 2. NCCL all-reduces instead (verl's external-launcher
-        # rollout does the same); the CPU build never has the custom kernel.
+        # Off unless the process sees its TP peers' GPUs: VLLMEngine decides per process
+        # (rollout/collectives.py); the CPU build never has the custom kernel.
         "disable_custom_all_reduce": True,
     }
     if cfg.lora_rank:
@@ -187,6 +186,7 @@ class VLLMEngine:
     def __init__(self, cfg: VLLMEngineConfig) -> None:
         import torch.distributed as dist
 
+        trainer_local_rank = os.environ.get("LOCAL_RANK")  # vLLM's only while it starts
         # Deterministic, in-process engine core: the external launcher requires it, and
         # weight reloads then reach the model object without serialising tensors.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -201,7 +201,7 @@ class VLLMEngine:
         distributed = dist.is_available() and dist.is_initialized()
         kwargs = engine_kwargs(
             cfg, on_cpu=self.on_cpu, sleep_mode=self.sleep_mode, distributed=distributed
-        )
+        ) | collective_kwargs(self.on_cpu, cfg.tensor_parallel_size)
         self.adapters = AdapterSlot(cfg.model_path) if cfg.lora_rank else None
         if distributed:
             _distributed_env()
@@ -213,6 +213,7 @@ class VLLMEngine:
                 # it judged stale a moment earlier.
                 dist.barrier()
         self.llm = LLM(**kwargs)
+        restore_local_rank(trainer_local_rank)
         self.asleep = False
         self.sleep()
 
