@@ -38,7 +38,7 @@ STALLS_DIR = "stalls"
 
 def driver_done_marker(checkpoint_dir: str, job_uid: str, attempt: int) -> str:
     """The file the driver writes once it needs its ranks no more (after the save on
-    SIGTERM, or any end it sees); the worker pods' preStop hook (grpo_trainer.prestop)
+    SIGTERM, or any end it sees); the worker pods' preStop hook (grpo_trainer.liveness.prestop)
     waits for it, so Ray on the workers outlives the save. Per job uid: a job created
     again under the same name counts attempts from 0 again."""
     return f"{checkpoint_dir}/driver-done/{job_uid or 'local'}-{attempt}"
@@ -148,13 +148,13 @@ class ExitCode(IntEnum):
     HOST_OOM = 4  # host RAM or Ray's memory monitor
     WORKER_LOST = 5
     # No progress for trainer.stall_timeout_s: the driver wrote every rank's stacks to
-    # <checkpoint dir>/stalls/ and ended the attempt (grpo_trainer.stall).
+    # <checkpoint dir>/stalls/ and ended the attempt (grpo_trainer.liveness.stall).
     HANG = 6
     # A checkpoint that is intact but cannot be loaded under this attempt's settings
     # (grpo_trainer.checkpointing.compat): never retried, the checkpoint is kept.
     CHECKPOINT_INCOMPATIBLE = 7
     # 128 + SIGTERM, what a process killed by it reports: the driver stopped on SIGTERM
-    # after committing a checkpoint of its last finished step (grpo_trainer.sigterm).
+    # after committing a checkpoint of its last finished step (grpo_trainer.liveness.sigterm).
     TERMINATED = 143
 
 

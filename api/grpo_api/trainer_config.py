@@ -340,7 +340,7 @@ class TrainerConfig(_Strict):
     val_before_train: bool = True
     # No step or phase ends for this long: every rank's stacks go to the log and to
     # <checkpoint.dir>/stalls/, and the run exits 6 (Hang). The effective timeout grows
-    # with the measured step time (grpo_trainer.stall); 0 turns the watch off.
+    # with the measured step time (grpo_trainer.liveness.stall); 0 turns the watch off.
     stall_timeout_s: float = Field(
         default=STALL_TIMEOUT_S, ge=0,
         description="seconds without progress before the run ends as a hang; 0: never",

@@ -14,7 +14,7 @@ from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OperatorProcess
 from grpo_testbed.processes import wait_until
-from grpo_trainer.progress import Progress
+from grpo_trainer.liveness.progress import Progress
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

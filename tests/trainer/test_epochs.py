@@ -15,7 +15,7 @@ from grpo_operator.render import JobRef
 from grpo_operator.render.trainer_config import trainer_config
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.progress import JsonFileProgressReporter
+from grpo_trainer.liveness.progress import JsonFileProgressReporter
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
 

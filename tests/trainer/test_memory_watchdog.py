@@ -14,10 +14,10 @@ import pytest
 
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.progress import JsonFileProgressReporter
+from grpo_trainer.liveness.progress import JsonFileProgressReporter
+from grpo_trainer.liveness.watchdog import MiB, slope
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
-from grpo_trainer.watchdog import MiB, slope
 
 pytestmark = pytest.mark.trainer
 

@@ -64,7 +64,7 @@ def test_the_driver_drops_or_refuses_overlong_prompts_as_the_ranks_count_them(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from grpo_trainer.config import ConfigError
+    from grpo_trainer.config_error import ConfigError
     from grpo_trainer.driver import GRPOTrainer
 
     rows = [("<image>How many?", png((9, 9, 9), (100, 100))),

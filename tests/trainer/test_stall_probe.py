@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from grpo_api.contract import ExitCode
-from grpo_trainer import stall_monitor
-from grpo_trainer.stall import RankStacks, innermost_ours, parse_faulthandler
-from grpo_trainer.stall_monitor import RankTarget, capture, install_stack_dump
+from grpo_trainer.liveness import stall_monitor
+from grpo_trainer.liveness.stall import RankStacks, innermost_ours, parse_faulthandler
+from grpo_trainer.liveness.stall_monitor import RankTarget, capture, install_stack_dump
 
 pytestmark = pytest.mark.trainer
 
@@ -107,8 +107,8 @@ def test_a_rank_on_another_node_is_dumped_there_and_named_when_stopped(
 STUCK_DRIVER = """
 import logging, sys, time
 from pathlib import Path
-from grpo_trainer.stall import Heartbeat
-from grpo_trainer.stall_monitor import StallMonitor
+from grpo_trainer.liveness.stall import Heartbeat
+from grpo_trainer.liveness.stall_monitor import StallMonitor
 logging.basicConfig(level=logging.INFO)
 beat = Heartbeat()
 beat.mark("reward")

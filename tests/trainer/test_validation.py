@@ -14,8 +14,8 @@ import torch
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record, load_template
 from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.liveness.progress import JsonFileProgressReporter
 from grpo_trainer.metrics import MetricsLogger
-from grpo_trainer.progress import JsonFileProgressReporter
 from grpo_trainer.rollout.base import SamplingSpec
 from grpo_trainer.rollout.hf import HFGenerateEngine
 from grpo_trainer.samples import PromptEncoder

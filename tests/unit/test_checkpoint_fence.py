@@ -9,7 +9,7 @@ import pytest
 
 from grpo_trainer.checkpointing.fence import AttemptSupersededError, check, claim, read_fence
 from grpo_trainer.checkpointing.tracker import FENCE, parse_fence, superseded_by
-from grpo_trainer.config import ConfigError
+from grpo_trainer.config_error import ConfigError
 from grpo_trainer.errors import classify
 
 pytestmark = pytest.mark.unit

@@ -14,7 +14,8 @@ from grpo_api.trainer_config import Config
 from grpo_trainer.checkpointing.fence import AttemptSupersededError, check, claim
 from grpo_trainer.checkpointing.model_guard import check_same_model, model_problem
 from grpo_trainer.checkpointing.tracker import FENCE, Fence, taken_over_by
-from grpo_trainer.config import ConfigError, build_config
+from grpo_trainer.config import build_config
+from grpo_trainer.config_error import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from torch.distributed.constants import default_pg_nccl_timeout
 from torch.distributed.distributed_c10d import BackendConfig
 
 from grpo_api.trainer_config import ResourcesConfig
-from grpo_trainer.config import ConfigError
+from grpo_trainer.config_error import ConfigError
 from grpo_trainer.devices import (
     CudaProbe,
     checkpoint_bytes,

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from grpo_api.contract import ExitCode
-from grpo_trainer.config import ConfigError, build_config, check_runtime
+from grpo_trainer.config import build_config, check_runtime
+from grpo_trainer.config_error import ConfigError
 from grpo_trainer.rollout.engine_limits import VLLM_CPU_HEAD_SIZES, head_dim, vllm_cpu_problem
 from grpo_trainer.run import run_training
 

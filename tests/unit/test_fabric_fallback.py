@@ -18,8 +18,8 @@ from grpo_operator.planner.report import plan_status
 from grpo_operator.reconcile import Action
 from grpo_operator.reconcile.conditions import fabric_conditions
 from grpo_testbed.wire import apply_status_patch
+from grpo_trainer.liveness.progress import Progress
 from grpo_trainer.nccl_log import parse_transport
-from grpo_trainer.progress import Progress
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer.config import ConfigError, build_config, check_runtime, load_config
+from grpo_trainer.config import build_config, check_runtime, load_config
+from grpo_trainer.config_error import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from grpo_api.trainer_config import DataConfig
-from grpo_trainer.config import ConfigError
+from grpo_trainer.config_error import ConfigError
 from grpo_trainer.data import (
     PromptDataset,
     Record,

@@ -46,7 +46,7 @@ def test_crashing_user_function_fails_only_its_sample(caplog: pytest.LogCaptureF
 
 
 def test_unimportable_function_is_a_config_error() -> None:
-    from grpo_trainer.config import ConfigError
+    from grpo_trainer.config_error import ConfigError
 
     with pytest.raises(ConfigError) as err:
         resolve_reward_fn(RewardConfig(type="function", function="no.such.module:f"))

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from grpo_api.trainer_config import DataConfig
-from grpo_trainer.config import ConfigError
+from grpo_trainer.config_error import ConfigError
 from grpo_trainer.images import PixelBounds, image_size, pixel_bounds
 
 pytestmark = pytest.mark.unit

@@ -202,7 +202,8 @@ def test_vllm_gets_the_smallest_lora_rank_slot_that_holds_the_adapter() -> None:
 
 
 def test_a_lora_rank_vllm_cannot_serve_is_refused_with_the_config() -> None:
-    from grpo_trainer.config import ConfigError, build_config, check_engine_limits
+    from grpo_trainer.config import build_config, check_engine_limits
+    from grpo_trainer.config_error import ConfigError
 
     raw = {
         "model": {"path": "org/hub-model"},

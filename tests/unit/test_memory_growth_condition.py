@@ -59,7 +59,7 @@ def test_growth_set_then_cleared_through_the_trainers_real_patches() -> None:
     """The trainer's own report bodies, merged as the API server merges them: a report
     without growth must clear the condition (an omitted key would keep the old value)."""
     from grpo_testbed.wire import apply_status_patch
-    from grpo_trainer.progress import Progress
+    from grpo_trainer.liveness.progress import Progress
 
     status: dict[str, object] = {"conditions": RUNNING}
     grown = Progress(30, 100, 0.5, 25, updated_at=T0, memory_growth=MSG).to_status()

@@ -15,7 +15,8 @@ from grpo_api.job.status import AttemptOutcome
 from grpo_operator.planner import plan_memory
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
-from grpo_trainer.config import ConfigError, build_config
+from grpo_trainer.config import build_config
+from grpo_trainer.config_error import ConfigError
 from grpo_trainer.errors import WorkersMissingError, classify
 from grpo_trainer.placement import (
     NodeView,

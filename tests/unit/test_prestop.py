@@ -18,9 +18,9 @@ from grpo_operator.reconcile.attempts import ensure_attempt
 from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_trainer.config import build_config
-from grpo_trainer.prestop import attempt_files, main, wait_for_driver
+from grpo_trainer.liveness.prestop import attempt_files, main, wait_for_driver
+from grpo_trainer.liveness.sigterm import TermSignal
 from grpo_trainer.run import run_training
-from grpo_trainer.sigterm import TermSignal
 
 pytestmark = pytest.mark.unit
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -118,6 +118,7 @@ def test_worker_pods_wait_for_the_driver_within_their_grace_period() -> None:
     worker = rc["workerGroupSpecs"][0]["template"]["spec"]
     grace = worker["terminationGracePeriodSeconds"]
     hook = worker["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
-    assert hook[-1] == f"exec python -m grpo_trainer.prestop --timeout {grace - GRACE_EXTRA_S}"
+    assert hook[-1] == (
+        f"exec python -m grpo_trainer.liveness.prestop --timeout {grace - GRACE_EXTRA_S}")
     # The head runs the driver itself: no hook (its own SIGTERM starts the save).
     assert "lifecycle" not in rc["headGroupSpec"]["template"]["spec"]["containers"][0]

@@ -51,7 +51,7 @@ def test_vllm_on_cpu_counts_its_resident_weights_and_cache() -> None:
 
 
 def test_trainer_refuses_tp_that_does_not_divide_the_ranks() -> None:
-    from grpo_trainer.config import ConfigError
+    from grpo_trainer.config_error import ConfigError
 
     raw = {
         "model": {"path": "m"},

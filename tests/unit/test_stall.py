@@ -17,8 +17,8 @@ from grpo_operator.render import JobRef
 from grpo_operator.render.trainer_config import trainer_config
 from grpo_testbed.examples import example_job
 from grpo_trainer.errors import StepError, classify
-from grpo_trainer.sigterm import Terminated
-from grpo_trainer.stall import (
+from grpo_trainer.liveness.sigterm import Terminated
+from grpo_trainer.liveness.stall import (
     PACKAGE_DIR,
     STALL_STEP_MULTIPLE,
     STALL_WARMUP_STEPS,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_trainer.config import ConfigError
+from grpo_trainer.config_error import ConfigError
 from grpo_trainer.rollout.sync_check import Expected, check_weight_sync, sync_problems
 
 pytestmark = pytest.mark.unit

@@ -22,7 +22,7 @@ from grpo_operator.planner.resources import HEAD_CPUS, pod_need_gib
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
 from grpo_operator.webhook import admission_warnings
-from grpo_trainer.progress import Progress
+from grpo_trainer.liveness.progress import Progress
 
 pytestmark = pytest.mark.unit
 JOB = JobRef("j", "ns", "uid")

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import pytest
 
 from grpo_api.trainer_config import MetricsConfig
-from grpo_trainer.config import ConfigError, build_config
+from grpo_trainer.config import build_config
+from grpo_trainer.config_error import ConfigError
 from grpo_trainer.faults import leak_mib_per_step, parse_fault
-from grpo_trainer.metrics import MetricsLogger
-from grpo_trainer.progress import Progress
-from grpo_trainer.watchdog import (
+from grpo_trainer.liveness.progress import Progress
+from grpo_trainer.liveness.watchdog import (
     DetectorSettings,
     LeakDetector,
     MemoryWatchdog,
@@ -20,6 +20,7 @@ from grpo_trainer.watchdog import (
     per_process_memory,
     slope,
 )
+from grpo_trainer.metrics import MetricsLogger
 
 SETTINGS = DetectorSettings()  # the defaults: window 20, warm-up 5, 2 MiB/step
 BASE = 900 * MiB

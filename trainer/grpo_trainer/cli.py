@@ -142,7 +142,8 @@ def validate(config_path: str | None, overrides: tuple[str, ...]) -> None:
     """Check a config (and its env overrides) and print the resolved YAML."""
     import yaml
 
-    from .config import ConfigError, load_config
+    from .config import load_config
+    from .config_error import ConfigError
 
     try:
         cfg = load_config(config_path or "/etc/grpo/config.yaml", list(overrides))

@@ -21,20 +21,7 @@ from grpo_api.job.trainer import IDENTITY_ENV
 from grpo_api.trainer_config import BUILTIN_FORMAT_PROMPTS as BUILTIN_TEMPLATES
 from grpo_api.trainer_config import Config
 
-
-class ConfigError(ValueError):
-    """A bad trainer config; ``field`` names the offending dotted path."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:
-        # Raised in a rank, it reaches the driver pickled inside Ray's RayTaskError; the
-        # default (the one formatted arg) cannot rebuild it, and the exit would be 1.
-        return ConfigError, (self.field, self.message)
-
+from .config_error import ConfigError
 
 # GRPO_* variables the operator injects -> dotted config path (env wins). Only the job's
 # identity (declared with every trainer path's source: the operator's config file does

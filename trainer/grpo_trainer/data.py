@@ -23,7 +23,7 @@ import numpy as np
 from grpo_api.job.trainer import config_sources
 from grpo_api.trainer_config import DataConfig
 
-from .config import ConfigError
+from .config_error import ConfigError
 
 log = logging.getLogger(__name__)
 # Overlong prompts named one by one in the drop message; the rest are counted.

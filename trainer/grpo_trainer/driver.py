@@ -21,21 +21,21 @@ from grpo_api.trainer_config import Config
 
 from .checkpointing.final_export import FinalExport, export_final
 from .checkpointing.seam import Checkpointer, NoCheckpointer
-from .config import ConfigError
+from .config_error import ConfigError
 from .data import PromptDataset, Record, StatefulLoader
 from .errors import StepError, is_peer_loss
 from .faults import allocate_until_killed, parse_fault, raise_injected_oom
+from .liveness.progress import NullProgressReporter, Progress, ProgressReporter
+from .liveness.sigterm import AttemptFiles, StepAbandoned, Terminated, TermSignal
+from .liveness.stall import Heartbeat
+from .liveness.stall_monitor import RankTarget, StallMonitor
+from .liveness.watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_process_memory
 from .metrics import MetricsLogger
 from .nccl_log import Transport, combine, summary
 from .placement import Gang, layout_for
-from .progress import NullProgressReporter, Progress, ProgressReporter
 from .rank_env import rank_env
 from .rewards import RewardRunner, resolve_reward_fn
-from .sigterm import AttemptFiles, StepAbandoned, Terminated, TermSignal
-from .stall import Heartbeat
-from .stall_monitor import RankTarget, StallMonitor
 from .validation import Validator
-from .watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_process_memory
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def get_all(refs: Sequence[Any], watch: Watch | None = None) -> list[Any]:
     """
     import ray
 
-    from .stall_monitor import RAY_POLL_S
+    from .liveness.stall_monitor import RAY_POLL_S
 
     pending = list(refs)
     while pending:

@@ -27,9 +27,9 @@ from grpo_api.contract import (
 )
 
 from .checkpointing.compat import CheckpointIncompatible
-from .config import ConfigError
-from .sigterm import Terminated
-from .stall import StallError
+from .config_error import ConfigError
+from .liveness.sigterm import Terminated
+from .liveness.stall import StallError
 
 log = logging.getLogger(__name__)
 

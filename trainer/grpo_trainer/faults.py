@@ -12,7 +12,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from .config import ConfigError
+from .config_error import ConfigError
 from .errors import CUDA_OOM_TEXT
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import Any
 
 from grpo_api.trainer_config import DataConfig
 
-from .config import ConfigError
+from .config_error import ConfigError
 
 # Resizes before giving up: bounds too close for any size with sides multiples of the
 # factor (min = max = 3136 with 32-pixel tokens) make smart-resize alternate forever.

@@ -20,7 +20,7 @@ from typing import Any
 
 from grpo_api.trainer_config import Config
 
-from .config import ConfigError
+from .config_error import ConfigError
 from .errors import WorkersMissingError
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from grpo_api.contract import TERMINATION_LOG, ExitCode, FailureReason
 
 from .checkpointing.model_guard import check_same_model
-from .config import ConfigError, check_runtime, load_config
+from .config import check_runtime, load_config
+from .config_error import ConfigError
 from .errors import classify, step_of, termination_log_path, termination_message, write_termination
-from .sigterm import AttemptFiles
+from .liveness.sigterm import AttemptFiles
 
 log = logging.getLogger("grpo_trainer")
 
@@ -40,7 +41,7 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
 
     from .checkpointing import make_checkpointer
     from .driver import GRPOTrainer, init_ray
-    from .kube_progress import reporter_for
+    from .liveness.kube_progress import reporter_for
 
     reporter = reporter_for(cfg)
     files = AttemptFiles.of(cfg)  # the worker pods' preStop hooks wait on these

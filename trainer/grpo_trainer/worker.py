@@ -362,8 +362,8 @@ class Worker:
     def arm_signals(self) -> dict[str, Any]:
         """Dump stacks on the probe's signal, and outlive a SIGTERM until the driver's
         save is committed; returns what the probe needs to find this rank."""
-        from .sigterm import defer_in_rank
-        from .stall_monitor import install_stack_dump
+        from .liveness.sigterm import defer_in_rank
+        from .liveness.stall_monitor import install_stack_dump
 
         defer_in_rank(self.rank)
         return {"pid": os.getpid(), "node_id": _ray_node_id(),

@@ -52,8 +52,8 @@ HEAD_COMMAND = (
 )
 WORKER_COMMAND = f"{OPEN_FILES}exec $KUBERAY_GEN_RAY_START_CMD"
 # A worker's preStop hook: its `ray start --block` gets SIGTERM (and takes the node's
-# ranks down) only once the driver is done with them (grpo_trainer.prestop).
-PRESTOP_COMMAND = "exec python -m grpo_trainer.prestop --timeout {timeout}"
+# ranks down) only once the driver is done with them (grpo_trainer.liveness.prestop).
+PRESTOP_COMMAND = "exec python -m grpo_trainer.liveness.prestop --timeout {timeout}"
 
 
 @cache

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..config import ConfigError
+from ..config_error import ConfigError
 from .files import atomic_write
 from .tracker import FENCE, Fence, parse_fence, superseded_by, taken_over_by
 

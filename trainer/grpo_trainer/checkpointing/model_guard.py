@@ -18,7 +18,7 @@ import yaml
 
 from grpo_api.trainer_config import Config
 
-from ..config import ConfigError
+from ..config_error import ConfigError
 from .dcp import committed_step
 from .tracker import CONFIG, step_dir_name
 

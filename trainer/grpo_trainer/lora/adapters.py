@@ -28,7 +28,7 @@ from torch import nn
 
 from grpo_api.trainer_config import LoraConfig
 
-from ..config import ConfigError
+from ..config_error import ConfigError
 
 ADAPTER_A = "lora_A"
 ADAPTER_B = "lora_B"

@@ -13,7 +13,7 @@ from typing import Any
 
 from grpo_api.trainer_config import RewardConfig
 
-from ..config import ConfigError
+from ..config_error import ConfigError
 from .math_answer import math_reward
 from .r1v import r1v_reward
 

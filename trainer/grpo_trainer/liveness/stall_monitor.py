@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from grpo_api.contract import ExitCode, FailureReason
 
-from .errors import termination_message, write_termination
+from ..errors import termination_message, write_termination
 from .stall import (
     Heartbeat,
     RankStacks,

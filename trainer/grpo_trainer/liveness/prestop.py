@@ -11,7 +11,7 @@ the marker is there, or after ``--timeout`` seconds (the operator passes the pod
 period less Ray's shutdown time), whichever comes first. Outside a GRPOJob's pod it
 returns at once.
 
-    python -m grpo_trainer.prestop --timeout 300
+    python -m grpo_trainer.liveness.prestop --timeout 300
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def wait_for_driver(marker: Path, timeout_s: float,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.prestop")
+    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.liveness.prestop")
     parser.add_argument("--timeout", type=float, required=True,
                         help="seconds to wait at most for the driver's done marker")
     args = parser.parse_args(argv)
