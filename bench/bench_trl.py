@@ -111,8 +111,9 @@ def build_workload(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, lis
 
 def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, Any]:
     from grpo_trainer.config import build_config
-    from grpo_trainer.driver import GRPOTrainer, init_ray
+    from grpo_trainer.driver import GRPOTrainer
     from grpo_trainer.metrics import MetricsLogger
+    from grpo_trainer.ray_bootstrap import init_ray
 
     cfg = build_config(
         {

@@ -1,5 +1,6 @@
 """GPU tier fixtures: the trainer on CUDA with vLLM rollouts, tiny real models, one local
-Ray per run (the driver starts it and the test shuts it down).
+Ray per run (the driver starts it and the test shuts it down). The tiny models
+(`gpu_lm`, `gpu_vlm`) are in tests/conftest.py, beside the vLLM tier's.
 
 Never in CI: the `gpu` marker is deselected by `make test` (`-m "not gpu"`). On a machine
 without CUDA every test here skips and says so; with CUDA but without vLLM or Ray it
@@ -17,8 +18,6 @@ from typing import Any
 
 import pytest
 
-# head_dim 64 (4 heads of 256): within every vLLM CUDA attention backend's sizes.
-HIDDEN = 256
 Trained = tuple[dict[int, dict[str, Any]], Any]
 
 
@@ -35,20 +34,6 @@ def gpus() -> int:
         "uv pip install -e '.[trainer,gpu]'"
     )
     return int(torch.cuda.device_count())
-
-
-@pytest.fixture(scope="session")
-def gpu_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
-
-    return build_tiny_qwen2(tmp_path_factory.mktemp("gpu-qwen2"), hidden=HIDDEN)
-
-
-@pytest.fixture(scope="session")
-def gpu_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2_5_vl
-
-    return build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("gpu-qwen2.5-vl"), hidden=HIDDEN)
 
 
 def _cuda_config(
@@ -91,8 +76,9 @@ def train(gpus: int) -> Callable[..., Trained]:
 
         from grpo_trainer.checkpointing import make_checkpointer
         from grpo_trainer.config import build_config
-        from grpo_trainer.driver import GRPOTrainer, init_ray
+        from grpo_trainer.driver import GRPOTrainer
         from grpo_trainer.metrics import MetricsLogger
+        from grpo_trainer.ray_bootstrap import init_ray
 
         cfg = build_config(raw, environ={})
         out = io.StringIO()

@@ -26,7 +26,8 @@ def test_vllm_rollouts_train_and_agree_with_actor(
     import ray
 
     from grpo_trainer.config import build_config
-    from grpo_trainer.driver import GRPOTrainer, init_ray
+    from grpo_trainer.driver import GRPOTrainer
+    from grpo_trainer.ray_bootstrap import init_ray
     from grpo_trainer.testing import datasets, tiny_models
 
     if vision:

@@ -40,8 +40,9 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
         return int(ExitCode.CONFIG_ERROR)
 
     from .checkpointing import make_checkpointer
-    from .driver import GRPOTrainer, init_ray
+    from .driver import GRPOTrainer
     from .liveness.kube_progress import reporter_for
+    from .ray_bootstrap import init_ray
 
     reporter = reporter_for(cfg)
     files = AttemptFiles.of(cfg)  # the worker pods' preStop hooks wait on these

@@ -1,0 +1,182 @@
+"""The driver's hold on its remote ranks: the worker group (one Ray actor per rank, placed
+as a gang), calls that fail fast when a rank dies and name the dead one, and what the
+ranks report of NCCL's transport."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from grpo_api.trainer_config import Config
+
+from .errors import is_peer_loss
+from .liveness.stall_monitor import RankTarget
+from .nccl_log import Transport, combine, summary
+from .placement import Gang, layout_for
+from .rank_env import rank_env
+
+log = logging.getLogger(__name__)
+
+# How long a survivor's "peer died" waits for Ray to report the dead rank itself: Ray
+# marks a node dead after its health checks fail (~15-30 s by default); a pod deleted
+# gracefully is reported at once.
+LOST_PEER_GRACE_S = 60.0
+
+
+class Watch(Protocol):
+    """What a Ray wait reports to and asks of the stall monitor (stall_monitor.py)."""
+
+    def waiting(self, ranks: list[int]) -> None: ...
+
+    def check(self) -> None: ...
+
+
+def get_all(refs: Sequence[Any], watch: Watch | None = None) -> list[Any]:
+    """``ray.get`` that fails fast: the first failed rank raises at once.
+
+    With plain ``ray.get`` a rank that died would leave the others blocked in a
+    collective and the driver waiting on them forever. When a rank's process dies (its
+    node lost, killed for memory), the survivors' collectives often fail first ("Connection
+    closed by peer"); the dead rank's own error, which says why it died, arrives once Ray
+    has noticed. So a peer-loss failure waits up to ``LOST_PEER_GRACE_S`` for a dead rank
+    and raises that instead (RayOOM vs NodeLost depends on it); any other failure raises
+    at once. With a ``watch``, the ranks still pending are reported to it and its
+    verdict (a stall) raised while waiting.
+    """
+    import ray
+
+    from .liveness.stall_monitor import RAY_POLL_S
+
+    pending = list(refs)
+    while pending:
+        if watch is not None:
+            watch.waiting([r for r, ref in enumerate(refs) if ref in pending])
+            watch.check()
+        ready, pending = ray.wait(pending, num_returns=1,
+                                  timeout=RAY_POLL_S if watch is not None else None)
+        if not ready:
+            continue
+        failure: Exception | None = None
+        try:
+            ray.get(ready[0])  # raises the rank's error, if any
+        except Exception as err:
+            if isinstance(err, _lost_types()) or not is_peer_loss(err):
+                raise  # a dead rank's own error, or no rank died: nothing to wait for
+            failure = err
+        if failure is None:
+            continue
+        t0 = time.monotonic()
+        dead = _dead_rank(pending, LOST_PEER_GRACE_S)  # outside the handler: no context
+        if dead is None:
+            raise failure
+        log.warning(
+            "a rank's collective failed because a peer died (%s); %.1f s later Ray "
+            "reported the dead rank: %s",
+            str(failure).strip().splitlines()[-1][:200],
+            time.monotonic() - t0,
+            str(dead).splitlines()[0][:200],
+        )
+        raise dead
+    return list(ray.get(list(refs)))
+
+
+def _lost_types() -> tuple[type[BaseException], ...]:
+    from ray import exceptions as rex
+
+    return (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError)
+
+
+def _dead_rank(pending: list[Any], grace_s: float) -> BaseException | None:
+    """The first of ``pending`` that fails as a dead actor within ``grace_s``, if any."""
+    import ray
+
+    deadline = time.monotonic() + grace_s
+    while pending and (left := deadline - time.monotonic()) > 0:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except _lost_types() as err:
+                return err
+            except Exception:  # another survivor's failed collective
+                continue
+    return None
+
+
+class WorkerGroup:
+    """One Ray actor per FSDP rank, each on its bundle of its node's placement group.
+
+    The gang (every node's group) is reserved before any actor starts, within
+    ``resources.gang_timeout_s``; otherwise ``WorkersMissingError`` (exit 5) ends the
+    attempt instead of ranks waiting in ``init_process_group`` for peers that never come.
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        import ray
+
+        from .worker import Worker
+
+        res = cfg.resources
+        self.layout = layout_for(cfg)
+        self.world_size = self.layout.world_size
+        self.workers: list[Any] = []
+        self.gang = Gang(self.layout, ranks_on_head=res.ranks_on_head)
+        try:
+            self.gang.reserve(res.gang_timeout_s)
+            remote: Any = ray.remote(Worker)
+            # Set before the actor's process loads CUDA or NCCL (rank_env.py).
+            env = rank_env(res, cfg.trainer.attempt)
+            extra = {"runtime_env": {"env_vars": env}} if env else {}
+            self.workers = [
+                remote.options(**self.gang.actor_options(p.rank), **extra).remote(
+                    cfg, p.rank, self.world_size, p.local_rank
+                )
+                for p in self.layout.places
+            ]
+            addr, port = ray.get(self.workers[0].open_rendezvous.remote())
+            self.info = get_all([w.setup.remote(addr, port) for w in self.workers])
+            self.transport = transport_report(self.info, cfg.trainer.attempt)
+            armed = get_all([w.arm_signals.remote() for w in self.workers])
+        except BaseException:
+            self.shutdown()  # the caller never gets a group to close
+            raise
+        self.targets = [RankTarget(r, a["pid"], a["node_id"], a["stacks_file"])
+                        for r, a in enumerate(armed)]
+        # Where to look by hand (py-spy dump --pid, gdb) should a rank misbehave.
+        log.info("ranks: %s", ", ".join(f"rank {t.rank} pid {t.pid} on node {t.node_id}"
+                                        for t in self.targets))
+        self.watch: Watch | None = None
+
+    def call(
+        self, method: str, *per_rank_args: Sequence[Any], common: Sequence[Any] = ()
+    ) -> list[Any]:
+        refs = []
+        for rank, w in enumerate(self.workers):
+            args = [a[rank] for a in per_rank_args] + list(common)
+            refs.append(getattr(w, method).remote(*args))
+        return get_all(refs, self.watch)
+
+    def shutdown(self) -> None:
+        """Kill every rank now (ranks on surviving nodes may sit in a collective waiting
+        for a dead peer: nobody waits for them) and release the reserved bundles."""
+        import ray
+
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        self.workers = []
+        self.gang.release()
+
+
+def transport_report(info: Sequence[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
+    """status.progress.transport from every rank's parsed NCCL lines (None: not logged,
+    as on a CPU rank or a later attempt); the job's one line goes to the log."""
+    reports = [Transport(r["network"], tuple(r["intraNode"]), bool(r["interNode"]),
+                         tuple(r["causes"]))
+               for r in (i.get("transport") for i in info) if r]
+    if not reports:
+        return None
+    job = combine(reports)
+    log.info("transport: %s", summary(job))
+    return {**job.to_dict(), "attempt": attempt}
