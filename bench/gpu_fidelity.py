@@ -15,7 +15,9 @@ are needed.
 
 Printed: a table of planned against measured GiB per phase (load, training) and per
 component (weights, gradients, optimizer state, reference model, CUDA context, and the
-transient rest: activations, logits, gathered units). On a GPU "measured" is the CUDA
+transient rest: activations, logits, gathered units); the rank's host RSS peak and
+pinned bytes against the plan's host terms; the update's tokens/s and MFU against the
+card's dense bf16 peak (gpu_fidelity_rates.py). On a GPU "measured" is the CUDA
 allocator's peak plus the memory outside it (context, NCCL), with the reserved peak
 and nvidia-smi's device peak beside it; on a CPU it is the bytes of live tensors at the
 same points (a floor: no allocator statistics there). docs/benchmarks.md, "GPU
@@ -38,6 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpu_fidelity_rates import host_side, rates
 from gpu_fidelity_report import GIB, compare, print_report, settings_line
 
 
@@ -186,7 +189,7 @@ def plan_case(case: Case, gpu: str, host_gib: int, workdir: Path) -> Planned | s
         except InfeasibleError as why:
             reasons.append(f"{precision}: {why.summary}")
             continue
-        config = trainer_config(spec, plan, JobRef("gpu-fidelity", "bench", "0"), attempt=1)
+        config = trainer_config(spec, plan, JobRef("gpu-fidelity", "bench", "0"))
         env = {k: v for k, v in plan.env.items() if not k.startswith("RAY_")}
         return Planned(case, precision, plan, config, env)
     return "; ".join(reasons)
@@ -327,6 +330,8 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
                       ("seconds", "error", "marks", "components", "metrics")}
             if result.get("marks"):
                 entry["comparison"] = compare(p.plan, result, args.device == "cuda", args.steps)
+                entry |= {"rates": rates(entry, p.plan, gpu, args.steps),
+                          "host": host_side(entry, p.plan)}
         if not args.keep_checkpoints and all(c.shape != case.shape for c in cases[i + 1:]):
             shutil.rmtree(model_dir, ignore_errors=True)  # room in /dev/shm for the next
         write_report(args.out, report)

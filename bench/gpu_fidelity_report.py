@@ -153,3 +153,21 @@ def print_report(report: dict[str, Any]) -> None:
                   f"{'':>17}{_f(co['ratio'], 1)}{_flag(co['ratio'])}")
         if cmp.get("optimizer_on_host"):
             print(f"    optimizer state on the host: {cmp['optimizer_on_host'] * k:.2f} {unit}")
+        _print_host_and_rates(c, env["gpu_type"], unit, k)
+
+
+def _print_host_and_rates(c: dict[str, Any], gpu_type: str, unit: str, k: float) -> None:
+    host, r = c.get("host") or {}, c.get("rates")
+    if host:
+        print(f"  host: RSS peak {_f(host['rss_peak'], k, 0)} {unit} against the rank's "
+              f"planned {_f(host['planned_rank'], k, 0)} {unit} ("
+              + ", ".join(f"{n} {v * k:.2f}" for n, v in host["planned_terms"].items() if v)
+              + f"); pinned peak {_f(host['pinned_peak'], k, 0)} {unit} against "
+              f"{_f(host['planned_pinned'], k, 0)} planned"
+              + (f"; {host['host_allocs']:.0f} cudaHostAlloc, {host['host_alloc_ms']:.0f} ms"
+                 if host.get("host_allocs") is not None else ""))
+    if r:
+        mfu = f"MFU {r['mfu']:.1%} of {r['peak_tflops']:.0f} TFLOP/s dense bf16 ({gpu_type})" \
+            if r.get("mfu") is not None else f"no bf16 peak known for {gpu_type}"
+        print(f"  update (step {r['step']}): {r['tokens_per_s']:.0f} tokens/s, "
+              f"{r['tflops']:.1f} TFLOP/s, {mfu}")

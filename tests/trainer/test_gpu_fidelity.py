@@ -63,3 +63,12 @@ def test_cpu_smoke_run_measures_every_mode_and_writes_the_report(tmp_path: Path)
     assert lora["optimizer"] == pytest.approx(2 * lora["weights"], rel=0.01)
     assert lora["reference_model"] == 0.0
     assert mixed["reference_model"] > 0 and bf16["reference_model"] > 0
+    # The host side and the update's rate, as a lent GPU will report them (issue 43): the
+    # rank's sampled RSS peak, its planned host terms, and tokens/s with the FLOPs model.
+    for name, case in cases.items():
+        host, rate = case["host"], case["rates"]
+        assert host["rss_peak"] > 0 and host["planned_rank"] > 0, (name, host)
+        assert host["pinned_peak"] is None  # nothing is pinned on a CPU
+        assert rate["tokens_per_s"] > 0 and rate["tflops"] > 0, (name, rate)
+        assert rate["peak_tflops"] == 989.4  # planned for an H100 on the CPU
+        assert "tokens/s" in proc.stdout and "RSS peak" in proc.stdout

@@ -8,7 +8,8 @@ is polled in a thread for the device-level peak (samples 0.1 s apart: a spike
 shorter than that can slip between two). On a CPU there are no allocator
 statistics: a mark counts the bytes of the live tensors Python can see (storages,
 each once), which misses tensors held only inside autograd or C++, so it is a floor,
-not a peak.
+not a peak. Every mark also has this process's RSS (now, and its sampled peak since the
+previous mark) and, on CUDA, torch's pinned host allocator's statistics.
 """
 
 from __future__ import annotations
@@ -80,6 +81,56 @@ def live_tensor_bytes(device_type: str) -> int:
                 continue
     live = [t for t in found if t.device.type == device_type]
     return storage_bytes(live).get(device_type, 0)
+
+
+class HostPoller:
+    """This process's resident set (RSS), every ``interval_s``, in a thread: the host
+    figure the planner's host terms promise (offloaded state, pinned blocks, the rank's
+    libraries), sampled like the device's."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        import psutil
+
+        self.samples: list[tuple[float, int]] = []
+        self._process = psutil.Process()
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def rss(self) -> int:
+        return int(self._process.memory_info().rss)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic(), self.rss()))
+            self._stop.wait(self._interval_s)
+
+    def peak(self, since: float, until: float) -> int | None:
+        inside = [b for t, b in self.samples if since <= t <= until]
+        return max(inside) if inside else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+
+PINNED_KEYS = ("allocated_bytes.current", "allocated_bytes.peak", "active_bytes.current",
+               "num_host_alloc", "num_host_free", "host_alloc_time.total",
+               "host_free_time.total")
+
+
+def pinned_stats() -> dict[str, float]:
+    """torch's pinned host allocator: bytes it holds (blocks as it sized them: rounded
+    below its limits), at most since the last reset, and its cudaHostAlloc/Free counts
+    and microseconds (what exact, uncached blocks cost; planner/pinned.py). Empty where
+    torch has no such statistics (older torch, no CUDA)."""
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if stats is None or not torch.cuda.is_initialized():
+        return {}
+    got = stats()
+    return {k: float(got[k]) for k in PINNED_KEYS if k in got}
 
 
 class DevicePoller:
@@ -165,6 +216,9 @@ class Mark:
     peak_reserved: int | None = None
     non_torch: int | None = None  # in use on the device but not reserved by torch
     device_peak: int | None = None  # nvidia-smi, since the previous mark
+    host_rss: int | None = None  # this process's resident set now
+    host_peak_rss: int | None = None  # ...and its peak since the previous mark (sampled)
+    pinned: dict[str, float] = field(default_factory=dict)  # pinned_stats() (cuda)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -180,6 +234,7 @@ class MemoryProbe:
         self.poller: DevicePoller | None = None
         if self.cuda:
             self.poller = DevicePoller(str(torch.cuda.get_device_properties(device).uuid))
+        self.host = HostPoller()
 
     def mark(self, name: str, **extra: Any) -> Mark:
         now = time.monotonic()
@@ -198,10 +253,15 @@ class MemoryProbe:
                 device_peak=self.poller.peak(self._last, now) if self.poller else None,
                 extra=extra,
             )
+            m.pinned = pinned_stats()
             torch.cuda.reset_peak_memory_stats(self.device)
+            if m.pinned and hasattr(torch.cuda, "reset_peak_host_memory_stats"):
+                torch.cuda.reset_peak_host_memory_stats()
         else:
             live = live_tensor_bytes("cpu")
             m = Mark(name, now - self.t0, allocated=live, peak_allocated=live, extra=extra)
+        m.host_rss = self.host.rss()
+        m.host_peak_rss = max(self.host.peak(self._last, now) or 0, m.host_rss)
         self._last = now
         self.marks.append(m)
         return m
@@ -209,6 +269,7 @@ class MemoryProbe:
     def stop(self) -> None:
         if self.poller is not None:
             self.poller.stop()
+        self.host.stop()
 
     def to_json(self) -> list[dict[str, Any]]:
         return [asdict(m) for m in self.marks]
