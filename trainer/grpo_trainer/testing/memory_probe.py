@@ -83,27 +83,23 @@ def live_tensor_bytes(device_type: str) -> int:
     return storage_bytes(live).get(device_type, 0)
 
 
-class HostPoller:
-    """This process's resident set (RSS), every ``interval_s``, in a thread: the host
-    figure the planner's host terms promise (offloaded state, pinned blocks, the rank's
-    libraries), sampled like the device's."""
+class _Poller:
+    """A figure sampled every ``interval_s`` in a thread, and its peak between two times."""
 
-    def __init__(self, interval_s: float = 0.1) -> None:
-        import psutil
-
+    def __init__(self, interval_s: float) -> None:
         self.samples: list[tuple[float, int]] = []
-        self._process = psutil.Process()
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
 
-    def rss(self) -> int:
-        return int(self._process.memory_info().rss)
+    def _sample(self) -> int | None:
+        raise NotImplementedError
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.monotonic(), self.rss()))
+            value = self._sample()
+            if value is not None:
+                self.samples.append((time.monotonic(), value))
             self._stop.wait(self._interval_s)
 
     def peak(self, since: float, until: float) -> int | None:
@@ -114,6 +110,24 @@ class HostPoller:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+
+
+class HostPoller(_Poller):
+    """This process's resident set (RSS): the host figure the planner's host terms promise
+    (offloaded state, pinned blocks, the rank's libraries), sampled like the device's."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        import psutil
+
+        super().__init__(interval_s)
+        self._process = psutil.Process()
+        self._thread.start()
+
+    def rss(self) -> int:
+        return int(self._process.memory_info().rss)
+
+    def _sample(self) -> int | None:
+        return self.rss()
 
 
 PINNED_KEYS = ("allocated_bytes.current", "allocated_bytes.peak", "active_bytes.current",
@@ -133,7 +147,7 @@ def pinned_stats() -> dict[str, float]:
     return {k: float(got[k]) for k in PINNED_KEYS if k in got}
 
 
-class DevicePoller:
+class DevicePoller(_Poller):
     """``nvidia-smi``'s memory.used for one GPU, every ``interval_s``, in a thread.
 
     The device-level figure: everything on the GPU (context, NCCL, allocator pools,
@@ -143,13 +157,10 @@ class DevicePoller:
     """
 
     def __init__(self, gpu_uuid: str, interval_s: float = 0.1) -> None:
-        self.samples: list[tuple[float, int]] = []
+        super().__init__(interval_s)
         self._exe = shutil.which("nvidia-smi")
         uuid = gpu_uuid if gpu_uuid.startswith("GPU-") else f"GPU-{gpu_uuid}"
         self._args = ["--query-gpu=memory.used", "--format=csv,noheader,nounits", f"--id={uuid}"]
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
         if self._exe is not None:
             self._thread.start()
 
@@ -157,27 +168,15 @@ class DevicePoller:
     def available(self) -> bool:
         return self._exe is not None
 
-    def _run(self) -> None:
+    def _sample(self) -> int | None:
         assert self._exe is not None
-        while not self._stop.is_set():
-            res = subprocess.run([self._exe, *self._args], capture_output=True, text=True,
-                                 timeout=30)
-            try:
-                mib = float(res.stdout.strip())
-            except ValueError:  # "[N/A]", or an error
-                mib = -1.0
-            if mib >= 0:
-                self.samples.append((time.monotonic(), int(mib * 2**20)))
-            self._stop.wait(self._interval_s)
-
-    def peak(self, since: float, until: float) -> int | None:
-        inside = [b for t, b in self.samples if since <= t <= until]
-        return max(inside) if inside else None
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        res = subprocess.run([self._exe, *self._args], capture_output=True, text=True,
+                             timeout=30)
+        try:
+            mib = float(res.stdout.strip())
+        except ValueError:  # "[N/A]", or an error
+            return None
+        return int(mib * 2**20) if mib >= 0 else None
 
 
 def gpu_identity(device: torch.device) -> dict[str, Any]:
