@@ -117,7 +117,8 @@ def run() -> Iterator[Run]:
                 break
             assert time.monotonic() < deadline, json.dumps(job.get("status"), indent=1)
             time.sleep(2)
-        yield Run(tb, ns, job, time.monotonic() - t0, pods, notes, operators, probe)
+        yield Run(tb, ns, job, time.monotonic() - t0, pods, notes=notes, operators=operators,
+                  probe=probe)
         tb.kubectl("delete", "grpojob", JOB, "-n", ns, "--wait=true", "--timeout=60s",
                    check=False)
         subprocess.run([str(binary("helm")), "uninstall", "grpo", "-n", system, "--wait",

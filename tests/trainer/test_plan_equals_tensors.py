@@ -22,10 +22,12 @@ are not compared.
 Offload on CPU: the trainer offloads only on CUDA ranks (a CPU rank's memory is host RAM
 already; ``modeling.params_home``), so a CPU run cannot show the GPU emptied. What it
 checks instead: the planner puts exactly the offloaded terms on the host (0 on the GPU)
-and their host bytes per rank are the bytes of the trainer's tensors that would move
-(weights, gradients and reference with ``offloadParams``; the optimizer state with
-either knob, as the step runs where the parameters are); tests/unit/test_params_home.py
-pins where a CUDA rank puts them.
+and their host bytes per rank are the trainer's tensors that would move (weights,
+gradients and reference with ``offloadParams``; the optimizer state with either knob, as
+the step runs where the parameters are), each storage in the pinned block torch's host
+allocator would make for it where it is pinned (planner/pinned.py: FSDP2's shards and
+gradients, the moments moved off the GPU; not the state created in host RAM);
+tests/unit/test_params_home.py pins where a CUDA rank puts them.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from grpo_api.job.lora import LoraSpec
 from grpo_operator.planner.budget import GIB, compute_budget, logprob_bytes, weight_sync_bytes
 from grpo_operator.planner.model_shape import shape_from_config
 from grpo_operator.planner.modes import FROZEN, GRADS, OPTIMIZER, STATE, WEIGHTS, lora_plan
+from grpo_operator.planner.pinned import pinned_block
 from grpo_operator.planner.types import Budget, Geometry, Settings
 from grpo_trainer.testing import memory_census as mc
 from grpo_trainer.testing.configs import text_config
@@ -173,7 +176,13 @@ def _close(measured: float, planned: float) -> bool:
     return measured == planned == 0 or abs(measured - planned) <= TOLERANCE * planned
 
 
-def _held(c: dict[str, int]) -> dict[str, int]:
+def _pinned(c: dict[str, Any], *components: str) -> int:
+    """What the components' storages take as pinned host blocks on a GPU node (torch's
+    host allocator, as planner/pinned.py models it): the host terms are planned so."""
+    return sum(pinned_block(n) for k in components for n in c[mc.BLOCKS][k])
+
+
+def _held(c: dict[str, Any]) -> dict[str, int]:
     """A census as the planner's components: gradients sharded and unsharded together."""
     return {
         mc.WEIGHTS: c[mc.WEIGHTS], mc.FROZEN: c[mc.FROZEN],
@@ -207,17 +216,19 @@ def test_each_component_the_trainer_holds_is_the_planners_term(
                 mc.REFERENCE: 0.0 if offload_params else plan[mc.REFERENCE],
                 "buffers_at_rest": 0.0,
             }
-            if offload_params:  # the GPU side is 0; the host holds exactly these
+            if offload_params:  # the GPU side is 0; the host holds these, pinned
                 want["host_params_grads_ref"] = plan["host_params_grads_ref"]
-                held["host_params_grads_ref"] = (
-                    held.pop(mc.WEIGHTS) + held.pop(mc.FROZEN) + held.pop(mc.GRADS)
-                    + held.pop(mc.REFERENCE))
+                held["host_params_grads_ref"] = _pinned(
+                    census, mc.WEIGHTS, mc.FROZEN, mc.GRADS, mc.GRADS_UNSHARDED, mc.REFERENCE)
                 for k in (mc.WEIGHTS, mc.FROZEN, mc.GRADS, mc.REFERENCE):
                     want.pop(k)
+                    held.pop(k)
             if where == "optimizer step":  # the state exists from the first step on
                 key = "host_optimizer" if offload_opt else mc.OPTIMIZER
                 want[key] = plan[key]
                 held[key] = held.pop(mc.OPTIMIZER)
+                if offload_opt and not offload_params:  # moved off the GPU: pinned
+                    held[key] = _pinned(census, mc.OPTIMIZER)
                 if offload_opt:
                     assert plan[mc.OPTIMIZER] == 0, "offloaded optimizer left on the GPU"
             for k, planned in want.items():

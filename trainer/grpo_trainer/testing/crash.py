@@ -38,6 +38,7 @@ class LocalGroup:
         self.world_size = 1
         self.workers = [Worker(cfg, 0, 1)]
         self.info = [self.workers[0].setup("127.0.0.1", free_port())]
+        self.transport: dict[str, Any] | None = None  # one process: no NCCL to report
 
     def call(
         self, method: str, *per_rank_args: Sequence[Any], common: Sequence[Any] = ()

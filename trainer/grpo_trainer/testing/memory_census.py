@@ -46,11 +46,16 @@ COMPONENTS = (WEIGHTS, FROZEN, GRADS, GRADS_UNSHARDED, REDUCE_BUFFERS, GATHERED,
 
 
 class _Tally:
-    """Bytes per component, each storage counted once (views share one)."""
+    """Bytes per component, each storage counted once (views share one), and each
+    tensor's own bytes: what a pinned host block is made for when it is copied or pinned
+    on its own on a GPU node (FSDP2 copies each offloaded gradient out of its unit's
+    reduce-scatter buffer, whose views the gradients are here)."""
 
     def __init__(self) -> None:
         self.bytes: Counter[str] = Counter({c: 0 for c in COMPONENTS})
+        self.blocks: dict[str, list[int]] = {c: [] for c in COMPONENTS}
         self._seen: set[int] = set()
+        self._tensors: set[tuple[int, int]] = set()
 
     def add(self, component: str, t: torch.Tensor | None) -> None:
         if t is None:
@@ -59,10 +64,15 @@ class _Tally:
 
         local = t.to_local() if isinstance(t, DTensor) else t
         storage = local.untyped_storage()
-        if storage.nbytes() == 0 or storage.data_ptr() in self._seen:
-            return  # freed (FSDP2 resizes a resharded copy's storage to 0) or counted
-        self._seen.add(storage.data_ptr())
-        self.bytes[component] += storage.nbytes()
+        if storage.nbytes() == 0:
+            return  # freed (FSDP2 resizes a resharded copy's storage to 0)
+        tensor = (local.data_ptr(), local.numel() * local.element_size())
+        if tensor not in self._tensors:
+            self._tensors.add(tensor)
+            self.blocks[component].append(tensor[1])
+        if storage.data_ptr() not in self._seen:  # not counted yet
+            self._seen.add(storage.data_ptr())
+            self.bytes[component] += storage.nbytes()
 
 
 def _groups(model: nn.Module) -> Iterator[Any]:
@@ -114,9 +124,13 @@ def _add_model(tally: _Tally, model: nn.Module, *, reference: bool) -> None:
         tally.add(REDUCE_BUFFERS, buf)
 
 
+BLOCKS = "blocks"  # census key: each component's tensors' own bytes
+
+
 def census(actor: nn.Module, ref: nn.Module | None, optimizer: torch.optim.Optimizer
-           ) -> dict[str, int]:
-    """Bytes of every component this rank holds now."""
+           ) -> dict[str, Any]:
+    """Bytes of every component this rank holds now, and (``BLOCKS``) each of their
+    tensors' own bytes."""
     tally = _Tally()
     _add_model(tally, actor, reference=False)
     if ref is not None and ref is not actor:
@@ -125,7 +139,7 @@ def census(actor: nn.Module, ref: nn.Module | None, optimizer: torch.optim.Optim
         for value in state.values():
             if isinstance(value, torch.Tensor):
                 tally.add(OPTIMIZER, value)
-    return dict(tally.bytes)
+    return {**tally.bytes, BLOCKS: tally.blocks}
 
 
 class _PeakSampler:
@@ -338,8 +352,8 @@ def measure(worker: Any, advantages: list[float]) -> dict[str, Any]:
     backward (``micro``, in order), right after the optimizer step (``step``), and
     the transient peaks over the micro-batches (``peak``), every call of the log-prob
     head (``head``), and a weight sync after the update (``sync``)."""
-    micro: list[dict[str, int]] = []
-    steps: list[dict[str, int]] = []
+    micro: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
     state = worker.state
     sampler = _PeakSampler(state.actor)
     head = HeadProbe()
