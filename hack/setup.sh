@@ -47,8 +47,12 @@ fi
 
 if [ "${1:-}" != "--no-testbed" ]; then
   command -v go >/dev/null || die "Go >= 1.26 is required to build the testbed (go: not found)"
-  step "building or reusing the testbed binaries (cold build: 14-35 min on 2 cores)"
-  .venv/bin/grpo-testbed build
-  step "building or reusing the images (cold: 5-15 min on 2 cores; warm: seconds)"
-  .venv/bin/grpo-testbed images
+  # At once: the Go build keeps both cores busy, the image build mostly writes layers.
+  step "building or reusing the testbed binaries (cold: 14-35 min on 2 cores) and, beside" \
+    "them, the images (cold: 5-15 min; warm: seconds)"
+  .venv/bin/grpo-testbed images & images=$!
+  built=0; .venv/bin/grpo-testbed build || built=$?
+  imaged=0; wait "$images" || imaged=$?
+  [ "$built" = 0 ] || die "the testbed build failed (exit $built): see its lines above"
+  [ "$imaged" = 0 ] || die "the image build failed (exit $imaged): see its lines above"
 fi

@@ -72,6 +72,24 @@ def images_cmd(names: tuple[str, ...], force: bool, logs: Path | None) -> None:
     click.echo(f"images: {time.monotonic() - t0:.1f} s")
 
 
+@cli.command("node-images")
+def node_images_cmd() -> None:
+    """Import the product's images (operator, trainer-cpu) into the real node's image
+    store, kept under ~/.cache: the e2e tier and the demo then start their node without
+    the import (minutes for the 7 GB trainer image on a fresh machine). `make test` runs
+    it in the background while the CPU-bound tiers run."""
+    from .images import OPERATOR, TRAINER_CPU
+
+    t0 = time.monotonic()
+    with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag),
+                         with_kueue=False) as tb:
+        spent = tb.node.import_s if tb.node is not None else {}
+    for tag, seconds in spent.items():
+        done = f"imported in {seconds:.0f} s" if seconds else "already in the store"
+        click.echo(f"{tag:44} {done}")
+    click.echo(f"node images ready in {time.monotonic() - t0:.1f} s")
+
+
 @cli.command("image-check")
 @click.argument("name", default="trainer-gpu")
 def image_check_cmd(name: str) -> None:
