@@ -83,6 +83,19 @@ def test_a_real_dump_names_the_innermost_frame_of_ours_not_the_librarys() -> Non
     assert ours.file == __file__ and ours.line > 0
 
 
+def test_every_module_of_the_trainer_package_is_ours_not_only_the_liveness_ones() -> None:
+    # A rank stuck in the update's backward waits in a frame of policy_update.py; with
+    # only liveness/ counted as ours, the report said "no frame of the trainer".
+    import grpo_trainer
+    from grpo_trainer import policy_update
+
+    assert PACKAGE_DIR == str(Path(grpo_trainer.__file__).resolve().parent)
+    update = Frame(str(Path(policy_update.__file__).resolve()), 10, "update")
+    stuck = ThreadStack("0x1", (Frame("/lib/torch/distributed/c10d.py", 3, "reduce_scatter"),
+                                update), current=True)
+    assert innermost_ours([stuck]) == update
+
+
 def test_the_main_threads_frame_wins_over_a_helper_threads() -> None:
     ours = f"{PACKAGE_DIR}/worker.py"
     helper = ThreadStack("0x1", (Frame(f"{PACKAGE_DIR}/rewards/runner.py", 9, "poll"),))

@@ -24,8 +24,9 @@ from grpo_api.contract import STALL_STEP_MULTIPLE
 # and fill allocator caches, and would make the measured step look slower than it is.
 STALL_WARMUP_STEPS = 2
 
-# Frames in files under this directory are "ours" (the trainer's own code).
-PACKAGE_DIR = str(Path(__file__).resolve().parent)
+# Frames in files under this directory are "ours" (the trainer's own code): the
+# grpo_trainer package, of which this module sits in the liveness subpackage.
+PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 
 
 def effective_timeout_s(configured_s: float, step_seconds: Sequence[float]) -> float:
