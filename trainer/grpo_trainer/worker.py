@@ -321,10 +321,13 @@ class Worker:
         }
 
     def load_samples(self, items: list[tuple[Record, list[int]]]) -> list[dict[str, Any]]:
-        """Test seam: install given (prompt, response tokens) instead of generating."""
+        """Test seam: install given (prompt, response tokens) instead of generating.
+        Consecutive items of one record share its encoded prompt, as a group does."""
         self.samples = []
+        prompt: EncodedPrompt | None = None
         for record, ids in items:
-            prompt: EncodedPrompt = self.tokens.encoder.encode(record)
+            if prompt is None or prompt.record != record:
+                prompt = self.tokens.encoder.encode(record)
             resp = torch.tensor(ids, dtype=torch.long)
             self.samples.append(Sample(prompt, resp, torch.zeros(len(ids)), True, ""))
         return [self._summary(s) for s in self.samples]
