@@ -149,7 +149,15 @@ class MemorySpec(ApiModel):
         description="Auto when unset. Fraction of GPU memory vLLM may take while rolling out.",
     )
     micro_batch_size: int | None = Field(
-        None, ge=1, le=1024, description="Auto when unset. Per-GPU micro-batch for the update."
+        None, ge=1, le=1024,
+        description="Auto when unset. Per-GPU micro-batch for the update, in samples: setting "
+        "it (and not microBatchTokens) makes the update cut micro-batches by samples.",
+    )
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, le=16_777_216,
+        description="Auto when unset. Per-GPU micro-batch for the update, in tokens of its "
+        "shared-prefix layout (rows x the widest row, padding included): samples fill "
+        "micro-batches up to it. At least maxPromptLength + maxResponseLength.",
     )
     ray_object_store_memory: str | None = Field(
         None,
