@@ -150,6 +150,9 @@ class ActorConfig(_Strict):
     # (shared-prefix rows x the widest): samples in order fill micro-batches up to it,
     # every rank running as many as the rank that needs the most. None: micro_batch_size.
     micro_batch_tokens: int | None = Field(default=None, gt=0)
+    # Before the update, whole groups move between ranks (each keeps its count) so that
+    # every rank's shared-prefix tokens are about equal: the step waits for the slowest.
+    balance_ranks: bool = True
     dtype: Literal["bfloat16", "float32"] = Field(
         default="bfloat16", description="compute dtype; master weights stay float32"
     )

@@ -222,14 +222,14 @@ def _vision_config(family: str, hidden: int) -> dict[str, Any]:
 
 def build_tiny_vl(
     path: str | Path, family: str = "qwen2_5_vl", hidden: int = 64, layers: int = 2,
-    seed: int = 0, vocab_size: int = 400,
+    seed: int = 0, vocab_size: int = 400, max_pixels: int | None = None,
 ) -> Path:
     """A random-weight ``family`` VLM (``VL_FAMILIES``: Qwen2-VL, Qwen2.5-VL, Qwen3-VL
     ForConditionalGeneration) + tokenizer + processor.
 
     The image processor is set for small images (28x28 to 56x56 pixels, i.e. 1 to 4
     merged visual tokens at 14-pixel patches; 32x32 to 64x64 at Qwen3-VL's 16) so the
-    vision tower stays cheap on a CPU (``save_vl_processor``).
+    vision tower stays cheap on a CPU (``save_vl_processor``), or up to ``max_pixels``.
     """
     import torch
     import transformers
@@ -269,7 +269,7 @@ def build_tiny_vl(
     )
     model.save_pretrained(path, safe_serialization=True)
     patch = _VL_PATCH[family]
-    save_vl_processor(path, tok, (2 * patch) ** 2, (4 * patch) ** 2, family)
+    save_vl_processor(path, tok, (2 * patch) ** 2, max_pixels or (4 * patch) ** 2, family)
     return path
 
 
