@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from math import nan
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +202,10 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace,
         "completion_len": statistics.fmean(m["response/length_mean"] for m in timed),
         "rollout_s": statistics.fmean(m["time/rollout_s"] for m in timed),
         "update_s": statistics.fmean(m["time/update_s"] for m in timed),
-        "update_tokens": statistics.fmean(m["update/forward_tokens"] for m in timed),
-        "rank_tokens_spread": statistics.fmean(m["update/rank_tokens_spread"] for m in timed),
+        # (A trainer without these metrics, e.g. an older branch's: nan.)
+        "update_tokens": statistics.fmean(m.get("update/forward_tokens", nan) for m in timed),
+        "rank_tokens_spread": statistics.fmean(m.get("update/rank_tokens_spread", nan)
+                                               for m in timed),
     }
 
 

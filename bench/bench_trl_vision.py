@@ -38,12 +38,14 @@ def build_workload(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, lis
     """The model, our parquet split, and TRL's rows (problem text, PNG bytes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
 
-    from grpo_trainer.testing.tiny_models import build_tiny_vl
+    from grpo_trainer.testing.tiny_models import build_tiny_qwen2_5_vl, save_vl_processor
 
-    # The processor keeps images up to image_size^2 pixels: (image_size / 28)^2 tokens each.
-    model = build_tiny_vl(tmp / "model", "qwen2_5_vl", hidden=args.hidden, layers=args.layers,
-                          max_pixels=args.image_size**2)
+    # The processor keeps images up to image_size^2 pixels: (image_size / 28)^2 tokens
+    # each. (These two builders are also the main branch's: the bench runs its trainer.)
+    model = build_tiny_qwen2_5_vl(tmp / "model", hidden=args.hidden, layers=args.layers)
+    save_vl_processor(model, AutoTokenizer.from_pretrained(model), 28 * 28, args.image_size**2)
     rows = [{"problem": PROBLEM.format(i=i), "answer": "7",
              "png": _png(COLORS[i % len(COLORS)], args.image_size, i)}
             for i in range(max(64, args.prompts * 4))]
