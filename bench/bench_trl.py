@@ -23,6 +23,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -88,6 +89,8 @@ def parse_args() -> argparse.Namespace:
                    help="the tiny Qwen2.5-VL and one image per prompt on both sides")
     p.add_argument("--image-size", type=int, default=336,
                    help="--vision: the images' side in pixels (336: 144 image tokens)")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="py-spy our ranks into DIR (collapsed stacks, one file per rank)")
     p.add_argument("--compare-padded", action="store_true",
                    help="also run ours with actor.shared_prefix=false (the padded layout: "
                    "each group's prompt and image once per response), as side ours-padded")
@@ -175,6 +178,7 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace,
 
     init_ray(cfg)
     trainer = GRPOTrainer(cfg, metrics=Stamped(cfg.metrics, cfg.trainer.total_steps))
+    spies: list[Any] = []
     try:
         trainer.start()
         import ray
@@ -183,9 +187,14 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace,
         pids += ray.get(
             [w.__ray_call__.remote(lambda _: os.getpid()) for w in trainer.group.workers]
         )
+        if args.profile:
+            spies = profile_ranks(pids[1:], args.profile, overrides)
         start = (time.perf_counter(), cpu_seconds(pids))
         history = trainer.run()
     finally:
+        for spy in spies:  # py-spy writes its file when interrupted
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
         trainer.close()
         import ray
 
@@ -207,6 +216,19 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace,
         "rank_tokens_spread": statistics.fmean(m.get("update/rank_tokens_spread", nan)
                                                for m in timed),
     }
+
+
+def profile_ranks(pids: list[int], out: str, overrides: tuple[str, ...]) -> list[Any]:
+    """py-spy sampling each rank (every step, warm-up included) into ``out``: collapsed
+    stacks, one file per rank and side (``--format raw``: ``frame;frame;... count``)."""
+    import subprocess
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    side = "padded" if overrides else "ours"
+    return [subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "50",
+                              "--format", "raw", "-o", f"{out}/{side}-rank{r}.txt"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for r, pid in enumerate(pids)]
 
 
 def bench_trl(
