@@ -164,3 +164,12 @@ class MemorySpec(ApiModel):
         pattern=QUANTITY_PATTERN,
         description="Auto when unset. Ray object store per node (Ray's own default: 30% of RAM).",
     )
+
+    @model_validator(mode="after")
+    def _one_micro_batch_unit(self) -> Self:
+        if self.micro_batch_tokens is not None and self.micro_batch_size is not None:
+            raise ValueError(
+                "microBatchTokens and microBatchSize: set one (tokens, or samples per "
+                "micro-batch) or neither (the planner chooses tokens)"
+            )
+        return self
