@@ -1,13 +1,17 @@
 """GRPO step throughput: this trainer vs TRL's GRPOTrainer, same model and workload, one run.
 
-Both sides get the same tiny Qwen2 (random weights, built here), the same prompts,
+Both sides get the same tiny Qwen2 (random weights, built here), or with ``--vision`` the
+same tiny Qwen2.5-VL and one image per prompt (bench_trl_vision.py), the same prompts,
 group size, response length, optimizer (AdamW, one step per prompts x n samples)
 and fp32 on the CPU; neither uses a reference model. Each side's step time is the
 wall clock between the ends of consecutive steps, after warm-up steps, and tokens
-are each sample's prompt + completion tokens. TRL runs at every combination of
-``--trl-threads`` and ``--trl-micro-batch``; the fastest is the baseline. Usage:
+are each sample's prompt + completion tokens; ``update_tokens`` are what each side's
+update forwards processed per step (padding included: ours the metric
+``update/forward_tokens``, TRL's the input ids of its model's log-prob forwards). TRL
+runs at every combination of ``--trl-threads`` and ``--trl-micro-batch``; the fastest is
+the baseline. Usage:
 
-    .venv/bin/python bench/bench_trl.py [--steps 6 --warmup 2 --rounds 3 ...]
+    .venv/bin/python bench/bench_trl.py [--vision] [--steps 6 --warmup 2 --rounds 3 ...]
 
 Prints one JSON line per side and round, then medians and the ratio (ours / TRL);
 exits 1 if TRL is missing (install the ``bench`` extra).
@@ -19,10 +23,12 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
 import time
+from math import nan
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +85,15 @@ def parse_args() -> argparse.Namespace:
         "printed and recorded and the other TRL settings stay the baseline",
     )
     p.add_argument("--only", choices=["ours", "trl"], default=None)
+    p.add_argument("--vision", action="store_true",
+                   help="the tiny Qwen2.5-VL and one image per prompt on both sides")
+    p.add_argument("--image-size", type=int, default=336,
+                   help="--vision: the images' side in pixels (336: 144 image tokens)")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="py-spy our ranks into DIR (collapsed stacks, one file per rank)")
+    p.add_argument("--compare-padded", action="store_true",
+                   help="also run ours with actor.shared_prefix=false (the padded layout: "
+                   "each group's prompt and image once per response), as side ours-padded")
     return p.parse_args()
 
 
@@ -99,7 +114,12 @@ def per_step(start: Stamp, stamps: list[Stamp], warmup: int) -> tuple[float, flo
     return wall, statistics.fmean(b[1] - a[1] for a, b in pairs)
 
 
-def build_workload(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, list[str]]:
+def build_workload(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, list[Any]]:
+    """The model, our data file, and TRL's rows (problems; with --vision, with images)."""
+    if args.vision:
+        import bench_trl_vision
+
+        return bench_trl_vision.build_workload(tmp, args)
     from grpo_trainer.testing.datasets import write_text_task
     from grpo_trainer.testing.tiny_models import build_tiny_qwen2
 
@@ -109,7 +129,8 @@ def build_workload(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, lis
     return model, data, problems
 
 
-def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+def bench_ours(model: Path, data: Path, args: argparse.Namespace,
+               overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     from grpo_trainer.config import build_config
     from grpo_trainer.driver import GRPOTrainer
     from grpo_trainer.metrics import MetricsLogger
@@ -142,7 +163,7 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
             },
             "metrics": {"jsonl": False, "progress_bar": "off"},
         },
-        args.overrides,
+        [*args.overrides, *overrides],
         environ={},
     )
     stamps: list[Stamp] = []
@@ -157,6 +178,7 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
 
     init_ray(cfg)
     trainer = GRPOTrainer(cfg, metrics=Stamped(cfg.metrics, cfg.trainer.total_steps))
+    spies: list[Any] = []
     try:
         trainer.start()
         import ray
@@ -165,9 +187,14 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
         pids += ray.get(
             [w.__ray_call__.remote(lambda _: os.getpid()) for w in trainer.group.workers]
         )
+        if args.profile:
+            spies = profile_ranks(pids[1:], args.profile, overrides)
         start = (time.perf_counter(), cpu_seconds(pids))
         history = trainer.run()
     finally:
+        for spy in spies:  # py-spy writes its file when interrupted
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
         trainer.close()
         import ray
 
@@ -184,12 +211,29 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace) -> dict[str, A
         "completion_len": statistics.fmean(m["response/length_mean"] for m in timed),
         "rollout_s": statistics.fmean(m["time/rollout_s"] for m in timed),
         "update_s": statistics.fmean(m["time/update_s"] for m in timed),
+        # (A trainer without these metrics, e.g. an older branch's: nan.)
+        "update_tokens": statistics.fmean(m.get("update/forward_tokens", nan) for m in timed),
+        "rank_tokens_spread": statistics.fmean(m.get("update/rank_tokens_spread", nan)
+                                               for m in timed),
     }
+
+
+def profile_ranks(pids: list[int], out: str, overrides: tuple[str, ...]) -> list[Any]:
+    """py-spy sampling each rank (every step, warm-up included) into ``out``: collapsed
+    stacks, one file per rank and side (``--format raw``: ``frame;frame;... count``)."""
+    import subprocess
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    side = "padded" if overrides else "ours"
+    return [subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "50",
+                              "--format", "raw", "-o", f"{out}/{side}-rank{r}.txt"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for r, pid in enumerate(pids)]
 
 
 def bench_trl(
     model: Path,
-    problems: list[str],
+    problems: list[Any],
     args: argparse.Namespace,
     threads: int,
     micro: int,
@@ -205,16 +249,29 @@ def bench_trl(
     torch.set_num_threads(threads)
     stamps: list[Stamp] = []
     me = [os.getpid()]
+    update_tokens = [0]  # input ids of the log-prob forwards (TRL passes them labels)
+    per_step_update: list[int] = []
 
     class Stamper(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, *a: Any, **k: Any) -> None:
             stamps.append((time.perf_counter(), cpu_seconds(me)))
+            per_step_update.append(update_tokens[0])
+            update_tokens[0] = 0
+
+    def count(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+        if "labels" in kwargs and "input_ids" in kwargs:
+            update_tokens[0] += int(kwargs["input_ids"].numel())
 
     def reward(completions: list[Any], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [mentions_answer(t, "7")["overall"] for t in texts]
 
-    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in problems])
+    if args.vision:
+        import bench_trl_vision
+
+        ds = bench_trl_vision.trl_dataset(problems)
+    else:
+        ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in problems])
     with tempfile.TemporaryDirectory() as out:
         cfg = GRPOConfig(
             output_dir=out,
@@ -240,7 +297,8 @@ def bench_trl(
                 else {}
             ),
         )
-        tok = AutoTokenizer.from_pretrained(model)
+        # A VLM takes the processor, which TRL loads itself (left padding).
+        tok = None if args.vision else AutoTokenizer.from_pretrained(model)
         trainer = GRPOTrainer(
             model=str(model),
             reward_funcs=reward,
@@ -249,6 +307,7 @@ def bench_trl(
             processing_class=tok,
             callbacks=[Stamper()],
         )
+        trainer.model.register_forward_pre_hook(count, with_kwargs=True)
         start = (time.perf_counter(), cpu_seconds(me))
         trainer.train()
         logs = [h for h in trainer.state.log_history if "num_tokens" in h]
@@ -265,6 +324,7 @@ def bench_trl(
         "completion_len": statistics.fmean(
             h["completions/mean_length"] for h in logs[args.warmup :]
         ),
+        "update_tokens": statistics.fmean(per_step_update[args.warmup :]),
     }
 
 
@@ -277,6 +337,8 @@ def main() -> int:
         return 1
     trl_threads = [int(t) for t in args.trl_threads.split(",") if t]
     sides = ["ours"] if args.only != "trl" else []
+    if args.compare_padded and args.only != "trl":
+        sides.append("ours-padded")
     if args.only != "ours":
         micros = [int(m) for m in args.trl_micro_batch.split(",") if m]
         sides += [f"trl@{t}t/mb{m}" for t in trl_threads for m in micros]
@@ -292,6 +354,9 @@ def main() -> int:
                     continue
                 if side == "ours":
                     res = bench_ours(model, data, args)
+                elif side == "ours-padded":
+                    res = bench_ours(model, data, args, ("actor.shared_prefix=false",))
+                    res["side"] = side
                 else:
                     kind, setting = side.split("@")
                     threads, micro = setting.split("t/mb")
@@ -318,6 +383,7 @@ def main() -> int:
             "samples_per_s": args.prompts * args.n / step_s,
             "tokens_per_s": tokens / step_s,
             "cpu_s_per_step": statistics.median(r["cpu_s_per_step"] for r in results),
+            "update_tokens": statistics.median(r["update_tokens"] for r in results),
             "load_avg_1m": [round(r["load_avg_1m"], 2) for r in results],
         }
     trl_sides = [s for s in runs if s.startswith("trl")]

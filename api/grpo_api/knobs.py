@@ -40,6 +40,8 @@ class Knob:
         """The planned value as the trainer config spells it."""
         if self == RANK0_INIT:  # a strategy name in the trainer (InitStrategy)
             return "rank0" if value else "sharded"
+        if self == MICRO_BATCH_TOKENS:  # 0: by samples, the trainer's None
+            return value or None
         return value
 
 
@@ -48,6 +50,9 @@ OFFLOAD_PARAMS = Knob("offload_params", "offloadParams")
 OFFLOAD_OPTIMIZER = Knob("offload_optimizer", "offloadOptimizer")
 GRADIENT_CHECKPOINTING = Knob("gradient_checkpointing", "gradientCheckpointing")
 MICRO_BATCH_SIZE = Knob("micro_batch_size", "microBatchSize")
+# The update's micro-batches by tokens (0: by microBatchSize samples, when the spec pins
+# that): what the planner chooses and the CudaOOM ladder halves.
+MICRO_BATCH_TOKENS = Knob("micro_batch_tokens", "microBatchTokens")
 ROLLOUT_GPU_MEMORY_UTILIZATION = Knob("rollout_gpu_memory_utilization",
                                       "rolloutGpuMemoryUtilization")
 # The algorithm's, not a memory knob: the planner passes it through and no rung of the
@@ -65,7 +70,7 @@ ROLLOUT_TENSOR_PARALLEL = Knob("rollout_tensor_parallel", "rolloutTensorParallel
 
 KNOBS: tuple[Knob, ...] = (
     RANK0_INIT, OFFLOAD_PARAMS, OFFLOAD_OPTIMIZER, GRADIENT_CHECKPOINTING, MICRO_BATCH_SIZE,
-    ROLLOUT_GPU_MEMORY_UTILIZATION, ROLLOUT_N, PRECISION, RAY_OBJECT_STORE,
+    MICRO_BATCH_TOKENS, ROLLOUT_GPU_MEMORY_UTILIZATION, ROLLOUT_N, PRECISION, RAY_OBJECT_STORE,
     ROLLOUT_TENSOR_PARALLEL,
 )
 

@@ -144,8 +144,15 @@ class ActorConfig(_Strict):
     ppo_epochs: int = Field(default=1, ge=1)
     # Samples (not prompts) per optimizer step, over all ranks.
     mini_batch_size: int | None = Field(default=None, gt=0)
-    # Samples per forward/backward on one rank.
+    # Samples per forward/backward on one rank (without micro_batch_tokens).
     micro_batch_size: int = Field(default=2, gt=0)
+    # Tokens per forward/backward on one rank, padding included, in the update's layout
+    # (shared-prefix rows x the widest): samples in order fill micro-batches up to it,
+    # every rank running as many as the rank that needs the most. None: micro_batch_size.
+    micro_batch_tokens: int | None = Field(default=None, gt=0)
+    # Before the update, whole groups move between ranks (each keeps its count) so that
+    # every rank's shared-prefix tokens are about equal: the step waits for the slowest.
+    balance_ranks: bool = True
     dtype: Literal["bfloat16", "float32"] = Field(
         default="bfloat16", description="compute dtype; master weights stay float32"
     )
@@ -412,7 +419,14 @@ class Config(_Strict):
                 f"rollout.tensor_parallel_size ({tp}) must divide resources.num_workers "
                 f"({world}): each engine spans whole groups of ranks"
             )
-        if (mini // world) % self.actor.micro_batch_size:
+        tokens = self.actor.micro_batch_tokens
+        longest = self.data.max_prompt_length + self.rollout.max_new_tokens
+        if tokens is not None and tokens < longest:
+            raise ValueError(
+                f"actor.micro_batch_tokens ({tokens}) must hold one whole sample: "
+                f"data.max_prompt_length + rollout.max_new_tokens ({longest})"
+            )
+        if tokens is None and (mini // world) % self.actor.micro_batch_size:
             raise ValueError(
                 f"actor.micro_batch_size ({self.actor.micro_batch_size}) must divide the per-rank "
                 f"mini-batch ({mini // world})"

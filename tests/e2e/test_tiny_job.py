@@ -111,6 +111,7 @@ def test_head_and_worker_ran_as_pods_with_their_own_addresses(tiny: TinyJob) -> 
 # drops or renames fails the test). The config is its one channel: no env var carries it.
 PLANNED = {
     "microBatchSize": ("actor", "micro_batch_size"),
+    "microBatchTokens": ("actor", "micro_batch_tokens"),
     "gradientCheckpointing": ("actor", "gradient_checkpointing"),
     "offloadParams": ("actor", "offload_params"),
     "offloadOptimizer": ("actor", "offload_optimizer"),
@@ -125,6 +126,8 @@ PER_PROCESS = {"GRPO_JOB_NAME", "GRPO_JOB_NAMESPACE", "GRPO_JOB_UID", "GRPO_ATTE
 
 
 def _as_config(key: str, value: Any) -> Any:
+    if key == "microBatchTokens":  # 0: micro-batches by samples, the trainer's None
+        return value or None
     return ("rank0" if value else "sharded") if key == "rank0Init" else value
 
 

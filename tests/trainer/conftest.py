@@ -24,6 +24,16 @@ def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vl_families(tiny_vlm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny model of every VLM family the trainer trains (Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL), by model_type; Qwen2.5-VL is ``tiny_vlm``."""
+    from grpo_trainer.testing.tiny_models import VL_FAMILIES, build_tiny_vl
+
+    return {f: tiny_vlm if f == "qwen2_5_vl" else build_tiny_vl(tmp_path_factory.mktemp(f), f)
+            for f in VL_FAMILIES}
+
+
+@pytest.fixture(scope="session")
 def local_ray_args() -> dict[str, Any]:
     """How the tier's local Ray is started (again, after a test that used another).
     "local": a cluster of our own even when another runs on the machine (without an

@@ -82,3 +82,38 @@ def test_engine_keeps_the_lean_step_after_its_check() -> None:
     spec = SamplingSpec(n=2, temperature=1.0, top_p=1.0, max_new_tokens=6, seed=3)
     engine.generate(prompts, spec)
     assert engine._lean_checked and engine.lean is not None
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_vlm_rollouts_decode_the_same_with_the_lean_step(
+    tiny_vl_families: dict[str, Any], family: str
+) -> None:
+    """A VLM's decode steps are text: the lean step (its language model's layers, the
+    rotary table at the text position plus the prompt's M-RoPE offset) samples the same
+    tokens with the same log-probs as the model's own forward, after image prompts of
+    two sizes left-padded together; the engine keeps it after its first-step check."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    from grpo_trainer.data import Record, load_template
+    from grpo_trainer.samples import PromptEncoder
+    from grpo_trainer.testing.datasets import png
+
+    path = tiny_vl_families[family]
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
+                                                        attn_implementation="sdpa")
+    assert supports(model)
+    tok = AutoTokenizer.from_pretrained(path)
+    enc = PromptEncoder(AutoProcessor.from_pretrained(path), tok, load_template("r1v"), None)
+    prompts = [enc.encode(Record(0, "<image>How many?", "3", [png((200, 30, 30), (44, 36))])),
+               enc.encode(Record(1, "<image>Count the shapes, slowly and carefully.", "2",
+                                 [png((0, 90, 30), (64, 60))]))]
+    spec = SamplingSpec(n=3, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=5)
+    engine = HFGenerateEngine(model, pad_id=int(tok.pad_token_id), eos_ids=[-1])
+    assert engine.lean is not None
+    lean = engine.generate(prompts, spec)
+    assert engine._lean_checked and engine.lean is not None  # kept after its check
+    engine.lean = None  # the model's own forward for every step
+    plain = engine.generate(prompts, spec)
+    for a, b in zip((g for gs in lean for g in gs), (g for gs in plain for g in gs), strict=True):
+        assert torch.equal(a.token_ids, b.token_ids)
+        torch.testing.assert_close(a.log_probs, b.log_probs, atol=1e-5, rtol=1e-5)

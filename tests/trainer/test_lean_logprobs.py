@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_trainer.samples import TrainBatch, collate_packed, collate_train
+from grpo_trainer.packing import collate_packed
+from grpo_trainer.samples import TrainBatch, collate_train
 from grpo_trainer.testing.dist import run_ranks
 from grpo_trainer.testing.lean_check import fsdp_rank, run, samples
 

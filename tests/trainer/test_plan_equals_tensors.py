@@ -3,8 +3,9 @@ component, the planner's term for the same model shape and settings (within 2%).
 
 2 spawned gloo ranks run real ``Worker`` updates on the tiny Qwen2.5-VL (images in every
 prompt, so the vision tower trains) and the tiny Qwen2, in bfloat16 compute as on GPUs,
-one update of 3 micro-batches per rank (gradient accumulation) in each mode: mixed
-(with and without the KL reference), bf16, LoRA, parameter offload, optimizer offload.
+one update of 3 micro-batches per rank (gradient accumulation), cut by a token budget
+in the shared-prefix layout as the planner plans them, in each mode: mixed (with and
+without the KL reference), bf16, LoRA, parameter offload, optimizer offload.
 ``grpo_trainer.testing.memory_census`` counts the storages of every tensor the update
 keeps (FSDP2 parameter shards and gathered copies, sharded and unsharded gradients,
 reduce-scatter inputs, optimizer state, the reference model) after each micro-batch's
@@ -12,7 +13,8 @@ backward and right after the optimizer step, the planner's peak points, and the 
 sum of FSDP2's transient buffers during the micro-batches. It also measures the live
 bytes of the chunked log-prob head in every forward and backward (the planner's
 ``logits``, chunked here at ``CHUNK`` tokens so that every micro-batch takes several
-chunks), and of one weight sync after the update (``weight_sync_buffers``). The
+chunks), every forward's attention mask (``attention_mask``) and one weight sync
+after the update (``weight_sync_buffers``). The
 planner's side is ``compute_budget`` on a 2-GPU geometry whose shape is read from the
 tiny model's config.json, as ``grpo plan`` reads a real model's.
 
@@ -32,6 +34,7 @@ tests/unit/test_params_home.py pins where a CUDA rank puts them.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,11 +60,14 @@ pytestmark = pytest.mark.trainer
 WORLD = 2
 TOLERANCE = 0.02
 LORA_RANK = 4
-# One prompt per rank, 6 responses each, micro-batches of 2: 3 backward passes per
-# optimizer step. Token ids from 10 up: the special tokens (the image pad) are below.
+# One prompt per rank, 6 responses each, micro-batches by tokens (the planner's way),
+# the budget one whole sample (the prompt and RESPONSE_LENGTH tokens): 3 backward passes
+# per optimizer step, cut evenly into shared-prefix rows of [4, 1], [6], [2, 3, 2]
+# responses (5, 6 and 7 response tokens; greedy alone would cut [4, 1], [6, 2], [3, 2]).
+# Token ids from 10 up: the special tokens (the image pad) are below.
 RESPONSES = [[15, 19, 13, 2], [17], [11, 12, 13, 14, 15, 2], [30, 31], [40, 41, 42], [50, 2]]
-MICRO = 2
-CHUNK = 4  # actor.logprob_chunk_tokens: micro-batches of 5 and 8 response tokens
+MICRO_BATCHES = 3
+CHUNK = 4  # actor.logprob_chunk_tokens: every micro-batch takes 2 chunks
 RESPONSE_LENGTH = 8
 
 
@@ -97,34 +103,63 @@ def _samples(vision: bool) -> list[list[tuple[dict[str, Any], list[int]]]]:
     ]
 
 
-def _config(model: Path, data: Path, mode: Mode) -> dict[str, Any]:
-    return text_config(
+def _config(model: Path, data: Path, mode: Mode, prompt: int) -> dict[str, Any]:
+    """The mode's trainer config; micro-batches of one whole sample's tokens (``prompt``
+    + RESPONSE_LENGTH), the least the trainer takes."""
+    raw = text_config(
         model,
         data,
-        actor={"dtype": "bfloat16", "micro_batch_size": MICRO, "logprob_chunk_tokens": CHUNK,
-               **mode.actor},
-        rollout={"n": len(RESPONSES)},
+        actor={"dtype": "bfloat16", "logprob_chunk_tokens": CHUNK,
+               "micro_batch_tokens": prompt + RESPONSE_LENGTH, **mode.actor},
+        rollout={"n": len(RESPONSES), "max_new_tokens": RESPONSE_LENGTH},
         trainer={"rollout_batch_size": WORLD},
         algorithm={"kl_coef": mode.kl},
     )
+    raw["data"]["max_prompt_length"] = prompt
+    return raw
+
+
+@functools.cache
+def _prompt_tokens(model: Path, data: Path, vision: bool) -> int:
+    """The test's prompt as the ranks encode it."""
+    from transformers import AutoConfig
+
+    from grpo_trainer.config import build_config
+    from grpo_trainer.data import Record
+    from grpo_trainer.samples import load_rollout_tokens
+
+    cfg = build_config(_config(model, data, MODES["mixed"], 512), environ={})
+    tokens = load_rollout_tokens(cfg, AutoConfig.from_pretrained(model))
+    return int(tokens.encoder.encode(Record(**_samples(vision)[0][0][0])).input_ids.numel())
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_text_task(tmp_path_factory.mktemp("plan-tensors") / "t.jsonl")
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_vlm: Path, tiny_lm: Path, data: Path) -> dict[str, int]:
+    """The prompt's tokens as the ranks encode it, per model."""
+    return {"vlm": _prompt_tokens(tiny_vlm, data, True), "lm": _prompt_tokens(tiny_lm, data, False)}
 
 
 @pytest.fixture(scope="module")
 def measured(
-    tiny_vlm: Path, tiny_lm: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_vlm: Path, tiny_lm: Path, data: Path, prompts: dict[str, int]
 ) -> dict[str, list[dict[str, Any]]]:
     """Every mode's census on both ranks, from one pair of spawned ranks."""
-    data = write_text_task(tmp_path_factory.mktemp("plan-tensors") / "t.jsonl")
     models = {"vlm": tiny_vlm, "lm": tiny_lm}
     arg = {
-        name: {"config": _config(models[m.model], data, m), "samples": _samples(m.model == "vlm")}
+        name: {"config": _config(models[m.model], data, m, prompts[m.model]),
+               "samples": _samples(m.model == "vlm")}
         for name, m in MODES.items()
     }
     per_rank = run_ranks(mc.rank_census, WORLD, arg, timeout_s=900)
     return {name: [r[name] for r in per_rank] for name in MODES}
 
 
-def _budget(model: Path, mode: Mode) -> tuple[Budget, Geometry, Settings]:
+def _budget(model: Path, mode: Mode, prompt: int) -> tuple[Budget, Geometry, Settings]:
     """The planner's budget for the tiny model on 2 GPUs with the mode's settings."""
     shape = shape_from_config(json.loads((model / "config.json").read_text()))
     gpu = GPU_CATALOG["H100-80GB"]
@@ -134,7 +169,8 @@ def _budget(model: Path, mode: Mode) -> tuple[Budget, Geometry, Settings]:
         gpu_memory_gib=gpu.memory_gib, nodes=1, gpus_per_node=WORLD,
         node_gpus=gpu.gpus_per_node,
         host_memory_gib=gpu.host_memory_gib, cpus_per_node=gpu.cpus,
-        product_label=gpu.product_label, sequence_length=64, response_length=RESPONSE_LENGTH,
+        product_label=gpu.product_label, sequence_length=prompt + RESPONSE_LENGTH,
+        response_length=RESPONSE_LENGTH,
         max_pixels=56 * 56, rollout_batch_size=WORLD, global_batch_size=WORLD * len(RESPONSES),
         kl_coef=mode.kl,
         lora=lora_plan(shape, LoraSpec(rank=lora["rank"])) if lora else None,
@@ -143,9 +179,9 @@ def _budget(model: Path, mode: Mode) -> tuple[Budget, Geometry, Settings]:
     st = Settings(
         rank0_init=True, offload_params=bool(mode.actor.get("offload_params")),
         offload_optimizer=bool(mode.actor.get("offload_optimizer")),
-        gradient_checkpointing=False, micro_batch_size=MICRO,
+        gradient_checkpointing=False, micro_batch_size=1,
         rollout_gpu_memory_utilization=0.5, rollout_n=len(RESPONSES), ray_object_store_gib=2.0,
-        precision=mode.precision,
+        precision=mode.precision, micro_batch_tokens=prompt + RESPONSE_LENGTH,
     )
     return compute_budget(geo, st), geo, st
 
@@ -195,18 +231,19 @@ def _held(c: dict[str, Any]) -> dict[str, int]:
 
 @pytest.mark.parametrize("name", list(MODES))
 def test_each_component_the_trainer_holds_is_the_planners_term(
-    measured: dict[str, list[dict[str, Any]]], tiny_vlm: Path, tiny_lm: Path, name: str
+    measured: dict[str, list[dict[str, Any]]], tiny_vlm: Path, tiny_lm: Path, name: str,
+    prompts: dict[str, int],
 ) -> None:
     mode = MODES[name]
     model = tiny_vlm if mode.model == "vlm" else tiny_lm
-    budget, geo, st = _budget(model, mode)
+    budget, geo, st = _budget(model, mode, prompts[mode.model])
     plan = _planned(budget, geo, st)
     offload_params, offload_opt = st.offload_params, st.offload_optimizer or st.offload_params
     bad: list[str] = []
     for rank, r in enumerate(measured[name]):
         points = [(f"micro-batch {i} backward", c) for i, c in enumerate(r["micro"])]
         points += [("optimizer step", c) for c in r["step"]]
-        assert len(r["micro"]) == len(RESPONSES) // MICRO and len(r["step"]) == 1
+        assert len(r["micro"]) == MICRO_BATCHES and len(r["step"]) == 1
         for where, census in points:
             held = _held(census)
             want = {
@@ -275,18 +312,22 @@ def test_the_reference_in_the_compute_dtype_gives_the_policys_log_probs_exactly(
 
 @pytest.mark.parametrize("name", list(MODES))
 def test_the_log_prob_head_and_the_weight_sync_hold_the_planners_terms(
-    measured: dict[str, list[dict[str, Any]]], tiny_vlm: Path, tiny_lm: Path, name: str
+    measured: dict[str, list[dict[str, Any]]], tiny_vlm: Path, tiny_lm: Path, name: str,
+    prompts: dict[str, int],
 ) -> None:
     """The chunked head's bytes, at every call, are ``logprob_bytes`` for its response
     tokens and chunk (its backward, the peak, within the tolerance; its forward below),
-    and the plan's ``logits`` term is that formula at the worst micro-batch (MICRO x
-    the longest response). One weight sync holds ``weight_sync_bytes`` beside the state,
+    and the plan's ``logits`` term is that formula at the most response tokens the token
+    budget admits (the budget, or the rank's responses at their longest, the fewer) and
+    holds every call. One weight sync holds ``weight_sync_bytes`` beside the state,
     on the GPU or, with offloaded parameters, in host RAM (the plan counts it there
     beyond the gradients the update freed)."""
     mode = MODES[name]
-    budget, geo, st = _budget(tiny_vlm if mode.model == "vlm" else tiny_lm, mode)
+    budget, geo, st = _budget(tiny_vlm if mode.model == "vlm" else tiny_lm, mode,
+                              prompts[mode.model])
     compute_b = 2  # actor.dtype bfloat16, as on GPUs
-    worst = logprob_bytes(geo.shape, compute_b, CHUNK, MICRO * RESPONSE_LENGTH)
+    most = min(st.micro_batch_tokens, len(RESPONSES) * RESPONSE_LENGTH)
+    worst = logprob_bytes(geo.shape, compute_b, CHUNK, most)
     assert budget.gpu_phases["training"]["logits"] * GIB == pytest.approx(worst)
     sync = weight_sync_bytes(geo)
     on_gpu = budget.gpu_phases["weight_sync"]["weight_sync_buffers"] * GIB
@@ -302,14 +343,36 @@ def test_the_log_prob_head_and_the_weight_sync_hold_the_planners_terms(
         calls = r["head"]
         # Every micro-batch's forward and backward (and the reference's forwards) went
         # through the head, in several chunks each.
-        assert sum(c["pass"] == "backward" for c in calls) == len(RESPONSES) // MICRO
+        assert sum(c["pass"] == "backward" for c in calls) == MICRO_BATCHES
         assert all(c["chunk"] == CHUNK < c["tokens"] for c in calls)
         for c in calls:
             planned = logprob_bytes(geo.shape, compute_b, c["chunk"], c["tokens"])
             peak = c["pass"] == "backward"
-            if c["bytes"] > planned or (peak and not _close(c["bytes"], planned)):
+            if c["bytes"] > min(planned, worst) or (peak and not _close(c["bytes"], planned)):
                 bad.append(f"rank {rank}: head {c['pass']} of {c['tokens']} tokens held "
                            f"{c['bytes']} B, planned {planned:.0f} B")
         if not (r["sync"] <= sync and _close(r["sync"], sync)):
             bad.append(f"rank {rank}: weight sync held {r['sync']} B, planned {sync:.0f} B")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", list(MODES))
+def test_the_attention_mask_is_the_planners_term(
+    measured: dict[str, list[dict[str, Any]]], tiny_vlm: Path, tiny_lm: Path, name: str,
+    prompts: dict[str, int],
+) -> None:
+    """Every forward's 4-D attention mask (the shared-prefix layout's, in the compute
+    dtype) is within the plan's ``attention_mask`` term, budget^2 for one row as wide as
+    the budget. The even cut of the 6 responses into 3 micro-batches makes the widest row
+    one token short of the budget (the prompt and [2, 3, 2] responses, against greedy's
+    [6, 2]), which holds (budget - 1)^2 of it."""
+    mode = MODES[name]
+    budget, _, st = _budget(tiny_vlm if mode.model == "vlm" else tiny_lm, mode,
+                            prompts[mode.model])
+    planned = budget.gpu_phases["training"]["attention_mask"] * GIB
+    assert planned == 2 * st.micro_batch_tokens**2
+    for r in measured[name]:
+        # The update's 3 micro-batches, with the old log-probs on-policy; the reference's
+        # pass over the same cut with KL.
+        assert len(r["masks"]) == MICRO_BATCHES * (2 if mode.kl else 1)
+        assert max(r["masks"]) == 2 * (st.micro_batch_tokens - 1) ** 2 < planned

@@ -217,13 +217,18 @@ def test_gradient_checkpointing_on_resumes_exactly(
     _assert_step_as_uninterrupted(r, base)
 
 
+# CudaOOM rung 2: 8 -> 4 samples a micro-batch, or (micro-batches by tokens, the
+# planner's default) a token budget: the least the config takes, one whole sample of
+# data.max_prompt_length (512) + rollout.max_new_tokens (8), against the base's 8 samples.
+@pytest.mark.parametrize("actor", [{"micro_batch_size": 4}, {"micro_batch_tokens": 520}],
+                         ids=["samples", "tokens"])
 def test_halved_micro_batch_resumes_with_the_same_rollouts_and_carried_moments(
-    base: Base, tmp_path: Path
+    base: Base, tmp_path: Path, actor: dict[str, int]
 ) -> None:
-    # CudaOOM rung 2: 8 -> 4 samples a micro-batch. Gradients are summed in another
-    # order, so the update agrees to float rounding; the rollout, made with the loaded
-    # weights on the loaded data position, is the same to the bit.
-    r = _resume(base.ckpt / "step-2", tmp_path, base, 3, actor={"micro_batch_size": 4})
+    # Gradients are summed in another order, so the update agrees to float rounding; the
+    # rollout, made with the loaded weights on the loaded data position, is the same to
+    # the bit.
+    r = _resume(base.ckpt / "step-2", tmp_path, base, 3, actor=actor)
     _assert_continued(r)
     _assert_loaded_as_saved(r)
     got, want = r.run.metrics[3], base.metrics[3]

@@ -139,8 +139,9 @@ def test_4xh100_turns_gradient_checkpointing_on_and_keeps_8_generations() -> Non
 def test_4xh100_cuda_oom_ladder_never_cuts_generations() -> None:
     """The field note cut generations because that trainer generated with the policy
     model (KV cache per sequence). Here vLLM's KV cache is sized by its utilisation and
-    the update goes by micro-batch, so no modelled GPU term depends on rolloutN: cutting
-    it would change the algorithm for no headroom, and the ladder stops before it."""
+    the update's micro-batch by its budget (the micro-batch rung halves that): cutting
+    rolloutN would change the algorithm for what other rungs give, and the ladder stops
+    before it."""
     spec = four_h100_eight_generations()
     spec = spec.model_copy(
         update={"memory": spec.memory.model_copy(update={"gradient_checkpointing": None})}

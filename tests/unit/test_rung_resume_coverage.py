@@ -30,7 +30,9 @@ JOB = JobRef("j", "ns", "uid")
 COVERED: dict[str, tuple[set[str], str]] = {
     "gradient checkpointing on": ({"actor.gradient_checkpointing"},
                                   "test_gradient_checkpointing_on_resumes_exactly"),
-    "halve micro-batch": ({"actor.micro_batch_size"},
+    # Its token budget (by samples only when the spec pins microBatchSize, which keeps
+    # the rung from applying): either path, one resume test parametrized over both.
+    "halve micro-batch": ({"actor.micro_batch_size", "actor.micro_batch_tokens"},
                           "test_halved_micro_batch_resumes_with_the_same_rollouts_and_carried_"
                           "moments"),
     # The TP it may raise with it is the rollout engine's layout: no checkpoint holds it.

@@ -89,7 +89,7 @@ def test_every_module_of_the_trainer_package_is_ours_not_only_the_liveness_ones(
     import grpo_trainer
     from grpo_trainer import policy_update
 
-    assert PACKAGE_DIR == str(Path(grpo_trainer.__file__).resolve().parent)
+    assert str(Path(grpo_trainer.__file__).resolve().parent) == PACKAGE_DIR
     update = Frame(str(Path(policy_update.__file__).resolve()), 10, "update")
     stuck = ThreadStack("0x1", (Frame("/lib/torch/distributed/c10d.py", 3, "reduce_scatter"),
                                 update), current=True)

@@ -19,6 +19,7 @@ from typing import Any
 from grpo_api.contract import STALLS_DIR
 from grpo_api.trainer_config import Config
 
+from .balance import Plan, balance
 from .checkpointing.final_export import FinalExport, export_final
 from .checkpointing.seam import Checkpointer, NoCheckpointer
 from .data import PromptDataset, Record, StatefulLoader
@@ -127,7 +128,8 @@ class GRPOTrainer:
         if self.fault == ("host_oom", step):
             allocate_until_killed(step)
         self.heartbeat.mark("update")  # old and reference log-probs, then the update
-        per_rank = self.group.call("update", split(adv.tolist(), world), common=[step])
+        per_rank_adv, moved = self._balance(outs, adv.tolist())
+        per_rank = self.group.call("update", per_rank_adv, common=[step])
         upd = dict(per_rank[0])
         for key in upd:
             # The worst rank is the one that will OOM, the slowest sets the step's pace.
@@ -154,11 +156,35 @@ class GRPOTrainer:
             "time/reward_s": t_rew - t_gen,
             # time/old_logprob_s, ref_logprob_s and update_s come from the ranks (upd)
             "throughput/samples_per_s": len(flat) / elapsed,
+            "update/groups_moved": float(moved),
             "throughput/tokens_per_s": tokens / elapsed,
             **upd,
         }
         self.step = step
         return m
+
+    def _balance(self, outs: list[list[dict[str, Any]]], adv: list[float]
+                 ) -> tuple[list[list[float]], int]:
+        """Groups exchanged between ranks so that their update tokens are about equal
+        (balance.py, ``actor.balance_ranks``); each rank's advantages, in the order of
+        the samples it then holds, and how many groups moved."""
+        assert self.group is not None
+        n, world = self.cfg.rollout.n, self.group.world_size
+        groups = [[o[i : i + n] for i in range(0, len(o), n)] for o in outs]
+        costs = [[g[0]["prompt_tokens"] + sum(x["response_tokens"] for x in g) for g in mine]
+                 for mine in groups]
+        plan = (balance(costs) if self.cfg.actor.balance_ranks
+                else Plan([[(r, g) for g in range(len(c))] for r, c in enumerate(costs)]))
+        if plan.moved:
+            handed = self.group.call("hand_over", [plan.leaving(r) for r in range(world)])
+            sent = {(r, g): group for r in range(world)
+                    for g, group in zip(plan.leaving(r), handed[r], strict=True)}
+            self.group.call("take", [[sent[grp] for grp in plan.arriving(r)]
+                                     for r in range(world)])
+        start = [sum(len(o) for o in outs[:r]) for r in range(world)]
+        return [[a for src, g in plan.ranks[r]
+                 for a in adv[start[src] + g * n : start[src] + (g + 1) * n]]
+                for r in range(world)], plan.moved
 
     def run(self) -> list[dict[str, float]]:
         if self.group is None:

@@ -22,9 +22,11 @@ from torch import nn
 from .grpo_math import GRPOLossOut, grpo_loss
 from .lean_logprobs import lean_log_probs
 from .lora import adapters_disabled
+from .micro_batches import count_for_budget, split_evenly
 from .modeling import params_home
+from .packing import can_pack, collate_packed, rope_index_of
 from .rank_state import RankState
-from .samples import Sample, TrainBatch, can_pack, collate_packed, collate_train
+from .samples import Sample, TrainBatch, collate_train
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +43,12 @@ class UpdateStats:
     dual_clip_tokens: float = 0.0
     tokens: float = 0.0
     optimizer_steps: float = 0.0
+    micro_batches: float = 0.0
     grad_norms: list[float] = field(default_factory=list)  # per optimizer step, not summed
 
     _SUMMED = (
-        "pg_loss", "kl", "entropy", "clip_tokens", "dual_clip_tokens", "tokens", "optimizer_steps"
+        "pg_loss", "kl", "entropy", "clip_tokens", "dual_clip_tokens", "tokens", "optimizer_steps",
+        "micro_batches",
     )
 
     def add_loss(self, out: GRPOLossOut) -> None:
@@ -60,8 +64,10 @@ class UpdateStats:
 
     @classmethod
     def from_sums(cls, values: Sequence[float]) -> UpdateStats:
-        pg_loss, kl, entropy, clip_tokens, dual_clip_tokens, tokens, optimizer_steps = values
-        return cls(pg_loss, kl, entropy, clip_tokens, dual_clip_tokens, tokens, optimizer_steps)
+        stats = cls()
+        for name, value in zip(cls._SUMMED, values, strict=True):
+            setattr(stats, name, value)
+        return stats
 
 
 def _chunks(items: Sequence[Sample], size: int) -> Iterator[list[Sample]]:
@@ -82,6 +88,10 @@ class PolicyUpdate:
     def __init__(self, state: RankState, pad_id: int) -> None:
         self.state = state
         self.pad_id = pad_id
+        # The model's own M-RoPE positions (Qwen2/2.5/3-VL), without which an image
+        # batch cannot take the shared-prefix layout; the reference has the same.
+        self.rope = rope_index_of(state.actor)
+        self.forward_tokens = 0  # this step's, every pass: rows x width, padding included
 
     def run(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
         """Recompute old (and reference) log-probs of ``samples``, then the clipped GRPO
@@ -92,6 +102,7 @@ class PolicyUpdate:
         # log-probs are taken, so the update forward's detached log-probs are the
         # old ones and a separate recompute pass would be wasted work.
         on_policy = cfg.actor.ppo_epochs == 1 and cfg.mini_batch_samples == cfg.samples_per_step
+        self.forward_tokens = 0
         t0 = time.perf_counter()
         if not on_policy:
             self._fill(st.actor, samples, "old_log_probs")
@@ -119,6 +130,7 @@ class PolicyUpdate:
         an entropy bonus; as a metric it comes from the same chunks at no extra memory."""
         st = self.state
         batch = self._collate(micro)
+        self.forward_tokens += batch.model_inputs["input_ids"].numel()
         inputs = {k: v.to(st.device) for k, v in batch.model_inputs.items()}
         out = lean_log_probs(
             model, inputs, batch,
@@ -129,16 +141,30 @@ class PolicyUpdate:
         )
         return out.logp, out.entropy, batch
 
+    def _packs(self, samples: Sequence[Sample]) -> bool:
+        return self.state.cfg.actor.shared_prefix and can_pack(list(samples), self.rope)
+
     def _collate(self, micro: list[Sample]) -> TrainBatch:
         # Shared-prefix packing needs a 4-D attention mask: every attention the config
         # allows (sdpa, eager) takes one.
-        if self.state.cfg.actor.shared_prefix and can_pack(micro):
-            return collate_packed(micro, self.pad_id, self.state.compute_dtype)
+        if self._packs(micro):
+            return collate_packed(micro, self.pad_id, self.state.compute_dtype, self.rope)
         return collate_train(micro, self.pad_id)
+
+    def micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
+        """``samples`` cut into this pass's micro-batches: ``actor.micro_batch_size``
+        samples each, or filled up to ``actor.micro_batch_tokens`` (micro_batches.py),
+        as many on every rank as the rank that needs the most (a collective)."""
+        actor = self.state.cfg.actor
+        if actor.micro_batch_tokens is None:
+            return list(_chunks(samples, actor.micro_batch_size))
+        items, packed = list(samples), self._packs(samples)
+        need = count_for_budget(items, actor.micro_batch_tokens, packed)
+        return split_evenly(items, int(self._all_max([need])[0]), packed)
 
     @torch.no_grad()
     def _fill(self, model: nn.Module, samples: Sequence[Sample], attr: str) -> None:
-        for micro in _chunks(samples, self.state.cfg.actor.micro_batch_size):
+        for micro in self.micro_batches(samples):
             logp, _, batch = self.log_probs(model, micro, with_entropy=False)
             for s, lp in zip(micro, batch.gather(logp.cpu()), strict=True):
                 setattr(s, attr, lp.clone())
@@ -146,6 +172,11 @@ class PolicyUpdate:
     def _all_sum(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.state.device)
         dist.all_reduce(t, group=self.state.world.group)
+        return [float(v) for v in t.cpu()]
+
+    def _all_max(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.state.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.state.world.group)
         return [float(v) for v in t.cpu()]
 
     def _policy_update(self, samples: Sequence[Sample], step: int, on_policy: bool) -> UpdateStats:
@@ -164,8 +195,9 @@ class PolicyUpdate:
                 # each parameter's whole float32 gradient until the last micro-batch
                 # (4 bytes x every parameter on every rank), which no plan could afford
                 # (docs/memory-model.md, "Gradient accumulation").
-                for micro in _chunks(mini_batch, cfg.actor.micro_batch_size):
+                for micro in self.micro_batches(mini_batch):
                     stats.add_loss(self._micro_step(micro, global_tokens, on_policy))
+                    stats.micro_batches += 1
                 stats.tokens += local_tokens
                 self._optimizer_step(step, stats)
         return stats
@@ -240,10 +272,13 @@ class PolicyUpdate:
             if s.rollout_log_probs.abs().sum() > 0
         ]
         gap = torch.cat(diffs) if diffs else torch.zeros(1)
-        reduced = self._all_sum([*stats.sums(), float(gap.sum()), float(gap.numel())])
+        mine = float(self.forward_tokens)
+        reduced = self._all_sum([*stats.sums(), float(gap.sum()), float(gap.numel()), mine])
         n = len(UpdateStats._SUMMED)
         total = UpdateStats.from_sums(reduced[:n])
-        gap_sum, gap_count = reduced[n:]
+        gap_sum, gap_count, all_tokens = reduced[n:]
+        most, least = self._all_max([mine, -mine])
+        least = -least
         n_mb = cfg.actor.ppo_epochs * (cfg.samples_per_step // cfg.mini_batch_samples)
         grad_norms = stats.grad_norms  # this rank's: the norm is global already
         return {
@@ -255,5 +290,13 @@ class PolicyUpdate:
             "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
             "actor/lr": float(st.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": total.optimizer_steps / st.world.size,
+            "actor/micro_batches": total.micro_batches / st.world.size,
             "rollout/logprob_abs_diff_mean": gap_sum / max(gap_count, 1.0),
+            # What the update's forwards processed (old, reference and new log-probs),
+            # padding included, over all ranks; per rank, the most and the least, and
+            # how far apart they are (the slowest rank sets the step's pace).
+            "update/forward_tokens": all_tokens,
+            "update/rank_tokens_max": most,
+            "update/rank_tokens_min": least,
+            "update/rank_tokens_spread": (most - least) / max(most, 1.0),
         }

@@ -1,4 +1,5 @@
-"""Encoded prompts, rollout samples, and the two collations (generation, training).
+"""Encoded prompts, rollout samples, and the generation and padded training collations
+(the shared-prefix one is packing.py).
 
 Multimodal inputs stay generic: processor outputs shaped like ``input_ids``
 (e.g. Qwen's ``mm_token_type_ids``) are padded along with the tokens, everything
@@ -42,6 +43,9 @@ class Sample:
     old_log_probs: torch.Tensor | None = None  # recomputed by the actor
     ref_log_probs: torch.Tensor | None = None
     advantage: float = 0.0
+    # [3, P + R]: the model's M-RoPE positions of prompt + response, computed once
+    # (packing.rope_index_of) for every pass of the update that packs it.
+    rope_positions: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -173,7 +177,7 @@ def prompt_token_counter(cfg: Config) -> Callable[[Record], int]:
     return load_rollout_tokens(cfg, hf_config).encoder.count_tokens
 
 
-def _concat_mm(prompts: list[EncodedPrompt]) -> dict[str, torch.Tensor]:
+def concat_mm(prompts: list[EncodedPrompt]) -> dict[str, torch.Tensor]:
     keys = sorted({k for p in prompts for k in p.mm_inputs})
     return {k: torch.cat([p.mm_inputs[k] for p in prompts if k in p.mm_inputs]) for k in keys}
 
@@ -193,7 +197,7 @@ def collate_prompts(prompts: list[EncodedPrompt], pad_id: int) -> dict[str, torc
         for k in extra_keys:
             if k in p.token_extras:
                 extras[k][i, width - n :] = p.token_extras[k]
-    return {"input_ids": ids, "attention_mask": mask, **extras, **_concat_mm(prompts)}
+    return {"input_ids": ids, "attention_mask": mask, **extras, **concat_mm(prompts)}
 
 
 @dataclass
@@ -261,84 +265,6 @@ def collate_train(samples: list[Sample], pad_id: int) -> TrainBatch:
         "input_ids": ids,
         "attention_mask": mask,
         **extras,
-        **_concat_mm([s.prompt for s in samples]),
+        **concat_mm([s.prompt for s in samples]),
     }
     return TrainBatch(inputs, labels, resp, positions)
-
-
-def can_pack(samples: list[Sample]) -> bool:
-    """Text-only prompts: multimodal inputs and M-RoPE positions are computed by the model
-    from the unpacked layout, so those batches keep it."""
-    return all(not s.prompt.mm_inputs and not s.prompt.token_extras for s in samples)
-
-
-def collate_packed(
-    samples: list[Sample], pad_id: int, mask_dtype: torch.dtype | None = None
-) -> TrainBatch:
-    """One row per run of samples that share a prompt: the prompt once, then each
-    response, under a 4-D attention mask in which every response sees the prompt and
-    its own earlier tokens only, with the positions it had in generation.
-
-    A group of n responses to a P-token prompt then costs P + sum(R) tokens of forward
-    and backward instead of n * P + sum(R); the log-probs are those of ``collate_train``
-    (same tokens, positions and visible context), up to float rounding. The first
-    response token of every sample in a row is predicted by the prompt's last position.
-    The mask is boolean, or additive (0 / the dtype's minimum) in ``mask_dtype``.
-    """
-    runs: list[list[Sample]] = []
-    for s in samples:
-        if runs and runs[-1][0].prompt is s.prompt:
-            runs[-1].append(s)
-        else:
-            runs.append([s])
-    width = max(
-        r[0].prompt.input_ids.numel() + sum(s.response_ids.numel() for s in r) for r in runs
-    )
-    b = len(runs)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    pos = torch.zeros((b, width), dtype=torch.long)
-    seg = torch.full((b, width), -1, dtype=torch.long)  # 0 prompt, k response k, -1 pad
-    logit_cols: list[int] = []
-    labels: list[torch.Tensor] = []
-    positions: list[tuple[int, int, int]] = []
-    for row, run in enumerate(runs):
-        p = run[0].prompt.input_ids.numel()
-        ids[row, :p] = run[0].prompt.input_ids
-        pos[row, :p] = torch.arange(p)
-        seg[row, :p] = 0
-        col = p
-        for k, s in enumerate(run, start=1):
-            r = s.response_ids.numel()
-            ids[row, col : col + r] = s.response_ids
-            pos[row, col : col + r] = torch.arange(p, p + r)
-            seg[row, col : col + r] = k
-            positions.append((0, len(logit_cols), r))
-            # Token 0 is predicted at the prompt's last position, token j at col + j - 1.
-            cols = [p - 1, *range(col, col + r - 1)] if r else []
-            logit_cols.extend(row * width + c for c in cols)
-            labels.append(s.response_ids)
-            col += r
-    idx = torch.arange(width)
-    causal = idx[None, :] <= idx[:, None]  # [query, key]
-    same = seg[:, :, None] == seg[:, None, :]
-    sees_prompt = (seg == 0)[:, None, :]
-    # Pad queries see the prompt and earlier pads (never an empty row: no NaNs); no
-    # real token sees a pad.
-    mask = causal[None] & (same | sees_prompt)
-    attention: torch.Tensor = mask[:, None]  # [B, 1, L, L], True = may attend
-    if mask_dtype is not None:  # additive: sdpa would convert a boolean mask per layer
-        floor = torch.finfo(mask_dtype).min
-        attention = torch.zeros(attention.shape, dtype=mask_dtype).masked_fill(~attention, floor)
-    flat_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
-    inputs = {
-        "input_ids": ids,
-        "attention_mask": attention,
-        "position_ids": pos,
-    }
-    return TrainBatch(
-        inputs,
-        flat_labels[None],
-        torch.ones((1, flat_labels.numel()), dtype=torch.float32),
-        positions,
-        torch.tensor(logit_cols, dtype=torch.long),
-    )

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from grpo_api.contract import RankPhase
 from grpo_api.trainer_config import Config
 
+from .balance import hand_over
 from .checkpointing.rank import RankCheckpointer
 from .data import Record, overlong
 from .devices import (
@@ -321,15 +322,27 @@ class Worker:
         }
 
     def load_samples(self, items: list[tuple[Record, list[int]]]) -> list[dict[str, Any]]:
-        """Test seam: install given (prompt, response tokens) instead of generating."""
+        """Test seam: install given (prompt, response tokens) instead of generating.
+        Consecutive items of one record share its encoded prompt, as a group does."""
         self.samples = []
+        prompt: EncodedPrompt | None = None
         for record, ids in items:
-            prompt: EncodedPrompt = self.tokens.encoder.encode(record)
+            if prompt is None or prompt.record != record:
+                prompt = self.tokens.encoder.encode(record)
             resp = torch.tensor(ids, dtype=torch.long)
             self.samples.append(Sample(prompt, resp, torch.zeros(len(ids)), True, ""))
         return [self._summary(s) for s in self.samples]
 
-    # -- update: policy_update.py --------------------------------------------------
+    # -- update: policy_update.py; groups exchanged before it: balance.py ------------
+    def hand_over(self, groups: list[int]) -> list[list[Sample]]:
+        """These groups leave for another rank's update (the driver moves them)."""
+        self.samples, leaving = hand_over(self.samples, groups, self.cfg.rollout.n)
+        return leaving
+
+    def take(self, groups: list[list[Sample]]) -> None:
+        """Groups another rank generated, trained here this step (after our own)."""
+        self.samples += [s for group in groups for s in group]
+
     @rank_phase(RankPhase.TRAINING)
     def update(self, advantages: list[float], step: int) -> dict[str, float]:
         """The step's policy update on this rank's samples, given their advantages."""

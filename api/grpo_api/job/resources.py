@@ -149,10 +149,27 @@ class MemorySpec(ApiModel):
         description="Auto when unset. Fraction of GPU memory vLLM may take while rolling out.",
     )
     micro_batch_size: int | None = Field(
-        None, ge=1, le=1024, description="Auto when unset. Per-GPU micro-batch for the update."
+        None, ge=1, le=1024,
+        description="Auto when unset. Per-GPU micro-batch for the update, in samples: setting "
+        "it (and not microBatchTokens) makes the update cut micro-batches by samples.",
+    )
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, le=16_777_216,
+        description="Auto when unset. Per-GPU micro-batch for the update, in tokens of its "
+        "shared-prefix layout (rows x the widest row, padding included): samples fill "
+        "micro-batches up to it. At least maxPromptLength + maxResponseLength.",
     )
     ray_object_store_memory: str | None = Field(
         None,
         pattern=QUANTITY_PATTERN,
         description="Auto when unset. Ray object store per node (Ray's own default: 30% of RAM).",
     )
+
+    @model_validator(mode="after")
+    def _one_micro_batch_unit(self) -> Self:
+        if self.micro_batch_tokens is not None and self.micro_batch_size is not None:
+            raise ValueError(
+                "microBatchTokens and microBatchSize: set one (tokens, or samples per "
+                "micro-batch) or neither (the planner chooses tokens)"
+            )
+        return self

@@ -385,6 +385,11 @@ class GRPOJobSpec(ApiModel):
                 "bf16 and trains only the small adapter (kept in fp32); leave precision at "
                 "mixed, or drop lora for bf16 full fine-tuning"
             )
+        tokens, longest = self.memory.micro_batch_tokens, self.data.max_prompt_length + (
+            self.data.max_response_length)
+        if tokens is not None and tokens < longest:
+            raise ValueError(f"memory.microBatchTokens: {tokens} cannot hold one whole sample: "
+                             f"data.maxPromptLength + maxResponseLength = {longest}")
         if self.training.val_interval_steps and self.data.val is None:
             raise ValueError(
                 "training.valIntervalSteps: needs data.val (the held-out split to validate "

@@ -62,7 +62,11 @@ class PlanStatus(ApiModel):
     offload_params: bool = Field(description="Resolved memory.offloadParams.")
     offload_optimizer: bool = Field(description="Resolved memory.offloadOptimizer.")
     gradient_checkpointing: bool = Field(description="Resolved memory.gradientCheckpointing.")
-    micro_batch_size: int = Field(ge=1, description="Resolved memory.microBatchSize.")
+    micro_batch_size: int = Field(
+        ge=1, description="Resolved memory.microBatchSize (used when microBatchTokens is 0).")
+    micro_batch_tokens: int = Field(
+        0, ge=0, description="Resolved memory.microBatchTokens: tokens per micro-batch of the "
+        "update, padding included; 0: micro-batches of microBatchSize samples.")
     rollout_gpu_memory_utilization: float = Field(
         ge=0, le=1, description="Resolved memory.rolloutGpuMemoryUtilization."
     )

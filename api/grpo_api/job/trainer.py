@@ -78,6 +78,7 @@ SOURCES: Mapping[str, Source] = one_each((
     planned(knobs.OFFLOAD_OPTIMIZER, "actor.offload_optimizer"),
     planned(knobs.GRADIENT_CHECKPOINTING, "actor.gradient_checkpointing"),
     planned(knobs.MICRO_BATCH_SIZE, "actor.micro_batch_size"),
+    planned(knobs.MICRO_BATCH_TOKENS, "actor.micro_batch_tokens"),
     planned(knobs.ROLLOUT_GPU_MEMORY_UTILIZATION, "rollout.gpu_memory_utilization"),
     planned(knobs.ROLLOUT_N, "rollout.n"),
     planned(knobs.PRECISION, "actor.precision"),

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES
 
 from .fsdp import fsdp_buffers, trained
+from .layout import micro_batch
 from .model_shape import Shape
 from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, LoraPlan, StateTerm
 from .pinned import adapter_tensors, model_tensors, pinned_factor
@@ -239,8 +240,6 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     s, w = geo.shape, geo.world_size
     p = s.parameters
     mode = geo.mode(st)
-    per_rank = geo.global_batch_size / w
-    mb = max(1, min(st.micro_batch_size, int(per_rank) or 1))
     shard = p / w
     state = actor_state(geo, st)
     kinds = {t.name: t.kind for t in STATE[mode]}
@@ -251,10 +250,12 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     ref = ref_shard if has_ref and not st.offload_params else 0.0
     adapters = geo.lora.adapter_parameters if geo.lora is not None else None
     buffers = fsdp_buffers(s, compute_bytes(geo), trained(s, adapters))
-    act = mb * geo.sequence_length * activation_bytes_per_token(geo, st.gradient_checkpointing)
-    act += mb * vision_activation_bytes(geo, st.gradient_checkpointing)
-    logits = logprob_bytes(s, compute_bytes(geo), geo.logprob_chunk_tokens,
-                           mb * geo.response_length)
+    # The largest micro-batch in the shared-prefix layout (planner/layout.py): its tokens,
+    # padding included, its images (one per row) and its response tokens.
+    mb = micro_batch(geo, st)
+    act = mb.tokens * activation_bytes_per_token(geo, st.gradient_checkpointing)
+    act += mb.images * vision_activation_bytes(geo, st.gradient_checkpointing)
+    logits = logprob_bytes(s, compute_bytes(geo), geo.logprob_chunk_tokens, mb.response_tokens)
     ctx = CUDA_CONTEXT_GIB if geo.is_gpu else 0.0
 
     training = {
@@ -264,6 +265,9 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         "fsdp_layer_buffers": buffers.layers / GIB,
         "activations": act / GIB,
         "logits": logits / GIB,
+        # The shared-prefix layout's 4-D additive mask [rows, 1, width, width], in the
+        # compute dtype, from the collation to the end of backward.
+        "attention_mask": mb.mask_elements * compute_bytes(geo) / GIB,
     }
     # The root unit's all-gather (start of forward) and reduce (end of backward): the
     # same state, FSDP2's root buffers, no activations (planner/fsdp.py).

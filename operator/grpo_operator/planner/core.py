@@ -1,9 +1,11 @@
 """plan_memory: choose the cheapest memory settings that fit, and size the cluster.
 
 Search order (cheapest first; the same order the CudaOOM ladder walks after a failure):
-  1. everything fast: no gradient checkpointing, the largest micro-batch (<= 4), no offload;
+  1. everything fast: no gradient checkpointing, the largest micro-batch, no offload: by
+     tokens, the rank's whole mini-batch in the shared-prefix layout (planner/layout.py);
+     by samples (a spec that pins microBatchSize), <= 4;
   2. gradient checkpointing on (~1/3 more compute, activations shrink ~10x);
-  3. halve the micro-batch, down to 1;
+  3. halve the micro-batch (its token budget), down to one whole sample;
   4. offload the optimizer to host RAM, only if the host has room;
   5. offload parameters too, only if the host has room.
 Generations per prompt (rolloutN) are never changed by the planner or the recovery
@@ -26,6 +28,7 @@ from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
 
 from .budget import compute_budget, max_rollout_utilization
+from .layout import token_budgets
 from .mode_advice import mode_suggestions, without_offload
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
 from .modes import describe, lora_plan, mode_of
@@ -66,7 +69,12 @@ def _candidates(geo: Geometry, start: Settings, pinned: frozenset[str]) -> list[
     if "gradient_checkpointing" not in pinned and not st.gradient_checkpointing:
         st = replace(st, gradient_checkpointing=True)
         out.append(st)
-    if "micro_batch_size" not in pinned:
+    if st.micro_batch_tokens and "micro_batch_tokens" not in pinned:
+        for tokens in token_budgets(geo, st.rollout_n):
+            if tokens < st.micro_batch_tokens:
+                st = replace(st, micro_batch_tokens=tokens)
+                out.append(st)
+    elif not st.micro_batch_tokens and "micro_batch_size" not in pinned:
         for mb in _micro_batches(geo):
             if mb < st.micro_batch_size:
                 st = replace(st, micro_batch_size=mb)
@@ -87,6 +95,9 @@ def initial_settings(geo: Geometry, spec: GRPOJobSpec) -> Settings:
         if m.ray_object_store_memory
         else object_store_gib(geo, spec.algorithm.rollout_n)
     )
+    # By tokens unless the spec asks for samples (microBatchSize alone).
+    by_samples = m.micro_batch_size is not None and m.micro_batch_tokens is None
+    tokens = m.micro_batch_tokens or token_budgets(geo, spec.algorithm.rollout_n)[0]
     return Settings(
         rank0_init=m.rank0_init if m.rank0_init is not None else geo.world_size > 1,
         offload_params=bool(m.offload_params),
@@ -97,6 +108,7 @@ def initial_settings(geo: Geometry, spec: GRPOJobSpec) -> Settings:
         rollout_n=spec.algorithm.rollout_n,
         ray_object_store_gib=store,
         precision=spec.training.precision,
+        micro_batch_tokens=0 if by_samples else tokens,
     )
 
 

@@ -1,6 +1,7 @@
 """Remediation after an OOM: the next safer plan, one rung per restart (docs/memory-model.md).
 
-CudaOOM:        gradient checkpointing on -> halve micro-batch -> lower rollout GPU memory
+CudaOOM:        gradient checkpointing on -> halve micro-batch (its token budget, when
+                micro-batches go by tokens) -> lower rollout GPU memory
                 utilisation -> bf16 training (only with spec.restartPolicy.
                 allowPrecisionChange) -> offload optimizer -> offload params
 CudaOOM of vLLM's KV cache (rank phase kv_cache: too little left for it at engine start):
@@ -12,10 +13,10 @@ Each rung applies at most once, leaves alone what the spec pinned, does not push
 resource over its budget (never offload into host RAM that is not there; never pull back
 onto a GPU that cannot hold it), and is kept only if it lowers no pod limit and raises the
 modelled headroom for the failure (headroom.improves); otherwise the next rung is tried.
-Fewer generations per prompt is not a rung: it changes the algorithm, and no modelled
-term depends on it (vLLM's KV cache is sized by its utilisation, the update goes by
-micro-batch), so it could never show more headroom. Other failures (NodeLost, Error, ...)
-have no memory ladder: restart with the same plan.
+Fewer generations per prompt is not a rung: it changes the algorithm, and the memory it
+would free the micro-batch's rung frees without changing it (vLLM's KV cache is sized by
+its utilisation; the update's micro-batch is bounded by its budget, whatever the group).
+Other failures (NodeLost, Error, ...) have no memory ladder: restart with the same plan.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def _gc_on(p: Plan) -> Settings | None:
 
 
 def _halve_micro_batch(p: Plan) -> Settings | None:
+    """Half the token budget when micro-batches go by tokens (not below one whole
+    sample), else the next divisor of the rank's batch at most half the micro-batch."""
+    if p.settings.micro_batch_tokens:
+        if "micro_batch_tokens" in p.pinned:
+            return None
+        least = p.geometry.sequence_length
+        half = max(least, p.settings.micro_batch_tokens // 2)
+        if half >= p.settings.micro_batch_tokens:
+            return None
+        return replace(p.settings, micro_batch_tokens=half)
     if "micro_batch_size" in p.pinned:
         return None
     smaller = [m for m in _micro_batches(p.geometry) if m <= p.settings.micro_batch_size // 2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from grpo_api.knobs import (
     GRADIENT_CHECKPOINTING,
     MICRO_BATCH_SIZE,
+    MICRO_BATCH_TOKENS,
     OFFLOAD_OPTIMIZER,
     OFFLOAD_PARAMS,
     PINNABLE,
@@ -16,6 +17,7 @@ from grpo_api.knobs import (
 )
 
 from .budget import BF16_B, GIB, kv_bytes_per_token
+from .layout import per_rank_samples, token_budgets
 from .modes import FROZEN, LORA, STATE
 from .resources import ray_default_store_gib, step_data_gib
 from .types import Budget, Decision, Geometry, PodResources, Settings
@@ -147,16 +149,8 @@ def explain(
             f"({_g(state)} in all) are {_g(state / geo.world_size)} per rank",
         )
     )
-    per_rank = geo.global_batch_size // geo.world_size
-    out.append(
-        Decision(
-            MICRO_BATCH_SIZE.spec,
-            str(st.micro_batch_size),
-            src(MICRO_BATCH_SIZE),
-            f"{per_rank} samples per rank per update -> {per_rank // st.micro_batch_size} "
-            f"accumulation steps; {geo.sequence_length} tokens per sample",
-        )
-    )
+    out.extend(_micro_batch(geo, st, b, trail, src(MICRO_BATCH_SIZE),
+                            src(MICRO_BATCH_TOKENS)))
     host = sum(b.host_terms.values())
     for knob, key in (
         (OFFLOAD_OPTIMIZER, "offloaded_optimizer"),
@@ -202,7 +196,8 @@ def explain(
             str(st.rollout_n),
             "spec",
             "never lowered by the planner or a remediation: it is the algorithm's, and "
-            "no modelled memory term depends on it (vLLM's KV cache is sized by its share)",
+            "what it costs is bounded by other knobs (vLLM's KV cache by its share, the "
+            "update by its micro-batch)",
         )
     )
     default_store = ray_default_store_gib(geo.host_memory_gib)
@@ -226,6 +221,50 @@ def explain(
         )
     )
     return out
+
+
+def _micro_batch(geo: Geometry, st: Settings, b: Budget, trail: list[tuple[Settings, Budget]],
+                 size_src: str, tokens_src: str) -> list[Decision]:
+    """The micro-batch: by tokens (the largest budget that fits, and why not the one
+    above), or by samples when the spec pins microBatchSize."""
+    per_rank = per_rank_samples(geo)
+    train = b.gpu_phases.get("training", {})
+    if not st.micro_batch_tokens:
+        return [
+            Decision(MICRO_BATCH_SIZE.spec, str(st.micro_batch_size), size_src,
+                     f"{per_rank} samples per rank per update -> "
+                     f"{per_rank // st.micro_batch_size} accumulation steps; "
+                     f"{geo.sequence_length} tokens per sample"),
+            Decision(MICRO_BATCH_TOKENS.spec, "0", size_src,
+                     "micro-batches go by samples: the spec sets microBatchSize"),
+        ]
+    budgets = token_budgets(geo, st.rollout_n)
+    larger = [(ts, tb) for ts, tb in trail if ts.micro_batch_tokens > st.micro_batch_tokens]
+    terms = (f"activations {_g(train.get('activations', 0))}, attention mask "
+             f"{_g(train.get('attention_mask', 0))}, log-prob head {_g(train.get('logits', 0))}")
+    if tokens_src == "spec":
+        why = f"set in spec; training peak {_g(_phase(b, 'training'))} ({terms})"
+    elif st.micro_batch_tokens >= budgets[0]:
+        why = (f"the rank's whole mini-batch ({per_rank} samples, at most {budgets[0]} tokens "
+               f"in the shared-prefix layout) in one micro-batch; training peak "
+               f"{_g(_phase(b, 'training'))} ({terms})")
+    elif larger:
+        ts, tb = larger[-1]
+        usable = b.gpu_capacity_gib - b.gpu_margin_gib
+        why = (f"the largest budget that fits: {ts.micro_batch_tokens} tokens would peak at "
+               f"{_g(tb.peak_gpu_gib)} ({tb.peak_gpu_phase}) > {_g(usable)} "
+               f"(usable less the margin); with {st.micro_batch_tokens}: training "
+               f"{_g(_phase(b, 'training'))} ({terms})")
+    else:
+        why = f"training peak {_g(_phase(b, 'training'))} ({terms})"
+    return [
+        Decision(MICRO_BATCH_SIZE.spec, str(st.micro_batch_size), size_src,
+                 "not used: micro-batches go by tokens (microBatchTokens)"),
+        Decision(MICRO_BATCH_TOKENS.spec, str(st.micro_batch_tokens), tokens_src,
+                 f"{why}; rows of the shared-prefix layout (a group's prompt once, then its "
+                 f"responses) x the widest, padding included, at least one whole sample "
+                 f"({geo.sequence_length} tokens); {per_rank} samples per rank per update"),
+    ]
 
 
 def explain_margin(geo: Geometry, b: Budget, pinned: frozenset[str]) -> Decision:

@@ -40,6 +40,9 @@ class Settings:
     rollout_n: int
     ray_object_store_gib: float
     pod_memory_at_allocatable: bool = False  # last HostOOM remediation
+    # Tokens per micro-batch in the update's layout (rows x the widest, padding
+    # included); 0: micro-batches of micro_batch_size samples (a spec that pins it).
+    micro_batch_tokens: int = 0
     # spec.training.precision; the CudaOOM ladder may switch mixed to bf16 when
     # spec.restartPolicy.allowPrecisionChange says so.
     precision: str = "mixed"

@@ -94,11 +94,13 @@ def ensure_attempt(job: JobRef, planned: JobPlan | Refused, status: dict[str, An
         fields |= {"attempts": attempts, "plan": plan_status(plan, saved).to_wire(),
                    "restarts": int(status.get("restarts") or 0)}
         settings = plan.settings
+        micro = (f"{settings.micro_batch_tokens} tokens" if settings.micro_batch_tokens
+                 else str(settings.micro_batch_size))
         events.append(("Normal", Reason.PLANNED,
                        f"{plan.world_size} x {plan.geometry.gpu}; gradient checkpointing "
                        f"{settings.gradient_checkpointing}, offload params "
                        f"{settings.offload_params}, offload optimizer "
-                       f"{settings.offload_optimizer}, micro-batch {settings.micro_batch_size}; "
+                       f"{settings.offload_optimizer}, micro-batch {micro}; "
                        f"peak {plan.budget.peak_gpu_gib:.1f} GiB/GPU, "
                        f"{plan.budget.peak_host_gib:.0f} GiB host/node; model shape from "
                        f"{plan.geometry.shape_source}"))

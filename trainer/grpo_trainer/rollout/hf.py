@@ -36,7 +36,7 @@ class HFGenerateEngine:
         # Decode steps without the module stack where the architecture allows; checked
         # against the model's own forward on the first step (see _decode).
         self.lean: LeanDecoder | None = None
-        if sampler == "native" and not self.is_vlm and supports(self.model):
+        if sampler == "native" and supports(self.model):
             self.lean = LeanDecoder(self.model)
         self._lean_checked = False
         self._params = dict(self.model.named_parameters())
@@ -193,8 +193,10 @@ class HFGenerateEngine:
     ) -> torch.Tensor:
         """Logits for one new token per row, appended to ``cache``."""
         lean = self.lean
+        # A VLM's decode positions are M-RoPE's [3, B, 1], one text position in each.
+        text_pos = position_ids[0] if position_ids.dim() == 3 else position_ids
         if lean is not None and self._lean_checked:
-            return lean.step(nxt, position_ids, cache.layers, attend).float()
+            return lean.step(nxt, text_pos, cache.layers, attend).float()
         logits = self._model_step(nxt, position_ids, cache, attend)
         if lean is None:
             return logits
@@ -203,7 +205,7 @@ class HFGenerateEngine:
         # process that starts mid-run (a resume) samples exactly like one that did not.
         for layer in cache.layers:
             layer.rewind(1)
-        ours = lean.step(nxt, position_ids, cache.layers, attend).float()
+        ours = lean.step(nxt, text_pos, cache.layers, attend).float()
         self._lean_checked = True
         tol = 1e-3 if ours.dtype == logits.dtype == torch.float32 else 5e-2
         err = float((ours - logits).abs().max())

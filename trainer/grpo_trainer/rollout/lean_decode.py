@@ -11,7 +11,10 @@ refresh writes straight into them.
 
 Only for model types whose decoder layer is exactly norm -> attention -> residual ->
 norm -> gated MLP -> residual with full attention; the engine also checks the first
-step against the Hugging Face forward and falls back to it on any mismatch.
+step against the Hugging Face forward and falls back to it on any mismatch. The VLMs'
+language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) are such decoders: a decode step is
+text, whose M-RoPE positions are one position in all three sections (the prompt's
+offset added), so their rotary module's table at that position is the rotation.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
+SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral",
+                                   "qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 # RoPE variants whose cos/sin depend on the position alone (not on the sequence
 # length, as "dynamic" scaling does), so one table serves every step.
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn", "longrope"})
@@ -71,19 +75,26 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
+def text_model(model: nn.Module) -> Any:
+    """The decoder a decode step runs: a VLM's language model, or the model's own."""
+    inner = getattr(model, "model", None)
+    return getattr(inner, "language_model", inner)
+
+
 def supports(model: nn.Module) -> bool:
-    cfg = getattr(model, "config", None)
-    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+    top = getattr(model, "config", None)
+    if top is None or getattr(top, "model_type", None) not in SUPPORTED_MODEL_TYPES:
         return False
+    cfg = top.get_text_config()
     if getattr(cfg, "use_sliding_window", False) or any(
         t != "full_attention" for t in getattr(cfg, "layer_types", None) or []
     ):
         return False
-    inner = getattr(model, "model", None)
+    inner = text_model(model)
     if not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return False
-    norms = [inner.norm]  # type: ignore[union-attr]
-    for layer in inner.layers:  # type: ignore[union-attr]
+    norms = [inner.norm]
+    for layer in inner.layers:
         norms += [getattr(layer, "input_layernorm", None)]
         norms += [getattr(layer, "post_attention_layernorm", None)]
     # weight * x / rms(x): the plain RMSNorm (Gemma's 1 + weight is not this).
@@ -91,7 +102,7 @@ def supports(model: nn.Module) -> bool:
         type(n).__name__.endswith("RMSNorm") and hasattr(n, "variance_epsilon") for n in norms
     ):
         return False
-    for layer in inner.layers:  # type: ignore[union-attr]
+    for layer in inner.layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         projections = [getattr(attn, p, None) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
         mlp_parts = [getattr(mlp, p, None) for p in ("gate_proj", "up_proj", "down_proj")]
@@ -108,14 +119,15 @@ class LeanDecoder:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        inner: Any = model.model
+        inner: Any = text_model(model)
         self.inner = inner
         first = inner.layers[0].self_attn
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None
         self.static_rope = getattr(inner.rotary_emb, "rope_type", None) in STATIC_ROPE_TYPES
         self.head_dim = int(first.head_dim)
         self.scaling = float(first.scaling)
-        cfg: Any = model.config
+        top: Any = model.config
+        cfg: Any = top.get_text_config()
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.layers: list[_Layer] = []

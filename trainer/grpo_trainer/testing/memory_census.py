@@ -351,7 +351,8 @@ def measure(worker: Any, advantages: list[float]) -> dict[str, Any]:
     """One update of ``worker`` (samples loaded): the census after each micro-batch's
     backward (``micro``, in order), right after the optimizer step (``step``), and
     the transient peaks over the micro-batches (``peak``), every call of the log-prob
-    head (``head``), and a weight sync after the update (``sync``)."""
+    head (``head``), every forward's attention mask (``masks``) and a weight sync after
+    the update (``sync``)."""
     micro: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
     state = worker.state
@@ -371,6 +372,15 @@ def measure(worker: Any, advantages: list[float]) -> dict[str, Any]:
 
     policy = worker.policy
     policy._micro_step = before_micro(_wrap(policy._micro_step, after_micro))
+    masks: list[int] = []  # every forward's attention mask, bytes (the plan's term)
+    collate = policy._collate
+
+    def collated(micro: Any) -> Any:
+        batch = collate(micro)
+        masks.append(_nbytes(batch.model_inputs["attention_mask"]))
+        return batch
+
+    policy._collate = collated
     opt = state.optimizer
     opt.step = _wrap(opt.step, lambda: steps.append(census(state.actor, state.ref, opt)))
     try:
@@ -379,7 +389,7 @@ def measure(worker: Any, advantages: list[float]) -> dict[str, Any]:
         sampler.remove()
         head.remove()
     return {"micro": micro, "step": steps, "peak": dict(sampler.peak), "metrics": metrics,
-            "head": head.calls, "sync": sync_peak(worker)}
+            "head": head.calls, "sync": sync_peak(worker), "masks": masks}
 
 
 def rank_census(rank: int, world: int, arg: dict[str, dict[str, Any]]) -> dict[str, Any]:

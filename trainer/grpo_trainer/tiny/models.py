@@ -199,45 +199,63 @@ def _mrope_section(head_dim: int) -> list[int]:
     return [t, h, half - t - h]
 
 
-def build_tiny_qwen2_5_vl(
-    path: str | Path, hidden: int = 64, layers: int = 2, seed: int = 0, vocab_size: int = 400
+# The VLM families the trainer trains, tiny: each one's vision tower and how its
+# processor cuts images (patch side; 2 x 2 patches merge into one token in all three).
+VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+_VL_PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
+
+
+def _vision_config(family: str, hidden: int) -> dict[str, Any]:
+    common = {"num_heads": 2, "patch_size": _VL_PATCH[family], "spatial_merge_size": 2,
+              "temporal_patch_size": 2}
+    if family == "qwen2_vl":  # embed_dim is the tower's width, hidden_size its output
+        return {**common, "depth": 2, "embed_dim": 32, "hidden_size": hidden, "mlp_ratio": 2}
+    if family == "qwen2_5_vl":
+        return {**common, "depth": 2, "hidden_size": 32, "intermediate_size": 64,
+                "out_hidden_size": hidden, "window_size": 56, "fullatt_block_indexes": [1]}
+    # Qwen3-VL: learned position embeddings (an 8 x 8 grid, interpolated to the image)
+    # and one deepstack merger, whose features join the first decoder layer.
+    return {**common, "depth": 2, "hidden_size": 32, "intermediate_size": 64,
+            "out_hidden_size": hidden, "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0]}
+
+
+def build_tiny_vl(
+    path: str | Path, family: str = "qwen2_5_vl", hidden: int = 64, layers: int = 2,
+    seed: int = 0, vocab_size: int = 400, max_pixels: int | None = None,
 ) -> Path:
-    """A random-weight Qwen2_5_VLForConditionalGeneration + tokenizer + processor.
+    """A random-weight ``family`` VLM (``VL_FAMILIES``: Qwen2-VL, Qwen2.5-VL, Qwen3-VL
+    ForConditionalGeneration) + tokenizer + processor.
 
     The image processor is set for small images (28x28 to 56x56 pixels, i.e. 1 to 4
-    merged visual tokens) so the vision tower stays cheap on a CPU (``save_vl_processor``).
+    merged visual tokens at 14-pixel patches; 32x32 to 64x64 at Qwen3-VL's 16) so the
+    vision tower stays cheap on a CPU (``save_vl_processor``), or up to ``max_pixels``.
     """
     import torch
-    from transformers import (
-        GenerationConfig,
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-    )
+    import transformers
+    from transformers import GenerationConfig
 
+    config_cls, model_cls = {
+        "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
+        "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+        "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+    }[family]
     path = Path(path)
     tok = build_tokenizer(vocab_size)
     text = _text_dims(hidden, layers, _padded_vocab(tok), tok)
+    head_dim = hidden // text["num_attention_heads"]
     text["rope_parameters"] = {
         "rope_type": "default",
         "rope_theta": 10000.0,
         # Temporal/height/width split of half the head dim, in Qwen's 2:3:3 ratio.
-        "mrope_section": _mrope_section(hidden // text["num_attention_heads"]),
+        "mrope_section": _mrope_section(head_dim),
     }
-    vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "out_hidden_size": hidden,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 56,
-        "fullatt_block_indexes": [1],
-    }
-    cfg = Qwen2_5_VLConfig(
+    if family == "qwen3_vl":  # Qwen3's head_dim is its own field (128 by default)
+        text["head_dim"] = head_dim
+        text["rope_parameters"]["mrope_interleaved"] = True
+    cfg = getattr(transformers, config_cls)(
         text_config=text,
-        vision_config=vision,
+        vision_config=_vision_config(family, hidden),
         image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
         video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
         vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),
@@ -245,32 +263,48 @@ def build_tiny_qwen2_5_vl(
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(cfg)
+    model = getattr(transformers, model_cls)(cfg)
     model.generation_config = GenerationConfig(
         eos_token_id=text["eos_token_id"], pad_token_id=text["pad_token_id"]
     )
     model.save_pretrained(path, safe_serialization=True)
-    save_vl_processor(path, tok)
+    patch = _VL_PATCH[family]
+    save_vl_processor(path, tok, (2 * patch) ** 2, max_pixels or (4 * patch) ** 2, family)
     return path
 
 
+def build_tiny_qwen2_5_vl(
+    path: str | Path, hidden: int = 64, layers: int = 2, seed: int = 0, vocab_size: int = 400
+) -> Path:
+    """A random-weight Qwen2_5_VLForConditionalGeneration + tokenizer + processor
+    (``build_tiny_vl``)."""
+    return build_tiny_vl(path, "qwen2_5_vl", hidden, layers, seed, vocab_size)
+
+
 def save_vl_processor(
-    path: Path, tok: Any, min_pixels: int = 28 * 28, max_pixels: int = 56 * 56
+    path: Path, tok: Any, min_pixels: int = 28 * 28, max_pixels: int = 56 * 56,
+    family: str = "qwen2_5_vl",
 ) -> None:
-    """Qwen2.5-VL's processor around ``tok`` (14-pixel patches, 2 x 2 merged), for images
+    """``family``'s processor around ``tok`` (its patch side, 2 x 2 merged), for images
     of ``min_pixels`` to ``max_pixels``, and the tokenizer, saved to ``path``."""
-    from transformers import Qwen2_5_VLProcessor
+    import transformers
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
     size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    patch = _VL_PATCH[family]
     image_processor = Qwen2VLImageProcessor(
-        size=size, patch_size=14, merge_size=2, temporal_patch_size=2
+        size=size, patch_size=patch, merge_size=2, temporal_patch_size=2
     )
-    processor = Qwen2_5_VLProcessor(
+    processor_cls, video_cls = {
+        "qwen2_vl": ("Qwen2VLProcessor", "Qwen2VLVideoProcessor"),
+        "qwen2_5_vl": ("Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor"),
+        "qwen3_vl": ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
+    }[family]
+    video = getattr(transformers, video_cls)(size=size, patch_size=patch)
+    processor = getattr(transformers, processor_cls)(
         image_processor=image_processor,
         tokenizer=tok,
-        video_processor=Qwen2VLVideoProcessor(size=size),
+        video_processor=video,
         chat_template=CHAT_TEMPLATE,
     )
     processor.save_pretrained(path)

@@ -1,0 +1,99 @@
+"""The update's micro-batch at its largest, in the trainer's shared-prefix layout
+(grpo_trainer.packing: one row per group in the micro-batch, its prompt once and then its
+responses, rows padded to the widest): the bounds the activation, logits and mask terms
+are computed from (docs/memory-model.md, "Micro-batches by tokens").
+
+By tokens (``Settings.micro_batch_tokens``), the budget bounds the layout itself, padding
+included, so the terms follow from it; by samples (a spec that pins ``microBatchSize``),
+the layout of ``b`` samples is at most that of ``r`` groups with one holding the rest of
+the samples, worst over ``r``: ``max_r r (P + min(b - r + 1, n) R)``, which exceeds the
+padded layout's ``b s`` when responses are long next to the prompt (the rows pad to the
+widest). Pure: geometry and settings in, counts out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .types import Geometry, Settings
+
+# Patches of 2 x 2 merge into one language-model token in every supported family (the
+# merger's width, 4 hv, is counted in model_shape the same way).
+PATCHES_PER_TOKEN = 4
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """The largest micro-batch the trainer can form under a plan: counts, not bytes."""
+
+    tokens: int  # rows x the widest row, padding included: what the decoder processes
+    images: int  # rows, one prompt each, one image per prompt at maxPixels
+    response_tokens: int  # what the chunked log-prob head sees
+    mask_elements: int  # rows x width^2: the 4-D attention mask, in the compute dtype
+
+
+def prompt_tokens(geo: Geometry) -> int:
+    return geo.sequence_length - geo.response_length
+
+
+def per_rank_samples(geo: Geometry) -> int:
+    """Samples of one rank's mini-batch (the update's micro-batches are cut from it)."""
+    return max(1, geo.global_batch_size // geo.world_size)
+
+
+def _groups_spanned(samples: int, n: int, mini: int) -> int:
+    """Groups of ``n`` that a slice of ``samples`` consecutive samples touches at most,
+    cut as the trainer cuts them: a rank's samples are whole groups, its mini-batches
+    ``mini`` samples from their start, its micro-batches by samples ``samples`` from a
+    mini-batch's start. Such a slice starts a multiple of g = gcd(mini, samples, n) into
+    a group, at worst n - g: it touches ceil((n - g + samples) / n) groups."""
+    g = math.gcd(mini, samples, n)
+    return min(samples, math.ceil((n - g + samples) / n))
+
+
+def _by_samples(geo: Geometry, samples: int, n: int) -> MicroBatch:
+    p, r = prompt_tokens(geo), geo.response_length
+    tokens = mask = 0
+    rows = _groups_spanned(samples, n, per_rank_samples(geo))
+    for k in range(1, rows + 1):
+        width = p + min(samples - k + 1, n) * r
+        tokens, mask = max(tokens, k * width), max(mask, k * width * width)
+    return MicroBatch(tokens, rows, samples * r, mask)
+
+
+def image_tokens(geo: Geometry) -> int:
+    """One image at maxPixels, in language-model tokens (within the prompt's length)."""
+    patches = geo.max_pixels // geo.shape.patch_size**2
+    return max(1, min(prompt_tokens(geo), patches // PATCHES_PER_TOKEN))
+
+
+def micro_batch(geo: Geometry, st: Settings) -> MicroBatch:
+    """The largest micro-batch under ``st``: by its token budget, or by samples."""
+    n = max(1, st.rollout_n)
+    whole = _by_samples(geo, per_rank_samples(geo), n)  # the rank's mini-batch at once
+    if not st.micro_batch_tokens:
+        mb = max(1, min(st.micro_batch_size, per_rank_samples(geo)))
+        return _by_samples(geo, mb, n)
+    budget = min(st.micro_batch_tokens, whole.tokens)
+    widest = prompt_tokens(geo) + n * geo.response_length
+    # Each row holds a prompt, its image's tokens among them, and a response token.
+    rows = min(whole.images, max(1, budget // (image_tokens(geo) + 1)))
+    return MicroBatch(
+        tokens=budget,
+        images=rows if geo.shape.vision_parameters else 0,
+        response_tokens=min(budget, whole.response_tokens),
+        mask_elements=min(budget * min(budget, widest), whole.mask_elements),
+    )
+
+
+def token_budgets(geo: Geometry, n: int) -> list[int]:
+    """The budgets the planner tries, largest first: the rank's whole mini-batch at once,
+    halved down to one whole sample (prompt + response), which is the least."""
+    least = geo.sequence_length
+    budget = _by_samples(geo, per_rank_samples(geo), max(1, n)).tokens
+    out = []
+    while budget > least:
+        out.append(budget)
+        budget //= 2
+    return [*out, least]
