@@ -221,11 +221,17 @@ def bench_ours(model: Path, data: Path, args: argparse.Namespace,
 def profile_ranks(pids: list[int], out: str, overrides: tuple[str, ...]) -> list[Any]:
     """py-spy sampling each rank (every step, warm-up included) into ``out``: collapsed
     stacks, one file per rank and side (``--format raw``: ``frame;frame;... count``)."""
+    import shutil
     import subprocess
 
+    # The bench extra installs py-spy beside this interpreter, which need not be on PATH.
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy: install the bench extra (uv pip install "
+                         "-e '.[bench]') or py-spy itself")
     Path(out).mkdir(parents=True, exist_ok=True)
     side = "padded" if overrides else "ours"
-    return [subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "50",
+    return [subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "50",
                               "--format", "raw", "-o", f"{out}/{side}-rank{r}.txt"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for r, pid in enumerate(pids)]
