@@ -42,8 +42,13 @@ from grpo_testbed.tiny_job import (
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 60  # ~0.8 s a step on 2 cores: the preemption and the drain land mid-run
-NO_INTERVAL = 100  # only a stop's save (and the last step's) checkpoints before the end
+# The preemption, the eviction and the delete must each land mid-run. A step takes
+# ~0.35 s on 2 cores (2026-11-29, micro-batches by tokens), and each disruption lets
+# about 55 steps pass between the watch seeing a step and the driver being told
+# (progress reports are rate-limited; the operator, KubeRay, the kubelet act in turn):
+# 60 steps, enough at 0.8 s a step, let attempt 2 finish before its delete landed.
+STEPS = 200
+NO_INTERVAL = 1000  # only a stop's save (and the last step's) checkpoints before the end
 URGENT = "urgent"
 PRIORITIES = {"grpo-low": 100, "grpo-high": 1000}
 QUEUE = "grpo"

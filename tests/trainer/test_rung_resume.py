@@ -217,9 +217,14 @@ def test_gradient_checkpointing_on_resumes_exactly(
     _assert_step_as_uninterrupted(r, base)
 
 
+CUT = "actor/micro_batches"  # how the update was cut, which this rung changes
+LAYOUT = "update/"  # the forward's tokens per rank, which follow the cut
+
+
 # CudaOOM rung 2: 8 -> 4 samples a micro-batch, or (micro-batches by tokens, the
 # planner's default) a token budget: the least the config takes, one whole sample of
 # data.max_prompt_length (512) + rollout.max_new_tokens (8), against the base's 8 samples.
+
 @pytest.mark.parametrize("actor", [{"micro_batch_size": 4}, {"micro_batch_tokens": 520}],
                          ids=["samples", "tokens"])
 def test_halved_micro_batch_resumes_with_the_same_rollouts_and_carried_moments(
@@ -233,7 +238,10 @@ def test_halved_micro_batch_resumes_with_the_same_rollouts_and_carried_moments(
     _assert_loaded_as_saved(r)
     got, want = r.run.metrics[3], base.metrics[3]
     assert got.keys() == want.keys()
-    for k in want:
+    # The rung took effect: the update was cut otherwise (more micro-batches of 4 samples;
+    # with the token budget, the shared layout fits more responses of a group in one).
+    assert got[CUT] != want[CUT]
+    for k in [k for k in want if k != CUT and not k.startswith(LAYOUT)]:
         if k.startswith(ROLLOUT):
             assert got[k] == want[k], k
         else:
