@@ -213,8 +213,9 @@ def _close(measured: float, planned: float) -> bool:
 
 
 def _pinned(c: dict[str, Any], *components: str) -> int:
-    """What the components' storages take as pinned host blocks on a GPU node (torch's
-    host allocator, as planner/pinned.py models it): the host terms are planned so."""
+    """What the components' tensors take as pinned host blocks on a GPU node, each its
+    own block (torch's host allocator, as planner/pinned.py models it): the host terms
+    are planned so."""
     return sum(pinned_block(n) for k in components for n in c[mc.BLOCKS][k])
 
 

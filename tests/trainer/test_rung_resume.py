@@ -224,7 +224,6 @@ LAYOUT = "update/"  # the forward's tokens per rank, which follow the cut
 # CudaOOM rung 2: 8 -> 4 samples a micro-batch, or (micro-batches by tokens, the
 # planner's default) a token budget: the least the config takes, one whole sample of
 # data.max_prompt_length (512) + rollout.max_new_tokens (8), against the base's 8 samples.
-
 @pytest.mark.parametrize("actor", [{"micro_batch_size": 4}, {"micro_batch_tokens": 520}],
                          ids=["samples", "tokens"])
 def test_halved_micro_batch_resumes_with_the_same_rollouts_and_carried_moments(

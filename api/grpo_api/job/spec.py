@@ -385,8 +385,8 @@ class GRPOJobSpec(ApiModel):
                 "bf16 and trains only the small adapter (kept in fp32); leave precision at "
                 "mixed, or drop lora for bf16 full fine-tuning"
             )
-        tokens, longest = self.memory.micro_batch_tokens, self.data.max_prompt_length + (
-            self.data.max_response_length)
+        tokens = self.memory.micro_batch_tokens
+        longest = self.data.max_prompt_length + self.data.max_response_length
         if tokens is not None and tokens < longest:
             raise ValueError(f"memory.microBatchTokens: {tokens} cannot hold one whole sample: "
                              f"data.maxPromptLength + maxResponseLength = {longest}")
