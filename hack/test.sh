@@ -5,9 +5,10 @@
 # With no arguments the tiers run so that a 2-core machine is never idle:
 # - the cluster tier waits on a control plane far more than it computes (load ~1.5 while
 #   it runs): it runs beside the others, its output shown when it ends;
-# - the product's images go into the real node's image store (grpo-testbed node-images:
-#   minutes on a fresh machine, much of it disk writes) while the unit, trainer, vLLM and
-#   images tiers run; then, still beside them, the e2e modules that train nothing
+# - the product's images are in the real node's image store (hack/setup.sh imported them
+#   beside the Go build; grpo-testbed node-images checks, and imports what a running
+#   testbed kept setup from importing); then, beside the unit, trainer, vLLM and images
+#   tiers, the e2e modules that train nothing
 #   (E2E_BESIDE: they wait on probes, restarts and pods, load below 1);
 # - the e2e modules that train (the tiny jobs, Kueue preemption, the first job), whose
 #   pods are the heaviest load of all, run last and alone. One real node at a time: the
@@ -30,7 +31,7 @@ if [ "$#" -gt 0 ]; then
   exit "$rc"
 fi
 
-E2E_BESIDE=(tests/e2e/test_operator_liveness.py tests/e2e/test_operator_in_cluster.py
+E2E_BESIDE=(tests/e2e/test_node_preload.py tests/e2e/test_operator_liveness.py tests/e2e/test_operator_in_cluster.py
             tests/e2e/test_real_node.py tests/e2e/test_model_config_claim.py)
 IMPORT_FAILED=90
 logs=$(mktemp -d -t grpo-test-XXXXXX)

@@ -75,15 +75,21 @@ def images_cmd(names: tuple[str, ...], force: bool, logs: Path | None) -> None:
 @cli.command("node-images")
 def node_images_cmd() -> None:
     """Import the product's images (operator, trainer-cpu) into the real node's image
-    store, kept under ~/.cache: the e2e tier and the demo then start their node without
-    the import (minutes for the 7 GB trainer image on a fresh machine). `make test` runs
-    it in the background while the CPU-bound tiers run."""
-    from .images import OPERATOR, TRAINER_CPU
+    store, kept under ~/.cache, with containerd alone: the e2e tier and the demo then
+    start their node without the import (minutes for the 7 GB trainer image on a fresh
+    machine). hack/setup.sh runs it beside the Go build once the images are built."""
+    from .images import OPERATOR, TRAINER_CPU, ImageError
+    from .node.preload import preload_store
 
     t0 = time.monotonic()
-    with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag),
-                         with_kueue=False) as tb:
-        spent = tb.node.import_s if tb.node is not None else {}
+    try:
+        spent = preload_store((OPERATOR.tag, TRAINER_CPU.tag))
+    except (ImageError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if spent is None:
+        click.echo("the node's image store is in use by a running testbed: its node "
+                   "imports what it needs; nothing imported here")
+        return
     for tag, seconds in spent.items():
         done = f"imported in {seconds:.0f} s" if seconds else "already in the store"
         click.echo(f"{tag:44} {done}")

@@ -36,8 +36,14 @@ class ImageStore:
             self._lock = None
 
 
-def acquire_store(workdir: Path) -> ImageStore:
-    shared = cache_root() / "node" / f"containerd-{CONTAINERD_VERSION}"
+def shared_store_path() -> Path:
+    return cache_root() / "node" / f"containerd-{CONTAINERD_VERSION}"
+
+
+def acquire_store(workdir: Path, shared: Path | None = None) -> ImageStore:
+    """The shared store (``shared``, by default the testbed cache's), locked; or, while
+    another node holds it, a store of this node's own under ``workdir``."""
+    shared = shared or shared_store_path()
     shared.mkdir(parents=True, exist_ok=True)
     lock_path = shared.parent / f"{shared.name}.lock"
     lock = open(lock_path, "wb")  # noqa: SIM115 - held until release()
