@@ -95,6 +95,15 @@ class Role(StrEnum):
 
     HEAD = "head"
     WORKER = "worker"
+    ROLLOUT = "rollout"  # spec.rollout.placement disaggregated: the rollout worker group
+
+
+# Ray node label (rayStartParams ``labels``) that says which side of a disaggregated job a
+# Ray worker node serves: RAY_SIDE_TRAIN (FSDP ranks) or RAY_SIDE_ROLLOUT (rollout engines).
+# The trainer places its ranks and engines by it; colocated jobs do not set it.
+RAY_SIDE_LABEL = f"{API_GROUP}/side"
+RAY_SIDE_TRAIN = "train"
+RAY_SIDE_ROLLOUT = "rollout"
 
 
 class Phase(StrEnum):

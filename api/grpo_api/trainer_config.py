@@ -90,8 +90,39 @@ class DataConfig(_Strict):
         return self
 
 
+RolloutPlacement = Literal["colocated", "disaggregated"]
+
+
+class DisaggregatedRollout(_Strict):
+    """rollout.placement disaggregated: the rollout engines' own Ray nodes (the Ray
+    worker nodes labelled RAY_SIDE_LABEL=rollout), apart from the FSDP ranks'."""
+
+    nodes: int = Field(default=1, ge=1, description="Ray nodes the rollout engines span")
+    engines_per_node: int = Field(
+        default=1, ge=1,
+        description="rollout engines (Ray actors) on each rollout node; on GPUs, the node's "
+        "GPUs / rollout.tensor_parallel_size")
+    gpus_per_engine: float = Field(
+        default=0, ge=0, description="GPUs of one engine: rollout.tensor_parallel_size on GPUs")
+    cpus_per_engine: float = Field(default=1, gt=0)
+
+    @property
+    def engines(self) -> int:
+        return self.nodes * self.engines_per_node
+
+
 class RolloutConfig(_Strict):
     engine: Literal["hf", "vllm"] = "hf"
+    placement: RolloutPlacement = Field(
+        default="colocated",
+        description="colocated: every rank generates, then trains; disaggregated: rollout "
+        "engines on their own nodes generate while the ranks train")
+    max_staleness: int = Field(
+        default=1, ge=0,
+        description="disaggregated only: how many policy versions a batch may lag the "
+        "update that trains on it (0: synchronous, 1: one step ahead)")
+    disaggregated: DisaggregatedRollout | None = Field(
+        default=None, description="the rollout side; required with placement disaggregated")
     # hf engine: "native" is a lean KV-cached sampling loop, "generate" calls
     # transformers' generate (the reference; slower per token on CPUs).
     hf_sampler: Literal["native", "generate"] = "native"
@@ -119,6 +150,10 @@ class AlgorithmConfig(_Strict):
     kl_coef: float = Field(default=0.0, ge=0)
     kl_estimator: KLEstimator = "low_var_kl"
     entropy_coef: float = Field(default=0.0, ge=0)
+    # Off-policy samples (drawn by an older policy version, rollout.max_staleness >= 1):
+    # the loss is weighted by pi_proximal / pi_behaviour per token, truncated at this cap
+    # (truncated importance sampling, as verl's and AReaL's decoupled objectives).
+    offpolicy_is_cap: float = Field(default=2.0, gt=1)
 
 
 class LoraConfig(_Strict):
@@ -414,7 +449,14 @@ class Config(_Strict):
                 f"rollout.tensor_parallel_size ({tp}) needs rollout.engine 'vllm'; "
                 "the hf engine runs one model per rank"
             )
-        if world % tp:
+        dis = self.rollout.disaggregated
+        if self.rollout.placement == "disaggregated" and dis is None:
+            raise ValueError("rollout.placement 'disaggregated' needs rollout.disaggregated "
+                             "(the rollout side's nodes and engines)")
+        if self.rollout.placement == "colocated" and dis is not None:
+            raise ValueError("rollout.disaggregated is set but rollout.placement is "
+                             "'colocated': set placement 'disaggregated' or drop it")
+        if dis is None and world % tp:
             raise ValueError(
                 f"rollout.tensor_parallel_size ({tp}) must divide resources.num_workers "
                 f"({world}): each engine spans whole groups of ranks"
