@@ -28,13 +28,21 @@ from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
 
 from .budget import compute_budget, max_rollout_utilization
+from .disaggregated import choose_split, rollout_side, rollout_type, side_decisions
 from .layout import token_budgets
 from .mode_advice import mode_suggestions, without_offload
 from .model_shape import KNOWN_MODELS, Shape, resolve_shape
 from .modes import describe, lora_plan, mode_of
 from .network import plan_network
 from .reasons import explain, explain_margin, explain_pods
-from .resources import at_least, build_env, build_pods, object_store_gib
+from .resources import (
+    at_least,
+    build_env,
+    build_pods,
+    build_rollout_pod,
+    object_store_gib,
+    ray_start_params,
+)
 from .types import Budget, Geometry, InfeasibleError, Plan, Settings
 
 MAX_MICRO_BATCH = 4
@@ -153,8 +161,18 @@ def geometry(
     shape: Shape,
     shape_source: str,
     nodes: int,
+    rollout_nodes: int | None = None,
 ) -> Geometry:
+    """`rollout_nodes`: a disaggregated job's rollout nodes when the split chose them
+    (else the spec's)."""
     r, gpu = spec.resources, catalog[spec.resources.gpu]
+    dis = spec.rollout.disaggregated
+    side = None
+    if dis is not None:
+        count = rollout_nodes or dis.nodes
+        assert count is not None, "the split chooses the rollout nodes first"
+        side = rollout_side(spec, catalog, count, "spec.rollout.disaggregated.nodes"
+                            if rollout_nodes is None else "split")
     gpn = r.gpus_per_node or (gpu.gpus_per_node if gpu.is_gpu else CPU_DEFAULT_RANKS)
     return Geometry(
         model_path=spec.model.path,
@@ -189,6 +207,7 @@ def geometry(
         ),
         lora=lora_plan(shape, spec.lora) if spec.lora is not None else None,
         allow_precision_change=spec.restart_policy.allow_precision_change,
+        rollout=side,
     )
 
 
@@ -346,13 +365,22 @@ def plan_memory(
     gpu = node_type(spec, catalog)
     resolved = resolve_shape(spec.model, model_config, model_source)
     nodes_reason = "spec.resources.nodes"
-    if spec.resources.nodes is not None:
+    dis, rollout_nodes, split_reason = spec.rollout.disaggregated, None, ""
+    if dis is not None:
+        rollout_type(spec, catalog)  # SpecError for a type the catalog lacks, first
+    if dis is not None and dis.nodes is None:  # the planner splits resources.nodes
+        nodes, rollout_nodes, split_reason = choose_split(
+            spec, catalog, resolved.shape, gpu,
+            lambda t, r: geometry(spec, catalog, resolved.shape, resolved.source, t, r),
+            lambda g: _fits(g, spec, _pinned(spec)) is not None)
+        nodes_reason = f"spec.resources.nodes less the {rollout_nodes} that generate"
+    elif spec.resources.nodes is not None:
         nodes = spec.resources.nodes
     elif not gpu.is_gpu:
         nodes, nodes_reason = 0, "cpu job: the head pod runs the ranks"
     else:
         nodes, nodes_reason = _derive_nodes(spec, catalog, resolved.shape, resolved.source)
-    geo = geometry(spec, catalog, resolved.shape, resolved.source, nodes)
+    geo = geometry(spec, catalog, resolved.shape, resolved.source, nodes, rollout_nodes)
     problem = _check_batch(geo)
     if problem:
         raise InfeasibleError(f"infeasible: {problem}", [], [])
@@ -365,6 +393,8 @@ def plan_memory(
                   without_offload(geo, spec, settings, pinned, _fits) if geo.is_gpu else None):
         if extra is not None:
             decisions.append(extra)
+    rollout = build_rollout_pod(geo, settings, budget)
+    decisions.extend(side_decisions(geo, budget, rollout, split_reason))
     return Plan(
         geometry=geo,
         settings=settings,
@@ -374,7 +404,9 @@ def plan_memory(
         head=head,
         worker=worker,
         env=build_env(geo, settings),
-        ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
+        ray_start_params=ray_start_params(geo, settings),
+        rollout=rollout,
+        rollout_ray_start_params=ray_start_params(geo, settings, rollout=True),
     )
 
 
@@ -393,7 +425,9 @@ def replan(plan: Plan, settings: Settings, note: str, rung: str = "") -> Plan:
         head=kept_head,
         worker=at_least(worker, plan.worker),
         env=build_env(geo, settings),
-        ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
+        ray_start_params=ray_start_params(geo, settings),
+        rollout=at_least(build_rollout_pod(geo, settings, budget), plan.rollout),
+        rollout_ray_start_params=ray_start_params(geo, settings, rollout=True),
         remediations=(*plan.remediations, note),
         rungs=(*plan.rungs, rung) if rung else plan.rungs,
     )
