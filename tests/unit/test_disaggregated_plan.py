@@ -170,3 +170,18 @@ def test_the_split_gives_the_training_side_what_it_needs_to_fit() -> None:
     reason = next(d for d in plan.decisions if d.knob == "rollout side").reason
     assert "the faster 2:1 split leaves the training side too few GPUs to fit" in reason
     assert "slower than colocated" in reason
+
+
+def test_a_split_whose_ranks_do_not_divide_the_batch_is_passed_over() -> None:
+    """8 x 8 H100: 5 rollout nodes would be fastest (max(504/40 + 27, 702.72/24) + 2.16 =
+    41.76 s), but 24 training ranks cannot share globalBatchSize 128 evenly; 4:4 (44.94 s)
+    runs, and the reason says why."""
+    plan = plan_memory(parse_spec(spec_with(
+        {"placement": "disaggregated", "disaggregated": {}}, nodes=8)))
+    assert plan.geometry.rollout is not None
+    assert (plan.geometry.rollout.nodes, plan.geometry.nodes) == (4, 4)
+    reason = next(d for d in plan.decisions if d.knob == "rollout side").reason
+    assert "the faster 5:3 split leaves training.globalBatchSize 128 no whole share of its " \
+           "24 ranks" in reason
+    best = splits(8, 8, step_work(512 * 5 * 4096, 8.29e9, 2048), overlap=True)[0]
+    assert (best.rollout_nodes, best.step_s) == (5, pytest.approx(41.76))

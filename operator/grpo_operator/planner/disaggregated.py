@@ -102,8 +102,12 @@ def choose_split(spec: GRPOJobSpec, catalog: Mapping[str, GpuType], shape: Shape
             why = split.reason(work, gpn, overlap)
             if i:
                 best = ranked[0]
+                ranks = best.train_nodes * gpn
                 why += (f"; the faster {best.rollout_nodes}:{best.train_nodes} split leaves "
-                        "the training side too few GPUs to fit")
+                        + (f"training.globalBatchSize {spec.training.global_batch_size} no "
+                           f"whole share of its {ranks} ranks"
+                           if spec.training.global_batch_size % ranks else
+                           "the training side too few GPUs to fit"))
             return split.train_nodes, split.rollout_nodes, why
     nodes = spec.resources.nodes
     raise InfeasibleError(
