@@ -12,8 +12,10 @@ import pytest
 from grpo_api.contract import RAY_SIDE_LABEL, ROLE_LABEL, FailureReason, RankPhase
 from grpo_api.job import parse_spec
 from grpo_api.trainer_config import Config
+from grpo_operator.namespace_policy import template_gpus, templates
 from grpo_operator.planner import next_safer_plan, plan_memory
 from grpo_operator.reconcile.classify import PodOutcome, in_context, worker_outcome
+from grpo_operator.reconcile.conditions import cluster_finding, workers_expected
 from grpo_operator.reconcile.planning import planned
 from grpo_operator.render import JobRef
 from grpo_operator.render.children import render_children
@@ -142,3 +144,31 @@ def test_a_training_side_oom_of_a_disaggregated_job_keeps_the_rollout_side() -> 
     assert safer is not None and "rollout" not in safer.rungs[0]
     assert safer.budget.rollout_side == plan.budget.rollout_side
     assert safer.rollout == plan.rollout
+
+
+def test_the_cluster_runs_once_both_sides_pods_do() -> None:
+    """status.plan.nodes counts the training side; the rollout side's pods are waited for
+    too, so a running rollout group does not stand in for training pods not yet made."""
+    status = {"plan": {"nodes": 1, "rollout": {"nodes": 2}}}
+    assert workers_expected(status) == 3 and workers_expected({"plan": {"nodes": 2}}) == 2
+
+    def pod(name: str, role: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": {ROLE_LABEL: role}},
+                "status": {"phase": "Running"}}
+
+    pods = [pod("h", "head"), pod("r0", "rollout"), pod("r1", "rollout")]
+    rc = {"status": {"state": "pending"}}
+    assert cluster_finding(rc, pods, workers_expected(status)).message == (
+        "3 of 4 Ray pods running")
+    done = cluster_finding(rc, [*pods, pod("w0", "worker")], workers_expected(status))
+    assert done.message == "head and 3 worker pod(s) running"
+
+
+def test_admission_checks_and_counts_both_worker_groups() -> None:
+    """The namespace's rules see the training workers' pod and the rollout pod apart, and
+    its GPU quota counts both sides: 8 H100 + 2 x 8 L40S."""
+    rc = _cluster(disaggregated())
+    assert set(templates(rc)) == {"head", "worker", "rollout"}
+    assert templates(rc)["rollout"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-L40S"}
+    assert template_gpus(rc) == 8 + 2 * 8
