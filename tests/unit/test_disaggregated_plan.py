@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from grpo_api.job import SpecError, parse_spec
 from grpo_operator.planner import plan_memory
 from grpo_operator.planner.budget import GIB, compute_budget
-from grpo_operator.planner.report import plan_status
+from grpo_operator.planner.report import plan_status, plan_tables
 from grpo_operator.planner.split import FILL, GENERATION_SHARE, splits, step_work
 from grpo_operator.webhook import admission_problem
 from grpo_testbed.examples import example_job
@@ -185,3 +187,27 @@ def test_a_split_whose_ranks_do_not_divide_the_batch_is_passed_over() -> None:
            "24 ranks" in reason
     best = splits(8, 8, step_work(512 * 5 * 4096, 8.29e9, 2048), overlap=True)[0]
     assert (best.rollout_nodes, best.step_s) == (5, pytest.approx(41.76))
+
+
+def test_grpo_plan_prints_both_sides_and_the_rollout_nodes_host_is_budgeted() -> None:
+    """The rollout pod's memory comes from its node's budget: 8 engines x 3 GiB, one
+    15.44 GiB host copy of the weights while they load, the object store; /0.9 headroom."""
+    plan = plan_memory(parse_spec(spec_with(L40S_SIDE)))
+    rb = plan.budget.rollout_side
+    assert rb is not None and plan.rollout is not None
+    store = plan.settings.ray_object_store_gib
+    assert rb.host_terms == {"rollout_engine_processes": 24.0,
+                             "vllm_weights_load": pytest.approx(15.44, abs=0.01),
+                             "ray_object_store": store}
+    assert plan.rollout.memory_gib == math.ceil(max(rb.peak_host_gib / 0.9,
+                                                    rb.peak_host_gib + 4))
+    console = Console(width=200, record=True)
+    console.print(plan_tables(plan))
+    text = console.export_text()
+    assert "rollout GPU L40S-48GB" in text
+    assert "vllm_activations_and_cuda_graphs ~2.0" in text  # an estimate, marked
+    assert "rollout side" in text and "1 x 8 L40S-48GB" in text
+    rollout_pod = next(line for line in text.splitlines()
+                       if [c.strip() for c in line.split("│")][1:2] == ["rollout"])
+    assert "nvidia.com/gpu.product=NVIDIA-L40S" in rollout_pod
+    assert f"{plan.rollout.memory_gib}Gi" in rollout_pod

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES
 
@@ -35,6 +37,8 @@ ESTIMATES = frozenset({
     "cuda_context", "activations", "vllm_kv_cache_and_overhead",
     "rank_processes", "driver", "rank0_full_model_fp32", "every_rank_full_model_bf16",
     "cpu_rollout_engine", "vllm_sleep_cuda_graphs",
+    # A disaggregated job's rollout GPUs and nodes (rollout_side.py, rollout_host).
+    "vllm_kv_cache", "vllm_activations_and_cuda_graphs", "rollout_engine_processes",
 })
 VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its utilisation
 # Of that, the CUDA graph pool (vLLM 0.32 profiles it inside the utilisation:
@@ -315,6 +319,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
             kv_bytes_per_token(geo), geo.sequence_length, usable=GPU_USABLE,
             margin_gib=side_margin_gib(geo.rollout), overhead_gib=VLLM_OVERHEAD_GIB,
             tensor_parallel=st.rollout_side_tensor_parallel or None)
+        side = replace(side, **rollout_host(geo.rollout, side, weights_gib, st))
         tp, kv_gib, min_util = side.tensor_parallel, side.kv_cache_gib, side.min_utilization
     elif geo.is_gpu and geo.uses_vllm:
         cap = geo.gpu_memory_gib
@@ -440,6 +445,22 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         checkpoint_rank_gib=checkpoint_rank_gib,
         rollout_side=side,
     )
+
+
+def rollout_host(side: RolloutSide, rb: RolloutBudget, weights_gib: float,
+                 st: Settings) -> dict[str, Any]:
+    """A rollout node's host memory: its engines' processes (vLLM's engine core and
+    workers, a rank's RSS each), one host copy of the weights while they load, and Ray's
+    object store; within the pod's share of the node's allocatable, less the headroom
+    unless its HostOOM rung raised it to allocatable."""
+    allocatable = side.host_memory_gib * (1 - SYSTEM_RESERVED_FRACTION) * side.node_share
+    return {
+        "host_terms": {"rollout_engine_processes": rb.engines_per_node * RANK_PROCESS_GIB,
+                       "vllm_weights_load": weights_gib,
+                       "ray_object_store": st.ray_object_store_gib},
+        "host_capacity_gib": (allocatable if st.rollout_pod_memory_at_allocatable
+                              else allocatable * HOST_HEADROOM),
+    }
 
 
 def side_margin_gib(side: RolloutSide) -> float:

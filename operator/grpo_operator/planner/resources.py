@@ -17,7 +17,6 @@ from grpo_api.contract import (
 from .budget import (
     GIB,
     HOST_HEADROOM,
-    RANK_PROCESS_GIB,
     RAY_MEMORY_USAGE_THRESHOLD,
     SYSTEM_RESERVED_FRACTION,
     driver_gib,
@@ -125,13 +124,12 @@ def ray_start_params(geo: Geometry, st: Settings, rollout: bool = False) -> dict
 
 def build_rollout_pod(geo: Geometry, st: Settings, budget: Budget) -> PodResources | None:
     """A disaggregated job's rollout worker pod: its GPU type's node, all of its share of
-    the node's CPUs, and host memory for its engines' processes, one host copy of the
-    weights while they load, and the object store. None when colocated."""
+    the node's CPUs, and the host memory its budget predicts (budget.rollout_host).
+    None when colocated."""
     side, rb = geo.rollout, budget.rollout_side
     if side is None or rb is None:
         return None
-    weights = rb.terms["vllm_weights"] * rb.tensor_parallel
-    need = rb.engines_per_node * RANK_PROCESS_GIB + weights + st.ray_object_store_gib
+    need = rb.peak_host_gib  # budget.rollout_host
     allocatable = math.floor(side.host_memory_gib * (1 - SYSTEM_RESERVED_FRACTION)
                              * side.node_share)
     mem = (allocatable if st.rollout_pod_memory_at_allocatable

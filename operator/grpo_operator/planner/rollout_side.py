@@ -59,10 +59,15 @@ class RolloutBudget:
     min_utilization: float
     kv_cache_gib: float
     host_terms: dict[str, float] = field(default_factory=dict)  # per rollout node
+    host_capacity_gib: float = 0.0  # what a rollout pod may use (0: not checked)
 
     @property
     def peak_gpu_gib(self) -> float:
         return sum(self.terms.values())
+
+    @property
+    def peak_host_gib(self) -> float:
+        return sum(self.host_terms.values())
 
     def problems(self, margin: bool = True) -> list[str]:
         out = []
@@ -77,6 +82,10 @@ class RolloutBudget:
                 f"vLLM on the rollout side ({self.gpu}) needs rolloutGpuMemoryUtilization >= "
                 f"{self.min_utilization:.2f} (weights / TP {self.tensor_parallel} + overhead + "
                 f"one max-length sequence of KV cache) but {self.utilization:.2f} is set")
+        if self.host_capacity_gib and self.peak_host_gib > self.host_capacity_gib:
+            out.append(
+                f"rollout node host peak {self.peak_host_gib:.1f} GiB > "
+                f"{self.host_capacity_gib:.1f} GiB usable")
         return out
 
 
