@@ -23,7 +23,6 @@ from typing import Any
 from grpo_api.catalog import GPU_CATALOG, GpuType, UnknownGpuType, gpu_type
 from grpo_api.job import SpecError
 from grpo_api.job.base import quantity_gib
-from grpo_api.job.resources import MemorySpec
 from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
 
@@ -31,7 +30,7 @@ from .budget import compute_budget, max_rollout_utilization
 from .disaggregated import choose_split, rollout_side, rollout_type, side_decisions
 from .layout import token_budgets
 from .mode_advice import mode_suggestions, without_offload
-from .model_shape import KNOWN_MODELS, Shape, resolve_shape
+from .model_shape import Shape, resolve_shape
 from .modes import describe, lora_plan, mode_of
 from .network import plan_network
 from .reasons import explain, explain_margin, explain_pods
@@ -43,6 +42,7 @@ from .resources import (
     object_store_gib,
     ray_start_params,
 )
+from .suggestions import change_suggestions
 from .types import Budget, Geometry, InfeasibleError, Plan, Settings
 
 MAX_MICRO_BATCH = 4
@@ -277,54 +277,8 @@ def _infeasible(
     if derived:
         summary = f"infeasible: {spec.model.path} does not fit on up to {MAX_AUTO_NODES} nodes"
     modes = mode_suggestions(geo, spec, pinned, _fits, MAX_AUTO_NODES, derived)
-    return InfeasibleError(summary, numbers, [*modes, *_suggestions(geo, spec, pinned)])
-
-
-def _on_type(geo: Geometry, gpu: GpuType, spec: GRPOJobSpec) -> Geometry:
-    """The same job on another GPU type's nodes: their memory, GPUs, host RAM and CPUs
-    (those the spec sets for its nodes stay)."""
-    r = spec.resources
-    return replace(
-        geo, gpu=gpu.name, gpu_memory_gib=gpu.memory_gib, node_gpus=gpu.gpus_per_node,
-        product_label=gpu.product_label, fabric=gpu.fabric,
-        host_memory_gib=geo.host_memory_gib if r.host_memory else gpu.host_memory_gib,
-        cpus_per_node=r.cpus_per_node or gpu.cpus,
-    )
-
-
-def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> list[str]:
-    out = []
-    if pinned:
-        auto = spec.model_copy(update={"memory": MemorySpec.model_validate({})})
-        if _fits(geo, auto, frozenset()):
-            names = ", ".join(f"memory.{PINNABLE[k]}" for k in sorted(pinned))
-            out.append(f"unset {names} (let the planner choose)")
-    if geo.is_gpu:
-        gpn, nodes = geo.gpus_per_node, max(1, geo.nodes)
-        for g in range(gpn + 1, geo.node_gpus + 1):
-            if _fits(replace(geo, gpus_per_node=g), spec, pinned):
-                out.append(f"resources.gpusPerNode: {g} ({nodes * g} GPUs)")
-                break
-        for n in range(nodes + 1, min(max(4 * nodes, 16), 512) + 1):
-            if _fits(replace(geo, nodes=n), spec, pinned):
-                out.append(f"resources.nodes: {n} ({n * gpn} GPUs)")
-                break
-        for gpu in sorted(GPU_CATALOG.values(), key=lambda g: g.memory_gib):
-            if (gpu.memory_gib > geo.gpu_memory_gib and gpu.gpus_per_node >= gpn
-                    and _fits(_on_type(geo, gpu, spec), spec, pinned)):
-                out.append(f"resources.gpu: {gpu.name} ({gpu.memory_gib:.0f} GiB per GPU)")
-                break
-    vision = geo.shape.vision_parameters > 0  # a VLM job is offered VLMs, text jobs text
-    smaller = sorted(
-        (s for s in KNOWN_MODELS.items()
-         if s[1].parameters < geo.shape.parameters and (s[1].vision_parameters > 0) == vision),
-        key=lambda kv: -kv[1].parameters,
-    )
-    for name, shape in smaller:
-        if _fits(replace(geo, shape=shape), spec, pinned):
-            out.append(f"a smaller model: {name} ({shape.parameters / 1e9:.1f}B) fits as is")
-            break
-    return out
+    changes = change_suggestions(geo, spec, pinned, _fits)
+    return InfeasibleError(summary, numbers, [*modes, *changes])
 
 
 def node_type(spec: GRPOJobSpec, catalog: Mapping[str, GpuType]) -> GpuType:
