@@ -44,9 +44,13 @@ def test_the_raycluster_gets_a_rollout_group_on_its_gpu_type_with_ray_side_label
     rc = _cluster(disaggregated())
     workers, rollout = rc["spec"]["workerGroupSpecs"]
     assert (workers["groupName"], rollout["groupName"]) == ("workers", "rollout")
-    assert workers["rayStartParams"]["labels"] == f"{RAY_SIDE_LABEL}=train"
-    assert rollout["rayStartParams"]["labels"] == f"{RAY_SIDE_LABEL}=rollout"
-    assert "labels" not in rc["spec"]["headGroupSpec"]["rayStartParams"]
+    # Ray node labels in each group's top-level `labels` (KubeRay v1.5+ passes them to
+    # `ray start --labels` and refuses rayStartParams' `labels`).
+    assert workers["labels"] == {RAY_SIDE_LABEL: "train"}
+    assert rollout["labels"] == {RAY_SIDE_LABEL: "rollout"}
+    for group in (rc["spec"]["headGroupSpec"], workers, rollout):
+        assert "labels" not in group["rayStartParams"]
+    assert "labels" not in rc["spec"]["headGroupSpec"]
     assert rollout["replicas"] == rollout["minReplicas"] == rollout["maxReplicas"] == 2
     pod = rollout["template"]
     assert pod["metadata"]["labels"][ROLE_LABEL] == "rollout"
@@ -86,7 +90,7 @@ def test_a_colocated_job_renders_as_before() -> None:
     assert plan.rollout is None and plan.budget.rollout_side is None
     rc = _cluster(H100_7B)
     assert [g["groupName"] for g in rc["spec"]["workerGroupSpecs"]] == ["workers"]
-    assert "labels" not in rc["spec"]["workerGroupSpecs"][0]["rayStartParams"]
+    assert "labels" not in rc["spec"]["workerGroupSpecs"][0]
     raw = trainer_config(spec, plan, JOB)
     assert not {"placement", "max_staleness", "disaggregated"} & set(raw["rollout"])
 

@@ -111,15 +111,20 @@ def build_pods(
 
 def ray_start_params(geo: Geometry, st: Settings, rollout: bool = False) -> dict[str, str]:
     """The worker groups' `ray start` parameters (the training workers', or with
-    `rollout` the rollout workers'); a disaggregated job's also label each Ray node with
-    its side (RAY_SIDE_LABEL, Ray's `--labels key=value`), which the trainer places its
-    ranks and engines by. None for the rollout group of a colocated job."""
+    `rollout` the rollout workers'); none for the rollout group of a colocated job."""
     if rollout and geo.rollout is None:
         return {}
-    params = {"object-store-memory": str(int(st.ray_object_store_gib * GIB))}
-    if geo.rollout is not None:
-        params["labels"] = f"{RAY_SIDE_LABEL}={RAY_SIDE_ROLLOUT if rollout else RAY_SIDE_TRAIN}"
-    return params
+    return {"object-store-memory": str(int(st.ray_object_store_gib * GIB))}
+
+
+def ray_node_labels(geo: Geometry, rollout: bool = False) -> dict[str, str]:
+    """A disaggregated job's Ray node labels for a worker group: its side
+    (RAY_SIDE_LABEL), which the trainer places its ranks and engines by. KubeRay (v1.5
+    on) takes them in the group's top-level `labels` and passes them to `ray start
+    --labels`; it refuses rayStartParams' `labels`. None for a colocated job, or the head."""
+    if geo.rollout is None:
+        return {}
+    return {RAY_SIDE_LABEL: RAY_SIDE_ROLLOUT if rollout else RAY_SIDE_TRAIN}
 
 
 def build_rollout_pod(geo: Geometry, st: Settings, budget: Budget) -> PodResources | None:

@@ -273,9 +273,7 @@ class Plan:
         nodes 0) runs the ranks itself and keeps the common parameters."""
         if self.worker is None:
             return dict(self.ray_start_params)
-        # The head serves neither side of a disaggregated job: no side label.
-        common = {k: v for k, v in self.ray_start_params.items() if k != "labels"}
-        return {**common, "num-cpus": "0", "num-gpus": "0"}
+        return {**self.ray_start_params, "num-cpus": "0", "num-gpus": "0"}
 
     @property
     def pods(self) -> int:
