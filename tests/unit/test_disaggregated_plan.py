@@ -204,7 +204,8 @@ def test_grpo_plan_prints_both_sides_and_the_rollout_nodes_host_is_budgeted() ->
     console = Console(width=200, record=True)
     console.print(plan_tables(plan))
     text = console.export_text()
-    assert "rollout GPU L40S-48GB" in text
+    assert "rollout GPU L40S-48GB" in text and "rollout host" in text
+    assert "no vLLM on these GPUs (disaggregated)" in text  # the offload reasons
     assert "vllm_activations_and_cuda_graphs ~2.0" in text  # an estimate, marked
     assert "rollout side" in text and "1 x 8 L40S-48GB" in text
     rollout_pod = next(line for line in text.splitlines()

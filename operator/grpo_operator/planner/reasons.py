@@ -163,10 +163,12 @@ def explain(
                 f"node, host peak {_g(host)} of {_g(b.host_capacity_gib)} usable"
             )
         else:
+            vllm = ("no vLLM on these GPUs (disaggregated)" if geo.rollout is not None
+                    else "rollout leaves vLLM "
+                    f"{_g(st.rollout_gpu_memory_utilization * geo.gpu_memory_gib)}")
             why = (
-                f"GPU fits without it (training {_g(train)} of {_g(cap)}, rollout leaves vLLM "
-                f"{_g(st.rollout_gpu_memory_utilization * geo.gpu_memory_gib)}); offload would "
-                "only move memory to host RAM and slow every step"
+                f"GPU fits without it (training {_g(train)} of {_g(cap)}, {vllm}); offload "
+                "would only move memory to host RAM and slow every step"
                 if geo.is_gpu
                 else "cpu job: everything already lives in host RAM"
             )

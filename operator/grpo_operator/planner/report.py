@@ -199,6 +199,9 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
     host_usable = b.host_capacity_gib + b.host_margin_gib
     rows += [("host steady", b.host_terms, host_usable, b.host_margin_gib),
              ("host load", b.host_load_terms, host_usable, b.host_margin_gib)]
+    if b.rollout_side is not None:  # a rollout node's host (its margin is in Usable)
+        rows.append(("rollout host", b.rollout_side.host_terms,
+                     b.rollout_side.host_capacity_gib, 0.0))
     for where, terms, usable, margin in rows:
         mem.add_row(
             where,
