@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from grpo_api.job import SpecError, parse_spec
-from grpo_operator.planner import plan_memory
+from grpo_operator.planner import InfeasibleError, plan_memory
 from grpo_operator.planner.budget import GIB, compute_budget
 from grpo_operator.planner.report import plan_status, plan_tables
 from grpo_operator.planner.split import FILL, GENERATION_SHARE, splits, step_work
@@ -212,3 +212,26 @@ def test_grpo_plan_prints_both_sides_and_the_rollout_nodes_host_is_budgeted() ->
                        if [c.strip() for c in line.split("│")][1:2] == ["rollout"])
     assert "nvidia.com/gpu.product=NVIDIA-L40S" in rollout_pod
     assert f"{plan.rollout.memory_gib}Gi" in rollout_pod
+
+
+def test_unset_training_nodes_are_derived_beside_the_rollout_sides() -> None:
+    spec = spec_with(L40S_SIDE)
+    del spec["resources"]["nodes"]
+    plan = plan_memory(parse_spec(spec))
+    assert plan.geometry.nodes == 1 and plan.geometry.rollout is not None
+    assert plan.geometry.rollout.nodes == 1
+    cluster = next(d for d in plan.decisions if d.knob == "cluster")
+    assert cluster.reason.startswith("fewest nodes whose plan fits without offload (1)")
+
+
+def test_no_split_that_fits_is_refused_with_the_fix() -> None:
+    """72B on 2 x 8 A100-40GB: 1 node cannot hold its training state; the only split
+    leaves the update 1 node, so the job is refused naming both fields to raise."""
+    spec = spec_with({"placement": "disaggregated", "disaggregated": {}}, nodes=2,
+                     gpu="A100-40GB")
+    spec["model"] = {"path": "Qwen/Qwen2.5-VL-72B-Instruct"}
+    with pytest.raises(InfeasibleError) as err:
+        plan_memory(parse_spec(spec))
+    text = str(err.value)
+    assert "no split of resources.nodes 2 between rollout and training" in text
+    assert "raise resources.nodes" in text and "rollout.disaggregated.nodes" in text
