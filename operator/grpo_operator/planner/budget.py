@@ -17,13 +17,8 @@ from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, LoraPlan, Sta
 from .pinned import adapter_tensors, model_tensors, pinned_factor
 from .rollout_side import RolloutBudget, RolloutSide, rollout_budget
 from .types import Budget, Geometry, Settings
+from .units import BF16_B, FP32_B, GIB
 
-GIB = 2**30
-# Bytes per parameter of the actor's state in each training mode: planner/modes.py (STATE);
-# the compute dtype (bf16 on GPUs) for gathered copies, the reference policy and LoRA's
-# frozen base; bf16 for vLLM's weights.
-BF16_B = 2
-FP32_B = 4  # CPU jobs compute in float32; rank-0 init loads the checkpoint in float32
 LOAD_OVERHEAD = 1.1  # a full-model load holds ~10% more than the weights (loader buffers)
 CUDA_CONTEXT_GIB = 1.5  # CUDA context + NCCL buffers + cuBLAS workspace per GPU process
 GPU_USABLE = 0.95  # leave 5% for fragmentation even with expandable_segments

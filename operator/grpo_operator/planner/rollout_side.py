@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .model_shape import Shape
-
-GIB = 2**30
-BF16_B = 2
+from .units import GIB
 
 
 @dataclass(frozen=True)
@@ -87,11 +85,6 @@ class RolloutBudget:
                 f"rollout node host peak {self.peak_host_gib:.1f} GiB > "
                 f"{self.host_capacity_gib:.1f} GiB usable")
         return out
-
-
-def vllm_weights_gib(shape: Shape, adapter_parameters: int = 0) -> float:
-    """vLLM's copy of the policy, bf16 (a LoRA adapter rides along)."""
-    return (shape.parameters + adapter_parameters) * BF16_B / GIB
 
 
 def side_tensor_parallel(shape: Shape, side: RolloutSide, vllm_budget_gib: float,
