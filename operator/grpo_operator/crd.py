@@ -42,6 +42,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "World size of the current plan.",
     },
     {
+        "name": "Placement",
+        "type": "string",
+        "jsonPath": ".status.plan.placement",
+        "description": "Where rollouts run: colocated (every GPU) or disaggregated (their "
+        "own worker group; status.plan.rollout).",
+    },
+    {
         "name": "Step",
         "type": "integer",
         "jsonPath": ".status.progress.step",

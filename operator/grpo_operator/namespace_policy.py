@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_api.catalog import GPU_RESOURCE
+from grpo_api.contract import ROLE_LABEL
 
 from .render.security import BASELINE_CAPABILITIES, RESTRICTED_CAPABILITIES
 
@@ -226,9 +227,12 @@ def template_gpus(ray_cluster: Mapping[str, Any]) -> int:
 
 
 def templates(ray_cluster: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """role (head / worker) -> pod spec of a rendered RayCluster."""
+    """role (head / worker / rollout) -> pod spec of a rendered RayCluster: each worker
+    group's by its own role (a disaggregated job's rollout group is not the training
+    workers', whose devices may need capabilities)."""
     spec = ray_cluster.get("spec") or {}
     out = {"head": spec["headGroupSpec"]["template"]["spec"]}
     for g in spec.get("workerGroupSpecs") or []:
-        out["worker"] = g["template"]["spec"]
+        labels = (g["template"].get("metadata") or {}).get("labels") or {}
+        out[str(labels.get(ROLE_LABEL) or "worker")] = g["template"]["spec"]
     return out

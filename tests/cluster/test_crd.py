@@ -66,7 +66,8 @@ def test_get_shows_printer_columns_and_status_values(crd: Any, ns: str) -> None:
                 "rank0Init": True, "offloadParams": False, "offloadOptimizer": False,
                 "gradientCheckpointing": False, "microBatchSize": 2,
                 "rolloutGpuMemoryUtilization": 0, "rolloutN": 2, "peakGpuGiB": 0,
-                "peakHostGiB": 8.8, "details": {"decisions": ["free-form"]},
+                "peakHostGiB": 8.8, "placement": "colocated",
+                "details": {"decisions": ["free-form"]},
             },
             "progress": {"step": 12, "totalSteps": 100, "rewardMean": 0.41},
         }
@@ -77,9 +78,10 @@ def test_get_shows_printer_columns_and_status_values(crd: Any, ns: str) -> None:
     )  # fmt: skip
     out = crd.kubectl("get", "gj", "-n", ns).stdout
     header, *rows = out.splitlines()
-    assert header.split() == ["NAME", "PHASE", "GPUS", "STEP", "TOTAL", "REWARD", "RESTARTS", "AGE"]
+    assert header.split() == ["NAME", "PHASE", "GPUS", "PLACEMENT", "STEP", "TOTAL", "REWARD",
+                              "RESTARTS", "AGE"]
     row = next(r for r in rows if r.startswith("tiny "))
-    assert row.split()[:7] == ["tiny", "Running", "2", "12", "100", "0.41", "1"]
+    assert row.split()[:8] == ["tiny", "Running", "2", "colocated", "12", "100", "0.41", "1"]
     wide = crd.kubectl("get", "grpojobs", "-n", ns, "-o", "wide").stdout
     assert "MODEL" in wide.splitlines()[0] and "/models/tiny-qwen25vl" in wide
     stored = get_json(crd, "grpojob", "tiny", "-n", ns)["status"]["plan"]["details"]

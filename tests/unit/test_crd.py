@@ -43,7 +43,10 @@ def test_names_come_from_the_contract() -> None:
 def test_printer_columns() -> None:
     cols = crd()["spec"]["versions"][0]["additionalPrinterColumns"]
     shown = [c["name"] for c in cols if not c.get("priority")]
-    assert shown == ["Phase", "GPUs", "Step", "Total", "Reward", "Restarts", "Age"]
+    assert shown == ["Phase", "GPUs", "Placement", "Step", "Total", "Reward", "Restarts",
+                     "Age"]
+    placement = next(c for c in cols if c["name"] == "Placement")
+    assert placement["jsonPath"] == ".status.plan.placement"
 
 
 def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:

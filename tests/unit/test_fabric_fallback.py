@@ -41,7 +41,7 @@ def plan(devices: dict[str, int] | None, nodes: int = 8) -> dict[str, Any]:
     spec = yaml.safe_load((ROOT / "examples/grpojob-qwen2vl-72b-h100.yaml").read_text())["spec"]
     spec["resources"] = {"gpu": "H100-80GB", "nodes": nodes, "gpusPerNode": 8,
                          **({"devices": devices} if devices else {})}
-    return plan_status(plan_memory(parse_spec(spec))).model_dump(by_alias=True, mode="json")
+    return plan_status(plan_memory(parse_spec(spec))).to_wire()  # as the operator writes it
 
 
 def reported(lines: list[str], attempt: int = 0) -> dict[str, Any]:

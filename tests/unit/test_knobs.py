@@ -28,7 +28,10 @@ from grpo_trainer.config import ENV_OVERRIDES, build_config
 pytestmark = pytest.mark.unit
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("grpojob-*.yaml"))
 # Settings fields that are not knobs: the HostOOM ladder's own switch.
-NOT_KNOBS = {"pod_memory_at_allocatable"}
+# Remediation state, not settings a spec pins or the trainer reads: the pods' memory at
+# allocatable (each side's) and a raised rollout-side TP (the trainer gets the Budget's).
+NOT_KNOBS = {"pod_memory_at_allocatable", "rollout_pod_memory_at_allocatable",
+             "rollout_side_tensor_parallel"}
 
 
 def aliases(model: type[BaseModel]) -> dict[str, str]:

@@ -40,7 +40,7 @@ def test_each_setting_reaches_its_trainer_config_path() -> None:
     settings = {"formatPrompt": "r1v", "entropyCoef": 0.001, "clipRatioDual": 4.0,
                 "klEstimator": "k3", "normAdvByStd": False, "warmupSteps": 3,
                 "ppoEpochs": 2, "rewardTimeoutSeconds": 5.5, "rewardWorkers": 2,
-                "valBeforeTrain": False}
+                "valBeforeTrain": False, "offpolicyIsCap": 1.5}
     assert {to_camel(n) for n in TRAINER_PATHS} == set(settings)
     cfg = rendered(spec_with(TINY, trainer=settings))
     for name, path in TRAINER_PATHS.items():

@@ -83,7 +83,10 @@ def _maximal_spec() -> dict[str, Any]:
              "trainer": {f: 1 for f in ("ppoEpochs", "warmupSteps", "rewardWorkers")}
              | {"entropyCoef": 0.01, "clipRatioDual": 4.0, "klEstimator": "k3",
                 "normAdvByStd": False, "rewardTimeoutSeconds": 5.0, "valBeforeTrain": False,
-                "formatPrompt": "r1v"}}
+                "formatPrompt": "r1v", "offpolicyIsCap": 3.0},
+             # Disaggregated: rollout.placement, max_staleness and disaggregated rendered.
+             "rollout": {"placement": "disaggregated", "maxStaleness": 2,
+                         "disaggregated": {"gpuType": "L40S-48GB", "nodes": 1}}}
     spec["data"] = {**spec["data"], "val": "/data/val.parquet"}
     spec["training"] = {**spec["training"], "valIntervalSteps": 5, "maxSteps": 10}
     spec["reward"] = {"type": "function", "function": "pkg.mod:score"}

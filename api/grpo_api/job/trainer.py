@@ -100,6 +100,10 @@ SOURCES: Mapping[str, Source] = one_each((
     rendered("rollout.top_p", "spec.algorithm.topP"),
     rendered("rollout.max_new_tokens", "spec.data.maxResponseLength"),
     rendered("rollout.seed", "spec.training.seed"),
+    # Disaggregated jobs only (a colocated job's config leaves the trainer's defaults).
+    rendered("rollout.placement", "spec.rollout.placement"),
+    rendered("rollout.max_staleness", "spec.rollout.maxStaleness"),
+    rendered("rollout.disaggregated", "spec.rollout.disaggregated"),
     rendered("algorithm.clip_ratio_low", "spec.algorithm.clipRatioLow"),
     rendered("algorithm.clip_ratio_high", "spec.algorithm.clipRatioHigh"),
     rendered("algorithm.kl_coef", "spec.algorithm.klCoef"),
@@ -139,6 +143,7 @@ SOURCES: Mapping[str, Source] = one_each((
     passed("format_prompt", "data.format_prompt"),
     passed("entropy_coef", "algorithm.entropy_coef"),
     passed("clip_ratio_dual", "algorithm.clip_ratio_dual"),
+    passed("offpolicy_is_cap", "algorithm.offpolicy_is_cap"),
     passed("kl_estimator", "algorithm.kl_estimator"),
     passed("norm_adv_by_std", "algorithm.norm_adv_by_std"),
     passed("warmup_steps", "actor.warmup_steps"),
@@ -205,6 +210,10 @@ class TrainerSpec(ApiModel):
     clip_ratio_dual: float | None = _schema_field(
         "clip_ratio_dual", "Dual-clip bound c on the ratio for negative "
         "advantages (DAPO/EasyR1 clip_ratio_dual).")
+    offpolicy_is_cap: float | None = _schema_field(
+        "offpolicy_is_cap", "rollout.maxStaleness >= 1 (disaggregated): the cap of the "
+        "per-token importance weight pi_proximal / pi_behaviour of an off-policy sample "
+        "(truncated importance sampling).")
     kl_estimator: KLEstimator | None = Field(
         None, description="KL estimator of the KL loss (EasyR1 kl_penalty): k1, k3 or "
         "low_var_kl. Unset: low_var_kl. Trainer setting algorithm.kl_estimator.")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES
 
@@ -13,14 +15,10 @@ from .layout import micro_batch
 from .model_shape import Shape
 from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, LoraPlan, StateTerm
 from .pinned import adapter_tensors, model_tensors, pinned_factor
+from .rollout_side import RolloutBudget, RolloutSide, rollout_budget
 from .types import Budget, Geometry, Settings
+from .units import BF16_B, FP32_B, GIB
 
-GIB = 2**30
-# Bytes per parameter of the actor's state in each training mode: planner/modes.py (STATE);
-# the compute dtype (bf16 on GPUs) for gathered copies, the reference policy and LoRA's
-# frozen base; bf16 for vLLM's weights.
-BF16_B = 2
-FP32_B = 4  # CPU jobs compute in float32; rank-0 init loads the checkpoint in float32
 LOAD_OVERHEAD = 1.1  # a full-model load holds ~10% more than the weights (loader buffers)
 CUDA_CONTEXT_GIB = 1.5  # CUDA context + NCCL buffers + cuBLAS workspace per GPU process
 GPU_USABLE = 0.95  # leave 5% for fragmentation even with expandable_segments
@@ -34,6 +32,8 @@ ESTIMATES = frozenset({
     "cuda_context", "activations", "vllm_kv_cache_and_overhead",
     "rank_processes", "driver", "rank0_full_model_fp32", "every_rank_full_model_bf16",
     "cpu_rollout_engine", "vllm_sleep_cuda_graphs",
+    # A disaggregated job's rollout GPUs and nodes (rollout_side.py, rollout_host).
+    "vllm_kv_cache", "vllm_activations_and_cuda_graphs", "rollout_engine_processes",
 })
 VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its utilisation
 # Of that, the CUDA graph pool (vLLM 0.32 profiles it inside the utilisation:
@@ -306,7 +306,17 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     adapter = geo.lora.adapter_parameters if geo.lora is not None else 0
     weights_gib = (p + adapter) * BF16_B / GIB
     tp, kv_gib, min_util = 1, 0.0, 0.0
-    if geo.is_gpu and geo.uses_vllm:
+    side: RolloutBudget | None = None
+    engine_weights: dict[str, float] = {}
+    if geo.rollout is not None:  # vLLM on its own GPUs: no term on the training GPUs
+        side = rollout_budget(
+            geo.shape, geo.rollout, st.rollout_gpu_memory_utilization, weights_gib,
+            kv_bytes_per_token(geo), geo.sequence_length, usable=GPU_USABLE,
+            margin_gib=side_margin_gib(geo.rollout), overhead_gib=VLLM_OVERHEAD_GIB,
+            tensor_parallel=st.rollout_side_tensor_parallel or None)
+        side = replace(side, **rollout_host(geo.rollout, side, weights_gib, st))
+        tp, kv_gib, min_util = side.tensor_parallel, side.kv_cache_gib, side.min_utilization
+    elif geo.is_gpu and geo.uses_vllm:
         cap = geo.gpu_memory_gib
         tp = rollout_tensor_parallel(geo, st.rollout_gpu_memory_utilization * cap)
         vllm_need = weights_gib / tp + VLLM_OVERHEAD_GIB
@@ -345,6 +355,8 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         }
 
     ranks = geo.ranks_per_node
+    # vLLM sleeps on the training ranks (its copies in host RAM) only when colocated.
+    sleeps = geo.is_gpu and geo.uses_vllm and geo.rollout is None
     checkpoint_rank_gib = _state_gib(geo, st, lambda t: t.checkpointed)
     rank_gib = RANK_PROCESS_GIB if geo.is_gpu else RANK_PROCESS_CPU_GIB
     # Pinned on a GPU node, in blocks torch's host allocator rounds (planner/pinned.py):
@@ -369,10 +381,8 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         # LoRA's vLLM sleeps at level 1 (its base weights wait in host RAM); full fine-tuning
         # at level 2 discards them, since every sync rewrites them (vllm_engine.sleep_level).
         "vllm_sleep_weights": (ranks * weights_gib / tp
-                               if geo.is_gpu and geo.uses_vllm and geo.lora is not None
-                               else 0.0),
-        "vllm_sleep_cuda_graphs": (ranks * VLLM_CUDA_GRAPHS_GIB
-                                   if geo.is_gpu and geo.uses_vllm else 0.0),
+                               if sleeps and geo.lora is not None else 0.0),
+        "vllm_sleep_cuda_graphs": ranks * VLLM_CUDA_GRAPHS_GIB if sleeps else 0.0,
         "ray_object_store": st.ray_object_store_gib,
         "weight_sync_buffers": 0.0,
         # Async checkpoint saves stage each rank's trained weights and optimizer state in
@@ -428,12 +438,37 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         rollout_min_utilization=min_util,
         rollout_utilization=st.rollout_gpu_memory_utilization if geo.is_gpu else 0.0,
         checkpoint_rank_gib=checkpoint_rank_gib,
+        rollout_side=side,
     )
+
+
+def rollout_host(side: RolloutSide, rb: RolloutBudget, weights_gib: float,
+                 st: Settings) -> dict[str, Any]:
+    """A rollout node's host memory: its engines' processes (vLLM's engine core and
+    workers, a rank's RSS each), one host copy of the weights while they load, and Ray's
+    object store; within the pod's share of the node's allocatable, less the headroom
+    unless its HostOOM rung raised it to allocatable."""
+    allocatable = side.host_memory_gib * (1 - SYSTEM_RESERVED_FRACTION) * side.node_share
+    return {
+        "host_terms": {"rollout_engine_processes": rb.engines_per_node * RANK_PROCESS_GIB,
+                       "vllm_weights_load": weights_gib,
+                       "ray_object_store": st.ray_object_store_gib},
+        "host_capacity_gib": (allocatable if st.rollout_pod_memory_at_allocatable
+                              else allocatable * HOST_HEADROOM),
+    }
+
+
+def side_margin_gib(side: RolloutSide) -> float:
+    """What a rollout GPU keeps free under its usable memory, as gpu_margin_gib."""
+    return max(GPU_MARGIN_MIN_GIB, GPU_MARGIN_FRACTION * side.gpu_memory_gib * GPU_USABLE)
 
 
 def max_rollout_utilization(geo: Geometry, st: Settings) -> float:
     """Largest vLLM fraction that leaves room for what the actor keeps resident, and
-    the margin."""
+    the margin; disaggregated, vLLM has the rollout GPU to itself (less the margin)."""
+    if geo.rollout is not None:
+        cap = geo.rollout.gpu_memory_gib
+        return (cap * GPU_USABLE - side_margin_gib(geo.rollout)) / cap
     b = compute_budget(geo, st)
     rollout = dict(b.gpu_phases.get("rollout", {}))
     others = sum(v for k, v in rollout.items() if not k.startswith("vllm"))

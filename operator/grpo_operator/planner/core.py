@@ -23,18 +23,26 @@ from typing import Any
 from grpo_api.catalog import GPU_CATALOG, GpuType, UnknownGpuType, gpu_type
 from grpo_api.job import SpecError
 from grpo_api.job.base import quantity_gib
-from grpo_api.job.resources import MemorySpec
 from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
 
 from .budget import compute_budget, max_rollout_utilization
+from .disaggregated import choose_split, rollout_side, rollout_type, side_decisions
 from .layout import token_budgets
 from .mode_advice import mode_suggestions, without_offload
-from .model_shape import KNOWN_MODELS, Shape, resolve_shape
+from .model_shape import Shape, resolve_shape
 from .modes import describe, lora_plan, mode_of
 from .network import plan_network
 from .reasons import explain, explain_margin, explain_pods
-from .resources import at_least, build_env, build_pods, object_store_gib
+from .resources import (
+    at_least,
+    build_env,
+    build_pods,
+    build_rollout_pod,
+    object_store_gib,
+    ray_start_params,
+)
+from .suggestions import change_suggestions
 from .types import Budget, Geometry, InfeasibleError, Plan, Settings
 
 MAX_MICRO_BATCH = 4
@@ -153,8 +161,18 @@ def geometry(
     shape: Shape,
     shape_source: str,
     nodes: int,
+    rollout_nodes: int | None = None,
 ) -> Geometry:
+    """`rollout_nodes`: a disaggregated job's rollout nodes when the split chose them
+    (else the spec's)."""
     r, gpu = spec.resources, catalog[spec.resources.gpu]
+    dis = spec.rollout.disaggregated
+    side = None
+    if dis is not None:
+        count = rollout_nodes or dis.nodes
+        assert count is not None, "the split chooses the rollout nodes first"
+        side = rollout_side(spec, catalog, count, "spec.rollout.disaggregated.nodes"
+                            if rollout_nodes is None else "split")
     gpn = r.gpus_per_node or (gpu.gpus_per_node if gpu.is_gpu else CPU_DEFAULT_RANKS)
     return Geometry(
         model_path=spec.model.path,
@@ -189,6 +207,7 @@ def geometry(
         ),
         lora=lora_plan(shape, spec.lora) if spec.lora is not None else None,
         allow_precision_change=spec.restart_policy.allow_precision_change,
+        rollout=side,
     )
 
 
@@ -258,54 +277,8 @@ def _infeasible(
     if derived:
         summary = f"infeasible: {spec.model.path} does not fit on up to {MAX_AUTO_NODES} nodes"
     modes = mode_suggestions(geo, spec, pinned, _fits, MAX_AUTO_NODES, derived)
-    return InfeasibleError(summary, numbers, [*modes, *_suggestions(geo, spec, pinned)])
-
-
-def _on_type(geo: Geometry, gpu: GpuType, spec: GRPOJobSpec) -> Geometry:
-    """The same job on another GPU type's nodes: their memory, GPUs, host RAM and CPUs
-    (those the spec sets for its nodes stay)."""
-    r = spec.resources
-    return replace(
-        geo, gpu=gpu.name, gpu_memory_gib=gpu.memory_gib, node_gpus=gpu.gpus_per_node,
-        product_label=gpu.product_label, fabric=gpu.fabric,
-        host_memory_gib=geo.host_memory_gib if r.host_memory else gpu.host_memory_gib,
-        cpus_per_node=r.cpus_per_node or gpu.cpus,
-    )
-
-
-def _suggestions(geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]) -> list[str]:
-    out = []
-    if pinned:
-        auto = spec.model_copy(update={"memory": MemorySpec.model_validate({})})
-        if _fits(geo, auto, frozenset()):
-            names = ", ".join(f"memory.{PINNABLE[k]}" for k in sorted(pinned))
-            out.append(f"unset {names} (let the planner choose)")
-    if geo.is_gpu:
-        gpn, nodes = geo.gpus_per_node, max(1, geo.nodes)
-        for g in range(gpn + 1, geo.node_gpus + 1):
-            if _fits(replace(geo, gpus_per_node=g), spec, pinned):
-                out.append(f"resources.gpusPerNode: {g} ({nodes * g} GPUs)")
-                break
-        for n in range(nodes + 1, min(max(4 * nodes, 16), 512) + 1):
-            if _fits(replace(geo, nodes=n), spec, pinned):
-                out.append(f"resources.nodes: {n} ({n * gpn} GPUs)")
-                break
-        for gpu in sorted(GPU_CATALOG.values(), key=lambda g: g.memory_gib):
-            if (gpu.memory_gib > geo.gpu_memory_gib and gpu.gpus_per_node >= gpn
-                    and _fits(_on_type(geo, gpu, spec), spec, pinned)):
-                out.append(f"resources.gpu: {gpu.name} ({gpu.memory_gib:.0f} GiB per GPU)")
-                break
-    vision = geo.shape.vision_parameters > 0  # a VLM job is offered VLMs, text jobs text
-    smaller = sorted(
-        (s for s in KNOWN_MODELS.items()
-         if s[1].parameters < geo.shape.parameters and (s[1].vision_parameters > 0) == vision),
-        key=lambda kv: -kv[1].parameters,
-    )
-    for name, shape in smaller:
-        if _fits(replace(geo, shape=shape), spec, pinned):
-            out.append(f"a smaller model: {name} ({shape.parameters / 1e9:.1f}B) fits as is")
-            break
-    return out
+    changes = change_suggestions(geo, spec, pinned, _fits)
+    return InfeasibleError(summary, numbers, [*modes, *changes])
 
 
 def node_type(spec: GRPOJobSpec, catalog: Mapping[str, GpuType]) -> GpuType:
@@ -346,13 +319,22 @@ def plan_memory(
     gpu = node_type(spec, catalog)
     resolved = resolve_shape(spec.model, model_config, model_source)
     nodes_reason = "spec.resources.nodes"
-    if spec.resources.nodes is not None:
+    dis, rollout_nodes, split_reason = spec.rollout.disaggregated, None, ""
+    if dis is not None:
+        rollout_type(spec, catalog)  # SpecError for a type the catalog lacks, first
+    if dis is not None and dis.nodes is None:  # the planner splits resources.nodes
+        nodes, rollout_nodes, split_reason = choose_split(
+            spec, catalog, resolved.shape, gpu,
+            lambda t, r: geometry(spec, catalog, resolved.shape, resolved.source, t, r),
+            lambda g: _fits(g, spec, _pinned(spec)) is not None)
+        nodes_reason = f"spec.resources.nodes less the {rollout_nodes} that generate"
+    elif spec.resources.nodes is not None:
         nodes = spec.resources.nodes
     elif not gpu.is_gpu:
         nodes, nodes_reason = 0, "cpu job: the head pod runs the ranks"
     else:
         nodes, nodes_reason = _derive_nodes(spec, catalog, resolved.shape, resolved.source)
-    geo = geometry(spec, catalog, resolved.shape, resolved.source, nodes)
+    geo = geometry(spec, catalog, resolved.shape, resolved.source, nodes, rollout_nodes)
     problem = _check_batch(geo)
     if problem:
         raise InfeasibleError(f"infeasible: {problem}", [], [])
@@ -365,6 +347,8 @@ def plan_memory(
                   without_offload(geo, spec, settings, pinned, _fits) if geo.is_gpu else None):
         if extra is not None:
             decisions.append(extra)
+    rollout = build_rollout_pod(geo, settings, budget)
+    decisions.extend(side_decisions(geo, budget, rollout, split_reason))
     return Plan(
         geometry=geo,
         settings=settings,
@@ -374,7 +358,9 @@ def plan_memory(
         head=head,
         worker=worker,
         env=build_env(geo, settings),
-        ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
+        ray_start_params=ray_start_params(geo, settings),
+        rollout=rollout,
+        rollout_ray_start_params=ray_start_params(geo, settings, rollout=True),
     )
 
 
@@ -393,7 +379,9 @@ def replan(plan: Plan, settings: Settings, note: str, rung: str = "") -> Plan:
         head=kept_head,
         worker=at_least(worker, plan.worker),
         env=build_env(geo, settings),
-        ray_start_params={"object-store-memory": str(int(settings.ray_object_store_gib * 2**30))},
+        ray_start_params=ray_start_params(geo, settings),
+        rollout=at_least(build_rollout_pod(geo, settings, budget), plan.rollout),
+        rollout_ray_start_params=ray_start_params(geo, settings, rollout=True),
         remediations=(*plan.remediations, note),
         rungs=(*plan.rungs, rung) if rung else plan.rungs,
     )

@@ -17,6 +17,9 @@ Fewer generations per prompt is not a rung: it changes the algorithm, and the me
 would free the micro-batch's rung frees without changing it (vLLM's KV cache is sized by
 its utilisation; the update's micro-batch is bounded by its budget, whatever the group).
 Other failures (NodeLost, Error, ...) have no memory ladder: restart with the same plan.
+A disaggregated job's rollout-side failures (a rollout pod's, or an OOM while generating)
+walk planner/rollout_ladder.py's rungs instead, and the rungs here never touch vLLM's
+share there (it is the rollout GPUs', not the training GPUs').
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from .headroom import improves
 from .modes import BF16, MIXED
 from .report import plan_changes
 from .resources import STORE_MIN_GIB
+from .rollout_ladder import changes_rollout_side, on_rollout_side, rollout_ladder
 from .types import Budget, Plan, Settings
 
 Rung = Callable[[Plan], Settings | None]
@@ -65,7 +69,9 @@ def _halve_micro_batch(p: Plan) -> Settings | None:
 
 
 def _lower_utilization(p: Plan) -> Settings | None:
-    if not p.geometry.is_gpu or "rollout_gpu_memory_utilization" in p.pinned:
+    # Disaggregated, vLLM's share is the rollout GPU's: the rollout side's ladder's.
+    if (not p.geometry.is_gpu or "rollout_gpu_memory_utilization" in p.pinned
+            or p.geometry.rollout is not None):
         return None
     floor = math.ceil(p.budget.rollout_min_utilization * 100) / 100
     new = round(max(floor, p.settings.rollout_gpu_memory_utilization - 0.1), 2)
@@ -78,7 +84,7 @@ def _most_utilization(p: Plan, settings: Settings) -> Settings | None:
     """``settings`` with vLLM's share raised to the most the update's residency under them
     leaves room for, or None when that is not more than the plan's."""
     if (not p.geometry.is_gpu or not p.geometry.uses_vllm
-            or "rollout_gpu_memory_utilization" in p.pinned):
+            or "rollout_gpu_memory_utilization" in p.pinned or p.geometry.rollout is not None):
         return None
     most = math.floor(max_rollout_utilization(p.geometry, settings) * 100) / 100
     if most < p.settings.rollout_gpu_memory_utilization + 0.01:
@@ -198,6 +204,7 @@ def next_safer_plan(
     catalog: Mapping[str, GpuType] = GPU_CATALOG,
     model_config: dict[str, Any] | None = None,
     phase: RankPhase | str | None = None,
+    side: str | None = None,
 ) -> Plan | None:
     """The plan for the next attempt after `failure`, or None when the ladder is exhausted
     (or the failure class has no memory ladder). The applied rung is appended to
@@ -211,18 +218,23 @@ def next_safer_plan(
         if isinstance(plan_or_spec, Plan)
         else plan_memory(plan_or_spec, catalog, model_config)
     )
-    for name, rung in _ladder(failure, phase):
+    # A disaggregated job's rollout side has its own ladder; the training one never runs
+    # for its failures (planner/rollout_ladder.py).
+    rollout = on_rollout_side(plan, phase, side)
+    for name, rung in rollout_ladder(failure, phase) if rollout else _ladder(failure, phase):
         if name in plan.rungs:  # one restart per rung; the next failure moves on
             continue
         settings = rung(plan)
         if settings is None:
             continue
         budget = compute_budget(plan.geometry, settings)
-        if not _acceptable(failure, budget):
+        if not rollout and not _acceptable(failure, budget):
             continue
         safer = replan(plan, settings, "", name)
-        if not improves(plan, safer, failure, phase):  # it would change nothing that helps
+        if rollout and not changes_rollout_side(plan, safer):
             continue
+        if not rollout and not improves(plan, safer, failure, phase):
+            continue  # it would change nothing that helps
         # The note lists every difference between the two plans, not only the rung's
         # knob: a rung can move the rollout TP, a pod limit or Ray's store with it.
         note = (f"{failure.value}: {name}: {', '.join(plan_changes(plan, safer))} "

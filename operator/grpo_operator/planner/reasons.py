@@ -163,10 +163,12 @@ def explain(
                 f"node, host peak {_g(host)} of {_g(b.host_capacity_gib)} usable"
             )
         else:
+            vllm = ("no vLLM on these GPUs (disaggregated)" if geo.rollout is not None
+                    else "rollout leaves vLLM "
+                    f"{_g(st.rollout_gpu_memory_utilization * geo.gpu_memory_gib)}")
             why = (
-                f"GPU fits without it (training {_g(train)} of {_g(cap)}, rollout leaves vLLM "
-                f"{_g(st.rollout_gpu_memory_utilization * geo.gpu_memory_gib)}); offload would "
-                "only move memory to host RAM and slow every step"
+                f"GPU fits without it (training {_g(train)} of {_g(cap)}, {vllm}); offload "
+                "would only move memory to host RAM and slow every step"
                 if geo.is_gpu
                 else "cpu job: everything already lives in host RAM"
             )
@@ -178,16 +180,21 @@ def explain(
             * b.rollout_tensor_parallel
             / max(1.0, kv_bytes_per_token(geo))
         )
+        # Disaggregated: vLLM's share of a rollout GPU, which the actor never shares.
+        card = geo.rollout.gpu_memory_gib if geo.rollout else geo.gpu_memory_gib
+        beside = (f"the rollout GPU ({geo.rollout.gpu}) is vLLM's alone" if geo.rollout
+                  else f"the actor keeps "
+                  f"{_g(b.gpu_phases['rollout'].get('actor_resident', 0))} resident")
         out.append(
             Decision(
                 ROLLOUT_GPU_MEMORY_UTILIZATION.spec,
                 f"{st.rollout_gpu_memory_utilization:.2f}",
                 src(ROLLOUT_GPU_MEMORY_UTILIZATION),
-                f"vLLM gets {_g(st.rollout_gpu_memory_utilization * geo.gpu_memory_gib)}: "
+                f"vLLM gets {_g(st.rollout_gpu_memory_utilization * card)}: "
                 f"weights {_g(weights / b.rollout_tensor_parallel)} (TP "
                 f"{b.rollout_tensor_parallel}) + KV cache {_g(b.rollout_kv_cache_gib)} "
-                f"(~{int(kv_tokens)} tokens); needs >= {b.rollout_min_utilization:.2f}; the "
-                f"actor keeps {_g(b.gpu_phases['rollout'].get('actor_resident', 0))} resident",
+                f"(~{int(kv_tokens)} tokens); needs >= {b.rollout_min_utilization:.2f}; "
+                f"{beside}",
             )
         )
     out.append(

@@ -38,6 +38,24 @@ def _pod(p: PodResources | None) -> dict[str, Any] | None:
     }
 
 
+def _rollout(plan: Plan) -> dict[str, Any] | None:
+    """A disaggregated job's rollout side, as status.plan.rollout has it (camelCase)."""
+    side, rb = plan.geometry.rollout, plan.budget.rollout_side
+    if side is None or rb is None:
+        return None
+    return {
+        "gpu": side.gpu,
+        "nodes": side.nodes,
+        "gpusPerNode": side.gpus_per_node,
+        "tensorParallelSize": rb.tensor_parallel,
+        "enginesPerNode": rb.engines_per_node,
+        "gpuMemoryUtilization": rb.utilization,
+        "kvCacheGiB": round(rb.kv_cache_gib, 2),
+        "peakGpuGiB": round(rb.peak_gpu_gib, 2),
+        "maxStaleness": side.max_staleness,
+    }
+
+
 def _knobs(plan: Plan) -> dict[str, Any]:
     """The planned knobs status.plan reports, by the names users write (grpo_api.knobs)."""
     return {k.spec: plan.knob_value(k) for k in KNOBS if k.in_status}
@@ -82,13 +100,17 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "hostLoadGiB": _round(b.host_load_terms),
             "estimatedTerms": sorted(ESTIMATES),
         },
-        "pods": {"head": _pod(plan.head), "worker": _pod(plan.worker)},
+        **({"rollout": _rollout(plan)} if g.rollout is not None else {}),
+        "pods": {"head": _pod(plan.head), "worker": _pod(plan.worker),
+                 **({"rollout": _pod(plan.rollout)} if plan.rollout else {})},
         # The head's and workers' terminationGracePeriodSeconds, for the save on SIGTERM.
         "sigterm": {"predictedSaveSeconds": round(predicted_save_s(plan), 1),
                     "terminationGraceSeconds": termination_grace_s(plan)},
         "env": dict(plan.env),
         "rayStartParams": dict(plan.ray_start_params),
         "headRayStartParams": plan.head_ray_start_params,
+        **({"rolloutRayStartParams": dict(plan.rollout_ray_start_params)}
+           if plan.rollout else {}),
         "decisions": [asdict(d) for d in plan.decisions],
         "remediations": list(plan.remediations),
     }
@@ -131,6 +153,8 @@ def plan_status(plan: Plan, measured_save_s: float | None = None) -> PlanStatus:
             **_knobs(plan),
             "mode": g.mode(plan.settings),
             "rolloutEngine": g.rollout_engine,
+            "placement": "disaggregated" if g.rollout is not None else "colocated",
+            **({"rollout": _rollout(plan)} if g.rollout is not None else {}),
             "fabrics": list(plan_network(g).fabrics),
             "modelSource": g.shape_source,
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
@@ -168,9 +192,16 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
     mem.add_column("Terms", overflow="fold")
     rows = [(f"GPU {phase}", terms, b.gpu_capacity_gib, b.gpu_margin_gib)
             for phase, terms in b.gpu_phases.items()]
+    if b.rollout_side is not None:  # disaggregated: the GPU phases above train only
+        rb = b.rollout_side
+        rows.append((f"rollout GPU {rb.gpu}", rb.terms, rb.gpu_capacity_gib,
+                     rb.gpu_margin_gib))
     host_usable = b.host_capacity_gib + b.host_margin_gib
     rows += [("host steady", b.host_terms, host_usable, b.host_margin_gib),
              ("host load", b.host_load_terms, host_usable, b.host_margin_gib)]
+    if b.rollout_side is not None:  # a rollout node's host (its margin is in Usable)
+        rows.append(("rollout host", b.rollout_side.host_terms,
+                     b.rollout_side.host_capacity_gib, 0.0))
     for where, terms, usable, margin in rows:
         mem.add_row(
             where,
@@ -187,7 +218,7 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
     for col in ("Role", "Replicas", "GPU", "CPU", "Memory", "/dev/shm", "nodeSelector",
                 "Devices"):
         pods.add_column(col, overflow="fold")
-    for p in (plan.head, plan.worker):
+    for p in (plan.head, plan.worker, plan.rollout):
         if p is not None:
             pods.add_row(
                 p.role,

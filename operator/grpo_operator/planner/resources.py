@@ -6,12 +6,19 @@ import math
 from dataclasses import replace
 
 from grpo_api.catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
-from grpo_api.contract import PYTORCH_CUDA_ALLOC_CONF, Role
+from grpo_api.contract import (
+    PYTORCH_CUDA_ALLOC_CONF,
+    RAY_SIDE_LABEL,
+    RAY_SIDE_ROLLOUT,
+    RAY_SIDE_TRAIN,
+    Role,
+)
 
 from .budget import (
     GIB,
     HOST_HEADROOM,
     RAY_MEMORY_USAGE_THRESHOLD,
+    SYSTEM_RESERVED_FRACTION,
     driver_gib,
     host_capacity_gib,
 )
@@ -100,6 +107,48 @@ def build_pods(
         ),
     )
     return head, worker
+
+
+def ray_start_params(geo: Geometry, st: Settings, rollout: bool = False) -> dict[str, str]:
+    """The worker groups' `ray start` parameters (the training workers', or with
+    `rollout` the rollout workers'); none for the rollout group of a colocated job."""
+    if rollout and geo.rollout is None:
+        return {}
+    return {"object-store-memory": str(int(st.ray_object_store_gib * GIB))}
+
+
+def ray_node_labels(geo: Geometry, rollout: bool = False) -> dict[str, str]:
+    """A disaggregated job's Ray node labels for a worker group: its side
+    (RAY_SIDE_LABEL), which the trainer places its ranks and engines by. KubeRay (v1.5
+    on) takes them in the group's top-level `labels` and passes them to `ray start
+    --labels`; it refuses rayStartParams' `labels`. None for a colocated job, or the head."""
+    if geo.rollout is None:
+        return {}
+    return {RAY_SIDE_LABEL: RAY_SIDE_ROLLOUT if rollout else RAY_SIDE_TRAIN}
+
+
+def build_rollout_pod(geo: Geometry, st: Settings, budget: Budget) -> PodResources | None:
+    """A disaggregated job's rollout worker pod: its GPU type's node, all of its share of
+    the node's CPUs, and the host memory its budget predicts (budget.rollout_host).
+    None when colocated."""
+    side, rb = geo.rollout, budget.rollout_side
+    if side is None or rb is None:
+        return None
+    need = rb.peak_host_gib  # budget.rollout_host
+    allocatable = math.floor(side.host_memory_gib * (1 - SYSTEM_RESERVED_FRACTION)
+                             * side.node_share)
+    mem = (allocatable if st.rollout_pod_memory_at_allocatable
+           else min(allocatable, math.ceil(max(need / HOST_HEADROOM, need + 4))))
+    return PodResources(
+        role=Role.ROLLOUT.value,
+        replicas=side.nodes,
+        gpus=side.gpus_per_node,
+        cpus=max(1, int(side.cpus_per_node * side.node_share * WORKER_CPU_FRACTION)),
+        memory_gib=mem,
+        shm_gib=min(math.ceil(st.ray_object_store_gib + SHM_EXTRA_GIB), max(1, mem // 2)),
+        node_selector={GPU_PRODUCT_LABEL: side.product_label},
+        tolerations=({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},),
+    )
 
 
 def at_least(new: PodResources | None, old: PodResources | None) -> PodResources | None:

@@ -11,6 +11,7 @@ from grpo_api.trainer_config import LOGPROB_CHUNK_TOKENS
 
 from .model_shape import Shape
 from .modes import LoraPlan, Mode, mode_of
+from .rollout_side import RolloutBudget, RolloutSide
 
 
 class InfeasibleError(ValueError):
@@ -46,6 +47,12 @@ class Settings:
     # spec.training.precision; the CudaOOM ladder may switch mixed to bf16 when
     # spec.restartPolicy.allowPrecisionChange says so.
     precision: str = "mixed"
+    # Disaggregated: the rollout side's TP after a remediation raised it (0: the spec's
+    # or the planned one).
+    rollout_side_tensor_parallel: int = 0
+    # Disaggregated: the rollout pods' memory at their node's allocatable (their HostOOM
+    # rung; pod_memory_at_allocatable is the training side's).
+    rollout_pod_memory_at_allocatable: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,13 @@ class Geometry:
     allow_precision_change: bool = False  # spec.restartPolicy.allowPrecisionChange
     # actor.logprob_chunk_tokens: the operator renders none, so the trainer's default.
     logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+    # spec.rollout.placement disaggregated: the rollout side (None: colocated, every GPU
+    # generates and trains).
+    rollout: RolloutSide | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.rollout is not None
 
     def mode(self, st: Settings) -> Mode:
         """The training mode these settings run: lora, or the precision."""
@@ -129,6 +143,9 @@ class Budget:
     # What one rank writes to a checkpoint (trained weights and optimizer state): the
     # save on SIGTERM that the pods' grace period must cover (planner/save_time.py).
     checkpoint_rank_gib: float = 0.0
+    # Disaggregated: one rollout GPU's memory (vLLM's); the rollout_* fields above are
+    # then that side's, and gpu_phases the training GPUs' alone.
+    rollout_side: RolloutBudget | None = None
 
     @property
     def peak_gpu_gib(self) -> float:
@@ -167,7 +184,10 @@ class Budget:
                 f"{self.gpu_margin_left_gib:.1f} of {self.gpu_capacity_gib:.1f} GiB usable per "
                 f"GPU, less than the {self.gpu_margin_gib:.1f} GiB margin"
             )
-        if self.rollout_utilization and self.rollout_utilization < self.rollout_min_utilization:
+        if self.rollout_side is not None:
+            out.extend(self.rollout_side.problems(margin))
+        elif (self.rollout_utilization
+              and self.rollout_utilization < self.rollout_min_utilization):
             out.append(
                 f"vLLM needs rolloutGpuMemoryUtilization >= {self.rollout_min_utilization:.2f} "
                 f"(weights / TP {self.rollout_tensor_parallel} + overhead + one max-length "
@@ -233,6 +253,9 @@ class Plan:
     ray_start_params: dict[str, str]  # the workers' (and a head's that runs alone)
     remediations: tuple[str, ...] = ()  # one line per applied rung, with the numbers
     rungs: tuple[str, ...] = ()  # names of the applied rungs (each applies once)
+    # Disaggregated: the rollout worker group (vLLM engines); None when colocated.
+    rollout: PodResources | None = None
+    rollout_ray_start_params: dict[str, str] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -257,4 +280,5 @@ class Plan:
         """Ray pods of one attempt: the head and its workers. With more than one, every
         volume they share is mounted from several nodes (the CPU head and the GPU
         workers rarely share one), so `nodes: 1` is already two pods."""
-        return self.head.replicas + (self.worker.replicas if self.worker else 0)
+        return (self.head.replicas + (self.worker.replicas if self.worker else 0)
+                + (self.rollout.replicas if self.rollout else 0))

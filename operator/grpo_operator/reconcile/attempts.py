@@ -152,6 +152,8 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, now: str,
         record["lastCheckpointStep"] = ckpt
     if outcome.failed_during is not None:
         record["failedPhase"] = outcome.failed_during.value
+    if outcome.side is not None:
+        record["failedSide"] = outcome.side
     rc = (status.get("rayCluster") or {}).get("name")
     reason = outcome.reason
     if reason is FailureReason.SUCCEEDED:
@@ -181,7 +183,8 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, now: str,
             f"{last or 'the planned settings'}", final=True), rc, "Warning")
     remediation = None
     if spec.restart_policy.remediate and reason in MEMORY_CLASSES:
-        safer = next_safer_plan(plan, reason, phase=outcome.failed_during)
+        safer = next_safer_plan(plan, reason, phase=outcome.failed_during,
+                                side=outcome.side)
         if safer is None:
             return _ended(attempts, Finding(
                 Reason(reason), f"{what}{where} after {restarts} restarts; every safer "

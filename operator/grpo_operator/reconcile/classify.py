@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.contract import ExitCode, FailureReason, RankPhase, Role
+from grpo_api.contract import RAY_SIDE_ROLLOUT, ExitCode, FailureReason, RankPhase, Role
 
 from .conditions import role, unschedulable
 
@@ -63,6 +63,9 @@ class PodOutcome:
     # What the ranks were doing when it failed (the termination message's "phase").
     failed_during: RankPhase | None = None
     export: Exported | None = None  # a succeeded trainer's exported model
+    # RAY_SIDE_ROLLOUT: a disaggregated job's rollout side failed (a rollout pod ended);
+    # its memory ladder acts on that side only. None: the training side, or colocated.
+    side: str | None = None
 
 
 def container_state(pod: dict[str, Any], container: str | None = None) -> dict[str, Any]:
@@ -159,6 +162,9 @@ def worker_outcome(pod: dict[str, Any], deleted: bool = False) -> PodOutcome | N
         return None
     name = pod.get("metadata", {}).get("name", "?")
     reason = out.reason if out.reason in _WORKER_CLASSES else FailureReason.NODE_LOST
+    if role(pod) == Role.ROLLOUT:  # the vLLM engines' pod: the rollout side's failure
+        return PodOutcome(reason, out.exit_code, f"rollout pod {name}: {out.message}",
+                          side=RAY_SIDE_ROLLOUT)
     return PodOutcome(reason, out.exit_code, f"worker pod {name}: {out.message}")
 
 
@@ -208,4 +214,4 @@ def _first_worker_end(head: PodOutcome, pods: list[dict[str, Any]]) -> PodOutcom
     cause = next((o for o in ended if o.reason is not FailureReason.NODE_LOST), ended[0])
     return PodOutcome(cause.reason, head.exit_code,
                       f"{cause.message}; then the driver: {head.message}",
-                      head.step, head.last_checkpoint_step)
+                      head.step, head.last_checkpoint_step, side=cause.side)

@@ -55,6 +55,13 @@ def unschedulable_finding(pod: dict[str, Any]) -> Finding | None:
 RAY_CLUSTER_READY = "ready"
 
 
+def workers_expected(status: dict[str, Any]) -> int:
+    """Worker pods the live attempt's plan asks for (status.plan): the training side's
+    and, disaggregated, the rollout side's (both worker groups' pods are non-head pods)."""
+    plan = status.get("plan") or {}
+    return int(plan.get("nodes") or 0) + int((plan.get("rollout") or {}).get("nodes") or 0)
+
+
 def cluster_finding(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any]],
                     workers_expected: int) -> Finding:
     """How far the live attempt's cluster and pods are: not created, waiting for pods,

@@ -40,6 +40,7 @@ from .conditions import (
     memory_growth_conditions,
     role,
     unschedulable_finding,
+    workers_expected,
 )
 from .observe import Event, Observed, ended, live
 from .phases import Finding
@@ -238,7 +239,7 @@ def _on_pod(ref: JobRef, planner: Planner, status: dict[str, Any], now: str,
     found = None if deleted else unschedulable_finding(pod)
     if found is None and pods and status.get("phase") != Phase.RUNNING:
         # Its pods exist, so its RayCluster does: how far it is follows from the pods.
-        found = cluster_finding({}, pods, int((status.get("plan") or {}).get("nodes") or 0))
+        found = cluster_finding({}, pods, workers_expected(status))
     if found is not None and found.reason != Reason.CLUSTER_RUNNING and refusal_shown(status):
         # A worker still refused: the head's pod events must not hide it (the cluster's
         # events say when KubeRay's refusal goes, and its deadline keeps running).
@@ -284,8 +285,7 @@ def _observed_cluster(spec: GRPOJobSpec | None, status: dict[str, Any], now: str
     if refusal is not None and status.get("phase") != Phase.RUNNING:
         return refused(status, refusal, rc["metadata"]["name"], now,
                        config.pod_create_deadline_seconds, recreate_advice(spec))
-    workers = int((status.get("plan") or {}).get("nodes") or 0)
-    action = _seen(cluster_finding(rc, pods, workers), status)
+    action = _seen(cluster_finding(rc, pods, workers_expected(status)), status)
     state = (rc.get("status") or {}).get("state")
     if state != (status.get("rayCluster") or {}).get("state"):
         action.facts.record["rayCluster"] = {"name": rc["metadata"]["name"], "state": state}

@@ -40,7 +40,8 @@ def planned(spec: GRPOJobSpec, attempts: list[dict[str, Any]] | None = None,
             else checked_plan(spec, catalog))
     for a in attempts or []:
         if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
-            plan = next_safer_plan(plan, a["outcome"], phase=a.get("failedPhase")) or plan
+            plan = next_safer_plan(plan, a["outcome"], phase=a.get("failedPhase"),
+                                   side=a.get("failedSide")) or plan
     return plan
 
 

@@ -31,6 +31,7 @@ from grpo_api.contract import (
 from grpo_api.job import GRPOJobSpec
 
 from ..planner import Plan, termination_grace_s
+from ..planner.resources import ray_node_labels
 from ..planner.save_time import prestop_timeout_s
 from . import names
 from .collective_debug import collective_debug_env
@@ -167,9 +168,14 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
         "image": spec.image or default_image or DEFAULT_TRAINER_IMAGE,
         "ray_version": RAY_VERSION,
         "ray_start_params": {"head": plan.head_ray_start_params,
-                             "worker": plan.ray_start_params},
+                             "worker": plan.ray_start_params,
+                             "rollout": plan.rollout_ray_start_params},
         "head": plan.head,
         "worker": plan.worker,
+        "rollout": plan.rollout,
+        # A disaggregated job's Ray node labels per worker group (its side).
+        "ray_labels": {"worker": ray_node_labels(plan.geometry),
+                       "rollout": ray_node_labels(plan.geometry, rollout=True)},
         "head_command": HEAD_COMMAND,
         "worker_command": WORKER_COMMAND,
         "env": env,

@@ -63,6 +63,27 @@ def metrics_config(logging: LoggingSpec, job: JobRef) -> dict[str, Any]:
     return out
 
 
+def disaggregated_config(plan: Plan) -> dict[str, Any]:
+    """A disaggregated job's rollout section additions: the placement, the staleness
+    bound and the rollout side's engines (the trainer places them on the Ray nodes
+    labelled with the rollout side); {} for a colocated job, whose config leaves the
+    trainer's defaults (colocated) as before."""
+    side, rb, pod = plan.geometry.rollout, plan.budget.rollout_side, plan.rollout
+    if side is None or rb is None or pod is None:
+        return {}
+    return {
+        "placement": "disaggregated",
+        "max_staleness": side.max_staleness,
+        "disaggregated": {
+            "nodes": side.nodes,
+            "engines_per_node": rb.engines_per_node,
+            "gpus_per_engine": rb.tensor_parallel,
+            # The rollout pod's CPUs (Ray's num-cpus there) over its engines.
+            "cpus_per_engine": round(pod.cpus / rb.engines_per_node, 3),
+        },
+    }
+
+
 def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]:
     s, g = plan.settings, plan.geometry
     tr, alg = spec.training, spec.algorithm
@@ -90,6 +111,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
             "top_p": alg.top_p,
             "max_new_tokens": spec.data.max_response_length,
             "seed": tr.seed,
+            **disaggregated_config(plan),
         },
         "algorithm": {
             "clip_ratio_low": alg.clip_ratio_low,

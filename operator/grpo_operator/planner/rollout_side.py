@@ -1,0 +1,132 @@
+"""The rollout side of a disaggregated job (spec.rollout.placement disaggregated): its
+nodes and GPUs, and the memory of its GPUs.
+
+A colocated job's GPUs hold the actor and, during rollout, vLLM within the share the
+actor leaves (budget.py). Disaggregated, vLLM owns the rollout GPUs: its weights (at
+the side's tensor parallel), its KV cache and its activation profile and CUDA graphs,
+all within rollout.gpu_memory_utilization x the rollout GPU; the training GPUs carry no
+vLLM term at all, and the rollout nodes' hosts no sleep-mode copies (vLLM never sleeps
+there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .model_shape import Shape
+from .units import GIB
+
+
+@dataclass(frozen=True)
+class RolloutSide:
+    """Where the rollout engines run: the rollout worker group's nodes."""
+
+    gpu: str
+    gpu_memory_gib: float
+    product_label: str
+    nodes: int
+    gpus_per_node: int
+    node_gpus: int  # GPUs a node of this type has (the catalog's)
+    host_memory_gib: float
+    cpus_per_node: int
+    # spec.rollout.disaggregated.tensorParallelSize; None: planned (smallest that fits).
+    tensor_parallel: int | None
+    max_staleness: int
+    nodes_reason: str = "spec.rollout.disaggregated.nodes"
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def node_share(self) -> float:
+        return min(1.0, self.gpus_per_node / max(1, self.node_gpus))
+
+
+@dataclass(frozen=True)
+class RolloutBudget:
+    """One rollout GPU, GiB: what vLLM holds there, against that GPU's memory."""
+
+    gpu: str
+    terms: dict[str, float]
+    gpu_capacity_gib: float  # usable (GPU_USABLE x the card)
+    gpu_margin_gib: float
+    tensor_parallel: int
+    engines_per_node: int
+    utilization: float
+    min_utilization: float
+    kv_cache_gib: float
+    host_terms: dict[str, float] = field(default_factory=dict)  # per rollout node
+    host_capacity_gib: float = 0.0  # what a rollout pod may use (0: not checked)
+
+    @property
+    def peak_gpu_gib(self) -> float:
+        return sum(self.terms.values())
+
+    @property
+    def peak_host_gib(self) -> float:
+        return sum(self.host_terms.values())
+
+    def problems(self, margin: bool = True) -> list[str]:
+        out = []
+        left = self.gpu_capacity_gib - self.peak_gpu_gib
+        if left < 0 or (margin and left < self.gpu_margin_gib):
+            out.append(
+                f"rollout GPU ({self.gpu}) peak {self.peak_gpu_gib:.1f} GiB leaves "
+                f"{left:.1f} of {self.gpu_capacity_gib:.1f} GiB usable, less than the "
+                f"{self.gpu_margin_gib:.1f} GiB margin")
+        if self.utilization < self.min_utilization:
+            out.append(
+                f"vLLM on the rollout side ({self.gpu}) needs rolloutGpuMemoryUtilization >= "
+                f"{self.min_utilization:.2f} (weights / TP {self.tensor_parallel} + overhead + "
+                f"one max-length sequence of KV cache) but {self.utilization:.2f} is set")
+        if self.host_capacity_gib and self.peak_host_gib > self.host_capacity_gib:
+            out.append(
+                f"rollout node host peak {self.peak_host_gib:.1f} GiB > "
+                f"{self.host_capacity_gib:.1f} GiB usable")
+        return out
+
+
+def side_tensor_parallel(shape: Shape, side: RolloutSide, vllm_budget_gib: float,
+                         weights_gib: float) -> int:
+    """The spec's TP, or the smallest (a power of two dividing the node's GPUs and the
+    heads) whose weight slice leaves at least 40% of vLLM's budget for KV cache, as
+    colocated (budget.rollout_tensor_parallel)."""
+    if side.tensor_parallel is not None:
+        return side.tensor_parallel
+    tp = 1
+    while weights_gib / tp > 0.6 * vllm_budget_gib and all(
+            n % (tp * 2) == 0 for n in (side.gpus_per_node, shape.kv_heads,
+                                        shape.attention_heads)):
+        tp *= 2
+    return tp
+
+
+def rollout_budget(shape: Shape, side: RolloutSide, utilization: float, weights_gib: float,
+                   kv_bytes_per_token: float, sequence_length: int, *, usable: float,
+                   margin_gib: float, overhead_gib: float,
+                   tensor_parallel: int | None = None) -> RolloutBudget:
+    """One rollout GPU's memory: vLLM takes `utilization` x the card (its weights slice,
+    its activation profile and CUDA graphs, `overhead_gib`, and the KV cache in the
+    rest: vLLM sizes the cache to fill its share). The minimum utilisation holds one
+    max-length sequence of KV cache. budget.compute_budget passes its constants in (this
+    module imports nothing of it, so budget.py can import this one). `tensor_parallel`:
+    a remediation's TP, over the spec's or the planned one."""
+    cap = side.gpu_memory_gib
+    vllm = utilization * cap
+    tp = tensor_parallel or side_tensor_parallel(shape, side, vllm, weights_gib)
+    need = weights_gib / tp + overhead_gib
+    min_kv = sequence_length * kv_bytes_per_token / tp / GIB
+    return RolloutBudget(
+        gpu=side.gpu,
+        terms={"vllm_weights": weights_gib / tp,
+               "vllm_activations_and_cuda_graphs": overhead_gib,
+               "vllm_kv_cache": max(0.0, vllm - need)},
+        gpu_capacity_gib=cap * usable,
+        gpu_margin_gib=margin_gib,
+        tensor_parallel=tp,
+        engines_per_node=side.gpus_per_node // tp,
+        utilization=utilization,
+        min_utilization=(need + min_kv) / cap,
+        kv_cache_gib=max(0.0, vllm - need),
+    )
