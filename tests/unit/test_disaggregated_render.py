@@ -114,6 +114,17 @@ def test_a_rollout_pods_oom_is_the_rollout_sides() -> None:
     assert worker_outcome(worker).side is None  # type: ignore[union-attr]
 
 
+def test_a_lost_rollout_pod_does_not_end_the_attempt() -> None:
+    """Deleted while it ran, or its `ray start` gone: KubeRay makes the pod again and the
+    driver restarts the engine there; a training worker's loss still ends the attempt."""
+    gone = _rollout_pod({"terminated": {"exitCode": 1, "reason": "Error"}})
+    assert worker_outcome(gone) is None
+    assert worker_outcome(dict(gone, status={"phase": "Running"}), deleted=True) is None
+    worker = dict(gone, metadata={"name": "w", "labels": {ROLE_LABEL: "worker"}})
+    lost = worker_outcome(worker)
+    assert lost is not None and lost.reason is FailureReason.NODE_LOST
+
+
 def test_a_rollout_side_cuda_oom_remediates_the_rollout_side_only() -> None:
     """Lower vLLM's share of the rollout GPU, then a larger TP there; the training
     side's settings and pods never change, and the training ladder is never tried."""

@@ -153,8 +153,9 @@ def _ran(pod: dict[str, Any]) -> bool:
 
 
 def worker_outcome(pod: dict[str, Any], deleted: bool = False) -> PodOutcome | None:
-    """What a worker pod's end means for its attempt; None while it has not ended, or
-    when it was deleted before it ever ran (KubeRay creates another)."""
+    """What a worker pod's end means for its attempt; None while it has not ended, when
+    it was deleted before it ever ran (KubeRay creates another), or for a rollout pod
+    lost for a reason other than its memory (the attempt goes on without it)."""
     if deleted and not _ran(pod):
         return None
     out = classify_pod(pod, deleted=deleted)
@@ -163,6 +164,12 @@ def worker_outcome(pod: dict[str, Any], deleted: bool = False) -> PodOutcome | N
     name = pod.get("metadata", {}).get("name", "?")
     reason = out.reason if out.reason in _WORKER_CLASSES else FailureReason.NODE_LOST
     if role(pod) == Role.ROLLOUT:  # the vLLM engines' pod: the rollout side's failure
+        if reason is FailureReason.NODE_LOST:
+            # No rank is lost: KubeRay creates the pod again and the driver restarts the
+            # engine on it, which joins the weight group and gets the current weights
+            # (docs/trainer.md). Only a driver that cannot go on ends the attempt (its
+            # head pod's end, read with this pod's in `in_context`).
+            return None
         return PodOutcome(reason, out.exit_code, f"rollout pod {name}: {out.message}",
                           side=RAY_SIDE_ROLLOUT)
     return PodOutcome(reason, out.exit_code, f"worker pod {name}: {out.message}")
