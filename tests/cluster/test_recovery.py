@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_testbed.chaos import end_pod, live_pod
 from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OperatorProcess
@@ -69,15 +70,7 @@ def claim_of(tb: Testbed, ns: str, rc: str) -> str:
 
 def kill_head(tb: Testbed, ns: str, name: str, exit_code: int = 137, reason: str = "OOMKilled",
               message: str = "") -> None:
-    pods = json.loads(tb.kubectl("get", "pods", "-n", ns, "-l",
-                                 f"grpo.dev/job={name},grpo.dev/role=head", "-o", "json"
-                                 ).stdout)["items"]
-    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    pod = live[0]["metadata"]["name"]
-    tb.kubectl("annotate", "pod", pod, "-n", ns, f"grpo.dev/chaos-exit-code={exit_code}",
-               f"grpo.dev/chaos-reason={reason}", f"grpo.dev/chaos-message={message}",
-               "--overwrite")
-    tb.kubectl("label", "pod", pod, "-n", ns, "grpo.dev/chaos=terminate")
+    end_pod(tb.kubectl, ns, live_pod(tb.kubectl, ns, name, "head"), exit_code, reason, message)
 
 
 def report_progress(tb: Testbed, ns: str, name: str, step: int, ckpt: int) -> None:
