@@ -116,6 +116,9 @@ class Case:
     precisions: tuple[str, ...]  # the first the planner fits on this card is run
     lora: bool = False
     geometry: Geometry | None = None  # None: the shape's (GEOMETRY)
+    # The training side of rollout.placement disaggregated: this GPU trains only (no
+    # vLLM share in its plan); the engines' GPUs are another node's.
+    train_side: bool = False
 
     @property
     def lengths(self) -> Geometry:
@@ -128,6 +131,7 @@ CASES = (
     Case("3b-bf16", "qwen2.5-vl-3b", ("bf16",)),
     Case("7b-lora", "qwen2.5-vl-7b", ("mixed",), lora=True),
     Case("7b-full", "qwen2.5-vl-7b", ("mixed", "bf16")),
+    Case("7b-train-side", "qwen2.5-vl-7b", ("mixed", "bf16"), train_side=True),
     Case("tiny-mixed", "tiny", ("mixed",)),
     Case("tiny-bf16", "tiny", ("bf16",)),
     Case("tiny-lora", "tiny", ("mixed",), lora=True),
@@ -162,6 +166,9 @@ def job_spec(case: Case, precision: str, model_dir: Path, gpu: str, host_gib: in
     }
     if case.lora:
         raw["lora"] = {}
+    if case.train_side:
+        raw["rollout"] = {"placement": "disaggregated",
+                          "disaggregated": {"gpuType": gpu, "nodes": 1, "gpusPerNode": 1}}
     return GRPOJobSpec.model_validate(raw)
 
 

@@ -106,3 +106,18 @@ def test_the_image_heavy_case_plans_on_the_h100_with_its_lengths() -> None:
     logits = plan.budget.gpu_phases["training"]["logits"]
     full = plan.settings.micro_batch_size * geo.sequence_length * geo.shape.vocab_size * 2 * 4
     assert logits < 0.1 * full / GIB  # one float32 copy of the full logits, at least
+
+
+def test_the_train_side_case_plans_the_training_gpu_without_vllm() -> None:
+    """bench case 7b-train-side: the training GPU of a disaggregated job, whose plan the
+    next device run measures, carries no rollout phase and no vLLM share."""
+    side, colocated = (next(c for c in bench.CASES if c.name == n)
+                       for n in ("7b-train-side", "7b-full"))
+    with tempfile.TemporaryDirectory() as tmp:
+        p_side = bench.plan_case(side, "H100-80GB", HOST_GIB, Path(tmp))
+        p_col = bench.plan_case(colocated, "H100-80GB", HOST_GIB, Path(tmp))
+    assert not isinstance(p_side, str) and not isinstance(p_col, str)
+    assert "rollout" in p_col.plan.budget.gpu_phases
+    assert "rollout" not in p_side.plan.budget.gpu_phases
+    assert p_side.config["rollout"]["placement"] == "disaggregated"
+    assert p_side.plan.budget.peak_gpu_gib < p_col.plan.budget.peak_gpu_gib
