@@ -90,3 +90,57 @@ def test_ranks_other_than_0_only_run_the_gather() -> None:
 
     assert WeightSender(1).push(stream()) == {"ok": True, "bytes": 0}
     assert len(drained) == len(_weights())
+
+
+ENGINE_PROCESS = """
+import sys, time, torch
+from grpo_trainer.rollout.weight_bus import WeightGroupSpec, join_group
+spec = WeightGroupSpec("127.0.0.1", int(sys.argv[1]), "weights/1", 3, "gloo", 30)
+pg = join_group(spec, 2)
+print("joined", flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_engine_process_killed_before_a_push_fails_it_without_stranding_the_others(
+) -> None:
+    """A real engine process SIGKILLed: rank 0's push reports the failure instead of
+    hanging, and the engine still alive does not wait out the group's timeout."""
+    import subprocess
+    import sys
+    import time
+
+    sender = WeightSender(0)
+    port = sender.open(timeout_s=30)
+    spec = WeightGroupSpec("127.0.0.1", port, "weights/1", 3, "gloo", 30)
+    dead = subprocess.Popen([sys.executable, "-c", ENGINE_PROCESS, str(port)],
+                            stdout=subprocess.PIPE, text=True)
+    outcome: list[object] = []
+
+    def survivor() -> None:
+        pg = join_group(spec, 1)
+        joined.set()
+        try:
+            outcome.append(len(list(receive_weights(pg, torch.device("cpu")))))
+        except Exception as err:  # rank 0 closed the group
+            outcome.append(err)
+
+    joined = threading.Event()
+    thread = threading.Thread(target=survivor, daemon=True)
+    try:
+        thread.start()
+        sender.join(spec)
+        assert dead.stdout is not None and dead.stdout.readline().strip() == "joined"
+        assert joined.wait(30)
+        dead.kill()
+        dead.wait(30)
+        t0 = time.monotonic()
+        report = sender.push(iter(_weights() * 50))
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "the surviving engine waits for the rest"
+        assert not report["ok"] and time.monotonic() - t0 < 20, report
+        assert sender.pg is None  # closed: the group is formed again for everyone
+        # The survivor got everything or failed at once; either way it is free.
+        assert outcome and (isinstance(outcome[0], Exception) or outcome[0] == 250)
+    finally:
+        dead.kill()

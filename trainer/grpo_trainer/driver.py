@@ -33,6 +33,7 @@ from .liveness.watchdog import DetectorSettings, MemoryWatchdog, driver_memory, 
 from .metrics import MetricsLogger
 from .placement import layout_for
 from .rewards import RewardRunner, resolve_reward_fn
+from .rollout.engine_group import EngineGroup
 from .rollout.pipeline import LoaderPosition, RolloutPipeline, check_disaggregated
 from .supervision import WorkerGroup
 from .validation import Validator
@@ -102,11 +103,18 @@ class GRPOTrainer:
         )
 
     def start(self) -> None:
-        self.group = WorkerGroup(self.cfg)
-        self.step = self.checkpointer.restore(self.group, self.position)
-        if self.cfg.rollout.placement == "disaggregated":
-            # The engines start from the restored weights and loader position.
-            self.pipeline = RolloutPipeline(self.cfg, self.group, self.loader,
+        # Disaggregated: the engines load the model while the ranks start and restore,
+        # then get the restored weights and loader position.
+        engines = EngineGroup(self.cfg) if self.cfg.rollout.placement == "disaggregated" else None
+        try:
+            self.group = WorkerGroup(self.cfg)
+            self.step = self.checkpointer.restore(self.group, self.position)
+        except BaseException:
+            if engines is not None:
+                engines.shutdown()
+            raise
+        if engines is not None:
+            self.pipeline = RolloutPipeline(self.cfg, self.group, engines, self.loader,
                                             self.total_steps, self.step,
                                             self._collective_timeout_s())
             self.position.pipeline = self.pipeline

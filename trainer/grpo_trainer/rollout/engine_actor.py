@@ -23,7 +23,7 @@ from ..errors import rank_phase
 from ..samples import Sample, load_rollout_tokens, summary
 from .hf import HFGenerateEngine
 from .sampling import to_samples, training_spec
-from .weight_bus import WeightGroupSpec, close_group, group_device, join_group, receive_weights
+from .weight_bus import WeightGroupSpec, group_device, join_group, receive_weights, released
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ class EngineWorker:
 
     def join_weight_group(self, spec: WeightGroupSpec) -> None:
         """Join a new incarnation of the weight group as rank ``index + 1``."""
-        close_group(self.pg)
         self.pg = None
+        released()
         self.pg = join_group(spec, self.index + 1)
         self.bus_device = group_device(spec.backend)
 
@@ -88,14 +88,17 @@ class EngineWorker:
         broadcast cut short (rank 0 closed the group: another engine died) leaves the
         weights half-loaded and the version unset until the next complete one."""
         self.version = None
+        error = ""
         try:
             self.engine.load_weights(
                 (name, t.to(self.device)) for name, t in receive_weights(self.pg, self.bus_device))
-        except Exception as err:
-            log.warning("engine %d: the weight broadcast broke off: %s", self.index, err)
-            close_group(self.pg)
+        except Exception as err:  # outside this block nothing refers to the group
+            error = str(err)[:500] or type(err).__name__  # text: see WeightSender.push
+            log.warning("engine %d: the weight broadcast broke off: %s", self.index, error)
+        if error:
             self.pg = None
-            return {"ok": False, "error": str(err)[:500]}
+            released()
+            return {"ok": False, "error": error}
         self.version = version
         return {"ok": True, "version": version}
 

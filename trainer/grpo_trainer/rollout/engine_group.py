@@ -39,18 +39,18 @@ def is_lost(err: BaseException) -> bool:
 class EngineGroup:
     """The engines, their weight group with rank 0, and how many were replaced."""
 
-    def __init__(self, cfg: Config, rank0: Any, rank_call: Callable[..., list[Any]],
-                 timeout_s: float) -> None:
-        """``rank0``: rank 0's actor (it serves the weight store); ``rank_call``: the
-        worker group's fail-fast ``call`` (a rank lost in a push ends the attempt)."""
+    def __init__(self, cfg: Config) -> None:
+        """Reserve the engines' gang and start them loading the model: the driver starts
+        the ranks meanwhile, then ``connect``s the two."""
         import ray
 
         from .engine_actor import EngineWorker
 
         self.cfg = cfg
-        self.rank0 = rank0
-        self.rank_call = rank_call
-        self.timeout_s = timeout_s
+        self.rank0: Any = None
+        self.rank_call: Callable[..., list[Any]] | None = None
+        self.timeout_s = 0.0
+        self.info: list[dict[str, Any]] = []
         self.layout = engine_layout(cfg)
         self.size = self.layout.world_size
         self.remote: Any = ray.remote(EngineWorker)
@@ -64,12 +64,22 @@ class EngineGroup:
         try:
             self.gang.reserve(cfg.resources.gang_timeout_s)
             self.engines = [self._start(e) for e in range(self.size)]
-            self.info = list(ray.get([e.setup.remote() for e in self.engines]))
-            self.address, self.port = ray.get(rank0.open_weight_store.remote())
-            self._form_group()
+            self._loading = [e.setup.remote() for e in self.engines]
         except BaseException:
             self.shutdown()
             raise
+
+    def connect(self, rank0: Any, rank_call: Callable[..., list[Any]], timeout_s: float
+                ) -> None:
+        """Once the engines have loaded: the weight group with ``rank0`` (rank 0's actor,
+        which serves its store). ``rank_call``: the worker group's fail-fast ``call`` (a
+        rank lost in a push ends the attempt); ``timeout_s``: the group's collectives'."""
+        import ray
+
+        self.rank0, self.rank_call, self.timeout_s = rank0, rank_call, timeout_s
+        self.info = list(ray.get(self._loading))
+        self.address, self.port = ray.get(rank0.open_weight_store.remote())
+        self._form_group()
         log.info("rollout engines: %s", ", ".join(
             f"engine {i['index']} pid {i['pid']} on node {str(i['node_id'])[:8]} ({i['device']})"
             for i in self.info))
@@ -115,6 +125,7 @@ class EngineGroup:
         import ray
 
         for _ in range(MAX_PUSH_TRIES):
+            assert self.rank_call is not None, "push before connect"
             receiving = [e.receive_weights.remote(version) for e in self.engines]
             sent = self.rank_call("push_weights")[0]  # rank 0's report
             dead: list[int] = []

@@ -69,21 +69,23 @@ class Batch:
 
 
 class RolloutPipeline:
-    def __init__(self, cfg: Config, ranks: Any, loader: StatefulLoader, total_steps: int,
-                 trained: int, timeout_s: float) -> None:
-        """``ranks``: the worker group; ``trained``: the steps already trained (the
-        restored checkpoint's), the policy version the engines get first."""
+    def __init__(self, cfg: Config, ranks: Any, engines: EngineGroup, loader: StatefulLoader,
+                 total_steps: int, trained: int, timeout_s: float) -> None:
+        """``ranks``: the worker group; ``engines``: started (loading), not connected;
+        ``trained``: the steps already trained (the restored checkpoint's), the policy
+        version the engines get first. Shuts the engines down if it fails."""
         self.cfg = cfg
         self.ranks = ranks
         self.loader = loader
         self.total = total_steps
         self.k = cfg.rollout.max_staleness
-        self.engines = EngineGroup(cfg, ranks.workers[0], ranks.call, timeout_s)
+        self.engines = engines
         self.inflight: deque[Batch] = deque()
         self.trained = trained
         self.next_step = trained + 1
         self.reported_restarts = 0
         try:
+            engines.connect(ranks.workers[0], ranks.call, timeout_s)
             self.engines.push(trained)
             self._fill()
         except BaseException:
