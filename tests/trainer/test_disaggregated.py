@@ -5,9 +5,10 @@ grpo.dev/side=train, one labelled =rollout), 2 gloo ranks and 2 hf engines.
 One cluster serves the module, in order: a colocated run is the reference; the
 disaggregated run places its ranks on the train node and its engines on the rollout
 node, and with max_staleness 0 (each engine drawing rank e's prompts with rank e's
-seeds, the weights broadcast after every update) prints the reference's metrics and
-ends with its weights, bit for bit; resumed from its step-1 checkpoint (step 2's batch,
-in flight at the save, dropped and generated again) it continues exactly as it ran.
+seeds, the weights broadcast after every update) prints the reference's metrics, its
+validation passes (greedy, on the engines) included, and ends with its weights, bit for
+bit; resumed from its step-1 checkpoint (step 2's batch, in flight at the save, dropped
+and generated again) it continues exactly as it ran.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Labelled:
     address: str
     model: Path
     data: Path
+    val: Path
     tmp: Path
     nodes: dict[str, str]  # side -> Ray node id
     state: dict[str, Any] = field(default_factory=dict)
@@ -54,10 +56,12 @@ class Labelled:
         raw = text_config(
             self.model, self.data,
             resources={"num_workers": 2, "ray_address": self.address},
-            trainer={"total_steps": STEPS, "rollout_batch_size": 4},
+            # Validation (greedy, on the engines apart) before the first step and after each.
+            trainer={"total_steps": STEPS, "rollout_batch_size": 4, "val_interval_steps": 1},
             checkpoint=saves,
             rollout=rollout,
         )
+        raw["data"]["val_files"] = [str(self.val)]
         return build_config(raw, environ={})
 
 
@@ -70,8 +74,8 @@ def disaggregated(k: int) -> dict[str, Any]:
 def labelled(tiny_lm: Path, tmp_path_factory: pytest.TempPathFactory,
              labelled_cluster: Any) -> Labelled:
     tmp = tmp_path_factory.mktemp("disaggregated")
-    return Labelled(labelled_cluster.address, tiny_lm, write_text_task(tmp / "t.jsonl"), tmp,
-                    labelled_cluster.nodes)
+    return Labelled(labelled_cluster.address, tiny_lm, write_text_task(tmp / "t.jsonl"),
+                    write_text_task(tmp / "v.jsonl", rows=4), tmp, labelled_cluster.nodes)
 
 
 def run(cfg: Config, before: Any = None) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
@@ -95,7 +99,8 @@ def run(cfg: Config, before: Any = None) -> tuple[dict[int, dict[str, Any]], dic
 
 def test_colocated_reference(labelled: Labelled) -> None:
     metrics, weights = run(labelled.config(None))
-    assert sorted(metrics) == [1, 2]
+    assert sorted(metrics) == [0, 1, 2]  # 0: the validation baseline
+    assert all("val/reward_mean" in metrics[s] for s in (0, 1, 2))
     labelled.state["reference"] = (metrics, weights)
 
 

@@ -236,6 +236,11 @@ class GRPOTrainer:
             monitor.stop()
             self.term.restore()
 
+    def _generators(self) -> Any:
+        """Who generates validation responses: the ranks, or the disaggregated engines
+        (with the weights pushed after the last update)."""
+        return self.pipeline.engines if self.pipeline is not None else self.group
+
     def _monitor(self) -> StallMonitor:
         from .errors import termination_log_path
 
@@ -257,7 +262,7 @@ class GRPOTrainer:
         total = self.total_steps
         if self.step == 0:  # a fresh start: the baseline (validation.py; steps decide alone)
             try:
-                if m0 := self.validator.maybe_run(self.group, 0):
+                if m0 := self.validator.maybe_run(self._generators(), 0):
                     self.metrics.log(0, m0)
             except Exception as err:
                 raise StepError(0, err) from err
@@ -272,7 +277,7 @@ class GRPOTrainer:
                                              final=step == total)
                 if not self.term.requested:
                     self.heartbeat.mark("validation")
-                    m.update(self.validator.maybe_run(self.group, step))  # after the save
+                    m.update(self.validator.maybe_run(self._generators(), step))  # after save
             except StepAbandoned:
                 self.position.load_state_dict(position)  # the step is redone on resume
                 log.warning("SIGTERM during step %d's rollout: the step is dropped", step)

@@ -41,10 +41,9 @@ from .placement import cuda_device_index
 from .policy_update import PolicyUpdate
 from .rank_env import NCCL_LOG_DIR, first_collective
 from .rank_state import RankState, World, build_rank_state
-from .rollout.base import RolloutEngine, SamplingSpec
+from .rollout.base import RolloutEngine
 from .rollout.build import build_rank_engine
-from .rollout.sampling import to_samples, training_spec
-from .rollout.seeds import prompt_seed, rollout_seed
+from .rollout.sampling import greedy_spec, to_samples, training_spec
 from .rollout.weight_bus import WeightGroupSpec, WeightSender
 from .samples import EncodedPrompt, Sample, load_rollout_tokens, summary
 
@@ -253,22 +252,11 @@ class Worker:
             for chunk in chunks:  # the same number on every rank: TP groups call together
                 everything, own = self._tp_union(chunk)
                 prompts = [self.tokens.encoder.encode(r) for r in everything]
-                spec = SamplingSpec(
-                    n=1,
-                    temperature=0.0,  # greedy
-                    top_p=1.0,
-                    max_new_tokens=self.cfg.rollout.max_new_tokens,
-                    seed=rollout_seed(self.cfg.rollout.seed, step, self.rank),
-                    suppress_ids=self.tokens.suppress_ids,
-                    prompt_seeds=tuple(
-                        prompt_seed(self.cfg.rollout.seed, step, r.index) for r in everything
-                    ),
-                )
+                spec = greedy_spec(self.cfg, step, self.rank, everything,
+                                   self.tokens.suppress_ids)
                 groups = self.engine.generate(prompts, spec) if prompts else []
-                for prompt, (g,) in zip(prompts[own], groups[own], strict=True):
-                    text = str(self.tokens.tokenizer.decode(g.token_ids, skip_special_tokens=True))
-                    sample = Sample(prompt, g.token_ids, g.log_probs, g.finished, text)
-                    out.append(summary(sample))
+                out += [summary(s)
+                        for s in to_samples(prompts[own], groups[own], self.tokens.tokenizer)]
             self.gpu_memory.sleep(self.engine)
         return out
 

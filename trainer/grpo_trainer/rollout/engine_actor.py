@@ -22,7 +22,7 @@ from ..data import Record, overlong
 from ..errors import rank_phase
 from ..samples import Sample, load_rollout_tokens, summary
 from .hf import HFGenerateEngine
-from .sampling import to_samples, training_spec
+from .sampling import greedy_spec, to_samples, training_spec
 from .weight_bus import WeightGroupSpec, group_device, join_group, receive_weights, released
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,18 @@ class EngineWorker:
         groups = self.engine.generate(prompts, spec) if prompts else []
         samples = to_samples(prompts, groups, self.tokens.tokenizer, self.version)
         return [summary(s) for s in samples], samples
+
+    @rank_phase(RankPhase.ROLLOUT)
+    def generate_greedy(self, chunks: list[list[Record]], step: int) -> list[dict[str, Any]]:
+        """Validation (validation.py) with the weights last sent: one greedy response per
+        record, as rank ``index`` gives colocated. Keeps nothing."""
+        out: list[dict[str, Any]] = []
+        for chunk in chunks:
+            prompts = [self.tokens.encoder.encode(r) for r in chunk]
+            spec = greedy_spec(self.cfg, step, self.index, chunk, self.tokens.suppress_ids)
+            groups = self.engine.generate(prompts, spec) if prompts else []
+            out += [summary(s) for s in to_samples(prompts, groups, self.tokens.tokenizer)]
+        return out
 
     def info(self) -> dict[str, Any]:
         return {"index": self.index, "pid": os.getpid(), "version": self.version}

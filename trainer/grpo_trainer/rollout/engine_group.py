@@ -148,6 +148,37 @@ class EngineGroup:
             self.replace(dead)
         raise RuntimeError(f"rollout engines kept dying during {MAX_PUSH_TRIES} weight pushes")
 
+    @property
+    def world_size(self) -> int:
+        return self.size
+
+    def call(self, method: str, *per_engine_args: Sequence[Any], common: Sequence[Any] = ()
+             ) -> list[Any]:
+        """``method`` on every engine (validation.py's group, as the ranks are colocated);
+        engines lost on the way are started again, given the weights the others hold, and
+        every engine is called again."""
+        import ray
+
+        for _ in range(MAX_PUSH_TRIES):
+            refs = [getattr(e, method).remote(*[a[i] for a in per_engine_args], *common)
+                    for i, e in enumerate(self.engines)]
+            results: list[Any] = []
+            dead: list[int] = []
+            for index, ref in enumerate(refs):
+                try:
+                    results.append(ray.get(ref))
+                except Exception as err:
+                    if not is_lost(err):
+                        raise
+                    dead.append(index)
+            if not dead:
+                return results
+            version = self.version
+            self.replace(dead)
+            if version is not None:
+                self.push(version)
+        raise RuntimeError(f"rollout engines kept dying during {MAX_PUSH_TRIES} calls of {method}")
+
     def generate(self, index: int, records: list[Any], step: int) -> tuple[Any, Any]:
         """Engine ``index``'s (summaries ref, samples ref) for ``records`` of ``step``."""
         summaries, samples = self.engines[index].generate.options(num_returns=2).remote(

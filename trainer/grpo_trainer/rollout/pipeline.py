@@ -45,10 +45,6 @@ def check_disaggregated(cfg: Config) -> None:
             f"trainer.rollout_batch_size ({cfg.trainer.rollout_batch_size}) must be "
             f"divisible by the rollout engines ({dis.engines} = nodes x engines_per_node) "
             "so each engine gets whole prompts"))
-    if cfg.trainer.val_interval_steps:
-        raise ConfigError("trainer.val_interval_steps", (
-            "validation runs on the ranks' engines, which rollout.placement "
-            "'disaggregated' does not build: set trainer.val_interval_steps 0"))
 
 
 def split(items: list[Any], parts: int) -> list[list[Any]]:

@@ -31,6 +31,22 @@ def training_spec(cfg: Config, step: int, rank: int, records: Sequence[Record],
     )
 
 
+def greedy_spec(cfg: Config, step: int, rank: int, records: Sequence[Record],
+                suppress_ids: tuple[int, ...]) -> SamplingSpec:
+    """Validation: one greedy response per prompt (the seeds only matter to engines that
+    draw even at temperature 0)."""
+    ro = cfg.rollout
+    return SamplingSpec(
+        n=1,
+        temperature=0.0,
+        top_p=1.0,
+        max_new_tokens=ro.max_new_tokens,
+        seed=rollout_seed(ro.seed, step, rank),
+        suppress_ids=suppress_ids,
+        prompt_seeds=tuple(prompt_seed(ro.seed, step, r.index) for r in records),
+    )
+
+
 def to_samples(prompts: Sequence[EncodedPrompt], groups: Sequence[Sequence[Generation]],
                tokenizer: Any, version: int | None = None) -> list[Sample]:
     """Each prompt's generations as samples, in order; ``version``: the policy version
