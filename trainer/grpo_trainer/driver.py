@@ -34,7 +34,7 @@ from .metrics import MetricsLogger
 from .placement import layout_for
 from .rewards import RewardRunner, resolve_reward_fn
 from .rollout.engine_group import EngineGroup
-from .rollout.pipeline import LoaderPosition, RolloutPipeline, check_disaggregated
+from .rollout.pipeline import LoaderPosition, RolloutPipeline
 from .supervision import WorkerGroup
 from .validation import Validator
 
@@ -61,7 +61,6 @@ class GRPOTrainer:
         self.checkpointer = checkpointer or NoCheckpointer()
         self.fault = parse_fault(cfg.trainer.fault_inject)
         layout_for(cfg)  # a layout that cannot work is a config error, before Ray starts
-        check_disaggregated(cfg)
         from .samples import prompt_token_counter
 
         # Prompts longer than data.max_prompt_length are dropped or refused here, before

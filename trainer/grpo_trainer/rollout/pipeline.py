@@ -24,7 +24,6 @@ from typing import Any
 
 from grpo_api.trainer_config import Config
 
-from ..config_error import ConfigError
 from ..data import Record, StatefulLoader
 from .engine_group import EngineGroup, is_lost
 from .routing import launch_through, route
@@ -33,18 +32,6 @@ log = logging.getLogger(__name__)
 
 # Times one batch's share may be generated again after its engine died.
 MAX_REGENERATIONS = 3
-
-
-def check_disaggregated(cfg: Config) -> None:
-    """What this trainer does not do disaggregated yet, refused before Ray starts."""
-    dis = cfg.rollout.disaggregated
-    if cfg.rollout.placement != "disaggregated" or dis is None:
-        return
-    if cfg.trainer.rollout_batch_size % dis.engines:
-        raise ConfigError("rollout.disaggregated.engines_per_node", (
-            f"trainer.rollout_batch_size ({cfg.trainer.rollout_batch_size}) must be "
-            f"divisible by the rollout engines ({dis.engines} = nodes x engines_per_node) "
-            "so each engine gets whole prompts"))
 
 
 def split(items: list[Any], parts: int) -> list[list[Any]]:
