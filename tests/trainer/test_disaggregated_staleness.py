@@ -4,10 +4,10 @@ ranks and 2 hf engines.
 
 At staleness 1 the engines draw step 2's batch with policy 0 while the ranks train step
 1: from step 2 on every sample lags one version, the loss carries the truncated
-importance weights, and every metric stays finite. An engine SIGKILLed after step 1 (its
-real process) is started again without ending the run: it joins the weight group formed
-again, gets the current weights, its share of the batch is generated again, and
-rollout/engine_restarts counts it.
+importance weights, and every metric stays finite. Engines SIGKILLed (their real
+processes), one while it generates, one before a weight push, are started again without
+ending the run: they join the weight group formed again and get the current weights, the
+lost share of the batch is generated again, and rollout/engine_restarts counts them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.testing.rewards import KILL_PID_FILE
 
 pytestmark = pytest.mark.trainer
 STEPS = 3
@@ -69,27 +70,36 @@ def test_staleness_1_trains_on_batches_one_version_behind(
         assert all(math.isfinite(v) for v in m.values()), m
 
 
-def test_a_killed_engine_is_started_again_and_the_run_goes_on(
-    tiny_lm: Path, data: Path, labelled_cluster: Any
+def test_killed_engines_are_started_again_and_the_run_goes_on(
+    tiny_lm: Path, data: Path, labelled_cluster: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Engine 1 dies while it generates step 2's batch (its share is generated again);
+    engine 0 dies after it delivered its share, while the driver scores step 2's rewards
+    (found dead before the weight push, which would otherwise broadcast to it)."""
     import ray
 
-    trainer = GRPOTrainer(_config(tiny_lm, data, labelled_cluster.address, 0, steps=2))
+    kill_file = tmp_path / "pid"
+    monkeypatch.setenv(KILL_PID_FILE, str(kill_file))
+    cfg = _config(tiny_lm, data, labelled_cluster.address, 0, steps=2)
+    cfg.reward.function = "grpo_trainer.testing.rewards:reward_killing_a_process"
+    trainer = GRPOTrainer(cfg)
     try:
         trainer.start()
         assert trainer.pipeline is not None
         engines = trainer.pipeline.engines
-        victim = engines.info[1]["pid"]
+        victims = [i["pid"] for i in engines.info]
         first = trainer.train_step()  # step 1; step 2's batch is being generated
-        os.kill(victim, signal.SIGKILL)  # the engine's real process
+        os.kill(victims[1], signal.SIGKILL)  # engine 1's real process
+        kill_file.write_text(str(victims[0]))  # engine 0's, at step 2's rewards
         history = [first, *trainer.run()]
         held = ray.get([e.info.remote() for e in engines.engines])
     finally:
         trainer.close()
     assert len(history) == 2
-    assert sum(m["rollout/engine_restarts"] for m in history) == 1
-    assert history[0]["rollout/engine_restarts"] == 0
-    assert held[1]["pid"] != victim
+    assert [m["rollout/engine_restarts"] for m in history] == [0, 2]
+    assert not kill_file.exists()  # claimed: engine 0 was killed at step 2's rewards
+    assert held[0]["pid"] != victims[0] and held[1]["pid"] != victims[1]
     # Every engine, the new one too, holds the last policy.
     assert [h["version"] for h in held] == [2, 2]
     for m in history:

@@ -119,6 +119,21 @@ class EngineGroup:
         self._form_group()
         self.version = None
 
+    def _dead(self) -> list[int]:
+        """The engines whose actor died: a call each (answered once the calls queued
+        before it are done, which the push would wait for anyway)."""
+        import ray
+
+        dead = []
+        for index, ref in enumerate([e.info.remote() for e in self.engines]):
+            try:
+                ray.get(ref)
+            except Exception as err:
+                if not is_lost(err):
+                    raise
+                dead.append(index)
+        return dead
+
     def push(self, version: int) -> None:
         """The ranks' current weights (policy ``version``) into every engine; engines
         found dead on the way are replaced and the push repeated."""
@@ -126,6 +141,10 @@ class EngineGroup:
 
         for _ in range(MAX_PUSH_TRIES):
             assert self.rank_call is not None, "push before connect"
+            # An engine that died since its last call is replaced first: a broadcast to
+            # a dead member fails at once on gloo but hangs until the timeout on NCCL.
+            if found := self._dead():
+                self.replace(found)
             receiving = [e.receive_weights.remote(version) for e in self.engines]
             sent = self.rank_call("push_weights")[0]  # rank 0's report
             dead: list[int] = []
