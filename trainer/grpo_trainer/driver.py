@@ -3,8 +3,10 @@
 
 Per step: prompts -> rollouts on every rank -> rewards (driver, parallel) ->
 group advantages -> per-rank log-prob recomputation and update -> metrics,
-progress report, checkpoint hook. Exceptions leave as ``StepError`` so the exit
-code mapping knows the step.
+progress report, checkpoint hook. With ``rollout.placement: disaggregated`` the rollouts
+come from engines apart (rollout/pipeline.py), generated ahead within
+``rollout.max_staleness``, and the new weights go to them after the update. Exceptions
+leave as ``StepError`` so the exit code mapping knows the step.
 """
 
 from __future__ import annotations
