@@ -453,6 +453,15 @@ class Config(_Strict):
         if self.rollout.placement == "disaggregated" and dis is None:
             raise ValueError("rollout.placement 'disaggregated' needs rollout.disaggregated "
                              "(the rollout side's nodes and engines)")
+        if dis is not None and self.trainer.rollout_batch_size % dis.engines:
+            raise ValueError(
+                f"trainer.rollout_batch_size ({self.trainer.rollout_batch_size}) must be "
+                f"divisible by the rollout engines ({dis.engines}: rollout.disaggregated.nodes "
+                "x engines_per_node) so each engine gets whole prompts")
+        if self.rollout.placement == "disaggregated" and self.rollout.engine == "vllm":
+            raise ValueError("rollout.engine 'vllm' with rollout.placement 'disaggregated' is "
+                             "not supported yet: the disaggregated engines run the hf engine; "
+                             "set rollout.engine 'hf' or rollout.placement 'colocated'")
         if self.rollout.placement == "colocated" and dis is not None:
             raise ValueError("rollout.disaggregated is set but rollout.placement is "
                              "'colocated': set placement 'disaggregated' or drop it")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +51,40 @@ def ray_local(local_ray_args: dict[str, Any]) -> Iterator[None]:
     ray.init(**local_ray_args)
     yield
     ray.shutdown()
+
+
+@dataclass(frozen=True)
+class LabelledCluster:
+    """A Ray cluster whose nodes carry the disaggregated job's side labels."""
+
+    address: str
+    nodes: dict[str, str]  # side (grpo.dev/side's value) -> Ray node id
+
+
+@pytest.fixture(scope="module")
+def labelled_cluster(local_ray_args: dict[str, Any]) -> Iterator[LabelledCluster]:
+    """A real multi-node Ray (``ray.cluster_utils.Cluster``, one raylet per node) as the
+    operator starts a disaggregated job's: a head without labels, a node labelled
+    grpo.dev/side=train and one labelled =rollout, 2 CPUs each; one per module."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from grpo_api.contract import RAY_SIDE_LABEL
+
+    was_local = ray.is_initialized()  # the tier's shared local Ray: back after the module
+    if was_local:
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        for side in ("train", "rollout"):
+            cluster.add_node(num_cpus=2, labels={RAY_SIDE_LABEL: side})
+        ray.init(address=cluster.address)
+        nodes = {n["Labels"][RAY_SIDE_LABEL]: n["NodeID"] for n in ray.nodes()
+                 if RAY_SIDE_LABEL in n.get("Labels", {})}
+        yield LabelledCluster(cluster.address, nodes)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        if was_local:
+            ray.init(**local_ray_args)

@@ -92,6 +92,13 @@ def process_group_backend(device_type: str) -> str:
     return MIXED_BACKEND if device_type == "cuda" else "gloo"
 
 
+def weight_sync_backend(trainer_device_type: str, engine_device_type: str) -> str:
+    """The backend of the disaggregated weight sync's group (rank 0 and every rollout
+    engine, rollout/weight_bus.py): NCCL when both sides hold their weights on CUDA,
+    else gloo, which moves host tensors (a CPU side, or test clusters' fake GPUs)."""
+    return "nccl" if trainer_device_type == engine_device_type == "cuda" else "gloo"
+
+
 def collective_backend(group_backend: str, tensor_device_type: str) -> str:
     """The backend a collective of the group takes for tensors on ``tensor_device_type``
     (torch dispatches a mixed group's collective by its tensors' device): NCCL for

@@ -3,8 +3,10 @@
 
 Per step: prompts -> rollouts on every rank -> rewards (driver, parallel) ->
 group advantages -> per-rank log-prob recomputation and update -> metrics,
-progress report, checkpoint hook. Exceptions leave as ``StepError`` so the exit
-code mapping knows the step.
+progress report, checkpoint hook. With ``rollout.placement: disaggregated`` the rollouts
+come from engines apart (rollout/pipeline.py), generated ahead within
+``rollout.max_staleness``, and the new weights go to them after the update. Exceptions
+leave as ``StepError`` so the exit code mapping knows the step.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from .liveness.watchdog import DetectorSettings, MemoryWatchdog, driver_memory, 
 from .metrics import MetricsLogger
 from .placement import layout_for
 from .rewards import RewardRunner, resolve_reward_fn
+from .rollout.engine_group import EngineGroup
+from .rollout.pipeline import LoaderPosition, RolloutPipeline
 from .supervision import WorkerGroup
 from .validation import Validator
 
@@ -71,6 +75,10 @@ class GRPOTrainer:
         self.loader = StatefulLoader(
             dataset, cfg.trainer.rollout_batch_size, cfg.data.seed, cfg.data.shuffle
         )
+        # What checkpoints record as the loader: with disaggregated rollouts running
+        # ahead, the position of the first batch not yet trained (rollout/pipeline.py).
+        self.position = LoaderPosition(self.loader)
+        self.pipeline: RolloutPipeline | None = None
         self.rewards = RewardRunner(
             resolve_reward_fn(cfg.reward), cfg.reward.num_workers, cfg.reward.timeout_s
         )
@@ -96,8 +104,29 @@ class GRPOTrainer:
         )
 
     def start(self) -> None:
-        self.group = WorkerGroup(self.cfg)
-        self.step = self.checkpointer.restore(self.group, self.loader)
+        # Disaggregated: the engines load the model while the ranks start and restore,
+        # then get the restored weights and loader position.
+        engines = EngineGroup(self.cfg) if self.cfg.rollout.placement == "disaggregated" else None
+        try:
+            self.group = WorkerGroup(self.cfg)
+            self.step = self.checkpointer.restore(self.group, self.position)
+        except BaseException:
+            if engines is not None:
+                engines.shutdown()
+            raise
+        if engines is not None:
+            self.pipeline = RolloutPipeline(self.cfg, self.group, engines, self.loader,
+                                            self.total_steps, self.step,
+                                            self._collective_timeout_s())
+            self.position.pipeline = self.pipeline
+
+    def _collective_timeout_s(self) -> float:
+        """The ranks' collective timeout (devices.py), which the weight group takes too."""
+        from .devices import checkpoint_bytes, collective_timeout_s
+
+        res = self.cfg.resources
+        return collective_timeout_s(checkpoint_bytes(self.cfg.model.path),
+                                    res.collective_timeout_s)
 
     def train_step(self) -> dict[str, float]:
         import torch
@@ -108,10 +137,14 @@ class GRPOTrainer:
         cfg = self.cfg
         step = self.step + 1
         t0 = time.perf_counter()
-        records: list[Record] = self.loader.next_batch()
         world = self.group.world_size
         self.heartbeat.mark("rollout")  # weight sync into the engine, then generation
-        outs = self.group.call("generate", split(records, world), common=[step])
+        records: list[Record]
+        if self.pipeline is None:
+            records = self.loader.next_batch()
+            outs = self.group.call("generate", split(records, world), common=[step])
+        else:  # generated ahead by the engines (or now): the ranks fetch their samples
+            records, outs = self.pipeline.take(step)
         t_gen = time.perf_counter()
         if self.term.requested:  # before the update: the state is still the last step's
             raise StepAbandoned
@@ -137,6 +170,9 @@ class GRPOTrainer:
                 upd[key] = max(r[key] for r in per_rank)
         upd.update(per_process_memory(per_rank))  # memory/rank<r>/...: a leak has an address
         upd.update(driver_memory())
+        if self.pipeline is not None:  # the new policy to the engines, the next batches
+            self.heartbeat.mark("weight push")
+            upd.update(self.pipeline.after_update(step))
         t_end = time.perf_counter()
 
         resp = [o["response_tokens"] for o in flat]
@@ -201,6 +237,11 @@ class GRPOTrainer:
             monitor.stop()
             self.term.restore()
 
+    def _generators(self) -> Any:
+        """Who generates validation responses: the ranks, or the disaggregated engines
+        (with the weights pushed after the last update)."""
+        return self.pipeline.engines if self.pipeline is not None else self.group
+
     def _monitor(self) -> StallMonitor:
         from .errors import termination_log_path
 
@@ -222,23 +263,24 @@ class GRPOTrainer:
         total = self.total_steps
         if self.step == 0:  # a fresh start: the baseline (validation.py; steps decide alone)
             try:
-                if m0 := self.validator.maybe_run(self.group, 0):
+                if m0 := self.validator.maybe_run(self._generators(), 0):
                     self.metrics.log(0, m0)
             except Exception as err:
                 raise StepError(0, err) from err
         while self.step < total and not self.term.requested:
             step = self.step + 1
             t_step = time.monotonic()
-            position = self.loader.state_dict()
+            position = self.position.state_dict()
             try:
                 m = self.train_step()
                 self.heartbeat.mark("checkpoint")
-                self.checkpointer.maybe_save(step, self.group, self.loader, final=step == total)
+                self.checkpointer.maybe_save(step, self.group, self.position,
+                                             final=step == total)
                 if not self.term.requested:
                     self.heartbeat.mark("validation")
-                    m.update(self.validator.maybe_run(self.group, step))  # after the save
+                    m.update(self.validator.maybe_run(self._generators(), step))  # after save
             except StepAbandoned:
-                self.loader.load_state_dict(position)  # the step is redone on resume
+                self.position.load_state_dict(position)  # the step is redone on resume
                 log.warning("SIGTERM during step %d's rollout: the step is dropped", step)
                 break
             except Exception as err:
@@ -270,7 +312,7 @@ class GRPOTrainer:
         self.heartbeat.mark("checkpoint on SIGTERM")
         t0 = time.monotonic()
         try:
-            saved = self.checkpointer.save_now(self.step, self.group, self.loader)
+            saved = self.checkpointer.save_now(self.step, self.group, self.position)
         except Exception as err:
             raise StepError(self.step, err) from err
         save_s = time.monotonic() - t0 if saved else None
@@ -296,14 +338,22 @@ class GRPOTrainer:
         if not self.cfg.checkpoint.export or self.cfg.checkpoint.dir is None or step is None:
             return None
         node = self.group.info[0].get("node_id") if self.group is not None else None
+        self._stop_engines()
         if self.group is not None:
             self.group.shutdown()  # their host memory is what the export needs
             self.group = None
         return export_final(Path(self.cfg.checkpoint.dir), step, node)
 
+    def _stop_engines(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.shutdown()
+            self.pipeline = None
+            self.position.pipeline = None
+
     def close(self) -> None:
         self.rewards.close()
         self.metrics.close()
+        self._stop_engines()
         if self.group is not None:
             self.group.shutdown()
             self.group = None

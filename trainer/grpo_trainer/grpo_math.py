@@ -153,11 +153,16 @@ def grpo_loss(
     kl_estimator: KLEstimator = "low_var_kl",
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    is_weight: torch.Tensor | None = None,
 ) -> GRPOLossOut:
-    """Policy loss + KL loss term - entropy bonus, each a global token mean."""
+    """Policy loss + KL loss term - entropy bonus, each a global token mean.
+
+    ``is_weight`` (per token, detached; ``offpolicy.is_weights``) scales each token's
+    clipped policy term for samples drawn by an older policy; None: every token 1."""
     mask = mask.to(log_prob.dtype)
     pg = clipped_policy_loss(log_prob, old_log_prob, advantages, clip_low, clip_high, clip_dual)
-    pg_loss = token_mean(pg.loss, mask, global_tokens)
+    token_pg = pg.loss if is_weight is None else pg.loss * is_weight.detach()
+    pg_loss = token_mean(token_pg, mask, global_tokens)
     total = pg_loss
     kl = torch.zeros((), dtype=log_prob.dtype)
     if ref_log_prob is not None and kl_coef > 0:

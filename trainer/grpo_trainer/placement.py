@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_api.contract import RAY_SIDE_LABEL
 from grpo_api.trainer_config import Config
 
 from .config_error import ConfigError
@@ -103,6 +104,24 @@ def layout_for(cfg: Config) -> Layout:
     )
 
 
+def side_labels(cfg: Config, side: str) -> dict[str, str] | None:
+    """The Ray node labels a disaggregated job's ``side`` (RAY_SIDE_TRAIN: the ranks,
+    RAY_SIDE_ROLLOUT: the engines) is placed by; a colocated job places by none."""
+    if cfg.rollout.placement != "disaggregated":
+        return None
+    return {RAY_SIDE_LABEL: side}
+
+
+def engine_layout(cfg: Config) -> Layout:
+    """The rollout engines' nodes: ``engines_per_node`` engines (bundles) on each of
+    ``rollout.disaggregated.nodes``."""
+    dis = cfg.rollout.disaggregated
+    if dis is None:
+        raise ConfigError("rollout.disaggregated", "the engines' layout needs it set")
+    return plan_layout(dis.nodes, dis.engines_per_node,
+                       rank_bundle(dis.gpus_per_engine, dis.cpus_per_engine), 1)
+
+
 def cuda_device_index(assigned: Sequence[Any], visible: str | None, local_rank: int) -> int:
     """This rank's torch CUDA index: the GPU Ray reserved for its bundle.
 
@@ -179,12 +198,15 @@ def missing_detail(
     return "\n".join(lines)
 
 
-def exclusion_selector(avoid: Sequence[str]) -> dict[str, str] | None:
-    """A Ray label selector that keeps a bundle off the nodes in ``avoid``."""
-    if not avoid:
-        return None
-    # No spaces: Ray would take them as part of the node id.
-    return {NODE_ID_LABEL: f"!in({','.join(avoid)})"}
+def exclusion_selector(avoid: Sequence[str], labels: Mapping[str, str] | None = None
+                       ) -> dict[str, str] | None:
+    """A Ray label selector that keeps a bundle off the nodes in ``avoid`` and on nodes
+    carrying ``labels`` (a disaggregated job's side, RAY_SIDE_LABEL)."""
+    selector = dict(labels or {})
+    if avoid:
+        # No spaces: Ray would take them as part of the node id.
+        selector[NODE_ID_LABEL] = f"!in({','.join(avoid)})"
+    return selector or None
 
 
 # -- the Ray part ------------------------------------------------------------------------
@@ -206,11 +228,15 @@ def alive_nodes() -> list[NodeView]:
 class Gang:
     """One STRICT_PACK placement group per node, reserved one after another on distinct
     nodes (each group excludes the nodes that already hold one, so a big node cannot take
-    two nodes' ranks), all within one deadline."""
+    two nodes' ranks), all within one deadline. ``labels``: only on Ray nodes carrying
+    them (``rollout.placement: disaggregated`` puts the ranks on the nodes labelled
+    RAY_SIDE_LABEL=train and the rollout engines, a gang of their own, on =rollout)."""
 
-    def __init__(self, layout: Layout, *, ranks_on_head: bool) -> None:
+    def __init__(self, layout: Layout, *, ranks_on_head: bool,
+                 labels: Mapping[str, str] | None = None) -> None:
         self.layout = layout
         self.ranks_on_head = ranks_on_head
+        self.labels = dict(labels or {})
         self.groups: list[Any] = []
         self.node_ids: list[str] = []  # the Ray node holding each group
 
@@ -230,7 +256,7 @@ class Gang:
             timeout_s,
         )
         for _ in range(lay.nodes):
-            selector = exclusion_selector([*head, *self.node_ids])
+            selector = exclusion_selector([*head, *self.node_ids], self.labels)
             pg = placement_group(
                 lay.node_bundles(),
                 strategy="STRICT_PACK",
@@ -242,6 +268,9 @@ class Gang:
                 detail = missing_detail(
                     lay, self.node_ids, timeout_s, alive_nodes(), ranks_on_head=self.ranks_on_head
                 )
+                if self.labels:
+                    detail += "\nonly nodes labelled " + ", ".join(
+                        f"{k}={v}" for k, v in sorted(self.labels.items())) + " qualify"
                 self.release()
                 raise WorkersMissingError(detail)
             self.node_ids.append(str(placement_group_table(pg)["bundles_to_node_id"][0]))

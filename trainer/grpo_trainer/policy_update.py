@@ -24,6 +24,7 @@ from .lean_logprobs import lean_log_probs
 from .lora import adapters_disabled
 from .micro_batches import count_for_budget, split_evenly
 from .modeling import params_home
+from .offpolicy import OffpolicySums, is_weights, offpolicy_metrics, version_gaps
 from .packing import can_pack, collate_packed, rope_index_of
 from .rank_state import RankState
 from .samples import Sample, TrainBatch, collate_train
@@ -92,6 +93,10 @@ class PolicyUpdate:
         # batch cannot take the shared-prefix layout; the reference has the same.
         self.rope = rope_index_of(state.actor)
         self.forward_tokens = 0  # this step's, every pass: rows x width, padding included
+        # The policy version being updated (updates applied before this step) and the
+        # step's off-policy statistics (offpolicy.py), both set by run().
+        self.version = 0
+        self.offpolicy = OffpolicySums()
 
     def run(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
         """Recompute old (and reference) log-probs of ``samples``, then the clipped GRPO
@@ -103,6 +108,9 @@ class PolicyUpdate:
         # old ones and a separate recompute pass would be wasted work.
         on_policy = cfg.actor.ppo_epochs == 1 and cfg.mini_batch_samples == cfg.samples_per_step
         self.forward_tokens = 0
+        self.version = step - 1
+        self.offpolicy = OffpolicySums()
+        self.offpolicy.add_gaps(version_gaps([s.policy_version for s in samples], self.version))
         t0 = time.perf_counter()
         if not on_policy:
             self._fill(st.actor, samples, "old_log_probs")
@@ -223,11 +231,13 @@ class PolicyUpdate:
         adv = batch.scatter(
             [torch.full((s.response_ids.numel(),), s.advantage) for s in micro]
         ).to(dev)
+        mask = batch.response_mask.to(dev)
+        weight = self._is_weights(micro, batch, old, mask)
         out = grpo_loss(
             logp,
             old,
             adv,
-            batch.response_mask.to(dev),
+            mask,
             global_tokens,
             clip_low=alg.clip_ratio_low,
             clip_high=alg.clip_ratio_high,
@@ -237,11 +247,32 @@ class PolicyUpdate:
             kl_estimator=alg.kl_estimator,
             entropy=ent,
             entropy_coef=alg.entropy_coef,
+            is_weight=weight,
         )
         # FSDP averages gradients over ranks; each rank's loss is already its share of
         # the global token mean, so undo the average.
         (out.loss * st.world.size).backward()
         return out
+
+    def _is_weights(self, micro: list[Sample], batch: TrainBatch, proximal: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor | None:
+        """The micro-batch's truncated importance weights (offpolicy.py), counted into the
+        step's statistics; None when every sample is the updated policy's own (gap 0), so
+        such a micro-batch trains exactly as a colocated one."""
+        cap = self.state.cfg.algorithm.offpolicy_is_cap
+        gaps = version_gaps([s.policy_version for s in micro], self.version)
+        if not any(gaps):
+            self.offpolicy.add_unweighted(int(mask.sum()))
+            return None
+        dev = proximal.device
+        behaviour = batch.scatter([s.rollout_log_probs for s in micro]).to(dev)
+        gap = batch.scatter(
+            [torch.full((s.response_ids.numel(),), float(g)) for s, g in zip(micro, gaps,
+                                                                             strict=True)]
+        ).to(dev)
+        weight = is_weights(proximal, behaviour, gap, cap)
+        self.offpolicy.add_weights(weight, mask, cap)
+        return weight
 
     def _optimizer_step(self, step: int, stats: UpdateStats) -> None:
         """Clip, step (skipped on a non-finite norm), zero the gradients, advance the LR."""
@@ -273,12 +304,17 @@ class PolicyUpdate:
         ]
         gap = torch.cat(diffs) if diffs else torch.zeros(1)
         mine = float(self.forward_tokens)
-        reduced = self._all_sum([*stats.sums(), float(gap.sum()), float(gap.numel()), mine])
+        off = self.offpolicy
+        off_sums = [float(getattr(off, k)) for k in OffpolicySums.SUMMED]
+        reduced = self._all_sum([*stats.sums(), float(gap.sum()), float(gap.numel()), mine,
+                                 *off_sums])
         n = len(UpdateStats._SUMMED)
         total = UpdateStats.from_sums(reduced[:n])
-        gap_sum, gap_count, all_tokens = reduced[n:]
-        most, least = self._all_max([mine, -mine])
+        gap_sum, gap_count, all_tokens = reduced[n : n + 3]
+        most, least, *off_max = self._all_max(
+            [mine, -mine, *(float(getattr(off, k)) for k in OffpolicySums.MAXED)])
         least = -least
+        disaggregated = cfg.rollout.placement == "disaggregated"
         n_mb = cfg.actor.ppo_epochs * (cfg.samples_per_step // cfg.mini_batch_samples)
         grad_norms = stats.grad_norms  # this rank's: the norm is global already
         return {
@@ -299,4 +335,6 @@ class PolicyUpdate:
             "update/rank_tokens_max": most,
             "update/rank_tokens_min": least,
             "update/rank_tokens_spread": (most - least) / max(most, 1.0),
+            # Colocated samples are always the updated policy's own: nothing to report.
+            **(offpolicy_metrics(reduced[n + 3 :], off_max) if disaggregated else {}),
         }

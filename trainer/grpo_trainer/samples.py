@@ -37,7 +37,9 @@ class Sample:
 
     prompt: EncodedPrompt
     response_ids: torch.Tensor  # [R], up to and including EOS when it finished
-    rollout_log_probs: torch.Tensor  # [R] from the rollout engine (diagnostic only)
+    # [R] from the rollout engine: the behaviour policy of an off-policy sample
+    # (offpolicy.py), else only compared with the actor (logprob_abs_diff_mean)
+    rollout_log_probs: torch.Tensor
     finished: bool
     text: str = ""
     old_log_probs: torch.Tensor | None = None  # recomputed by the actor
@@ -46,6 +48,9 @@ class Sample:
     # [3, P + R]: the model's M-RoPE positions of prompt + response, computed once
     # (packing.rope_index_of) for every pass of the update that packs it.
     rope_positions: torch.Tensor | None = None
+    # The policy version (updates applied) whose weights drew it: a disaggregated
+    # engine's; None: the policy being updated (colocated rollouts).
+    policy_version: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -268,3 +273,14 @@ def collate_train(samples: list[Sample], pad_id: int) -> TrainBatch:
         **concat_mm([s.prompt for s in samples]),
     }
     return TrainBatch(inputs, labels, resp, positions)
+
+
+def summary(s: Sample) -> dict[str, Any]:
+    """What the driver sees of a sample: rewards, balancing and metrics need no tensors."""
+    return {
+        "index": s.prompt.record.index,
+        "text": s.text,
+        "prompt_tokens": int(s.prompt.input_ids.numel()),
+        "response_tokens": int(s.response_ids.numel()),
+        "finished": s.finished,
+    }

@@ -9,12 +9,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from grpo_api.contract import RAY_SIDE_TRAIN
 from grpo_api.trainer_config import Config
 
 from .errors import is_peer_loss
 from .liveness.stall_monitor import RankTarget
 from .nccl_log import Transport, combine, summary
-from .placement import Gang, layout_for
+from .placement import Gang, layout_for, side_labels
 from .rank_env import rank_env
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,8 @@ class WorkerGroup:
         self.layout = layout_for(cfg)
         self.world_size = self.layout.world_size
         self.workers: list[Any] = []
-        self.gang = Gang(self.layout, ranks_on_head=res.ranks_on_head)
+        self.gang = Gang(self.layout, ranks_on_head=res.ranks_on_head,
+                         labels=side_labels(cfg, RAY_SIDE_TRAIN))
         try:
             self.gang.reserve(res.gang_timeout_s)
             remote: Any = ray.remote(Worker)

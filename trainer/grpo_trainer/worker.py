@@ -35,15 +35,17 @@ from .devices import (
 from .errors import rank_phase
 from .faults import RankFaults
 from .gpu_memory import GpuMemoryMeter
-from .lora.sync import sync_rollout_weights
-from .modeling import load_full, stream_full_params
+from .lora.sync import rollout_weights, sync_rollout_weights
+from .modeling import stream_full_params
 from .placement import cuda_device_index
 from .policy_update import PolicyUpdate
 from .rank_env import NCCL_LOG_DIR, first_collective
 from .rank_state import RankState, World, build_rank_state
-from .rollout.base import RolloutEngine, SamplingSpec
-from .rollout.seeds import prompt_seed, rollout_seed
-from .samples import EncodedPrompt, Sample, load_rollout_tokens
+from .rollout.base import RolloutEngine
+from .rollout.build import build_rank_engine
+from .rollout.sampling import greedy_spec, to_samples, training_spec
+from .rollout.weight_bus import WeightGroupSpec, WeightSender
+from .samples import EncodedPrompt, Sample, load_rollout_tokens, summary
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,7 @@ class Worker:
         if cfg.resources.trains_on_cuda:  # NCCL_DEBUG_FILE's directory (rank_env.py)
             os.makedirs(NCCL_LOG_DIR, exist_ok=True)
         self.samples: list[Sample] = []
+        self.weights = WeightSender(rank)  # disaggregated rollouts: rank 0's end
         self.faults = RankFaults(cfg.trainer.fault_inject, rank, world_size)
         torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
 
@@ -150,8 +153,9 @@ class Worker:
         self.policy = PolicyUpdate(self.state, self.tokens.pad_id)
         self.checkpoints = RankCheckpointer(self.state)
         self.tp_group = self._rollout_group(timeout)
-        with rank_phase(RankPhase.ROLLOUT):  # vLLM's start: its memory check, its pool
-            self.engine = self._build_engine()
+        if self.cfg.rollout.placement == "colocated":  # else the engines are apart
+            with rank_phase(RankPhase.ROLLOUT):  # vLLM's start: its memory check, its pool
+                self.engine = self._build_engine()
         n_params = sum(p.numel() for p in self.state.actor.parameters())
         return {
             "rank": self.rank,
@@ -209,39 +213,7 @@ class Worker:
         return scores[own]
 
     def _build_engine(self) -> RolloutEngine:
-        cfg = self.cfg
-        if cfg.rollout.engine == "vllm":
-            from .rollout.sync_check import check_weight_sync
-            from .rollout.vllm_engine import VLLMEngine, VLLMEngineConfig, kv_cache_bytes
-
-            if cfg.actor.lora is None:  # each sync sends every weight: names and shapes
-                check_weight_sync(self.state.actor, cfg.model.path)
-            tp = cfg.rollout.tensor_parallel_size
-            seqs = cfg.trainer.rollout_batch_size // self.world_size * tp * cfg.rollout.n
-            max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-            return VLLMEngine(
-                VLLMEngineConfig(
-                    model_path=cfg.model.path,
-                    dtype=cfg.actor.dtype,
-                    tensor_parallel_size=tp,
-                    max_model_len=max_len,
-                    max_num_seqs=seqs,
-                    gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                    cpu_kv_cache_bytes=kv_cache_bytes(
-                        self.state.actor.config, self.state.compute_dtype, seqs * max_len, tp
-                    ),
-                    seed=cfg.rollout.seed,
-                    enable_sleep_mode=cfg.rollout.enable_sleep_mode,
-                    trust_remote_code=cfg.model.trust_remote_code,
-                    lora_rank=cfg.actor.lora.rank if cfg.actor.lora else 0,
-                    image_bounds=self.tokens.encoder.bounds,
-                )
-            )
-        from .rollout.hf import HFGenerateEngine
-
-        model = load_full(cfg.model, self.state.compute_dtype).to(self.state.device)
-        tokens = self.tokens
-        return HFGenerateEngine(model, tokens.pad_id, tokens.eos_ids, cfg.rollout.hf_sampler)
+        return build_rank_engine(self.cfg, self.state, self.tokens, self.world_size)
 
     # -- rollout ---------------------------------------------------------------
     @rank_phase(RankPhase.ROLLOUT)
@@ -260,23 +232,11 @@ class Worker:
         self.engine.wake()
         st = self.state
         sync_rollout_weights(self.engine, st.actor, st.compute_dtype, cfg.actor.lora)
-        spec = SamplingSpec(
-            n=cfg.rollout.n,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            seed=rollout_seed(cfg.rollout.seed, step, self.rank),
-            suppress_ids=self.tokens.suppress_ids,
-            prompt_seeds=tuple(prompt_seed(cfg.rollout.seed, step, r.index) for r in everything),
-        )
+        spec = training_spec(cfg, step, self.rank, everything, self.tokens.suppress_ids)
         groups = self.engine.generate(prompts, spec) if prompts else []
         self.gpu_memory.sleep(self.engine)
-        self.samples = []
-        for prompt, gens in zip(prompts[own], groups[own], strict=True):
-            for g in gens:
-                text = str(self.tokens.tokenizer.decode(g.token_ids, skip_special_tokens=True))
-                self.samples.append(Sample(prompt, g.token_ids, g.log_probs, g.finished, text))
-        return [self._summary(s) for s in self.samples]
+        self.samples = to_samples(prompts[own], groups[own], self.tokens.tokenizer)
+        return [summary(s) for s in self.samples]
 
     @rank_phase(RankPhase.ROLLOUT)
     def generate_greedy(self, chunks: list[list[Record]], step: int) -> list[dict[str, Any]]:
@@ -292,34 +252,13 @@ class Worker:
             for chunk in chunks:  # the same number on every rank: TP groups call together
                 everything, own = self._tp_union(chunk)
                 prompts = [self.tokens.encoder.encode(r) for r in everything]
-                spec = SamplingSpec(
-                    n=1,
-                    temperature=0.0,  # greedy
-                    top_p=1.0,
-                    max_new_tokens=self.cfg.rollout.max_new_tokens,
-                    seed=rollout_seed(self.cfg.rollout.seed, step, self.rank),
-                    suppress_ids=self.tokens.suppress_ids,
-                    prompt_seeds=tuple(
-                        prompt_seed(self.cfg.rollout.seed, step, r.index) for r in everything
-                    ),
-                )
+                spec = greedy_spec(self.cfg, step, self.rank, everything,
+                                   self.tokens.suppress_ids)
                 groups = self.engine.generate(prompts, spec) if prompts else []
-                for prompt, (g,) in zip(prompts[own], groups[own], strict=True):
-                    text = str(self.tokens.tokenizer.decode(g.token_ids, skip_special_tokens=True))
-                    sample = Sample(prompt, g.token_ids, g.log_probs, g.finished, text)
-                    out.append(self._summary(sample))
+                out += [summary(s)
+                        for s in to_samples(prompts[own], groups[own], self.tokens.tokenizer)]
             self.gpu_memory.sleep(self.engine)
         return out
-
-    @staticmethod
-    def _summary(s: Sample) -> dict[str, Any]:
-        return {
-            "index": s.prompt.record.index,
-            "text": s.text,
-            "prompt_tokens": int(s.prompt.input_ids.numel()),
-            "response_tokens": int(s.response_ids.numel()),
-            "finished": s.finished,
-        }
 
     def load_samples(self, items: list[tuple[Record, list[int]]]) -> list[dict[str, Any]]:
         """Test seam: install given (prompt, response tokens) instead of generating.
@@ -331,7 +270,33 @@ class Worker:
                 prompt = self.tokens.encoder.encode(record)
             resp = torch.tensor(ids, dtype=torch.long)
             self.samples.append(Sample(prompt, resp, torch.zeros(len(ids)), True, ""))
-        return [self._summary(s) for s in self.samples]
+        return [summary(s) for s in self.samples]
+
+    # -- disaggregated rollouts: samples from the engines, weights to them -------------
+    def receive_samples(self, parts: list[tuple[Any, int, int]]) -> int:
+        """This step's samples from the engines that drew them: ``(samples ref, first
+        group, end group)`` each (rollout/routing.py); straight from the engines' object
+        store, never through the driver. How many samples this rank now holds."""
+        import ray
+
+        n = self.cfg.rollout.n
+        self.samples = [s for ref, first, end in parts for s in ray.get(ref)[first * n : end * n]]
+        return len(self.samples)
+
+    def open_weight_store(self) -> tuple[str, int]:
+        """Rank 0: the weight group's store (rollout/weight_bus.py), held for the run."""
+        import ray
+
+        return ray.util.get_node_ip_address(), self.weights.open(self._timeout().total_seconds())
+
+    def join_weight_group(self, spec: WeightGroupSpec) -> None:
+        self.weights.join(spec)
+
+    def push_weights(self) -> dict[str, Any]:
+        """The full weights to the engines (every rank gathers, rank 0 broadcasts)."""
+        st = self.state
+        stream = rollout_weights(st.actor, st.compute_dtype, self.cfg.actor.lora)
+        return self.weights.push(stream)
 
     # -- update: policy_update.py; groups exchanged before it: balance.py ------------
     def hand_over(self, groups: list[int]) -> list[list[Sample]]:

@@ -32,3 +32,23 @@ def reward_held_after_a_checkpoint(response: str, ground_truth: str) -> dict[str
         while not release.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
     return mentions_answer(response, ground_truth)
+
+
+KILL_PID_FILE = "GRPO_TEST_KILL_PID_FILE"  # a file holding a pid: killed at the next scoring
+
+
+def reward_killing_a_process(response: str, ground_truth: str) -> dict[str, float]:
+    """The demo's reward; the first scoring after a test wrote a pid into the file named
+    by ``KILL_PID_FILE`` SIGKILLs that process (once: the file is claimed by renaming).
+    The rewards are scored on the driver after the rollout and before the update, so a
+    rollout engine killed here dies between its batch and the next weight push."""
+    path = os.environ.get(KILL_PID_FILE)
+    if path:
+        claimed = f"{path}.claimed"
+        try:
+            os.rename(path, claimed)
+        except FileNotFoundError:
+            pass
+        else:
+            os.kill(int(Path(claimed).read_text()), 9)
+    return mentions_answer(response, ground_truth)

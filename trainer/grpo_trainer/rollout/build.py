@@ -1,0 +1,46 @@
+"""A colocated rank's rollout engine (worker.py): vLLM over the ranks' tensor-parallel
+groups, or the hf engine on an unsharded copy of the policy."""
+
+from __future__ import annotations
+
+from grpo_api.trainer_config import Config
+
+from ..modeling import load_full
+from ..rank_state import RankState
+from ..samples import RolloutTokens
+from .base import RolloutEngine
+
+
+def build_rank_engine(cfg: Config, state: RankState, tokens: RolloutTokens,
+                      world_size: int) -> RolloutEngine:
+    if cfg.rollout.engine == "vllm":
+        from .sync_check import check_weight_sync
+        from .vllm_engine import VLLMEngine, VLLMEngineConfig, kv_cache_bytes
+
+        if cfg.actor.lora is None:  # each sync sends every weight: names and shapes
+            check_weight_sync(state.actor, cfg.model.path)
+        tp = cfg.rollout.tensor_parallel_size
+        seqs = cfg.trainer.rollout_batch_size // world_size * tp * cfg.rollout.n
+        max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        return VLLMEngine(
+            VLLMEngineConfig(
+                model_path=cfg.model.path,
+                dtype=cfg.actor.dtype,
+                tensor_parallel_size=tp,
+                max_model_len=max_len,
+                max_num_seqs=seqs,
+                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                cpu_kv_cache_bytes=kv_cache_bytes(
+                    state.actor.config, state.compute_dtype, seqs * max_len, tp
+                ),
+                seed=cfg.rollout.seed,
+                enable_sleep_mode=cfg.rollout.enable_sleep_mode,
+                trust_remote_code=cfg.model.trust_remote_code,
+                lora_rank=cfg.actor.lora.rank if cfg.actor.lora else 0,
+                image_bounds=tokens.encoder.bounds,
+            )
+        )
+    from .hf import HFGenerateEngine
+
+    model = load_full(cfg.model, state.compute_dtype).to(state.device)
+    return HFGenerateEngine(model, tokens.pad_id, tokens.eos_ids, cfg.rollout.hf_sampler)

@@ -1,0 +1,135 @@
+"""One disaggregated rollout engine (``rollout.placement: disaggregated``): a Ray actor on
+a rollout node with a full copy of the policy in the compute dtype, the hf engine
+(hf.py) and the ranks' prompt encoder. It receives the weights from rank 0 after every
+update (weight_bus.py) and records the policy version it holds; every sample it draws
+carries that version (offpolicy.py weights the stale ones).
+
+Plain class so tests can use it in-process; engine_group.py wraps it as a Ray actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from grpo_api.contract import RankPhase
+from grpo_api.trainer_config import Config
+
+from ..data import Record, overlong
+from ..errors import rank_phase
+from ..samples import Sample, load_rollout_tokens, summary
+from .hf import HFGenerateEngine
+from .sampling import greedy_spec, to_samples, training_spec
+from .weight_bus import WeightGroupSpec, group_device, join_group, receive_weights, released
+
+log = logging.getLogger(__name__)
+
+
+def engine_device(cfg: Config) -> torch.device:
+    """An engine given GPUs generates on its (first) GPU; test clusters' fake GPUs and
+    engines without GPUs on the host."""
+    dis = cfg.rollout.disaggregated
+    if dis is None or dis.gpus_per_engine <= 0 or cfg.resources.fake_gpus:
+        return torch.device("cpu")
+    import ray
+
+    from ..placement import cuda_device_index
+
+    ids = list(ray.get_gpu_ids()) if ray.is_initialized() else []
+    return torch.device("cuda", cuda_device_index(ids, os.environ.get("CUDA_VISIBLE_DEVICES"), 0))
+
+
+class EngineWorker:
+    """Engine ``index`` of ``rollout.disaggregated.engines``: samples as rank ``index``
+    would (the same seeds), with the weights it was last sent."""
+
+    def __init__(self, cfg: Config, index: int) -> None:
+        self.cfg = cfg
+        self.index = index
+        self.version: int | None = None  # None: no complete weights received yet
+        self.pg: Any = None
+        dis = cfg.rollout.disaggregated
+        # As many threads as the engine has CPUs: a colocated rank generates with its own
+        # (cpus_per_worker); equal counts sample equal numbers on the CPU.
+        torch.set_num_threads(max(1, int(dis.cpus_per_engine if dis else 1)))
+
+    def setup(self) -> dict[str, Any]:
+        """Load the model and the tokenizer; where this engine runs (tests kill its pid)."""
+        from ..modeling import load_full
+        from ..precision import DTYPES
+
+        cfg = self.cfg
+        self.device = engine_device(cfg)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        with rank_phase(RankPhase.LOAD):
+            model = load_full(cfg.model, DTYPES[cfg.actor.dtype]).to(self.device)
+        self.tokens = load_rollout_tokens(cfg, model.config)
+        self.engine = HFGenerateEngine(model, self.tokens.pad_id, self.tokens.eos_ids,
+                                       cfg.rollout.hf_sampler)
+        import ray
+
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {"index": self.index, "pid": os.getpid(), "node_id": node,
+                "device": str(self.device)}
+
+    def join_weight_group(self, spec: WeightGroupSpec) -> None:
+        """Join a new incarnation of the weight group as rank ``index + 1``."""
+        self.pg = None
+        released()
+        self.pg = join_group(spec, self.index + 1)
+        self.bus_device = group_device(spec.backend)
+
+    def receive_weights(self, version: int) -> dict[str, Any]:
+        """Load the weights rank 0 broadcasts; from now on samples are ``version``'s. A
+        broadcast cut short (rank 0 closed the group: another engine died) leaves the
+        weights half-loaded and the version unset until the next complete one."""
+        self.version = None
+        error = ""
+        try:
+            self.engine.load_weights(
+                (name, t.to(self.device)) for name, t in receive_weights(self.pg, self.bus_device))
+        except Exception as err:  # outside this block nothing refers to the group
+            error = str(err)[:500] or type(err).__name__  # text: see WeightSender.push
+            log.warning("engine %d: the weight broadcast broke off: %s", self.index, error)
+        if error:
+            self.pg = None
+            released()
+            return {"ok": False, "error": error}
+        self.version = version
+        return {"ok": True, "version": version}
+
+    @rank_phase(RankPhase.ROLLOUT)
+    def generate(self, records: list[Record], step: int
+                 ) -> tuple[list[dict[str, Any]], list[Sample]]:
+        """``rollout.n`` samples per record for ``step`` (their summaries for the driver,
+        the samples for the ranks, which fetch them from this node's object store)."""
+        if self.version is None:
+            raise RuntimeError(f"engine {self.index} holds no complete weights")
+        cfg = self.cfg
+        prompts = [self.tokens.encoder.encode(r) for r in records]
+        for p in prompts:  # the driver left such prompts out (or refused them) at load
+            if (n := p.input_ids.numel()) > cfg.data.max_prompt_length:
+                raise RuntimeError(overlong(p.record, n, cfg.data.max_prompt_length))
+        spec = training_spec(cfg, step, self.index, records, self.tokens.suppress_ids)
+        groups = self.engine.generate(prompts, spec) if prompts else []
+        samples = to_samples(prompts, groups, self.tokens.tokenizer, self.version)
+        return [summary(s) for s in samples], samples
+
+    @rank_phase(RankPhase.ROLLOUT)
+    def generate_greedy(self, chunks: list[list[Record]], step: int) -> list[dict[str, Any]]:
+        """Validation (validation.py) with the weights last sent: one greedy response per
+        record, as rank ``index`` gives colocated. Keeps nothing."""
+        out: list[dict[str, Any]] = []
+        for chunk in chunks:
+            prompts = [self.tokens.encoder.encode(r) for r in chunk]
+            spec = greedy_spec(self.cfg, step, self.index, chunk, self.tokens.suppress_ids)
+            groups = self.engine.generate(prompts, spec) if prompts else []
+            out += [summary(s) for s in to_samples(prompts, groups, self.tokens.tokenizer)]
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"index": self.index, "pid": os.getpid(), "version": self.version}
