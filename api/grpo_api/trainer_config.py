@@ -458,10 +458,11 @@ class Config(_Strict):
                 f"trainer.rollout_batch_size ({self.trainer.rollout_batch_size}) must be "
                 f"divisible by the rollout engines ({dis.engines}: rollout.disaggregated.nodes "
                 "x engines_per_node) so each engine gets whole prompts")
-        if self.rollout.placement == "disaggregated" and self.rollout.engine == "vllm":
-            raise ValueError("rollout.engine 'vllm' with rollout.placement 'disaggregated' is "
-                             "not supported yet: the disaggregated engines run the hf engine; "
-                             "set rollout.engine 'hf' or rollout.placement 'colocated'")
+        if dis is not None and tp > 1 and dis.gpus_per_engine < tp:
+            raise ValueError(
+                f"rollout.tensor_parallel_size ({tp}) of a disaggregated engine needs as "
+                f"many GPUs: rollout.disaggregated.gpus_per_engine is {dis.gpus_per_engine}; "
+                "set it to the tensor-parallel size (on CPUs an engine has one process)")
         if self.rollout.placement == "colocated" and dis is not None:
             raise ValueError("rollout.disaggregated is set but rollout.placement is "
                              "'colocated': set placement 'disaggregated' or drop it")

@@ -83,11 +83,15 @@ def test_each_side_is_placed_by_its_label_and_colocated_by_none() -> None:
     assert exclusion_selector([], {RAY_SIDE_LABEL: "rollout"}) == {RAY_SIDE_LABEL: "rollout"}
 
 
-def test_vllm_engines_apart_are_refused_naming_both_fields() -> None:
+def test_tensor_parallel_engines_apart_need_that_many_gpus_each() -> None:
+    assert _cfg(engine="vllm").rollout.engine == "vllm"  # one process per engine: fine
+    ok = _cfg(engine="vllm", tensor_parallel_size=2,
+              disaggregated={"engines_per_node": 2, "gpus_per_engine": 2})
+    assert ok.rollout.tensor_parallel_size == 2  # need not divide resources.num_workers
     with pytest.raises(ValidationError) as err:
-        _cfg(engine="vllm")
-    assert "rollout.engine 'vllm'" in str(err.value)
-    assert "rollout.placement 'disaggregated'" in str(err.value)
+        _cfg(engine="vllm", tensor_parallel_size=2)
+    assert "rollout.disaggregated.gpus_per_engine" in str(err.value)
+    assert "rollout.tensor_parallel_size (2)" in str(err.value)
 
 
 def test_engines_that_cannot_share_the_prompts_evenly_are_refused() -> None:

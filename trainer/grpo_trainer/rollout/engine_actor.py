@@ -1,8 +1,9 @@
 """One disaggregated rollout engine (``rollout.placement: disaggregated``): a Ray actor on
-a rollout node with a full copy of the policy in the compute dtype, the hf engine
-(hf.py) and the ranks' prompt encoder. It receives the weights from rank 0 after every
-update (weight_bus.py) and records the policy version it holds; every sample it draws
-carries that version (offpolicy.py weights the stale ones).
+a rollout node with a full copy of the policy in the compute dtype, in the hf engine
+(hf.py) or vLLM (vllm_engine.py, never asleep), and the ranks' prompt encoder. It
+receives the weights from rank 0 after every update (weight_bus.py) and records the
+policy version it holds; every sample it draws carries that version (offpolicy.py
+weights the stale ones).
 
 Plain class so tests can use it in-process; engine_group.py wraps it as a Ray actor.
 """
@@ -21,6 +22,7 @@ from grpo_api.trainer_config import Config
 from ..data import Record, overlong
 from ..errors import rank_phase
 from ..samples import Sample, load_rollout_tokens, summary
+from .base import RolloutEngine
 from .hf import HFGenerateEngine
 from .sampling import greedy_spec, to_samples, training_spec
 from .weight_bus import WeightGroupSpec, group_device, join_group, receive_weights, released
@@ -65,16 +67,40 @@ class EngineWorker:
         self.device = engine_device(cfg)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        with rank_phase(RankPhase.LOAD):
-            model = load_full(cfg.model, DTYPES[cfg.actor.dtype]).to(self.device)
-        self.tokens = load_rollout_tokens(cfg, model.config)
-        self.engine = HFGenerateEngine(model, self.tokens.pad_id, self.tokens.eos_ids,
-                                       cfg.rollout.hf_sampler)
+        dtype = DTYPES[cfg.actor.dtype]
+        if cfg.rollout.engine == "vllm":
+            self.engine = self._vllm(dtype)
+        else:
+            with rank_phase(RankPhase.LOAD):
+                model = load_full(cfg.model, dtype).to(self.device)
+            self.tokens = load_rollout_tokens(cfg, model.config)
+            self.engine = HFGenerateEngine(model, self.tokens.pad_id, self.tokens.eos_ids,
+                                           cfg.rollout.hf_sampler)
         import ray
 
         node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         return {"index": self.index, "pid": os.getpid(), "node_id": node,
                 "device": str(self.device)}
+
+    def _vllm(self, dtype: torch.dtype) -> RolloutEngine:
+        """vLLM over this engine's own GPUs (rollout.tensor_parallel_size of them, vLLM's
+        own executor when more than one), never asleep: nothing else uses them. The full
+        weights arrive after every update (LoRA's merged into them), so no adapter slot."""
+        from transformers import AutoConfig
+
+        from .build import vllm_config
+        from .vllm_engine import VLLMEngine
+
+        cfg = self.cfg
+        hf_config = AutoConfig.from_pretrained(cfg.model.path,
+                                               trust_remote_code=cfg.model.trust_remote_code)
+        self.tokens = load_rollout_tokens(cfg, hf_config)
+        dis = cfg.rollout.disaggregated
+        assert dis is not None
+        with rank_phase(RankPhase.LOAD):
+            return VLLMEngine(vllm_config(
+                cfg, hf_config, dtype, self.tokens, cfg.trainer.rollout_batch_size // dis.engines,
+                tp=cfg.rollout.tensor_parallel_size, sleep=False, lora_rank=0))
 
     def join_weight_group(self, spec: WeightGroupSpec) -> None:
         """Join a new incarnation of the weight group as rank ``index + 1``."""

@@ -1,0 +1,52 @@
+"""Disaggregated rollouts with ``rollout.engine: vllm`` for real (vLLM's CPU backend): a
+vLLM engine as a Ray actor on the node labelled grpo.dev/side=rollout, apart from the two
+gloo ranks on the =train node (conftest ``labelled_cluster``), one step ahead
+(max_staleness 1). The engine gets the full weights over the weight group after every
+update (vLLM's in-place reload); its samples carry the policy version they were drawn
+with, and its per-token log-probs are the behaviour log-probs the stale samples' importance
+weights divide by."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grpo_trainer.config import build_config
+from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.testing.configs import text_config
+from grpo_trainer.testing.datasets import write_text_task
+
+pytestmark = pytest.mark.timeout(900)
+STEPS = 3
+
+
+def test_a_vllm_engine_apart_trains_one_step_ahead(
+    vllm_lm: Path, tmp_path: Path, labelled_cluster: Any
+) -> None:
+    data = write_text_task(tmp_path / "t.jsonl")
+    cfg = build_config(text_config(
+        vllm_lm, data,
+        resources={"num_workers": 2, "ray_address": labelled_cluster.address},
+        trainer={"total_steps": STEPS, "rollout_batch_size": 4},
+        rollout={"engine": "vllm", "placement": "disaggregated", "max_staleness": 1,
+                 "disaggregated": {"nodes": 1, "engines_per_node": 1}},
+    ), environ={})
+    trainer = GRPOTrainer(cfg)
+    try:
+        history = trainer.run()
+    finally:
+        trainer.close()
+    assert len(history) == STEPS
+    gaps = [(m["offpolicy/version_gap_mean"], m["offpolicy/version_gap_max"]) for m in history]
+    assert gaps == [(0.0, 0.0), (1.0, 1.0), (1.0, 1.0)]
+    # Step 1 trains on the policy that drew it: vLLM's log-probs are the trainer's up to
+    # kernel differences, and no importance weight applies.
+    assert history[0]["offpolicy/is_weight_mean"] == 1.0
+    assert history[0]["rollout/logprob_abs_diff_mean"] < 1e-3
+    for m in history[1:]:
+        assert 0.0 < m["offpolicy/is_weight_min"] <= m["offpolicy/is_weight_max"] <= 2.0
+    for m in history:
+        assert all(math.isfinite(v) for v in m.values()), m
