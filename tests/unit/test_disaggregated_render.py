@@ -66,6 +66,19 @@ def test_the_raycluster_gets_a_rollout_group_on_its_gpu_type_with_ray_side_label
     assert {"GRPO_JOB_NAME", "PYTORCH_CUDA_ALLOC_CONF"} <= env
 
 
+def test_the_rollout_pods_get_the_jobs_fabric_devices() -> None:
+    """The weight push is NCCL from rank 0 to the engines, with the job's NCCL_NET: the
+    rollout pods request spec.resources.devices and the capability they need, as the
+    training workers do."""
+    raw = disaggregated()
+    raw["resources"] = {**raw["resources"], "devices": {"rdma/ib": 1}}
+    workers, rollout = _cluster(raw)["spec"]["workerGroupSpecs"]
+    for group in (workers, rollout):
+        ray = group["template"]["spec"]["containers"][0]
+        assert ray["resources"]["limits"]["rdma/ib"] == "1"
+        assert "IPC_LOCK" in ray["securityContext"]["capabilities"]["add"]
+
+
 def test_the_trainer_config_says_where_the_engines_run() -> None:
     spec = parse_spec(disaggregated(tensorParallelSize=2))
     plan = plan_memory(spec)

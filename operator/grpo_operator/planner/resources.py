@@ -129,8 +129,8 @@ def ray_node_labels(geo: Geometry, rollout: bool = False) -> dict[str, str]:
 
 def build_rollout_pod(geo: Geometry, st: Settings, budget: Budget) -> PodResources | None:
     """A disaggregated job's rollout worker pod: its GPU type's node, all of its share of
-    the node's CPUs, and the host memory its budget predicts (budget.rollout_host).
-    None when colocated."""
+    the node's CPUs, the host memory its budget predicts (budget.rollout_host) and the
+    training workers' devices (spec.resources.devices). None when colocated."""
     side, rb = geo.rollout, budget.rollout_side
     if side is None or rb is None:
         return None
@@ -140,6 +140,10 @@ def build_rollout_pod(geo: Geometry, st: Settings, budget: Budget) -> PodResourc
     mem = (allocatable if st.rollout_pod_memory_at_allocatable
            else min(allocatable, math.ceil(max(need / HOST_HEADROOM, need + 4))))
     return PodResources(
+        # spec.resources.devices on both sides: the weight push after every update is
+        # NCCL from rank 0 to the engines, over the fabric the job's NCCL_NET names.
+        devices=dict(geo.devices),
+        capabilities=plan_network(geo).capabilities,
         role=Role.ROLLOUT.value,
         replicas=side.nodes,
         gpus=side.gpus_per_node,
