@@ -26,6 +26,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
 from grpo_trainer.testing.rewards import KILL_PID_FILE
+from grpo_trainer.testing.staleness import check_one_step_ahead, run
 
 pytestmark = pytest.mark.trainer
 STEPS = 3
@@ -49,25 +50,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_staleness_1_trains_on_batches_one_version_behind(
     tiny_lm: Path, data: Path, labelled_cluster: Any
 ) -> None:
-    trainer = GRPOTrainer(_config(tiny_lm, data, labelled_cluster.address, 1))
-    try:
-        history = trainer.run()
-    finally:
-        trainer.close()
+    cfg = _config(tiny_lm, data, labelled_cluster.address, 1)
+    history = run(cfg)
     assert len(history) == STEPS
-    gaps = [(m["offpolicy/version_gap_mean"], m["offpolicy/version_gap_max"]) for m in history]
-    # Step 1's batch was drawn by policy 0, which it trains; steps 2 and 3 train policies
-    # 1 and 2 on batches their predecessors' engines drew.
-    assert gaps == [(0.0, 0.0), (1.0, 1.0), (1.0, 1.0)]
-    assert history[0]["offpolicy/is_weight_mean"] == 1.0
-    for m in history[1:]:
-        # Stale tokens weigh pi_proximal / pi_behaviour, truncated at the cap (2).
-        assert 0.0 < m["offpolicy/is_weight_min"] <= m["offpolicy/is_weight_mean"]
-        assert m["offpolicy/is_weight_max"] <= 2.0
-        assert m["offpolicy/is_weight_mean"] != 1.0
-        assert m["rollout/batches_in_flight"] <= 1.0
-    for m in history:
-        assert all(math.isfinite(v) for v in m.values()), m
+    check_one_step_ahead(history, cfg.algorithm.offpolicy_is_cap)
 
 
 def test_killed_engines_are_started_again_and_the_run_goes_on(
