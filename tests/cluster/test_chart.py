@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from grpo_operator.render.names import JobRef, trainer_account
+from grpo_testbed.chaos import end_pod
 from grpo_testbed.chart import CHART, KUBE_VERSION
 from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
@@ -414,9 +415,7 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
         testbed.kubectl("label", "pod", head(0), "-n", ns, "grpo.dev/chaos=terminate")
         wait_until("attempt 1 Running", lambda: phase() == "Running" and get_json(
             testbed, "grpojob", "tiny", "-n", ns)["status"]["attempt"] == 1, 120)
-        testbed.kubectl("annotate", "pod", head(1), "-n", ns, "grpo.dev/chaos-exit-code=0",
-                        "grpo.dev/chaos-reason=Completed")
-        testbed.kubectl("label", "pod", head(1), "-n", ns, "grpo.dev/chaos=terminate")
+        end_pod(testbed.kubectl, ns, head(1), 0, "Completed")
         wait_until("tiny Succeeded", lambda: phase() == "Succeeded", 120)
         wait_until("RayCluster released", lambda: not get_json(
             testbed, "rayclusters", "-n", ns)["items"], 60)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_testbed.chaos import end_pod
 from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OperatorProcess
@@ -55,10 +56,8 @@ def head_pod(tb: Testbed, ns: str, job_name: str) -> dict[str, Any]:
 def end_head(tb: Testbed, ns: str, job_name: str, exit_code: int, reason: str,
              message: str = "") -> None:
     """Play the trainer exiting, as the kubelet would report it (kwok chaos stage)."""
-    name = head_pod(tb, ns, job_name)["metadata"]["name"]
-    tb.kubectl("annotate", "pod", name, "-n", ns, f"grpo.dev/chaos-exit-code={exit_code}",
-               f"grpo.dev/chaos-reason={reason}", f"grpo.dev/chaos-message={message}")
-    tb.kubectl("label", "pod", name, "-n", ns, "grpo.dev/chaos=terminate")
+    end_pod(tb.kubectl, ns, head_pod(tb, ns, job_name)["metadata"]["name"], exit_code,
+            reason, message)
 
 
 def test_tiny_job_gets_children_owned_by_it_and_runs(

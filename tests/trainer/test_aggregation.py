@@ -9,7 +9,7 @@ import torch
 
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
-from grpo_trainer.driver import split
+from grpo_trainer.rollout.routing import split
 from grpo_trainer.supervision import WorkerGroup
 from grpo_trainer.testing.configs import text_config
 

@@ -130,6 +130,12 @@ def collective_timeout_s(checkpoint_bytes: int, configured: float | None) -> flo
     return max(COLLECTIVE_TIMEOUT_FLOOR_S, load)
 
 
+def job_collective_timeout_s(model_path: str, configured: float | None) -> float:
+    """``collective_timeout_s`` for this job's model (its weight files' size): the ranks'
+    groups and the disaggregated weight group wait as long."""
+    return collective_timeout_s(checkpoint_bytes(model_path), configured)
+
+
 def checkpoint_bytes(model_path: str) -> int:
     """Bytes of the weight files in a local model directory (0 for anything else)."""
     root = Path(model_path)

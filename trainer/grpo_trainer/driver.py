@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from .balance import Plan, balance
 from .checkpointing.final_export import FinalExport, export_final
 from .checkpointing.seam import Checkpointer, NoCheckpointer
 from .data import PromptDataset, Record, StatefulLoader
+from .devices import job_collective_timeout_s
 from .errors import StepError
 from .faults import allocate_until_killed, parse_fault, raise_injected_oom
 from .liveness.progress import NullProgressReporter, Progress, ProgressReporter
@@ -37,16 +37,12 @@ from .placement import layout_for
 from .rewards import RewardRunner, resolve_reward_fn
 from .rollout.engine_group import EngineGroup
 from .rollout.pipeline import LoaderPosition, RolloutPipeline
+from .rollout.routing import split
 from .supervision import WorkerGroup
 from .validation import Validator
 
 log = logging.getLogger(__name__)
 
-
-
-def split(items: Sequence[Any], parts: int) -> list[list[Any]]:
-    k = len(items) // parts
-    return [list(items[i * k : (i + 1) * k]) for i in range(parts)]
 
 
 class GRPOTrainer:
@@ -117,16 +113,10 @@ class GRPOTrainer:
         if engines is not None:
             self.pipeline = RolloutPipeline(self.cfg, self.group, engines, self.loader,
                                             self.total_steps, self.step,
-                                            self._collective_timeout_s())
+                                            job_collective_timeout_s(
+                                                self.cfg.model.path,
+                                                self.cfg.resources.collective_timeout_s))
             self.position.pipeline = self.pipeline
-
-    def _collective_timeout_s(self) -> float:
-        """The ranks' collective timeout (devices.py), which the weight group takes too."""
-        from .devices import checkpoint_bytes, collective_timeout_s
-
-        res = self.cfg.resources
-        return collective_timeout_s(checkpoint_bytes(self.cfg.model.path),
-                                    res.collective_timeout_s)
 
     def train_step(self) -> dict[str, float]:
         import torch

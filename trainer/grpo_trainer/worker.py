@@ -26,8 +26,7 @@ from .balance import hand_over
 from .checkpointing.rank import RankCheckpointer
 from .data import Record, overlong
 from .devices import (
-    checkpoint_bytes,
-    collective_timeout_s,
+    job_collective_timeout_s,
     probe_cuda,
     process_group_backend,
     rank_device_type,
@@ -125,9 +124,8 @@ class Worker:
         return device, process_group_backend(device_type), self._timeout()
 
     def _timeout(self) -> timedelta:
-        model_bytes = checkpoint_bytes(self.cfg.model.path)
-        return timedelta(
-            seconds=collective_timeout_s(model_bytes, self.cfg.resources.collective_timeout_s))
+        return timedelta(seconds=job_collective_timeout_s(
+            self.cfg.model.path, self.cfg.resources.collective_timeout_s))
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         # Here, not in __init__: Ray hands a method's ConfigError to the driver (exit 2),

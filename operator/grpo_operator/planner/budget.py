@@ -70,9 +70,12 @@ def compute_bytes(geo: Geometry) -> int:
 
 def gpu_margin_gib(geo: Geometry) -> float:
     """What a plan keeps free under the usable GPU memory (0 for cpu jobs)."""
-    if not geo.is_gpu:
-        return 0.0
-    return max(GPU_MARGIN_MIN_GIB, GPU_MARGIN_FRACTION * geo.gpu_memory_gib * GPU_USABLE)
+    return card_margin_gib(geo.gpu_memory_gib) if geo.is_gpu else 0.0
+
+
+def card_margin_gib(gpu_memory_gib: float) -> float:
+    """What one GPU of this memory keeps free under its usable memory (either side's)."""
+    return max(GPU_MARGIN_MIN_GIB, GPU_MARGIN_FRACTION * gpu_memory_gib * GPU_USABLE)
 
 
 def logprob_bytes(shape: Shape, compute_b: int, chunk: int, response_tokens: int) -> float:
@@ -312,7 +315,7 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         side = rollout_budget(
             geo.shape, geo.rollout, st.rollout_gpu_memory_utilization, weights_gib,
             kv_bytes_per_token(geo), geo.sequence_length, usable=GPU_USABLE,
-            margin_gib=side_margin_gib(geo.rollout), overhead_gib=VLLM_OVERHEAD_GIB,
+            margin_gib=card_margin_gib(geo.rollout.gpu_memory_gib), overhead_gib=VLLM_OVERHEAD_GIB,
             tensor_parallel=st.rollout_side_tensor_parallel or None)
         side = replace(side, **rollout_host(geo.rollout, side, weights_gib, st))
         tp, kv_gib, min_util = side.tensor_parallel, side.kv_cache_gib, side.min_utilization
@@ -458,17 +461,12 @@ def rollout_host(side: RolloutSide, rb: RolloutBudget, weights_gib: float,
     }
 
 
-def side_margin_gib(side: RolloutSide) -> float:
-    """What a rollout GPU keeps free under its usable memory, as gpu_margin_gib."""
-    return max(GPU_MARGIN_MIN_GIB, GPU_MARGIN_FRACTION * side.gpu_memory_gib * GPU_USABLE)
-
-
 def max_rollout_utilization(geo: Geometry, st: Settings) -> float:
     """Largest vLLM fraction that leaves room for what the actor keeps resident, and
     the margin; disaggregated, vLLM has the rollout GPU to itself (less the margin)."""
     if geo.rollout is not None:
         cap = geo.rollout.gpu_memory_gib
-        return (cap * GPU_USABLE - side_margin_gib(geo.rollout)) / cap
+        return (cap * GPU_USABLE - card_margin_gib(geo.rollout.gpu_memory_gib)) / cap
     b = compute_budget(geo, st)
     rollout = dict(b.gpu_phases.get("rollout", {}))
     others = sum(v for k, v in rollout.items() if not k.startswith("vllm"))

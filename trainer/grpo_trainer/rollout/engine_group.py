@@ -36,6 +36,23 @@ def is_lost(err: BaseException) -> bool:
     return isinstance(err, (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError))
 
 
+def gather(refs: Sequence[Any]) -> tuple[dict[int, Any], list[int]]:
+    """Each call's result by engine index, and the engines whose actor died on the way
+    (any other failure is raised)."""
+    import ray
+
+    results: dict[int, Any] = {}
+    dead: list[int] = []
+    for index, ref in enumerate(refs):
+        try:
+            results[index] = ray.get(ref)
+        except Exception as err:
+            if not is_lost(err):
+                raise
+            dead.append(index)
+    return results, dead
+
+
 class EngineGroup:
     """The engines, their weight group with rank 0, and how many were replaced."""
 
@@ -122,23 +139,11 @@ class EngineGroup:
     def _dead(self) -> list[int]:
         """The engines whose actor died: a call each (answered once the calls queued
         before it are done, which the push would wait for anyway)."""
-        import ray
-
-        dead = []
-        for index, ref in enumerate([e.info.remote() for e in self.engines]):
-            try:
-                ray.get(ref)
-            except Exception as err:
-                if not is_lost(err):
-                    raise
-                dead.append(index)
-        return dead
+        return gather([e.info.remote() for e in self.engines])[1]
 
     def push(self, version: int) -> None:
         """The ranks' current weights (policy ``version``) into every engine; engines
         found dead on the way are replaced and the push repeated."""
-        import ray
-
         for _ in range(MAX_PUSH_TRIES):
             assert self.rank_call is not None, "push before connect"
             # An engine that died since its last call is replaced first: a broadcast to
@@ -147,17 +152,8 @@ class EngineGroup:
                 self.replace(found)
             receiving = [e.receive_weights.remote(version) for e in self.engines]
             sent = self.rank_call("push_weights")[0]  # rank 0's report
-            dead: list[int] = []
-            broken = not sent["ok"]
-            for index, ref in enumerate(receiving):
-                try:
-                    got = ray.get(ref)
-                except Exception as err:
-                    if not is_lost(err):
-                        raise
-                    dead.append(index)
-                    continue
-                broken = broken or not got["ok"]
+            got, dead = gather(receiving)
+            broken = not sent["ok"] or not all(r["ok"] for r in got.values())
             if not dead and not broken:
                 self.version = version
                 return
@@ -176,22 +172,12 @@ class EngineGroup:
         """``method`` on every engine (validation.py's group, as the ranks are colocated);
         engines lost on the way are started again, given the weights the others hold, and
         every engine is called again."""
-        import ray
-
         for _ in range(MAX_PUSH_TRIES):
-            refs = [getattr(e, method).remote(*[a[i] for a in per_engine_args], *common)
-                    for i, e in enumerate(self.engines)]
-            results: list[Any] = []
-            dead: list[int] = []
-            for index, ref in enumerate(refs):
-                try:
-                    results.append(ray.get(ref))
-                except Exception as err:
-                    if not is_lost(err):
-                        raise
-                    dead.append(index)
+            results, dead = gather([
+                getattr(e, method).remote(*[a[i] for a in per_engine_args], *common)
+                for i, e in enumerate(self.engines)])
             if not dead:
-                return results
+                return [results[i] for i in range(len(self.engines))]
             version = self.version
             self.replace(dead)
             if version is not None:

@@ -26,17 +26,12 @@ from grpo_api.trainer_config import Config
 
 from ..data import Record, StatefulLoader
 from .engine_group import EngineGroup, is_lost
-from .routing import launch_through, route
+from .routing import launch_through, route, split
 
 log = logging.getLogger(__name__)
 
 # Times one batch's share may be generated again after its engine died.
 MAX_REGENERATIONS = 3
-
-
-def split(items: list[Any], parts: int) -> list[list[Any]]:
-    k = len(items) // parts
-    return [items[i * k : (i + 1) * k] for i in range(parts)]
 
 
 @dataclass

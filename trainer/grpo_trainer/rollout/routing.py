@@ -4,6 +4,16 @@ flight, and which engine's groups each rank trains."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def split(items: Sequence[T], parts: int) -> list[list[T]]:
+    """``items`` in ``parts`` equal consecutive runs (a step's prompts over the ranks,
+    or over the engines: the same cut, so engine ``e`` draws rank ``e``'s prompts)."""
+    k = len(items) // parts
+    return [list(items[i * k : (i + 1) * k]) for i in range(parts)]
 
 
 def launch_through(version: int, max_staleness: int, total_steps: int) -> int:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from grpo_api.trainer_config import Config
@@ -33,18 +34,10 @@ def training_spec(cfg: Config, step: int, rank: int, records: Sequence[Record],
 
 def greedy_spec(cfg: Config, step: int, rank: int, records: Sequence[Record],
                 suppress_ids: tuple[int, ...]) -> SamplingSpec:
-    """Validation: one greedy response per prompt (the seeds only matter to engines that
-    draw even at temperature 0)."""
-    ro = cfg.rollout
-    return SamplingSpec(
-        n=1,
-        temperature=0.0,
-        top_p=1.0,
-        max_new_tokens=ro.max_new_tokens,
-        seed=rollout_seed(ro.seed, step, rank),
-        suppress_ids=suppress_ids,
-        prompt_seeds=tuple(prompt_seed(ro.seed, step, r.index) for r in records),
-    )
+    """Validation: one greedy response per prompt, with the training spec's seeds (they
+    only matter to engines that draw even at temperature 0)."""
+    return replace(training_spec(cfg, step, rank, records, suppress_ids),
+                   n=1, temperature=0.0, top_p=1.0)
 
 
 def to_samples(prompts: Sequence[EncodedPrompt], groups: Sequence[Sequence[Generation]],
