@@ -84,6 +84,7 @@ class LabelledCluster:
 
     address: str
     nodes: dict[str, str]  # side (grpo.dev/side's value) -> Ray node id
+    cluster: Any  # ray.cluster_utils.Cluster: remove_node / add_node for a node's loss
 
 
 @pytest.fixture(scope="module")
@@ -99,15 +100,19 @@ def labelled_cluster(local_ray_args: dict[str, Any]) -> Iterator[LabelledCluster
     was_local = ray.is_initialized()  # the tier's shared local Ray: back after the module
     if was_local:
         ray.shutdown()
+    # A node killed (test_disaggregated_staleness) is declared dead after 2 missed 1 s
+    # health checks, not Ray's default 5 x 3 s.
     cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False})
+                      head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                      "_system_config": {"health_check_period_ms": 1000,
+                                                         "health_check_failure_threshold": 2}})
     try:
         for side in ("train", "rollout"):
             cluster.add_node(num_cpus=2, labels={RAY_SIDE_LABEL: side})
         ray.init(address=cluster.address)
         nodes = {n["Labels"][RAY_SIDE_LABEL]: n["NodeID"] for n in ray.nodes()
                  if RAY_SIDE_LABEL in n.get("Labels", {})}
-        yield LabelledCluster(cluster.address, nodes)
+        yield LabelledCluster(cluster.address, nodes, cluster)
     finally:
         ray.shutdown()
         cluster.shutdown()

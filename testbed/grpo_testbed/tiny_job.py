@@ -39,6 +39,7 @@ OPERATOR_NS = "grpo-system"
 RELEASE = "grpo"
 OPERATOR_DEPLOYMENT = f"{RELEASE}-grpo-operator"
 JOB = "tiny"
+DISAGGREGATED_JOB = "tiny-apart"
 LEAK_STEP = 2  # attempt 0's ranks leak from this step on (worker_oom)
 LEAK_MIB = 1024  # per rank per step, the most the switch allows: the worker's 11Gi in ~3 steps
 TERMINAL = tuple(p.value for p in TERMINAL_PHASES)
@@ -97,6 +98,23 @@ def multipod_example(steps: int | None = None, interval: int | None = None
     return doc
 
 
+def disaggregated_example(steps: int | None = None, staleness: int = 1) -> dict[str, Any]:
+    """The tiny example with its rollouts apart (rollout.placement disaggregated): the
+    head pod runs Ray, the driver and both ranks (resources.nodes 0, 1 CPU, labelled the
+    training side), and one rollout pod (1 CPU) the transformers engine, which takes the
+    weights from rank 0 after every update over gloo, between the two pods' addresses.
+    Two pods of 1 CPU: the real node's 2. The head is planned at 12 GiB and the rollout
+    pod at 8 (13Gi of host memory per node, as multipod_example)."""
+    doc = example()
+    doc["metadata"]["name"] = DISAGGREGATED_JOB
+    doc["spec"]["resources"].update({"nodes": 0, "cpusPerNode": 1, "hostMemory": "13Gi"})
+    doc["spec"]["rollout"] = {"placement": "disaggregated", "maxStaleness": staleness,
+                              "disaggregated": {"nodes": 1}}
+    if steps is not None:
+        doc["spec"]["training"]["maxSteps"] = steps
+    return doc
+
+
 @dataclass(frozen=True)
 class Ended:
     """A pod's container as it ended (its first `terminated` state seen)."""
@@ -112,6 +130,7 @@ class TinyJob:
     tb: Testbed
     workdir: Path
     say: Callable[[str], None] = print
+    name: str = JOB  # the GRPOJob's name (metadata.name of the doc applied)
     seen: list[dict[str, Any]] = field(default_factory=list)  # every job state observed
     # Every state of the job's pods observed while watching, by pod name, oldest first
     # (an ended attempt's pods are deleted with its RayCluster).
@@ -175,7 +194,7 @@ class TinyJob:
         return manifest
 
     def job(self) -> dict[str, Any]:
-        out = self.tb.kubectl("get", "grpojob", JOB, "-n", JOB_NS, "-o", "json")
+        out = self.tb.kubectl("get", "grpojob", self.name, "-n", JOB_NS, "-o", "json")
         return dict(json.loads(out.stdout))
 
     def watch(self, until: Callable[[dict[str, Any]], bool], timeout_s: float,
@@ -198,7 +217,7 @@ class TinyJob:
                            f"operator log:\n{self.operator_log()}")
 
     def _observe_pods(self) -> None:
-        out = self.tb.kubectl("get", "pods", "-n", JOB_NS, "-l", f"{JOB_LABEL}={JOB}",
+        out = self.tb.kubectl("get", "pods", "-n", JOB_NS, "-l", f"{JOB_LABEL}={self.name}",
                               "-o", "json", check=False)
         if out.returncode != 0:
             return
@@ -274,10 +293,10 @@ class TinyJob:
 
     def checkpoint_claim(self) -> str:
         spec = example()["spec"]
-        return str(spec["checkpoint"].get("claimName") or f"{JOB}-checkpoints")
+        return str(spec["checkpoint"].get("claimName") or f"{self.name}-checkpoints")
 
     def checkpoint_dir(self) -> Path:
-        return self.claim_dir(self.checkpoint_claim()) / JOB_NS / JOB
+        return self.claim_dir(self.checkpoint_claim()) / JOB_NS / self.name
 
     def model_dir(self) -> Path:
         spec = example()["spec"]
@@ -300,7 +319,7 @@ class TinyJob:
         node's log archive outlives the pods)."""
         logs = self.node.logs
         assert logs is not None
-        return "".join(logs.text(d) for d in logs.pods(JOB_NS, f"{JOB}-a{attempt}-head"))
+        return "".join(logs.text(d) for d in logs.pods(JOB_NS, f"{self.name}-a{attempt}-head"))
 
     def worker_log(self, attempt: int) -> str:
         """Everything one attempt's worker pods printed (Ray's worker node; its ranks' own
@@ -319,7 +338,7 @@ class TinyJob:
         return proc.stdout
 
     def teardown(self) -> None:
-        self.tb.kubectl("delete", "grpojob", JOB, "-n", JOB_NS, "--ignore-not-found",
+        self.tb.kubectl("delete", "grpojob", self.name, "-n", JOB_NS, "--ignore-not-found",
                         "--wait=true", "--timeout=60s", check=False)
         (self.workdir / "operator.log").write_text(self.operator_log(tail=-1))
         logs = self.tb.node.logs if self.tb.node is not None else None
@@ -331,13 +350,13 @@ class TinyJob:
 
 
 @contextmanager
-def tiny_job_testbed(workdir: Path, injections: tuple[EnvInjection, ...] = ()
-                     ) -> Iterator[TinyJob]:
+def tiny_job_testbed(workdir: Path, injections: tuple[EnvInjection, ...] = (),
+                     name: str = JOB) -> Iterator[TinyJob]:
     """A testbed with its real node (the operator's and the CPU trainer's images imported)
     and the fault switch's ``injections``; the job and the chart are removed on exit."""
     with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag),
                          injections=injections) as tb:
-        tj = TinyJob(tb, workdir)
+        tj = TinyJob(tb, workdir, name=name)
         try:
             yield tj
         finally:

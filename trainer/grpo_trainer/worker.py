@@ -271,15 +271,24 @@ class Worker:
         return [summary(s) for s in self.samples]
 
     # -- disaggregated rollouts: samples from the engines, weights to them -------------
-    def receive_samples(self, parts: list[tuple[Any, int, int]]) -> int:
-        """This step's samples from the engines that drew them: ``(samples ref, first
-        group, end group)`` each (rollout/routing.py); straight from the engines' object
-        store, never through the driver. How many samples this rank now holds."""
+    def receive_samples(self, parts: list[tuple[int, Any, int, int]]) -> list[int]:
+        """This step's samples from the engines that drew them: ``(engine, samples ref,
+        first group, end group)`` each (rollout/routing.py); straight from the engines'
+        object stores, never through the driver. The engines whose samples are lost (their
+        Ray node died with its object store after they were drawn): the driver has them
+        drawn again and calls this again; this rank then holds nothing."""
         import ray
+        from ray.exceptions import ObjectLostError
 
         n = self.cfg.rollout.n
-        self.samples = [s for ref, first, end in parts for s in ray.get(ref)[first * n : end * n]]
-        return len(self.samples)
+        samples, lost = [], []
+        for engine, ref, first, end in parts:
+            try:
+                samples += ray.get(ref)[first * n : end * n]
+            except ObjectLostError:
+                lost.append(engine)
+        self.samples = [] if lost else samples
+        return lost
 
     def open_weight_store(self) -> tuple[str, int]:
         """Rank 0: the weight group's store (rollout/weight_bus.py), held for the run."""

@@ -35,11 +35,12 @@ class DisaggregatedSpec(ApiModel):
         description="Rollout worker pods, one per node, besides resources.nodes (the "
         "training side). Unset: the planner takes them out of resources.nodes, sized so "
         "that generation keeps the update busy (status.plan.details says how); needs "
-        "gpuType unset or equal to resources.gpu and resources.nodes >= 2.",
+        "gpuType unset or equal to resources.gpu and resources.nodes >= 2. Required on cpu.",
     )
     gpus_per_node: int | None = Field(
         None, ge=1, le=16,
-        description="GPUs per rollout worker. Unset: the catalog's node shape for gpuType.",
+        description="GPUs per rollout worker (engines per rollout pod on cpu). Unset: the "
+        "catalog's node shape for gpuType (1 engine on cpu).",
     )
     tensor_parallel_size: int | None = Field(
         None, ge=1, le=16,
@@ -81,7 +82,8 @@ class RolloutSpec(ApiModel):
         description="colocated: every GPU generates (vLLM asleep during the update), then "
         "trains. disaggregated: vLLM engines on a worker group of their own (rollout."
         "disaggregated; maybe another GPU type) generate the next step while the training "
-        "GPUs update on this one (maxStaleness).",
+        "GPUs update on this one (maxStaleness). On cpu (a tiny job) both sides are cpu "
+        "pods and the engines are the transformers engine (auto) or vLLM's CPU backend.",
     )
     max_staleness: int = Field(
         1, ge=0, le=16,
@@ -106,10 +108,6 @@ class RolloutSpec(ApiModel):
             raise ValueError(
                 "rollout.disaggregated: set but placement is colocated; set placement "
                 "disaggregated, or drop rollout.disaggregated")
-        if self.placement == "disaggregated" and self.engine == "hf":
-            raise ValueError(
-                "rollout.engine: hf with placement disaggregated; the rollout side runs vLLM "
-                "engines: set engine auto or vllm, or placement colocated")
         return self
 
 
@@ -120,9 +118,16 @@ def split_problem(rollout: RolloutSpec, r: ResourcesSpec) -> str | None:
     dis = rollout.disaggregated
     if dis is None:
         return None
-    if r.gpu == CPU_GPU_TYPE or dis.gpu_type == CPU_GPU_TYPE:
-        return ("rollout.placement: disaggregated needs GPU types on both sides (vLLM "
-                "engines on their own nodes); set placement colocated for a cpu job")
+    if (r.gpu == CPU_GPU_TYPE) != ((dis.gpu_type or r.gpu) == CPU_GPU_TYPE):
+        return (f"rollout.disaggregated.gpuType: {dis.gpu_type} beside resources.gpu "
+                f"{r.gpu}; both sides are cpu (a tiny CPU job) or both GPU types: unset "
+                "gpuType to take resources.gpu, or name a type of the same kind")
+    if r.gpu == CPU_GPU_TYPE:
+        return cpu_side_problem(rollout)
+    if rollout.engine == "hf":
+        return ("rollout.engine: hf with placement disaggregated on GPUs; the rollout "
+                "side runs vLLM engines there: set engine auto or vllm, or placement "
+                "colocated")
     if dis.nodes is not None:
         return None
     if dis.gpu_type not in (None, r.gpu):
@@ -138,4 +143,18 @@ def split_problem(rollout: RolloutSpec, r: ResourcesSpec) -> str | None:
         return ("rollout.disaggregated.gpusPerNode: set, but nodes is not; the split "
                 "divides the job's nodes, which have resources.gpusPerNode GPUs each: unset "
                 "it, or set disaggregated.nodes")
+    return None
+
+
+def cpu_side_problem(rollout: RolloutSpec) -> str | None:
+    """What a cpu job's rollout side lacks, or None: the planner splits GPU nodes only,
+    and a CPU engine (transformers, or vLLM's CPU backend) is one process."""
+    dis = rollout.disaggregated
+    assert dis is not None
+    if dis.nodes is None:
+        return ("rollout.disaggregated.nodes: required for a cpu job (the planner splits "
+                "GPU nodes only); set the rollout pods, besides resources.nodes")
+    if dis.tensor_parallel_size not in (None, 1):
+        return (f"rollout.disaggregated.tensorParallelSize: {dis.tensor_parallel_size} on "
+                "cpu; a CPU engine is one process: unset it, or set 1")
     return None

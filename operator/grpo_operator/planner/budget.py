@@ -15,7 +15,7 @@ from .layout import micro_batch
 from .model_shape import Shape
 from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, LoraPlan, StateTerm
 from .pinned import adapter_tensors, model_tensors, pinned_factor
-from .rollout_side import RolloutBudget, RolloutSide, rollout_budget
+from .rollout_side import RolloutBudget, RolloutSide, cpu_rollout_budget, rollout_budget
 from .types import Budget, Geometry, Settings
 from .units import BF16_B, FP32_B, GIB
 
@@ -163,12 +163,13 @@ def rollout_tensor_parallel(geo: Geometry, vllm_budget_gib: float) -> int:
     return min(tp, max(1, geo.gpus_per_node))
 
 
-def cpu_engine_gib(geo: Geometry, rollout_n: int) -> float:
-    """One CPU rank's rollout engine (float32 on CPU). There is no sleep mode on a CPU, so
-    vLLM keeps its weights and KV cache resident; the transformers engine holds a copy of
-    the weights and a KV cache that grows with the batch."""
+def cpu_engine_gib(geo: Geometry, rollout_n: int, engines: int | None = None) -> float:
+    """One CPU rollout engine (float32 on CPU), of `engines` that share the rollout batch
+    (default: every rank's own). There is no sleep mode on a CPU, so vLLM keeps its
+    weights and KV cache resident; the transformers engine holds a copy of the weights
+    and a KV cache that grows with the batch."""
     weights = geo.shape.parameters * FP32_B / GIB
-    seqs = max(1, geo.rollout_batch_size // geo.world_size) * rollout_n
+    seqs = -(-geo.rollout_batch_size // (engines or geo.world_size)) * rollout_n
     kv = seqs * geo.sequence_length * kv_bytes_per_token(geo) * FP32_B / BF16_B / GIB
     # vLLM: TP 1 on CPU; the trainer sizes its KV cache for these sequences + 25%.
     return weights + kv * (1.25 if geo.uses_vllm else 1.0)
@@ -311,7 +312,11 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     tp, kv_gib, min_util = 1, 0.0, 0.0
     side: RolloutBudget | None = None
     engine_weights: dict[str, float] = {}
-    if geo.rollout is not None:  # vLLM on its own GPUs: no term on the training GPUs
+    if geo.rollout is not None and not geo.rollout.is_gpu:  # a cpu job's engines apart
+        side = cpu_rollout_budget(geo.rollout)
+        side = replace(side, **rollout_host(
+            geo.rollout, side, cpu_engine_gib(geo, st.rollout_n, geo.rollout.gpus), st))
+    elif geo.rollout is not None:  # vLLM on its own GPUs: no term on the training GPUs
         side = rollout_budget(
             geo.shape, geo.rollout, st.rollout_gpu_memory_utilization, weights_gib,
             kv_bytes_per_token(geo), geo.sequence_length, usable=GPU_USABLE,
@@ -399,7 +404,8 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
             sum(v for k, v in part.items() if k != "cuda_context")
             for part in (training, training_root)
         )
-        host["cpu_rollout_engine"] = ranks * cpu_engine_gib(geo, st.rollout_n)
+        host["cpu_rollout_engine"] = (  # disaggregated: the engines are on their pods
+            ranks * cpu_engine_gib(geo, st.rollout_n) if geo.rollout is None else 0.0)
     if st.offload_params or not geo.is_gpu:
         # The sync runs in host RAM, where the shards are, once the update has freed its
         # gradients (on CPU ranks also its activations and buffers), which the terms
@@ -448,14 +454,18 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
 def rollout_host(side: RolloutSide, rb: RolloutBudget, weights_gib: float,
                  st: Settings) -> dict[str, Any]:
     """A rollout node's host memory: its engines' processes (vLLM's engine core and
-    workers, a rank's RSS each), one host copy of the weights while they load, and Ray's
-    object store; within the pod's share of the node's allocatable, less the headroom
-    unless its HostOOM rung raised it to allocatable."""
+    workers, a rank's RSS each), one host copy of the weights while they load (`weights_
+    gib`; on cpu each engine's whole state, cpu_engine_gib), and Ray's object store;
+    within the pod's share of the node's allocatable, less the headroom unless its
+    HostOOM rung raised it to allocatable."""
     allocatable = side.host_memory_gib * (1 - SYSTEM_RESERVED_FRACTION) * side.node_share
+    engines = rb.engines_per_node
     return {
-        "host_terms": {"rollout_engine_processes": rb.engines_per_node * RANK_PROCESS_GIB,
-                       "vllm_weights_load": weights_gib,
-                       "ray_object_store": st.ray_object_store_gib},
+        "host_terms": ({"rollout_engine_processes": engines * RANK_PROCESS_GIB,
+                        "vllm_weights_load": weights_gib} if side.is_gpu else
+                       {"rollout_engine_processes": engines * RANK_PROCESS_CPU_GIB,
+                        "cpu_rollout_engine": engines * weights_gib})
+        | {"ray_object_store": st.ray_object_store_gib},
         "host_capacity_gib": (allocatable if st.rollout_pod_memory_at_allocatable
                               else allocatable * HOST_HEADROOM),
     }

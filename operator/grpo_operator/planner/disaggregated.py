@@ -15,6 +15,8 @@ from .rollout_side import RolloutSide
 from .split import Split, StepWork, gpu_speed, splits, step_work
 from .types import Budget, Decision, Geometry, InfeasibleError, PodResources
 
+CPU_ENGINES_PER_NODE = 1  # a cpu rollout pod's engines when gpusPerNode is unset
+
 
 def rollout_type(spec: GRPOJobSpec, catalog: Mapping[str, GpuType]) -> GpuType:
     """The rollout side's GPU type, or SpecError naming the field and the fix."""
@@ -25,9 +27,11 @@ def rollout_type(spec: GRPOJobSpec, catalog: Mapping[str, GpuType]) -> GpuType:
         gpu = gpu_type(name, catalog)
     except UnknownGpuType as exc:
         raise SpecError([f"spec.rollout.disaggregated.gpuType: {exc}"]) from None
-    if not gpu.is_gpu:
-        raise SpecError(["spec.rollout.disaggregated.gpuType: cpu has no GPU for vLLM; "
-                         "name a GPU type, or set rollout.placement colocated"])
+    if not gpu.is_gpu:  # a cpu job's side (the spec's split_problem kept the kinds apart)
+        if spec.resources.gpu != gpu.name:
+            raise SpecError(["spec.rollout.disaggregated.gpuType: cpu has no GPU for vLLM; "
+                             "name a GPU type, or set rollout.placement colocated"])
+        return gpu
     gpn = dis.gpus_per_node or gpu.gpus_per_node
     if gpn > gpu.gpus_per_node:
         raise SpecError([
@@ -56,8 +60,9 @@ def rollout_side(spec: GRPOJobSpec, catalog: Mapping[str, GpuType], nodes: int,
         gpu_memory_gib=gpu.memory_gib,
         product_label=gpu.product_label,
         nodes=nodes,
-        gpus_per_node=dis.gpus_per_node or (r.gpus_per_node if same and r.gpus_per_node
-                                            else gpu.gpus_per_node),
+        gpus_per_node=dis.gpus_per_node or (
+            CPU_ENGINES_PER_NODE if not gpu.is_gpu
+            else r.gpus_per_node if same and r.gpus_per_node else gpu.gpus_per_node),
         node_gpus=gpu.gpus_per_node,
         host_memory_gib=(quantity_gib(r.host_memory) if same and r.host_memory
                          else gpu.host_memory_gib),
@@ -126,13 +131,21 @@ def side_decisions(geo: Geometry, budget: Budget, pod: PodResources | None,
     side, rb = geo.rollout, budget.rollout_side
     if side is None or rb is None:
         return []
+    where = split_reason or side.nodes_reason
+    if not side.is_gpu:  # a cpu job: its engines' host memory is the whole story
+        host = ", ".join(f"{k} {v:.1f} GiB" for k, v in rb.host_terms.items())
+        return [Decision(
+            "rollout side", f"{side.nodes} x {rb.engines_per_node} {geo.rollout_engine} "
+            "engine(s) on cpu", "spec",
+            f"{where}; maxStaleness {side.max_staleness}; host {host}"
+            + (f"; pod {pod.memory_gib} GiB, {pod.cpus} CPUs" if pod else ""))]
     terms = ", ".join(f"{k} {v:.1f} GiB" for k, v in rb.terms.items())
     out = [
         Decision(
             "rollout side",
             f"{side.nodes} x {side.gpus_per_node} {side.gpu}",
             "auto" if split_reason else "spec",
-            f"{split_reason or side.nodes_reason}; vLLM engines of TP {rb.tensor_parallel}, "
+            f"{where}; vLLM engines of TP {rb.tensor_parallel}, "
             f"{rb.engines_per_node} per node; maxStaleness {side.max_staleness}",
         ),
         Decision(

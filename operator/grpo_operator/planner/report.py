@@ -192,7 +192,7 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
     mem.add_column("Terms", overflow="fold")
     rows = [(f"GPU {phase}", terms, b.gpu_capacity_gib, b.gpu_margin_gib)
             for phase, terms in b.gpu_phases.items()]
-    if b.rollout_side is not None:  # disaggregated: the GPU phases above train only
+    if b.rollout_side is not None and b.rollout_side.terms:  # GPU phases above train only
         rb = b.rollout_side
         rows.append((f"rollout GPU {rb.gpu}", rb.terms, rb.gpu_capacity_gib,
                      rb.gpu_margin_gib))

@@ -117,12 +117,14 @@ def ray_start_params(geo: Geometry, st: Settings, rollout: bool = False) -> dict
     return {"object-store-memory": str(int(st.ray_object_store_gib * GIB))}
 
 
-def ray_node_labels(geo: Geometry, rollout: bool = False) -> dict[str, str]:
+def ray_node_labels(geo: Geometry, rollout: bool = False, head: bool = False
+                    ) -> dict[str, str]:
     """A disaggregated job's Ray node labels for a worker group: its side
     (RAY_SIDE_LABEL), which the trainer places its ranks and engines by. KubeRay (v1.5
     on) takes them in the group's top-level `labels` and passes them to `ray start
-    --labels`; it refuses rayStartParams' `labels`. None for a colocated job, or the head."""
-    if geo.rollout is None:
+    --labels`; it refuses rayStartParams' `labels`. None for a colocated job. The head's
+    (`head`) only when it runs the ranks itself (a cpu job with resources.nodes 0)."""
+    if geo.rollout is None or (head and geo.nodes > 0):
         return {}
     return {RAY_SIDE_LABEL: RAY_SIDE_ROLLOUT if rollout else RAY_SIDE_TRAIN}
 
@@ -146,12 +148,13 @@ def build_rollout_pod(geo: Geometry, st: Settings, budget: Budget) -> PodResourc
         capabilities=plan_network(geo).capabilities,
         role=Role.ROLLOUT.value,
         replicas=side.nodes,
-        gpus=side.gpus_per_node,
+        gpus=side.gpus_per_node if side.is_gpu else 0,  # on cpu: its engines, not GPUs
         cpus=max(1, int(side.cpus_per_node * side.node_share * WORKER_CPU_FRACTION)),
         memory_gib=mem,
         shm_gib=min(math.ceil(st.ray_object_store_gib + SHM_EXTRA_GIB), max(1, mem // 2)),
-        node_selector={GPU_PRODUCT_LABEL: side.product_label},
-        tolerations=({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},),
+        node_selector={GPU_PRODUCT_LABEL: side.product_label} if side.is_gpu else {},
+        tolerations=(({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},)
+                     if side.is_gpu else ()),
     )
 
 

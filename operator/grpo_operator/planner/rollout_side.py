@@ -35,6 +35,10 @@ class RolloutSide:
     nodes_reason: str = "spec.rollout.disaggregated.nodes"
 
     @property
+    def is_gpu(self) -> bool:  # false: a cpu job's side, its "GPUs" its CPU engines
+        return self.node_gpus > 0
+
+    @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
@@ -130,3 +134,12 @@ def rollout_budget(shape: Shape, side: RolloutSide, utilization: float, weights_
         min_utilization=(need + min_kv) / cap,
         kv_cache_gib=max(0.0, vllm - need),
     )
+
+
+def cpu_rollout_budget(side: RolloutSide) -> RolloutBudget:
+    """A cpu job's rollout side: no GPU, so no GPU term; one engine process per "GPU"
+    (spec.rollout.disaggregated.gpusPerNode), TP 1. Its host terms are budget.rollout_host's."""
+    return RolloutBudget(
+        gpu=side.gpu, terms={}, gpu_capacity_gib=0.0, gpu_margin_gib=0.0, tensor_parallel=1,
+        engines_per_node=side.gpus_per_node, utilization=0.0, min_utilization=0.0,
+        kv_cache_gib=0.0)

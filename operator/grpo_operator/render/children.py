@@ -174,7 +174,8 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
         "worker": plan.worker,
         "rollout": plan.rollout,
         # A disaggregated job's Ray node labels per worker group (its side).
-        "ray_labels": {"worker": ray_node_labels(plan.geometry),
+        "ray_labels": {"head": ray_node_labels(plan.geometry, head=True),
+                       "worker": ray_node_labels(plan.geometry),
                        "rollout": ray_node_labels(plan.geometry, rollout=True)},
         "head_command": HEAD_COMMAND,
         "worker_command": WORKER_COMMAND,

@@ -77,7 +77,7 @@ def disaggregated_config(plan: Plan) -> dict[str, Any]:
         "disaggregated": {
             "nodes": side.nodes,
             "engines_per_node": rb.engines_per_node,
-            "gpus_per_engine": rb.tensor_parallel,
+            "gpus_per_engine": rb.tensor_parallel if side.is_gpu else 0,
             # The rollout pod's CPUs (Ray's num-cpus there) over its engines.
             "cpus_per_engine": round(pod.cpus / rb.engines_per_node, 3),
         },

@@ -30,10 +30,12 @@ MAX_PUSH_TRIES = 3
 
 
 def is_lost(err: BaseException) -> bool:
-    """Whether a call failed because the engine's actor (its process, its node) died."""
+    """Whether a call failed because the engine's actor (its process, its node) died, or
+    its result went with its node's object store."""
     from ray import exceptions as rex
 
-    return isinstance(err, (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError))
+    return isinstance(err, (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError,
+                            rex.ObjectLostError))
 
 
 def gather(refs: Sequence[Any]) -> tuple[dict[int, Any], list[int]]:
@@ -129,14 +131,31 @@ class EngineGroup:
             log.warning("rollout engine %d (pid %s) died: starting it again", e,
                         self.info[e].get("pid"))
             ray.kill(self.engines[e], no_restart=True)
-            self.engines[e] = self._start(e)
-            self.info[e] = ray.get(self.engines[e].setup.remote())
+            self.info[e] = self._restart(e)
             self.incarnation[e] += 1
             self.restarts += 1
         self._form_group()
         self.version = None
 
-    def _dead(self) -> list[int]:
+    def _restart(self, index: int) -> dict[str, Any]:
+        """Engine ``index`` started again on its bundle and loaded. Its node may be dead
+        and not yet known to be (Ray declares a node dead after missed health checks):
+        an engine placed there dies before it runs, and is started again, on the node
+        Ray places the bundle on next."""
+        import ray
+
+        for _ in range(MAX_PUSH_TRIES):
+            self.engines[index] = self._start(index)
+            try:
+                return dict(ray.get(self.engines[index].setup.remote()))
+            except Exception as err:
+                if not is_lost(err):
+                    raise
+                log.warning("rollout engine %d died again while starting: %s", index,
+                            str(err).splitlines()[0][:200])
+        raise RuntimeError(f"rollout engine {index} died {MAX_PUSH_TRIES} times while starting")
+
+    def dead(self) -> list[int]:
         """The engines whose actor died: a call each (answered once the calls queued
         before it are done, which the push would wait for anyway)."""
         return gather([e.info.remote() for e in self.engines])[1]
@@ -148,7 +167,7 @@ class EngineGroup:
             assert self.rank_call is not None, "push before connect"
             # An engine that died since its last call is replaced first: a broadcast to
             # a dead member fails at once on gloo but hangs until the timeout on NCCL.
-            if found := self._dead():
+            if found := self.dead():
                 self.replace(found)
             receiving = [e.receive_weights.remote(version) for e in self.engines]
             sent = self.rank_call("push_weights")[0]  # rank 0's report

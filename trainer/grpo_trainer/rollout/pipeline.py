@@ -90,13 +90,24 @@ class RolloutPipeline:
         batch = self.inflight[0]
         if batch.step != step:
             raise RuntimeError(f"the pipeline holds step {batch.step}'s batch, not {step}'s")
-        summaries = [self._collect(batch, e) for e in range(self.engines.size)]
         n = self.cfg.rollout.n
-        routes = route([len(s) // n for s in summaries], self.ranks.world_size)
-        self.ranks.call("receive_samples",
-                        [[(batch.refs[e][1], a, b) for e, a, b in r] for r in routes])
-        outs = [[x for e, a, b in r for x in summaries[e][a * n : b * n]] for r in routes]
-        return batch.records, outs
+        for _ in range(MAX_REGENERATIONS):
+            summaries = [self._collect(batch, e) for e in range(self.engines.size)]
+            routes = route([len(s) // n for s in summaries], self.ranks.world_size)
+            lost = sorted({e for held in self.ranks.call(
+                "receive_samples", [[(e, batch.refs[e][1], a, b) for e, a, b in r]
+                                    for r in routes]) for e in held})
+            if not lost:
+                outs = [[x for e, a, b in r for x in summaries[e][a * n : b * n]]
+                        for r in routes]
+                return batch.records, outs
+            # Drawn, then lost with their engine's Ray node (its object store): the
+            # summaries reached the driver, the samples never reached the ranks.
+            for e in lost:
+                log.warning("step %d: engine %d's samples were lost with its node",
+                            batch.step, e)
+                self._regenerate(batch, e)
+        raise RuntimeError(f"step {step}: samples lost {MAX_REGENERATIONS} times")
 
     def _collect(self, batch: Batch, e: int) -> list[dict[str, Any]]:
         """Engine ``e``'s summaries of ``batch``: generated again on its replacement, with
@@ -111,13 +122,18 @@ class RolloutPipeline:
                     raise
                 log.warning("rollout engine %d died during step %d's rollout: %s", e,
                             batch.step, str(err).splitlines()[0][:200])
-            if batch.incarnation[e] == self.engines.incarnation[e]:  # not replaced yet
-                self.engines.replace([e])
-                self.engines.push(self.trained)
-            batch.refs[e] = self.engines.generate(e, batch.parts[e], batch.step)
-            batch.incarnation[e] = self.engines.incarnation[e]
+            self._regenerate(batch, e)
         raise RuntimeError(f"step {batch.step}: engine {e}'s share failed "
                            f"{MAX_REGENERATIONS} times")
+
+    def _regenerate(self, batch: Batch, e: int) -> None:
+        """Engine ``e``'s share of ``batch`` drawn again, with the current policy: on a
+        replacement when the engine that drew it is dead and not yet replaced."""
+        if batch.incarnation[e] == self.engines.incarnation[e] and e in self.engines.dead():
+            self.engines.replace([e])
+            self.engines.push(self.trained)
+        batch.refs[e] = self.engines.generate(e, batch.parts[e], batch.step)
+        batch.incarnation[e] = self.engines.incarnation[e]
 
     def after_update(self, step: int) -> dict[str, float]:
         """Policy ``step`` to the engines, and the batches it may generate launched; the
