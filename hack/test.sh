@@ -10,9 +10,10 @@
 #   testbed kept setup from importing); then, beside the unit, trainer, vLLM and images
 #   tiers, the e2e modules that train nothing
 #   (E2E_BESIDE: they wait on probes, restarts and pods, load below 1);
-# - the e2e modules that train (the tiny jobs, Kueue preemption, the first job), whose
-#   pods are the heaviest load of all, run last and alone. One real node at a time: the
-#   node's image store is one node's at a time, and a second would import 7 GB again.
+# - the e2e modules that train (the tiny jobs, colocated and apart, Kueue preemption, the
+#   first job), whose pods are the heaviest load of all, run last and alone. One real
+#   node at a time: the node's image store is one node's at a time, and a second would
+#   import 7 GB again.
 # With arguments they all go to one plain pytest run (e.g. `make test ARGS=tests/unit`
 # is `hack/test.sh tests/unit`).
 set -uo pipefail
