@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_operator.planner.budget import logprob_bytes
 from grpo_operator.planner.model_shape import Shape
+from grpo_operator.planner.sizes import logprob_bytes
 from grpo_trainer.data import Record
 from grpo_trainer.grpo_math import entropy_from_logits, log_probs_from_logits
 from grpo_trainer.lean_logprobs import ChunkedHead, full_logits_log_probs, lean_log_probs

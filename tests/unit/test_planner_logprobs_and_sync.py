@@ -12,8 +12,9 @@ from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES, FailureReason, RankPhase
 from grpo_api.job import parse_spec
 from grpo_api.trainer_config import LOGPROB_CHUNK_TOKENS
 from grpo_operator.planner import plan_memory
-from grpo_operator.planner.budget import GIB, logprob_bytes, weight_sync_bytes
+from grpo_operator.planner.budget import GIB
 from grpo_operator.planner.headroom import headroom
+from grpo_operator.planner.sizes import logprob_bytes, weight_sync_bytes
 
 pytestmark = pytest.mark.unit
 

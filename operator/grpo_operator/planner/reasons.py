@@ -16,10 +16,11 @@ from grpo_api.knobs import (
     Knob,
 )
 
-from .budget import BF16_B, GIB, kv_bytes_per_token
+from .budget import BF16_B, GIB
 from .layout import per_rank_samples, token_budgets
 from .modes import FROZEN, LORA, STATE
 from .resources import ray_default_store_gib, step_data_gib
+from .sizes import kv_bytes_per_token
 from .types import Budget, Decision, Geometry, PodResources, Settings
 
 
