@@ -25,6 +25,7 @@ from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.testing.ray_nodes import kill_node
 from grpo_trainer.testing.rewards import KILL_PID_FILE
 from grpo_trainer.testing.staleness import check_one_step_ahead, run
 
@@ -95,8 +96,8 @@ def test_killed_engines_are_started_again_and_the_run_goes_on(
 def test_a_lost_rollout_node_is_replaced_and_the_run_goes_on(
     tiny_lm: Path, data: Path, labelled_cluster: Any
 ) -> None:
-    """The rollout node dies whole (its raylet killed, as with a pod deleted at once) once
-    the next batch is drawn; a new rollout node joins. Engines started again before Ray
+    """The rollout node dies whole (its raylet and engines killed, as a pod deleted at
+    once) once the next batch is drawn; a new rollout node joins. Engines started again before Ray
     has declared the old node dead are placed on it and die before they run: they are
     started again until they land on the new node, the batches in flight are drawn
     again, and the run goes on. (These text samples come back inline to the driver and
@@ -118,7 +119,7 @@ def test_a_lost_rollout_node_is_replaced_and_the_run_goes_on(
         ray.wait(refs, num_returns=len(refs), fetch_local=False)  # drawn; not fetched here
         node = next(n for n in cluster.worker_nodes
                     if n.node_id == labelled_cluster.nodes["rollout"])
-        cluster.remove_node(node, allow_graceful=False)
+        kill_node(cluster, node)
         cluster.add_node(num_cpus=2, labels={RAY_SIDE_LABEL: "rollout"})
         history = [first, *trainer.run()]
     finally:

@@ -34,6 +34,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.run import run_training
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.testing.ray_nodes import kill_node
 from grpo_trainer.testing.rewards import HOLD_CHECKPOINTS, HOLD_LIMIT_S, HOLD_RELEASE
 
 pytestmark = pytest.mark.trainer
@@ -195,7 +196,7 @@ def test_a_node_removed_mid_step_ends_the_attempt_as_node_lost(
     def remove_after_step_1() -> None:
         while not stop.is_set():
             if read_tracker(ckpt) is not None:
-                multinode.cluster.remove_node(victim, allow_graceful=False)
+                kill_node(multinode.cluster, victim)
                 release.touch()
                 return
             time.sleep(0.1)
