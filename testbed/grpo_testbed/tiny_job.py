@@ -98,7 +98,7 @@ def multipod_example(steps: int | None = None, interval: int | None = None
     return doc
 
 
-def disaggregated_example(steps: int | None = None, staleness: int = 1) -> dict[str, Any]:
+def disaggregated_example(steps: int | None = None) -> dict[str, Any]:
     """The tiny example with its rollouts apart (rollout.placement disaggregated): the
     head pod runs Ray, the driver and both ranks (resources.nodes 0, 1 CPU, labelled the
     training side), and one rollout pod (1 CPU) the transformers engine, which takes the
@@ -108,7 +108,7 @@ def disaggregated_example(steps: int | None = None, staleness: int = 1) -> dict[
     doc = example()
     doc["metadata"]["name"] = DISAGGREGATED_JOB
     doc["spec"]["resources"].update({"nodes": 0, "cpusPerNode": 1, "hostMemory": "13Gi"})
-    doc["spec"]["rollout"] = {"placement": "disaggregated", "maxStaleness": staleness,
+    doc["spec"]["rollout"] = {"placement": "disaggregated", "maxStaleness": 1,
                               "disaggregated": {"nodes": 1}}
     if steps is not None:
         doc["spec"]["training"]["maxSteps"] = steps

@@ -97,9 +97,9 @@ def test_a_lost_rollout_node_is_replaced_and_the_run_goes_on(
     tiny_lm: Path, data: Path, labelled_cluster: Any
 ) -> None:
     """The rollout node dies whole (its raylet and engines killed, as a pod deleted at
-    once) once the next batch is drawn; a new rollout node joins. Engines started again before Ray
-    has declared the old node dead are placed on it and die before they run: they are
-    started again until they land on the new node, the batches in flight are drawn
+    once) once the next batch is drawn; a new rollout node joins. An engine started again
+    before Ray has declared the old node dead is placed there and dies before it runs: it
+    is started again until it lands on the new node, the batches in flight are drawn
     again, and the run goes on. (These text samples come back inline to the driver and
     outlive the node; the e2e tier's vision samples, in the node's object store, do not:
     tests/e2e/test_tiny_job_apart.py.) Last in the module: the cluster keeps the new node."""

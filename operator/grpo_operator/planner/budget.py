@@ -87,7 +87,7 @@ def cpu_engine_gib(geo: Geometry, rollout_n: int, engines: int | None = None) ->
     weights and KV cache resident; the transformers engine holds a copy of the weights
     and a KV cache that grows with the batch."""
     weights = geo.shape.parameters * FP32_B / GIB
-    seqs = -(-geo.rollout_batch_size // (engines or geo.world_size)) * rollout_n
+    seqs = max(1, geo.rollout_batch_size // (engines or geo.world_size)) * rollout_n
     kv = seqs * geo.sequence_length * kv_bytes_per_token(geo) * FP32_B / BF16_B / GIB
     # vLLM: TP 1 on CPU; the trainer sizes its KV cache for these sequences + 25%.
     return weights + kv * (1.25 if geo.uses_vllm else 1.0)
