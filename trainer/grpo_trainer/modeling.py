@@ -24,6 +24,7 @@ from grpo_api.trainer_config import ActorConfig, InitStrategy, ModelConfig
 from .precision import DTYPES as DTYPES  # the compute dtypes by name; worker.py reads them here
 from .precision import storage_dtype, store_params
 from .rank0_init import broadcast_device, load_from_rank0
+from .vision_in_step import keep_vision_in_step
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,9 @@ def shard_model(
         fully_shard(block, **kwargs)
     # The root's parameters (embeddings, head) are needed again right away in backward.
     fully_shard(model, **{**kwargs, "reshard_after_forward": not trainable})
+    # Each vision block is a unit: every rank must run the tower in every forward, or a
+    # text-only micro-batch issues fewer collectives than an image one (vision_in_step.py).
+    keep_vision_in_step(model)
     if not trainable:
         model.requires_grad_(False)
         model.eval()
