@@ -28,6 +28,7 @@ from grpo_api.contract import (
 
 from .checkpointing.compat import CheckpointIncompatible
 from .config_error import ConfigError
+from .liveness.rank_crash import RankCrashed
 from .liveness.sigterm import Terminated
 from .liveness.stall import StallError
 
@@ -166,6 +167,10 @@ def classify(exc: BaseException) -> Classified:
         return Classified(ExitCode.HANG, FailureReason.HANG, str(stall))
     if stop := next((e for e in chain if isinstance(e, Terminated)), None):
         return Classified(ExitCode.TERMINATED, FailureReason.TERMINATED, str(stop))
+    # Before Ray's dead-actor classes: the rank's own dump says it crashed (a collective
+    # mismatch, a segfault), which a retry as a lost node would not cure.
+    if crash := next((e for e in chain if isinstance(e, RankCrashed)), None):
+        return Classified(ExitCode.ERROR, FailureReason.ERROR, str(crash))
     if any(isinstance(e, WorkersMissingError) for e in chain):
         return Classified(ExitCode.WORKER_LOST, FailureReason.WORKERS_MISSING, detail)
     if any(_is_cuda_oom(e) for e in chain):

@@ -13,10 +13,11 @@ from grpo_api.contract import RAY_SIDE_TRAIN
 from grpo_api.trainer_config import Config
 
 from .errors import is_peer_loss
+from .liveness.rank_crash import RankCrashed, fatal_crash
 from .liveness.stall_monitor import RankTarget
 from .nccl_log import Transport, combine, summary
 from .placement import Gang, layout_for, side_labels
-from .rank_env import rank_env
+from .rank_env import rank_env, runtime_env
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,7 @@ class WorkerGroup:
             self.gang.reserve(res.gang_timeout_s)
             remote: Any = ray.remote(Worker)
             # Set before the actor's process loads CUDA or NCCL (rank_env.py).
-            env = rank_env(res, cfg.trainer.attempt)
-            extra = {"runtime_env": {"env_vars": env}} if env else {}
+            extra = runtime_env(rank_env(res, cfg.trainer.attempt))
             self.workers = [
                 remote.options(**self.gang.actor_options(p.rank), **extra).remote(
                     cfg, p.rank, self.world_size, p.local_rank
@@ -158,7 +158,30 @@ class WorkerGroup:
         for rank, w in enumerate(self.workers):
             args = [a[rank] for a in per_rank_args] + list(common)
             refs.append(getattr(w, method).remote(*args))
-        return get_all(refs, self.watch)
+        try:
+            return get_all(refs, self.watch)
+        except _lost_types() as err:
+            crashed = self.crash_of(err)
+            if crashed is None:
+                raise
+            log.error("%s", crashed)
+            raise crashed from err
+
+    def crash_of(self, err: BaseException) -> RankCrashed | None:
+        """A ``RankCrashed`` if the rank whose actor ``err`` reports dead wrote a
+        fatal-signal dump as it died (rank_crash.py), else None: a process killed
+        outright, or a node gone with its files, stays a lost rank."""
+        from .liveness.stall_monitor import read_stacks_files
+
+        dead = getattr(err, "actor_id", None)
+        ranks = [r for r, w in enumerate(self.workers) if w._actor_id.hex() == dead]
+        targets = [t for t in getattr(self, "targets", []) if t.rank in ranks]
+        files = {t.rank: t.stacks_file for t in targets}
+        for found in read_stacks_files(targets) if targets else []:
+            crash = fatal_crash(found.text or "")
+            if crash is not None:
+                return RankCrashed(crash.message(found.rank, files[found.rank]))
+        return None
 
     def shutdown(self) -> None:
         """Kill every rank now (ranks on surviving nodes may sit in a collective waiting

@@ -61,6 +61,10 @@ def install_stack_dump(rank: int) -> str:
         # Append mode: each dump lands at the end, where the probe reads from.
         _stacks_file = open(d / f"rank{rank}-{os.getpid()}.txt", "a")  # noqa: SIM115
         faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True, chain=False)
+        # A fatal signal's stacks too (gloo aborts on mismatched collectives): the driver
+        # reads them when Ray reports the rank dead (rank_crash.py). In place of Ray's own
+        # faulthandler, which wrote the signalled thread's stack only, to the worker log.
+        faulthandler.enable(file=_stacks_file, all_threads=True)
     return _stacks_file.name
 
 
@@ -106,6 +110,37 @@ def dump_local(targets: list[RankTarget], wait_s: float) -> list[RankStacks]:
 
 def capture(targets: list[RankTarget], wait_s: float = DUMP_WAIT_S) -> list[RankStacks]:
     """Every rank's stacks: this node's ranks from here, other nodes' from a probe task."""
+    return _on_their_nodes(targets, dump_local, wait_s, wait_s)
+
+
+# A rank's stacks file holds its probe dumps and, at the end, a fatal signal's dump: the
+# tail is enough (faulthandler writes at most 100 frames a thread).
+FATAL_TAIL_BYTES = 256 * 1024
+
+
+def read_local(targets: list[RankTarget]) -> list[RankStacks]:
+    """The tail of each rank's stacks file (this node's ranks), without signalling them:
+    for a rank that is gone, whatever faulthandler wrote as it died."""
+    out = []
+    for t in targets:
+        try:
+            with open(t.stacks_file, "rb") as f:
+                f.seek(max(0, _size(t.stacks_file) - FATAL_TAIL_BYTES))
+                out.append(RankStacks(t.rank, f.read().decode(errors="replace")))
+        except OSError as err:
+            out.append(RankStacks(t.rank, None, f"{t.stacks_file}: {err.strerror}"))
+    return out
+
+
+def read_stacks_files(targets: list[RankTarget]) -> list[RankStacks]:
+    """``read_local`` for ranks on any node (a probe task on each other node)."""
+    return _on_their_nodes(targets, read_local, 0.0)
+
+
+def _on_their_nodes(targets: list[RankTarget], fn: Any, wait_s: float, *args: Any
+                    ) -> list[RankStacks]:
+    """``fn(node's targets, *args)`` for this node's ranks here and for each other node's
+    in a task pinned to it (a gone node's ranks get the probe's failure as their error)."""
     import ray
 
     here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
@@ -113,16 +148,17 @@ def capture(targets: list[RankTarget], wait_s: float = DUMP_WAIT_S) -> list[Rank
     for t in targets:
         if t.node_id is not None and t.node_id != here:
             by_node.setdefault(t.node_id, []).append(t)
-    out = dump_local([t for t in targets if t.node_id is None or t.node_id == here], wait_s)
+    out: list[RankStacks] = fn([t for t in targets if t.node_id is None or t.node_id == here],
+                               *args)
     if not by_node:
         return out
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    probe: Any = ray.remote(num_cpus=0)(dump_local)
+    probe: Any = ray.remote(num_cpus=0)(fn)
     refs = {
         node: probe.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-        ).remote(ts, wait_s)
+        ).remote(ts, *args)
         for node, ts in by_node.items()
     }
     for node, ref in refs.items():

@@ -2,5 +2,6 @@
 trainer image as grpo_trainer.tiny.data (`grpo-train make-tiny` runs them there)."""
 
 from ..tiny.data import png as png
+from ..tiny.data import write_mixed_task as write_mixed_task
 from ..tiny.data import write_text_task as write_text_task
 from ..tiny.data import write_vision_task as write_vision_task

@@ -47,3 +47,26 @@ def write_vision_task(path: str | Path, rows: int = 8) -> Path:
     )
     pq.write_table(table, path)
     return path
+
+
+def write_mixed_task(path: str | Path, rows: int = 8) -> Path:
+    """Parquet alternating a row with one image and a text-only row (an empty ``images``
+    list, no marker), as real VLM datasets mix them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    with_image = [i % 2 == 0 for i in range(rows)]
+    table = pa.table(
+        {
+            "problem": [f"<image>How many shapes are in the picture? ({i})" if img
+                        else f"What is {i} plus {i}?" for i, img in enumerate(with_image)],
+            "answer": [str(i % 4 + 1) if img else str(2 * i) for i, img in enumerate(with_image)],
+            "images": [
+                [{"bytes": png((255, 0, 0), (40, 36)), "path": None}] if img else []
+                for img in with_image
+            ],
+        }
+    )
+    pq.write_table(table, path)
+    return path
