@@ -111,24 +111,36 @@ class CachedStager:
         return None
 
 
-def _rng_state() -> dict[str, Any]:
+def _rng_state(cuda: Any = torch.cuda) -> dict[str, Any]:
+    """Every RNG stream of this rank. CUDA's: this rank's own device only. A rank sees
+    every GPU of its node (Ray's NOSET mode, devices.py), so ``get_rng_state_all`` saved
+    one state per visible GPU, and a resume on a node with fewer GPUs raised IndexError."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": (kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), pos, has_gauss, gauss),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "cuda": cuda.get_rng_state() if cuda.is_available() else None,
     }
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def _set_rng_state(state: dict[str, Any], cuda: Any = torch.cuda) -> None:
     random.setstate(state["python"])
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("cuda")
+    if saved is None or not cuda.is_available():
+        return
+    if isinstance(saved, list | tuple):  # written before: one state per visible GPU
+        device = cuda.current_device()
+        if device >= len(saved):
+            log.warning("the checkpoint has no CUDA RNG state for device %d (%d saved): "
+                        "this rank's CUDA stream starts afresh", device, len(saved))
+            return
+        saved = saved[device]
+    cuda.set_rng_state(saved)
 
 
 class _Verification:
