@@ -31,6 +31,22 @@ STALL_STEP_MULTIPLE = 5.0
 # The trainer's weight sync (param_gather) gathers this many bytes of full parameters per
 # collective (a larger tensor alone); the planner counts the gather's buffers.
 WEIGHT_SYNC_BUCKET_BYTES = 256 * 1024 * 1024
+# The trainer's shared-prefix rows (and so its 4-D attention mask's last dimension) are
+# padded to a multiple of this many tokens, and the planner's layout counts them so.
+# SDPA's memory-efficient kernel (chosen on GPUs once a mask is given) copies any mask
+# whose strides but the last are not multiples of 8 elements into a padded tensor, per
+# layer, and keeps that copy for backward: ATen attention.cpp ``preprocess_mask``
+# (``mem_eff_alignment = 8``, ``pad_bias``), the rule torch/_inductor/lowering.py
+# ``sdpa_constraint`` restates (``ALIGNMENT = 8``).
+PACKED_WIDTH_ALIGNMENT = 8
+
+
+def packed_width(tokens: int) -> int:
+    """A shared-prefix row of ``tokens`` as wide as the trainer lays it out: rounded up
+    to ``PACKED_WIDTH_ALIGNMENT``."""
+    return -(-tokens // PACKED_WIDTH_ALIGNMENT) * PACKED_WIDTH_ALIGNMENT
+
+
 # Where, under the job's checkpoint dir, the trainer writes every rank's stacks on a
 # stall (and where the attempt after a Hang has NCCL's flight recorder dump to).
 STALLS_DIR = "stalls"

@@ -26,10 +26,17 @@ KLEstimator = Literal["k1", "k3", "low_var_kl"]
 LOGPROB_CHUNK_TOKENS = 512
 # A builtin prompt template's name; data.format_prompt may also be a path to a Jinja2 file.
 BUILTIN_FORMAT_PROMPTS = ("plain", "math", "r1v")
-# What a prompt longer than data.max_prompt_length does (data.overlong_prompts), found when
-# the data is loaded: "drop" leaves it out (EasyR1's filter_overlong_prompts), "fail" ends
-# the run with a config error (grpo_trainer.data.limit_prompt_lengths).
+# What a prompt longer than data.max_prompt_length, or with more images than
+# data.max_images_per_prompt, does (data.overlong_prompts), found when the data is loaded:
+# "drop" leaves it out (EasyR1's filter_overlong_prompts), "fail" ends the run with a
+# config error (grpo_trainer.data.limit_prompt_lengths, limit_images).
 OverlongPrompts = Literal["drop", "fail"]
+# The most images one prompt may have (docs/configuration.md): the bound of
+# data.max_images_per_prompt and of spec.data.maxImagesPerPrompt, and the trainer's default
+# (alone it has no plan to keep to). The trainer sizes vLLM's limit_mm_per_prompt from the
+# data up to the setting; the planner, which never sees the data, counts the setting's
+# images per prompt (within the prompt's length: image tokens count in max_prompt_length).
+MAX_IMAGES_PER_PROMPT = 16
 
 
 class InitStrategy(StrEnum):
@@ -79,6 +86,11 @@ class DataConfig(_Strict):
     image_max_pixels: int = Field(default=512 * 28 * 28, gt=0)
     image_min_pixels: int = Field(default=4 * 28 * 28, gt=0)
     overlong_prompts: OverlongPrompts = "drop"
+    # At most this many images a prompt (its images column; <image> markers only place
+    # them): a row with more is dropped or refused (overlong_prompts). The driver lowers it
+    # to the most any loaded row has, which is what the vLLM engines are sized for.
+    max_images_per_prompt: int = Field(default=MAX_IMAGES_PER_PROMPT, ge=1,
+                                       le=MAX_IMAGES_PER_PROMPT)
 
     @model_validator(mode="after")
     def _pixel_bounds_in_order(self) -> DataConfig:
@@ -92,6 +104,27 @@ class DataConfig(_Strict):
 
 RolloutPlacement = Literal["colocated", "disaggregated"]
 
+# A rollout engine apart (placement disaggregated) is one vLLM process: the engine's Ray
+# actor has no torch.distributed for vLLM's external launcher, so at a larger TP vLLM
+# 0.32 would start executor processes of its own (config/parallel.py: "mp"), whose
+# collective_rpc pickles its arguments (v1/executor/multiproc_executor.py), and the
+# weight push hands vLLM a stream of tensors (a generator) that only the in-process
+# executor takes. vLLM's weight-transfer engines (distributed/weight_transfer/) are CUDA
+# only (pynccl, CUDA IPC), so no CPU test could carry them. Refused, not half-supported.
+ENGINE_APART_TENSOR_PARALLEL = 1
+
+
+def engine_apart_tp_problem(field: str, tp: int | None) -> str | None:
+    """What is wrong with tensor parallel ``tp`` for an engine apart, named as ``field``
+    (the spec's or the trainer config's), or None."""
+    if tp is None or tp == ENGINE_APART_TENSOR_PARALLEL:
+        return None
+    return (f"{field}: {tp}; a rollout engine apart (placement disaggregated) runs vLLM "
+            f"at tensor parallel {ENGINE_APART_TENSOR_PARALLEL} (one process; the weight "
+            "push cannot reach the workers of a larger one): set "
+            f"{ENGINE_APART_TENSOR_PARALLEL} or leave it unset, with rollout GPUs that hold "
+            "the model, or set placement colocated (tensor parallel over the training GPUs)")
+
 
 class DisaggregatedRollout(_Strict):
     """rollout.placement disaggregated: the rollout engines' own Ray nodes (the Ray
@@ -101,9 +134,10 @@ class DisaggregatedRollout(_Strict):
     engines_per_node: int = Field(
         default=1, ge=1,
         description="rollout engines (Ray actors) on each rollout node; on GPUs, the node's "
-        "GPUs / rollout.tensor_parallel_size")
+        "GPUs (one each)")
     gpus_per_engine: float = Field(
-        default=0, ge=0, description="GPUs of one engine: rollout.tensor_parallel_size on GPUs")
+        default=0, ge=0, description="GPUs of one engine: 1 on GPUs (an engine apart runs at "
+        "tensor parallel 1: ENGINE_APART_TENSOR_PARALLEL), 0 on the host")
     cpus_per_engine: float = Field(default=1, gt=0)
 
     @property
@@ -458,11 +492,9 @@ class Config(_Strict):
                 f"trainer.rollout_batch_size ({self.trainer.rollout_batch_size}) must be "
                 f"divisible by the rollout engines ({dis.engines}: rollout.disaggregated.nodes "
                 "x engines_per_node) so each engine gets whole prompts")
-        if dis is not None and tp > 1 and dis.gpus_per_engine < tp:
-            raise ValueError(
-                f"rollout.tensor_parallel_size ({tp}) of a disaggregated engine needs as "
-                f"many GPUs: rollout.disaggregated.gpus_per_engine is {dis.gpus_per_engine}; "
-                "set it to the tensor-parallel size (on CPUs an engine has one process)")
+        if dis is not None and (problem := engine_apart_tp_problem(
+                "the trainer config's rollout.tensor_parallel_size", tp)):
+            raise ValueError(problem)
         if self.rollout.placement == "colocated" and dis is not None:
             raise ValueError("rollout.disaggregated is set but rollout.placement is "
                              "'colocated': set placement 'disaggregated' or drop it")

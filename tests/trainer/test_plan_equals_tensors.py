@@ -44,6 +44,7 @@ import pytest
 import torch
 
 from grpo_api.catalog import GPU_CATALOG
+from grpo_api.contract import packed_width
 from grpo_api.job.lora import LoraSpec
 from grpo_operator.planner.budget import GIB, compute_budget
 from grpo_operator.planner.model_shape import shape_from_config
@@ -62,13 +63,16 @@ WORLD = 2
 TOLERANCE = 0.02
 LORA_RANK = 4
 # One prompt per rank, 6 responses each, micro-batches by tokens (the planner's way),
-# the budget one whole sample (the prompt and RESPONSE_LENGTH tokens): 3 backward passes
-# per optimizer step, cut evenly into shared-prefix rows of [4, 1], [6], [2, 3, 2]
-# responses (5, 6 and 7 response tokens; greedy alone would cut [4, 1], [6, 2], [3, 2]).
+# the budget the least the planner plans: one whole sample (the prompt and
+# RESPONSE_LENGTH tokens), as wide as the trainer pads a row (a multiple of 8,
+# grpo_api.contract.packed_width; 72 for both tiny models' prompts). 3 backward passes
+# per optimizer step, shared-prefix rows of [8, 1] responses: 9 response tokens each, no
+# two such rows within the budget together, each taking 3 chunks.
 # Token ids from 10 up: the special tokens (the image pad) are below.
-RESPONSES = [[15, 19, 13, 2], [17], [11, 12, 13, 14, 15, 2], [30, 31], [40, 41, 42], [50, 2]]
+RESPONSES = [[15, 19, 13, 14, 16, 17, 18, 2], [17], [11, 12, 13, 14, 15, 16, 17, 2], [30],
+             [40, 41, 42, 43, 44, 45, 46, 2], [50]]
 MICRO_BATCHES = 3
-CHUNK = 4  # actor.logprob_chunk_tokens: every micro-batch takes 2 chunks
+CHUNK = 4  # actor.logprob_chunk_tokens: every micro-batch takes 3 chunks
 RESPONSE_LENGTH = 8
 
 
@@ -106,12 +110,12 @@ def _samples(vision: bool) -> list[list[tuple[dict[str, Any], list[int]]]]:
 
 def _config(model: Path, data: Path, mode: Mode, prompt: int) -> dict[str, Any]:
     """The mode's trainer config; micro-batches of one whole sample's tokens (``prompt``
-    + RESPONSE_LENGTH), the least the trainer takes."""
+    + RESPONSE_LENGTH, as wide as the trainer pads it), the least the planner plans."""
     raw = text_config(
         model,
         data,
         actor={"dtype": "bfloat16", "logprob_chunk_tokens": CHUNK,
-               "micro_batch_tokens": prompt + RESPONSE_LENGTH, **mode.actor},
+               "micro_batch_tokens": packed_width(prompt + RESPONSE_LENGTH), **mode.actor},
         rollout={"n": len(RESPONSES), "max_new_tokens": RESPONSE_LENGTH},
         trainer={"rollout_batch_size": WORLD},
         algorithm={"kl_coef": mode.kl},
@@ -182,7 +186,7 @@ def _budget(model: Path, mode: Mode, prompt: int) -> tuple[Budget, Geometry, Set
         offload_optimizer=bool(mode.actor.get("offload_optimizer")),
         gradient_checkpointing=False, micro_batch_size=1,
         rollout_gpu_memory_utilization=0.5, rollout_n=len(RESPONSES), ray_object_store_gib=2.0,
-        precision=mode.precision, micro_batch_tokens=prompt + RESPONSE_LENGTH,
+        precision=mode.precision, micro_batch_tokens=packed_width(prompt + RESPONSE_LENGTH),
     )
     return compute_budget(geo, st), geo, st
 
@@ -329,7 +333,8 @@ def test_the_log_prob_head_and_the_weight_sync_hold_the_planners_terms(
                               prompts[mode.model])
     compute_b = 2  # actor.dtype bfloat16, as on GPUs
     most = min(st.micro_batch_tokens, len(RESPONSES) * RESPONSE_LENGTH)
-    worst = logprob_bytes(geo.shape, compute_b, CHUNK, most)
+    trained_head = geo.lora is None  # LoRA never adapts the head
+    worst = logprob_bytes(geo.shape, compute_b, CHUNK, most, trained_head=trained_head)
     assert budget.gpu_phases["training"]["logits"] * GIB == pytest.approx(worst)
     sync = weight_sync_bytes(geo)
     on_gpu = budget.gpu_phases["weight_sync"]["weight_sync_buffers"] * GIB
@@ -348,7 +353,8 @@ def test_the_log_prob_head_and_the_weight_sync_hold_the_planners_terms(
         assert sum(c["pass"] == "backward" for c in calls) == MICRO_BATCHES
         assert all(c["chunk"] == CHUNK < c["tokens"] for c in calls)
         for c in calls:
-            planned = logprob_bytes(geo.shape, compute_b, c["chunk"], c["tokens"])
+            planned = logprob_bytes(geo.shape, compute_b, c["chunk"], c["tokens"],
+                                    trained_head=trained_head)
             peak = c["pass"] == "backward"
             if c["bytes"] > min(planned, worst) or (peak and not _close(c["bytes"], planned)):
                 bad.append(f"rank {rank}: head {c['pass']} of {c['tokens']} tokens held "
@@ -364,10 +370,10 @@ def test_the_attention_mask_is_the_planners_term(
     prompts: dict[str, int],
 ) -> None:
     """Every forward's 4-D attention mask (the shared-prefix layout's, in the compute
-    dtype) is within the plan's ``attention_mask`` term, budget^2 for one row as wide as
-    the budget. The even cut of the 6 responses into 3 micro-batches makes the widest row
-    one token short of the budget (the prompt and [2, 3, 2] responses, against greedy's
-    [6, 2]), which holds (budget - 1)^2 of it."""
+    dtype) is the plan's ``attention_mask`` term, budget^2 for one row as wide as the
+    budget: each micro-batch's row (the prompt and 9 response tokens) is padded to the
+    budget's width, a multiple of 8 (the mask SDPA's memory-efficient kernel takes as
+    it is)."""
     mode = MODES[name]
     budget, _, st = _budget(tiny_vlm if mode.model == "vlm" else tiny_lm, mode,
                             prompts[mode.model])
@@ -377,4 +383,4 @@ def test_the_attention_mask_is_the_planners_term(
         # The update's 3 micro-batches, with the old log-probs on-policy; the reference's
         # pass over the same cut with KL.
         assert len(r["masks"]) == MICRO_BATCHES * (2 if mode.kl else 1)
-        assert max(r["masks"]) == 2 * (st.micro_batch_tokens - 1) ** 2 < planned
+        assert max(r["masks"]) == planned

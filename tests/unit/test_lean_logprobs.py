@@ -123,7 +123,7 @@ def test_the_head_holds_the_planners_bytes_in_forward_and_backward(
     grad = torch.ones_like(out)
     with LiveBytes() as bwd:
         out.backward(grad)
-    planned = logprob_bytes(_shape(), dtype.itemsize, chunk, N)
+    planned = logprob_bytes(_shape(), dtype.itemsize, chunk, N, trained_head=True)
     weight_grad = V * H * dtype.itemsize
     assert held + fwd.peak <= planned
     assert held + bwd.peak - weight_grad <= planned

@@ -32,7 +32,8 @@ def test_layout_tokens_are_rows_times_the_widest_row() -> None:
     # Shared prefix: rows 100 + 35 and 40 + 200; padded: 4 rows of the longest sample.
     assert layout_tokens(samples, packed=True) == 2 * 240
     assert layout_tokens(samples, packed=False) == 4 * 240
-    assert layout_tokens(samples[:3], packed=True) == 135
+    # A shared-prefix row is as wide as collate_packed pads it: 135 up to 8 x 17.
+    assert layout_tokens(samples[:3], packed=True) == 136
     assert layout_tokens([], packed=True) == 0
 
 
@@ -73,10 +74,10 @@ def test_an_exact_count_of_micro_batches_none_above_the_budget(packed: bool) -> 
 def test_the_ranks_common_count_is_cut_evenly() -> None:
     """A rank that needs fewer micro-batches than another cuts its samples into as many,
     as evenly as their order allows: here 4 equal groups into 2, 3 and 4."""
-    samples = _groups([(50, [25, 25])] * 4)
+    samples = _groups([(50, [23, 23])] * 4)  # rows of 96 tokens, a multiple of 8
     assert [len(mb) for mb in split_evenly(samples, 2, packed=True)] == [4, 4]
-    assert [layout_tokens(mb, True) for mb in split_evenly(samples, 4, packed=True)] == [100] * 4
+    assert [layout_tokens(mb, True) for mb in split_evenly(samples, 4, packed=True)] == [96] * 4
     three = split_evenly(samples, 3, packed=True)
-    assert max(layout_tokens(mb, True) for mb in three) == 200
+    assert max(layout_tokens(mb, True) for mb in three) == 192
     with pytest.raises(ValueError, match="cannot cut 8 samples into 9"):
         split_evenly(samples, 9, packed=True)

@@ -46,8 +46,9 @@ def test_the_logits_term_does_not_grow_with_the_prompt() -> None:
     logits = long.budget.gpu_phases["training"]["logits"]
     assert logits == short.budget.gpu_phases["training"]["logits"]
     # One 512-token chunk of two float32 [chunk, V] buffers, and 2 x 1024 response
-    # tokens' hidden states (bf16), labels and hidden-state gradients.
-    per_token = 2 * 2 * QWEN7B_HIDDEN + 8
+    # tokens' hidden states (bf16), labels and hidden-state gradients; over 4 chunks
+    # the head's weight gradient takes two float32 statistics per token.
+    per_token = 2 * 2 * QWEN7B_HIDDEN + 8 + 8
     want = 2 * 1024 * per_token + LOGPROB_CHUNK_TOKENS * (8 * QWEN_VOCAB + 16)
     assert logits * GIB == pytest.approx(want)
     assert 0.6 < logits < 0.62  # GiB; the full logits: 30 B x 2048 x 152064 = 8.7 GiB
@@ -57,11 +58,13 @@ def test_the_chunk_bounds_the_buffers_and_short_responses_take_less() -> None:
     shape = _job().geometry.shape
     per_chunk_token = 8 * shape.vocab_size + 16
     tokens = 2 * 64  # two 64-token responses: a chunk of 128, not 512
-    assert logprob_bytes(shape, 2, 512, tokens) == tokens * (4 * shape.hidden_size + 8) + (
-        tokens * per_chunk_token)
+    # One chunk: the head's gradient is one matmul, trained or not.
+    assert logprob_bytes(shape, 2, 512, tokens, trained_head=True) == tokens * (
+        4 * shape.hidden_size + 8) + tokens * per_chunk_token
     # Doubling the response adds the per-token terms only, once past the chunk.
-    grown = logprob_bytes(shape, 2, 512, 4096) - logprob_bytes(shape, 2, 512, 2048)
-    assert grown == 2048 * (4 * shape.hidden_size + 8)
+    grown = (logprob_bytes(shape, 2, 512, 4096, trained_head=True)
+             - logprob_bytes(shape, 2, 512, 2048, trained_head=True))
+    assert grown == 2048 * (4 * shape.hidden_size + 8 + 8)
 
 
 def test_the_weight_sync_holds_three_largest_tensors_beside_the_resident_state() -> None:

@@ -87,7 +87,7 @@ def test_the_activation_logits_and_mask_terms_come_from_the_budget() -> None:
     assert train["activations"] * GIB == pytest.approx(act)
     # The head sees at most the budget's tokens (fewer than the rank's 16 responses).
     assert train["logits"] * GIB == pytest.approx(
-        logprob_bytes(geo.shape, 2, geo.logprob_chunk_tokens, 20_000))
+        logprob_bytes(geo.shape, 2, geo.logprob_chunk_tokens, 20_000, trained_head=True))
     # The 4-D mask: rows x width^2 <= budget x the widest row (P + n R), in bf16.
     assert train["attention_mask"] * GIB == pytest.approx(
         2 * 20_000 * (PROMPT + N * RESPONSE))

@@ -97,10 +97,12 @@ def test_vllm_budgets_its_encoder_for_images_not_videos() -> None:
     start-up profile go to the modality with the most tokens an item
     (multimodal/encoder_budget.py:73-138, 184-188; v1/worker/gpu_model_runner.py's
     profile_run): a video, sized by max_model_len, instead of the largest image the pixel
-    bounds allow. tests/vllm checks the budget the CPU engine ends up with."""
+    bounds allow. tests/vllm checks the budget the CPU engine ends up with. Images: the
+    most a loaded prompt has (tests/unit/test_image_limit.py)."""
     for on_cpu in (False, True):
-        kwargs = engine_kwargs(VLM, on_cpu=on_cpu, sleep_mode=not on_cpu, distributed=True)
-        assert kwargs["limit_mm_per_prompt"] == {"image": 4, "video": 0}
+        kwargs = engine_kwargs(replace(VLM, max_images_per_prompt=5), on_cpu=on_cpu,
+                               sleep_mode=not on_cpu, distributed=True)
+        assert kwargs["limit_mm_per_prompt"] == {"image": 5, "video": 0}
 
 
 def test_a_vlm_engine_keeps_no_processed_images_in_host_ram() -> None:

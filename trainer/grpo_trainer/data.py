@@ -2,7 +2,8 @@
 
 Rows have ``problem`` (text, may contain ``<image>`` markers), ``answer`` and
 optionally ``images`` (a list of encoded bytes, paths, or ``{"bytes", "path"}``
-dicts as Hugging Face datasets store them). The loader yields whole batches in a
+dicts as Hugging Face datasets store them), at most ``data.max_images_per_prompt`` of
+them. The loader yields whole batches in a
 seeded per-epoch order and exposes its position via ``state_dict`` so a resumed
 run continues with the very next batch.
 """
@@ -21,7 +22,7 @@ import jinja2
 import numpy as np
 
 from grpo_api.job.trainer import config_sources
-from grpo_api.trainer_config import DataConfig
+from grpo_api.trainer_config import MAX_IMAGES_PER_PROMPT, Config, DataConfig
 
 from .config_error import ConfigError
 
@@ -105,8 +106,9 @@ def _image_bytes(item: Any, base: Path) -> bytes:
 
 
 class PromptDataset:
-    """Every row of ``files``; with ``prompt_tokens`` (a prompt's length in tokens, image
-    tokens included), those longer than ``data.max_prompt_length`` are dropped or refused
+    """Every row of ``files`` with at most ``data.max_images_per_prompt`` images
+    (``limit_images``); with ``prompt_tokens`` (a prompt's length in tokens, image tokens
+    included), those longer than ``data.max_prompt_length`` are dropped or refused
     (``limit_prompt_lengths``)."""
 
     def __init__(
@@ -136,11 +138,31 @@ class PromptDataset:
                 )
         if not self.records:
             raise ConfigError(field, "no rows found")
+        self.records = limit_images(self.records, cfg, field)
         if prompt_tokens is not None:
             self.records = limit_prompt_lengths(self.records, prompt_tokens, cfg, field)
 
     def __len__(self) -> int:
         return len(self.records)
+
+
+def limit_images(records: list[Record], cfg: DataConfig, field: str) -> list[Record]:
+    """The records with at most ``data.max_images_per_prompt`` images. vLLM refuses a
+    prompt with more than its ``limit_mm_per_prompt`` at ``generate`` ("At most 4 image(s)
+    may be provided in one prompt"), failing the whole TP group's rollout, and the batch
+    comes back on resume; the planner sizes a prompt's vision activations by the same
+    maximum. A row with more is left out or refused as an overlong prompt is."""
+    cap = cfg.max_images_per_prompt
+
+    def problem(r: Record) -> str | None:
+        if len(r.images) <= cap:
+            return None
+        return (f"{r.where}: the prompt has {len(r.images)} images, more than the {cap} of "
+                f"{_setting('max_images_per_prompt')} (at most {MAX_IMAGES_PER_PROMPT})")
+
+    return _keep(records, problem, cfg, field, "data.max_images_per_prompt",
+                 f"raise it (at most {MAX_IMAGES_PER_PROMPT}) or split the row",
+                 "has too many images")
 
 
 def limit_prompt_lengths(
@@ -152,23 +174,36 @@ def limit_prompt_lengths(
     prompt limit plus the response limit, so a longer prompt would fail its ``generate``
     for the whole TP group, and the update would train on a truncated one."""
     limit = cfg.max_prompt_length
-    kept: list[Record] = []
-    over: list[str] = []
-    for r in records:
+
+    def problem(r: Record) -> str | None:
         try:
             n = prompt_tokens(r)
         except ConfigError as err:  # pixel bounds no image size satisfies
             raise ConfigError(err.field, f"{r.where}: {err.message}") from err
         except ValueError as err:  # e.g. smart-resize refuses an aspect ratio over 200
             raise ConfigError(field, f"{r.where}: {err}") from err
-        if n <= limit:
+        return None if n <= limit else overlong(r, n, limit)
+
+    return _keep(records, problem, cfg, field, "data.max_prompt_length", "raise it",
+                 "is too long")
+
+
+def _keep(records: list[Record], problem: Callable[[Record], str | None], cfg: DataConfig,
+          field: str, limit_field: str, fix: str, what: str) -> list[Record]:
+    """The records without a ``problem``; one with is dropped (logged, the first
+    MAX_NAMED by name) or, with ``data.overlong_prompts: fail``, refused naming
+    ``limit_field`` and the ``fix``. No record left is a ConfigError on ``field``."""
+    kept: list[Record] = []
+    over: list[str] = []
+    for r in records:
+        where = problem(r)
+        if where is None:
             kept.append(r)
             continue
-        where = overlong(r, n, limit)
         if cfg.overlong_prompts == "fail":
             raise ConfigError(
-                "data.max_prompt_length",
-                f"{where}; raise it, or set {_setting('overlong_prompts')} to drop to leave "
+                limit_field,
+                f"{where}; {fix}, or set {_setting('overlong_prompts')} to drop to leave "
                 "such prompts out",
             )
         over.append(where)
@@ -179,8 +214,24 @@ def limit_prompt_lengths(
             (f"; and {len(over) - MAX_NAMED} more" if len(over) > MAX_NAMED else ""),
         )
     if not kept:
-        raise ConfigError(field, f"every prompt is too long: {over[0]}")
+        raise ConfigError(field, f"every prompt {what}: {over[0]}")
     return kept
+
+
+def most_images(*datasets: list[Record]) -> int:
+    """The most images any prompt of ``datasets`` has (its images column: ``<image>``
+    markers only place them, build_messages)."""
+    return max((len(r.images) for records in datasets for r in records), default=0)
+
+
+def sized_for_images(cfg: Config, *datasets: list[Record]) -> Config:
+    """``cfg`` with ``data.max_images_per_prompt`` lowered to the most images a loaded
+    prompt has (at least 1: vLLM then still builds and profiles the vision tower, which
+    every weight sync writes). What the ranks' and engines' vLLM is sized by
+    (rollout/build.py ``vllm_config``); the rows were limited to the setting at load."""
+    most = max(1, min(cfg.data.max_images_per_prompt, most_images(*datasets)))
+    return cfg.model_copy(update={"data": cfg.data.model_copy(
+        update={"max_images_per_prompt": most})})
 
 
 def overlong(record: Record, tokens: int, limit: int) -> str:

@@ -23,7 +23,7 @@ from grpo_api.trainer_config import Config
 from .balance import Plan, balance
 from .checkpointing.final_export import FinalExport, export_final
 from .checkpointing.seam import Checkpointer, NoCheckpointer
-from .data import PromptDataset, Record, StatefulLoader
+from .data import PromptDataset, Record, StatefulLoader, sized_for_images
 from .devices import job_collective_timeout_s
 from .errors import StepError
 from .faults import allocate_until_killed, parse_fault, raise_injected_oom
@@ -79,6 +79,9 @@ class GRPOTrainer:
             resolve_reward_fn(cfg.reward), cfg.reward.num_workers, cfg.reward.timeout_s
         )
         self.validator = Validator(cfg, self.total_steps, self.rewards, prompt_tokens)
+        # The ranks and engines get vLLM's image limit from the data (at most
+        # data.max_images_per_prompt, each row limited to it at load).
+        self.cfg = sized_for_images(cfg, dataset.records, self.validator.records)
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.group: WorkerGroup | None = None

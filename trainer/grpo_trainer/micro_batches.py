@@ -3,7 +3,8 @@ order, cut into contiguous micro-batches whose forward layout holds at most the 
 
 A micro-batch's tokens are what its forward processes, padding included: rows x the
 widest row, where a row is a run of samples sharing their prompt in the shared-prefix
-layout (``packing.runs``: the prompt once, then each response) or one sample in the
+layout (``packing.runs``: the prompt once, then each response; its width rounded up as
+``collate_packed`` pads it, ``grpo_api.contract.packed_width``) or one sample in the
 padded layout. That is what the activations, the attention mask and the time of a
 micro-batch grow with, and what the planner's budget bounds (docs/memory-model.md,
 "Micro-batches by tokens"). Samples stay in their order, so a group stays in as few
@@ -17,18 +18,26 @@ that many, as evenly as their order allows (``split_evenly``).
 
 from __future__ import annotations
 
+from grpo_api.contract import packed_width
+
 from .packing import row_tokens, runs
 from .samples import Sample
 
 
+def _row_width(tokens: int, packed: bool) -> int:
+    """A row of ``tokens`` as wide as its layout pads it."""
+    return packed_width(tokens) if packed else tokens
+
+
 def layout_tokens(samples: list[Sample], packed: bool) -> int:
-    """Tokens of the forward that ``samples`` make: rows x the widest row."""
+    """Tokens of the forward that ``samples`` make: rows x the widest row (the packed
+    width rounded up as ``collate_packed`` pads it)."""
     if not samples:
         return 0
     if not packed:
         return len(samples) * max(s.num_tokens for s in samples)
     rows = runs(samples)
-    return len(rows) * max(row_tokens(r) for r in rows)
+    return len(rows) * packed_width(max(row_tokens(r) for r in rows))
 
 
 def _greedy(samples: list[Sample], cap: int, packed: bool) -> list[list[Sample]]:
@@ -45,7 +54,7 @@ def _greedy(samples: list[Sample], cap: int, packed: bool) -> list[list[Sample]]
         else:
             n_rows, n_run = rows + 1, p + r
         n_width = max(width, n_run)
-        if current and n_rows * n_width > cap:
+        if current and n_rows * _row_width(n_width, packed) > cap:
             out.append(current)
             current, n_rows, n_run, n_width = [], 1, p + r, p + r
         current.append(s)

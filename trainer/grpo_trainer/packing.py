@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from grpo_api.contract import packed_width
+
 from .samples import Sample, TrainBatch, concat_mm
 
 # An unpacked sample's [3, P + R] M-RoPE positions (prompt, then response).
@@ -80,23 +82,50 @@ def row_tokens(run: list[Sample]) -> int:
     return run[0].prompt.input_ids.numel() + sum(s.response_ids.numel() for s in run)
 
 
+def packed_mask(
+    segments: torch.Tensor, mask_dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The ``[B, 1, L, L]`` attention mask of ``segments`` ([B, L]: 0 prompt, k response
+    k, -1 pad), made on ``device`` from the segment ids alone: a token sees the earlier
+    tokens of its own segment and of the prompt. Pad queries see the prompt and earlier
+    pads (never an empty row: no NaNs); no real token sees a pad. Boolean (True = may
+    attend), or additive (0 / the dtype's minimum) in ``mask_dtype``: sdpa would convert
+    a boolean mask per layer. Built in place, so the device holds the bool mask and the
+    result at most (and a [L, L] causal one): the host makes none of it."""
+    seg = segments.to(device)
+    width = seg.shape[1]
+    idx = torch.arange(width, device=seg.device)
+    allowed = seg[:, :, None] == seg[:, None, :]  # [B, query, key]: the same segment
+    allowed |= (seg == 0)[:, None, :]  # or the prompt
+    allowed &= (idx[None, :] <= idx[:, None])[None]  # causal
+    if mask_dtype is None:
+        return allowed[:, None]
+    floor = torch.finfo(mask_dtype).min
+    additive = torch.zeros(allowed.shape, dtype=mask_dtype, device=seg.device)
+    return additive.masked_fill_(allowed.logical_not_(), floor)[:, None]
+
+
 def collate_packed(
     samples: list[Sample], pad_id: int, mask_dtype: torch.dtype | None = None,
-    rope: RopeIndex | None = None,
+    rope: RopeIndex | None = None, device: torch.device | str | None = None,
 ) -> TrainBatch:
     """One row per run of samples that share a prompt (``runs``): the prompt once, then
     each response. Positions are the ones generation used: a count for text, ``rope``'s
     for an M-RoPE model, where the prompt's are its first sample's (every sample of a
     run has the same) and each response's its own. The first response token of every
-    sample in a row is predicted by the prompt's last position. The mask is boolean, or
-    additive (0 / the dtype's minimum) in ``mask_dtype``; each run's multimodal inputs
-    (pixels, image grids) appear once, in row order, as its image tokens do."""
+    sample in a row is predicted by the prompt's last position. Rows are padded to
+    ``packed_width`` (a multiple of 8 tokens: an aligned mask, see grpo_api.contract);
+    the pad columns are attended by no real token. The mask (``packed_mask``) is made
+    on ``device`` (the rank's; the host when None) from the segment ids; the other
+    tensors stay on the host. Each run's multimodal inputs (pixels, image grids) appear
+    once, in row order, as its image tokens do."""
     rows = runs(samples)
-    width = max(row_tokens(r) for r in rows)
+    width = packed_width(max(row_tokens(r) for r in rows))
     b = len(rows)
     ids = torch.full((b, width), pad_id, dtype=torch.long)
     pos = torch.zeros((3 if rope else 1, b, width), dtype=torch.long)
-    seg = torch.full((b, width), -1, dtype=torch.long)  # 0 prompt, k response k, -1 pad
+    seg = torch.full((b, width), -1, dtype=torch.int32)  # 0 prompt, k response k, -1 pad
     logit_cols: list[int] = []
     labels: list[torch.Tensor] = []
     positions: list[tuple[int, int, int]] = []
@@ -117,21 +146,10 @@ def collate_packed(
             logit_cols.extend(row * width + c for c in cols)
             labels.append(s.response_ids)
             col += r
-    idx = torch.arange(width)
-    causal = idx[None, :] <= idx[:, None]  # [query, key]
-    same = seg[:, :, None] == seg[:, None, :]
-    sees_prompt = (seg == 0)[:, None, :]
-    # Pad queries see the prompt and earlier pads (never an empty row: no NaNs); no
-    # real token sees a pad.
-    mask = causal[None] & (same | sees_prompt)
-    attention: torch.Tensor = mask[:, None]  # [B, 1, L, L], True = may attend
-    if mask_dtype is not None:  # additive: sdpa would convert a boolean mask per layer
-        floor = torch.finfo(mask_dtype).min
-        attention = torch.zeros(attention.shape, dtype=mask_dtype).masked_fill(~attention, floor)
     flat_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
     inputs = {
         "input_ids": ids,
-        "attention_mask": attention,
+        "attention_mask": packed_mask(seg, mask_dtype, device),
         # [3, B, L] for M-RoPE (the layout the model's own rope index makes), else [B, L].
         "position_ids": pos if rope else pos[0],
         **concat_mm([run[0].prompt for run in rows]),

@@ -154,9 +154,11 @@ class PolicyUpdate:
 
     def _collate(self, micro: list[Sample]) -> TrainBatch:
         # Shared-prefix packing needs a 4-D attention mask: every attention the config
-        # allows (sdpa, eager) takes one.
+        # allows (sdpa, eager) takes one. It is made on the rank's device from the
+        # segment ids (a [rows, width^2] mask made on the host would be copied over).
         if self._packs(micro):
-            return collate_packed(micro, self.pad_id, self.state.compute_dtype, self.rope)
+            return collate_packed(micro, self.pad_id, self.state.compute_dtype, self.rope,
+                                  device=self.state.device)
         return collate_train(micro, self.pad_id)
 
     def micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:

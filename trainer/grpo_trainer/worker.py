@@ -197,17 +197,16 @@ class Worker:
     @rank_phase(RankPhase.ROLLOUT)
     def score(self, responses: list[list[int]] | None = None) -> list[torch.Tensor]:
         """The rollout engine's log-probs of this rank's samples' response tokens (or of
-        ``responses`` to the same prompts): checks that the engine holds the actor's
-        weights. A collective over the TP group, like ``generate``."""
+        ``responses`` to the same prompts), at temperature 1 (``VLLMEngine.score``): checks
+        that the engine holds the actor's weights. A collective over the TP group, like
+        ``generate``."""
         from .rollout.vllm_engine import VLLMEngine
 
         if not isinstance(self.engine, VLLMEngine):
             raise TypeError("score needs rollout.engine 'vllm'")
         resp = responses or [s.response_ids.tolist() for s in self.samples]
         pairs, own = self._tp_union(list(zip([s.prompt for s in self.samples], resp, strict=True)))
-        scores = self.engine.score(
-            [p for p, _ in pairs], [r for _, r in pairs], self.cfg.rollout.temperature
-        )
+        scores = self.engine.score([p for p, _ in pairs], [r for _, r in pairs])
         return scores[own]
 
     def _build_engine(self) -> RolloutEngine:

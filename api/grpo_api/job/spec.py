@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, ConfigDict, Field, JsonValue, model_validator
 
-from ..trainer_config import OverlongPrompts
+from ..trainer_config import MAX_IMAGES_PER_PROMPT, OverlongPrompts
 from .base import DNS_LABEL_PATTERN, ApiModel, cel_rule
 from .hub import HubSpec
 from .lora import LoraSpec
@@ -127,12 +127,23 @@ class DataSpec(ApiModel):
         description="Each image is resized once, to at most this many pixels (sides multiples "
         "of the model's patch x merge), and the same image goes to vLLM and to the update.",
     )
+    max_images_per_prompt: int = Field(
+        1,
+        ge=1,
+        le=MAX_IMAGES_PER_PROMPT,
+        description="The most images one prompt of the data may have (its images column), "
+        f"at most {MAX_IMAGES_PER_PROMPT}. The memory plan counts this many images at "
+        "maxPixels per prompt (within maxPromptLength); a row with more is dropped or refused "
+        "when the data is loaded (overlongPrompts). vLLM's image limit is the most a loaded "
+        "row has.",
+    )
     overlong_prompts: OverlongPrompts = Field(
         "drop",
         description="A prompt longer than maxPromptLength (image tokens included, each image "
-        "at its resized size), counted when the data is loaded: drop leaves it out (as "
-        "EasyR1's filter_overlong_prompts), fail ends the attempt with ConfigError. Either "
-        "way the log names the file, the row, both lengths and this field.",
+        "at its resized size), or with more images than maxImagesPerPrompt, counted when the "
+        "data is loaded: drop leaves it out (as EasyR1's filter_overlong_prompts), fail ends "
+        "the attempt with ConfigError. Either way the log names the file, the row, both "
+        "lengths (or the image count and its limit) and this field.",
     )
     workers: int | None = Field(
         None,

@@ -95,6 +95,7 @@ SOURCES: Mapping[str, Source] = one_each((
     rendered("data.image_max_pixels", "spec.data.maxPixels"),
     rendered("data.image_min_pixels", "spec.data.maxPixels"),
     rendered("data.overlong_prompts", "spec.data.overlongPrompts"),
+    rendered("data.max_images_per_prompt", "spec.data.maxImagesPerPrompt"),
     rendered("rollout.engine", "spec.rollout.engine"),
     rendered("rollout.temperature", "spec.algorithm.temperature"),
     rendered("rollout.top_p", "spec.algorithm.topP"),

@@ -173,11 +173,13 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
     adapters = geo.lora.adapter_parameters if geo.lora is not None else None
     buffers = fsdp_buffers(s, compute_bytes(geo), trained(s, adapters))
     # The largest micro-batch in the shared-prefix layout (planner/layout.py): its tokens,
-    # padding included, its images (one per row) and its response tokens.
+    # padding included, its images (layout.images_per_prompt per row) and its response
+    # tokens.
     mb = micro_batch(geo, st)
     act = mb.tokens * activation_bytes_per_token(geo, st.gradient_checkpointing)
     act += mb.images * vision_activation_bytes(geo, st.gradient_checkpointing)
-    logits = logprob_bytes(s, compute_bytes(geo), geo.logprob_chunk_tokens, mb.response_tokens)
+    logits = logprob_bytes(s, compute_bytes(geo), geo.logprob_chunk_tokens, mb.response_tokens,
+                           trained_head=trained(s, adapters).head > 0)
     ctx = CUDA_CONTEXT_GIB if geo.is_gpu else 0.0
 
     training = {
@@ -188,7 +190,8 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
         "activations": act / GIB,
         "logits": logits / GIB,
         # The shared-prefix layout's 4-D additive mask [rows, 1, width, width], in the
-        # compute dtype, from the collation to the end of backward.
+        # compute dtype, from the collation to the end of backward; width a multiple of
+        # 8 (layout.py): SDPA's memory-efficient kernel then keeps no padded copy.
         "attention_mask": mb.mask_elements * compute_bytes(geo) / GIB,
     }
     # The root unit's all-gather (start of forward) and reduce (end of backward): the
@@ -236,10 +239,9 @@ def compute_budget(geo: Geometry, st: Settings) -> Budget:
             geo.rollout, side, cpu_engine_gib(geo, st.rollout_n, geo.rollout.gpus), st))
     elif geo.rollout is not None:  # vLLM on its own GPUs: no term on the training GPUs
         side = rollout_budget(
-            geo.shape, geo.rollout, st.rollout_gpu_memory_utilization, weights_gib,
+            geo.rollout, st.rollout_gpu_memory_utilization, weights_gib,
             kv_bytes_per_token(geo), geo.sequence_length, usable=GPU_USABLE,
-            margin_gib=card_margin_gib(geo.rollout.gpu_memory_gib), overhead_gib=VLLM_OVERHEAD_GIB,
-            tensor_parallel=st.rollout_side_tensor_parallel or None)
+            margin_gib=card_margin_gib(geo.rollout.gpu_memory_gib), overhead_gib=VLLM_OVERHEAD_GIB)
         side = replace(side, **rollout_host(geo.rollout, side, weights_gib, st))
         tp, kv_gib, min_util = side.tensor_parallel, side.kv_cache_gib, side.min_utilization
     elif geo.is_gpu and geo.uses_vllm:

@@ -36,6 +36,7 @@ from grpo_api.job.spec import GRPOJobSpec
 from .budget import compute_budget, max_rollout_utilization
 from .core import _micro_batches, plan_memory, replan
 from .headroom import improves
+from .layout import least_budget
 from .modes import BF16, MIXED
 from .report import plan_changes
 from .resources import STORE_MIN_GIB
@@ -57,7 +58,7 @@ def _halve_micro_batch(p: Plan) -> Settings | None:
     if p.settings.micro_batch_tokens:
         if "micro_batch_tokens" in p.pinned:
             return None
-        least = p.geometry.sequence_length
+        least = least_budget(p.geometry)
         half = max(least, p.settings.micro_batch_tokens // 2)
         if half >= p.settings.micro_batch_tokens:
             return None

@@ -1,20 +1,25 @@
 """The update's micro-batch at its largest, in the trainer's shared-prefix layout
 (grpo_trainer.packing: one row per group in the micro-batch, its prompt once and then its
-responses, rows padded to the widest): the bounds the activation, logits and mask terms
-are computed from (docs/memory-model.md, "Micro-batches by tokens").
+responses, rows padded to the widest, rounded up to a multiple of 8 tokens,
+``grpo_api.contract.packed_width``): the bounds the activation, logits and mask terms are
+computed from (docs/memory-model.md, "Micro-batches by tokens"). The rounding keeps the
+4-D mask aligned for SDPA's memory-efficient kernel, which would otherwise keep a padded
+copy of it per layer for backward.
 
 By tokens (``Settings.micro_batch_tokens``), the budget bounds the layout itself, padding
 included, so the terms follow from it; by samples (a spec that pins ``microBatchSize``),
 the layout of ``b`` samples is at most that of ``r`` groups with one holding the rest of
-the samples, worst over ``r``: ``max_r r (P + min(b - r + 1, n) R)``, which exceeds the
-padded layout's ``b s`` when responses are long next to the prompt (the rows pad to the
-widest). Pure: geometry and settings in, counts out.
+the samples, worst over ``r``: ``max_r r w(P + min(b - r + 1, n) R)`` (``w`` the
+rounding), which exceeds the padded layout's ``b s`` when responses are long next to the
+prompt (the rows pad to the widest). Pure: geometry and settings in, counts out.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from grpo_api.contract import packed_width
 
 from .types import Geometry, Settings
 
@@ -28,9 +33,11 @@ class MicroBatch:
     """The largest micro-batch the trainer can form under a plan: counts, not bytes."""
 
     tokens: int  # rows x the widest row, padding included: what the decoder processes
-    images: int  # rows, one prompt each, one image per prompt at maxPixels
+    images: float  # rows x images_per_prompt: each row's prompt's images, at maxPixels
     response_tokens: int  # what the chunked log-prob head sees
-    mask_elements: int  # rows x width^2: the 4-D attention mask, in the compute dtype
+    # rows x width^2, the width rounded up to a multiple of 8 (packed_width): the 4-D
+    # attention mask, in the compute dtype
+    mask_elements: int
 
 
 def prompt_tokens(geo: Geometry) -> int:
@@ -57,15 +64,24 @@ def _by_samples(geo: Geometry, samples: int, n: int) -> MicroBatch:
     tokens = mask = 0
     rows = _groups_spanned(samples, n, per_rank_samples(geo))
     for k in range(1, rows + 1):
-        width = p + min(samples - k + 1, n) * r
+        width = packed_width(p + min(samples - k + 1, n) * r)
         tokens, mask = max(tokens, k * width), max(mask, k * width * width)
-    return MicroBatch(tokens, rows, samples * r, mask)
+    return MicroBatch(tokens, rows * images_per_prompt(geo), samples * r, mask)
 
 
 def image_tokens(geo: Geometry) -> int:
     """One image at maxPixels, in language-model tokens (within the prompt's length)."""
     patches = geo.max_pixels // geo.shape.patch_size**2
     return max(1, min(prompt_tokens(geo), patches // PATCHES_PER_TOKEN))
+
+
+def images_per_prompt(geo: Geometry) -> float:
+    """A prompt's images at most, counted in images at maxPixels: spec.data.
+    maxImagesPerPrompt (the trainer leaves out or refuses rows with more, and its vLLM
+    limit never exceeds it), and no more image tokens than the prompt holds (they count
+    in its length). The planner never sees the data: the spec says what it holds."""
+    its = image_tokens(geo)
+    return min(geo.max_images_per_prompt * its, prompt_tokens(geo)) / its
 
 
 def micro_batch(geo: Geometry, st: Settings) -> MicroBatch:
@@ -75,22 +91,32 @@ def micro_batch(geo: Geometry, st: Settings) -> MicroBatch:
     if not st.micro_batch_tokens:
         mb = max(1, min(st.micro_batch_size, per_rank_samples(geo)))
         return _by_samples(geo, mb, n)
-    budget = min(st.micro_batch_tokens, whole.tokens)
-    widest = prompt_tokens(geo) + n * geo.response_length
-    # Each row holds a prompt, its image's tokens among them, and a response token.
-    rows = min(whole.images, max(1, budget // (image_tokens(geo) + 1)))
+    # The budget bounds every micro-batch but one sample alone, one row of its rounded
+    # width (the trainer's micro_batches._greedy): the least budget.
+    budget = max(min(st.micro_batch_tokens, whole.tokens), least_budget(geo))
+    widest = packed_width(prompt_tokens(geo) + n * geo.response_length)
+    # Each row holds a prompt, its images' tokens among them, and a response token.
+    per_prompt = images_per_prompt(geo)
+    rows = min(whole.images / per_prompt,
+               max(1, budget // (per_prompt * image_tokens(geo) + 1)))
     return MicroBatch(
         tokens=budget,
-        images=rows if geo.shape.vision_parameters else 0,
+        images=rows * per_prompt if geo.shape.vision_parameters else 0,
         response_tokens=min(budget, whole.response_tokens),
         mask_elements=min(budget * min(budget, widest), whole.mask_elements),
     )
 
 
+def least_budget(geo: Geometry) -> int:
+    """The least micro-batch the trainer makes: one whole sample (prompt + response),
+    one row of its rounded width."""
+    return packed_width(geo.sequence_length)
+
+
 def token_budgets(geo: Geometry, n: int) -> list[int]:
     """The budgets the planner tries, largest first: the rank's whole mini-batch at once,
-    halved down to one whole sample (prompt + response), which is the least."""
-    least = geo.sequence_length
+    halved down to one whole sample (``least_budget``), which is the least."""
+    least = least_budget(geo)
     budget = _by_samples(geo, per_rank_samples(geo), max(1, n)).tokens
     out = []
     while budget > least:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grpo_api.contract import PACKED_WIDTH_ALIGNMENT
 from grpo_api.knobs import (
     GRADIENT_CHECKPOINTING,
     MICRO_BATCH_SIZE,
@@ -249,7 +250,8 @@ def _micro_batch(geo: Geometry, st: Settings, b: Budget, trail: list[tuple[Setti
     budgets = token_budgets(geo, st.rollout_n)
     larger = [(ts, tb) for ts, tb in trail if ts.micro_batch_tokens > st.micro_batch_tokens]
     terms = (f"activations {_g(train.get('activations', 0))}, attention mask "
-             f"{_g(train.get('attention_mask', 0))}, log-prob head {_g(train.get('logits', 0))}")
+             f"{_g(train.get('attention_mask', 0))} (rows padded to a multiple of "
+             f"{PACKED_WIDTH_ALIGNMENT} tokens), log-prob head {_g(train.get('logits', 0))}")
     if tokens_src == "spec":
         why = f"set in spec; training peak {_g(_phase(b, 'training'))} ({terms})"
     elif st.micro_batch_tokens >= budgets[0]:

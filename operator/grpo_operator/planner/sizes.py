@@ -20,6 +20,7 @@ from .units import BF16_B, FP32_B
 LOGPROB_CHUNK_B = 8  # per chunk token per vocabulary entry
 LOGPROB_CHUNK_SCALARS_B = 16  # per chunk token
 LOGPROB_LABEL_B = 8  # per response token: its int64 label
+LOGPROB_STATS_B = 8  # per response token: its log-sum-exp and E_p[z], float32
 
 
 def compute_bytes(geo: Geometry) -> int:
@@ -27,12 +28,19 @@ def compute_bytes(geo: Geometry) -> int:
     (the trainer's actor.dtype: bfloat16 on GPUs, float32 on CPU ranks)."""
     return BF16_B if geo.is_gpu else FP32_B
 
-def logprob_bytes(shape: Shape, compute_b: int, chunk: int, response_tokens: int) -> float:
+def logprob_bytes(
+    shape: Shape, compute_b: int, chunk: int, response_tokens: int, *, trained_head: bool,
+) -> float:
     """The update's log-prob head at its peak (backward: each response token's hidden
     state, label and hidden-state gradient; one chunk's float32 buffers), bytes. Bounded
-    by the chunk and the response: no term grows with the prompt."""
+    by the chunk and the response: no term grows with the prompt. A trained head (not
+    LoRA's) computed below float32 makes its weight gradient over more than one chunk by
+    vocabulary slices (``ChunkedHead.backward``: rounded once, not once per chunk), from
+    two float32 statistics per response token."""
     c = min(chunk, response_tokens)
     per_token = 2 * compute_b * shape.hidden_size + LOGPROB_LABEL_B
+    if trained_head and compute_b < FP32_B and response_tokens > chunk:
+        per_token += LOGPROB_STATS_B
     return response_tokens * per_token + c * (
         LOGPROB_CHUNK_B * shape.vocab_size + LOGPROB_CHUNK_SCALARS_B)
 

@@ -47,9 +47,6 @@ class Settings:
     # spec.training.precision; the CudaOOM ladder may switch mixed to bf16 when
     # spec.restartPolicy.allowPrecisionChange says so.
     precision: str = "mixed"
-    # Disaggregated: the rollout side's TP after a remediation raised it (0: the spec's
-    # or the planned one).
-    rollout_side_tensor_parallel: int = 0
     # Disaggregated: the rollout pods' memory at their node's allocatable (their HostOOM
     # rung; pod_memory_at_allocatable is the training side's).
     rollout_pod_memory_at_allocatable: bool = False
@@ -85,6 +82,9 @@ class Geometry:
     allow_precision_change: bool = False  # spec.restartPolicy.allowPrecisionChange
     # actor.logprob_chunk_tokens: the operator renders none, so the trainer's default.
     logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+    # spec.data.maxImagesPerPrompt: the most images a prompt has (the trainer drops or
+    # refuses rows with more when it loads the data).
+    max_images_per_prompt: int = 1
     # spec.rollout.placement disaggregated: the rollout side (None: colocated, every GPU
     # generates and trains).
     rollout: RolloutSide | None = None

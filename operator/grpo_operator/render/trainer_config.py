@@ -104,6 +104,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
             "image_max_pixels": spec.data.max_pixels,
             "image_min_pixels": min(spec.data.max_pixels, 4 * 28 * 28),
             "overlong_prompts": spec.data.overlong_prompts,
+            "max_images_per_prompt": spec.data.max_images_per_prompt,
         },
         "rollout": {
             "engine": g.rollout_engine,

@@ -37,6 +37,8 @@ def vllm_config(cfg: Config, hf_config: Any, compute_dtype: torch.dtype, tokens:
         seed=cfg.rollout.seed,
         enable_sleep_mode=sleep,
         trust_remote_code=cfg.model.trust_remote_code,
+        # The most images a loaded prompt has (the driver's sized_for_images).
+        max_images_per_prompt=cfg.data.max_images_per_prompt,
         lora_rank=lora_rank,
         image_bounds=tokens.encoder.bounds,
     )

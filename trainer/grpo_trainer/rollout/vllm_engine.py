@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from grpo_api.trainer_config import LoraConfig
+from grpo_api.trainer_config import MAX_IMAGES_PER_PROMPT, LoraConfig
 
 from ..images import PixelBounds
 from ..lora.vllm_adapter import AdapterSlot
@@ -78,7 +78,8 @@ class VLLMEngineConfig:
     seed: int
     enable_sleep_mode: bool
     trust_remote_code: bool = False
-    max_images_per_prompt: int = 4
+    # vLLM's limit_mm_per_prompt for images: the data's most (data.max_images_per_prompt).
+    max_images_per_prompt: int = MAX_IMAGES_PER_PROMPT
     # LoRA (actor.lora): the adapter rank; 0 without LoRA. The engine then serves the
     # base from the model path plus the adapter sent at each sync (load_adapter).
     lora_rank: int = 0
@@ -96,6 +97,35 @@ def kv_cache_bytes(hf_config: Any, dtype: torch.dtype, tokens: int, tp: int) -> 
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_token = 2 * int(text.num_hidden_layers) * max(1, kv_heads // tp) * head_dim * itemsize
     return int(per_token * tokens * 1.25) + (16 << 20)
+
+
+# The process environment every engine gets before vLLM is imported (VLLMEngine: the
+# colocated ranks' and the engines apart alike; vLLM reads it lazily, and caches it only
+# once an engine core has started, vllm/envs.py enable_envs_cache).
+VLLM_ENV = {
+    # Deterministic, in-process engine core: the external launcher requires it, and
+    # weight reloads then reach the model object without serialising tensors.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+# Chosen here unless the pod's env (spec.pods) chose otherwise: what a user tries on purpose.
+VLLM_ENV_DEFAULTS = {
+    # The V1 model runner, on purpose. Unset, vLLM 0.32 picks Model Runner V2 wherever
+    # Triton works (vllm/config/vllm.py, VllmConfig.use_v2_model_runner: the env var
+    # first, then HAS_TRITON, then V2's unsupported features), i.e. on every GPU, and V1
+    # on the CPU build, whose Triton has no CPU backend (triton_utils/importing.py; V2's
+    # sampler is Triton kernels, v1/worker/gpu/sample/gumbel.py). The vLLM test tier runs
+    # V1 only, so the GPU would otherwise sample, score and reload weights on a runner no
+    # test ran (vLLM calls V2 experimental: v1/worker/gpu/README.md); none of V2's own
+    # features (context-parallel prefill, DSpark, HiSparse, watermarks) is used here.
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
+}
+
+
+def set_vllm_env() -> None:
+    """``VLLM_ENV`` and ``VLLM_ENV_DEFAULTS`` into this process's environment."""
+    for name, value in VLLM_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    os.environ.update(VLLM_ENV)
 
 
 def _distributed_env() -> None:
@@ -187,9 +217,7 @@ class VLLMEngine:
         import torch.distributed as dist
 
         trainer_local_rank = os.environ.get("LOCAL_RANK")  # vLLM's only while it starts
-        # Deterministic, in-process engine core: the external launcher requires it, and
-        # weight reloads then reach the model object without serialising tensors.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        set_vllm_env()
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -298,15 +326,15 @@ class VLLMEngine:
             result.append(gens)
         return result
 
-    def score(
-        self, prompts: list[EncodedPrompt], responses: list[list[int]], temperature: float = 1.0
-    ) -> list[torch.Tensor]:
-        """vLLM's log-probs of given response tokens after each prompt (weight-sync checks)."""
+    def score(self, prompts: list[EncodedPrompt], responses: list[list[int]]) -> list[torch.Tensor]:
+        """vLLM's log-probs of given response tokens after each prompt (weight-sync checks),
+        at temperature 1: they are prompt log-probs, which skip the sampling processors
+        whatever the request's temperature (vLLM 0.32 ``GPUModelRunner.
+        _get_prompt_logprobs_dict``: ``compute_logprobs`` of the raw logits, "processed_*
+        and raw_* yield the same scores here"). Compare them with the actor's at 1."""
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            max_tokens=1, temperature=temperature, prompt_logprobs=0, logprobs=0
-        )
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, logprobs=0)
         outputs = self.llm.generate(
             _inputs(prompts, responses), params, use_tqdm=False, lora_request=self._lora_request()
         )

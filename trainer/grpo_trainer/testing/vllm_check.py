@@ -110,12 +110,11 @@ def rollout_update_sync_on_discarded_weights(
     Adds vLLM's own account of the first reload: the parameters it names as "not loaded"
     (the log-probs alone barely see a tiny vision tower's weights)."""
     import logging
-    import os
-
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # as VLLMEngine sets it, before vLLM
-    from vllm.model_executor.model_loader.reload import inplace
 
     from grpo_trainer.rollout import vllm_engine
+
+    vllm_engine.set_vllm_env()  # as VLLMEngine sets it, before vLLM
+    from vllm.model_executor.model_loader.reload import inplace
 
     real = vllm_engine.engine_kwargs
 
