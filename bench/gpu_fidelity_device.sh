@@ -4,9 +4,10 @@
 #   bench/gpu_fidelity_device.sh fetch   here, once: the pure-Python wheels the GPU machine
 #                                        lacks, for its Python 3.12, into .whl/ (git-ignored)
 #   bench/gpu_fidelity_device.sh run     there, with .whl carried: installs them, prints the
-#                                        card and driver, runs every case under a time limit
-#                                        and leaves gpu_fidelity.json, .log and nvidia-smi.txt
-#                                        in $OUT
+#                                        card and driver, runs the first checks
+#                                        (gpu_first_checks.py), then every case under a time
+#                                        limit, and leaves first_checks.json, gpu_fidelity.json,
+#                                        their .log and nvidia-smi.txt in $OUT
 #
 # That machine has torch, transformers, PyYAML and Jinja2 but no pydantic, Ray or vLLM, and
 # no network. The versions are the GPU trainer image's lock, so the planner and the trainer
@@ -44,10 +45,14 @@ run() {
     python3 -c 'import sys, torch, transformers, pydantic; print("python", sys.version.split()[0],
         "torch", torch.__version__, "cuda", torch.version.cuda, "transformers",
         transformers.__version__, "pydantic", pydantic.VERSION)' | tee -a "$OUT/nvidia-smi.txt"
+    # First the checks only a GPU can make (the packed mask's alignment, a text-only
+    # micro-batch beside an image one, vLLM's runner): under a minute.
+    timeout -k 10 "${FIRST_CHECKS_TIMEOUT_S:-90}" python3 bench/gpu_first_checks.py \
+        --out "$OUT/first_checks.json" 2>&1 | tee "$OUT/first_checks.log"
     # The bench starts no case after --budget-s; the hard limit leaves the device call's
-    # 540 s (timeout_s) room for the install and the copy back.
-    timeout -k 10 "${FIDELITY_TIMEOUT_S:-480}" python3 bench/gpu_fidelity.py \
-        --budget-s "${FIDELITY_BUDGET_S:-400}" --out "$OUT/gpu_fidelity.json" "$@" 2>&1 \
+    # 540 s (timeout_s) room for the first checks, the install and the copy back.
+    timeout -k 10 "${FIDELITY_TIMEOUT_S:-390}" python3 bench/gpu_fidelity.py \
+        --budget-s "${FIDELITY_BUDGET_S:-320}" --out "$OUT/gpu_fidelity.json" "$@" 2>&1 \
         | tee "$OUT/gpu_fidelity.log"
 }
 

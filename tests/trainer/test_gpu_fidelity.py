@@ -72,3 +72,24 @@ def test_cpu_smoke_run_measures_every_mode_and_writes_the_report(tmp_path: Path)
         assert rate["tokens_per_s"] > 0 and rate["tflops"] > 0, (name, rate)
         assert rate["peak_tflops"] == 989.4  # planned for an H100 on the CPU
         assert "tokens/s" in proc.stdout and "RSS peak" in proc.stdout
+
+
+def test_first_checks_cpu_smoke_run(tmp_path: Path) -> None:
+    """bench/gpu_first_checks.py, which a lent GPU runs before the cases: on a CPU the
+    collated mask is aligned, the actor's tower runs in every forward and the text-only
+    log-probs equal the unsharded model's, and the runner check answers."""
+    out = tmp_path / "first.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_first_checks.py"), "--device", "cpu",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    report = json.loads(out.read_text())
+    collated = report["mask-alignment"]["collation"]
+    assert collated["shape"][-1] % 8 == 0 and collated["raw_width"] % 8 != 0
+    mixed = report["text-beside-image"]
+    assert mixed["tower_passes"] == mixed["expected_tower_passes"]
+    assert mixed["text_logp_gap_vs_unsharded"] == 0.0
+    assert report["vllm-runner"]["ok"] is True  # vLLM is installed on the CPU tiers
+    assert proc.stdout.count("first-check ") == 3

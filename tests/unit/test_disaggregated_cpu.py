@@ -86,7 +86,7 @@ def test_a_colocated_cpu_job_s_head_carries_no_side_label() -> None:
      "rollout.disaggregated.gpuType: L40S-48GB beside resources.gpu cpu"),
     ({"disaggregated": {}}, "rollout.disaggregated.nodes: required for a cpu job"),
     ({"disaggregated": {"nodes": 1, "tensorParallelSize": 2}},
-     "rollout.disaggregated.tensorParallelSize: 2 on cpu"),
+     "rollout.disaggregated.tensorParallelSize: 2; a rollout engine apart"),
 ])
 def test_a_cpu_job_s_rollout_side_is_refused_naming_the_field(
         change: dict[str, Any], found: str) -> None:

@@ -99,8 +99,9 @@ def test_the_training_gpus_carry_no_vllm_term() -> None:
     ({"disaggregated": {"nodes": 1}}, {},
      "rollout.disaggregated: set but placement is colocated"),
     ({"placement": "disaggregated", "disaggregated": {"gpusPerNode": 8,
-                                                      "tensorParallelSize": 3}}, {"nodes": 2},
-     "disaggregated.tensorParallelSize: 3 does not divide gpusPerNode 8"),
+                                                      "tensorParallelSize": 2}}, {"nodes": 2},
+     "rollout.disaggregated.tensorParallelSize: 2; a rollout engine apart (placement "
+     "disaggregated) runs vLLM at tensor parallel 1"),
     ({"placement": "disaggregated", "engine": "hf", "disaggregated": {"nodes": 1}}, {},
      "rollout.engine: hf with placement disaggregated"),
     ({"placement": "disaggregated", "disaggregated": {"gpuType": "L40S-48GB"}}, {"nodes": 2},
@@ -159,19 +160,26 @@ def test_the_split_balances_generation_against_the_update_by_hand() -> None:
     assert sync_best.step_s > sync_best.colocated_step_s
 
 
-def test_the_split_gives_the_training_side_what_it_needs_to_fit() -> None:
-    """The 72B on 3 x 8 A100-40GB: the fastest split (2 generate, 1 trains) leaves the
-    update 8 GPUs, too few to hold 72B's state even offloaded; the planner takes the next
-    (1 generates, 2 train) and says why. Both are slower than colocated here: it says so."""
+def test_a_rollout_gpu_that_cannot_hold_the_model_is_never_given_a_larger_tp() -> None:
+    """The 72B (bf16 weights ~137 GiB) on 3 x 8 A100-40GB: an engine apart is one vLLM
+    process at tensor parallel 1 (grpo_api.trainer_config.ENGINE_APART_TENSOR_PARALLEL), so
+    no split fits, where the planner once sharded each engine over 4 GPUs; the refusal
+    names the limit and placement colocated as the way out."""
     spec = spec_with({"placement": "disaggregated", "disaggregated": {}}, nodes=3,
                      gpu="A100-40GB")
     spec["model"] = {"path": "Qwen/Qwen2.5-VL-72B-Instruct"}
+    with pytest.raises(InfeasibleError) as err:
+        plan_memory(parse_spec(spec))
+    assert "placement colocated, if one rollout GPU cannot hold the model: an engine apart " \
+           "runs vLLM at tensor parallel 1" in str(err.value)
+    # The same model on B200s, which hold it whole: planned, at TP 1, one engine a GPU.
+    spec["resources"] = {**spec["resources"], "gpu": "B200-180GB"}
     plan = plan_memory(parse_spec(spec))
-    assert plan.geometry.rollout is not None
-    assert (plan.geometry.rollout.nodes, plan.geometry.nodes) == (1, 2)
+    rb = plan.budget.rollout_side
+    assert rb is not None and plan.geometry.rollout is not None
+    assert (rb.tensor_parallel, rb.engines_per_node) == (1, plan.geometry.rollout.gpus_per_node)
     reason = next(d for d in plan.decisions if d.knob == "rollout side").reason
-    assert "the faster 2:1 split leaves the training side too few GPUs to fit" in reason
-    assert "slower than colocated" in reason
+    assert "vLLM engines of TP 1 (an engine apart is one vLLM process" in reason
 
 
 def test_a_split_whose_ranks_do_not_divide_the_batch_is_passed_over() -> None:

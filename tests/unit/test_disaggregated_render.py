@@ -80,18 +80,18 @@ def test_the_rollout_pods_get_the_jobs_fabric_devices() -> None:
 
 
 def test_the_trainer_config_says_where_the_engines_run() -> None:
-    spec = parse_spec(disaggregated(tensorParallelSize=2))
+    spec = parse_spec(disaggregated(tensorParallelSize=1))
     plan = plan_memory(spec)
     raw = trainer_config(spec, plan, JOB)
     assert plan.rollout is not None
     assert raw["rollout"]["placement"] == "disaggregated"
     assert raw["rollout"]["max_staleness"] == 1
-    assert raw["rollout"]["tensor_parallel_size"] == 2
-    assert raw["rollout"]["disaggregated"] == {
-        "nodes": 2, "engines_per_node": 4, "gpus_per_engine": 2,
-        "cpus_per_engine": round(plan.rollout.cpus / 4, 3)}
+    assert raw["rollout"]["tensor_parallel_size"] == 1  # an engine apart is one process
+    assert raw["rollout"]["disaggregated"] == {  # one engine per L40S of its 8 a node
+        "nodes": 2, "engines_per_node": 8, "gpus_per_engine": 1,
+        "cpus_per_engine": round(plan.rollout.cpus / 8, 3)}
     cfg = Config.model_validate(raw)
-    assert cfg.rollout.disaggregated is not None and cfg.rollout.disaggregated.engines == 8
+    assert cfg.rollout.disaggregated is not None and cfg.rollout.disaggregated.engines == 16
     assert raw["resources"]["num_workers"] == 8  # the training side's ranks only
 
 
@@ -139,25 +139,23 @@ def test_a_lost_rollout_pod_does_not_end_the_attempt() -> None:
 
 
 def test_a_rollout_side_cuda_oom_remediates_the_rollout_side_only() -> None:
-    """Lower vLLM's share of the rollout GPU, then a larger TP there; the training
-    side's settings and pods never change, and the training ladder is never tried."""
+    """Lower vLLM's share of the rollout GPU, and nothing more: never a larger TP there
+    (an engine apart is one vLLM process), never the training ladder; the training side's
+    settings and pods never change."""
     plan = plan_memory(parse_spec(disaggregated()))
     first = next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)
     assert first is not None and first.rungs == ("lower rollout-side GPU memory utilisation",)
     assert first.settings.rollout_gpu_memory_utilization == 0.80
-    second = next_safer_plan(first, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)
-    assert second is not None and second.rungs[-1] == "raise rollout-side tensor parallel"
-    assert second.budget.rollout_side is not None
-    assert (second.budget.rollout_side.tensor_parallel,
-            second.budget.rollout_side.engines_per_node) == (2, 4)
-    for safer in (first, second):
-        assert safer.worker == plan.worker and safer.budget.gpu_phases == plan.budget.gpu_phases
-        for knob in ("gradient_checkpointing", "micro_batch_tokens", "offload_optimizer",
-                     "offload_params", "precision"):
-            assert getattr(safer.settings, knob) == getattr(plan.settings, knob)
-    # A kv_cache failure at the engine's start: more GPUs per engine at once.
-    kv = next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE)
-    assert kv is not None and kv.rungs == ("raise rollout-side tensor parallel",)
+    assert first.budget.rollout_side is not None
+    assert first.budget.rollout_side.tensor_parallel == 1
+    assert first.worker == plan.worker and first.budget.gpu_phases == plan.budget.gpu_phases
+    for knob in ("gradient_checkpointing", "micro_batch_tokens", "offload_optimizer",
+                 "offload_params", "precision"):
+        assert getattr(first.settings, knob) == getattr(plan.settings, knob)
+    # Nothing left on the rollout side's GPU ladder; a kv_cache failure at the engine's
+    # start has none (a larger TP would be the only relief).
+    assert next_safer_plan(first, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT) is None
+    assert next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE) is None
     # The same replayed from the attempts (what the next attempt's plan is).
     attempts = [{"outcome": "HostOOM", "remediation": "x", "failedSide": "rollout"}]
     host = planned(parse_spec(disaggregated()), attempts)

@@ -83,15 +83,15 @@ def test_each_side_is_placed_by_its_label_and_colocated_by_none() -> None:
     assert exclusion_selector([], {RAY_SIDE_LABEL: "rollout"}) == {RAY_SIDE_LABEL: "rollout"}
 
 
-def test_tensor_parallel_engines_apart_need_that_many_gpus_each() -> None:
+def test_tensor_parallel_engines_apart_are_refused() -> None:
+    """An engine apart is one vLLM process (test_engine_apart.py says why), whatever
+    GPUs it is given."""
     assert _cfg(engine="vllm").rollout.engine == "vllm"  # one process per engine: fine
-    ok = _cfg(engine="vllm", tensor_parallel_size=2,
-              disaggregated={"engines_per_node": 2, "gpus_per_engine": 2})
-    assert ok.rollout.tensor_parallel_size == 2  # need not divide resources.num_workers
-    with pytest.raises(ValidationError) as err:
-        _cfg(engine="vllm", tensor_parallel_size=2)
-    assert "rollout.disaggregated.gpus_per_engine" in str(err.value)
-    assert "rollout.tensor_parallel_size (2)" in str(err.value)
+    for gpus in (1, 2):
+        with pytest.raises(ValidationError) as err:
+            _cfg(engine="vllm", tensor_parallel_size=2,
+                 disaggregated={"engines_per_node": 2, "gpus_per_engine": gpus})
+        assert "rollout.tensor_parallel_size: 2; a rollout engine apart" in str(err.value)
 
 
 def test_engines_that_cannot_share_the_prompts_evenly_are_refused() -> None:

@@ -29,9 +29,8 @@ pytestmark = pytest.mark.unit
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("grpojob-*.yaml"))
 # Settings fields that are not knobs: the HostOOM ladder's own switch.
 # Remediation state, not settings a spec pins or the trainer reads: the pods' memory at
-# allocatable (each side's) and a raised rollout-side TP (the trainer gets the Budget's).
-NOT_KNOBS = {"pod_memory_at_allocatable", "rollout_pod_memory_at_allocatable",
-             "rollout_side_tensor_parallel"}
+# allocatable (each side's).
+NOT_KNOBS = {"pod_memory_at_allocatable", "rollout_pod_memory_at_allocatable"}
 
 
 def aliases(model: type[BaseModel]) -> dict[str, str]:

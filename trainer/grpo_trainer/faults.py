@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 # leak_host: every rank keeps a few MiB more per step (the memory watchdog's test).
 # slow_rollout: every rank sleeps SLOW_ROLLOUT_S at the start of step n's rollout (a signal
 #   sent meanwhile lands inside a rollout; the run's results do not change).
+# engine_exit_mid_push: the last disaggregated rollout engine's process dies (os._exit)
+#   inside the weight push of policy n, after its first tensor; its replacement does not.
 FAULT_KINDS = ("cuda_oom", "worker_exit", "driver_cuda_oom", "host_oom", "leak_host",
-               "slow_rollout")
+               "slow_rollout", "engine_exit_mid_push")
 SLOW_ROLLOUT_S = 5.0
 
 

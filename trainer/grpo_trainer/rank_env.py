@@ -11,6 +11,15 @@ vLLM, so it goes into the rank actor's Ray ``runtime_env`` (the driver sets it).
 - vLLM's FlashInfer and symmetric-memory switches off (rollout/collectives.py says why).
 - On the first attempt, NCCL's INIT/NET lines to a file of the rank's own, which the
   rank reads after its first collective to report the transport NCCL chose (nccl_log.py).
+
+Disaggregated rollout engines (rollout/engine_actor.py) on GPUs get the same environment
+from the same source (``engine_env``: the vLLM switches, and the NCCL report of the weight
+group, read after their first push), except NOSET: an engine apart runs vLLM's in-process
+executor (TP 1, the only size apart), which binds ``cuda:<device index>`` where the index
+is that of ``device_config.device``, and vLLM reduces that to a bare ``cuda`` (vLLM 0.32:
+``v1/executor/uniproc_executor.py`` ``_distributed_args``, ``config/device.py``
+``__post_init__``): an engine that saw every GPU of its node would run on GPU 0 whatever
+Ray reserved for it. Under Ray's mask its one GPU is GPU 0.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from grpo_api.trainer_config import ResourcesConfig
+from grpo_api.trainer_config import Config, ResourcesConfig
 
 from .nccl_log import parse_transport, summary
 from .rollout.collectives import VLLM_SWITCHES_OFF
@@ -47,19 +56,46 @@ def reports_transport(attempt: int) -> bool:
     return attempt == 0
 
 
-def rank_env(res: ResourcesConfig, attempt: int,
-             inherited: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The env of a rank actor's process. CPU ranks (gloo, no vLLM CUDA paths) need
-    none. A name the pod's env already sets (spec.pods, the operator's Hang attempt's
-    NCCL_DEBUG) keeps its value, except NCCL_DEBUG_FILE, without which the report
-    cannot be read."""
-    if not res.trains_on_cuda:
-        return {}
-    env = {NOSET_CUDA: "1", **VLLM_SWITCHES_OFF}
+def _cuda_env(attempt: int, inherited: Mapping[str, str] | None, *, noset_cuda: bool
+              ) -> dict[str, str]:
+    """What a CUDA process of the job runs with (a rank's, an engine's). A name the
+    pod's env already sets (spec.pods, the operator's Hang attempt's NCCL_DEBUG) keeps
+    its value, except NCCL_DEBUG_FILE, without which the report cannot be read."""
+    env = {NOSET_CUDA: "1"} if noset_cuda else {}
+    env |= VLLM_SWITCHES_OFF
     if reports_transport(attempt):
         env |= NCCL_REPORT_ENV
     inherited = os.environ if inherited is None else inherited
     return {k: v for k, v in env.items() if k not in inherited or k == "NCCL_DEBUG_FILE"}
+
+
+def rank_env(res: ResourcesConfig, attempt: int,
+             inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The env of a rank actor's process. CPU ranks (gloo, no vLLM CUDA paths) need
+    none."""
+    if not res.trains_on_cuda:
+        return {}
+    return _cuda_env(attempt, inherited, noset_cuda=True)
+
+
+def engine_on_cuda(cfg: Config) -> bool:
+    """Whether the engines apart generate on GPUs (not: test clusters' fake GPUs)."""
+    dis = cfg.rollout.disaggregated
+    return dis is not None and dis.gpus_per_engine > 0 and not cfg.resources.fake_gpus
+
+
+def engine_env(cfg: Config, attempt: int,
+               inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The env of a disaggregated rollout engine's process: a rank's, without NOSET
+    (the module's docstring says why); none for engines on the host."""
+    if not engine_on_cuda(cfg):
+        return {}
+    return _cuda_env(attempt, inherited, noset_cuda=False)
+
+
+def runtime_env(env: Mapping[str, str]) -> dict[str, object]:
+    """``.options(...)`` giving an actor's process ``env`` (nothing when empty)."""
+    return {"runtime_env": {"env_vars": dict(env)}} if env else {}
 
 
 def own_nccl_log(pid: int | None = None, log_dir: str = NCCL_LOG_DIR) -> list[str]:
@@ -81,11 +117,17 @@ def first_collective(device: torch.device) -> dict[str, object] | None:
         return None
     dist.all_reduce(torch.ones(1, device=device))
     torch.cuda.synchronize(device)
+    return report_transport(f"rank {dist.get_rank()}")
+
+
+def report_transport(who: str) -> dict[str, object] | None:
+    """The transport NCCL chose, from this process's INIT/NET lines (once a
+    communicator was built), logged as ``who``'s; None when not logged."""
     lines = own_nccl_log()
     if not lines:
         return None
     transport = parse_transport(lines)
     for line in transport.lines:
-        log.info("rank %d: %s", dist.get_rank(), line)
-    log.info("rank %d: %s", dist.get_rank(), summary(transport))
+        log.info("%s: %s", who, line)
+    log.info("%s: %s", who, summary(transport))
     return transport.to_dict()

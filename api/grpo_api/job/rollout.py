@@ -9,7 +9,11 @@ from typing import Literal, Self
 from pydantic import ConfigDict, Field, model_validator
 
 from ..catalog import CPU_GPU_TYPE
-from ..trainer_config import RolloutPlacement
+from ..trainer_config import (
+    ENGINE_APART_TENSOR_PARALLEL,
+    RolloutPlacement,
+    engine_apart_tp_problem,
+)
 from .base import ApiModel, cel_rule
 from .resources import GpuName, ResourcesSpec
 
@@ -18,10 +22,13 @@ class DisaggregatedSpec(ApiModel):
     """rollout.placement disaggregated: the rollout side, a worker group of its own."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [cel_rule(
-        "!has(self.tensorParallelSize) || !has(self.gpusPerNode) "
-        "|| self.gpusPerNode % self.tensorParallelSize == 0",
-        "rollout.disaggregated.tensorParallelSize must divide gpusPerNode (an engine's "
-        "GPUs are on one node)", ".tensorParallelSize")]})
+        f"!has(self.tensorParallelSize) || self.tensorParallelSize == "
+        f"{ENGINE_APART_TENSOR_PARALLEL}",
+        f"rollout.disaggregated.tensorParallelSize: an engine apart runs vLLM at tensor "
+        f"parallel {ENGINE_APART_TENSOR_PARALLEL} (one process; the weight push cannot "
+        f"reach the workers of a larger one): set {ENGINE_APART_TENSOR_PARALLEL} or unset "
+        "it, with rollout GPUs that hold the model, or set placement colocated",
+        ".tensorParallelSize")]})
 
     gpu_type: GpuName | None = Field(
         None,
@@ -44,19 +51,16 @@ class DisaggregatedSpec(ApiModel):
     )
     tensor_parallel_size: int | None = Field(
         None, ge=1, le=16,
-        description="GPUs of one vLLM engine (tensor parallel); divides gpusPerNode. Unset: "
-        "the smallest that leaves vLLM room for its KV cache on the rollout GPU (planned).",
+        description=f"GPUs of one vLLM engine (tensor parallel): only "
+        f"{ENGINE_APART_TENSOR_PARALLEL}, an engine apart is one vLLM process "
+        "(docs/configuration.md, known limits). Unset: 1.",
     )
 
     @model_validator(mode="after")
-    def _tp_divides_node(self) -> Self:
-        tp, gpn = self.tensor_parallel_size, self.gpus_per_node
-        if tp is not None and gpn is not None and gpn % tp:
-            fits = [d for d in range(1, gpn + 1) if gpn % d == 0]
-            raise ValueError(
-                f"disaggregated.tensorParallelSize: {tp} does not divide gpusPerNode {gpn} "
-                "(an engine's GPUs are on one node); use one of "
-                f"{', '.join(map(str, fits))}, or a gpusPerNode that {tp} divides")
+    def _engine_apart_is_one_process(self) -> Self:
+        if problem := engine_apart_tp_problem("rollout.disaggregated.tensorParallelSize",
+                                              self.tensor_parallel_size):
+            raise ValueError(problem)
         return self
 
 
@@ -147,14 +151,11 @@ def split_problem(rollout: RolloutSpec, r: ResourcesSpec) -> str | None:
 
 
 def cpu_side_problem(rollout: RolloutSpec) -> str | None:
-    """What a cpu job's rollout side lacks, or None: the planner splits GPU nodes only,
-    and a CPU engine (transformers, or vLLM's CPU backend) is one process."""
+    """What a cpu job's rollout side lacks, or None: the planner splits GPU nodes
+    only."""
     dis = rollout.disaggregated
     assert dis is not None
     if dis.nodes is None:
         return ("rollout.disaggregated.nodes: required for a cpu job (the planner splits "
                 "GPU nodes only); set the rollout pods, besides resources.nodes")
-    if dis.tensor_parallel_size not in (None, 1):
-        return (f"rollout.disaggregated.tensorParallelSize: {dis.tensor_parallel_size} on "
-                "cpu; a CPU engine is one process: unset it, or set 1")
     return None

@@ -38,12 +38,6 @@ def rollout_type(spec: GRPOJobSpec, catalog: Mapping[str, GpuType]) -> GpuType:
             f"spec.rollout.disaggregated.gpusPerNode: {gpn} is more than the "
             f"{gpu.gpus_per_node} GPUs a {gpu.name} node has (a rollout pod runs on one "
             f"node); use {gpu.gpus_per_node} or fewer, with more disaggregated.nodes"])
-    tp = dis.tensor_parallel_size
-    if tp is not None and gpn % tp:
-        raise SpecError([
-            f"spec.rollout.disaggregated.tensorParallelSize: {tp} does not divide the "
-            f"{gpn} GPUs of a {gpu.name} rollout node (an engine's GPUs are on one node); "
-            "use a divisor, or set gpusPerNode"])
     return gpu
 
 
@@ -121,7 +115,9 @@ def choose_split(spec: GRPOJobSpec, catalog: Mapping[str, GpuType], shape: Shape
         [f"fastest split: {ranked[0].rollout_nodes} rollout, {ranked[0].train_nodes} "
          "training nodes"] if ranked else [],
         ["raise resources.nodes", "set rollout.disaggregated.nodes (rollout nodes besides "
-         "resources.nodes, which then all train)"])
+         "resources.nodes, which then all train)",
+         "placement colocated, if one rollout GPU cannot hold the model: an engine apart "
+         "runs vLLM at tensor parallel 1"])
 
 
 def side_decisions(geo: Geometry, budget: Budget, pod: PodResources | None,
@@ -145,7 +141,8 @@ def side_decisions(geo: Geometry, budget: Budget, pod: PodResources | None,
             "rollout side",
             f"{side.nodes} x {side.gpus_per_node} {side.gpu}",
             "auto" if split_reason else "spec",
-            f"{where}; vLLM engines of TP {rb.tensor_parallel}, "
+            f"{where}; vLLM engines of TP {rb.tensor_parallel} (an engine apart is one "
+            f"vLLM process, never a larger TP: docs/configuration.md), "
             f"{rb.engines_per_node} per node; maxStaleness {side.max_staleness}",
         ),
         Decision(

@@ -3,14 +3,15 @@ so none of the training ladder's rungs (checkpointing, micro-batch, offload, pre
 can relieve them, and none of them is tried; these act on the rollout side only.
 
 CudaOOM (generation):       lower rollout GPU memory utilisation (vLLM's activations and
-                            sampler get the room) -> raise the rollout side's TP
-CudaOOM (kv_cache at start): raise the rollout side's TP (each GPU holds less of the
-                            weights, more of the cache)
+                            sampler get the room)
+CudaOOM (kv_cache at start): none: an engine apart runs at tensor parallel 1
+                            (grpo_api.trainer_config.ENGINE_APART_TENSOR_PARALLEL), so
+                            no rung gives its GPU less of the weights
 HostOOM/RayOOM:             rollout pod memory to node allocatable
 
 A rung applies once, leaves alone what the spec pinned (memory.
-rolloutGpuMemoryUtilization, rollout.disaggregated.tensorParallelSize), and is kept only
-if the rollout GPU still fits (planner/rollout_side.RolloutBudget.problems).
+rolloutGpuMemoryUtilization), and is kept only if the rollout GPU still fits
+(planner/rollout_side.RolloutBudget.problems).
 """
 
 from __future__ import annotations
@@ -45,16 +46,6 @@ def _lower_utilization(p: Plan) -> Settings | None:
     return replace(p.settings, rollout_gpu_memory_utilization=new)
 
 
-def _raise_tensor_parallel(p: Plan) -> Settings | None:
-    side, rb, shape = p.geometry.rollout, p.budget.rollout_side, p.geometry.shape
-    if side is None or rb is None or side.tensor_parallel is not None:
-        return None
-    tp = rb.tensor_parallel * 2
-    if any(n % tp for n in (side.gpus_per_node, shape.kv_heads, shape.attention_heads)):
-        return None
-    return replace(p.settings, rollout_side_tensor_parallel=tp)
-
-
 def _pod_to_allocatable(p: Plan) -> Settings | None:
     if p.rollout is None or p.settings.rollout_pod_memory_at_allocatable:
         return None
@@ -63,11 +54,8 @@ def _pod_to_allocatable(p: Plan) -> Settings | None:
 
 _CUDA: tuple[tuple[str, Rung], ...] = (
     ("lower rollout-side GPU memory utilisation", _lower_utilization),
-    ("raise rollout-side tensor parallel", _raise_tensor_parallel),
 )
-_KV_CACHE: tuple[tuple[str, Rung], ...] = (
-    ("raise rollout-side tensor parallel", _raise_tensor_parallel),
-)
+_KV_CACHE: tuple[tuple[str, Rung], ...] = ()
 _HOST: tuple[tuple[str, Rung], ...] = (
     ("rollout pod memory to node allocatable", _pod_to_allocatable),
 )

@@ -2,18 +2,20 @@
 nodes and GPUs, and the memory of its GPUs.
 
 A colocated job's GPUs hold the actor and, during rollout, vLLM within the share the
-actor leaves (budget.py). Disaggregated, vLLM owns the rollout GPUs: its weights (at
-the side's tensor parallel), its KV cache and its activation profile and CUDA graphs,
-all within rollout.gpu_memory_utilization x the rollout GPU; the training GPUs carry no
-vLLM term at all, and the rollout nodes' hosts no sleep-mode copies (vLLM never sleeps
-there).
+actor leaves (budget.py). Disaggregated, vLLM owns the rollout GPUs: its weights (whole:
+an engine apart runs at tensor parallel 1, grpo_api.trainer_config.
+ENGINE_APART_TENSOR_PARALLEL says why), its KV cache and its activation profile and CUDA
+graphs, all within rollout.gpu_memory_utilization x the rollout GPU; the training GPUs
+carry no vLLM term at all, and the rollout nodes' hosts no sleep-mode copies (vLLM never
+sleeps there).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .model_shape import Shape
+from grpo_api.trainer_config import ENGINE_APART_TENSOR_PARALLEL
+
 from .units import GIB
 
 
@@ -29,7 +31,7 @@ class RolloutSide:
     node_gpus: int  # GPUs a node of this type has (the catalog's)
     host_memory_gib: float
     cpus_per_node: int
-    # spec.rollout.disaggregated.tensorParallelSize; None: planned (smallest that fits).
+    # spec.rollout.disaggregated.tensorParallelSize (None or 1: the API refuses others).
     tensor_parallel: int | None
     max_staleness: int
     nodes_reason: str = "spec.rollout.disaggregated.nodes"
@@ -83,7 +85,10 @@ class RolloutBudget:
             out.append(
                 f"vLLM on the rollout side ({self.gpu}) needs rolloutGpuMemoryUtilization >= "
                 f"{self.min_utilization:.2f} (weights / TP {self.tensor_parallel} + overhead + "
-                f"one max-length sequence of KV cache) but {self.utilization:.2f} is set")
+                f"one max-length sequence of KV cache) but {self.utilization:.2f} is set"
+                + (f"; no utilisation fits: an engine apart runs at tensor parallel "
+                   f"{self.tensor_parallel}, so choose a rollout gpuType with more memory, "
+                   "or placement colocated" if self.min_utilization >= 1 else ""))
         if self.host_capacity_gib and self.peak_host_gib > self.host_capacity_gib:
             out.append(
                 f"rollout node host peak {self.peak_host_gib:.1f} GiB > "
@@ -91,34 +96,18 @@ class RolloutBudget:
         return out
 
 
-def side_tensor_parallel(shape: Shape, side: RolloutSide, vllm_budget_gib: float,
-                         weights_gib: float) -> int:
-    """The spec's TP, or the smallest (a power of two dividing the node's GPUs and the
-    heads) whose weight slice leaves at least 40% of vLLM's budget for KV cache, as
-    colocated (budget.rollout_tensor_parallel)."""
-    if side.tensor_parallel is not None:
-        return side.tensor_parallel
-    tp = 1
-    while weights_gib / tp > 0.6 * vllm_budget_gib and all(
-            n % (tp * 2) == 0 for n in (side.gpus_per_node, shape.kv_heads,
-                                        shape.attention_heads)):
-        tp *= 2
-    return tp
-
-
-def rollout_budget(shape: Shape, side: RolloutSide, utilization: float, weights_gib: float,
+def rollout_budget(side: RolloutSide, utilization: float, weights_gib: float,
                    kv_bytes_per_token: float, sequence_length: int, *, usable: float,
-                   margin_gib: float, overhead_gib: float,
-                   tensor_parallel: int | None = None) -> RolloutBudget:
-    """One rollout GPU's memory: vLLM takes `utilization` x the card (its weights slice,
+                   margin_gib: float, overhead_gib: float) -> RolloutBudget:
+    """One rollout GPU's memory: vLLM takes `utilization` x the card (its weights,
     its activation profile and CUDA graphs, `overhead_gib`, and the KV cache in the
     rest: vLLM sizes the cache to fill its share). The minimum utilisation holds one
     max-length sequence of KV cache. budget.compute_budget passes its constants in (this
-    module imports nothing of it, so budget.py can import this one). `tensor_parallel`:
-    a remediation's TP, over the spec's or the planned one."""
+    module imports nothing of it, so budget.py can import this one). One engine per GPU:
+    never a larger tensor parallel, whatever the model (ENGINE_APART_TENSOR_PARALLEL)."""
     cap = side.gpu_memory_gib
     vllm = utilization * cap
-    tp = tensor_parallel or side_tensor_parallel(shape, side, vllm, weights_gib)
+    tp = ENGINE_APART_TENSOR_PARALLEL
     need = weights_gib / tp + overhead_gib
     min_kv = sequence_length * kv_bytes_per_token / tp / GIB
     return RolloutBudget(
@@ -140,6 +129,7 @@ def cpu_rollout_budget(side: RolloutSide) -> RolloutBudget:
     """A cpu job's rollout side: no GPU, so no GPU term; one engine process per "GPU"
     (spec.rollout.disaggregated.gpusPerNode), TP 1. Its host terms are budget.rollout_host's."""
     return RolloutBudget(
-        gpu=side.gpu, terms={}, gpu_capacity_gib=0.0, gpu_margin_gib=0.0, tensor_parallel=1,
+        gpu=side.gpu, terms={}, gpu_capacity_gib=0.0, gpu_margin_gib=0.0,
+        tensor_parallel=ENGINE_APART_TENSOR_PARALLEL,
         engines_per_node=side.gpus_per_node, utilization=0.0, min_utilization=0.0,
         kv_cache_gib=0.0)

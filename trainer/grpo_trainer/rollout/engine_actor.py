@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -21,11 +22,21 @@ from grpo_api.trainer_config import Config
 
 from ..data import Record, overlong
 from ..errors import rank_phase
+from ..faults import parse_fault
+from ..rank_env import NCCL_LOG_DIR, engine_on_cuda, report_transport
 from ..samples import Sample, load_rollout_tokens, summary
 from .base import RolloutEngine
 from .hf import HFGenerateEngine
 from .sampling import greedy_spec, to_samples, training_spec
-from .weight_bus import WeightGroupSpec, group_device, join_group, receive_weights, released
+from .weight_bus import (
+    PUSH_TIMEOUT_MIN_S,
+    WeightGroupSpec,
+    abandon,
+    group_device,
+    join_group,
+    receive_weights,
+    released,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +44,7 @@ log = logging.getLogger(__name__)
 def engine_device(cfg: Config) -> torch.device:
     """An engine given GPUs generates on its (first) GPU; test clusters' fake GPUs and
     engines without GPUs on the host."""
-    dis = cfg.rollout.disaggregated
-    if dis is None or dis.gpus_per_engine <= 0 or cfg.resources.fake_gpus:
+    if not engine_on_cuda(cfg):
         return torch.device("cpu")
     import ray
 
@@ -46,14 +56,20 @@ def engine_device(cfg: Config) -> torch.device:
 
 class EngineWorker:
     """Engine ``index`` of ``rollout.disaggregated.engines``: samples as rank ``index``
-    would (the same seeds), with the weights it was last sent."""
+    would (the same seeds), with the weights it was last sent. ``incarnation``: how
+    many times the engine was started again before this one (engine_group.py)."""
 
-    def __init__(self, cfg: Config, index: int) -> None:
+    def __init__(self, cfg: Config, index: int, incarnation: int = 0) -> None:
         self.cfg = cfg
         self.index = index
+        self.incarnation = incarnation
         self.version: int | None = None  # None: no complete weights received yet
         self.pg: Any = None
+        self.timeout_min_s = PUSH_TIMEOUT_MIN_S
+        self.reported = False  # the NCCL transport to rank 0, logged once
         dis = cfg.rollout.disaggregated
+        if engine_on_cuda(cfg):  # NCCL_DEBUG_FILE's directory (rank_env.engine_env)
+            os.makedirs(NCCL_LOG_DIR, exist_ok=True)
         # As many threads as the engine has CPUs: a colocated rank generates with its own
         # (cpus_per_worker); equal counts sample equal numbers on the CPU.
         torch.set_num_threads(max(1, int(dis.cpus_per_engine if dis else 1)))
@@ -83,9 +99,10 @@ class EngineWorker:
                 "device": str(self.device)}
 
     def _vllm(self, dtype: torch.dtype) -> RolloutEngine:
-        """vLLM over this engine's own GPUs (rollout.tensor_parallel_size of them, vLLM's
-        own executor when more than one), never asleep: nothing else uses them. The full
-        weights arrive after every update (LoRA's merged into them), so no adapter slot."""
+        """vLLM on this engine's GPU, in this process (TP 1: the config refuses more,
+        grpo_api.trainer_config.ENGINE_APART_TENSOR_PARALLEL), never asleep: nothing else
+        uses it. The full weights arrive after every update (LoRA's merged into them), so
+        no adapter slot."""
         from transformers import AutoConfig
 
         from .build import vllm_config
@@ -108,6 +125,7 @@ class EngineWorker:
         released()
         self.pg = join_group(spec, self.index + 1)
         self.bus_device = group_device(spec.backend)
+        self.timeout_min_s = spec.push_timeout_min_s
 
     def receive_weights(self, version: int) -> dict[str, Any]:
         """Load the weights rank 0 broadcasts; from now on samples are ``version``'s. A
@@ -116,17 +134,39 @@ class EngineWorker:
         self.version = None
         error = ""
         try:
+            stream = receive_weights(self.pg, self.bus_device, self.timeout_min_s)
             self.engine.load_weights(
-                (name, t.to(self.device)) for name, t in receive_weights(self.pg, self.bus_device))
+                (name, t.to(self.device)) for name, t in self._faulty(stream, version))
         except Exception as err:  # outside this block nothing refers to the group
             error = str(err)[:500] or type(err).__name__  # text: see WeightSender.push
             log.warning("engine %d: the weight broadcast broke off: %s", self.index, error)
         if error:
+            abandon(self.pg, self.bus_device)
             self.pg = None
             released()
             return {"ok": False, "error": error}
         self.version = version
+        if not self.reported and self.bus_device.type == "cuda":
+            # The first push built NCCL's communicator: the transport it chose to rank 0
+            # (the first attempt logs NCCL's INIT/NET lines: rank_env.engine_env).
+            self.reported = True
+            report_transport(f"rollout engine {self.index}")
         return {"ok": True, "version": version}
+
+    def _faulty(self, stream: Iterator[tuple[str, torch.Tensor]], version: int
+                ) -> Iterator[tuple[str, torch.Tensor]]:
+        """``stream``, or, under the ``engine_exit_mid_push`` fault (faults.py), the last
+        engine's first incarnation dying after the first tensor of policy n's push."""
+        fault = parse_fault(self.cfg.trainer.fault_inject)
+        dis = self.cfg.rollout.disaggregated
+        due = (fault == ("engine_exit_mid_push", version) and self.incarnation == 0
+               and dis is not None and self.index == dis.engines - 1)
+        for item in stream:
+            yield item
+            if due:
+                log.error("INJECTED FAULT (GRPO_FAULT_INJECT): engine %d exits mid-push",
+                          self.index)
+                os._exit(1)
 
     @rank_phase(RankPhase.ROLLOUT)
     def generate(self, records: list[Record], step: int

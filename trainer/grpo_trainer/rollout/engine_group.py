@@ -20,6 +20,7 @@ from grpo_api.trainer_config import Config
 
 from ..devices import weight_sync_backend
 from ..placement import Gang, engine_layout, side_labels
+from ..rank_env import engine_env, runtime_env
 from .weight_bus import WeightGroupSpec
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class EngineGroup:
         self.layout = engine_layout(cfg)
         self.size = self.layout.world_size
         self.remote: Any = ray.remote(EngineWorker)
+        # Set before the engine's process loads CUDA, NCCL or vLLM (rank_env.py).
+        self.env = runtime_env(engine_env(cfg, cfg.trainer.attempt))
         self.engines: list[Any] = []
         self.incarnation = [0] * self.size  # bumped at each replacement
         self.restarts = 0
@@ -104,7 +107,8 @@ class EngineGroup:
             for i in self.info))
 
     def _start(self, index: int) -> Any:
-        return self.remote.options(**self.gang.actor_options(index)).remote(self.cfg, index)
+        return self.remote.options(**self.gang.actor_options(index), **self.env).remote(
+            self.cfg, index, self.incarnation[index])
 
     def backend(self) -> str:
         trainer = "cuda" if self.cfg.resources.trains_on_cuda else "cpu"
@@ -131,8 +135,8 @@ class EngineGroup:
             log.warning("rollout engine %d (pid %s) died: starting it again", e,
                         self.info[e].get("pid"))
             ray.kill(self.engines[e], no_restart=True)
-            self.info[e] = self._restart(e)
             self.incarnation[e] += 1
+            self.info[e] = self._restart(e)
             self.restarts += 1
         self._form_group()
         self.version = None
