@@ -50,6 +50,14 @@ def fetch_cli(root: Path, url: str, *args: str) -> subprocess.Popen[bytes]:
                             stderr=subprocess.STDOUT)
 
 
+def _size(path: Path) -> int:
+    """A part file's size; 0 once the fetch has renamed it (listed, then gone)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def test_a_killed_fetch_resumes_and_a_later_attempt_fetches_nothing(tmp_path: Path) -> None:
     source = model_repo(tmp_path / "hub", size=8 * 2**20)
     volume = tmp_path / "volume"
@@ -58,7 +66,7 @@ def test_a_killed_fetch_resumes_and_a_later_attempt_fetches_nothing(tmp_path: Pa
         first = fetch_cli(volume, hub.url, "--model", "acme/tiny-vl")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not any(
-                p.stat().st_size > 2**20 for p in dest.rglob("*.part")):
+                _size(p) > 2**20 for p in dest.rglob("*.part")):
             time.sleep(0.02)
         first.send_signal(signal.SIGKILL)  # the pod dies mid-file
         first.wait()
