@@ -114,16 +114,22 @@ RolloutPlacement = Literal["colocated", "disaggregated"]
 ENGINE_APART_TENSOR_PARALLEL = 1
 
 
+# Why, and what to do instead: the pydantic models', the trainer config's and the CRD's
+# CEL rule's message alike.
+ENGINE_APART_TP_ADVICE = (
+    f"a rollout engine apart (placement disaggregated) runs vLLM at tensor parallel "
+    f"{ENGINE_APART_TENSOR_PARALLEL} (one process; the weight push cannot reach the workers "
+    f"of a larger one): set {ENGINE_APART_TENSOR_PARALLEL} or leave it unset, with rollout "
+    "GPUs that hold the model, or set placement colocated (tensor parallel over the "
+    "training GPUs)")
+
+
 def engine_apart_tp_problem(field: str, tp: int | None) -> str | None:
     """What is wrong with tensor parallel ``tp`` for an engine apart, named as ``field``
     (the spec's or the trainer config's), or None."""
     if tp is None or tp == ENGINE_APART_TENSOR_PARALLEL:
         return None
-    return (f"{field}: {tp}; a rollout engine apart (placement disaggregated) runs vLLM "
-            f"at tensor parallel {ENGINE_APART_TENSOR_PARALLEL} (one process; the weight "
-            "push cannot reach the workers of a larger one): set "
-            f"{ENGINE_APART_TENSOR_PARALLEL} or leave it unset, with rollout GPUs that hold "
-            "the model, or set placement colocated (tensor parallel over the training GPUs)")
+    return f"{field}: {tp}; {ENGINE_APART_TP_ADVICE}"
 
 
 class DisaggregatedRollout(_Strict):

@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field, model_validator
 from ..catalog import CPU_GPU_TYPE
 from ..trainer_config import (
     ENGINE_APART_TENSOR_PARALLEL,
+    ENGINE_APART_TP_ADVICE,
     RolloutPlacement,
     engine_apart_tp_problem,
 )
@@ -24,10 +25,7 @@ class DisaggregatedSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [cel_rule(
         f"!has(self.tensorParallelSize) || self.tensorParallelSize == "
         f"{ENGINE_APART_TENSOR_PARALLEL}",
-        f"rollout.disaggregated.tensorParallelSize: an engine apart runs vLLM at tensor "
-        f"parallel {ENGINE_APART_TENSOR_PARALLEL} (one process; the weight push cannot "
-        f"reach the workers of a larger one): set {ENGINE_APART_TENSOR_PARALLEL} or unset "
-        "it, with rollout GPUs that hold the model, or set placement colocated",
+        f"rollout.disaggregated.tensorParallelSize: {ENGINE_APART_TP_ADVICE}",
         ".tensorParallelSize")]})
 
     gpu_type: GpuName | None = Field(
