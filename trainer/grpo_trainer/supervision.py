@@ -175,7 +175,7 @@ class WorkerGroup:
 
         dead = getattr(err, "actor_id", None)
         ranks = [r for r, w in enumerate(self.workers) if w._actor_id.hex() == dead]
-        targets = [t for t in getattr(self, "targets", []) if t.rank in ranks]
+        targets = [t for t in self.targets if t.rank in ranks]
         files = {t.rank: t.stacks_file for t in targets}
         for found in read_stacks_files(targets) if targets else []:
             crash = fatal_crash(found.text or "")
