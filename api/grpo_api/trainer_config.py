@@ -37,6 +37,22 @@ OverlongPrompts = Literal["drop", "fail"]
 # data up to the setting; the planner, which never sees the data, counts the setting's
 # images per prompt (within the prompt's length: image tokens count in max_prompt_length).
 MAX_IMAGES_PER_PROMPT = 16
+# The lower pixel bound of an image or a video frame (4 merged patches of Qwen's 28 px).
+MIN_PIXELS = 4 * 28 * 28
+# The most videos one prompt may have (data.max_videos_per_prompt, its default 0: a job
+# opts in, as each video's frames cost maxFrames x its pixels in the vision tower).
+MAX_VIDEOS_PER_PROMPT = 4
+# The most frames sampled from one video (data.max_frames; qwen_vl_utils' VIDEO_MAX_FRAMES).
+MAX_FRAMES = 768
+# A row that cannot be read (a missing or corrupt image or video, an empty prompt, no
+# answer): "fail" ends the run naming the file, the row and what is wrong (at load for what
+# the load sees, at draw time for what only decoding finds), "skip" leaves it out and
+# counts it (grpo_trainer.dataset).
+BadRows = Literal["fail", "skip"]
+# When prompt lengths are counted: "eager" once for the whole data at load, in parallel,
+# kept on the checkpoint volume for the next start; "lazy" each prompt when its batch is
+# drawn (grpo_trainer.dataset).
+PromptLengths = Literal["eager", "lazy"]
 
 
 class InitStrategy(StrEnum):
@@ -84,13 +100,25 @@ class DataConfig(_Strict):
     # Qwen's pixel bounds, to which each image is resized once (grpo_trainer.images);
     # neither set: the checkpoint processor's own.
     image_max_pixels: int = Field(default=512 * 28 * 28, gt=0)
-    image_min_pixels: int = Field(default=4 * 28 * 28, gt=0)
+    image_min_pixels: int = Field(default=MIN_PIXELS, gt=0)
     overlong_prompts: OverlongPrompts = "drop"
     # At most this many images a prompt (its images column; <image> markers only place
     # them): a row with more is dropped or refused (overlong_prompts). The driver lowers it
     # to the most any loaded row has, which is what the vLLM engines are sized for.
     max_images_per_prompt: int = Field(default=MAX_IMAGES_PER_PROMPT, ge=1,
                                        le=MAX_IMAGES_PER_PROMPT)
+    video_key: str = "videos"
+    # Videos: frames sampled at video_fps, at most max_frames (an even count: Qwen's
+    # temporal patch is 2 frames), each resized within the video pixel bounds.
+    max_videos_per_prompt: int = Field(default=0, ge=0, le=MAX_VIDEOS_PER_PROMPT)
+    video_fps: float = Field(default=2.0, gt=0, le=60)
+    max_frames: int = Field(default=32, ge=2, le=MAX_FRAMES)
+    video_max_pixels: int = Field(default=128 * 28 * 28, gt=0)
+    video_min_pixels: int = Field(default=MIN_PIXELS, gt=0)
+    bad_rows: BadRows = "fail"
+    prompt_lengths: PromptLengths = "eager"
+    # Processes of the eager length pass; None: the CPUs this process may use.
+    length_workers: int | None = Field(default=None, ge=1, le=256)
 
     @model_validator(mode="after")
     def _pixel_bounds_in_order(self) -> DataConfig:
@@ -98,6 +126,11 @@ class DataConfig(_Strict):
             raise ValueError(
                 f"image_min_pixels {self.image_min_pixels} is more than image_max_pixels "
                 f"{self.image_max_pixels}: every image is resized to between the two"
+            )
+        if self.video_min_pixels > self.video_max_pixels:
+            raise ValueError(
+                f"video_min_pixels {self.video_min_pixels} is more than video_max_pixels "
+                f"{self.video_max_pixels}: every frame is resized to between the two"
             )
         return self
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,9 @@ class Record:
     problem: str
     answer: str
     images: list[bytes] = field(default_factory=list)
+    # Each video: a video file's absolute path, or its frames' encoded bytes in order
+    # (decoded and sampled where the prompt is encoded: grpo_trainer.videos).
+    videos: list[str | list[bytes]] = field(default_factory=list)
     source: str = ""  # the file it was read from (messages name it)
     row: int = 0  # its row in that file, from 0
 
@@ -300,21 +304,25 @@ def load_template(spec: str) -> jinja2.Template:
 
 
 def build_messages(record: Record, template: jinja2.Template) -> list[dict[str, Any]]:
-    """A single user turn; ``<image>`` markers in the problem place the images."""
+    """A single user turn; ``<image>`` and ``<video>`` markers in the problem place the
+    images and videos. Without (or with mismatched) markers the images come first, then
+    the videos, then the text, as most VLM datasets assume."""
     text = template.render(content=record.problem)
-    if not record.images:
+    if not record.images and not record.videos:
         return [{"role": "user", "content": text}]
+    want = {"image": len(record.images), "video": len(record.videos)}
+    parts = re.split(r"<(image|video)>", text)
+    markers = parts[1::2]
     content: list[dict[str, str]] = []
-    parts = text.split("<image>")
-    if len(parts) - 1 == len(record.images):
+    if all(markers.count(kind) == n for kind, n in want.items()):
         for i, part in enumerate(parts):
-            if part:
+            if i % 2:
+                content.append({"type": part})
+            elif part:
                 content.append({"type": "text", "text": part})
-            if i < len(record.images):
-                content.append({"type": "image"})
-    else:  # no (or mismatched) markers: images first, as most VLM datasets assume
-        content = [{"type": "image"} for _ in record.images]
-        content.append({"type": "text", "text": text.replace("<image>", "")})
+    else:
+        content = [{"type": kind} for kind, n in want.items() for _ in range(n)]
+        content.append({"type": "text", "text": re.sub(r"<(image|video)>", "", text)})
     return [{"role": "user", "content": content}]
 
 

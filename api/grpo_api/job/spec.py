@@ -13,7 +13,14 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, ConfigDict, Field, JsonValue, model_validator
 
-from ..trainer_config import MAX_IMAGES_PER_PROMPT, OverlongPrompts
+from ..trainer_config import (
+    MAX_FRAMES,
+    MAX_IMAGES_PER_PROMPT,
+    MAX_VIDEOS_PER_PROMPT,
+    BadRows,
+    OverlongPrompts,
+    PromptLengths,
+)
 from .base import DNS_LABEL_PATTERN, ApiModel, cel_rule
 from .hub import HubSpec
 from .lora import LoraSpec
@@ -145,6 +152,39 @@ class DataSpec(ApiModel):
         "the attempt with ConfigError. Either way the log names the file, the row, both "
         "lengths (or the image count and its limit) and this field.",
     )
+    video_key: str = Field("videos", min_length=1, description=(
+        "Column holding the videos (EasyR1's layout): each a video file's path (relative to "
+        "the data file) or a list of frame images."))
+    max_videos_per_prompt: int = Field(
+        0, ge=0, le=MAX_VIDEOS_PER_PROMPT,
+        description=f"The most videos one prompt may have, at most {MAX_VIDEOS_PER_PROMPT}; "
+        "0 (the default): the data has no videos, and a row with one is dropped or refused "
+        "(overlongPrompts). The memory plan counts this many videos of maxFrames frames at "
+        "videoMaxPixels per prompt (within maxPromptLength).")
+    video_fps: float = Field(2.0, gt=0, le=60, description=(
+        "Frames sampled per second of a video file (a list of frames is taken as it is, "
+        "up to maxFrames)."))
+    max_frames: int = Field(32, ge=2, le=MAX_FRAMES, description=(
+        "The most frames taken from one video (an even number is used: Qwen's temporal "
+        "patch is two frames)."))
+    video_max_pixels: int = Field(100352, ge=3136, description=(
+        "Each video frame is resized once to at most this many pixels, the same frames for "
+        "vLLM and the update."))
+    bad_rows: BadRows = Field("fail", description=(
+        "A row that cannot be read (a missing or corrupt image or video file, an empty "
+        "prompt, no answer): fail ends the attempt naming the file, the row and what is "
+        "wrong (at load for what the load sees: missing files, unreadable headers, empty "
+        "fields; when the row is drawn for what only decoding finds); skip leaves it out, "
+        "counted in the trainer's metrics (data/bad_rows) and the log, and checks every "
+        "image fully at load."))
+    prompt_lengths: PromptLengths = Field("eager", description=(
+        "eager: every prompt's length is counted once at load, across the head's CPUs, "
+        "and kept on the checkpoint volume, so a restart starts at once; lazy: each prompt "
+        "is counted when its batch is drawn (dropped or refused by overlongPrompts, the same "
+        "decision on every attempt), for data too large to count up front."))
+    rows: int | None = Field(None, ge=1, description=(
+        "About how many rows the train split has, for sizing the head pod (its index of "
+        "the rows: file, row and length, about 32 bytes each); unset: 1,000,000 assumed."))
     workers: int | None = Field(
         None,
         ge=0,

@@ -17,7 +17,7 @@ from grpo_api.job import GRPOJobSpec
 from grpo_api.job.lora import ALL_LINEAR, LoraSpec
 from grpo_api.job.tracking import LoggingSpec
 from grpo_api.job.trainer import PLANNED
-from grpo_api.trainer_config import Config
+from grpo_api.trainer_config import MIN_PIXELS, Config
 
 from ..planner import Plan
 from .hub import hub_fetch
@@ -102,9 +102,17 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
             "max_prompt_length": spec.data.max_prompt_length,
             "seed": tr.seed,
             "image_max_pixels": spec.data.max_pixels,
-            "image_min_pixels": min(spec.data.max_pixels, 4 * 28 * 28),
+            "image_min_pixels": min(spec.data.max_pixels, MIN_PIXELS),
             "overlong_prompts": spec.data.overlong_prompts,
             "max_images_per_prompt": spec.data.max_images_per_prompt,
+            "video_key": spec.data.video_key,
+            "max_videos_per_prompt": spec.data.max_videos_per_prompt,
+            "video_fps": spec.data.video_fps,
+            "max_frames": spec.data.max_frames,
+            "video_max_pixels": spec.data.video_max_pixels,
+            "video_min_pixels": min(spec.data.video_max_pixels, MIN_PIXELS),
+            "bad_rows": spec.data.bad_rows,
+            "prompt_lengths": spec.data.prompt_lengths,
         },
         "rollout": {
             "engine": g.rollout_engine,
