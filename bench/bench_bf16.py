@@ -115,7 +115,7 @@ def drift(
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """After ``steps`` updates on fixed random batches (the same for every mode): the
     weights and the held values (``_params``)."""
-    from grpo_trainer.data import PromptDataset
+    from grpo_trainer.dataset import PromptDataset
 
     cfg = _config(model, data, mode, lr=lr)
     records = PromptDataset(cfg.data.train_files, cfg.data).records

@@ -10,13 +10,8 @@ import pytest
 
 from grpo_api.trainer_config import DataConfig
 from grpo_trainer.config_error import ConfigError
-from grpo_trainer.data import (
-    PromptDataset,
-    Record,
-    StatefulLoader,
-    build_messages,
-    load_template,
-)
+from grpo_trainer.data import Record, build_messages, load_template
+from grpo_trainer.dataset import PromptDataset, StatefulLoader
 
 pytestmark = pytest.mark.unit
 
@@ -50,10 +45,21 @@ def test_parquet_with_image_bytes_and_jsonl_with_image_paths(tmp_path: Path) -> 
 
 
 def test_missing_column_is_a_config_error(tmp_path: Path) -> None:
+    """A jsonl row without the prompt is a bad row, named; a parquet file without the
+    column is the file's fault, named with the columns it has."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     f = _jsonl(tmp_path / "a.jsonl", [{"question": "q", "answer": "a"}])
     with pytest.raises(ConfigError) as err:
         PromptDataset([str(f)], DataConfig(train_files=[str(f)]))
+    assert err.value.field == "data.bad_rows"
+    assert f"{f} row 0: no prompt (column 'problem' is missing or null)" in str(err.value)
+    pq.write_table(pa.table({"question": ["q"], "answer": ["a"]}), tmp_path / "b.parquet")
+    with pytest.raises(ConfigError) as err:
+        PromptDataset([str(tmp_path / "b.parquet")], DataConfig(train_files=["x"]))
     assert err.value.field == "data.prompt_key"
+    assert "has no column 'problem' (its columns: question, answer)" in str(err.value)
 
 
 def test_math_template_and_image_markers() -> None:
@@ -153,7 +159,7 @@ def test_an_image_no_resize_accepts_is_named_with_its_row(tmp_path: Path) -> Non
     def refuse(record: Record) -> int:
         raise ValueError("absolute aspect ratio must be smaller than 200, got 250.0")
 
-    with pytest.raises(ConfigError, match=r"a\.jsonl row 0: absolute aspect ratio"):
+    with pytest.raises(ConfigError, match=r"a\.jsonl row 0: it cannot be encoded \(absolute aspect"):
         PromptDataset([str(a)], DataConfig(train_files=["x"]), prompt_tokens=refuse)
 
 

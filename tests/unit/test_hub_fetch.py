@@ -26,7 +26,7 @@ from grpo_operator.reconcile.conditions import hub_fetch_conditions
 from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_trainer.config import build_config, check_runtime
-from grpo_trainer.data import PromptDataset
+from grpo_trainer.dataset import PromptDataset
 from grpo_trainer.hub_fetch import MARKER, main
 from grpo_trainer.testing.datasets import write_vision_task
 from grpo_trainer.testing.hub import stand_in_hub

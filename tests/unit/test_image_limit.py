@@ -22,7 +22,7 @@ from grpo_operator.planner.layout import image_tokens, images_per_prompt, micro_
 from grpo_operator.planner.model_shape import known_family
 from grpo_operator.planner.types import Settings
 from grpo_trainer.config_error import ConfigError
-from grpo_trainer.data import PromptDataset, most_images, sized_for_images
+from grpo_trainer.dataset import PromptDataset, sized_for_media
 from grpo_trainer.rollout.build import vllm_config
 from grpo_trainer.rollout.vllm_engine import VLLMEngineConfig, engine_kwargs
 
@@ -84,11 +84,11 @@ def test_vllms_limit_is_the_most_images_a_loaded_row_has(tmp_path: Path) -> None
     train = PromptDataset([str(_jsonl(tmp_path / "t.jsonl", [1, 5, 2]))],
                           DataConfig(train_files=["x"]))
     val = PromptDataset([str(_jsonl(tmp_path / "v.jsonl", [7]))], DataConfig(train_files=["x"]))
-    assert most_images(train.records) == 5 and most_images(train.records, val.records) == 7
+    assert train.most("images") == 5 and val.most("images") == 7
     cfg = Config.model_validate({"model": {"path": "/m"}, "data": {"train_files": ["x"]}})
-    sized = sized_for_images(cfg, train.records, val.records)
+    sized = sized_for_media(cfg, train, val)
     assert sized.data.max_images_per_prompt == 7
-    assert sized_for_images(cfg, []).data.max_images_per_prompt == 1
+    assert sized_for_media(cfg).data.max_images_per_prompt == 1
 
     # What vllm_config reads of the model's config and the rank's tokenizer side.
     hf = types.SimpleNamespace(num_attention_heads=2, num_hidden_layers=2, hidden_size=64)

@@ -23,7 +23,7 @@ from grpo_api.trainer_config import Config
 from .balance import Plan, balance
 from .checkpointing.final_export import FinalExport, export_final
 from .checkpointing.seam import Checkpointer, NoCheckpointer
-from .data import PromptDataset, Record, StatefulLoader, sized_for_images
+from .dataset import DrawCheck, PromptDataset, RowRef, StatefulLoader, read_answers, sized_for_media
 from .devices import job_collective_timeout_s
 from .errors import StepError
 from .faults import allocate_until_killed, parse_fault, raise_injected_oom
@@ -64,12 +64,19 @@ class GRPOTrainer:
         # Prompts longer than data.max_prompt_length are dropped or refused here, before
         # Ray starts (data.overlong_prompts), counted as the ranks will encode them.
         prompt_tokens = prompt_token_counter(cfg)
-        dataset = PromptDataset(cfg.data.train_files, cfg.data, prompt_tokens=prompt_tokens)
+        # The driver holds an index of the rows, not the rows (grpo_trainer.dataset): the
+        # lengths are counted once across the CPUs and kept on the checkpoint volume.
+        cache = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
+        dataset = PromptDataset(cfg.data.train_files, cfg.data, prompt_tokens=prompt_tokens,
+                                config=cfg, cache_dir=cache, report=self.reporter.phase)
         self.total_steps = cfg.trainer.steps(len(dataset))
         self.metrics = metrics or MetricsLogger(cfg.metrics, self.total_steps,
                                                 run_config=cfg.model_dump(mode="json"))
+        self.bad_rows = dataset.bad_rows
+        self.draw_check = DrawCheck(cfg.data, prompt_tokens) if dataset.lazy else None
         self.loader = StatefulLoader(
-            dataset, cfg.trainer.rollout_batch_size, cfg.data.seed, cfg.data.shuffle
+            dataset, cfg.trainer.rollout_batch_size, cfg.data.seed, cfg.data.shuffle,
+            check=self.draw_check,
         )
         # What checkpoints record as the loader: with disaggregated rollouts running
         # ahead, the position of the first batch not yet trained (rollout/pipeline.py).
@@ -78,10 +85,10 @@ class GRPOTrainer:
         self.rewards = RewardRunner(
             resolve_reward_fn(cfg.reward), cfg.reward.num_workers, cfg.reward.timeout_s
         )
-        self.validator = Validator(cfg, self.total_steps, self.rewards, prompt_tokens)
-        # The ranks and engines get vLLM's image limit from the data (at most
-        # data.max_images_per_prompt, each row limited to it at load).
-        self.cfg = sized_for_images(cfg, dataset.records, self.validator.records)
+        self.validator = Validator(cfg, self.total_steps, self.rewards, prompt_tokens, cache)
+        # The ranks and engines get vLLM's image and video limits from the data (at most
+        # the settings, each row limited to them at load).
+        self.cfg = sized_for_media(cfg, dataset, *filter(None, [self.validator.dataset]))
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.group: WorkerGroup | None = None
@@ -132,7 +139,7 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         world = self.group.world_size
         self.heartbeat.mark("rollout")  # weight sync into the engine, then generation
-        records: list[Record]
+        records: list[RowRef]
         if self.pipeline is None:
             records = self.loader.next_batch()
             outs = self.group.call("generate", split(records, world), common=[step])
@@ -143,8 +150,10 @@ class GRPOTrainer:
             raise StepAbandoned
         self.heartbeat.mark("reward")
         flat = [o for rank_out in outs for o in rank_out]
-        by_index = {r.index: r for r in records}
-        answers = [by_index[o["index"]].answer for o in flat]
+        # The answer column of the drawn rows: all the driver reads of them.
+        by_index = dict(zip([r.index for r in records], read_answers(records, cfg.data),
+                            strict=True))
+        answers = [by_index[o["index"]] for o in flat]
         results = self.rewards.score([o["text"] for o in flat], answers)
         scores = torch.tensor([r.score for r in results])
         adv = group_advantages(scores, cfg.rollout.n, cfg.algorithm.norm_adv_by_std)
@@ -186,6 +195,8 @@ class GRPOTrainer:
             # time/old_logprob_s, ref_logprob_s and update_s come from the ranks (upd)
             "throughput/samples_per_s": len(flat) / elapsed,
             "update/groups_moved": float(moved),
+            "data/bad_rows": float(self.bad_rows + (self.draw_check.skipped
+                                                    if self.draw_check else 0)),
             "throughput/tokens_per_s": tokens / elapsed,
             **upd,
         }

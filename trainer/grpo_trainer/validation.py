@@ -17,12 +17,19 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from grpo_api.trainer_config import Config
 
-from .data import PromptDataset, Record
+from .data import Record
+from .dataset import PromptDataset, RowRef, read_answers
+from .dataset.lengths import Counter as TokenCounter
 from .rewards import RewardResult, RewardRunner
+
+# A val prompt as the driver holds it (a ref, read by the rank that answers it) or, in
+# tests, a whole record.
+Prompt = RowRef | Record
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,8 @@ def shares(count: int, world: int) -> list[range]:
     return out
 
 
-def rank_chunks(records: Sequence[Record], world: int, chunk: int) -> list[list[list[Record]]]:
+def rank_chunks(records: Sequence[Prompt], world: int, chunk: int
+                ) -> list[list[list[Prompt]]]:
     """Each rank's share in chunks of at most ``chunk`` prompts. Every rank gets the same
     number of chunks (trailing ones may be empty): a tensor-parallel engine's ranks must
     make the same calls, whatever their shares."""
@@ -63,7 +71,7 @@ def rank_chunks(records: Sequence[Record], world: int, chunk: int) -> list[list[
 
 
 def gather(
-    outs: Sequence[Sequence[dict[str, Any]]], records: Sequence[Record]
+    outs: Sequence[Sequence[dict[str, Any]]], records: Sequence[Prompt]
 ) -> list[dict[str, Any]]:
     """Every rank's responses in ``records`` order; fails unless each record was answered
     exactly once (a lost or doubled prompt would bias the mean unnoticed)."""
@@ -104,14 +112,15 @@ class Group(Protocol):
 
 
 def validation_pass(
-    group: Group, records: Sequence[Record], rewards: RewardRunner, chunk: int, step: int
+    group: Group, records: Sequence[Prompt], answer_of: Callable[[Sequence[Prompt]], list[str]],
+    rewards: RewardRunner, chunk: int, step: int,
 ) -> dict[str, float]:
     """Greedy responses to every val prompt, scored once each: the ``val/`` metrics."""
     t0 = time.perf_counter()
     outs = group.call("generate_greedy", rank_chunks(records, group.world_size, chunk),
                       common=[step])
     responses = gather(outs, records)
-    answers = {r.index: r.answer for r in records}
+    answers = dict(zip([r.index for r in records], answer_of(records), strict=True))
     results = rewards.score([o["text"] for o in responses],
                             [answers[o["index"]] for o in responses])
     m = summarize(results, [int(o["response_tokens"]) for o in responses])
@@ -127,16 +136,22 @@ class Validator:
         cfg: Config,
         total_steps: int,
         rewards: RewardRunner,
-        prompt_tokens: Callable[[Record], int] | None = None,
+        prompt_tokens: TokenCounter | None = None,
+        cache_dir: Path | None = None,
     ) -> None:
         tr = cfg.trainer
         self.schedule = ValSchedule(tr.val_interval_steps, tr.val_before_train, total_steps)
         self.rewards = rewards
-        self.records: list[Record] = []
+        self.data = cfg.data
+        self.dataset: PromptDataset | None = None
+        self.records: list[RowRef] = []
         if tr.val_interval_steps:
-            self.records = PromptDataset(
-                cfg.data.val_files, cfg.data, "data.val_files", prompt_tokens
-            ).records
+            # Counted in full at load whatever data.prompt_lengths says: a val set is
+            # small, and every prompt is answered at each pass.
+            self.dataset = PromptDataset(
+                cfg.data.val_files, cfg.data.model_copy(update={"prompt_lengths": "eager"}),
+                "data.val_files", prompt_tokens, config=cfg, cache_dir=cache_dir)
+            self.records = self.dataset.refs()
         # Prompts per rank per engine call: a training rollout's sequences (prompts per
         # rank x rollout.n), which the engine's batch and KV cache are sized for.
         world = cfg.resources.num_workers
@@ -148,9 +163,15 @@ class Validator:
         """The ``val/`` metrics when ``step`` is due, else nothing."""
         if not self.schedule.due(step):
             return {}
-        m = validation_pass(group, self.records, self.rewards, self.chunk, step)
+        m = validation_pass(group, self.records, self._answers, self.rewards, self.chunk,
+                            step)
         self.last_step, self.last_reward = step, m["val/reward_mean"]
         return m
+
+    def _answers(self, prompts: Sequence[Prompt]) -> list[str]:
+        refs = [p for p in prompts if isinstance(p, RowRef)]
+        read = iter(read_answers(refs, self.data))
+        return [next(read) if isinstance(p, RowRef) else p.answer for p in prompts]
 
     def progress(self) -> dict[str, Any]:
         """``Progress`` fields of the newest pass (none before the first)."""

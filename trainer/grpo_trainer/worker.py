@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -24,7 +25,8 @@ from grpo_api.trainer_config import Config
 
 from .balance import hand_over
 from .checkpointing.rank import RankCheckpointer
-from .data import Record, overlong
+from .data import Record
+from .dataset import RowRef, encode_rows, overlong, read_records
 from .devices import (
     job_collective_timeout_s,
     probe_cuda,
@@ -180,14 +182,14 @@ class Worker:
                 mine = group
         return mine
 
-    def _tp_union(self, items: list[Any]) -> tuple[list[Any], slice]:
+    def _tp_union(self, items: Sequence[Any]) -> tuple[list[Any], slice]:
         """Every rank of this TP group's ``items`` in rank order, and where ours are.
 
         The ranks of a group drive one sharded engine, so each call into it must get the
         same inputs on every rank of the group (vLLM's external launcher runs identical
         schedulers); a rank's own results are the ``slice`` of the union."""
         if self.tp_group is None:
-            return items, slice(0, len(items))
+            return list(items), slice(0, len(items))
         tp = self.cfg.rollout.tensor_parallel_size
         parts: list[list[Any]] = [[] for _ in range(tp)]
         dist.all_gather_object(parts, items, group=self.tp_group)
@@ -214,18 +216,19 @@ class Worker:
 
     # -- rollout ---------------------------------------------------------------
     @rank_phase(RankPhase.ROLLOUT)
-    def generate(self, records: list[Record], step: int) -> list[dict[str, Any]]:
-        """``rollout.n`` responses per record; keeps the samples, returns their text."""
+    def generate(self, records: Sequence[RowRef | Record], step: int) -> list[dict[str, Any]]:
+        """``rollout.n`` responses per prompt (a ref, read here, or a record); keeps the
+        samples, returns their text."""
         self.faults.at("generate", step)
         self.gpu_memory.start_rollout()
         cfg = self.cfg
         # A TP group's ranks run one engine on the same prompts: the group's records,
         # in rank order; each rank keeps the samples of its own records.
-        everything, own = self._tp_union(records)
-        prompts = [self.tokens.encoder.encode(r) for r in everything]
+        everything, own = self._tp_union(records)  # refs: a few numbers each
+        prompts = encode_rows(self.tokens.encoder.encode, read_records(everything, cfg.data))
         for p in prompts:  # the driver left such prompts out (or refused them) at load
             if (n := p.input_ids.numel()) > cfg.data.max_prompt_length:
-                raise RuntimeError(overlong(p.record, n, cfg.data.max_prompt_length))
+                raise RuntimeError(overlong(p.record.where, n, cfg.data.max_prompt_length))
         self.engine.wake()
         st = self.state
         sync_rollout_weights(self.engine, st.actor, st.compute_dtype, cfg.actor.lora)
@@ -236,7 +239,8 @@ class Worker:
         return [summary(s) for s in self.samples]
 
     @rank_phase(RankPhase.ROLLOUT)
-    def generate_greedy(self, chunks: list[list[Record]], step: int) -> list[dict[str, Any]]:
+    def generate_greedy(self, chunks: Sequence[Sequence[RowRef | Record]], step: int
+                        ) -> list[dict[str, Any]]:
         """Validation (validation.py): one greedy response per record, chunk by chunk, with
         the current weights. Keeps nothing, and restores the RNG it may touch, so the
         training trajectory is the same with or without it."""
@@ -248,7 +252,8 @@ class Worker:
             sync_rollout_weights(self.engine, st.actor, st.compute_dtype, self.cfg.actor.lora)
             for chunk in chunks:  # the same number on every rank: TP groups call together
                 everything, own = self._tp_union(chunk)
-                prompts = [self.tokens.encoder.encode(r) for r in everything]
+                prompts = encode_rows(self.tokens.encoder.encode,
+                                      read_records(everything, self.cfg.data))
                 spec = greedy_spec(self.cfg, step, self.rank, everything,
                                    self.tokens.suppress_ids)
                 groups = self.engine.generate(prompts, spec) if prompts else []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +20,8 @@ import torch
 from grpo_api.contract import RankPhase
 from grpo_api.trainer_config import Config
 
-from ..data import Record, overlong
+from ..data import Record
+from ..dataset import RowRef, encode_rows, overlong, read_records
 from ..errors import rank_phase
 from ..faults import parse_fault
 from ..rank_env import NCCL_LOG_DIR, engine_on_cuda, report_transport
@@ -169,29 +170,30 @@ class EngineWorker:
                 os._exit(1)
 
     @rank_phase(RankPhase.ROLLOUT)
-    def generate(self, records: list[Record], step: int
+    def generate(self, records: Sequence[RowRef | Record], step: int
                  ) -> tuple[list[dict[str, Any]], list[Sample]]:
         """``rollout.n`` samples per record for ``step`` (their summaries for the driver,
         the samples for the ranks, which fetch them from this node's object store)."""
         if self.version is None:
             raise RuntimeError(f"engine {self.index} holds no complete weights")
         cfg = self.cfg
-        prompts = [self.tokens.encoder.encode(r) for r in records]
+        prompts = encode_rows(self.tokens.encoder.encode, read_records(records, cfg.data))
         for p in prompts:  # the driver left such prompts out (or refused them) at load
             if (n := p.input_ids.numel()) > cfg.data.max_prompt_length:
-                raise RuntimeError(overlong(p.record, n, cfg.data.max_prompt_length))
+                raise RuntimeError(overlong(p.record.where, n, cfg.data.max_prompt_length))
         spec = training_spec(cfg, step, self.index, records, self.tokens.suppress_ids)
         groups = self.engine.generate(prompts, spec) if prompts else []
         samples = to_samples(prompts, groups, self.tokens.tokenizer, self.version)
         return [summary(s) for s in samples], samples
 
     @rank_phase(RankPhase.ROLLOUT)
-    def generate_greedy(self, chunks: list[list[Record]], step: int) -> list[dict[str, Any]]:
+    def generate_greedy(self, chunks: Sequence[Sequence[RowRef | Record]], step: int
+                        ) -> list[dict[str, Any]]:
         """Validation (validation.py) with the weights last sent: one greedy response per
         record, as rank ``index`` gives colocated. Keeps nothing."""
         out: list[dict[str, Any]] = []
         for chunk in chunks:
-            prompts = [self.tokens.encoder.encode(r) for r in chunk]
+            prompts = encode_rows(self.tokens.encoder.encode, read_records(chunk, self.cfg.data))
             spec = greedy_spec(self.cfg, step, self.index, chunk, self.tokens.suppress_ids)
             groups = self.engine.generate(prompts, spec) if prompts else []
             out += [summary(s) for s in to_samples(prompts, groups, self.tokens.tokenizer)]

@@ -24,7 +24,7 @@ from typing import Any
 
 from grpo_api.trainer_config import Config
 
-from ..data import Record, StatefulLoader
+from ..dataset import RowRef, StatefulLoader
 from .engine_group import EngineGroup, is_lost
 from .routing import launch_through, route, split
 
@@ -39,9 +39,9 @@ class Batch:
     """One step's prompts in flight on the engines."""
 
     step: int
-    records: list[Record]
+    records: list[RowRef]
     position: dict[str, int]  # the loader's position before this batch was drawn
-    parts: list[list[Record]]  # per engine
+    parts: list[list[RowRef]]  # per engine
     refs: list[tuple[Any, Any]] = field(default_factory=list)  # (summaries, samples)
     incarnation: list[int] = field(default_factory=list)  # of the engine given each part
 
@@ -84,7 +84,7 @@ class RolloutPipeline:
             self.next_step += 1
 
     # -- one step --------------------------------------------------------------------
-    def take(self, step: int) -> tuple[list[Record], list[list[dict[str, Any]]]]:
+    def take(self, step: int) -> tuple[list[RowRef], list[list[dict[str, Any]]]]:
         """Batch ``step``'s records and each rank's sample summaries (in the order the
         rank holds the samples, which it has fetched when this returns)."""
         batch = self.inflight[0]

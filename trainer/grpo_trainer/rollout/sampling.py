@@ -11,12 +11,13 @@ from typing import Any
 from grpo_api.trainer_config import Config
 
 from ..data import Record
+from ..dataset import RowRef
 from ..samples import EncodedPrompt, Sample
 from .base import Generation, SamplingSpec
 from .seeds import prompt_seed, rollout_seed
 
 
-def training_spec(cfg: Config, step: int, rank: int, records: Sequence[Record],
+def training_spec(cfg: Config, step: int, rank: int, records: Sequence[RowRef | Record],
                   suppress_ids: tuple[int, ...]) -> SamplingSpec:
     """``rollout.n`` samples per prompt, seeded from (seed, step, rank) and each prompt's
     (seed, step, index): a pure function of them (rollout/seeds.py)."""
@@ -32,7 +33,7 @@ def training_spec(cfg: Config, step: int, rank: int, records: Sequence[Record],
     )
 
 
-def greedy_spec(cfg: Config, step: int, rank: int, records: Sequence[Record],
+def greedy_spec(cfg: Config, step: int, rank: int, records: Sequence[RowRef | Record],
                 suppress_ids: tuple[int, ...]) -> SamplingSpec:
     """Validation: one greedy response per prompt, with the training spec's seeds (they
     only matter to engines that draw even at temperature 0)."""

@@ -1,7 +1,7 @@
 """Rank function for the vLLM tier's image-limit test (spawned ranks import it by name).
 
 The driver's path on one rank: the data loaded (each row limited to
-``data.max_images_per_prompt``), the config sized for it (``sized_for_images``), a vLLM
+``data.max_images_per_prompt``), the config sized for it (``sized_for_media``), a vLLM
 engine built from that config as the ranks and the engines apart build theirs
 (rollout/build.py ``vllm_config``), and one generation over every prompt.
 """
@@ -16,15 +16,16 @@ def generate_from_the_data(rank: int, world: int, arg: dict[str, Any]) -> dict[s
     from transformers import AutoConfig
 
     from grpo_trainer.config import build_config
-    from grpo_trainer.data import PromptDataset, sized_for_images
+    from grpo_trainer.dataset import PromptDataset, sized_for_media
     from grpo_trainer.rollout.base import SamplingSpec
     from grpo_trainer.rollout.build import vllm_config
     from grpo_trainer.rollout.vllm_engine import VLLMEngine
     from grpo_trainer.samples import load_rollout_tokens
 
     cfg = build_config(arg["config"], environ={})
-    records = PromptDataset(cfg.data.train_files, cfg.data).records
-    cfg = sized_for_images(cfg, records)
+    dataset = PromptDataset(cfg.data.train_files, cfg.data)
+    records = dataset.records
+    cfg = sized_for_media(cfg, dataset)
     hf_config = AutoConfig.from_pretrained(cfg.model.path)
     tokens = load_rollout_tokens(cfg, hf_config)
     engine = VLLMEngine(vllm_config(cfg, hf_config, torch.float32, tokens, len(records), tp=1,
