@@ -50,6 +50,15 @@ def packed_width(tokens: int) -> int:
 # Where, under the job's checkpoint dir, the trainer writes every rank's stacks on a
 # stall (and where the attempt after a Hang has NCCL's flight recorder dump to).
 STALLS_DIR = "stalls"
+# The driver's index of the prompt rows (grpo_trainer.dataset.index), bytes a row: file,
+# row and dataset index (int32 each), byte offset (int64), prompt tokens (int32), image
+# and video counts (uint8), the loader's permutation (int64): 34, rounded up. The planner
+# sizes the head by it (spec.data.rows); a unit test holds the index to it.
+INDEX_BYTES_PER_ROW = 40
+# The length pass's processes (the head's CPUs, at most this many): each imports the
+# tokenizer and processor (transformers, torch), about LENGTH_WORKER_GIB of host memory.
+LENGTH_WORKERS_MAX = 16
+LENGTH_WORKER_GIB = 0.75
 
 
 def driver_done_marker(checkpoint_dir: str, job_uid: str, attempt: int) -> str:

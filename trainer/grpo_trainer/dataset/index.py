@@ -190,6 +190,8 @@ def index_key(files: list[str], config: Config) -> str:
         "format": INDEX_FORMAT,
         "files": [_file_identity(f) for f in files],
         "data": settings,
+        # Which were set decides the pixel bounds (images.pixel_bounds).
+        "set": sorted(d.model_fields_set),
         "template": _file_hash(template) if template.suffix else None,
         "model": str(model_dir),
         "processor": {name: _file_hash(model_dir / name) for name in PROCESSOR_FILES},

@@ -142,7 +142,9 @@ def run_pass(chunks: list[Chunk], cfg: DataConfig, *, counter: Counter | None,
              report: Callable[[str], None] | None = None) -> list[ChunkResult]:
     """Every chunk counted, in order: in this process, or with ``config`` and at least
     POOL_MIN_ROWS rows, across ``workers`` processes (spawned: the driver may hold threads
-    and Ray's client, which a fork would copy mid-state)."""
+    and Ray's client, which a fork would copy mid-state). The config goes to them with
+    only the fields that were set: which were decides the pixel bounds (images.pixel_bounds:
+    the checkpoint processor's own unless the config sets them)."""
     total = sum(c.stop - c.start for c in chunks)
     progress = Progress(total, what, report)
     if config is None or workers <= 1 or total < POOL_MIN_ROWS:
@@ -154,8 +156,9 @@ def run_pass(chunks: list[Chunk], cfg: DataConfig, *, counter: Counter | None,
     log.info("%s: %d rows in %d chunks across %d processes", what, total, len(chunks),
              workers)
     ctx = multiprocessing.get_context("spawn")
+    args = (config.model_dump_json(exclude_unset=True), full_check)
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_init,
-                             initargs=(config.model_dump_json(), full_check)) as pool:
+                             initargs=args) as pool:
         results = []
         for r in pool.map(_pool_count, chunks):
             results.append(r)

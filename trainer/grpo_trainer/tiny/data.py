@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -49,24 +50,27 @@ def write_vision_task(path: str | Path, rows: int = 8) -> Path:
     return path
 
 
-def write_mixed_task(path: str | Path, rows: int = 8) -> Path:
-    """Parquet alternating a row with one image and a text-only row (an empty ``images``
-    list, no marker), as real VLM datasets mix them."""
+def write_mixed_task(path: str | Path, rows: int = 8, images: Sequence[int] = (1, 0),
+                     row_group_size: int | None = None) -> Path:
+    """Parquet whose rows have ``images[i % len(images)]`` images each (0: a text-only row,
+    an empty ``images`` list and no marker), as real VLM datasets mix them; with
+    ``row_group_size``, that many rows a row group."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
-    with_image = [i % 2 == 0 for i in range(rows)]
+    counts = [images[i % len(images)] for i in range(rows)]
     table = pa.table(
         {
-            "problem": [f"<image>How many shapes are in the picture? ({i})" if img
-                        else f"What is {i} plus {i}?" for i, img in enumerate(with_image)],
-            "answer": [str(i % 4 + 1) if img else str(2 * i) for i, img in enumerate(with_image)],
+            "problem": ["<image>" * n + f"How many shapes are in the picture? ({i})" if n
+                        else f"What is {i} plus {i}?" for i, n in enumerate(counts)],
+            "answer": [str(i % 4 + 1) if n else str(2 * i) for i, n in enumerate(counts)],
             "images": [
-                [{"bytes": png((255, 0, 0), (40, 36)), "path": None}] if img else []
-                for img in with_image
+                [{"bytes": png((255 - 40 * k, 20 * i % 256, 0), (40, 36)), "path": None}
+                 for k in range(n)]
+                for i, n in enumerate(counts)
             ],
         }
     )
-    pq.write_table(table, path)
+    pq.write_table(table, path, row_group_size=row_group_size)
     return path
