@@ -159,7 +159,8 @@ def test_an_image_no_resize_accepts_is_named_with_its_row(tmp_path: Path) -> Non
     def refuse(record: Record) -> int:
         raise ValueError("absolute aspect ratio must be smaller than 200, got 250.0")
 
-    with pytest.raises(ConfigError, match=r"a\.jsonl row 0: it cannot be encoded \(absolute aspect"):
+    with pytest.raises(ConfigError,
+                       match=r"a\.jsonl row 0: it cannot be encoded \(absolute aspect"):
         PromptDataset([str(a)], DataConfig(train_files=["x"]), prompt_tokens=refuse)
 
 

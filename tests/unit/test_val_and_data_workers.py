@@ -17,8 +17,8 @@ from grpo_api.job.status import ProgressStatus
 from grpo_api.trainer_config import Config
 from grpo_operator.cli import cli
 from grpo_operator.planner import plan_memory
-from grpo_operator.planner.budget import DRIVER_GIB
-from grpo_operator.planner.resources import HEAD_CPUS, pod_need_gib
+from grpo_operator.planner.head import HEAD_CPUS, driver_gib
+from grpo_operator.planner.resources import pod_need_gib
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
 from grpo_operator.webhook import admission_warnings
@@ -74,11 +74,13 @@ def test_data_workers_is_accepted_ignored_by_the_plan_and_warned_about() -> None
     [warning] = admission_warnings(body({"workers": 8}))
     assert warning.startswith("spec.data.workers is deprecated and ignored")
     assert "remove it" in warning
-    # The head pod holds Ray and the driver only: no memory or CPUs for data workers.
+    # The head pod holds Ray, the driver and its row index (the length pass runs in the
+    # head's own CPUs: planner/head.py): no memory or CPUs for data workers.
     plan = plan_memory(legacy)
     assert plan.head.cpus == HEAD_CPUS
     store = plan.settings.ray_object_store_gib
-    assert pod_need_gib(plan.geometry, plan.settings, plan.budget, "head") == DRIVER_GIB + store
+    assert pod_need_gib(plan.geometry, plan.settings, plan.budget, "head") == \
+        driver_gib(plan.geometry) + store
 
 
 def test_progress_reports_the_newest_validation_and_omits_it_before_any() -> None:

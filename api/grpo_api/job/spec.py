@@ -184,7 +184,8 @@ class DataSpec(ApiModel):
         "decision on every attempt), for data too large to count up front."))
     rows: int | None = Field(None, ge=1, description=(
         "About how many rows the train split has, for sizing the head pod (its index of "
-        "the rows: file, row and length, about 32 bytes each); unset: 1,000,000 assumed."))
+        "the rows: file, row and length, about 40 bytes each); unset: 1,000,000 assumed "
+        "(10,000 for a CPU job)."))
     workers: int | None = Field(
         None,
         ge=0,

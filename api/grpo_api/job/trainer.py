@@ -104,6 +104,7 @@ SOURCES: Mapping[str, Source] = one_each((
     rendered("data.video_min_pixels", "spec.data.videoMaxPixels"),
     rendered("data.bad_rows", "spec.data.badRows"),
     rendered("data.prompt_lengths", "spec.data.promptLengths"),
+    rendered("data.length_workers", "the head pod's CPUs (status.plan)"),
     rendered("rollout.engine", "spec.rollout.engine"),
     rendered("rollout.temperature", "spec.algorithm.temperature"),
     rendered("rollout.top_p", "spec.algorithm.topP"),

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from .fsdp import fsdp_buffers, trained
+from .head import driver_gib
 from .layout import micro_batch
 from .model_shape import Shape
 from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, LoraPlan, StateTerm
@@ -50,8 +51,6 @@ VLLM_OVERHEAD_GIB = 2.0  # vLLM activation profile + CUDA graphs, inside its uti
 VLLM_CUDA_GRAPHS_GIB = 1.0
 RANK_PROCESS_GIB = 3.0  # RSS of one Python rank: torch, CUDA libs, tokenizer, Ray worker
 RANK_PROCESS_CPU_GIB = 1.5  # the same without the CUDA libraries (cpu jobs)
-DRIVER_GIB = 6.0  # head: Ray GCS/dashboard + the single-controller driver
-DRIVER_CPU_GIB = 3.0  # the same for a tiny cpu job (small batches, no vLLM)
 SYSTEM_RESERVED_FRACTION = 0.05  # kubelet/system reserve: allocatable ~ 95% of RAM
 HOST_HEADROOM = 0.90  # plan within 90% of the pod limit: Ray kills at 95% by default
 RAY_MEMORY_USAGE_THRESHOLD = 0.95  # Ray's default; we keep it and stay below it
@@ -91,12 +90,6 @@ def cpu_engine_gib(geo: Geometry, rollout_n: int, engines: int | None = None) ->
     kv = seqs * geo.sequence_length * kv_bytes_per_token(geo) * FP32_B / BF16_B / GIB
     # vLLM: TP 1 on CPU; the trainer sizes its KV cache for these sequences + 25%.
     return weights + kv * (1.25 if geo.uses_vllm else 1.0)
-
-
-def driver_gib(geo: Geometry) -> float:
-    """The head pod's Ray processes and the single-controller driver (it starts no
-    data-loader processes: prompts and images are encoded on the ranks)."""
-    return DRIVER_GIB if geo.is_gpu else DRIVER_CPU_GIB
 
 
 def host_capacity_gib(geo: Geometry, at_allocatable: bool) -> float:

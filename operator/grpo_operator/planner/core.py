@@ -208,6 +208,8 @@ def geometry(
         lora=lora_plan(shape, spec.lora) if spec.lora is not None else None,
         allow_precision_change=spec.restart_policy.allow_precision_change,
         max_images_per_prompt=spec.data.max_images_per_prompt,
+        data_rows=spec.data.rows,
+        prompt_lengths=spec.data.prompt_lengths,
         rollout=side,
     )
 

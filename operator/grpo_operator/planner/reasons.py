@@ -18,6 +18,7 @@ from grpo_api.knobs import (
 )
 
 from .budget import BF16_B, GIB
+from .head import data_rows, head_terms, length_workers
 from .layout import per_rank_samples, token_budgets
 from .modes import FROZEN, LORA, STATE
 from .resources import ray_default_store_gib, step_data_gib
@@ -311,6 +312,20 @@ def _node_part(geo: Geometry) -> str:
     return f"its share ({geo.gpus_per_node} of {geo.node_gpus} GPUs) of the node's"
 
 
+def _head_terms(geo: Geometry) -> str:
+    """The head's host terms, named: the driver's row index and its length pass grow
+    with the data (planner/head.py)."""
+    terms = head_terms(geo)
+    rows = data_rows(geo)
+    out = [f"Ray and the driver {_g(terms['ray_and_driver'])}",
+           f"the index of {rows:,} rows{'' if geo.data_rows else ' (spec.data.rows unset)'} "
+           f"{_g(terms['row_index'])}"]
+    if "length_pass" in terms:
+        out.append(f"the length pass in {length_workers(geo)} processes "
+                   f"{_g(terms['length_pass'])}")
+    return ", ".join(out)
+
+
 def explain_pods(geo: Geometry, head: PodResources, worker: PodResources | None,
                  b: Budget) -> list[Decision]:
     out = [
@@ -318,7 +333,7 @@ def explain_pods(geo: Geometry, head: PodResources, worker: PodResources | None,
             "headPod",
             f"{head.cpus} CPU, {head.memory_gib}Gi, shm {head.shm_gib}Gi",
             "auto",
-            "Ray head + driver"
+            "Ray head + driver (" + _head_terms(geo) + ")"
             + (
                 "; offers Ray no CPU or GPU (num-cpus 0, num-gpus 0), so every rank "
                 "actor goes to a worker"

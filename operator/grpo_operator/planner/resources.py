@@ -19,9 +19,9 @@ from .budget import (
     HOST_HEADROOM,
     RAY_MEMORY_USAGE_THRESHOLD,
     SYSTEM_RESERVED_FRACTION,
-    driver_gib,
     host_capacity_gib,
 )
+from .head import driver_gib, head_cpus
 from .network import plan_network
 from .types import Budget, Geometry, PodResources, Settings
 
@@ -29,7 +29,6 @@ RAY_DEFAULT_STORE_FRACTION = 0.3  # Ray: 30% of available memory ...
 RAY_DEFAULT_STORE_CAP_GIB = 200e9 / GIB  # ... capped at 200 GB (ray_constants)
 STORE_STEP_COPIES = 4  # a step's batch may sit in the store a few times (driver, shards)
 STORE_MIN_GIB = 2.0
-HEAD_CPUS = 2  # Ray's GCS and raylet, and the driver (rewards score in its threads)
 WORKER_CPU_FRACTION = 0.9  # of the worker's share of its node's CPUs: the rest for daemons
 SHM_EXTRA_GIB = 2.0  # /dev/shm beyond the object store: NCCL, torch data-loader queues
 TOKEN_BYTES = 24  # per token in flight: ids, masks, old/ref log-probs, advantages
@@ -73,16 +72,12 @@ def build_pods(
 ) -> tuple[PodResources, PodResources | None]:
     store = st.ray_object_store_gib
     head_need = pod_need_gib(geo, st, budget, "head")
-    head_cpus = HEAD_CPUS
-    if geo.nodes == 0:  # the head is the only pod: it also runs the ranks
-        head_cpus = max(head_cpus, geo.ranks_per_node + 2)
-    head_cpus = min(head_cpus, geo.cpus_per_node)
     head_mem = _pod_memory(head_need, geo, st.pod_memory_at_allocatable and geo.nodes == 0)
     head = PodResources(
         role=Role.HEAD.value,
         replicas=1,
         gpus=0,
-        cpus=head_cpus,
+        cpus=head_cpus(geo),
         memory_gib=head_mem,
         shm_gib=min(math.ceil(store + SHM_EXTRA_GIB), max(1, head_mem // 2)),
     )

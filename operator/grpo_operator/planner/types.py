@@ -85,6 +85,10 @@ class Geometry:
     # spec.data.maxImagesPerPrompt: the most images a prompt has (the trainer drops or
     # refuses rows with more when it loads the data).
     max_images_per_prompt: int = 1
+    # spec.data.rows (None: planner/head.py's default) and spec.data.promptLengths: what the
+    # head's index and length pass hold (planner/head.py).
+    data_rows: int | None = None
+    prompt_lengths: str = "eager"
     # spec.rollout.placement disaggregated: the rollout side (None: colocated, every GPU
     # generates and trains).
     rollout: RolloutSide | None = None

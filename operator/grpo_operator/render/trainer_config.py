@@ -20,6 +20,7 @@ from grpo_api.job.trainer import PLANNED
 from grpo_api.trainer_config import MIN_PIXELS, Config
 
 from ..planner import Plan
+from ..planner.head import length_workers
 from .hub import hub_fetch
 from .names import JobRef, checkpoint_dir
 
@@ -113,6 +114,8 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
             "video_min_pixels": min(spec.data.video_max_pixels, MIN_PIXELS),
             "bad_rows": spec.data.bad_rows,
             "prompt_lengths": spec.data.prompt_lengths,
+            # The length pass in the head's CPUs, which the plan sized it for (planner/head.py).
+            "length_workers": length_workers(g),
         },
         "rollout": {
             "engine": g.rollout_engine,

@@ -1,0 +1,65 @@
+"""The head pod's work and its host memory: Ray's GCS and dashboard, the single-controller
+driver, the driver's index of the prompt rows and the length pass that builds it.
+
+The driver holds no rows: per row a few numbers (``INDEX_BYTES_PER_ROW``, held to by the
+trainer's tests), so the index grows with ``spec.data.rows``. Before Ray's ranks start,
+the trainer counts every prompt's length in ``length_workers`` processes (the head's CPUs,
+at most ``LENGTH_WORKERS_MAX``), each with the tokenizer and processor loaded
+(``LENGTH_WORKER_GIB``); a restart reads the kept result instead.
+"""
+
+from __future__ import annotations
+
+from grpo_api.contract import INDEX_BYTES_PER_ROW, LENGTH_WORKER_GIB, LENGTH_WORKERS_MAX
+
+from .types import Geometry
+from .units import GIB
+
+HEAD_CPUS = 2  # Ray's GCS and raylet, and the driver (rewards score in its threads)
+DRIVER_GIB = 6.0  # head: Ray GCS/dashboard + the single-controller driver
+DRIVER_CPU_GIB = 3.0  # the same for a tiny cpu job (small batches, no vLLM)
+# spec.data.rows unset: the rows a head is sized for (docs/configuration.md); a CPU job's
+# head (a test's or a demo's data, beside the ranks on one small node) for fewer.
+DEFAULT_DATA_ROWS = 1_000_000
+DEFAULT_CPU_DATA_ROWS = 10_000
+
+
+def data_rows(geo: Geometry) -> int:
+    """The rows the head's index is sized for: spec.data.rows, else the default."""
+    if geo.data_rows:
+        return geo.data_rows
+    return DEFAULT_DATA_ROWS if geo.is_gpu else DEFAULT_CPU_DATA_ROWS
+
+
+def head_cpus(geo: Geometry) -> int:
+    """The head pod's CPUs: Ray and the driver, and the ranks where it runs them."""
+    cpus = HEAD_CPUS
+    if geo.nodes == 0:  # the head is the only pod: it also runs the ranks
+        cpus = max(cpus, geo.ranks_per_node + 2)
+    return min(cpus, geo.cpus_per_node)
+
+
+def length_workers(geo: Geometry) -> int:
+    """Processes of the trainer's length pass (rendered as data.length_workers): the
+    head's CPUs for a GPU job; 1 (the driver alone, no pool) for a CPU job, whose head
+    also runs the ranks and whose data is a test's."""
+    if not geo.is_gpu:
+        return 1
+    return max(1, min(head_cpus(geo), LENGTH_WORKERS_MAX))
+
+
+def head_terms(geo: Geometry) -> dict[str, float]:
+    """GiB the head's processes hold at their peak, by term."""
+    rows = data_rows(geo)
+    terms = {
+        "ray_and_driver": DRIVER_GIB if geo.is_gpu else DRIVER_CPU_GIB,
+        "row_index": rows * INDEX_BYTES_PER_ROW / GIB,
+    }
+    if geo.prompt_lengths == "eager" and length_workers(geo) > 1:
+        terms["length_pass"] = length_workers(geo) * LENGTH_WORKER_GIB
+    return terms
+
+
+def driver_gib(geo: Geometry) -> float:
+    """The head pod's Ray processes and the driver, with its index and length pass."""
+    return sum(head_terms(geo).values())
