@@ -195,13 +195,16 @@ class GRPOTrainer:
             # time/old_logprob_s, ref_logprob_s and update_s come from the ranks (upd)
             "throughput/samples_per_s": len(flat) / elapsed,
             "update/groups_moved": float(moved),
-            "data/bad_rows": float(self.bad_rows + (self.draw_check.skipped
-                                                    if self.draw_check else 0)),
+            "data/bad_rows": float(self._bad_rows()),
             "throughput/tokens_per_s": tokens / elapsed,
             **upd,
         }
         self.step = step
         return m
+
+    def _bad_rows(self) -> int:
+        """Rows left out as unreadable (data.bad_rows: skip): at load, and when drawn."""
+        return self.bad_rows + (self.draw_check.skipped if self.draw_check else 0)
 
     def _balance(self, outs: list[list[dict[str, Any]]], adv: list[float]
                  ) -> tuple[list[list[float]], int]:
@@ -302,7 +305,8 @@ class GRPOTrainer:
             self.reporter.report(
                 Progress(step, total, m["reward/mean"], ckpt, memory_growth=growth,
                          save_seconds=self.checkpointer.save_seconds(),
-                         transport=self.group.transport, **self.validator.progress()),
+                         transport=self.group.transport, bad_rows=self._bad_rows(),
+                         **self.validator.progress()),
                 force=step == total or ckpt != self._reported_checkpoint,
             )
             self._reported_checkpoint = ckpt

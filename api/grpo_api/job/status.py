@@ -238,6 +238,14 @@ class ProgressStatus(ApiModel):
             "commit (what a save on SIGTERM needs within the pods' grace period)."
         ),
     )
+    bad_rows: int | None = Field(
+        None, ge=0,
+        description=(
+            "Rows of the data left out as unreadable (spec.data.badRows: skip): a missing "
+            "or corrupt image or video, an empty prompt, no answer; the trainer's log names "
+            "each."
+        ),
+    )
     phase: str | None = Field(
         None, max_length=256,
         description="The step's phase the driver entered last (rollout, update, checkpoint...).",

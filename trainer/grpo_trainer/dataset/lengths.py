@@ -10,15 +10,18 @@ gives the same answer in one process or many, and its result can be kept
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from grpo_api.contract import LENGTH_WORKERS_MAX
 from grpo_api.trainer_config import Config, DataConfig
 
 from ..config_error import ConfigError
@@ -109,9 +112,28 @@ def _pool_count(chunk: Chunk) -> ChunkResult:
     return count_chunk(chunk, cfg.data, _POOL["counter"], bool(_POOL["full_check"]))  # type: ignore[arg-type]
 
 
+def cgroup_cpus() -> int | None:
+    """The CPU limit of this process's cgroup, rounded up (v2 cpu.max, v1 cfs quota), or
+    None when there is none: a pod's CPU limit, which its cpuset does not show."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text().strip()
+        period = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text().strip()
+        return None if int(quota) <= 0 else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        return None
+
+
 def usable_cpus() -> int:
-    """The CPUs this process may run on (a pod's cpuset; its CPU quota is not read)."""
-    return len(os.sched_getaffinity(0))
+    """The CPUs this process may use: its cpuset, within its cgroup's CPU limit, at most
+    LENGTH_WORKERS_MAX (each pass process holds a tokenizer and processor)."""
+    limit = cgroup_cpus()
+    cpus = len(os.sched_getaffinity(0))
+    return max(1, min(cpus, limit or cpus, LENGTH_WORKERS_MAX))
 
 
 class Progress:

@@ -38,6 +38,8 @@ class Progress:
     # The transport NCCL chose (nccl_log.Transport.to_dict() plus its attempt), known on
     # the first attempt, whose ranks log NCCL's INIT/NET lines.
     transport: dict[str, object] | None = None
+    # Rows left out as unreadable so far (data.bad_rows: skip), at load and when drawn.
+    bad_rows: int | None = None
 
     def to_status(self) -> dict[str, object]:
         """camelCase keys as in GRPOJob.status.progress. Every field is sent, unset
@@ -62,6 +64,8 @@ class Progress:
         # Left out when unknown: a later attempt (no NCCL log read) keeps the first one's.
         if self.transport is not None:
             status["transport"] = self.transport
+        if self.bad_rows is not None:
+            status["badRows"] = self.bad_rows
         return status
 
 
