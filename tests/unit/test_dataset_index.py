@@ -167,7 +167,8 @@ def test_bad_rows_fail_naming_the_file_row_and_what_or_are_skipped_and_counted(
     with pytest.raises(ConfigError) as err:
         PromptDataset([str(f)], cfg, prompt_tokens=_image_tokens)
     assert err.value.field == "data.bad_rows"
-    assert str(err.value).startswith(f"data.bad_rows: {f} row 1: it cannot be encoded (")
+    assert str(err.value).startswith(f"data.bad_rows: {f} row 1: image 1 is not an image that "
+                                     "can be read (UnidentifiedImageError, 20 bytes); fix the row")
     assert "set data.bad_rows (spec.data.badRows) to skip" in str(err.value)
     caplog.set_level(logging.WARNING)
     ds = PromptDataset([str(f)], cfg.model_copy(update={"bad_rows": "skip"}),

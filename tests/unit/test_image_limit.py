@@ -30,8 +30,11 @@ pytestmark = pytest.mark.unit
 
 
 def _jsonl(path: Path, counts: list[int]) -> Path:
-    """One row per count, with that many images (paths: nothing is decoded at load)."""
-    (path.parent / "p.png").write_bytes(b"not decoded at load")
+    """One row per count, with that many images (paths to one PNG: only its header is read
+    at load)."""
+    from grpo_trainer.testing.datasets import png
+
+    (path.parent / "p.png").write_bytes(png((1, 2, 3), (8, 8)))
     rows = [{"problem": "<image>" * n + f"row {i}", "answer": "1", "images": ["p.png"] * n}
             for i, n in enumerate(counts)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -26,7 +26,7 @@ from grpo_api.trainer_config import Config, DataConfig
 
 from ..config_error import ConfigError
 from ..data import Record
-from .rows import BadRow, RowRef, check_images, columns, file_rows, to_record
+from .rows import BadRow, RowRef, check_headers, check_images, columns, file_rows, to_record
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ def count_chunk(chunk: Chunk, cfg: DataConfig, counter: Counter | None, full_che
             record = to_record(ref, value, cfg)
             images[i] = min(len(record.images), 255)
             videos[i] = min(len(record.videos), 255)
+            check_headers(record, ref)
             if full_check:
                 check_images(record, ref)
             if counter is not None:

@@ -31,7 +31,16 @@ from ..config_error import ConfigError
 from ..data import Record
 from .index import RowIndex, count_rows, scan
 from .lengths import UNCOUNTED, Counter
-from .rows import BadRow, RowRef, bad_row_error, check_images, columns, raw_rows, to_record
+from .rows import (
+    BadRow,
+    RowRef,
+    bad_row_error,
+    check_headers,
+    check_images,
+    columns,
+    raw_rows,
+    to_record,
+)
 
 log = logging.getLogger(__name__)
 # Rows named one by one in a drop message; the rest are counted.
@@ -202,6 +211,7 @@ class DrawCheck:
         for ref, value in zip(refs, raw_rows(refs, columns(cfg)), strict=True):
             try:
                 record = to_record(ref, value, cfg)
+                check_headers(record, ref)
                 if cfg.bad_rows == "skip":
                     check_images(record, ref)
                 tokens = self.prompt_tokens(record)
