@@ -56,9 +56,14 @@ STALLS_DIR = "stalls"
 # sizes the head by it (spec.data.rows); a unit test holds the index to it.
 INDEX_BYTES_PER_ROW = 40
 # The length pass's processes (the head's CPUs, at most this many): each imports the
-# tokenizer and processor (transformers, torch), about LENGTH_WORKER_GIB of host memory.
+# tokenizer and processor (transformers, torch): 0.95 GiB peak RSS measured
+# (bench/bench_data.py, the tiny Qwen2.5-VL's processor), planned with a margin.
 LENGTH_WORKERS_MAX = 16
-LENGTH_WORKER_GIB = 0.75
+LENGTH_WORKER_GIB = 1.25
+# Below this many rows the pass runs in the driver alone: a pool process takes about 7 s
+# to import torch and the processor, and the driver counts about 4,000 rows a second
+# (bench/bench_data.py: 10,000 rows took 21 s in a pool of 2, 11 s in the driver).
+LENGTH_POOL_MIN_ROWS = 100_000
 
 
 def driver_done_marker(checkpoint_dir: str, job_uid: str, attempt: int) -> str:

@@ -40,10 +40,12 @@ from grpo_testbed.tiny_job import (
     tiny_job_testbed,
     worker_oom,
 )
+from grpo_trainer.testing.datasets import write_with_corrupt_image
 
 pytestmark = pytest.mark.e2e
 
 RESUMED = re.compile(r"resumed from checkpoint step (\d+)")
+BAD_ROW = 5
 TOTAL = int(multipod_example()["spec"]["training"]["maxSteps"])
 INTERVAL = int(multipod_example()["spec"]["checkpoint"]["intervalSteps"])
 
@@ -53,7 +55,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
     with tiny_job_testbed(tmp_path_factory.mktemp("e2e"), worker_oom()) as tj:
         tj.install_chart()
         tj.build_assets()
-        tj.apply_job(multipod_example())
+        # One row's image is no image: with badRows skip the job trains on the others.
+        write_with_corrupt_image(tj.data_file(), tj.data_file(), BAD_ROW)
+        doc = multipod_example()
+        doc["spec"]["data"]["badRows"] = "skip"
+        tj.apply_job(doc)
         tj.watch(lambda j: j.get("status", {}).get("phase") in TERMINAL, 1500,
                  "the tiny job to finish")
         yield tj
@@ -168,6 +174,19 @@ def test_progress_reached_the_status_while_training(tiny: TinyJob) -> None:
                for p in running)
     final = status(tiny)["progress"]
     assert final["step"] == TOTAL and final["lastCheckpointStep"] == TOTAL
+
+
+def test_the_row_with_a_corrupt_image_was_skipped_named_and_counted(tiny: TinyJob) -> None:
+    """spec.data.badRows: skip: every attempt leaves the row out at load, the log names
+    it, status.progress and every step's metrics count it."""
+    train = multipod_example()["spec"]["data"]["train"]
+    assert status(tiny)["progress"]["badRows"] == 1
+    for attempt in (0, 1):
+        log = tiny.head_log(attempt)
+        assert (f"skipped 1 of 32 prompts of data.train_files (data.bad_rows "
+                f"(spec.data.badRows): skip): {train} row {BAD_ROW}: image 1 is not an image "
+                "that can be read") in log
+        assert {m["data/bad_rows"] for m in step_metrics(log)} == {1.0}
 
 
 def test_attempt_1_starts_at_the_checkpoint_step_plus_one(tiny: TinyJob) -> None:

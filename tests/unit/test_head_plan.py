@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from grpo_api.contract import INDEX_BYTES_PER_ROW, LENGTH_WORKER_GIB
+from grpo_api.contract import INDEX_BYTES_PER_ROW, LENGTH_POOL_MIN_ROWS, LENGTH_WORKER_GIB
 from grpo_api.job import parse_spec
 from grpo_operator.planner import plan_memory
 from grpo_operator.planner.head import driver_gib, head_terms
@@ -29,16 +29,19 @@ def _spec(name: str, **data: Any) -> Any:
 
 
 def test_the_head_counts_its_index_by_rows_and_its_length_pass_by_cpus() -> None:
-    small = plan_memory(_spec("grpojob-qwen2vl-72b-h100.yaml", rows=100_000))
+    small = plan_memory(_spec("grpojob-qwen2vl-72b-h100.yaml", rows=200_000))
     large = plan_memory(_spec("grpojob-qwen2vl-72b-h100.yaml", rows=50_000_000))
     grown = driver_gib(large.geometry) - driver_gib(small.geometry)
-    assert abs(grown - 49_900_000 * INDEX_BYTES_PER_ROW / 2**30) < 1e-9
+    assert abs(grown - 49_800_000 * INDEX_BYTES_PER_ROW / 2**30) < 1e-9
     assert large.head.memory_gib > small.head.memory_gib
     terms = head_terms(small.geometry)
     assert terms["length_pass"] == small.head.cpus * LENGTH_WORKER_GIB
-    lazy = plan_memory(_spec("grpojob-qwen2vl-72b-h100.yaml", rows=100_000,
+    lazy = plan_memory(_spec("grpojob-qwen2vl-72b-h100.yaml", rows=200_000,
                              promptLengths="lazy"))
     assert "length_pass" not in head_terms(lazy.geometry)
+    # Fewer rows than the trainer starts a pool for: the driver counts them alone.
+    few = plan_memory(_spec("grpojob-qwen2vl-72b-h100.yaml", rows=LENGTH_POOL_MIN_ROWS - 1))
+    assert "length_pass" not in head_terms(few.geometry)
     (head,) = [d for d in large.decisions if d.knob == "headPod"]
     assert "the index of 50,000,000 rows 1.9 GiB" in head.reason
     assert f"the length pass in {large.head.cpus} processes" in head.reason

@@ -4,13 +4,19 @@ driver, the driver's index of the prompt rows and the length pass that builds it
 The driver holds no rows: per row a few numbers (``INDEX_BYTES_PER_ROW``, held to by the
 trainer's tests), so the index grows with ``spec.data.rows``. Before Ray's ranks start,
 the trainer counts every prompt's length in ``length_workers`` processes (the head's CPUs,
-at most ``LENGTH_WORKERS_MAX``), each with the tokenizer and processor loaded
-(``LENGTH_WORKER_GIB``); a restart reads the kept result instead.
+at most ``LENGTH_WORKERS_MAX``) when there are ``LENGTH_POOL_MIN_ROWS`` rows or more, each
+with the tokenizer and processor loaded (``LENGTH_WORKER_GIB``); a restart reads the kept
+result instead.
 """
 
 from __future__ import annotations
 
-from grpo_api.contract import INDEX_BYTES_PER_ROW, LENGTH_WORKER_GIB, LENGTH_WORKERS_MAX
+from grpo_api.contract import (
+    INDEX_BYTES_PER_ROW,
+    LENGTH_POOL_MIN_ROWS,
+    LENGTH_WORKER_GIB,
+    LENGTH_WORKERS_MAX,
+)
 
 from .types import Geometry
 from .units import GIB
@@ -55,7 +61,8 @@ def head_terms(geo: Geometry) -> dict[str, float]:
         "ray_and_driver": DRIVER_GIB if geo.is_gpu else DRIVER_CPU_GIB,
         "row_index": rows * INDEX_BYTES_PER_ROW / GIB,
     }
-    if geo.prompt_lengths == "eager" and length_workers(geo) > 1:
+    if (geo.prompt_lengths == "eager" and length_workers(geo) > 1
+            and rows >= LENGTH_POOL_MIN_ROWS):
         terms["length_pass"] = length_workers(geo) * LENGTH_WORKER_GIB
     return terms
 

@@ -75,13 +75,26 @@ def image_tokens(geo: Geometry) -> int:
     return max(1, min(prompt_tokens(geo), patches // PATCHES_PER_TOKEN))
 
 
+def video_tokens(geo: Geometry) -> int:
+    """One video of maxFrames frames at videoMaxPixels, in language-model tokens (within
+    the prompt's length): each pair of frames (Qwen's temporal patch) is as many patches
+    as one image of that size, so a video is maxFrames / 2 such images."""
+    pairs = max(1, geo.max_frames // TEMPORAL_PATCH)
+    patches = pairs * (geo.video_max_pixels // geo.shape.patch_size**2)
+    return max(1, min(prompt_tokens(geo), patches // PATCHES_PER_TOKEN))
+
+
 def images_per_prompt(geo: Geometry) -> float:
-    """A prompt's images at most, counted in images at maxPixels: spec.data.
-    maxImagesPerPrompt (the trainer leaves out or refuses rows with more, and its vLLM
-    limit never exceeds it), and no more image tokens than the prompt holds (they count
-    in its length). The planner never sees the data: the spec says what it holds."""
+    """A prompt's vision input at most, counted in images at maxPixels: spec.data.
+    maxImagesPerPrompt images and maxVideosPerPrompt videos (``video_tokens``; the trainer
+    leaves out or refuses rows with more, and its vLLM limits never exceed them), and no
+    more vision tokens than the prompt holds (they count in its length). The vision
+    tower's activations are per patch, and a patch is one token's quarter for images and
+    video frames alike, so tokens convert to images at maxPixels. The planner never sees
+    the data: the spec says what it holds."""
     its = image_tokens(geo)
-    return min(geo.max_images_per_prompt * its, prompt_tokens(geo)) / its
+    vision = geo.max_images_per_prompt * its + geo.max_videos_per_prompt * video_tokens(geo)
+    return min(vision, prompt_tokens(geo)) / its
 
 
 def micro_batch(geo: Geometry, st: Settings) -> MicroBatch:

@@ -85,6 +85,11 @@ class Geometry:
     # spec.data.maxImagesPerPrompt: the most images a prompt has (the trainer drops or
     # refuses rows with more when it loads the data).
     max_images_per_prompt: int = 1
+    # spec.data.maxVideosPerPrompt (0: no videos), maxFrames and videoMaxPixels: a
+    # prompt's videos at most, each of maxFrames frames at videoMaxPixels (layout.py).
+    max_videos_per_prompt: int = 0
+    max_frames: int = 32
+    video_max_pixels: int = 128 * 28 * 28
     # spec.data.rows (None: planner/head.py's default) and spec.data.promptLengths: what the
     # head's index and length pass hold (planner/head.py).
     data_rows: int | None = None

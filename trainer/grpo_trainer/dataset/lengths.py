@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo_api.contract import LENGTH_WORKERS_MAX
+from grpo_api.contract import LENGTH_POOL_MIN_ROWS, LENGTH_WORKERS_MAX
 from grpo_api.trainer_config import Config, DataConfig
 
 from ..config_error import ConfigError
@@ -33,9 +33,8 @@ log = logging.getLogger(__name__)
 # Rows per task of the pass: big enough that a process's start is paid back, small
 # enough that the last tasks end together.
 CHUNK_ROWS = 2048
-# Below this many rows the pass runs in the driver: a pool process takes seconds to
-# import the processor, more than counting a few thousand prompts.
-POOL_MIN_ROWS = 8192
+# Below this many rows the pass runs in the driver (the planner counts no pool then).
+POOL_MIN_ROWS = LENGTH_POOL_MIN_ROWS
 # A log line (and a progress report) at most this often.
 PROGRESS_EVERY_S = 10.0
 # Tokens of a row the pass did not count (no counter, or promptLengths lazy).

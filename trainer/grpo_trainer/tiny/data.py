@@ -74,3 +74,19 @@ def write_mixed_task(path: str | Path, rows: int = 8, images: Sequence[int] = (1
     )
     pq.write_table(table, path, row_group_size=row_group_size)
     return path
+
+
+# Bytes that begin as a JPEG does and are none: PIL cannot identify them.
+NOT_AN_IMAGE = b"\xff\xd8 a JPEG cut off"
+
+
+def write_with_corrupt_image(src: str | Path, dst: str | Path, row: int) -> Path:
+    """``src`` (a parquet task) written to ``dst`` with row ``row``'s images replaced by
+    one that is no image (NOT_AN_IMAGE): a dataset with a bad row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(src).to_pylist()
+    rows[row]["images"] = [{"bytes": NOT_AN_IMAGE, "path": None}]
+    pq.write_table(pa.Table.from_pylist(rows), dst)
+    return Path(dst)
