@@ -143,7 +143,9 @@ def run(mode: str, file: Path, model: Path, ckpt: Path, workers: int) -> dict[st
     out = subprocess.run(
         [sys.executable, __file__, "--measure", mode, "--file", str(file), "--model",
          str(model), "--ckpt", str(ckpt), "--workers", str(workers)],
-        check=True, capture_output=True, text=True)
+        check=False, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{mode} on {file.name} failed:\n{out.stderr[-4000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
