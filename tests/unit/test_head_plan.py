@@ -36,6 +36,9 @@ def test_the_head_counts_its_index_by_rows_and_its_length_pass_by_cpus() -> None
     assert large.head.memory_gib > small.head.memory_gib
     terms = head_terms(small.geometry)
     assert terms["length_pass"] == small.head.cpus * LENGTH_WORKER_GIB
+    geo = small.geometry  # a step's responses as text, held for the rewards
+    assert terms["responses_in_flight"] == (geo.rollout_batch_size * geo.spec_rollout_n
+                                            * geo.response_length * 8 / 2**30)
     lazy = plan_memory(_spec("grpojob-qwen2vl-72b-h100.yaml", rows=200_000,
                              promptLengths="lazy"))
     assert "length_pass" not in head_terms(lazy.geometry)
@@ -45,6 +48,7 @@ def test_the_head_counts_its_index_by_rows_and_its_length_pass_by_cpus() -> None
     (head,) = [d for d in large.decisions if d.knob == "headPod"]
     assert "the index of 50,000,000 rows 1.9 GiB" in head.reason
     assert f"the length pass in {large.head.cpus} processes" in head.reason
+    assert "a step's responses as text" in head.reason
 
 
 def test_the_trainer_runs_the_pass_in_the_processes_the_plan_counted() -> None:

@@ -213,6 +213,7 @@ def geometry(
         video_max_pixels=spec.data.video_max_pixels,
         data_rows=spec.data.rows,
         prompt_lengths=spec.data.prompt_lengths,
+        spec_rollout_n=spec.algorithm.rollout_n,
         rollout=side,
     )
 

@@ -1,5 +1,6 @@
 """The head pod's work and its host memory: Ray's GCS and dashboard, the single-controller
-driver, the driver's index of the prompt rows and the length pass that builds it.
+driver, the driver's index of the prompt rows and the length pass that builds it, and the
+responses the driver holds for the rewards.
 
 The driver holds no rows: per row a few numbers (``INDEX_BYTES_PER_ROW``, held to by the
 trainer's tests), so the index grows with ``spec.data.rows``. Before Ray's ranks start,
@@ -28,6 +29,10 @@ DRIVER_CPU_GIB = 3.0  # the same for a tiny cpu job (small batches, no vLLM)
 # head (a test's or a demo's data, beside the ranks on one small node) for fewer.
 DEFAULT_DATA_ROWS = 1_000_000
 DEFAULT_CPU_DATA_ROWS = 10_000
+# The driver holds a step's responses as text for the rewards (rollout summaries): bytes
+# of a Python str per response token (about 4 characters a token, 1 byte each, and the
+# summary's dict around it).
+RESPONSE_TEXT_B_PER_TOKEN = 8
 
 
 def data_rows(geo: Geometry) -> int:
@@ -61,6 +66,11 @@ def head_terms(geo: Geometry) -> dict[str, float]:
         "ray_and_driver": DRIVER_GIB if geo.is_gpu else DRIVER_CPU_GIB,
         "row_index": rows * INDEX_BYTES_PER_ROW / GIB,
     }
+    # A step's responses, and with rollouts apart those of the batches drawn ahead.
+    ahead = 1 + (geo.rollout.max_staleness if geo.rollout is not None else 0)
+    terms["responses_in_flight"] = (geo.rollout_batch_size * geo.spec_rollout_n
+                                    * geo.response_length * RESPONSE_TEXT_B_PER_TOKEN
+                                    * ahead / GIB)
     if (geo.prompt_lengths == "eager" and length_workers(geo) > 1
             and rows >= LENGTH_POOL_MIN_ROWS):
         terms["length_pass"] = length_workers(geo) * LENGTH_WORKER_GIB

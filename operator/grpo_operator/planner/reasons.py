@@ -320,6 +320,7 @@ def _head_terms(geo: Geometry) -> str:
     out = [f"Ray and the driver {_g(terms['ray_and_driver'])}",
            f"the index of {rows:,} rows{'' if geo.data_rows else ' (spec.data.rows unset)'} "
            f"{_g(terms['row_index'])}"]
+    out.append(f"a step's responses as text {_g(terms['responses_in_flight'])}")
     if "length_pass" in terms:
         out.append(f"the length pass in {length_workers(geo)} processes "
                    f"{_g(terms['length_pass'])}")

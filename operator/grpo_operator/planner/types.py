@@ -94,6 +94,9 @@ class Geometry:
     # head's index and length pass hold (planner/head.py).
     data_rows: int | None = None
     prompt_lengths: str = "eager"
+    # spec.algorithm.rolloutN: the responses a prompt gets, which the driver holds as text
+    # for the rewards (planner/head.py); the ladder may lower the knob, never this.
+    spec_rollout_n: int = 1
     # spec.rollout.placement disaggregated: the rollout side (None: colocated, every GPU
     # generates and trains).
     rollout: RolloutSide | None = None
