@@ -26,7 +26,7 @@ from grpo_api.trainer_config import Config, DataConfig
 
 from ..config_error import ConfigError
 from ..data import Record
-from .rows import BadRow, RowRef, check_headers, check_images, columns, file_rows, to_record
+from .rows import BadRow, RowRef, columns, examine, file_rows
 
 log = logging.getLogger(__name__)
 
@@ -78,20 +78,14 @@ def count_chunk(chunk: Chunk, cfg: DataConfig, counter: Counter | None, full_che
         i = row - chunk.start
         ref = RowRef(chunk.first_index + i, chunk.path, row, offset)
         try:
-            record = to_record(ref, value, cfg)
-            images[i] = min(len(record.images), 255)
-            videos[i] = min(len(record.videos), 255)
-            check_headers(record, ref)
-            if full_check:
-                check_images(record, ref)
-            if counter is not None:
-                tokens[i] = counter(record)
+            record, tokens[i] = examine(ref, value, cfg, counter, full_check)
         except BadRow as err:
             bad.append((row, err.what))
+            continue
         except ConfigError as err:
             raise ConfigError(err.field, f"{ref.where}: {err.message}") from err
-        except (ValueError, OSError, SyntaxError) as err:  # PIL's unreadable header, etc.
-            bad.append((row, f"it cannot be encoded ({err})"))
+        images[i] = min(len(record.images), 255)
+        videos[i] = min(len(record.videos), 255)
     return ChunkResult(chunk, tokens, images, videos, bad)
 
 

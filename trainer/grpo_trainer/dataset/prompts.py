@@ -31,16 +31,7 @@ from ..config_error import ConfigError
 from ..data import Record
 from .index import RowIndex, count_rows, scan
 from .lengths import UNCOUNTED, Counter
-from .rows import (
-    BadRow,
-    RowRef,
-    bad_row_error,
-    check_headers,
-    check_images,
-    columns,
-    raw_rows,
-    to_record,
-)
+from .rows import BadRow, RowRef, bad_row_error, columns, examine, raw_rows
 
 log = logging.getLogger(__name__)
 # Rows named one by one in a drop message; the rest are counted.
@@ -210,23 +201,12 @@ class DrawCheck:
         keep: list[bool] = []
         for ref, value in zip(refs, raw_rows(refs, columns(cfg)), strict=True):
             try:
-                record = to_record(ref, value, cfg)
-                check_headers(record, ref)
-                if cfg.bad_rows == "skip":
-                    check_images(record, ref)
-                tokens = self.prompt_tokens(record)
+                record, tokens = examine(ref, value, cfg, self.prompt_tokens,
+                                         cfg.bad_rows == "skip")
             except BadRow as err:
                 if cfg.bad_rows == "fail":
                     raise bad_row_error(err) from err
                 log.warning("skipped (%s: skip) %s", setting("bad_rows"), err)
-                self.skipped += 1
-                keep.append(False)
-                continue
-            except (ValueError, OSError, SyntaxError) as err:
-                bad = BadRow(ref, f"it cannot be encoded ({err})")
-                if cfg.bad_rows == "fail":
-                    raise bad_row_error(bad) from err
-                log.warning("skipped (%s: skip) %s", setting("bad_rows"), bad)
                 self.skipped += 1
                 keep.append(False)
                 continue

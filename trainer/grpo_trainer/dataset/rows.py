@@ -214,6 +214,24 @@ def check_images(record: Record, ref: RowRef) -> None:
             raise BadRow(ref, f"image {i + 1} cannot be decoded ({err})") from err
 
 
+def examine(ref: RowRef, row: dict[str, Any], cfg: DataConfig,
+            counter: Callable[[Record], int] | None, full_check: bool) -> tuple[Record, int]:
+    """The row as a Record, checked as a load checks it (its images' headers, or with
+    ``full_check`` their whole decode), and its prompt's tokens (-1 without a counter).
+    Every reason the row cannot be used is a ``BadRow``; a ConfigError (pixel bounds no
+    image fits) is the config's, and leaves as it is."""
+    record = to_record(ref, row, cfg)
+    check_headers(record, ref)
+    if full_check:
+        check_images(record, ref)
+    try:
+        return record, counter(record) if counter is not None else -1
+    except ConfigError:
+        raise
+    except (ValueError, OSError, SyntaxError) as err:  # e.g. an aspect ratio over 200
+        raise BadRow(ref, f"it cannot be encoded ({err})") from err
+
+
 def read_records(items: Sequence[RowRef | Record], cfg: DataConfig) -> list[Record]:
     """Records for ``items`` (a Record passes as it is), read here; a bad row is a
     ConfigError naming it (``data.bad_rows: fail``; with skip the driver never draws one
