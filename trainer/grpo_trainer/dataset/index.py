@@ -38,6 +38,8 @@ INDEX_DIR = "data-index"
 # statistics, is at its end). Hashing whole files of images would cost a restart minutes.
 HASHED_END_BYTES = 1 << 20
 # The model's files that decide how a prompt is tokenized and how its images are sized.
+# A parquet row group above this many rows makes a rank's read of one row slow (a warning).
+LARGE_ROW_GROUP = 10_000
 PROCESSOR_FILES = ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json",
                    "video_preprocessor_config.json", "processor_config.json",
                    "chat_template.json", "chat_template.jinja", "config.json")
@@ -109,6 +111,13 @@ def scan(entries: list[str], field: str, cfg: DataConfig) -> RowIndex:
             pf = pq.ParquetFile(path)
             _check_columns(path, pf.schema_arrow.names, cfg)
             n = pf.metadata.num_rows
+            largest = max((pf.metadata.row_group(g).num_rows
+                           for g in range(pf.metadata.num_row_groups)), default=0)
+            if largest > LARGE_ROW_GROUP:
+                log.warning("%s has row groups of up to %d rows: a rank reading one row "
+                            "streams the whole group; rewrite it with row groups of a few "
+                            "hundred rows (pyarrow's row_group_size; Hugging Face datasets "
+                            "writes image data so)", path, largest)
             offs = np.full(n, -1, dtype=np.int64)
         elif path.suffix in (".jsonl", ".json"):
             offs = _jsonl_offsets(path)
