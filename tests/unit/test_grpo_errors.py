@@ -218,3 +218,17 @@ def test_a_rank_phase_tag_reaches_the_termination_message_through_rays_pickling(
     assert body["phase"] == "rollout"
     assert "phase" not in json.loads(termination_message(c.reason, 7, 5, c.detail))
     assert classify(RuntimeError("CUDA out of memory")).phase is None  # untagged: unknown
+
+
+def test_grpo_train_help_names_every_exit_code() -> None:
+    """`grpo-train --help` lists what each exit code means, from the enum the operator
+    classifies by: a code added there cannot be left out here."""
+    from click.testing import CliRunner
+
+    from grpo_api.contract import ExitCode
+    from grpo_trainer.cli import cli
+
+    text = " ".join(CliRunner().invoke(cli, ["--help"]).output.split())
+    for code in ExitCode:
+        assert f" {int(code)} " in text, code
+    assert "143 stopped on SIGTERM after a save" in text

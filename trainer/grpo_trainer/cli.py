@@ -13,6 +13,8 @@ import sys
 
 import click
 
+from grpo_api.contract import ExitCode
+
 from . import __version__
 
 _config_opt = click.option(
@@ -41,7 +43,23 @@ def _train(config_path: str | None, overrides: tuple[str, ...], resume: bool) ->
     sys.exit(int(run_training(config_path or CONFIG_PATH, list(overrides), resume=resume)))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
+# What each exit code means, from the enum the operator classifies by (grpo_api.contract).
+EXIT_WORDS = {
+    ExitCode.FINISHED: "finished", ExitCode.ERROR: "error", ExitCode.CONFIG_ERROR: "bad config",
+    ExitCode.CUDA_OOM: "CUDA OOM", ExitCode.HOST_OOM: "host/Ray OOM",
+    ExitCode.WORKER_LOST: "worker lost", ExitCode.HANG: "hang (stacks written)",
+    ExitCode.CHECKPOINT_INCOMPATIBLE: "checkpoint incompatible",
+    ExitCode.TERMINATED: "stopped on SIGTERM after a save",
+}
+HELP = (
+    "Run GRPO training for vision-language models on Ray + FSDP2.\n\n"
+    "Without a command, trains with --config (default /etc/grpo/config.yaml).\n"
+    "Exit codes: " + ", ".join(f"{int(c)} {EXIT_WORDS[c]}" for c in ExitCode) + "."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True,
+             help=HELP)
 @click.version_option(__version__, prog_name="grpo-train")
 @_config_opt
 @_set_opt
@@ -50,12 +68,6 @@ def _train(config_path: str | None, overrides: tuple[str, ...], resume: bool) ->
 def cli(
     ctx: click.Context, config_path: str | None, overrides: tuple[str, ...], resume: bool
 ) -> None:
-    """Run GRPO training for vision-language models on Ray + FSDP2.
-
-    Without a command, trains with --config (default /etc/grpo/config.yaml).
-    Exit codes: 0 finished, 1 error, 2 bad config, 3 CUDA OOM, 4 host/Ray OOM,
-    5 worker lost.
-    """
     if ctx.invoked_subcommand is None:
         _train(config_path, overrides, resume)
 

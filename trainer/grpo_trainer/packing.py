@@ -5,8 +5,8 @@ and its own earlier tokens only, at the positions it had in generation.
 A group of n responses to a P-token prompt then costs P + sum(R) tokens of forward and
 backward instead of n * P + sum(R), and the vision tower encodes each image once
 instead of n times; the log-probs and gradients are those of the padded layout
-(``samples.collate_train``) up to float rounding (tests/unit/test_packing.py,
-tests/trainer/test_shared_prefix.py). Text models take 1-D positions (``arange``);
+(``samples.collate_train``) up to float rounding (tests/trainer/test_shared_prefix.py).
+Text models take 1-D positions (``arange``);
 Qwen2/2.5/3-VL take their M-RoPE positions ([3, rows, width]), which the model's own
 ``get_rope_index`` computes from each unpacked sample (``rope_index_of``): the model
 recomputes none when it is given ``position_ids``, so the packed rows get exactly the

@@ -1,5 +1,5 @@
 """Rank-0 init through ``rank0_init.load_from_rank0`` against torch's own broadcast, on
-spawned gloo ranks (tests/trainer/test_collective_devices.py). On CPU both run on gloo;
+spawned gloo ranks (tests/trainer/test_rank0_init.py). On CPU both run on gloo;
 what the test checks is that the shards each rank keeps are torch's, to the bit."""
 
 from __future__ import annotations
