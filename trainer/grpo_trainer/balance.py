@@ -76,14 +76,15 @@ def hand_over(samples: list[Sample], groups: list[int], n: int
               ) -> tuple[list[Sample], list[list[Sample]]]:
     """``samples`` (groups of ``n``) without the ``groups`` that leave, in their order, and
     those groups. A leaving group's samples share one copy of their prompt without its
-    decoded images (only the rollout engine reads them): pickled together, they arrive
-    sharing it, so the receiving rank packs them into one row."""
+    decoded images and video frames (only the rollout engine reads them; the update reads
+    the processor's tensors): pickled together, they arrive sharing it, so the receiving
+    rank packs them into one row."""
     leaving = set(groups)
     kept = [s for i, s in enumerate(samples) if i // n not in leaving]
     out = []
     for g in groups:
         group = samples[g * n : (g + 1) * n]
-        prompt = replace(group[0].prompt, images=[])
+        prompt = replace(group[0].prompt, images=[], videos=[])
         for s in group:
             s.prompt = prompt
         out.append(group)

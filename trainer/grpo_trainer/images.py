@@ -31,6 +31,9 @@ class PixelBounds:
     min_pixels: int
     max_pixels: int
     factor: int  # patch_size x merge_size: the side, in pixels, of one image token
+    # What is resized, for messages: "image", or "video" for video frames (their bounds
+    # are data.video_min_pixels/video_max_pixels: grpo_trainer.videos).
+    what: str = "image"
 
     def size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) after Qwen's smart-resize, applied until it changes nothing.
@@ -48,11 +51,11 @@ class PixelBounds:
                 return w, h
             h, w = nh, nw
         raise ConfigError(
-            "data.image_max_pixels",
-            f"no size of a {width}x{height} image has sides that are multiples of "
+            f"data.{self.what}_max_pixels",
+            f"no size of a {width}x{height} {self.what} has sides that are multiples of "
             f"{self.factor} (the model's patch x merge) and {self.min_pixels} to "
-            f"{self.max_pixels} pixels (data.image_min_pixels to data.image_max_pixels); "
-            "widen the bounds",
+            f"{self.max_pixels} pixels (data.{self.what}_min_pixels to "
+            f"data.{self.what}_max_pixels); widen the bounds",
         )
 
     def tokens(self, width: int, height: int) -> int:

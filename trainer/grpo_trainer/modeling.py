@@ -24,6 +24,7 @@ from grpo_api.trainer_config import ActorConfig, InitStrategy, ModelConfig
 from .precision import DTYPES as DTYPES  # the compute dtypes by name; worker.py reads them here
 from .precision import storage_dtype, store_params
 from .rank0_init import broadcast_device, load_from_rank0
+from .video_positions import match_vllm_video_positions
 from .vision_in_step import keep_vision_in_step
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ def load_full(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:
         attn_implementation=cfg.attn_implementation,
         trust_remote_code=cfg.trust_remote_code,
     )
+    # A video's positions as vLLM's (video_positions.py): the rollout samples at them.
+    match_vllm_video_positions(model)
     return model
 
 
@@ -69,6 +72,7 @@ def _build_on_meta(cfg: ModelConfig) -> nn.Module:
             attn_implementation=cfg.attn_implementation,
             trust_remote_code=cfg.trust_remote_code,
         )
+    match_vllm_video_positions(model)  # as load_full
     return model
 
 
@@ -91,7 +95,8 @@ def params_home(actor: ActorConfig, device: torch.device) -> torch.device:
 
 
 def shard_model(
-    model: nn.Module, actor: ActorConfig, device: torch.device, *, trainable: bool
+    model: nn.Module, actor: ActorConfig, device: torch.device, *, trainable: bool,
+    tower_passes: int = 1,
 ) -> nn.Module:
     """FSDP2 ``fully_shard`` per block then the root; parameters stored as ``actor.precision``
     says (float32 master weights, or bf16), gathered in ``actor.dtype``.
@@ -115,9 +120,10 @@ def shard_model(
         fully_shard(block, **kwargs)
     # The root's parameters (embeddings, head) are needed again right away in backward.
     fully_shard(model, **{**kwargs, "reshard_after_forward": not trainable})
-    # Each vision block is a unit: every rank must run the tower in every forward, or a
-    # text-only micro-batch issues fewer collectives than an image one (vision_in_step.py).
-    keep_vision_in_step(model)
+    # Each vision block is a unit: every rank must run the tower in every forward, as often
+    # as any rank (twice with videos), or a text-only micro-batch issues fewer collectives
+    # than an image one (vision_in_step.py).
+    keep_vision_in_step(model, tower_passes)
     if not trainable:
         model.requires_grad_(False)
         model.eval()
@@ -130,8 +136,11 @@ def build_sharded(
     device: torch.device,
     *,
     trainable: bool,
+    tower_passes: int = 1,
 ) -> nn.Module:
-    """Load and shard with the configured init strategy; returns an FSDP2 module."""
+    """Load and shard with the configured init strategy; returns an FSDP2 module.
+    ``tower_passes``: the vision tower's passes every forward makes
+    (``vision_in_step.tower_passes``)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     rank = dist.get_rank()
@@ -139,9 +148,11 @@ def build_sharded(
     if strategy == InitStrategy.NAIVE:
         model = load_full(mcfg, storage_dtype(actor, trainable)).to(device)
         _prepare(model, actor, trainable)
-        return shard_model(model, actor, device, trainable=trainable)
+        return shard_model(model, actor, device, trainable=trainable,
+                           tower_passes=tower_passes)
     if strategy == InitStrategy.SHARDED:
-        sharded = _build_sharded_read(mcfg, actor, device, trainable=trainable)
+        sharded = _build_sharded_read(mcfg, actor, device, trainable=trainable,
+                                      tower_passes=tower_passes)
         if sharded is not None:
             return sharded
 
@@ -155,7 +166,7 @@ def build_sharded(
     # in new storage and drops its reference to the full tensor, so these are the
     # only full copies.
     full_sd = {k: v.detach() for k, v in model.state_dict().items()} if rank == 0 else {}
-    shard_model(model, actor, device, trainable=trainable)
+    shard_model(model, actor, device, trainable=trainable, tower_passes=tower_passes)
     home = params_home(actor, device)
     if rank != 0:
         _materialise(model, device, home)
@@ -194,7 +205,8 @@ def _materialise(model: nn.Module, device: torch.device, params: torch.device) -
 
 
 def _build_sharded_read(
-    mcfg: ModelConfig, actor: ActorConfig, device: torch.device, *, trainable: bool
+    mcfg: ModelConfig, actor: ActorConfig, device: torch.device, *, trainable: bool,
+    tower_passes: int = 1,
 ) -> nn.Module | None:
     """The ``sharded`` strategy; None (on every rank alike) if the checkpoint does not allow it."""
     from .lora import reset_adapters
@@ -208,7 +220,7 @@ def _build_sharded_read(
         log.warning("init_strategy sharded not possible (%s): loading through rank 0", why)
         return None
     _prepare(model, actor, trainable)
-    shard_model(model, actor, device, trainable=trainable)
+    shard_model(model, actor, device, trainable=trainable, tower_passes=tower_passes)
     _materialise(model, device, params_home(actor, device))
     t0 = time.perf_counter()
     nbytes = read_local_shards(model, plan)

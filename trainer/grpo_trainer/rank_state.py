@@ -20,6 +20,7 @@ from grpo_api.trainer_config import ActorConfig, Config
 
 from .modeling import DTYPES, build_sharded
 from .precision import build_optimizer
+from .vision_in_step import tower_passes
 
 
 @dataclass(frozen=True)
@@ -89,13 +90,16 @@ def build_rank_state(
     group. ``on_built`` is told "load:actor" and "load:reference" as each is built
     (``bench/gpu_fidelity.py`` marks memory there)."""
     torch.manual_seed(cfg.trainer.seed)  # identical init everywhere (meta ranks overwrite)
-    actor = build_sharded(cfg.model, cfg.actor, device, trainable=True)
+    # Every rank's forwards run the vision tower as often: twice when prompts may have
+    # videos (vision_in_step.py).
+    passes = tower_passes(cfg.data.max_videos_per_prompt)
+    actor = build_sharded(cfg.model, cfg.actor, device, trainable=True, tower_passes=passes)
     on_built("load:actor")
     ref: nn.Module | None = None
     if cfg.algorithm.kl_coef > 0:
         # LoRA: the reference is the actor itself with its adapters off (no copy).
         ref = actor if cfg.actor.lora else build_sharded(
-            cfg.model, cfg.actor, device, trainable=False
+            cfg.model, cfg.actor, device, trainable=False, tower_passes=passes
         )
     on_built("load:reference")
     # AdamW (fused, float32 state) or, for actor.precision bf16, BF16AdamW; with

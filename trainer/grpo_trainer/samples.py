@@ -3,8 +3,9 @@
 
 Multimodal inputs stay generic: processor outputs shaped like ``input_ids``
 (e.g. Qwen's ``mm_token_type_ids``) are padded along with the tokens, everything
-else (``pixel_values``, ``image_grid_thw``) is concatenated along dim 0 in sample
-order, which is the layout Qwen-VL models expect for a batch.
+else (``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``,
+Qwen2.5-VL's ``second_per_grid_ts``) is concatenated along dim 0 in sample order, which
+is the layout Qwen-VL models expect for a batch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from grpo_api.trainer_config import Config
 
 from .data import Record, build_messages, decode_images, load_template
 from .images import PixelBounds, image_size, pixel_bounds, processor_bounds
+from .videos import Video, VideoShape, VideoSpec, load, metadata_object, probe, timestamps_of
+from .videos import video_spec as make_video_spec
 
 
 @dataclass
@@ -29,6 +32,8 @@ class EncodedPrompt:
     mm_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # concatenable on dim 0
     raw_prompt_ids: list[int] = field(default_factory=list)  # placeholders unexpanded (vLLM)
     images: list[Any] = field(default_factory=list)  # PIL images (vLLM)
+    # The sampled, resized frames the processor encoded, and their metadata (vLLM).
+    videos: list[Video] = field(default_factory=list)
 
 
 @dataclass
@@ -59,11 +64,13 @@ class Sample:
 
 class PromptEncoder:
     """Chat template + processor, identical for rollout and training. Each image is
-    resized once to ``bounds`` (grpo_trainer.images) and that image is what both the
-    processor and the rollout engine get."""
+    resized once to ``bounds`` (grpo_trainer.images), each video sampled and resized once
+    to ``video_spec`` (grpo_trainer.videos), and those pixels are what both the processor
+    and the rollout engine get."""
 
     def __init__(
-        self, processor: Any, tokenizer: Any, template: Any, bounds: PixelBounds | None
+        self, processor: Any, tokenizer: Any, template: Any, bounds: PixelBounds | None,
+        video_spec: VideoSpec | None = None,
     ) -> None:
         self.processor = processor
         self.tokenizer = tokenizer
@@ -72,6 +79,11 @@ class PromptEncoder:
         self.bounds = bounds
         if bounds is None and processor is not None:
             self.bounds = processor_bounds(processor.image_processor)
+        # None: data.video_*'s defaults for a VLM with a video processor, else no videos.
+        self.video_spec = video_spec
+        if video_spec is None and getattr(processor, "video_processor", None) is not None:
+            self.video_spec = make_video_spec(None, processor.video_processor,
+                                              writes_timestamps(processor))
 
     def _prompt(self, record: Record) -> tuple[str, list[int]]:
         """The templated prompt and its tokens, one placeholder per image (what vLLM is
@@ -87,25 +99,59 @@ class PromptEncoder:
             raise ValueError("the model has no image processor but the data has images")
         return self.bounds
 
+    def _video_spec(self) -> VideoSpec:
+        if self.video_spec is None:
+            raise ValueError("the model has no video processor but the data has videos")
+        return self.video_spec
+
+    def _video_tokens(self, shape: VideoShape, spec: VideoSpec) -> int:
+        """The tokens one video's placeholder becomes: its frames' tokens, and for
+        Qwen3-VL each temporal patch's ``<t seconds>`` text and vision start/end tokens
+        (``Qwen3VLProcessor.replace_video_token``; vLLM's ``get_video_repl`` the same).
+        Each time is tokenized on its own: special tokens bound it in the prompt."""
+        tokens = shape.tokens(spec)
+        if not spec.timestamps:
+            return tokens
+        times = timestamps_of(shape.indices, shape.fps, spec.temporal_patch)
+        text = sum(len(self.tokenizer(f"<{t:.1f} seconds>", add_special_tokens=False)
+                       ["input_ids"]) for t in times)
+        return tokens + text + 2 * len(times)
+
     def count_tokens(self, record: Record) -> int:
         """``encode(record).input_ids.numel()`` without running the processor: each image's
-        placeholder becomes ``PixelBounds.tokens`` of its size, read from its header."""
+        placeholder becomes ``PixelBounds.tokens`` of its size, read from its header; each
+        video's its frames' tokens, the frame count and size read from its header
+        (``videos.probe``: nothing decoded)."""
         raw = len(self._prompt(record)[1])
-        if not record.images:
-            return raw
-        bounds = self._bounds()
-        return raw + sum(bounds.tokens(*image_size(b)) - 1 for b in record.images)
+        if record.images:
+            bounds = self._bounds()
+            raw += sum(bounds.tokens(*image_size(b)) - 1 for b in record.images)
+        if record.videos:
+            spec = self._video_spec()
+            raw += sum(self._video_tokens(probe(v, spec), spec) - 1 for v in record.videos)
+        return raw
 
     def encode(self, record: Record) -> EncodedPrompt:
         text, raw_ids = self._prompt(record)
-        if not record.images:
+        if not record.images and not record.videos:
             ids = torch.tensor(raw_ids, dtype=torch.long)
             return EncodedPrompt(record, ids, raw_prompt_ids=raw_ids)
-        bounds = self._bounds()
-        images = [bounds.fit(im) for im in decode_images(record.images)]
-        enc = self.processor(
-            text=[text], images=images, return_tensors="pt", size=bounds.processor_size
-        )
+        kwargs: dict[str, Any] = {}
+        images: list[Any] = []
+        if record.images:
+            bounds = self._bounds()
+            images = [bounds.fit(im) for im in decode_images(record.images)]
+            kwargs.update(images=images, size=bounds.processor_size)
+        videos: list[Video] = []
+        if record.videos:
+            spec = self._video_spec()
+            videos = [load(v, spec) for v in record.videos]
+            # The videos' own kwargs (the flat size is the images' bounds; with do_resize
+            # off it leaves the frames as they are).
+            kwargs.update(videos=[v.frames for v in videos], videos_kwargs={
+                **spec.processor_kwargs,
+                "video_metadata": [metadata_object(v) for v in videos]})
+        enc = self.processor(text=[text], return_tensors="pt", **kwargs)
         ids = enc["input_ids"][0]
         extras: dict[str, torch.Tensor] = {}
         mm: dict[str, torch.Tensor] = {}
@@ -116,7 +162,14 @@ class PromptEncoder:
                 extras[key] = value[0]
             else:
                 mm[key] = value
-        return EncodedPrompt(record, ids, extras, mm, raw_ids, images)
+        return EncodedPrompt(record, ids, extras, mm, raw_ids, images, videos)
+
+
+def writes_timestamps(processor: Any) -> bool:
+    """Whether ``processor`` writes Qwen3-VL's ``<t seconds>`` before each frame pair of a
+    video (Qwen3VLProcessor and what derives from it compute them in
+    ``_calculate_timestamps``; Qwen2/2.5-VL's do not)."""
+    return hasattr(type(processor), "_calculate_timestamps")
 
 
 @dataclass(frozen=True)
@@ -147,7 +200,11 @@ def load_rollout_tokens(cfg: Config, hf_config: Any) -> RolloutTokens:
             tok_path, trust_remote_code=cfg.model.trust_remote_code
         )
     bounds = pixel_bounds(cfg.data, processor.image_processor) if processor else None
-    encoder = PromptEncoder(processor, tokenizer, load_template(cfg.data.format_prompt), bounds)
+    videos = None
+    if (video_processor := getattr(processor, "video_processor", None)) is not None:
+        videos = make_video_spec(cfg.data, video_processor, writes_timestamps(processor))
+    encoder = PromptEncoder(processor, tokenizer, load_template(cfg.data.format_prompt), bounds,
+                            videos)
     eos = getattr(hf_config, "eos_token_id", None)
     if eos is None:  # VLM configs keep it on the text sub-config
         eos = getattr(getattr(hf_config, "text_config", None), "eos_token_id", None)

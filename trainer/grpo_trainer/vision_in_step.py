@@ -20,9 +20,11 @@ whole pass. Adding an exact zero changes no log-prob and no gradient: the tower'
 parameters get zero gradients on that rank, so every rank reduces the same tensors.
 
 The cost is one tiny tower pass (``spatial_merge_size**2`` patches) per text-only
-forward. Video is not admitted by the data loader, so a forward runs the tower at most
-once; a rank that ran it twice (image and video) would again differ from one that ran
-it once.
+forward. With videos (``data.max_videos_per_prompt`` > 0) a forward can run the tower twice,
+once for its images (``get_image_features``) and once for its videos
+(``get_video_features``), so every forward then runs it exactly twice (``tower_passes``):
+the zero image fills in for whichever of the two a micro-batch lacks, and a rank with
+images and videos issues the collectives of one with neither.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ from torch import nn
 
 @dataclass
 class _TowerState:
-    ran: bool = False  # the tower ran in the current forward
+    runs: int = 0  # the tower's passes in the current forward
+
+
+def tower_passes(max_videos_per_prompt: int) -> int:
+    """The tower's passes in every forward of a job: one (its images, or the zero image),
+    and with videos one more (transformers encodes a forward's videos in a pass of their
+    own)."""
+    return 2 if max_videos_per_prompt > 0 else 1
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -77,10 +86,11 @@ def _vision_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module] | 
     return None
 
 
-def keep_vision_in_step(model: nn.Module) -> bool:
-    """Make every forward of ``model`` run its vision tower (module docstring). Returns
-    whether the model has one. Install once, on the FSDP-sharded modules (actor and
-    reference): an unsharded copy (the transformers rollout engine) needs no lockstep."""
+def keep_vision_in_step(model: nn.Module, passes: int = 1) -> bool:
+    """Make every forward of ``model`` run its vision tower ``passes`` times (module
+    docstring; ``tower_passes``). Returns whether the model has one. Install once, on the
+    FSDP-sharded modules (actor and reference): an unsharded copy (the transformers
+    rollout engine) needs no lockstep."""
     parts = _vision_parts(model)
     if parts is None:
         return False
@@ -91,21 +101,23 @@ def keep_vision_in_step(model: nn.Module) -> bool:
     state = _TowerState()
 
     def forward_starts(_module: nn.Module, _args: Any) -> None:
-        state.ran = False
+        state.runs = 0
 
     def tower_ran(_module: nn.Module, _args: Any, _out: Any) -> None:
-        state.ran = True
+        state.runs += 1
 
     def before_language_model(
         _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         embeds = kwargs.get("inputs_embeds")
-        if state.ran or not isinstance(embeds, torch.Tensor):
+        missing = passes - state.runs
+        if missing <= 0 or not isinstance(embeds, torch.Tensor):
             return None
         pixels, grid = dummy_image(vision_config, embeds.device)
-        out = owner.get_image_features(pixels, grid, return_dict=True)  # type: ignore[operator]
-        zero = embeds.new_zeros((), dtype=torch.float32)
-        total = sum((t.float().sum() for t in _tensors(out)), zero)
+        total = embeds.new_zeros((), dtype=torch.float32)
+        for _ in range(missing):
+            out = owner.get_image_features(pixels, grid, return_dict=True)  # type: ignore[operator]
+            total = sum((t.float().sum() for t in _tensors(out)), total)
         kwargs["inputs_embeds"] = embeds + (total * 0.0).to(embeds.dtype)
         return args, kwargs
 

@@ -12,6 +12,7 @@ from grpo_api.trainer_config import Config
 from ..modeling import load_full
 from ..rank_state import RankState
 from ..samples import RolloutTokens
+from ..videos import same_normalisation
 from .base import RolloutEngine
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ def vllm_config(cfg: Config, hf_config: Any, compute_dtype: torch.dtype, tokens:
     from .vllm_engine import VLLMEngineConfig, kv_cache_bytes
 
     seqs = prompts * cfg.rollout.n
+    videos = cfg.data.max_videos_per_prompt
     max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     return VLLMEngineConfig(
         model_path=cfg.model.path,
@@ -41,6 +43,11 @@ def vllm_config(cfg: Config, hf_config: Any, compute_dtype: torch.dtype, tokens:
         max_images_per_prompt=cfg.data.max_images_per_prompt,
         lora_rank=lora_rank,
         image_bounds=tokens.encoder.bounds,
+        # The most videos a loaded prompt has (data.max_videos_per_prompt, lowered to the
+        # data's at load), and how the ranks sample and size their frames.
+        max_videos_per_prompt=videos,
+        video_spec=tokens.encoder.video_spec if videos else None,
+        device_normalize=not videos or same_normalisation(tokens.encoder.processor),
     )
 
 

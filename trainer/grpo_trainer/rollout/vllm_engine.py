@@ -29,6 +29,9 @@ Per step (``RolloutEngine`` lifecycle):
 
 Images reach vLLM already resized to the trainer's pixel bounds (grpo_trainer.images),
 and vLLM gets the same bounds, so its prompt has the trainer's tokens (checked per prompt).
+Videos reach it as the frames the trainer sampled and resized (grpo_trainer.videos), with
+their metadata (source fps, sampled frame indices: Qwen2.5-VL's temporal positions and
+Qwen3-VL's frame times follow from it), and vLLM is told to neither sample nor resize them.
 
 The engine loads the checkpoint once at start-up even though the first load_weights
 rewrites every parameter: vLLM's placeholder weights (``load_format="dummy"``) also
@@ -55,6 +58,7 @@ from grpo_api.trainer_config import MAX_IMAGES_PER_PROMPT, LoraConfig
 from ..images import PixelBounds
 from ..lora.vllm_adapter import AdapterSlot
 from ..samples import EncodedPrompt
+from ..videos import VideoSpec
 from .base import Generation, SamplingSpec
 from .collectives import collective_kwargs, restore_local_rank
 from .stale_shm import remove_stale_vllm_segments
@@ -86,6 +90,14 @@ class VLLMEngineConfig:
     # A VLM's pixel bounds, to which the trainer resized every image it hands over
     # (grpo_trainer.images); None for a text model.
     image_bounds: PixelBounds | None = None
+    # vLLM's limit_mm_per_prompt for videos (data.max_videos_per_prompt; 0: none, the
+    # default), and how the trainer sampled and sized the frames it hands over.
+    max_videos_per_prompt: int = 0
+    video_spec: VideoSpec | None = None
+    # vLLM normalises pixels on the device with the image processor's mean and std, videos'
+    # too; False where the video processor's differ (videos.same_normalisation): the host
+    # normalises each modality through its own processor instead.
+    device_normalize: bool = True
 
 
 def kv_cache_bytes(hf_config: Any, dtype: torch.dtype, tokens: int, tp: int) -> int:
@@ -172,10 +184,12 @@ def engine_kwargs(
         # One step at a time: what the external launcher's identical schedulers on
         # every TP rank rely on, and what makes seeded runs repeat exactly.
         "async_scheduling": False,
-        # No videos: left unset, vLLM allows 999 a prompt, and budgets its encoder cache and
+        # Videos only as many as the data has (0 unless data.max_videos_per_prompt opts
+        # in): left unset, vLLM allows 999 a prompt, and budgets its encoder cache and
         # runs its start-up encoder profile for whichever modality has the most tokens an
         # item (multimodal/encoder_budget.py:184-188), a video of up to max_model_len.
-        "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt, "video": 0},
+        "limit_mm_per_prompt": {"image": cfg.max_images_per_prompt,
+                                "video": cfg.max_videos_per_prompt},
         # Log-probs after temperature scaling: what the actor recomputes.
         "logprobs_mode": "processed_logprobs",
         # Off unless the process sees its TP peers' GPUs: VLLMEngine decides per process
@@ -191,12 +205,21 @@ def engine_kwargs(
         # The checkpoint's own limit would otherwise apply (12,845,056 pixels for Qwen2/
         # 2.5-VL): to the images (already resized to these bounds, so this resize leaves
         # them alone) and to the dummy images vLLM profiles its encoder with at start-up.
-        kwargs["mm_processor_kwargs"] = cfg.image_bounds.vllm_kwargs
+        kwargs["mm_processor_kwargs"] = dict(cfg.image_bounds.vllm_kwargs)
         # The processor cache keeps every image it saw in host RAM, up to 4 GiB in each
         # of its mirrored halves (renderer and engine core), for reuse by a later
         # request; a rollout sees each image once per epoch, and the next epoch comes
         # long after. Off: no host memory the planner does not count.
         kwargs["mm_processor_cache_gb"] = 0
+    if not cfg.device_normalize:
+        kwargs["mm_device_do_normalize"] = False
+    if cfg.max_videos_per_prompt and cfg.video_spec is not None:
+        # The frames come sampled and sized (no resize, no resampling: the frames the
+        # update trains on), and the video bounds (the flat ones above are the images'
+        # and vLLM routes them to videos too, unless a scoped value says otherwise) size
+        # vLLM's encoder budget and start-up profile for the largest video allowed.
+        kwargs.setdefault("mm_processor_kwargs", {})["videos_kwargs"] = (
+            cfg.video_spec.vllm_kwargs())
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_bytes
         kwargs["enforce_eager"] = True  # no graph capture on CPU
@@ -357,8 +380,8 @@ def _same_prompt(prompt: EncodedPrompt, out: Any, appended: int = 0) -> None:
     if got != want:
         raise RuntimeError(
             f"{prompt.record.where}: vLLM's prompt has {got} tokens, the trainer's {want} "
-            f"({len(prompt.images)} image(s)): the rollout would sample from other inputs "
-            "than the update trains on"
+            f"({len(prompt.images)} image(s), {len(prompt.videos)} video(s)): the rollout "
+            "would sample from other inputs than the update trains on"
         )
 
 
@@ -374,9 +397,19 @@ def _inputs(prompts: list[EncodedPrompt], responses: list[list[int]] | None = No
     for i, p in enumerate(prompts):
         ids = list(p.raw_prompt_ids) + (list(responses[i]) if responses else [])
         item: dict[str, Any] = {"prompt_token_ids": ids}
+        data: dict[str, Any] = {}
         if p.images:
             # vLLM expands the single placeholder per image itself.
-            item["multi_modal_data"] = {"image": p.images}
+            data["image"] = p.images
+        if p.videos:
+            # (frames [T, H, W, 3] uint8, metadata) per video, the form vLLM's Qwen-VL
+            # parsers take (Qwen2.5/3-VL require the metadata, Qwen2-VL drops it);
+            # do_sample_frames False: the frames are the samples (Qwen3-VL's processor
+            # would otherwise sample them again).
+            data["video"] = [(v.frames, {**v.metadata(), "do_sample_frames": False})
+                             for v in p.videos]
+        if data:
+            item["multi_modal_data"] = data
         items.append(item)
     return items
 

@@ -24,8 +24,9 @@ SPECIAL_TOKENS = [
 ]
 
 # Qwen2-VL's chat template reduced to what the trainer uses: system/user/assistant
-# turns, images as <|vision_start|><|image_pad|><|vision_end|> placeholders that the
-# processor expands to the right number of patch tokens.
+# turns, images as <|vision_start|><|image_pad|><|vision_end|> placeholders and videos as
+# <|vision_start|><|video_pad|><|vision_end|> ones (as Qwen's own templates place them),
+# which the processor expands to the right number of patch tokens.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if loop.first and message['role'] != 'system' %}"
@@ -34,6 +35,7 @@ CHAT_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for content in message['content'] %}"
     "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}"
