@@ -1,7 +1,7 @@
 """Real VLM data through the index (grpo_trainer.dataset), with the real tiny Qwen2.5-VL
 processor: the length pass across processes counts what the driver counts alone, and a
-job on text-only, one-image and three-image rows trains on 2 ranks (each rank reading its
-own rows from the file) and resumes exactly."""
+job on text-only, one-image, three-image and video rows trains on 2 ranks (each rank
+reading its own rows from the file) and resumes exactly."""
 
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ VOLATILE = ("time/", "throughput/", "memory/")
 def test_the_pass_across_processes_counts_as_the_driver_does(
     tiny_vlm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = write_mixed_task(tmp_path / "mixed.parquet", rows=24, images=(1, 0, 3),
-                            row_group_size=5)
+    data = write_mixed_task(tmp_path / "mixed.parquet", rows=24, images=(1, 0, 3, 0),
+                            videos=(0, 0, 0, 1), row_group_size=5)
     cfg = build_config({"model": {"path": str(tiny_vlm)},
-                        "data": {"train_files": [str(data)], "length_workers": 2}}, environ={})
+                        "data": {"train_files": [str(data)], "length_workers": 2,
+                                 "max_videos_per_prompt": 1}}, environ={})
     count = prompt_token_counter(cfg)
     alone = PromptDataset(cfg.data.train_files, cfg.data, prompt_tokens=count)
     monkeypatch.setattr(lengths, "POOL_MIN_ROWS", 1)
@@ -44,7 +45,8 @@ def test_the_pass_across_processes_counts_as_the_driver_does(
     pooled = PromptDataset(cfg.data.train_files, cfg.data, prompt_tokens=count, config=cfg,
                            report=lines.append)
     assert pooled.index.tokens.tolist() == alone.index.tokens.tolist()
-    assert pooled.index.images.tolist() == [1, 0, 3] * 8
+    assert pooled.index.images.tolist() == [1, 0, 3, 0] * 6
+    assert pooled.index.videos.tolist() == [0, 0, 0, 1] * 6
     assert [count(r) for r in alone.records] == alone.index.tokens.tolist()
     assert lines and lines[-1].startswith("data.train_files: prompt lengths: 24/24 rows (")
 
@@ -52,7 +54,8 @@ def test_the_pass_across_processes_counts_as_the_driver_does(
 def _config(model: Path, data: Path, ckpt: Path) -> Any:
     return build_config({
         "model": {"path": str(model)},
-        "data": {"train_files": [str(data)], "format_prompt": "math", "shuffle": False},
+        "data": {"train_files": [str(data)], "format_prompt": "math", "shuffle": False,
+                 "max_videos_per_prompt": 1},
         "rollout": {"n": 2, "max_new_tokens": 4},
         "algorithm": {"kl_coef": 0.1, "kl_estimator": "low_var_kl"},
         "actor": {"lr": 1e-3, "micro_batch_size": 2, "mini_batch_size": 4},
@@ -86,12 +89,13 @@ def _run(cfg: Any) -> tuple[dict[int, dict[str, Any]], dict[str, Any], dict[str,
 def test_a_job_on_mixed_rows_trains_on_two_ranks_and_resumes_exactly(
     tiny_vlm: Path, tmp_path: Path, ray_local: None
 ) -> None:
-    """Rows of 1, 0 and 3 images, in order, one group per rank and micro-batch: every step
-    puts rows of different kinds on the two ranks (a text-only micro-batch beside an image
-    one: tests/trainer/test_mixed_image_text.py). The ranks read their rows from the file;
-    a fresh driver given the step-2 checkpoint prints the same metrics for steps 3-4."""
-    data = write_mixed_task(tmp_path / "mixed.parquet", rows=12, images=(1, 0, 3),
-                            row_group_size=4)
+    """Rows of 1 image, none, 3 images and a video (4 frames), in order, one group per rank
+    and micro-batch: every step puts rows of different kinds on the two ranks (a text-only
+    or video micro-batch beside an image one: tests/trainer/test_mixed_image_text.py). The
+    ranks read their rows from the file; a fresh driver given the step-2 checkpoint prints
+    the same metrics for steps 3-4."""
+    data = write_mixed_task(tmp_path / "mixed.parquet", rows=12, images=(1, 0, 3, 0),
+                            videos=(0, 0, 0, 1), row_group_size=4)
     metrics, before, after = _run(_config(tiny_vlm, data, tmp_path / "ckpt"))
     assert sorted(metrics) == [1, 2, 3, 4]
     assert all(m["actor/optimizer_steps"] == 1 for m in metrics.values())

@@ -69,3 +69,15 @@ def test_video_tokens_stay_within_the_prompt_and_follow_the_settings() -> None:
     # The most videos a prompt may have count each.
     four = _geometry(4)
     assert images_per_prompt(four) == pytest.approx(1 + 4 * 16 * 128 / 1280)
+
+
+def test_the_object_store_counts_every_image_and_videos_frames() -> None:
+    """What samples from engines apart carry through Ray: each prompt's decoded media."""
+    from grpo_operator.planner.resources import step_data_gib
+
+    none, one = _geometry(0), _geometry(1)
+    frames = 32 * 128 * 28 * 28 * 3 * none.rollout_batch_size / 2**30
+    assert step_data_gib(one, 8) - step_data_gib(none, 8) == pytest.approx(frames)
+    four_images = replace(none, max_images_per_prompt=4)
+    image = none.max_pixels * 3 * none.rollout_batch_size / 2**30
+    assert step_data_gib(four_images, 8) - step_data_gib(none, 8) == pytest.approx(3 * image)

@@ -39,9 +39,12 @@ def ray_default_store_gib(host_gib: float) -> float:
 
 
 def step_data_gib(geo: Geometry, rollout_n: int) -> float:
+    """A step's data through Ray: tokens, and each prompt's decoded media (RGB) at most,
+    which samples from engines apart carry (colocated ranks read their own rows)."""
     tokens = geo.rollout_batch_size * rollout_n * geo.sequence_length * TOKEN_BYTES
-    images = geo.rollout_batch_size * geo.max_pixels * 3  # decoded RGB
-    return (tokens + images) / GIB
+    pixels = (geo.max_images_per_prompt * geo.max_pixels
+              + geo.max_videos_per_prompt * geo.max_frames * geo.video_max_pixels)
+    return (tokens + geo.rollout_batch_size * pixels * 3) / GIB
 
 
 def object_store_gib(geo: Geometry, rollout_n: int) -> float:

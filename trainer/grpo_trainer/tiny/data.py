@@ -51,25 +51,35 @@ def write_vision_task(path: str | Path, rows: int = 8) -> Path:
 
 
 def write_mixed_task(path: str | Path, rows: int = 8, images: Sequence[int] = (1, 0),
-                     row_group_size: int | None = None) -> Path:
-    """Parquet whose rows have ``images[i % len(images)]`` images each (0: a text-only row,
-    an empty ``images`` list and no marker), as real VLM datasets mix them; with
-    ``row_group_size``, that many rows a row group."""
+                     row_group_size: int | None = None, videos: Sequence[int] = (0,),
+                     frames: int = 4) -> Path:
+    """Parquet whose rows have ``images[i % len(images)]`` images and
+    ``videos[i % len(videos)]`` videos each (a video: ``frames`` PNG frames, a frame list
+    as EasyR1's ``videos`` column may hold; none of either: a text-only row, empty lists
+    and no marker), as real VLM datasets mix them; with ``row_group_size``, that many rows
+    a row group."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
     counts = [images[i % len(images)] for i in range(rows)]
+    clips = [videos[i % len(videos)] for i in range(rows)]
+    media = [n + v for n, v in zip(counts, clips, strict=True)]
     table = pa.table(
         {
-            "problem": ["<image>" * n + f"How many shapes are in the picture? ({i})" if n
-                        else f"What is {i} plus {i}?" for i, n in enumerate(counts)],
-            "answer": [str(i % 4 + 1) if n else str(2 * i) for i, n in enumerate(counts)],
+            "problem": ["<image>" * n + "<video>" * v + f"How many shapes are shown? ({i})"
+                        if n + v else f"What is {i} plus {i}?"
+                        for i, (n, v) in enumerate(zip(counts, clips, strict=True))],
+            "answer": [str(i % 4 + 1) if m else str(2 * i) for i, m in enumerate(media)],
             "images": [
                 [{"bytes": png((255 - 40 * k, 20 * i % 256, 0), (40, 36)), "path": None}
                  for k in range(n)]
                 for i, n in enumerate(counts)
             ],
+            "videos": pa.array(
+                [[[png((30 * f % 256, 10 * i % 256, 200), (56, 56)) for f in range(frames)]
+                  for _ in range(v)] for i, v in enumerate(clips)],
+                type=pa.list_(pa.list_(pa.binary()))),
         }
     )
     pq.write_table(table, path, row_group_size=row_group_size)
