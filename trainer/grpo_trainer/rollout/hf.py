@@ -123,6 +123,13 @@ class HFGenerateEngine:
         deltas = torch.zeros(b, 1, dtype=torch.long, device=ids.device)
         if self.is_vlm:
             # The model derives multimodal (M-RoPE) positions and remembers their offset.
+            # A batch without images or videos derives none and would leave the offset of
+            # the model's previous batch (transformers' Qwen*VLModel.compute_3d_position_ids
+            # keeps rope_deltas unless it can recompute them): a text-only prompt after a
+            # video one would decode at that prompt's offset, and a resumed run differently.
+            inner = getattr(model, "model", None)
+            if inner is not None and hasattr(inner, "rope_deltas"):
+                inner.rope_deltas = None
             out = model(
                 input_ids=ids,
                 attention_mask=mask,
