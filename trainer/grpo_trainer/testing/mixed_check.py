@@ -4,6 +4,7 @@ Used by tests/trainer/test_mixed_image_text.py and bench/gpu_fidelity.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,9 @@ def mixed_rank(rank: int, world: int, arg: dict[str, Any]) -> dict[str, Any]:
     return {"ref": ref_logp, "old": old_logp, "logp": logp, "grads": full}
 
 
-def one_process_reference(model_dir: Path) -> dict[str, Any]:
+def one_process_reference(model_dir: Path,
+                          batches_of: Callable[[Path], list[Any]] | None = None
+                          ) -> dict[str, Any]:
     """The same passes without FSDP, both micro-batches in one process: each
     micro-batch's log-probs, and the mean of their gradients (FSDP2 averages the ranks'),
     a parameter a micro-batch leaves without gradient counting zero."""
@@ -57,7 +60,7 @@ def one_process_reference(model_dir: Path) -> dict[str, Any]:
     model = load_full(ModelConfig(path=str(model_dir)), torch.float32)
     logps: list[list[torch.Tensor]] = []
     total: dict[str, torch.Tensor] = {}
-    for batch in batches(model_dir):
+    for batch in (batches_of or batches)(model_dir):
         logp, grads = run(model, batch, lean=True)
         logps.append(logp)
         for name, g in grads.items():

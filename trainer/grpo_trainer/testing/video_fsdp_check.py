@@ -70,21 +70,7 @@ def video_rank(rank: int, world: int, arg: dict[str, Any]) -> dict[str, Any]:
 
 
 def one_process_reference(model_dir: Path) -> dict[str, Any]:
-    """The same passes without FSDP in one process: each micro-batch's log-probs and the
-    mean of their gradients (FSDP2 averages the ranks'), none counting zero."""
-    from grpo_api.trainer_config import ModelConfig
+    """The same passes without FSDP in one process (mixed_check's, on these batches)."""
+    from .mixed_check import one_process_reference as reference
 
-    from ..modeling import load_full
-
-    model = load_full(ModelConfig(path=str(model_dir)), torch.float32)
-    logps: list[list[torch.Tensor]] = []
-    total: dict[str, torch.Tensor] = {}
-    for batch in batches(model_dir):
-        logp, grads = run(model, batch, lean=True)
-        logps.append(logp)
-        for name, g in grads.items():
-            total[name] = total.get(name, torch.zeros_like(g)) + g
-    params = dict(model.named_parameters())
-    mean = {n: total.get(n, torch.zeros_like(p)) / 2 for n, p in params.items()
-            if p.requires_grad}
-    return {"logp": logps, "grads": mean}
+    return reference(model_dir, batches)
