@@ -45,9 +45,13 @@ from .render import JobRef, render_ray_cluster
 log = logging.getLogger("grpo_operator")
 
 # What a running job is: changing these would make its checkpoints meaningless.
-# memory, restartPolicy, image and suspend may change; they apply at the next attempt.
 IMMUTABLE_SECTIONS = ("model", "data", "reward", "algorithm", "trainer", "training", "lora",
                       "resources", "checkpoint")
+# queueName is fixed too (queue_problem: Kueue's label). The rest may change on a live job
+# and applies at the next attempt (docs/configuration.md, "What can change on a live job").
+MUTABLE_SECTIONS = tuple(
+    (f.alias or name) for name, f in GRPOJobSpec.model_fields.items()
+    if name not in IMMUTABLE_SECTIONS and name != "queue_name")
 
 
 def _advice(old_raw_spec: dict[str, Any]) -> str:
@@ -138,8 +142,8 @@ def _problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
                    else f"or delete this one and create it again ({_advice(old_raw_spec)})")
             return (f"spec.{', spec.'.join(changed)} cannot change after the job is created "
                     f"(checkpoints depend on them); create a new GRPOJob instead, {how}. "
-                    "spec.memory, spec.restartPolicy, spec.image and spec.suspend may change "
-                    "and take effect at the next attempt"), None
+                    f"spec.{', spec.'.join(MUTABLE_SECTIONS)} may change and take effect at "
+                    "the next attempt"), None
     try:
         spec = parse_spec(raw_spec)
     except SpecError as exc:

@@ -27,3 +27,18 @@ def test_the_trainer_metrics_port_is_always_served_and_declared_nowhere() -> Non
     assert f"the driver serves `/metrics` on port {port} of every job's Ray head pod" in doc
     assert "no spec field sets or turns it off" in doc
     assert "declares no `containerPort` for it" in doc
+
+
+def test_the_docs_list_what_can_change_on_a_live_job_as_the_webhook_decides() -> None:
+    """One list, in docs/configuration.md, equal to what the webhook lets change."""
+    import re
+
+    from grpo_operator.webhook import IMMUTABLE_SECTIONS, MUTABLE_SECTIONS
+
+    doc = " ".join((ROOT / "docs/configuration.md").read_text().split())
+    section = doc.split("## What can change on a live job", 1)[1].split("##", 1)[0]
+    may, refused = section.split("may change on a live job", 1)
+    assert re.findall(r"`(\w+)`", may) == list(MUTABLE_SECTIONS)
+    assert set(IMMUTABLE_SECTIONS) | {"queueName"} <= set(re.findall(r"`(\w+)`", refused))
+    troubleshooting = (ROOT / "docs/troubleshooting.md").read_text()
+    assert "configuration.md#what-can-change-on-a-live-job" in troubleshooting
