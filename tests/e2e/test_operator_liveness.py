@@ -5,6 +5,7 @@ watch_health.py; docs/troubleshooting.md, "The operator logs nothing")."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -137,8 +138,18 @@ def test_an_operator_whose_watches_die_is_restarted_by_its_liveness_probe_and_re
     finally:
         subprocess.run([*net.nsenter(), "iptables", "-D", *rule], check=False)
     restarted_after = time.monotonic() - t_cut
-    previous = real_tb.kubectl("logs", "-n", ops, "deploy/live-grpo-operator", "--previous",
-                               check=False).stdout
+    # The restarted container's log: right after the restart the kubelet may still serve
+    # an empty one (seen once under load), so it is read until it has lines, briefly.
+    logs: list[str] = [""]
+
+    def previous_log() -> bool:
+        logs[0] = real_tb.kubectl("logs", "-n", ops, "deploy/live-grpo-operator",
+                                  "--previous", check=False).stdout
+        return bool(logs[0].strip())
+
+    with contextlib.suppress(TimeoutError):  # the assertion below says what was read
+        wait_until("the restarted container's log", previous_log, 30, interval_s=2.0)
+    previous = logs[0]
     assert "/healthz: not watching" in previous, previous[-3000:]
     events = json.loads(real_tb.kubectl("get", "events", "-n", ops, "-o", "json").stdout)
     unhealthy = [e.get("message", "") for e in events["items"] if e.get("reason") == "Unhealthy"]
