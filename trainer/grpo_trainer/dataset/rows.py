@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from grpo_api.trainer_config import DataConfig
 
 from ..config_error import ConfigError
@@ -65,16 +67,45 @@ def columns(cfg: DataConfig) -> list[str]:
     return [cfg.prompt_key, cfg.answer_key, cfg.image_key, cfg.video_key]
 
 
+@dataclass(frozen=True)
+class _Parquet:
+    """An open parquet file: its reader, its columns, and the first row of each row group
+    (and the row count last), for finding a row's group without walking the footer."""
+
+    file: Any
+    names: frozenset[str]
+    starts: np.ndarray
+
+    def groups(self, rows: np.ndarray) -> np.ndarray:
+        """The row group of each of ``rows``."""
+        return np.searchsorted(self.starts, rows, side="right") - 1
+
+    def batches(self, group: int, cols: Sequence[str]) -> Iterator[tuple[int, Any]]:
+        """Row group ``group`` of ``cols`` (those the file has), READ_BATCH_ROWS rows at a
+        time, each batch with the file row of its first row."""
+        first = int(self.starts[group])
+        for batch in self.file.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[group],
+                                            columns=[c for c in cols if c in self.names]):
+            yield first, batch
+            first += batch.num_rows
+
+
 class _ParquetFiles:
     """This process's open parquet files, least recently used closed first."""
 
     def __init__(self) -> None:
-        self.files: OrderedDict[str, Any] = OrderedDict()
+        self.files: OrderedDict[str, _Parquet] = OrderedDict()
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str) -> _Parquet:
         import pyarrow.parquet as pq
 
-        f = self.files.pop(path, None) or pq.ParquetFile(path)
+        f = self.files.pop(path, None)
+        if f is None:
+            reader = pq.ParquetFile(path)
+            meta = reader.metadata
+            sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            f = _Parquet(reader, frozenset(reader.schema_arrow.names),
+                         np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
         self.files[path] = f
         while len(self.files) > OPEN_FILES:
             self.files.popitem(last=False)
@@ -86,28 +117,21 @@ _PARQUET = _ParquetFiles()
 
 def parquet_rows(path: str, rows: Sequence[int], cols: Sequence[str]
                  ) -> dict[int, dict[str, Any]]:
-    """``rows`` of a parquet file, only ``cols`` (those it has), by row number."""
+    """``rows`` of a parquet file, only ``cols`` (those it has), by row number: each row
+    group that holds some streamed until its last wanted row."""
     f = _PARQUET.get(path)
-    have = [c for c in cols if c in f.schema_arrow.names]
-    wanted = sorted(set(rows))
+    wanted = np.unique(np.asarray(rows, dtype=np.int64))
+    groups = f.groups(wanted)
     out: dict[int, dict[str, Any]] = {}
-    start = 0
-    for rg in range(f.metadata.num_row_groups):
-        stop = start + f.metadata.row_group(rg).num_rows
-        mine = [r for r in wanted if start <= r < stop]
-        if mine:
-            first = start
-            for batch in f.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[rg],
-                                        columns=have):
-                last = first + batch.num_rows
-                take = [r for r in mine if first <= r < last]
-                if take:
-                    part = batch.take([r - first for r in take]).to_pylist()
-                    out.update(zip(take, part, strict=True))
-                first = last
-                if first > mine[-1]:
-                    break
-        start = stop
+    for group in np.unique(groups):
+        mine = wanted[groups == group]
+        for first, batch in f.batches(int(group), cols):
+            take = mine[(mine >= first) & (mine < first + batch.num_rows)]
+            if take.size:
+                part = batch.take((take - first).tolist()).to_pylist()
+                out.update(zip(take.tolist(), part, strict=True))
+            if first + batch.num_rows > mine[-1]:
+                break
     return out
 
 
@@ -278,21 +302,14 @@ def file_rows(path: str, cols: Sequence[str], start: int, stop: int, offset: int
     """Rows ``start`` to ``stop`` of a file as (row, byte offset or -1, row), streamed:
     a parquet file by batches, a jsonl file from ``offset`` (row ``start``'s)."""
     if offset < 0:
-        f = _PARQUET.get(path)
-        have = [c for c in cols if c in f.schema_arrow.names]
-        first = 0
-        for rg in range(f.metadata.num_row_groups):
-            n = f.metadata.row_group(rg).num_rows
-            if first + n <= start or first >= stop:
-                first += n
-                continue
-            for batch in f.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[rg],
-                                        columns=have):
+        pf = _PARQUET.get(path)
+        first_group, last_group = pf.groups(np.asarray([start, stop - 1]))
+        for group in range(int(first_group), int(last_group) + 1):
+            for first, batch in pf.batches(group, cols):
                 for i, row in enumerate(batch.to_pylist()):
                     if start <= first + i < stop:
                         yield first + i, -1, row
-                first += batch.num_rows
-                if first >= stop:
+                if first + batch.num_rows >= stop:
                     return
         return
     with open(path, "rb") as f:
