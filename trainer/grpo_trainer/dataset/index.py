@@ -6,7 +6,7 @@ Built by a scan (row counts from parquet footers, line offsets of jsonl files) a
 ``data.prompt_lengths: eager``, the length pass (lengths.py), whose result is kept under
 ``<checkpoint.dir>/data-index/`` keyed by the files and the processor settings
 (``index_key``), so that a restart or a resumed job starts at once. Rows are then left
-out or refused by the data settings (``limits.py``).
+out or refused by the data settings (prompts.py).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ INDEX_DIR = "data-index"
 # bytes at each end (a parquet file's footer, with every column chunk's offsets and
 # statistics, is at its end). Hashing whole files of images would cost a restart minutes.
 HASHED_END_BYTES = 1 << 20
-# The model's files that decide how a prompt is tokenized and how its images are sized.
 # A parquet row group above this many rows makes a rank's read of one row slow (a warning).
 LARGE_ROW_GROUP = 10_000
+# The model's files that decide how a prompt is tokenized and how its images are sized.
 PROCESSOR_FILES = ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json",
                    "video_preprocessor_config.json", "processor_config.json",
                    "chat_template.json", "chat_template.jinja", "config.json")
@@ -98,13 +98,23 @@ def _check_columns(path: Path, names: list[str], cfg: DataConfig) -> None:
                               f"{', '.join(names)}); name the right one in {setting}")
 
 
-def scan(entries: list[str], field: str, cfg: DataConfig) -> RowIndex:
-    """Where every row of ``entries`` is, counts unknown."""
-    files: list[str] = []
-    file, row, offset = [], [], []
-    for path in (p for e in entries for p in data_files(e, field)):
+def data_paths(entries: list[str], field: str) -> list[Path]:
+    """The files of ``entries`` (data.data_files), each there and of a kind we read."""
+    paths = [p for e in entries for p in data_files(e, field)]
+    for path in paths:
         if not path.is_file():
             raise ConfigError(field, f"{path} does not exist")
+        if path.suffix not in (".parquet", ".jsonl", ".json"):
+            raise ConfigError(field, f"{path}: unsupported file type {path.suffix!r} "
+                              "(parquet, jsonl)")
+    return paths
+
+
+def scan(paths: list[Path], field: str, cfg: DataConfig) -> RowIndex:
+    """Where every row of ``paths`` (data_paths) is, counts unknown."""
+    files: list[str] = []
+    file, row, offset = [], [], []
+    for path in paths:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
@@ -119,11 +129,8 @@ def scan(entries: list[str], field: str, cfg: DataConfig) -> RowIndex:
                             "hundred rows (pyarrow's row_group_size; Hugging Face datasets "
                             "writes image data so)", path, largest)
             offs = np.full(n, -1, dtype=np.int64)
-        elif path.suffix in (".jsonl", ".json"):
-            offs = _jsonl_offsets(path)
         else:
-            raise ConfigError(field, f"{path}: unsupported file type {path.suffix!r} "
-                              "(parquet, jsonl)")
+            offs = _jsonl_offsets(path)
         file.append(np.full(offs.size, len(files), dtype=np.int32))
         row.append(np.arange(offs.size, dtype=np.int32))
         offset.append(offs)
@@ -142,9 +149,9 @@ def chunks_of(index: RowIndex) -> list[Chunk]:
     for s, e in zip(starts, [*starts[1:], len(index)], strict=True):
         for a in range(int(s), int(e), CHUNK_ROWS):
             b = min(a + CHUNK_ROWS, int(e))
-            out.append(Chunk(int(index.file[a]), index.files[int(index.file[a])],
-                             int(index.row[a]), int(index.row[b - 1]) + 1,
-                             int(index.offset[a]), int(index.ids[a])))
+            out.append(Chunk(index.files[int(index.file[a])], int(index.row[a]),
+                             int(index.row[b - 1]) + 1, int(index.offset[a]),
+                             int(index.ids[a])))
     return out
 
 
@@ -243,14 +250,16 @@ def count_rows(entries: list[str], cfg: DataConfig, field: str, *,
     """The index of ``entries`` with every row counted and checked (the kept result when
     ``cache_dir`` has it). ``counter``: a prompt's tokens, in this process; ``config``:
     the whole config, for the pool's processes and the key."""
-    index = scan(entries, field, cfg)
+    paths = data_paths(entries, field)
     path = None
     if cache_dir is not None and config is not None:
-        path = cache_dir / INDEX_DIR / f"{index_key(index.files, config)}.npz"
+        # Looked up before the scan: a second start reads no jsonl file to its end.
+        path = cache_dir / INDEX_DIR / f"{index_key([str(p) for p in paths], config)}.npz"
         kept = load_counted(path)
-        if kept is not None and len(kept.index) == len(index):
-            log.info("%s: %d rows' lengths from %s", field, len(index), path)
+        if kept is not None and kept.index.files == [str(p) for p in paths]:
+            log.info("%s: %d rows' lengths from %s", field, len(kept.index), path)
             return kept
+    index = scan(paths, field, cfg)
     workers = min(cfg.length_workers or usable_cpus(), usable_cpus())
     results = run_pass(chunks_of(index), cfg, counter=counter, config=config,
                        workers=workers, full_check=cfg.bad_rows == "skip",

@@ -4,7 +4,7 @@ counted and its prompt's tokens counted as the ranks will encode it, in chunks o
 
 Every chunk is a pure function of (file, first row, last row) and the config, so the pass
 gives the same answer in one process or many, and its result can be kept
-(``index_cache``). What the driver keeps of a row is a few numbers (``RowIndex``).
+(index.py keeps it). What the driver keeps of a row is a few numbers (``RowIndex``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ UNCOUNTED = -1
 
 @dataclass(frozen=True)
 class Chunk:
-    file: int  # into the pass's files
     path: str
     start: int  # first row
     stop: int  # one past the last
@@ -89,21 +88,29 @@ def count_chunk(chunk: Chunk, cfg: DataConfig, counter: Counter | None, full_che
     return ChunkResult(chunk, tokens, images, videos, bad)
 
 
-# The pool's processes: each builds the counter once (the tokenizer and processor).
-_POOL: dict[str, object] = {}
+@dataclass(frozen=True)
+class _PoolProcess:
+    """What a pool process counts with: it builds the counter (the tokenizer and
+    processor) once."""
+
+    data: DataConfig
+    counter: Counter
+    full_check: bool
+
+
+_POOL: list[_PoolProcess] = []
 
 
 def _pool_init(config_json: str, full_check: bool) -> None:
     from ..samples import prompt_token_counter
 
     cfg = Config.model_validate_json(config_json)
-    _POOL.update(cfg=cfg, counter=prompt_token_counter(cfg), full_check=full_check)
+    _POOL.append(_PoolProcess(cfg.data, prompt_token_counter(cfg), full_check))
 
 
 def _pool_count(chunk: Chunk) -> ChunkResult:
-    cfg = _POOL["cfg"]
-    assert isinstance(cfg, Config)
-    return count_chunk(chunk, cfg.data, _POOL["counter"], bool(_POOL["full_check"]))  # type: ignore[arg-type]
+    (p,) = _POOL
+    return count_chunk(chunk, p.data, p.counter, p.full_check)
 
 
 def cgroup_cpus() -> int | None:

@@ -29,9 +29,9 @@ from grpo_api.trainer_config import (
 
 from ..config_error import ConfigError
 from ..data import Record
-from .index import RowIndex, count_rows, scan
+from .index import RowIndex, count_rows, data_paths, scan
 from .lengths import UNCOUNTED, Counter
-from .rows import BadRow, RowRef, bad_row_error, columns, examine, raw_rows
+from .rows import BadRow, RowRef, bad_row_error, columns, examine, raw_rows, read_records
 
 log = logging.getLogger(__name__)
 # Rows named one by one in a drop message; the rest are counted.
@@ -87,12 +87,13 @@ EVERY_PROMPT = {"data.max_prompt_length": "is too long",
                 "data.bad_rows": "cannot be read"}
 
 
-def _log_left_out(verb: str, key: str, named: list[str], of: int, field: str) -> None:
-    """One line for the rows a setting left out: the first MAX_NAMED by name."""
+def _log_left_out(verb: str, key: str, value: str, named: list[str], of: int,
+                  field: str) -> None:
+    """One line for the rows ``data.<key>: value`` left out: the first MAX_NAMED by name."""
     if named:
         total = len(named)
         log.warning("%s %d of %d prompts of %s (%s: %s): %s", verb, total, of, field,
-                    setting(key), verb.replace("dropped", "drop").replace("skipped", "skip"),
+                    setting(key), value,
                     "; ".join(named[:MAX_NAMED])
                     + (f"; and {total - MAX_NAMED} more" if total > MAX_NAMED else ""))
 
@@ -119,7 +120,7 @@ class PromptDataset:
         self.bad_rows = 0  # rows skipped (data.bad_rows: skip) at load
         self.lazy = cfg.prompt_lengths == "lazy" and prompt_tokens is not None
         if self.lazy:
-            self.index = scan(files, field, cfg)
+            self.index = scan(data_paths(files, field), field, cfg)
             return
         counted = count_rows(files, cfg, field, counter=prompt_tokens, config=config,
                              cache_dir=cache_dir, report=report)
@@ -131,7 +132,7 @@ class PromptDataset:
                 raise bad_row_error(BadRow(index.ref(at), what))
             keep[[at for at, _ in counted.bad]] = False
             self.bad_rows = len(counted.bad)
-            _log_left_out("skipped", "bad_rows",
+            _log_left_out("skipped", "bad_rows", "skip",
                           [f"{index.where(at)}: {what}" for at, what in counted.bad],
                           len(index), field)
         over: list[str] = []
@@ -146,7 +147,7 @@ class PromptDataset:
             if not over:
                 first_limit = problem[1]
             over.append(problem[0])
-        _log_left_out("dropped", "overlong_prompts", over, len(index), field)
+        _log_left_out("dropped", "overlong_prompts", "drop", over, len(index), field)
         if not keep.any():
             first = over[0] if over else index.where(counted.bad[0][0]) + ": " + counted.bad[0][1]
             raise ConfigError(field, f"every prompt {EVERY_PROMPT[first_limit]}: {first}")
@@ -168,8 +169,6 @@ class PromptDataset:
         return [self.index.ref(i) for i in range(len(self.index))]
 
     def read(self, refs: Sequence[RowRef]) -> list[Record]:
-        from .rows import read_records
-
         return read_records(refs, self.cfg)
 
     @property
