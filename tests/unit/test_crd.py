@@ -117,3 +117,22 @@ def test_configuration_doc_lists_every_spec_field() -> None:
              for p, _ in _walk(spec)}
     missing = sorted(p for p in paths if p and f"`{p[1:]}`" not in doc)
     assert not missing, f"docs/configuration.md lacks {missing}"
+
+
+def test_every_field_of_the_trainers_progress_patch_is_in_the_crds_schema() -> None:
+    """A field the schema lacks would be pruned by the API server without a word: every
+    key the trainer's report sends, each one set, is a property of status.progress and
+    parses into ProgressStatus."""
+    from grpo_api.job.status import ProgressStatus
+    from grpo_trainer.liveness.progress import Progress
+
+    report = Progress(3, 10, 0.5, 2, memory_growth="grew", val_reward_mean=0.25, val_step=2,
+                      save_seconds=1.5, bad_rows=4,
+                      transport={"network": "Socket", "intraNode": [], "interNode": True,
+                                 "causes": [], "attempt": 0}).to_status()
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    progress = schema["status"]["properties"]["progress"]["properties"]
+    assert set(report) <= set(progress), set(report) - set(progress)
+    assert progress["badRows"]["type"] == "integer" and progress["badRows"]["minimum"] == 0
+    parsed = ProgressStatus.model_validate(report)
+    assert parsed.bad_rows == 4
