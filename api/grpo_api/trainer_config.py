@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from .contract import STALL_TIMEOUT_S
 
@@ -354,18 +354,82 @@ class ResourcesConfig(_Strict):
         return self
 
 
+# The reward's kinds (docs/rewards.md): builtin (math, r1v), the user's function in our
+# contract, EasyR1's and verl's reward functions as they are written for those frameworks,
+# or a judge behind an HTTP endpoint.
+RewardType = Literal["math", "r1v", "function", "easyr1", "verl", "http"]
+# reward.function: an importable ``module:callable`` or a file in the pods,
+# ``/path/file.py:callable`` (EasyR1's and verl's way; a ConfigMap mounted on the head).
+REWARD_FUNCTION_PATTERN = r"^([A-Za-z_][\w.]*|/[^:]*\.py):[A-Za-z_]\w*$"
+# The kinds that call reward.function, and those of them that may take a whole step's
+# responses in one call (reward.batch).
+REWARD_FUNCTION_TYPES = ("function", "easyr1", "verl")
+REWARD_BATCH_TYPES = ("function", "easyr1")
+# A judge's defaults: each request's seconds, retries after the first, requests at once.
+JUDGE_TIMEOUT_S = 30.0
+JUDGE_RETRIES = 2
+JUDGE_CONCURRENCY = 8
+JUDGE_MAX_CONCURRENCY = 256
+
+
+class JudgeConfig(_Strict):
+    """A reward model behind an HTTP endpoint: one POST per response (docs/rewards.md)."""
+
+    url: str = Field(pattern=r"^https?://[^\s]+$")
+    timeout_s: float = Field(default=JUDGE_TIMEOUT_S, gt=0, le=3600)
+    retries: int = Field(default=JUDGE_RETRIES, ge=0, le=10)
+    concurrency: int = Field(default=JUDGE_CONCURRENCY, ge=1, le=JUDGE_MAX_CONCURRENCY)
+    # Each row's images sent too (base64 of their files): for a judge that looks at them.
+    send_images: bool = False
+    # The name of an env var of the driver holding a bearer token (set from a Secret:
+    # the token itself is never in the config).
+    token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 class RewardConfig(_Strict):
-    type: Literal["math", "r1v", "function"] = "math"
-    function: str | None = Field(default=None, description="'module:callable' for type=function")
+    type: RewardType = "math"
+    function: str | None = Field(
+        default=None, pattern=REWARD_FUNCTION_PATTERN,
+        description="'module:callable' or '/path/file.py:callable' for type function, "
+        "easyr1 or verl")
+    # function / easyr1: one call with every response of the step (a list) instead of one
+    # call per response.
+    batch: bool = False
+    # Keyword arguments the function is called with (EasyR1's reward_function_kwargs,
+    # verl's reward_kwargs).
+    kwargs: dict[str, JsonValue] = Field(default_factory=dict)
     format_weight: float = Field(default=0.1, ge=0, le=1)
     num_workers: int = Field(default=4, ge=1)
     timeout_s: float = Field(default=30.0, gt=0)
+    http: JudgeConfig | None = None
 
     @model_validator(mode="after")
-    def _function_named(self) -> RewardConfig:
-        if self.type == "function" and not self.function:
-            raise ValueError("reward.function is required when reward.type is 'function'")
+    def _settings_fit_type(self) -> RewardConfig:
+        problem = reward_problem(self.type, self.function, self.batch, bool(self.kwargs),
+                                 self.http is not None)
+        if problem:
+            raise ValueError(f"reward.{problem}")
         return self
+
+
+def reward_problem(kind: str, function: str | None, batch: bool, kwargs: bool,
+                   http: bool) -> str | None:
+    """What is wrong with a reward section's settings for its type, or None; the message
+    starts with the field's name (the trainer's and the spec's are the same words)."""
+    if kind in REWARD_FUNCTION_TYPES and not function:
+        return (f"function: required when type is {kind} (module:callable, or "
+                "/path/file.py:callable)")
+    if kind not in REWARD_FUNCTION_TYPES and function:
+        return f"function: only for type function, easyr1 or verl, not {kind}"
+    if batch and kind not in REWARD_BATCH_TYPES:
+        return f"batch: only for type function or easyr1, not {kind}"
+    if kwargs and kind not in REWARD_FUNCTION_TYPES:
+        return f"kwargs: only for type function, easyr1 or verl, not {kind}"
+    if kind == "http" and not http:
+        return "http: required when type is http (the judge's url)"
+    if http and kind != "http":
+        return f"http: only for type http, not {kind}"
+    return None
 
 
 class CheckpointConfig(_Strict):

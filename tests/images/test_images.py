@@ -242,3 +242,47 @@ def test_cpu_trainer_image_trains_the_tiny_task_and_exports_the_model(
 
     model = AutoModelForCausalLM.from_pretrained(work / "export")
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_a_reward_baked_into_an_image_from_the_trainer_image_scores_the_data(
+        built: None, tmp_path: Path) -> None:
+    """docs/rewards.md's second way to ship a reward: an image FROM the trainer image with
+    the module on PYTHONPATH. `grpo-train score-reward` in it loads the module by name and
+    scores the mounted data's rows, reading a column other than the answer and the
+    image."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from grpo_trainer.tiny.data import write_vision_task
+
+    ctx = tmp_path / "ctx"
+    (ctx / "my_rewards").mkdir(parents=True)
+    (ctx / "my_rewards" / "__init__.py").write_text("")
+    shutil.copy(ROOT / "tests/rewards/row_reader.py", ctx / "my_rewards" / "row_reader.py")
+    (ctx / "Containerfile").write_text(
+        f"FROM {TRAINER_CPU.tag}\nCOPY my_rewards /opt/rewards/my_rewards\n"
+        "ENV PYTHONPATH=/opt/rewards\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    rows = pq.read_table(write_vision_task(work / "v.parquet", rows=2)).to_pylist()
+    for i, row in enumerate(rows):
+        row["weight"] = float(i)
+    pq.write_table(pa.Table.from_pylist(rows), work / "data.parquet")
+    (work / "config.yaml").write_text(yaml.safe_dump({
+        "model": {"path": "/not/needed"}, "data": {"train_files": ["/work/data.parquet"]},
+        "reward": {"type": "function", "function": "my_rewards.row_reader:score"}}))
+    for path in [work, *work.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    tag = "localhost/grpo-test-reward-image:1"
+    images.run_tool(["buildah", "bud", "--isolation", "chroot", "-t", tag, "-f",
+                     str(ctx / "Containerfile"), str(ctx)], "an image FROM the trainer image")
+    try:
+        proc = subprocess.run(
+            ["podman", "run", "--rm", "--network", "none", "-v", f"{work}:/work:ro", tag,
+             "grpo-train", "score-reward", "--config", "/work/config.yaml"],
+            env=images.podman_env(), capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        images.drop_image(tag)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "/work/data.parquet row 0: score 0.04 accuracy 1" in proc.stdout, proc.stdout
+    assert "/work/data.parquet row 1: score 1.044 accuracy 1" in proc.stdout, proc.stdout

@@ -79,12 +79,14 @@ def test_preserve_unknown_fields_only_for_plan_details_and_kubernetes_own_types(
     """Affinity and volume sources are Kubernetes' own (large) types, passed to the pod;
     status.modelConfig.config holds config.json's fields as the model's authors wrote them;
     spec.trainer lets a planned setting written there reach the webhook, which names the
-    spec field that sets it (its known fields are typed all the same)."""
+    spec field that sets it (its known fields are typed all the same); spec.reward.kwargs
+    are the user's function's keyword arguments, whatever it takes."""
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     free = [p for p, n in _walk(schema) if n.get("x-kubernetes-preserve-unknown-fields")]
     pods = [f".spec.pods.{s}.{f}" for s in ("common", "head", "workers")
             for f in ("volumes[]", "affinity")]
-    assert sorted(free) == sorted([*pods, ".spec.trainer", ".status.plan.details",
+    assert sorted(free) == sorted([*pods, ".spec.trainer", ".spec.reward.kwargs",
+                                   ".status.plan.details",
                                    ".status.modelConfig.config"])
 
 

@@ -23,10 +23,10 @@ from grpo_trainer.dataset import (
     PromptDataset,
     StatefulLoader,
     encode_rows,
-    read_answers,
     read_records,
 )
 from grpo_trainer.dataset import index as index_mod
+from grpo_trainer.rewards import reward_rows
 
 pytestmark = pytest.mark.unit
 
@@ -97,8 +97,18 @@ def test_rows_read_where_used_equal_the_rows_and_the_driver_holds_a_few_bytes_ea
             assert rec.images == [x["bytes"] for x in plain[i]["images"]]
     assert got[0].problem == "no image" and got[0].images == [] and got[0].row == 1
     assert read_records([ds.ref(11)], cfg)[0].images == [_png(99)]
-    # The driver reads only the answer column of a drawn batch.
-    assert read_answers([ds.ref(i) for i in order], cfg) == ["y", "0", "5", "x", "7", "1"]
+    # The driver reads only the answer column of a drawn batch (for a reward of the
+    # response and the answer), or the whole row (for one that reads rows).
+    answers = reward_rows([ds.ref(i) for i in order], cfg, whole=False)
+    assert [r.ground_truth for r in answers] == ["y", "0", "5", "x", "7", "1"]
+    # (a parquet file's other columns unread; a jsonl row is one line, read whole)
+    assert all(set(r.columns) == {"answer"} for r, i in zip(answers, order, strict=True)
+               if ds.ref(i).offset < 0)
+    assert any(ds.ref(i).offset < 0 for i in order)
+    whole = reward_rows([ds.ref(i) for i in order], cfg, whole=True)
+    assert [r.ground_truth for r in whole] == ["y", "0", "5", "x", "7", "1"]
+    assert all({"problem", "answer"} <= set(r.columns) for r in whole)
+    assert any("images" in r.columns for r in whole)
     # Counted as the stand-in tokenizer counts the rows themselves.
     assert [int(t) for t in ds.index.tokens] == [_chars(r) for r in ds.records]
 

@@ -4,7 +4,8 @@
 command, so ``grpo-train train --config FILE`` is the same), resuming from the
 newest complete checkpoint in ``checkpoint.dir`` unless ``--no-resume``;
 ``grpo-train export`` turns a checkpoint into a Hugging Face directory;
-``grpo-train make-tiny`` builds a tiny model and dataset (a first job's init container).
+``grpo-train make-tiny`` builds a tiny model and dataset (a first job's init container);
+``grpo-train score-reward`` tries the config's reward on the first rows of its data.
 """
 
 from __future__ import annotations
@@ -163,6 +164,39 @@ def validate(config_path: str | None, overrides: tuple[str, ...]) -> None:
         click.echo(f"config error: {err}", err=True)
         sys.exit(2)
     click.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+
+
+@cli.command("score-reward")
+@_config_opt
+@_set_opt
+@click.option("--rows", type=click.IntRange(min=1), default=4, show_default=True,
+              help="score the first ROWS rows of data.train_files")
+@click.option("--response", default=None,
+              help="the response to score (default: each row's own answer)")
+def score_reward(config_path: str | None, overrides: tuple[str, ...], rows: int,
+                 response: str | None) -> None:
+    """Try the config's reward on the first rows of its data before a job runs; exits 1
+    when the reward failed on any row (each failure's reason is printed)."""
+    import logging
+
+    from .config import load_config
+    from .config_error import ConfigError
+    from .rewards.trial import score_first_rows
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(config_path or "/etc/grpo/config.yaml", list(overrides))
+        trials = score_first_rows(cfg, rows, response)
+    except ConfigError as err:
+        click.echo(f"config error: {err}", err=True)
+        sys.exit(int(ExitCode.CONFIG_ERROR))
+    for t in trials:
+        r = t.result
+        acc = "" if r.accuracy is None else f" accuracy {r.accuracy:g}"
+        extra = "".join(f" {k} {v:g}" for k, v in r.extras.items())
+        verdict = f"FAILED: {r.failed}" if r.failed else f"score {r.score:g}{acc}{extra}"
+        click.echo(f"{t.where}: {verdict}")
+    sys.exit(1 if any(t.result.failed for t in trials) else 0)
 
 
 def main() -> None:

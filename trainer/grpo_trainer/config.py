@@ -69,8 +69,12 @@ def _field_of(err: ValidationError) -> tuple[str, str]:
         msg = "unknown field"
     elif first["type"] == "value_error" and msg.startswith("Value error, "):
         msg = msg.removeprefix("Value error, ")
-        # Cross-field errors name their field first in the message.
-        loc = msg.split(" ", 1)[0] if "." in msg.split(" ", 1)[0] else loc
+        # Cross-field errors name their field first in the message ("a.b ..." or
+        # "a.b: ...", the field then not repeated in the message).
+        head, _, rest = msg.partition(" ")
+        if "." in head:
+            loc = head.removesuffix(":")
+            msg = rest if head.endswith(":") else msg
     return loc, msg
 
 

@@ -23,7 +23,7 @@ from grpo_api.trainer_config import Config
 from .balance import Plan, balance
 from .checkpointing.final_export import FinalExport, export_final
 from .checkpointing.seam import Checkpointer, NoCheckpointer
-from .dataset import DrawCheck, PromptDataset, RowRef, StatefulLoader, read_answers, sized_for_media
+from .dataset import DrawCheck, PromptDataset, RowRef, StatefulLoader, sized_for_media
 from .devices import job_collective_timeout_s
 from .errors import StepError
 from .faults import allocate_until_killed, parse_fault, raise_injected_oom
@@ -34,7 +34,7 @@ from .liveness.stall_monitor import RankTarget, StallMonitor
 from .liveness.watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_process_memory
 from .metrics import MetricsLogger
 from .placement import layout_for
-from .rewards import RewardRunner, resolve_reward_fn
+from .rewards import extra_means, reward_rows, reward_runner, samples_for
 from .rollout.engine_group import EngineGroup
 from .rollout.pipeline import LoaderPosition, RolloutPipeline
 from .rollout.routing import split
@@ -82,9 +82,7 @@ class GRPOTrainer:
         # ahead, the position of the first batch not yet trained (rollout/pipeline.py).
         self.position = LoaderPosition(self.loader)
         self.pipeline: RolloutPipeline | None = None
-        self.rewards = RewardRunner(
-            resolve_reward_fn(cfg.reward), cfg.reward.num_workers, cfg.reward.timeout_s
-        )
+        self.rewards = reward_runner(cfg.reward)
         self.validator = Validator(cfg, self.total_steps, self.rewards, prompt_tokens, cache)
         # The ranks and engines get vLLM's image and video limits from the data (at most
         # the settings, each row limited to them at load).
@@ -150,11 +148,10 @@ class GRPOTrainer:
             raise StepAbandoned
         self.heartbeat.mark("reward")
         flat = [o for rank_out in outs for o in rank_out]
-        # The answer column of the drawn rows: all the driver reads of them.
-        by_index = dict(zip([r.index for r in records], read_answers(records, cfg.data),
-                            strict=True))
-        answers = [by_index[o["index"]] for o in flat]
-        results = self.rewards.score([o["text"] for o in flat], answers)
+        # The drawn rows' answer column (or every column, for a reward that reads rows):
+        # all the driver reads of them.
+        rows = reward_rows(records, cfg.data, self.rewards.reads_rows)
+        results = self.rewards.score(samples_for(flat, rows))
         scores = torch.tensor([r.score for r in results])
         adv = group_advantages(scores, cfg.rollout.n, cfg.algorithm.norm_adv_by_std)
         t_rew = time.perf_counter()
@@ -186,6 +183,7 @@ class GRPOTrainer:
             "reward/std": float(scores.std()) if scores.numel() > 1 else 0.0,
             "reward/accuracy": statistics.fmean(accs) if accs else float("nan"),
             "reward/failed": float(sum(1 for r in results if r.failed)),
+            **extra_means(results, "reward/"),
             "response/length_mean": statistics.fmean(resp),
             "response/length_max": float(max(resp)),
             "response/clip_ratio": 1.0 - statistics.fmean(float(o["finished"]) for o in flat),

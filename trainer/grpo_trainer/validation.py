@@ -23,9 +23,9 @@ from typing import Any, Protocol
 from grpo_api.trainer_config import Config
 
 from .data import Record
-from .dataset import PromptDataset, RowRef, read_answers
+from .dataset import PromptDataset, RowRef
 from .dataset.lengths import Counter as TokenCounter
-from .rewards import RewardResult, RewardRunner
+from .rewards import RewardResult, RewardRow, RewardRunner, reward_rows, samples_for
 
 # A val prompt as the driver holds it (a ref, read by the rank that answers it) or, in
 # tests, a whole record.
@@ -112,17 +112,16 @@ class Group(Protocol):
 
 
 def validation_pass(
-    group: Group, records: Sequence[Prompt], answer_of: Callable[[Sequence[Prompt]], list[str]],
-    rewards: RewardRunner, chunk: int, step: int,
+    group: Group, records: Sequence[Prompt],
+    rows_of: Callable[[Sequence[Prompt]], list[RewardRow]], rewards: RewardRunner, chunk: int,
+    step: int,
 ) -> dict[str, float]:
     """Greedy responses to every val prompt, scored once each: the ``val/`` metrics."""
     t0 = time.perf_counter()
     outs = group.call("generate_greedy", rank_chunks(records, group.world_size, chunk),
                       common=[step])
     responses = gather(outs, records)
-    answers = dict(zip([r.index for r in records], answer_of(records), strict=True))
-    results = rewards.score([o["text"] for o in responses],
-                            [answers[o["index"]] for o in responses])
+    results = rewards.score(samples_for(responses, rows_of(records)))
     m = summarize(results, [int(o["response_tokens"]) for o in responses])
     m["time/val_s"] = time.perf_counter() - t0
     return m
@@ -163,15 +162,12 @@ class Validator:
         """The ``val/`` metrics when ``step`` is due, else nothing."""
         if not self.schedule.due(step):
             return {}
-        m = validation_pass(group, self.records, self._answers, self.rewards, self.chunk,
-                            step)
+        m = validation_pass(group, self.records, self._rows, self.rewards, self.chunk, step)
         self.last_step, self.last_reward = step, m["val/reward_mean"]
         return m
 
-    def _answers(self, prompts: Sequence[Prompt]) -> list[str]:
-        refs = [p for p in prompts if isinstance(p, RowRef)]
-        read = iter(read_answers(refs, self.data))
-        return [next(read) if isinstance(p, RowRef) else p.answer for p in prompts]
+    def _rows(self, prompts: Sequence[Prompt]) -> list[RewardRow]:
+        return reward_rows(prompts, self.data, self.rewards.reads_rows)
 
     def progress(self) -> dict[str, Any]:
         """``Progress`` fields of the newest pass (none before the first)."""

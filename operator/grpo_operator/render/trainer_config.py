@@ -15,6 +15,7 @@ from typing import Any
 
 from grpo_api.job import GRPOJobSpec
 from grpo_api.job.lora import ALL_LINEAR, LoraSpec
+from grpo_api.job.spec import RewardSpec
 from grpo_api.job.tracking import LoggingSpec
 from grpo_api.job.trainer import PLANNED
 from grpo_api.trainer_config import MIN_PIXELS, Config
@@ -149,11 +150,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
             "cpus_per_worker": rank_cpus(plan),
             "ray_address": "auto",  # the head container started Ray just before
         },
-        "reward": {
-            "type": spec.reward.type,
-            "format_weight": spec.reward.format_weight,
-            **({"function": spec.reward.function} if spec.reward.function else {}),
-        },
+        "reward": reward_config(spec.reward),
         "checkpoint": {
             "interval_steps": spec.checkpoint.interval_steps,
             "keep": spec.checkpoint.keep,
@@ -183,3 +180,21 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
         cfg["rollout"]["gpu_memory_utilization"] = 0.5
     Config.model_validate(cfg)  # raises with the field named; handlers report it
     return cfg
+
+
+def reward_config(reward: RewardSpec) -> dict[str, Any]:
+    """spec.reward as the trainer's reward section (the judge's token stays an env var's
+    name: its value never enters the config)."""
+    out: dict[str, Any] = {"type": reward.type, "format_weight": reward.format_weight}
+    if reward.function:
+        out["function"] = reward.function
+    if reward.batch:
+        out["batch"] = True
+    if reward.kwargs:
+        out["kwargs"] = reward.kwargs
+    if reward.http is not None:
+        h = reward.http
+        out["http"] = {"url": h.url, "timeout_s": h.timeout_seconds, "retries": h.retries,
+                       "concurrency": h.concurrency, "send_images": h.send_images,
+                       **({"token_env": h.token_env} if h.token_env else {})}
+    return out

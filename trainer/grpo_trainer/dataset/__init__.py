@@ -5,7 +5,7 @@ index (and its cache), prompts.py applies the data settings, loader.py draws bat
 
 from .loader import StatefulLoader
 from .prompts import DrawCheck, PromptDataset, overlong, sized_for_media
-from .rows import RowRef, encode_rows, read_answers, read_records
+from .rows import RowRef, encode_rows, read_records
 
 __all__ = ["DrawCheck", "PromptDataset", "RowRef", "StatefulLoader", "encode_rows", "overlong",
-           "read_answers", "read_records", "sized_for_media"]
+           "read_records", "sized_for_media"]

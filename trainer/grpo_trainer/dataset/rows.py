@@ -1,7 +1,7 @@
 """Rows read where they are used: a ``RowRef`` says where a row is (file, row, byte
 offset); ``read_records`` turns refs into ``Record``s (prompt, answer, image bytes, video
-sources) in the process that encodes them, a rank or an engine apart, and the driver
-reads only the answer column (``read_answers``).
+sources) in the process that encodes them, a rank or an engine apart; the driver reads
+only what the reward needs of them (``grpo_trainer.rewards.sample.reward_rows``).
 
 Parquet rows are read by streaming the row groups that hold them in batches of
 ``READ_BATCH_ROWS`` and keeping the wanted rows, so a file written as one huge row group
@@ -80,12 +80,13 @@ class _Parquet:
         """The row group of each of ``rows``."""
         return np.searchsorted(self.starts, rows, side="right") - 1
 
-    def batches(self, group: int, cols: Sequence[str]) -> Iterator[tuple[int, Any]]:
-        """Row group ``group`` of ``cols`` (those the file has), READ_BATCH_ROWS rows at a
-        time, each batch with the file row of its first row."""
+    def batches(self, group: int, cols: Sequence[str] | None) -> Iterator[tuple[int, Any]]:
+        """Row group ``group`` of ``cols`` (those the file has; None: every column),
+        READ_BATCH_ROWS rows at a time, each batch with the file row of its first row."""
         first = int(self.starts[group])
+        names = None if cols is None else [c for c in cols if c in self.names]
         for batch in self.file.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[group],
-                                            columns=[c for c in cols if c in self.names]):
+                                            columns=names):
             yield first, batch
             first += batch.num_rows
 
@@ -115,7 +116,7 @@ class _ParquetFiles:
 _PARQUET = _ParquetFiles()
 
 
-def parquet_rows(path: str, rows: Sequence[int], cols: Sequence[str]
+def parquet_rows(path: str, rows: Sequence[int], cols: Sequence[str] | None
                  ) -> dict[int, dict[str, Any]]:
     """``rows`` of a parquet file, only ``cols`` (those it has), by row number: each row
     group that holds some streamed until its last wanted row."""
@@ -144,8 +145,9 @@ def jsonl_row(path: str, offset: int) -> dict[str, Any]:
     return value
 
 
-def raw_rows(refs: Sequence[RowRef], cols: Sequence[str]) -> list[dict[str, Any]]:
-    """The rows of ``refs`` (only ``cols`` of a parquet file's), in the refs' order."""
+def raw_rows(refs: Sequence[RowRef], cols: Sequence[str] | None) -> list[dict[str, Any]]:
+    """The rows of ``refs`` (only ``cols`` of a parquet file's; None: every column), in
+    the refs' order."""
     by_file: dict[str, list[RowRef]] = {}
     for ref in refs:
         by_file.setdefault(ref.source, []).append(ref)
@@ -160,7 +162,7 @@ def raw_rows(refs: Sequence[RowRef], cols: Sequence[str]) -> list[dict[str, Any]
     return [got[(r.source, r.row)] for r in refs]
 
 
-def _media_bytes(item: Any, base: Path, what: str) -> bytes:
+def media_bytes(item: Any, base: Path, what: str) -> bytes:
     if isinstance(item, dict):
         if item.get("bytes"):
             return bytes(item["bytes"])
@@ -187,7 +189,7 @@ def _video(item: Any, base: Path, what: str) -> str | list[bytes]:
     if isinstance(item, list | tuple):
         if not item:
             raise ValueError(f"{what} has no frames")
-        return [_media_bytes(f, base, f"{what} frame {i + 1}") for i, f in enumerate(item)]
+        return [media_bytes(f, base, f"{what} frame {i + 1}") for i, f in enumerate(item)]
     raise ValueError(f"{what} is a {type(item).__name__}, not a path or a list of frames")
 
 
@@ -201,7 +203,7 @@ def to_record(ref: RowRef, row: dict[str, Any], cfg: DataConfig) -> Record:
         raise BadRow(ref, f"the prompt (column {cfg.prompt_key!r}) is empty")
     base = Path(ref.source).parent
     try:
-        images = [_media_bytes(x, base, f"image {i + 1}")
+        images = [media_bytes(x, base, f"image {i + 1}")
                   for i, x in enumerate(row.get(cfg.image_key) or [])]
         videos = [_video(x, base, f"video {i + 1}")
                   for i, x in enumerate(row.get(cfg.video_key) or [])]
@@ -290,11 +292,6 @@ def encode_rows(encode: Callable[[Record], T], records: Sequence[Record]) -> lis
                 raise
             raise bad_row_error(BadRow(where, f"it cannot be decoded ({err})")) from err
     return out
-
-
-def read_answers(refs: Sequence[RowRef], cfg: DataConfig) -> list[str]:
-    """The answer column of ``refs``: all the driver reads of a drawn row."""
-    return [str(row.get(cfg.answer_key)) for row in raw_rows(refs, [cfg.answer_key])]
 
 
 def file_rows(path: str, cols: Sequence[str], start: int, stop: int, offset: int
