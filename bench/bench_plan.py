@@ -54,7 +54,7 @@ def sweep_docs() -> list[dict[str, Any]]:
     for gpu, model, nodes in product(gpus, sorted(KNOWN_MODELS), (1, 2, 4, 8)):
         d = yaml.safe_load(yaml.safe_dump(base))
         d["spec"]["model"]["path"] = f"Qwen/{model}"
-        d["spec"]["resources"].update({"gpu": gpu, "nodes": nodes})
+        d["spec"]["resources"].update({"gpuType": gpu, "nodes": nodes})
         docs.append(d)
     return docs
 

@@ -161,7 +161,7 @@ def job_spec(case: Case, precision: str, model_dir: Path, gpu: str, host_gib: in
         "algorithm": {"rolloutN": g.rollout_n, "klCoef": g.kl_coef},
         "training": {"rolloutBatchSize": g.prompts, "globalBatchSize": g.prompts * g.rollout_n,
                      "precision": precision},
-        "resources": {"gpu": gpu, "nodes": 1, "gpusPerNode": 1, "hostMemory": f"{host_gib}Gi"},
+        "resources": {"gpuType": gpu, "nodes": 1, "gpusPerNode": 1, "hostMemory": f"{host_gib}Gi"},
         "checkpoint": {"size": "1Gi"},
     }
     if case.lora:

@@ -19,8 +19,8 @@ JOB_LABEL = f"{API_GROUP}/job"  # on every child object
 # On the checkpoint claim the operator creates: the uid of the job that holds it now (a
 # job created again under the same name adopts it and relabels it).
 JOB_UID_LABEL = f"{API_GROUP}/job-uid"
-MAX_RESTARTS = 100  # spec.restartPolicy.maxRestarts: attempts are numbered 0..100
-# spec.restartPolicy.stallTimeoutSeconds = trainer.stall_timeout_s by default: a 72B step
+MAX_RESTARTS = 100  # spec.backoffLimit: attempts are numbered 0..100
+# spec.recovery.stallTimeoutSeconds = trainer.stall_timeout_s by default: a 72B step
 # (rollout, log-probs, update, weight sync) takes minutes, and the first step also starts
 # the engines; half an hour without any phase ending is a hang, not a slow step.
 STALL_TIMEOUT_S = 1800

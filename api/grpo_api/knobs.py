@@ -59,7 +59,7 @@ ROLLOUT_GPU_MEMORY_UTILIZATION = Knob("rollout_gpu_memory_utilization",
 # recovery ladder changes it (planner/ladder.py says why).
 ROLLOUT_N = Knob("rollout_n", "rolloutN", pinnable=False, section="algorithm")
 # The training mode's precision: the spec's, which the CudaOOM ladder may switch from
-# mixed to bf16 only when spec.restartPolicy.allowPrecisionChange allows it.
+# mixed to bf16 only when spec.recovery.allowPrecisionChange allows it.
 PRECISION = Knob("precision", "precision", pinnable=False, section="training")
 # Ray's object store: reaches Ray through its own env and start params, not the trainer.
 RAY_OBJECT_STORE = Knob("ray_object_store_gib", "rayObjectStoreMemory", in_status=False)

@@ -31,12 +31,16 @@ HUB_TIMEOUT_S = 5.0  # one GET of a small file: a hub that takes longer is unrea
 
 # The language model's fields (top level in older VLM layouts and text models, under
 # text_config in newer ones) and the vision tower's, that the planner's shape_from_config
-# reads; model_type and architectures say which family it is.
+# reads; model_type and architectures say which family it is. max_position_embeddings
+# (with a rope scaling that extends it, ROPE_KEYS) bounds the job's context
+# (planner/positions.py).
 _IDENTITY = ("model_type", "architectures")
 LM_KEYS = (*_IDENTITY, "hidden_size", "intermediate_size", "num_hidden_layers",
            "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
            "tie_word_embeddings", "attention_bias", "num_experts", "num_local_experts",
-           "moe_intermediate_size", "num_experts_per_tok")
+           "moe_intermediate_size", "num_experts_per_tok", "max_position_embeddings")
+ROPE_KEYS = ("rope_scaling", "rope_parameters")  # transformers 4's name, and 5's
+ROPE_FIELDS = ("rope_type", "type", "factor", "original_max_position_embeddings")
 VISION_KEYS = (*_IDENTITY, "depth", "num_hidden_layers", "embed_dim", "hidden_size",
                "intermediate_size", "mlp_ratio", "hidden_act", "spatial_merge_size",
                "out_hidden_size", "patch_size", "temporal_patch_size", "in_channels",
@@ -52,14 +56,36 @@ class ConfigUnavailable(Exception):
         self.retry = retry
 
 
+def _extension(rope: Any) -> dict[str, Any] | None:
+    """A rope scaling's fields that extend the positions (a factor), or None: the rest
+    (theta, mrope sections) does not bound the context. transformers 5 may key it by
+    layer type."""
+    if not isinstance(rope, dict):
+        return None
+    if "factor" in rope:
+        return {k: rope[k] for k in ROPE_FIELDS if k in rope}
+    nested = {t: e for t, r in rope.items() if (e := _extension(r)) is not None}
+    return nested or None
+
+
+def _lm_fields(part: dict[str, Any]) -> dict[str, Any]:
+    out = {k: part[k] for k in LM_KEYS if k in part}
+    for key in ROPE_KEYS:
+        if (extension := _extension(part.get(key))) is not None:
+            out[key] = extension
+    return out
+
+
 def shape_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """The part of a config.json that sizes the model: a few hundred bytes of any
-    family's file (which can run to kilobytes), so it fits a termination message."""
-    out = {k: config[k] for k in LM_KEYS if k in config}
-    for nested, keys in (("text_config", LM_KEYS), ("vision_config", VISION_KEYS)):
-        part = config.get(nested)
-        if isinstance(part, dict):
-            out[nested] = {k: part[k] for k in keys if k in part}
+    """The part of a config.json that sizes the model and bounds its context: a few
+    hundred bytes of any family's file (which can run to kilobytes), so it fits a
+    termination message."""
+    out = _lm_fields(config)
+    text, vision = config.get("text_config"), config.get("vision_config")
+    if isinstance(text, dict):
+        out["text_config"] = _lm_fields(text)
+    if isinstance(vision, dict):
+        out["vision_config"] = {k: vision[k] for k in VISION_KEYS if k in vision}
     return out
 
 

@@ -61,23 +61,48 @@ def crd(write: bool, root: Path) -> None:
     "--model-root",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Directory that absolute model paths are relative to (where config.json is read).",
+    help="A local copy of the model's volume, where config.json is read. For a model on a "
+    "claim (spec.model.claimName, mounted at /models in the pods): the claim's files "
+    "(/models/sft is read from DIR/sft, or DIR/models/sft). For another absolute path: "
+    "DIR/<path>.",
+)
+@click.option(
+    "--hub-token",
+    envvar="HF_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="Token for a private or gated hub repo: sent, as the operator's reader pod sends "
+    "the Secret's, for a job that sets spec.hub.tokenSecret. Never printed.",
+)
+@click.option(
+    "--offline",
+    is_flag=True,
+    envvar=["GRPO_PLAN_OFFLINE", "HF_HUB_OFFLINE"],
+    show_envvar=True,
+    help="Read no hub: a hub model plans from the known table, as under an operator that "
+    "cannot reach the hub (the chart's readPublicHub: false). Default: read each hub "
+    "model's config.json as the operator does.",
 )
 @GPU_CATALOG_OPTION
-def plan(file: Path, output: str, model_root: Path | None, gpu_catalog: Path | None) -> None:
+def plan(file: Path, output: str, model_root: Path | None, hub_token: str | None,
+         offline: bool, gpu_catalog: Path | None) -> None:
     """Plan the memory settings and cluster for every GRPOJob in FILE, checked as the API
-    server and the webhook check it (other documents are named in a warning). Exit 2 if
-    any is refused. JSON output is one object, or a list when FILE holds several jobs."""
+    server and the webhook check it (other documents are named in a warning), each model
+    sized from its config.json read as the operator reads it: the hub's, or a local copy
+    of a claim (--model-root). Exit 2 if any is refused. JSON output is one object, or a
+    list when FILE holds several jobs."""
     from rich.console import Console
 
     from grpo_api.job import SpecError
 
     from .plan_cli import plan_file
+    from .plan_model import HubAccess
 
     try:
         # Piped or captured output gets a fixed, wide layout instead of 80 columns.
         width = None if sys.stdout.isatty() else 140
-        refused = plan_file(file, output, model_root, Console(width=width), gpu_catalog)
+        refused = plan_file(file, output, model_root, Console(width=width), gpu_catalog,
+                            HubAccess(hub_token or None, offline))
     except (SpecError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

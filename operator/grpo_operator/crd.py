@@ -76,7 +76,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {
         "name": "GPU",
         "type": "string",
-        "jsonPath": ".spec.resources.gpu",
+        "jsonPath": ".spec.resources.gpuType",
         "priority": 1,
         "description": "GPU type.",
     },

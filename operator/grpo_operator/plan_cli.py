@@ -18,7 +18,8 @@ from grpo_api.contract import KIND
 from grpo_api.job import GRPOJob, SpecError, load_documents, parse_manifest
 
 from .catalog_file import load_catalog
-from .planner import InfeasibleError, Plan, plan_to_dict, read_model_config
+from .plan_model import HubAccess, read_model
+from .planner import InfeasibleError, Plan, plan_to_dict
 from .planner.report import plan_tables
 from .reconcile.planning import checked_plan
 from .render.names import job_name_problem
@@ -56,13 +57,15 @@ def _job(doc: dict[str, Any], source: str) -> GRPOJob:
 
 
 def plan_file(
-    path: Path, output: str, model_root: Path | None, console: Console, catalog: Path | None = None
+    path: Path, output: str, model_root: Path | None, console: Console, catalog: Path | None = None,
+    hub: HubAccess | None = None,
 ) -> int:
     """Plan every GRPOJob in `path` and print each plan (json: one object, or a list of
     those planned when the file holds several jobs); warn on stderr about every other
-    document. Returns how many GRPOJobs were refused, each with its reason on stderr.
-    Raises SpecError for a file that is not YAML or holds no GRPOJob, ValueError for a
-    bad catalog file."""
+    document. Each model's config.json is read as the operator reads it (plan_model.py;
+    `hub`: the token, or offline). Returns how many GRPOJobs were refused, each with its
+    reason on stderr. Raises SpecError for a file that is not YAML or holds no GRPOJob,
+    ValueError for a bad catalog file."""
     err = Console(stderr=True, soft_wrap=True)
     gpus = load_catalog(catalog)
     jobs, others = load_documents(path)
@@ -81,8 +84,11 @@ def plan_file(
         for warning in job.spec.deprecation_warnings():  # stderr: stdout stays clean
             err.print(f"Warning: {warning}", markup=False)
         try:
-            config = read_model_config(job.spec.model.path, model_root)
-            plans.append((name, checked_plan(job.spec, gpus, model_config=config)))
+            read = read_model(doc.get("spec") or {}, model_root, hub or HubAccess())
+            if read.warning:
+                err.print(f"Warning: {read.warning}", markup=False)
+            plans.append((name, checked_plan(job.spec, gpus, model_config=read.config,
+                                             model_source=read.source)))
         except (SpecError, InfeasibleError, ValueError) as exc:
             job_of = f"{where} (GRPOJob {name}): " if several else ""
             err.print(f"error: {job_of}{exc}", markup=False)

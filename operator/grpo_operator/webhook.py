@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
+from grpo_api.job.renames import RenameConflict, rename_warnings, with_new_names
 
 from . import hub_config, kube
 from .config import OperatorConfig, from_memo
@@ -130,8 +131,12 @@ def _problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
     if queue:
         return queue, None
     if old_raw_spec is not None:
+        try:  # compared by their new names: a manifest moved to them changes nothing
+            new_names, old_names = with_new_names(raw_spec), with_new_names(old_raw_spec)
+        except RenameConflict as exc:
+            return str(exc), None
         changed = [k for k in IMMUTABLE_SECTIONS
-                   if old_raw_spec.get(k) != raw_spec.get(k)]
+                   if old_names.get(k) != new_names.get(k)]
         if changed:
             # Re-created under this name, a job resumes this one's checkpoints (Retain):
             # right for new data or resources, not for another model or LoRA setting
@@ -194,7 +199,7 @@ def admission_warnings(raw_spec: dict[str, Any], hub: HubAnswer | None = None,
     """What kubectl should print beside an accepted spec: deprecated fields set, and a
     config.json not read yet (pure). `spec`: the spec as parsed, when the caller did."""
     try:
-        found = (spec or parse_spec(raw_spec)).deprecation_warnings()
+        found = [*rename_warnings(raw_spec), *(spec or parse_spec(raw_spec)).deprecation_warnings()]
     except SpecError:
         return []  # refused anyway, with its own message
     model = admission_warning(raw_spec, hub)

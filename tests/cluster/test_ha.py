@@ -73,7 +73,7 @@ def test_killing_the_active_replica_mid_reconcile_loses_and_doubles_nothing(
         # Admission while no replica reconciles: the standby refuses a bad job with the
         # webhook's own message (not "failed calling webhook").
         bad = example_job("grpojob-qwen25vl-7b-h100.yaml", "bad",
-                          resources={"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 16})
+                          resources={"gpuType": "H100-80GB", "nodes": 1, "gpusPerNode": 16})
         out = testbed.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-",
                               input=yaml.safe_dump(bad), check=False)
         assert second.healthz().startswith("standby:")  # still standing by

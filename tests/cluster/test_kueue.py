@@ -156,7 +156,7 @@ def test_a_missing_local_queue_is_shown_and_infeasible_jobs_never_reach_kueue(
     # 2026-11-27 saw it). The message is what names the missing queue.
     assert queued_condition(lost)["reason"] in ("Inadmissible", "Pending")
     doc = example_job("grpojob-qwen2vl-72b-h100.yaml", "toobig", queueName="grpo",
-                      resources={"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1})
+                      resources={"gpuType": "A100-40GB", "nodes": 1, "gpusPerNode": 1})
     out = testbed.kubectl("apply", "-n", team_ns, "-f", "-", input=yaml.safe_dump(doc),
                           check=False)
     assert out.returncode != 0 and "memory planner refuses" in out.stderr

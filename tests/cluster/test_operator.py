@@ -128,7 +128,7 @@ def test_four_4_gpu_jobs_share_the_two_8_gpu_h100_nodes(
     jobs = [f"share{i}" for i in range(4)]
     for name in jobs:
         apply(testbed, op_ns, example_job("grpojob-qwen25vl-7b-h100.yaml", name,
-                                          resources={"gpu": "H100-80GB", "nodes": 1,
+                                          resources={"gpuType": "H100-80GB", "nodes": 1,
                                                      "gpusPerNode": 4}))
     for name in jobs:
         wait_phase(testbed, operator, op_ns, name, "Running", 120)
@@ -335,7 +335,7 @@ def test_missing_claim_is_a_condition_not_a_crash(
 def test_webhook_refuses_an_infeasible_job_with_the_planner_numbers(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
     doc = example_job("grpojob-qwen2vl-72b-h100.yaml", "toobig",
-                       resources={"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1})
+                       resources={"gpuType": "A100-40GB", "nodes": 1, "gpusPerNode": 1})
     out = apply(testbed, op_ns, doc, check=False)
     assert out.returncode != 0
     assert "memory planner refuses" in out.stderr and "GiB" in out.stderr
@@ -346,7 +346,7 @@ def test_webhook_refuses_more_gpus_per_node_than_the_type_has_naming_the_field(
     """16 GPUs per worker on H100-80GB (8 per node): a worker pod runs on one node, so it
     would sit Pending; the webhook refuses it at apply with the same GPUs as a fix."""
     doc = example_job("grpojob-qwen25vl-7b-h100.yaml", "sixteen",
-                      resources={"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 16})
+                      resources={"gpuType": "H100-80GB", "nodes": 1, "gpusPerNode": 16})
     out = apply(testbed, op_ns, doc, check=False)
     assert out.returncode != 0
     assert ("spec.resources.gpusPerNode: 16 is more than the 8 GPUs a H100-80GB node has"
@@ -360,13 +360,13 @@ def test_gpu_types_are_the_operators_catalog_with_the_charts_additions(
         added_gpu: tuple[str, dict[str, Any]]) -> None:
     gpu, entry = added_gpu
     unknown = example_job("grpojob-qwen25vl-7b-h100.yaml", "unknown-gpu",
-                          resources={"gpu": "H900-96GB", "nodes": 1})
+                          resources={"gpuType": "H900-96GB", "nodes": 1})
     out = apply(testbed, op_ns, unknown, check=False)
     assert out.returncode != 0
     assert "spec.resources.gpu: unknown GPU type 'H900-96GB'" in out.stderr
     assert "B200-180GB" in out.stderr and gpu in out.stderr  # the known ones, listed
     apply(testbed, op_ns, example_job("grpojob-qwen25vl-7b-h100.yaml", "added-gpu",
-                                      resources={"gpu": gpu, "nodes": 1}))
+                                      resources={"gpuType": gpu, "nodes": 1}))
     wait_until("RayCluster added-gpu-a0", lambda: bool(items(testbed, "raycluster", op_ns)), 30)
     worker = items(testbed, "raycluster", op_ns)[0]["spec"]["workerGroupSpecs"][0]
     selector = worker["template"]["spec"]["nodeSelector"]

@@ -74,7 +74,7 @@ def test_the_operator_pod_runs_from_its_image_on_the_real_node(
 def test_the_in_cluster_webhook_refuses_an_infeasible_job(
         real_tb: Testbed, release: str, job_ns: str) -> None:
     doc = example_job("grpojob-qwen2vl-72b-h100.yaml", "toobig",
-                      resources={"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1})
+                      resources={"gpuType": "A100-40GB", "nodes": 1, "gpusPerNode": 1})
     out = real_tb.kubectl("apply", "-n", job_ns, "-f", "-", input=yaml.safe_dump(doc),
                           check=False)
     assert out.returncode != 0

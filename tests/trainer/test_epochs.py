@@ -33,7 +33,7 @@ def rendered_schedule(training: dict[str, Any]) -> dict[str, Any]:
                      "workers": 0},
             "algorithm": {"rolloutN": 8},
             "training": {"rolloutBatchSize": 4, "globalBatchSize": 32, **training},
-            "resources": {"gpu": "cpu", "nodes": 0, "gpusPerNode": 2, "hostMemory": "16Gi"},
+            "resources": {"gpuType": "cpu", "nodes": 0, "gpusPerNode": 2, "hostMemory": "16Gi"},
             "checkpoint": {"size": "1Gi"},
         }
     )

@@ -30,7 +30,7 @@ CONFIG = OperatorConfig(default_image="registry.example/trainer:test")
 T0 = "2026-11-24T10:00:00.000Z"
 # Sections whose absent scalar fields are drawn too: the knobs users pin by hand.
 OPEN_SECTIONS = ("memory", "algorithm", "training", "resources", "rollout", "checkpoint",
-                 "restartPolicy")
+                 "recovery")
 
 
 def _examples() -> list[dict[str, Any]]:

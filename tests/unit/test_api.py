@@ -23,7 +23,7 @@ def minimal() -> dict[str, Any]:
     return {
         "model": {"path": "Qwen/Qwen2.5-VL-7B-Instruct"},
         "data": {"train": "hiyouga/geometry3k@train"},
-        "resources": {"gpu": "H100-80GB", "nodes": 1},
+        "resources": {"gpuType": "H100-80GB", "nodes": 1},
         "checkpoint": {"size": "100Gi"},
     }
 
@@ -48,16 +48,17 @@ def test_defaults_are_filled_and_wire_form_is_camel_case() -> None:
     assert wire["checkpoint"] == {"size": "100Gi", "intervalSteps": 5, "keep": 2,
                                   "asyncSave": False, "retention": "Retain",
                                   "deleteClaimWithJob": False}
-    assert wire["restartPolicy"]["backoff"] == {"initialSeconds": 30, "maxSeconds": 600}
+    assert wire["recovery"]["backoff"] == {"initialSeconds": 30, "maxSeconds": 600}
+    assert (wire["restartPolicy"], wire["backoffLimit"]) == ("OnFailure", 3)
     assert wire["memory"] == {}  # every knob auto: unset
     assert spec.memory.offload_params is None
 
 
 def test_every_catalog_name_fits_the_gpu_name_form() -> None:
-    """resources.gpu is a string checked against the catalog in use (webhook, planner);
+    """resources.gpuType is a string checked against the catalog in use (webhook, planner);
     the schema checks only the form, which every built-in name must pass."""
     for name in GPU_CATALOG:
-        assert parse_spec(_with("resources.gpu", name)).resources.gpu == name
+        assert parse_spec(_with("resources.gpuType", name)).resources.gpu_type == name
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -73,7 +74,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("path", "value", "expected"),
     [
-        ("resources.gpu", "H100 80GB", "spec.resources.gpu: String should match pattern"),
+        ("resources.gpuType", "H100 80GB", "spec.resources.gpuType: String should match pattern"),
         ("resources.nodes", -1, "spec.resources.nodes: Input should be greater than or equal"),
         ("resources.nodes", "two", "spec.resources.nodes: Input should be a valid integer"),
         ("resources.nodes", 0, "nodes: must be at least 1 for a GPU type"),
@@ -111,7 +112,7 @@ def test_manifest_checks_kind_and_api_version() -> None:
     with pytest.raises(SpecError, match="apiVersion"):
         parse_manifest({"apiVersion": "grpo.dev/v1", "kind": "GRPOJob", "spec": minimal()})
     job = parse_manifest({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "spec": minimal()})
-    assert job.spec.resources.gpu == "H100-80GB"
+    assert job.spec.resources.gpu_type == "H100-80GB"
 
 
 def test_a_yaml_file_without_a_grpojob_is_refused(tmp_path: Path) -> None:

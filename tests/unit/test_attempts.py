@@ -25,8 +25,8 @@ NOW = "2026-11-21T10:00:00Z"
 
 def spec(example: str = "grpojob-qwen25vl-7b-a100-40gb.yaml", **restart: Any) -> dict[str, Any]:
     s: dict[str, Any] = yaml.safe_load((EXAMPLES / example).read_text())["spec"]
-    s["restartPolicy"] = {"maxRestarts": 3, "backoff": {"initialSeconds": 30,
-                                                         "maxSeconds": 100}, **restart}
+    s["backoffLimit"] = restart.pop("maxRestarts", 3)
+    s["recovery"] = {"backoff": {"initialSeconds": 30, "maxSeconds": 100}, **restart}
     return s
 
 
@@ -56,7 +56,7 @@ def test_first_reconcile_plans_and_renders_attempt_0() -> None:
 
 def test_infeasible_job_fails_with_numbers_and_no_children() -> None:
     sp = spec("grpojob-qwen2vl-72b-h100.yaml")
-    sp["resources"] = {"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1}
+    sp["resources"] = {"gpuType": "A100-40GB", "nodes": 1, "gpusPerNode": 1}
     d = reconcile(sp).derive({}, 1, NOW)
     assert d.status["phase"] == "Failed" and not d.children
     failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")

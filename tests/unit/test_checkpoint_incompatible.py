@@ -75,7 +75,8 @@ def test_it_has_no_memory_ladder_and_is_a_reason_the_operator_writes() -> None:
 
 def test_the_job_fails_without_a_retry_and_keeps_its_checkpoint_step() -> None:
     sp: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())["spec"]
-    sp["restartPolicy"] = {"maxRestarts": 3, "allowPrecisionChange": True}
+    sp["backoffLimit"] = 3
+    sp["recovery"] = {"allowPrecisionChange": True}
     job = JobRef("j", "ns", "uid-1")
     first = ensure_attempt(job, Planner(sp).plan([], None), {}, NOW)
     st = apply_status_patch({}, first.derive({}, 1, NOW).status)

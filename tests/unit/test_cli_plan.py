@@ -77,13 +77,13 @@ def test_plan_reads_config_json_below_model_root(tmp_path: Path) -> None:
 
 def test_plan_bad_spec_exits_2_naming_the_field(tmp_path: Path) -> None:
     job = yaml.safe_load(Path(A100).read_text())
-    job["spec"]["resources"]["gpu"] = "H 900"  # malformed (unknown names: test_gpu_catalog)
+    job["spec"]["resources"]["gpuType"] = "H 900"  # malformed (unknown names: test_gpu_catalog)
     job["spec"]["memory"] = {"offloadParams": "yes"}
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(job))
     code, _, err = run("plan", str(f))
     assert code == 2
-    assert "spec.resources.gpu" in err
+    assert "spec.resources.gpuType" in err
     assert "spec.memory.offloadParams: Input should be a valid boolean (write true or false" in err
 
 

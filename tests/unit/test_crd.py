@@ -80,12 +80,14 @@ def test_preserve_unknown_fields_only_for_plan_details_and_kubernetes_own_types(
     status.modelConfig.config holds config.json's fields as the model's authors wrote them;
     spec.trainer lets a planned setting written there reach the webhook, which names the
     spec field that sets it (its known fields are typed all the same); spec.reward.kwargs
-    are the user's function's keyword arguments, whatever it takes."""
+    are the user's function's keyword arguments, whatever it takes; spec.restartPolicy is
+    a string now and an object in manifests written before (renames.py)."""
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     free = [p for p, n in _walk(schema) if n.get("x-kubernetes-preserve-unknown-fields")]
     pods = [f".spec.pods.{s}.{f}" for s in ("common", "head", "workers")
             for f in ("volumes[]", "affinity")]
     assert sorted(free) == sorted([*pods, ".spec.trainer", ".spec.reward.kwargs",
+                                   ".spec.restartPolicy",
                                    ".status.plan.details",
                                    ".status.modelConfig.config"])
 
@@ -107,7 +109,7 @@ def test_memory_knobs_are_auto_and_sections_default() -> None:
         assert "default" not in node, name
         assert node["description"].startswith("Auto when unset"), name
     assert set(spec["required"]) == {"model", "data", "resources", "checkpoint"}
-    gpu = spec["properties"]["resources"]["properties"]["gpu"]
+    gpu = spec["properties"]["resources"]["properties"]["gpuType"]
     assert "enum" not in gpu and gpu["pattern"]  # any catalog name, checked by the webhook
 
 

@@ -83,7 +83,7 @@ def test_a_colocated_cpu_job_s_head_carries_no_side_label() -> None:
 
 @pytest.mark.parametrize(("change", "found"), [
     ({"disaggregated": {"gpuType": "L40S-48GB", "nodes": 1}},
-     "rollout.disaggregated.gpuType: L40S-48GB beside resources.gpu cpu"),
+     "rollout.disaggregated.gpuType: L40S-48GB beside resources.gpuType cpu"),
     ({"disaggregated": {}}, "rollout.disaggregated.nodes: required for a cpu job"),
     ({"disaggregated": {"nodes": 1, "tensorParallelSize": 2}},
      "rollout.disaggregated.tensorParallelSize: 2; a rollout engine apart"),
@@ -102,7 +102,7 @@ def test_gpu_training_beside_cpu_rollouts_and_hf_engines_on_gpus_are_refused() -
     gpu = copy.deepcopy(example_job("grpojob-qwen25vl-7b-h100.yaml")["spec"])
     gpu["rollout"] = {"placement": "disaggregated",
                       "disaggregated": {"gpuType": "cpu", "nodes": 1}}
-    assert "rollout.disaggregated.gpuType: cpu beside resources.gpu H100-80GB" in (
+    assert "rollout.disaggregated.gpuType: cpu beside resources.gpuType H100-80GB" in (
         admission_problem(gpu, None) or "")
     gpu["rollout"] = {"placement": "disaggregated", "engine": "hf",
                       "disaggregated": {"nodes": 1}}

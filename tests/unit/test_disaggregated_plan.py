@@ -105,7 +105,7 @@ def test_the_training_gpus_carry_no_vllm_term() -> None:
     ({"placement": "disaggregated", "engine": "hf", "disaggregated": {"nodes": 1}}, {},
      "rollout.engine: hf with placement disaggregated"),
     ({"placement": "disaggregated", "disaggregated": {"gpuType": "L40S-48GB"}}, {"nodes": 2},
-     "rollout.disaggregated.nodes: required when gpuType (L40S-48GB) is not resources.gpu"),
+     "rollout.disaggregated.nodes: required when gpuType (L40S-48GB) is not resources.gpuType"),
     ({"placement": "disaggregated", "disaggregated": {}}, {"nodes": 1},
      "needs resources.nodes >= 2"),
 ])
@@ -166,14 +166,14 @@ def test_a_rollout_gpu_that_cannot_hold_the_model_is_never_given_a_larger_tp() -
     no split fits, where the planner once sharded each engine over 4 GPUs; the refusal
     names the limit and placement colocated as the way out."""
     spec = spec_with({"placement": "disaggregated", "disaggregated": {}}, nodes=3,
-                     gpu="A100-40GB")
+                     gpuType="A100-40GB")
     spec["model"] = {"path": "Qwen/Qwen2.5-VL-72B-Instruct"}
     with pytest.raises(InfeasibleError) as err:
         plan_memory(parse_spec(spec))
     assert "placement colocated, if one rollout GPU cannot hold the model: an engine apart " \
            "runs vLLM at tensor parallel 1" in str(err.value)
     # The same model on B200s, which hold it whole: planned, at TP 1, one engine a GPU.
-    spec["resources"] = {**spec["resources"], "gpu": "B200-180GB"}
+    spec["resources"] = {**spec["resources"], "gpuType": "B200-180GB"}
     plan = plan_memory(parse_spec(spec))
     rb = plan.budget.rollout_side
     assert rb is not None and plan.geometry.rollout is not None
@@ -236,7 +236,7 @@ def test_no_split_that_fits_is_refused_with_the_fix() -> None:
     """72B on 2 x 8 A100-40GB: 1 node cannot hold its training state; the only split
     leaves the update 1 node, so the job is refused naming both fields to raise."""
     spec = spec_with({"placement": "disaggregated", "disaggregated": {}}, nodes=2,
-                     gpu="A100-40GB")
+                     gpuType="A100-40GB")
     spec["model"] = {"path": "Qwen/Qwen2.5-VL-72B-Instruct"}
     with pytest.raises(InfeasibleError) as err:
         plan_memory(parse_spec(spec))

@@ -39,7 +39,7 @@ OVER_IB = [
 
 def plan(devices: dict[str, int] | None, nodes: int = 8) -> dict[str, Any]:
     spec = yaml.safe_load((ROOT / "examples/grpojob-qwen2vl-72b-h100.yaml").read_text())["spec"]
-    spec["resources"] = {"gpu": "H100-80GB", "nodes": nodes, "gpusPerNode": 8,
+    spec["resources"] = {"gpuType": "H100-80GB", "nodes": nodes, "gpusPerNode": 8,
                          **({"devices": devices} if devices else {})}
     return plan_status(plan_memory(parse_spec(spec))).to_wire()  # as the operator writes it
 
@@ -90,7 +90,7 @@ def test_the_report_is_a_warning_event_once_through_reconcile() -> None:
     from tests.unit.test_reconcile import running_job, step
 
     job = running_job()
-    job["spec"]["resources"] = {"gpu": "H100-80GB", "nodes": 2, "gpusPerNode": 8,
+    job["spec"]["resources"] = {"gpuType": "H100-80GB", "nodes": 2, "gpusPerNode": 8,
                                 "devices": {"rdma/ib": 1}}
     job["status"]["plan"] = plan({"rdma/ib": 1}, nodes=2)
     job["status"]["progress"] = reported(FELL_BACK)

@@ -29,7 +29,7 @@ def job(gpu: str, **resources: Any) -> dict[str, Any]:
         "model": {"path": "Qwen/Qwen2.5-VL-7B-Instruct"},
         "data": {"train": "/data/t.parquet", "maxPromptLength": 1024, "maxResponseLength": 1024},
         "training": {"rolloutBatchSize": 64, "globalBatchSize": 64},
-        "resources": {"gpu": gpu, **resources},
+        "resources": {"gpuType": gpu, **resources},
         "checkpoint": {"size": "100Gi"},
     }
 
@@ -51,7 +51,7 @@ def test_new_built_in_types_plan_and_select_their_nodes(gpu: str) -> None:
 def test_webhook_refuses_an_unknown_type_and_lists_the_known_ones() -> None:
     problem = admission_problem(job("MI300X-192GB"), None)
     assert problem is not None
-    assert "spec.resources.gpu: unknown GPU type 'MI300X-192GB'" in problem
+    assert "spec.resources.gpuType: unknown GPU type 'MI300X-192GB'" in problem
     assert "H100-80GB" in problem and "B200-180GB" in problem and "gpuCatalog" in problem
 
 
@@ -125,7 +125,7 @@ def test_grpo_plan_reads_the_same_catalog(tmp_path: Path) -> None:
                                         "metadata": {"name": "m"}, "spec": job("MI300X-192GB")}))
     refused = CliRunner().invoke(cli, ["plan", str(manifest)])
     assert refused.exit_code == 2
-    assert "spec.resources.gpu: unknown GPU type 'MI300X-192GB'" in refused.output
+    assert "spec.resources.gpuType: unknown GPU type 'MI300X-192GB'" in refused.output
     catalog = tmp_path / "gpu-catalog.yaml"
     catalog.write_text(yaml.safe_dump({"MI300X-192GB": MI300X}))
     ok = CliRunner().invoke(cli, ["plan", str(manifest), "-o", "json", "--gpu-catalog",

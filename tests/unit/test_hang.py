@@ -47,8 +47,8 @@ def head(code: int, message: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def spec(**restart: Any) -> dict[str, Any]:
     s: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())["spec"]
-    s["restartPolicy"] = {"maxRestarts": 3, "backoff": {"initialSeconds": 30,
-                                                         "maxSeconds": 100}, **restart}
+    s["backoffLimit"] = restart.pop("maxRestarts", 3)
+    s["recovery"] = {"backoff": {"initialSeconds": 30, "maxSeconds": 100}, **restart}
     return s
 
 

@@ -121,7 +121,7 @@ def test_an_easyr1_layout_hub_dataset_loads_from_the_volume(tmp_path: Path) -> N
 SPEC: dict[str, Any] = {
     "model": {"path": "Qwen/Qwen2.5-VL-7B-Instruct", "revision": "main"},
     "data": {"train": "hiyouga/geometry3k@train", "val": "hiyouga/geometry3k@test"},
-    "resources": {"gpu": "H100-80GB", "nodes": 1},
+    "resources": {"gpuType": "H100-80GB", "nodes": 1},
     "checkpoint": {"size": "100Gi"},
     "hub": {"tokenSecret": "hf-token", "endpoint": "https://hf-mirror.example"},
 }

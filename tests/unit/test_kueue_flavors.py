@@ -15,7 +15,7 @@ from grpo_operator.render import JobRef, render_children
 from grpo_testbed.kueue import webhooks_by_url
 
 EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples").glob(
-    "grpojob-*.yaml") if "gpu: cpu" not in p.read_text())
+    "grpojob-*.yaml") if "gpuType: cpu" not in p.read_text())
 QUEUES = Path(__file__).resolve().parents[2] / "examples" / "kueue-queues.yaml"
 
 
@@ -32,7 +32,7 @@ def test_each_jobs_workers_match_exactly_their_gpu_types_flavor(example: Path) -
     selector = group["template"]["spec"].get("nodeSelector") or {}
     fitting = [f["metadata"]["name"] for f in resource_flavors(GPU_CATALOG)[1:]
                if all(selector.get(k) == v for k, v in f["spec"]["nodeLabels"].items())]
-    assert fitting == [spec.resources.gpu.lower()], (selector, fitting)
+    assert fitting == [spec.resources.gpu_type.lower()], (selector, fitting)
 
 
 def test_every_gpu_type_has_a_flavor_and_the_example_queue_names_only_real_ones() -> None:

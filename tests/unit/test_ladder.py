@@ -31,13 +31,13 @@ def spec(rollout_batch: int = 64, allow_bf16: bool = False, lora: bool = False,
     # every CudaOOM rung available.
     return parse_spec(
         {
-            "restartPolicy": {"allowPrecisionChange": allow_bf16},
+            "recovery": {"allowPrecisionChange": allow_bf16},
             **({"lora": {}} if lora else {}),
             "model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"},
             "data": {"train": "t", "maxPromptLength": 512, "maxResponseLength": 256},
             "algorithm": {"rolloutN": 8},
             "training": {"rolloutBatchSize": rollout_batch, "globalBatchSize": 64},
-            "resources": {"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
+            "resources": {"gpuType": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
             "checkpoint": {"size": "50Gi"},
             "memory": memory,
         }

@@ -49,7 +49,7 @@ def gpu_specs() -> list[GRPOJobSpec]:
     for model, gpu, nodes, host, pins in itertools.product(
         models, gpus, (1, 2, 8), (None, "384Gi"), PINS
     ):
-        resources: dict[str, Any] = {"gpu": gpu, "nodes": nodes}
+        resources: dict[str, Any] = {"gpuType": gpu, "nodes": nodes}
         if host:
             resources["hostMemory"] = host
         out.append(
@@ -78,7 +78,7 @@ def cpu_specs() -> list[GRPOJobSpec]:
                          "maxPixels": 12544, "workers": workers},
                 "algorithm": {"rolloutN": 8},
                 "training": {"rolloutBatchSize": 4, "globalBatchSize": 32},
-                "resources": {"gpu": "cpu", "nodes": 0, "gpusPerNode": 2, "cpusPerNode": 2,
+                "resources": {"gpuType": "cpu", "nodes": 0, "gpusPerNode": 2, "cpusPerNode": 2,
                               "hostMemory": host},
                 "checkpoint": {"size": "1Gi"},
                 "memory": pins,

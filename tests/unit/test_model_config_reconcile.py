@@ -253,7 +253,7 @@ def test_admission_plans_a_public_hub_model_from_its_config(
         vl3b: dict[str, Any], tmp_path: Path) -> None:
     spec = hub_job()["spec"]
     assert admission_problem(spec, None, hub=HubAnswer(URL, config=vl3b)) is None
-    spec["resources"] = {"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 1}
+    spec["resources"] = {"gpuType": "A100-40GB", "nodes": 1, "gpusPerNode": 1}
     spec["memory"] = {"offloadParams": False, "offloadOptimizer": False}
     refused = admission_problem(spec, None, hub=HubAnswer(URL, config=vl3b))
     assert refused is not None and refused.startswith("the memory planner refuses this job")

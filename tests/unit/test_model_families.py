@@ -29,7 +29,7 @@ def spec(path: str = "/models/acme-sft") -> dict[str, Any]:
                  "maxResponseLength": 16, "maxPixels": 12544},
         "algorithm": {"rolloutN": 4},
         "training": {"rolloutBatchSize": 4, "globalBatchSize": 16},
-        "resources": {"gpu": "cpu", "nodes": 0, "gpusPerNode": 2, "cpusPerNode": 2,
+        "resources": {"gpuType": "cpu", "nodes": 0, "gpusPerNode": 2, "cpusPerNode": 2,
                       "hostMemory": "16Gi"},
         "checkpoint": {"size": "1Gi"},
     }  # fmt: skip

@@ -31,7 +31,7 @@ def job(devices: dict[str, int] | None = None, nodes: int = 8, image: str | None
         **pods: Any) -> dict[str, Any]:
     spec: dict[str, Any] = yaml.safe_load(
         (ROOT / "examples/grpojob-qwen2vl-72b-h100.yaml").read_text())["spec"]
-    spec["resources"] = {"gpu": "H100-80GB", "nodes": nodes, "gpusPerNode": 8}
+    spec["resources"] = {"gpuType": "H100-80GB", "nodes": nodes, "gpusPerNode": 8}
     if image is not None:
         spec["image"] = image
     if devices is not None:
@@ -116,7 +116,7 @@ def test_what_spec_pods_sets_for_the_fabric_is_left_to_it() -> None:
 
 @pytest.mark.parametrize(("devices", "message"), [
     ({"efa": 1}, "spec.resources.devices: 'efa' is not an extended resource name"),
-    ({"nvidia.com/gpu": 8}, "'nvidia.com/gpu': GPUs come from resources.gpu"),
+    ({"nvidia.com/gpu": 8}, "'nvidia.com/gpu': GPUs come from resources.gpuType"),
     ({"kubernetes.io/x": 1}, "the kubernetes.io domain and requests. are reserved"),
     ({"rdma/ib": 0}, "spec.resources.devices.rdma/ib: Input should be greater than or equal"),
 ])

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 def job(gpu: str = "H100-80GB", nodes: int = 1, gpus: int | None = 4,
         model: str = "Qwen/Qwen2.5-VL-7B-Instruct") -> dict[str, Any]:
-    resources: dict[str, Any] = {"gpu": gpu, "nodes": nodes}
+    resources: dict[str, Any] = {"gpuType": gpu, "nodes": nodes}
     if gpus is not None:
         resources["gpusPerNode"] = gpus
     return {
@@ -97,5 +97,5 @@ def test_a_bigger_gpu_is_proposed_only_where_its_nodes_hold_the_jobs_gpus() -> N
     """72B on 2 x 8 L4s: RTX 5090 nodes (4 GPUs) cannot hold 8 per worker."""
     with pytest.raises(InfeasibleError) as err:
         plan(job("L4-24GB", nodes=2, gpus=8, model="Qwen/Qwen2.5-VL-72B-Instruct"))
-    proposed = [s.split()[1] for s in err.value.suggestions if s.startswith("resources.gpu:")]
+    proposed = [s.split()[1] for s in err.value.suggestions if s.startswith("resources.gpuType:")]
     assert proposed and all(GPU_CATALOG[g].gpus_per_node >= 8 for g in proposed), proposed

@@ -171,7 +171,7 @@ def _spec(prompt: int, **memory: int) -> GRPOJobSpec:
                  "maxResponseLength": 2048, "maxPixels": 4194304},
         "algorithm": {"rolloutN": 5, "klCoef": 0.01},
         "training": {"rolloutBatchSize": 512, "globalBatchSize": 128},
-        "resources": {"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 8},
+        "resources": {"gpuType": "H100-80GB", "nodes": 1, "gpusPerNode": 8},
         "checkpoint": {"size": "1Ti"},
         "memory": memory,
     })

@@ -91,7 +91,7 @@ def _qwen7b(offload: str) -> object:
     return plan_memory(parse_spec({
         "model": {"path": "Qwen/Qwen2.5-VL-7B-Instruct"},
         "data": {"train": "t", "maxPromptLength": 2048, "maxResponseLength": 2048},
-        "resources": {"gpu": "A100-40GB", "nodes": 1, "gpusPerNode": 8},
+        "resources": {"gpuType": "A100-40GB", "nodes": 1, "gpusPerNode": 8},
         "checkpoint": {"size": "1Ti"},
         "memory": {"offloadParams": offload == "params", "offloadOptimizer": True},
     }))

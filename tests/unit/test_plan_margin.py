@@ -64,7 +64,7 @@ def _job(model: str, gpu: str, nodes: int) -> dict[str, Any]:
                  "maxResponseLength": 2048},
         "algorithm": {"rolloutN": 5, "klCoef": 0.01},
         "training": {"rolloutBatchSize": 512, "globalBatchSize": 128},
-        "resources": {"gpu": gpu, "nodes": nodes},
+        "resources": {"gpuType": gpu, "nodes": nodes},
         "checkpoint": {"size": "1Ti"},
     }
 

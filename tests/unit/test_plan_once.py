@@ -45,7 +45,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 def new_job(**spec: Any) -> dict[str, Any]:
     job = example_job("grpojob-qwen25vl-7b-h100.yaml")
     job["spec"] |= spec
-    job["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoff": {"initialSeconds": 30}}
+    job["spec"] |= {"backoffLimit": 3, "recovery": {"backoff": {"initialSeconds": 30}}}
     job["metadata"] |= {"namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "1"}
     return {**job, "status": {}}
 

@@ -12,13 +12,14 @@ import pytest
 
 from grpo_api.catalog import GPU_CATALOG, GPU_PRODUCT_LABEL
 from grpo_api.job import load_manifest, parse_spec
+from grpo_api.model_config import shape_fields
+from grpo_operator.plan_model import HubAccess, read_model
 from grpo_operator.planner import (
     KNOWN_MODELS,
     InfeasibleError,
     plan_memory,
     plan_status,
     plan_to_dict,
-    read_model_config,
     shape_from_config,
 )
 
@@ -81,16 +82,19 @@ def test_config_json_missing_fields_is_a_clear_error() -> None:
 def test_config_json_is_read_from_a_local_model_dir(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(QWEN3_VL_8B_NESTED))
-    assert read_model_config(str(tmp_path / "m")) == QWEN3_VL_8B_NESTED
-    assert read_model_config("/m", root=tmp_path) == QWEN3_VL_8B_NESTED
-    assert read_model_config("Qwen/Qwen2.5-VL-7B-Instruct") is None
+    offline = HubAccess(offline=True)
+    local = read_model({"model": {"path": str(tmp_path / "m")}}, None, offline)
+    assert local.config == shape_fields(QWEN3_VL_8B_NESTED)
+    assert read_model({"model": {"path": "/m"}}, tmp_path, offline).config == local.config
+    hub = read_model({"model": {"path": "Qwen/Qwen2.5-VL-7B-Instruct"}}, None, offline)
+    assert hub.config is None and "(--offline)" in str(hub.source)
 
 
 def doc(model: str = "Qwen/Qwen2.5-VL-7B-Instruct", **resources: Any) -> dict[str, Any]:
     return {
         "model": {"path": model},
         "data": {"train": "t"},
-        "resources": {"gpu": "H100-80GB", **resources},
+        "resources": {"gpuType": "H100-80GB", **resources},
         "checkpoint": {"size": "100Gi"},
     }
 
@@ -126,14 +130,14 @@ def test_nodes_are_derived_when_unset() -> None:
     [
         ("Qwen/Qwen2.5-VL-72B-Instruct", "H100-80GB", 1, 1, "resources.gpusPerNode:"),
         ("Qwen/Qwen3-VL-235B-A22B-Instruct", "H100-80GB", 1, 8, "resources.nodes:"),
-        ("Qwen/Qwen2.5-VL-7B-Instruct", "L4-24GB", 1, 1, "resources.gpu: L40S-48GB"),
+        ("Qwen/Qwen2.5-VL-7B-Instruct", "L4-24GB", 1, 1, "resources.gpuType: L40S-48GB"),
     ],
 )
 def test_infeasible_job_gets_numbers_and_the_smallest_changes(
     model: str, gpu: str, nodes: int, gpus: int, fix: str
 ) -> None:
     d = doc(model, nodes=nodes, gpusPerNode=gpus)
-    d["resources"]["gpu"] = gpu
+    d["resources"]["gpuType"] = gpu
     with pytest.raises(InfeasibleError) as err:
         plan_memory(parse_spec(d))
     text = str(err.value)
@@ -210,7 +214,7 @@ def test_sweep_never_crashes(gpu: str) -> None:
     per_node = [g for g in (1, 2, 4, 8) if g <= GPU_CATALOG[gpu].gpus_per_node]
     for model, nodes, gpn in product(SIZES, (1, 2, 4, 8), per_node):
         d = doc(f"Qwen/{model}", nodes=nodes, gpusPerNode=gpn)
-        d["resources"]["gpu"] = gpu
+        d["resources"]["gpuType"] = gpu
         d["training"] = {"globalBatchSize": 64, "rolloutBatchSize": 64}
         d["data"]["maxResponseLength"] = 512
         try:

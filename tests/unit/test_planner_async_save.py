@@ -21,7 +21,7 @@ def doc(async_save: bool, **resources: Any) -> dict[str, Any]:
     return {
         "model": {"path": "Qwen/Qwen2.5-VL-7B-Instruct"},
         "data": {"train": "t"},
-        "resources": {"gpu": "H100-80GB", "nodes": 1, **resources},
+        "resources": {"gpuType": "H100-80GB", "nodes": 1, **resources},
         "checkpoint": {"size": "100Gi", "asyncSave": async_save},
     }
 

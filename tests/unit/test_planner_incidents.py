@@ -121,7 +121,7 @@ def four_h100_eight_generations() -> GRPOJobSpec:
             "data": {"train": "t", "maxPromptLength": 2048, "maxResponseLength": 2048},
             "algorithm": {"rolloutN": 8},
             "training": {"rolloutBatchSize": 128, "globalBatchSize": 128},
-            "resources": {"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
+            "resources": {"gpuType": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
             "checkpoint": {"size": "100Gi"},
         }
     )

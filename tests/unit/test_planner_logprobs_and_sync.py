@@ -30,7 +30,7 @@ def _job(size: str = "7B", prompt: int = 2048, response: int = 2048, gpus: int =
         "algorithm": {"rolloutN": 5, "klCoef": 0.01},
         "training": {"rolloutBatchSize": 512, "globalBatchSize": 128, "precision": precision},
         **({"lora": {}} if lora else {}),
-        "resources": {"gpu": "H100-80GB", "nodes": max(1, gpus // 8),
+        "resources": {"gpuType": "H100-80GB", "nodes": max(1, gpus // 8),
                       "gpusPerNode": min(gpus, 8)},
         "checkpoint": {"size": "1Ti"},
         "memory": memory,
@@ -134,7 +134,7 @@ def test_vllms_cuda_graphs_wait_in_host_ram_while_it_sleeps() -> None:
         "model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"},
         "data": {"train": "t", "maxPromptLength": 512, "maxResponseLength": 256},
         "rollout": {"engine": "hf"},
-        "resources": {"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
+        "resources": {"gpuType": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
         "checkpoint": {"size": "50Gi"},
     }))
     assert hf.budget.host_terms["vllm_sleep_cuda_graphs"] == 0.0

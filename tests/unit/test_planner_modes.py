@@ -108,7 +108,7 @@ def easyr1_job(cell: Cell, mode: str | None = None, **memory: Any) -> dict[str, 
         "training": {"rolloutBatchSize": 512, "globalBatchSize": 128,
                      "precision": "bf16" if mode == "bf16" else "mixed"},
         **({"lora": {}} if mode == "lora" else {}),
-        "resources": {"gpu": cell.gpu, "nodes": cell.gpus // per_node, "gpusPerNode": per_node},
+        "resources": {"gpuType": cell.gpu, "nodes": cell.gpus // per_node, "gpusPerNode": per_node},
         "checkpoint": {"size": "1Ti"},
         "memory": memory,
     }
@@ -180,7 +180,10 @@ def test_mixed_does_not_fit_those_cells_within_their_share_of_the_nodes_host(cel
     with pytest.raises(InfeasibleError) as err:
         plan_memory(parse_spec(easyr1_job(cell, "mixed")))
     assert any(n.startswith("host peak") for n in err.value.numbers), err.value.numbers
-    assert err.value.suggestions[0].startswith("bf16 training fits")
+    # Another mode changes the training: after what changes only the hardware.
+    modes = [i for i, s in enumerate(err.value.suggestions) if "training fits" in s]
+    assert modes and err.value.suggestions[modes[0]].startswith("bf16 training fits")
+    assert not [s for s in err.value.suggestions[modes[0]:] if s.startswith("resources.")]
 
 
 def test_a_mode_that_fits_only_by_offloading_says_what_it_costs_in_host_ram() -> None:
@@ -192,7 +195,7 @@ def test_a_mode_that_fits_only_by_offloading_says_what_it_costs_in_host_ram() ->
         plan_memory(parse_spec(easyr1_job(cell, "mixed")))
     bf16 = plan_memory(parse_spec(easyr1_job(cell, "bf16")))
     assert bf16.settings.offload_params
-    line = err.value.suggestions[0]
+    line = next(s for s in err.value.suggestions if "training fits" in s)
     assert line.startswith("bf16 training fits on your 4 GPUs (training peak"), line
     assert (f"by offloading its parameters, gradients and optimizer state to host RAM (host "
             f"peak {bf16.budget.peak_host_gib:.1f} of {bf16.budget.host_capacity_gib:.1f} GiB "
@@ -206,13 +209,19 @@ def test_the_issue_example_16_h100_72b_mixed_is_refused_with_bf16_and_lora_and_n
     e = err.value
     assert e.summary.startswith("infeasible: Qwen/Qwen2.5-VL-72B-Instruct (73.4B) on 2 x 8 "
                                 "H100-80GB in mixed precision does not fit")
-    # Cheapest first: bf16 (still full fine-tuning) with the GPUs it needs without
-    # offload, then LoRA with the fewest GPUs it needs, then the cluster changes mixed
-    # precision would need.
-    assert e.suggestions[0].startswith("bf16 training fits on 4 nodes (32 GPUs)")
-    assert e.suggestions[1].startswith("LoRA fits on your 16 GPUs")
-    assert "it needs only 8 (resources.nodes: 1, gpusPerNode: 8)" in e.suggestions[1]
-    assert "resources.nodes: 4 (32 GPUs)" in e.suggestions
+    # Cheapest for the user first: a pinned offload turned on (the optimizer's alone is
+    # not enough: 72B's update needs its parameters off the GPU too), unpinning, the
+    # cluster changes mixed precision would need, then bf16 (still full fine-tuning) with
+    # the GPUs it needs without offload, then LoRA with the fewest GPUs it needs.
+    assert e.suggestions[0].startswith("memory.offloadParams: true instead of false (fits, "
+                                       "the other knobs as pinned; GPU "), e.suggestions[0]
+    assert e.suggestions[1] == ("unset memory.offloadOptimizer, memory.offloadParams (let the "
+                                "planner choose)")
+    assert e.suggestions[2:4] == ["resources.nodes: 4 (32 GPUs)",
+                                  "resources.gpuType: H200-141GB (140 GiB per GPU)"]
+    assert e.suggestions[4].startswith("bf16 training fits on 4 nodes (32 GPUs)")
+    assert e.suggestions[5].startswith("LoRA fits on your 16 GPUs")
+    assert "it needs only 8 (resources.nodes: 1, gpusPerNode: 8)" in e.suggestions[5]
 
 
 def test_a_plan_that_offloads_says_which_mode_would_not_need_to() -> None:
@@ -235,8 +244,10 @@ def test_a_mode_that_needs_more_nodes_says_how_many() -> None:
         plan_memory(parse_spec(doc))
     assert ("bf16 training fits on 8 nodes (32 GPUs): set spec.training.precision: bf16, "
             "resources.nodes: 8") in err.value.suggestions
-    assert err.value.suggestions[1].startswith("LoRA fits on 2 nodes (8 GPUs): add spec.lora")
-    assert err.value.suggestions[1].endswith("resources.nodes: 2")
+    # The modes come after the hardware (resources.nodes: 8), bf16 before LoRA.
+    assert err.value.suggestions[0] == "resources.nodes: 8 (32 GPUs)"
+    assert err.value.suggestions[2].startswith("LoRA fits on 2 nodes (8 GPUs): add spec.lora")
+    assert err.value.suggestions[2].endswith("resources.nodes: 2")
 
 
 def test_a_lora_job_that_does_not_fit_proposes_no_other_mode() -> None:
@@ -322,7 +333,7 @@ def test_adapter_size_matches_the_linears_of_the_real_model(lora: dict[str, Any]
 # --- The API fields and what they render into.
 
 BASE = {"model": {"path": "Qwen/Qwen2.5-VL-7B-Instruct"}, "data": {"train": "t"},
-        "resources": {"gpu": "H100-80GB", "nodes": 1}, "checkpoint": {"size": "1Ti"}}
+        "resources": {"gpuType": "H100-80GB", "nodes": 1}, "checkpoint": {"size": "1Ti"}}
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ def _spec(size: str = "7B", gpus: int = 8, prompt: int = PROMPT, **memory: Any) 
                  "maxResponseLength": RESPONSE, "maxPixels": 4194304},
         "algorithm": {"rolloutN": N, "klCoef": 0.01},
         "training": {"rolloutBatchSize": 512, "globalBatchSize": 128},
-        "resources": {"gpu": "H100-80GB", "nodes": max(1, gpus // 8),
+        "resources": {"gpuType": "H100-80GB", "nodes": max(1, gpus // 8),
                       "gpusPerNode": min(gpus, 8)},
         "checkpoint": {"size": "1Ti"},
         "memory": memory,

@@ -117,7 +117,7 @@ def test_every_setting_reaches_its_pods_next_to_the_operators() -> None:
          "operator's mount at /etc/grpo"),
         ({"workers": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100"}}},
          "spec.pods.workers.nodeSelector.nvidia.com/gpu.product: the GPU type is "
-         "spec.resources.gpu"),
+         "spec.resources.gpuType"),
         ({"common": {"labels": {"grpo.dev/job": "other"}}},
          "spec.pods.common.labels.grpo.dev/job: the grpo.dev/ prefix is the operator's"),
         ({"head": {"resources": {"limits": {"memory": "1Ti"}}}},

@@ -21,8 +21,8 @@ CONFIG = OperatorConfig(default_image="registry.example/trainer:test")
 def new_job(example: str = "grpojob-qwen25vl-7b-a100-40gb.yaml") -> dict[str, Any]:
     doc = yaml.safe_load((EXAMPLES / example).read_text())
     spec = doc["spec"]
-    spec["restartPolicy"] = {"maxRestarts": 3, "backoff": {"initialSeconds": 30,
-                                                           "maxSeconds": 60}}
+    spec["backoffLimit"] = 3
+    spec["recovery"] = {"backoff": {"initialSeconds": 30, "maxSeconds": 60}}
     return {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob",
             "metadata": {"name": "j", "namespace": "ns", "uid": "u1", "generation": 1,
                          "resourceVersion": "1"}, "spec": spec, "status": {}}
@@ -297,7 +297,7 @@ def test_the_configured_gpu_catalog_is_the_one_planned_with() -> None:
     from grpo_operator.catalog_file import merge_catalog
 
     job = new_job()
-    job["spec"]["resources"]["gpu"] = "A100-40GB-X"
+    job["spec"]["resources"]["gpuType"] = "A100-40GB-X"
     failed = rec.reconcile(job, Observed(), rec.SpecChanged(), T0, CONFIG)
     assert failed.status["phase"] == "Failed" and not failed.children  # not in the built-in
     a100 = {"memoryGiB": 39.4, "productLabel": "NVIDIA-A100-SXM4-40GB-X",

@@ -41,7 +41,7 @@ def test_examples_plan_the_tp_their_models_need() -> None:
 def test_vllm_on_cpu_counts_its_resident_weights_and_cache() -> None:
     """No sleep mode on a CPU: the engine's weights and KV cache stay in host RAM."""
     doc = load_manifest(EXAMPLES[-1]).model_dump(by_alias=True, exclude_none=True)["spec"]
-    assert doc["resources"]["gpu"] == "cpu"
+    assert doc["resources"]["gpuType"] == "cpu"
     hf = plan_memory(parse_spec(doc))
     vllm = plan_memory(parse_spec({**doc, "rollout": {"engine": "vllm"}}))
     assert hf.geometry.rollout_engine == "hf" and vllm.geometry.rollout_engine == "vllm"

@@ -68,12 +68,12 @@ COVERED: dict[str, tuple[set[str], str]] = {
 
 def _spec() -> GRPOJobSpec:
     return parse_spec({
-        "restartPolicy": {"allowPrecisionChange": True},
+        "recovery": {"allowPrecisionChange": True},
         "model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"},
         "data": {"train": "t", "maxPromptLength": 512, "maxResponseLength": 256},
         "algorithm": {"rolloutN": 8},
         "training": {"rolloutBatchSize": 512, "globalBatchSize": 64},  # Ray store > 2 GiB
-        "resources": {"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
+        "resources": {"gpuType": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
         "checkpoint": {"size": "50Gi"},
     })
 

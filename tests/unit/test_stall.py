@@ -140,8 +140,7 @@ def test_the_spec_stall_timeout_reaches_the_trainer_config() -> None:
     parsed = parse_spec(spec)
     cfg = trainer_config(parsed, plan_memory(parsed), JobRef("j", "ns", "u"))
     assert cfg["trainer"]["stall_timeout_s"] == STALL_TIMEOUT_S
-    spec = {**spec, "restartPolicy": {**spec.get("restartPolicy", {}),
-                                      "stallTimeoutSeconds": 120}}
+    spec = {**spec, "recovery": {**spec.get("recovery", {}), "stallTimeoutSeconds": 120}}
     parsed = parse_spec(spec)
     cfg = trainer_config(parsed, plan_memory(parsed), JobRef("j", "ns", "u"))
     assert cfg["trainer"]["stall_timeout_s"] == 120

@@ -45,7 +45,8 @@ def test_a_path_declared_twice_is_refused_and_each_is_of_one_kind() -> None:
         kinds = [s.knob is not None, s.passed is not None, s.env is not None]
         assert sum(kinds) <= 1, s
     assert declared.identity("a.b", Env.ATTEMPT, "x").env is Env.ATTEMPT
-    assert declared.passed("ppo_epochs", "actor.ppo_epochs").field == "spec.trainer.ppoEpochs"
+    assert declared.passed("algorithm.ppoEpochs", "actor.ppo_epochs").field == \
+        "spec.algorithm.ppoEpochs"
 
 
 def test_rollout_tensor_parallel_comes_from_the_plan_and_names_spec_rollout() -> None:
@@ -80,17 +81,23 @@ def _maximal_spec() -> dict[str, Any]:
     spec = copy.deepcopy(example_job("grpojob-qwen25vl-7b-h100.yaml")["spec"])
     spec |= {"lora": {}, "logging": {"tensorboard": True, "wandb": {"project": "p"},
                                      "mlflow": {"trackingUri": "http://mlflow:5000"}},
-             "trainer": {f: 1 for f in ("ppoEpochs", "warmupSteps", "rewardWorkers")}
-             | {"entropyCoef": 0.01, "clipRatioDual": 4.0, "klEstimator": "k3",
-                "normAdvByStd": False, "rewardTimeoutSeconds": 5.0, "valBeforeTrain": False,
-                "formatPrompt": "r1v", "offpolicyIsCap": 3.0},
+             "algorithm": {**spec["algorithm"], "ppoEpochs": 1, "entropyCoef": 0.01,
+                           "clipRatioDual": 4.0, "klEstimator": "k3", "normAdvByStd": False,
+                           "offpolicyIsCap": 3.0},
              # Disaggregated: rollout.placement, max_staleness and disaggregated rendered.
              "rollout": {"placement": "disaggregated", "maxStaleness": 2,
                          "disaggregated": {"gpuType": "L40S-48GB", "nodes": 1}}}
     spec["data"] = {**spec["data"], "val": "/data/val.parquet"}
-    spec["training"] = {**spec["training"], "valIntervalSteps": 5, "maxSteps": 10}
-    spec["reward"] = {"type": "function", "function": "pkg.mod:score"}
+    spec["training"] = {**spec["training"], "valIntervalSteps": 5, "maxSteps": 10,
+                        "warmupSteps": 1, "valBeforeTrain": False}
+    spec["data"]["promptTemplate"] = "r1v"
+    spec["reward"] = {"type": "function", "function": "pkg.mod:score", "batch": True,
+                      "kwargs": {"a": 1}, "timeoutSeconds": 5.0, "workers": 1}
     return spec
+
+
+# reward.http is rendered for a judge (type http), reward.function for the others.
+JUDGE_ONLY = {"reward.http"}
 
 
 def test_every_declared_path_is_set_and_every_set_path_declared() -> None:
@@ -98,8 +105,12 @@ def test_every_declared_path_is_set_and_every_set_path_declared() -> None:
     job that sets everything holds exactly the declared paths but the identity's."""
     raw = trainer_config(parsed := parse_spec(_maximal_spec()), plan_memory(parsed), JOB)
     paths = {f"{section}.{key}" for section, keys in raw.items() for key in keys}
-    assert paths == set(SOURCES) - set(IDENTITY_ENV.values())
-    assert set(declared.TRAINER_PATHS.values()) <= paths
+    assert paths == set(SOURCES) - set(IDENTITY_ENV.values()) - JUDGE_ONLY
+    judge = _maximal_spec()
+    judge["reward"] = {"type": "http", "http": {"url": "http://judge:8000/score"}}
+    raw = trainer_config(parsed := parse_spec(judge), plan_memory(parsed), JOB)
+    assert set(raw["reward"]) >= {"http", "type"} and "function" not in raw["reward"]
+    assert set(declared.PASSED.values()) <= paths
 
 
 def test_the_jobs_identity_reaches_the_trainer_once_as_env() -> None:

@@ -35,7 +35,7 @@ def body(data: dict[str, Any] | None = None, **training: Any) -> dict[str, Any]:
         "data": {"train": "/data/train.parquet", **(data or {})},
         "algorithm": {"rolloutN": 8},
         "training": {"rolloutBatchSize": 64, "globalBatchSize": 64, **training},
-        "resources": {"gpu": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
+        "resources": {"gpuType": "H100-80GB", "nodes": 1, "gpusPerNode": 4},
         "checkpoint": {"size": "50Gi"},
     }
 

@@ -12,7 +12,7 @@ from .manifest import (
     parse_manifest,
     parse_spec,
 )
-from .recovery import CheckpointSpec, RestartPolicySpec
+from .recovery import CheckpointSpec, RecoverySpec
 from .resources import GpuName, MemorySpec, ResourcesSpec
 from .spec import (
     AlgorithmSpec,
@@ -42,8 +42,8 @@ __all__ = [
     "ModelSpec",
     "PlanStatus",
     "ProgressStatus",
+    "RecoverySpec",
     "ResourcesSpec",
-    "RestartPolicySpec",
     "RewardSpec",
     "SpecError",
     "TrainingSpec",

@@ -3,7 +3,7 @@ after a failure."""
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Any, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -92,12 +92,32 @@ class BackoffSpec(ApiModel):
     max_seconds: int = Field(600, ge=0, le=86400, description="Cap on the delay.")
 
 
-class RestartPolicySpec(ApiModel):
-    """What happens after a failure."""
+RestartPolicy = Literal["OnFailure", "Never"]
+DEFAULT_BACKOFF_LIMIT = 3
 
-    max_restarts: int = Field(
-        3, ge=0, le=MAX_RESTARTS, description="Restarts before the job Fails."
-    )
+
+def backoff_limit_field() -> Any:
+    return Field(DEFAULT_BACKOFF_LIMIT, ge=0, le=MAX_RESTARTS, description=(
+        "Restarts before the job Fails, as a Kubernetes Job's backoffLimit (each restart "
+        "resumes from the last complete checkpoint). restartPolicy Never: none."))
+
+
+def restart_policy_field() -> Any:
+    # Open in the CRD: manifests written before the rename hold restartPolicy as an object
+    # (renames.py moves its keys to backoffLimit and recovery); the webhook and the models
+    # check the value.
+    return Field("OnFailure", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+                 description=(
+                     "OnFailure (default): a failed attempt restarts from the last complete "
+                     "checkpoint, up to backoffLimit times (after an OOM with a safer "
+                     "memory setting: recovery.remediate); Never: the first failure fails "
+                     "the job. The object form of older manifests (maxRestarts, backoff, "
+                     "...) still applies: its keys move to backoffLimit and recovery."))
+
+
+class RecoverySpec(ApiModel):
+    """How failures are found and how a failed attempt restarts."""
+
     backoff: BackoffSpec = Field(
         default_factory=lambda: BackoffSpec.model_validate({}),
         description="Delay between restarts.",

@@ -38,7 +38,7 @@ def extended_resource_problem(name: str) -> str | None:
     ):
         return f"{name!r}: the kubernetes.io domain and requests. are reserved by Kubernetes"
     if name == GPU_RESOURCE:
-        return f"{name!r}: GPUs come from resources.gpu and resources.gpusPerNode"
+        return f"{name!r}: GPUs come from resources.gpuType and resources.gpusPerNode"
     return None
 
 
@@ -47,23 +47,36 @@ class ResourcesSpec(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra={
+            # gpuType is required, by one of its two names (renames.py): the rule says so.
+            "required": [],
             "x-kubernetes-validations": [
                 cel_rule(
-                    "self.gpu == 'cpu' || !has(self.nodes) || self.nodes >= 1",
+                    "has(self.gpuType) || has(self.gpu)",
+                    "resources.gpuType is required: the GPU type of the worker nodes (e.g. "
+                    "H100-80GB), or cpu",
+                    ".gpuType",
+                ),
+                cel_rule(
+                    "(has(self.gpuType) ? self.gpuType : self.gpu) == 'cpu' "
+                    "|| !has(self.nodes) || self.nodes >= 1",
                     "resources.nodes must be at least 1 for a GPU type (0 only for cpu)",
                     ".nodes",
-                )
+                ),
             ]
         }
     )
 
-    gpu: GpuName = Field(
+    gpu_type: GpuName = Field(
         description=(
-            "GPU type: a name in the operator's catalog, or cpu for a tiny CPU-only job "
-            f"(gloo). Built in: {', '.join(GPU_TYPE_NAMES)}; the chart's gpuCatalog value "
-            "adds types. An unknown name is refused with the known ones listed."
+            "The GPU type of the worker nodes (the count is gpusPerNode): a name in the "
+            f"operator's catalog, or cpu for a tiny CPU-only job (gloo). Built in: "
+            f"{', '.join(GPU_TYPE_NAMES)}; the chart's gpuCatalog value adds types. An "
+            "unknown name is refused with the known ones listed."
         )
     )
+    old_gpu: GpuName | None = Field(
+        None, alias="gpu", description="Deprecated: the old name of gpuType, where its value "
+        "moves (admission warns).")
     nodes: int | None = Field(
         None,
         ge=0,
@@ -112,9 +125,9 @@ class ResourcesSpec(ApiModel):
 
     @model_validator(mode="after")
     def _nodes_for_gpu(self) -> Self:
-        if self.gpu != "cpu" and self.nodes == 0:
+        if self.gpu_type != "cpu" and self.nodes == 0:
             raise ValueError("nodes: must be at least 1 for a GPU type (0 only for cpu)")
-        if self.devices and self.gpu == "cpu" and not self.nodes:
+        if self.devices and self.gpu_type == "cpu" and not self.nodes:
             raise ValueError(
                 "devices: go on worker pods, and this cpu job has none (its head runs the "
                 "ranks); set resources.nodes >= 1 or leave devices out"

@@ -31,7 +31,7 @@ class DisaggregatedSpec(ApiModel):
     gpu_type: GpuName | None = Field(
         None,
         description="GPU type of the rollout nodes, a name in the operator's catalog (e.g. "
-        "L40S-48GB inference cards). Unset: resources.gpu.",
+        "L40S-48GB inference cards). Unset: resources.gpuType.",
     )
     nodes: int | None = Field(
         None,
@@ -40,7 +40,7 @@ class DisaggregatedSpec(ApiModel):
         description="Rollout worker pods, one per node, besides resources.nodes (the "
         "training side). Unset: the planner takes them out of resources.nodes, sized so "
         "that generation keeps the update busy (status.plan.details says how); needs "
-        "gpuType unset or equal to resources.gpu and resources.nodes >= 2. Required on cpu.",
+        "gpuType unset or equal to resources.gpuType and resources.nodes >= 2. Required on cpu.",
     )
     gpus_per_node: int | None = Field(
         None, ge=1, le=16,
@@ -91,7 +91,7 @@ class RolloutSpec(ApiModel):
         1, ge=0, le=16,
         description="disaggregated only: how many policy versions a batch may lag the "
         "update that trains on it; 0: synchronous (generation waits for the update), 1: "
-        "one step ahead. Off-policy samples are importance-weighted (spec.trainer."
+        "one step ahead. Off-policy samples are importance-weighted (spec.algorithm."
         "offpolicyIsCap). Ignored when colocated (synchronous by construction).",
     )
     disaggregated: DisaggregatedSpec | None = Field(
@@ -120,11 +120,11 @@ def split_problem(rollout: RolloutSpec, r: ResourcesSpec) -> str | None:
     dis = rollout.disaggregated
     if dis is None:
         return None
-    if (r.gpu == CPU_GPU_TYPE) != ((dis.gpu_type or r.gpu) == CPU_GPU_TYPE):
-        return (f"rollout.disaggregated.gpuType: {dis.gpu_type} beside resources.gpu "
-                f"{r.gpu}; both sides are cpu (a tiny CPU job) or both GPU types: unset "
-                "gpuType to take resources.gpu, or name a type of the same kind")
-    if r.gpu == CPU_GPU_TYPE:
+    if (r.gpu_type == CPU_GPU_TYPE) != ((dis.gpu_type or r.gpu_type) == CPU_GPU_TYPE):
+        return (f"rollout.disaggregated.gpuType: {dis.gpu_type} beside resources.gpuType "
+                f"{r.gpu_type}; both sides are cpu (a tiny CPU job) or both GPU types: unset "
+                "gpuType to take resources.gpuType, or name a type of the same kind")
+    if r.gpu_type == CPU_GPU_TYPE:
         return cpu_side_problem(rollout)
     if rollout.engine == "hf":
         return ("rollout.engine: hf with placement disaggregated on GPUs; the rollout "
@@ -132,9 +132,9 @@ def split_problem(rollout: RolloutSpec, r: ResourcesSpec) -> str | None:
                 "colocated")
     if dis.nodes is not None:
         return None
-    if dis.gpu_type not in (None, r.gpu):
+    if dis.gpu_type not in (None, r.gpu_type):
         return (f"rollout.disaggregated.nodes: required when gpuType ({dis.gpu_type}) is "
-                f"not resources.gpu ({r.gpu}): the planner splits the job's nodes of one "
+                f"not resources.gpuType ({r.gpu_type}): the planner splits the job's nodes of one "
                 "type; set nodes (the rollout nodes, besides resources.nodes), or unset "
                 "gpuType")
     if r.nodes is None or r.nodes < 2:

@@ -9,9 +9,9 @@ lets the planner decide. The resolved value and the reason for it appear in `sta
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, ConfigDict, Field, JsonValue, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from ..trainer_config import (
     JUDGE_CONCURRENCY,
@@ -23,6 +23,7 @@ from ..trainer_config import (
     MAX_VIDEOS_PER_PROMPT,
     REWARD_FUNCTION_PATTERN,
     BadRows,
+    KLEstimator,
     OverlongPrompts,
     PromptLengths,
     RewardType,
@@ -32,11 +33,18 @@ from .base import DNS_LABEL_PATTERN, ApiModel, cel_rule
 from .hub import HubSpec
 from .lora import LoraSpec
 from .pods import PodsSpec
-from .recovery import CheckpointSpec, RestartPolicySpec
+from .recovery import (
+    CheckpointSpec,
+    RecoverySpec,
+    RestartPolicy,
+    backoff_limit_field,
+    restart_policy_field,
+)
+from .renames import RESTART_NEVER, RenameConflict, with_new_names
 from .resources import MemorySpec, ResourcesSpec
 from .rollout import RolloutSpec, split_problem
 from .tracking import LoggingSpec
-from .trainer import TrainerSpec
+from .trainer import TrainerSpec, spec_setting, template_problem
 
 Precision = Literal["mixed", "bf16"]
 
@@ -183,6 +191,12 @@ class DataSpec(ApiModel):
         "fields; when the row is drawn for what only decoding finds); skip leaves it out, "
         "counted in the trainer's metrics (data/bad_rows) and the log, and checks every "
         "image fully at load."))
+    prompt_template: str | None = spec_setting(
+        "data.promptTemplate",
+        "The prompt template: plain, math or r1v (builtin), or the absolute path of a Jinja2 "
+        "file in the pods (e.g. from a ConfigMap in spec.pods.*.volumes) that renders "
+        "{{ content }}, the row's prompt. Unset: math for reward.type math, r1v for r1v, "
+        "plain otherwise.")
     prompt_lengths: PromptLengths = Field("eager", description=(
         "eager: every prompt's length is counted once at load, across the head's CPUs, "
         "and kept on the checkpoint volume, so a restart starts at once; lazy: each prompt "
@@ -202,6 +216,14 @@ class DataSpec(ApiModel):
             "them. Accepted so existing jobs still parse; the webhook warns when it is set."
         ),
     )
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_is_found(cls, fmt: str | None) -> str | None:
+        problem = template_problem(fmt)
+        if problem:
+            raise ValueError(problem)
+        return fmt
 
 
 class JudgeSpec(ApiModel):
@@ -272,6 +294,12 @@ class RewardSpec(ApiModel):
         "reward_function_kwargs, verl's reward_kwargs).")
     http: JudgeSpec | None = Field(
         None, description="For type http: the judge endpoint.")
+    timeout_seconds: float | None = spec_setting(
+        "reward.timeoutSeconds", "Seconds one reward call may take (a batch function's one call "
+        "a step too); a slower one scores 0. A judge's requests have http.timeoutSeconds.")
+    workers: int | None = spec_setting(
+        "reward.workers", "Reward calls scored at once (threads of the driver); a "
+        "judge's are http.concurrency.")
     format_weight: float = Field(
         0.1, ge=0, le=1, description="Weight of the format score in the reward."
     )
@@ -302,6 +330,25 @@ class AlgorithmSpec(ApiModel):
     clip_ratio_high: float = Field(0.28, gt=0, lt=10, description="Upper clip of the ratio.")
     temperature: float = Field(1.0, gt=0, le=2, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling top-p.")
+    kl_estimator: KLEstimator | None = Field(
+        None, description="KL estimator of the KL loss (EasyR1 kl_penalty): k1, k3 or "
+        "low_var_kl. Unset: low_var_kl. Trainer setting algorithm.kl_estimator.")
+    entropy_coef: float | None = spec_setting(
+        "algorithm.entropyCoef", "Entropy bonus coefficient in the loss (0: none; above 0 "
+        "the plan counts the softmax kept for its gradient).")
+    clip_ratio_dual: float | None = spec_setting(
+        "algorithm.clipRatioDual", "Dual-clip bound c on the ratio for negative "
+        "advantages (DAPO/EasyR1 clip_ratio_dual).")
+    norm_adv_by_std: bool | None = Field(
+        None, description="Divide each group's advantages by its reward standard deviation "
+        "(EasyR1 norm_adv_by_std_in_grpo). Unset: true. Trainer setting "
+        "algorithm.norm_adv_by_std.")
+    ppo_epochs: int | None = spec_setting(
+        "algorithm.ppoEpochs", "Passes of the policy update over each step's responses.")
+    offpolicy_is_cap: float | None = spec_setting(
+        "algorithm.offpolicyIsCap", "rollout.maxStaleness >= 1 (disaggregated): the cap "
+        "of the per-token importance weight pi_proximal / pi_behaviour of an off-policy "
+        "sample (truncated importance sampling).")
 
 
 class TrainingSpec(ApiModel):
@@ -350,6 +397,12 @@ class TrainingSpec(ApiModel):
             "first (not on a resume); 0 disables validation. Needs data.val."
         ),
     )
+    val_before_train: bool | None = Field(
+        None, description="Validate once before the first step of a fresh run (EasyR1 "
+        "val_before_train); needs valIntervalSteps. Unset: true. Trainer setting "
+        "trainer.val_before_train.")
+    warmup_steps: int | None = spec_setting(
+        "training.warmupSteps", "Linear learning-rate warm-up, in optimizer steps.")
 
 
 _SPEC_RULES: list[JsonValue] = [
@@ -420,8 +473,8 @@ class GRPOJobSpec(ApiModel):
     )
     trainer: TrainerSpec = Field(
         default_factory=lambda: TrainerSpec.model_validate({}),
-        description="EasyR1-style trainer settings passed on as they are (the trainer's "
-        "schema checks them); planned ones are refused here, naming their spec field.",
+        description="Deprecated: its settings are spec.algorithm's, spec.training's, "
+        "spec.reward's and spec.data's now (a value set here moves there; admission warns).",
     )
     logging: LoggingSpec = Field(
         default_factory=lambda: LoggingSpec.model_validate({}),
@@ -434,9 +487,11 @@ class GRPOJobSpec(ApiModel):
         description="Memory knobs; unset = chosen by the planner.",
     )
     checkpoint: CheckpointSpec = Field(description="Checkpoint volume and retention.")
-    restart_policy: RestartPolicySpec = Field(
-        default_factory=lambda: RestartPolicySpec.model_validate({}),
-        description="Restarts and OOM remediation.",
+    restart_policy: RestartPolicy = restart_policy_field()
+    backoff_limit: int = backoff_limit_field()
+    recovery: RecoverySpec = Field(
+        default_factory=lambda: RecoverySpec.model_validate({}),
+        description="Restart backoff, stall detection and OOM remediation.",
     )
     image: str | None = Field(
         None, min_length=1, description="Trainer image; unset: the operator's default."
@@ -460,6 +515,22 @@ class GRPOJobSpec(ApiModel):
         "suspended, until Kueue admits it (phase Queued). Unset: runs at once. Cannot "
         "change after creation.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """Fields written by their old names (renames.py) move to their new ones."""
+        if not isinstance(data, dict):
+            return data
+        try:
+            return with_new_names(data)
+        except RenameConflict as err:
+            raise ValueError(str(err)) from None
+
+    @property
+    def max_restarts(self) -> int:
+        """Restarts the job may make: backoffLimit, none with restartPolicy Never."""
+        return 0 if self.restart_policy == RESTART_NEVER else self.backoff_limit
 
     @model_validator(mode="after")
     def _batch_geometry(self) -> Self:

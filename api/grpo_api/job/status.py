@@ -93,7 +93,7 @@ class PlanStatus(ApiModel):
         "mixed",
         description=(
             "Precision in effect: training.precision, or bf16 after a remediation that "
-            "restartPolicy.allowPrecisionChange allowed."
+            "recovery.allowPrecisionChange allowed."
         ),
     )
     mode: Literal["mixed", "bf16", "lora"] = Field(

@@ -1,19 +1,20 @@
-"""Where each trainer config path's value comes from, declared once (SOURCES), and
-spec.trainer: the trainer's algorithm settings a GRPOJob passes on as they are.
+"""Where each trainer config path's value comes from, declared once (SOURCES), and the
+deprecated spec.trainer section.
 
 A trainer path comes from exactly one of: a planned knob (grpo_api.knobs: the planner
-resolves it), a spec field the operator renders it from, spec.trainer (passed through),
-or the job's identity (the operator's env, which the trainer reads over its config;
-not in the per-attempt config). The operator's render, admission's messages and the
-trainer's env overrides all read this table, and a path declared twice fails at import.
+resolves it), a spec field the operator renders it from, a spec field passed on as it is
+(`passed`), or the job's identity (the operator's env, which the trainer reads over its
+config; not in the per-attempt config). The operator's render, admission's messages and
+the trainer's env overrides all read this table, and a path declared twice fails at
+import.
 
-spec.trainer holds the EasyR1-style settings that no planner decision depends on; each
-field's type and bounds are the trainer schema's own (grpo_api.trainer_config), so the
-API server, the webhook and the trainer refuse the same values, and the operator
-validates the whole rendered config with that schema at apply. What the operator plans
-or renders from other spec fields is no field there: the CRD keeps spec.trainer open so
-that such a setting reaches the webhook, which refuses it naming the spec field that
-sets it (`unknown_field_hint`).
+The passed-on settings are the EasyR1-style ones no planner decision depends on; each
+field's type and bounds are the trainer schema's own (`spec_setting`), so the API
+server, the webhook and the trainer refuse the same values, and the operator validates
+the whole rendered config with that schema at apply. spec.trainer once held them: it is
+kept open in the CRD so that an old manifest applies (its values move to their new
+fields: renames.py) and a planned setting written there reaches the webhook, which
+refuses it naming the spec field that sets it (`unknown_field_hint`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_camel, to_snake
 
 from .. import knobs
 from ..contract import Env
@@ -40,7 +41,7 @@ class Source:
     path: str  # dotted trainer config path
     field: str  # the spec field that sets it, as messages name it
     knob: Knob | None = None  # planned: the plan's value for this knob
-    passed: str | None = None  # spec.trainer's field (snake_case), passed on as set
+    passed: str | None = None  # the spec field (wire path under spec), passed on as set
     env: Env | None = None  # the job's identity: this env var of the Ray containers
 
 
@@ -52,8 +53,8 @@ def rendered(path: str, field: str) -> Source:
     return Source(path, field)
 
 
-def passed(name: str, path: str) -> Source:
-    return Source(path, f"spec.trainer.{to_camel(name)}", passed=name)
+def passed(spec_path: str, path: str) -> Source:
+    return Source(path, f"spec.{spec_path}", passed=spec_path)
 
 
 def identity(path: str, env: Env, field: str) -> Source:
@@ -121,13 +122,13 @@ SOURCES: Mapping[str, Source] = one_each((
     rendered("actor.weight_decay", "spec.training.weightDecay"),
     rendered("actor.max_grad_norm", "spec.training.maxGradNorm"),
     rendered("actor.mini_batch_size", "spec.training.globalBatchSize"),
-    rendered("actor.dtype", "spec.resources.gpu"),
+    rendered("actor.dtype", "spec.resources.gpuType"),
     rendered("actor.lora", "spec.lora"),
     rendered("resources.num_workers", "spec.resources.nodes x spec.resources.gpusPerNode"),
     rendered("resources.nodes", "spec.resources.nodes"),
     rendered("resources.ranks_per_node", "spec.resources.gpusPerNode"),
     rendered("resources.ranks_on_head", "spec.resources.nodes"),
-    rendered("resources.gpus_per_worker", "spec.resources.gpu"),
+    rendered("resources.gpus_per_worker", "spec.resources.gpuType"),
     rendered("resources.cpus_per_worker", "spec.resources.cpusPerNode"),
     rendered("resources.ray_address", "spec.resources"),
     rendered("reward.type", "spec.reward.type"),
@@ -151,19 +152,20 @@ SOURCES: Mapping[str, Source] = one_each((
     rendered("trainer.rollout_batch_size", "spec.training.rolloutBatchSize"),
     rendered("trainer.seed", "spec.training.seed"),
     rendered("trainer.val_interval_steps", "spec.training.valIntervalSteps"),
-    rendered("trainer.stall_timeout_s", "spec.restartPolicy.stallTimeoutSeconds"),
-    # spec.trainer, passed on as set.
-    passed("format_prompt", "data.format_prompt"),
-    passed("entropy_coef", "algorithm.entropy_coef"),
-    passed("clip_ratio_dual", "algorithm.clip_ratio_dual"),
-    passed("offpolicy_is_cap", "algorithm.offpolicy_is_cap"),
-    passed("kl_estimator", "algorithm.kl_estimator"),
-    passed("norm_adv_by_std", "algorithm.norm_adv_by_std"),
-    passed("warmup_steps", "actor.warmup_steps"),
-    passed("ppo_epochs", "actor.ppo_epochs"),
-    passed("reward_timeout_seconds", "reward.timeout_s"),
-    passed("reward_workers", "reward.num_workers"),
-    passed("val_before_train", "trainer.val_before_train"),
+    rendered("trainer.stall_timeout_s", "spec.recovery.stallTimeoutSeconds"),
+    # EasyR1-style settings no planner decision depends on, passed on as set (their bounds
+    # are the trainer schema's: spec_setting).
+    passed("data.promptTemplate", "data.format_prompt"),
+    passed("algorithm.entropyCoef", "algorithm.entropy_coef"),
+    passed("algorithm.clipRatioDual", "algorithm.clip_ratio_dual"),
+    passed("algorithm.offpolicyIsCap", "algorithm.offpolicy_is_cap"),
+    passed("algorithm.klEstimator", "algorithm.kl_estimator"),
+    passed("algorithm.normAdvByStd", "algorithm.norm_adv_by_std"),
+    passed("algorithm.ppoEpochs", "actor.ppo_epochs"),
+    passed("training.warmupSteps", "actor.warmup_steps"),
+    passed("training.valBeforeTrain", "trainer.val_before_train"),
+    passed("reward.timeoutSeconds", "reward.timeout_s"),
+    passed("reward.workers", "reward.num_workers"),
     # The job's identity, once, as env: every process of the Ray containers reads it (the
     # driver over its config file, the worker's preStop hook, Ray's rank actors), and so
     # do the head's hub-fetch step and spec.pods' init containers ($(GRPO_CHECKPOINT_DIR)),
@@ -179,8 +181,8 @@ SOURCES: Mapping[str, Source] = one_each((
 PLANNED = tuple(s for s in SOURCES.values() if s.knob is not None)
 IDENTITY_ENV: Mapping[str, str] = {s.env.value: s.path for s in SOURCES.values() if s.env}
 """Env var -> the trainer config path it sets (the trainer reads them over its config)."""
-TRAINER_PATHS: Mapping[str, str] = {s.passed: s.path for s in SOURCES.values() if s.passed}
-"""spec.trainer's fields (snake_case) -> the trainer config path each one sets."""
+PASSED: Mapping[str, str] = {s.passed: s.path for s in SOURCES.values() if s.passed}
+"""The spec fields passed on as set (wire paths under spec) -> the trainer path of each."""
 
 
 def config_sources() -> dict[str, str]:
@@ -188,10 +190,11 @@ def config_sources() -> dict[str, str]:
     return {path: s.field for path, s in SOURCES.items()}
 
 
-def _schema_field(name: str, description: str) -> Any:
-    """The spec.trainer field `name` with the trainer schema's bounds for its path and its
-    default named in the description (unset: the trainer's default)."""
-    path = TRAINER_PATHS[name]
+def spec_setting(spec_path: str, description: str) -> Any:
+    """The spec field at `spec_path` (wire, under spec), passed on as it is: the trainer
+    schema's bounds for its trainer path and its default named in the description
+    (unset: the trainer's default)."""
+    path = PASSED[spec_path]
     section, key = path.split(".")
     model = Config.model_fields[section].annotation
     assert isinstance(model, type), path
@@ -202,59 +205,53 @@ def _schema_field(name: str, description: str) -> Any:
                  f"setting {path}.", **bounds)
 
 
+def passed_settings(spec: Any) -> dict[str, Any]:
+    """The passed-on settings a parsed spec sets, by trainer config path."""
+    out: dict[str, Any] = {}
+    for spec_path, path in PASSED.items():
+        node = spec
+        for key in spec_path.split("."):
+            node = getattr(node, to_snake(key))
+        if node is not None:
+            out[path] = node
+    return out
+
+
+def template_problem(fmt: str | None) -> str | None:
+    """Why a prompt template setting names no template, or None."""
+    if fmt is not None and fmt not in BUILTIN_FORMAT_PROMPTS and not fmt.startswith("/"):
+        return (f"{fmt!r} is neither a builtin template ({', '.join(BUILTIN_FORMAT_PROMPTS)}) "
+                "nor an absolute path to a Jinja2 file in the pods")
+    return None
+
+
+def _deprecated(new: str) -> Any:
+    """A spec.trainer field kept so old manifests apply: its value moves to `new`."""
+    return Field(None, description=f"Deprecated: the old name of spec.{new}, where its value "
+                 "moves (admission warns).")
+
+
 class TrainerSpec(ApiModel):
-    """EasyR1-style trainer settings the operator passes on as they are (the planned ones
-    are set elsewhere in the spec: setting one here is refused, naming where)."""
+    """Deprecated: the EasyR1-style settings that were here live in spec.algorithm,
+    spec.training, spec.reward and spec.data now (a value set here moves there, and
+    admission warns). A planned setting written here is refused, naming its field."""
 
     # Open in the CRD: a setting that is not a field here (a planned one) reaches the
     # webhook, which names the spec field to use instead of the API server's bare
     # "unknown field".
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
 
-    format_prompt: str | None = Field(
-        None, min_length=1,
-        description="The prompt template: plain, math or r1v (builtin), or the absolute path "
-        "of a Jinja2 file in the pods (e.g. from a ConfigMap in spec.pods.*.volumes) that "
-        "renders {{ content }}, the row's prompt. Unset: math for reward.type math, r1v for "
-        "r1v, plain for function. Trainer setting data.format_prompt.")
-    entropy_coef: float | None = _schema_field(
-        "entropy_coef", "Entropy bonus coefficient in the loss (0: none; "
-        "above 0 the plan counts the softmax kept for its gradient).")
-    clip_ratio_dual: float | None = _schema_field(
-        "clip_ratio_dual", "Dual-clip bound c on the ratio for negative "
-        "advantages (DAPO/EasyR1 clip_ratio_dual).")
-    offpolicy_is_cap: float | None = _schema_field(
-        "offpolicy_is_cap", "rollout.maxStaleness >= 1 (disaggregated): the cap of the "
-        "per-token importance weight pi_proximal / pi_behaviour of an off-policy sample "
-        "(truncated importance sampling).")
-    kl_estimator: KLEstimator | None = Field(
-        None, description="KL estimator of the KL loss (EasyR1 kl_penalty): k1, k3 or "
-        "low_var_kl. Unset: low_var_kl. Trainer setting algorithm.kl_estimator.")
-    norm_adv_by_std: bool | None = Field(
-        None, description="Divide each group's advantages by its reward standard deviation "
-        "(EasyR1 norm_adv_by_std_in_grpo). Unset: true. Trainer setting "
-        "algorithm.norm_adv_by_std.")
-    warmup_steps: int | None = _schema_field(
-        "warmup_steps", "Linear learning-rate warm-up, in optimizer steps.")
-    ppo_epochs: int | None = _schema_field(
-        "ppo_epochs", "Passes of the policy update over each step's responses.")
-    reward_timeout_seconds: float | None = _schema_field(
-        "reward_timeout_seconds", "Seconds one reward call may take; a slower one scores 0.")
-    reward_workers: int | None = _schema_field(
-        "reward_workers", "Reward calls scored at once (threads of the driver).")
-    val_before_train: bool | None = Field(
-        None, description="Validate once before the first step of a fresh run (EasyR1 "
-        "val_before_train); needs training.valIntervalSteps. Unset: true. Trainer setting "
-        "trainer.val_before_train.")
-
-    @field_validator("format_prompt")
-    @classmethod
-    def _template_is_found(cls, fmt: str | None) -> str | None:
-        if fmt is not None and fmt not in BUILTIN_FORMAT_PROMPTS and not fmt.startswith("/"):
-            raise ValueError(
-                f"{fmt!r} is neither a builtin template ({', '.join(BUILTIN_FORMAT_PROMPTS)}) "
-                "nor an absolute path to a Jinja2 file in the pods")
-        return fmt
+    format_prompt: str | None = _deprecated("data.promptTemplate")
+    entropy_coef: float | None = _deprecated("algorithm.entropyCoef")
+    clip_ratio_dual: float | None = _deprecated("algorithm.clipRatioDual")
+    offpolicy_is_cap: float | None = _deprecated("algorithm.offpolicyIsCap")
+    kl_estimator: KLEstimator | None = _deprecated("algorithm.klEstimator")
+    norm_adv_by_std: bool | None = _deprecated("algorithm.normAdvByStd")
+    warmup_steps: int | None = _deprecated("training.warmupSteps")
+    ppo_epochs: int | None = _deprecated("algorithm.ppoEpochs")
+    reward_timeout_seconds: float | None = _deprecated("reward.timeoutSeconds")
+    reward_workers: int | None = _deprecated("reward.workers")
+    val_before_train: bool | None = _deprecated("training.valBeforeTrain")
 
     @classmethod
     def unknown_field_hint(cls, name: str) -> str | None:
@@ -264,13 +261,8 @@ class TrainerSpec(ApiModel):
             key = path.split(".")[1]
             if name not in (key, to_camel(key), field.rsplit(".", 1)[-1]):
                 continue
-            if field.startswith("spec.trainer."):  # a field here, spelt the trainer's way
-                return f"write it as {field.removeprefix('spec.trainer.')} (camelCase)"
+            if SOURCES[path].passed:  # a setting passed on as it is: where it is written
+                return f"write it as {field}"
             return (f"trainer setting {path} is the operator's: it sets it from {field}; "
                     "set that instead")
         return None
-
-    def trainer_settings(self) -> dict[str, Any]:
-        """The settings that are set, by trainer config path."""
-        return {path: value for name, path in TRAINER_PATHS.items()
-                if (value := getattr(self, name)) is not None}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from .architectures import SUPPORTED, UnsupportedArchitecture, family_of
-from .config_file import read_model_config
 from .core import plan_memory
 from .ladder import LADDERS, next_safer_plan, remediation_ladder
 from .model_shape import KNOWN_MODELS, Shape, shape_from_config
@@ -29,7 +28,6 @@ __all__ = [
     "plan_memory",
     "plan_status",
     "plan_to_dict",
-    "read_model_config",
     "remediation_ladder",
     "shape_from_config",
     "termination_grace_s",

@@ -29,11 +29,13 @@ from grpo_api.knobs import PINNABLE
 from .budget import compute_budget, max_rollout_utilization
 from .disaggregated import choose_split, rollout_side, rollout_type, side_decisions
 from .layout import token_budgets
-from .mode_advice import mode_suggestions, without_offload
+from .mode_advice import without_offload
 from .model_shape import Shape, resolve_shape
-from .modes import describe, lora_plan, mode_of
+from .modes import lora_plan
 from .network import plan_network
+from .positions import context_decision, context_problem, model_positions
 from .reasons import explain, explain_margin, explain_pods
+from .refusal import Trail, infeasible, numbers
 from .resources import (
     at_least,
     build_env,
@@ -42,7 +44,6 @@ from .resources import (
     object_store_gib,
     ray_start_params,
 )
-from .suggestions import change_suggestions
 from .types import Budget, Geometry, InfeasibleError, Plan, Settings
 
 MAX_MICRO_BATCH = 4
@@ -120,9 +121,6 @@ def initial_settings(geo: Geometry, spec: GRPOJobSpec) -> Settings:
     )
 
 
-Trail = list[tuple[Settings, Budget]]
-
-
 def _search(
     geo: Geometry, spec: GRPOJobSpec, pinned: frozenset[str]
 ) -> tuple[Settings | None, Budget | None, Trail]:
@@ -150,8 +148,7 @@ def search(
     """Like _search, but an infeasible job raises with the numbers and the fixes."""
     settings, budget, trail = _search(geo, spec, pinned)
     if settings is None or budget is None:
-        last_st, last_b = trail[-1]
-        raise _infeasible(geo, spec, pinned, last_st, last_b)
+        raise infeasible(geo, spec, pinned, trail, _fits, MAX_AUTO_NODES)
     return settings, budget, trail
 
 
@@ -165,7 +162,7 @@ def geometry(
 ) -> Geometry:
     """`rollout_nodes`: a disaggregated job's rollout nodes when the split chose them
     (else the spec's)."""
-    r, gpu = spec.resources, catalog[spec.resources.gpu]
+    r, gpu = spec.resources, catalog[spec.resources.gpu_type]
     dis = spec.rollout.disaggregated
     side = None
     if dis is not None:
@@ -206,7 +203,7 @@ def geometry(
             for e in section.env or []
         ),
         lora=lora_plan(shape, spec.lora) if spec.lora is not None else None,
-        allow_precision_change=spec.restart_policy.allow_precision_change,
+        allow_precision_change=spec.recovery.allow_precision_change,
         max_images_per_prompt=spec.data.max_images_per_prompt,
         max_videos_per_prompt=spec.data.max_videos_per_prompt,
         max_frames=spec.data.max_frames,
@@ -219,11 +216,14 @@ def geometry(
 
 
 def _check_batch(geo: Geometry) -> str | None:
-    if geo.global_batch_size % geo.world_size:
+    world, batch = geo.world_size, geo.global_batch_size
+    if batch % world:
+        below, above = batch // world * world, (batch // world + 1) * world
         return (
-            f"training.globalBatchSize {geo.global_batch_size} is not a multiple of the "
-            f"world size {geo.world_size} ({max(1, geo.nodes)} x {geo.gpus_per_node}); "
-            "every rank needs the same number of samples per update"
+            f"training.globalBatchSize {batch} is not a multiple of the world size {world} "
+            f"({max(1, geo.nodes)} x {geo.gpus_per_node}); every rank needs the same number "
+            f"of samples per update. Fix: training.globalBatchSize: {above}"
+            + (f" or {below}" if below else "") + ", or a world size that divides it"
         )
     return None
 
@@ -251,41 +251,13 @@ def _derive_nodes(
         fallback = fallback or n
     if fallback is not None:
         return fallback, f"fewest nodes that fit at all ({fallback}); offload needed"
-    geo = geometry(spec, catalog, shape, source, MAX_AUTO_NODES)
-    raise _infeasible(geo, spec, pinned, None, None, derived=True)
-
-
-def _infeasible(
-    geo: Geometry,
-    spec: GRPOJobSpec,
-    pinned: frozenset[str],
-    st: Settings | None,
-    budget: Budget | None,
-    derived: bool = False,
-) -> InfeasibleError:
-    numbers = []
-    if budget is not None and st is not None:
-        numbers = budget.problems()
-        phase = budget.gpu_phases.get(budget.peak_gpu_phase, {})
-        top = sorted(phase.items(), key=lambda kv: -kv[1])[:4]
-        if top:
-            numbers.append(
-                f"largest GPU terms ({budget.peak_gpu_phase}): "
-                + ", ".join(f"{k} {v:.1f} GiB" for k, v in top)
-            )
-        host = sorted(budget.host_terms.items(), key=lambda kv: -kv[1])[:4]
-        numbers.append("largest host terms: " + ", ".join(f"{k} {v:.1f} GiB" for k, v in host))
-    where = (
-        f"{spec.model.path} ({geo.shape.parameters / 1e9:.1f}B) on "
-        f"{max(1, geo.nodes)} x {geo.gpus_per_node} {geo.gpu}"
-    )
-    mode = describe(mode_of(spec.training.precision, geo.lora))
-    summary = f"infeasible: {where} in {mode} does not fit even with the safest settings"
-    if derived:
-        summary = f"infeasible: {spec.model.path} does not fit on up to {MAX_AUTO_NODES} nodes"
-    modes = mode_suggestions(geo, spec, pinned, _fits, MAX_AUTO_NODES, derived)
-    changes = change_suggestions(geo, spec, pinned, _fits)
-    return InfeasibleError(summary, numbers, [*modes, *changes])
+    # The peaks quoted: on the most nodes tried that split the batch evenly.
+    gpn = geometry(spec, catalog, shape, source, 1).gpus_per_node
+    most = max((n for n in range(1, MAX_AUTO_NODES + 1)
+                if spec.training.global_batch_size % (n * gpn) == 0), default=1)
+    geo = geometry(spec, catalog, shape, source, most)
+    raise infeasible(geo, spec, pinned, _search(geo, spec, pinned)[2], _fits,
+                     MAX_AUTO_NODES, derived=True)
 
 
 def node_type(spec: GRPOJobSpec, catalog: Mapping[str, GpuType]) -> GpuType:
@@ -295,9 +267,9 @@ def node_type(spec: GRPOJobSpec, catalog: Mapping[str, GpuType]) -> GpuType:
     one node, so it would wait in Pending for a node that does not exist)."""
     r = spec.resources
     try:
-        gpu = gpu_type(r.gpu, catalog)
+        gpu = gpu_type(r.gpu_type, catalog)
     except UnknownGpuType as exc:
-        raise SpecError([f"spec.resources.gpu: {exc}"]) from None
+        raise SpecError([f"spec.resources.gpuType: {exc}"]) from None
     if gpu.is_gpu and r.gpus_per_node is not None and r.gpus_per_node > gpu.gpus_per_node:
         per_node = gpu.gpus_per_node
         total = (r.nodes or 1) * r.gpus_per_node
@@ -325,6 +297,12 @@ def plan_memory(
     or why there is none (model_shape.resolve_shape)."""
     gpu = node_type(spec, catalog)
     resolved = resolve_shape(spec.model, model_config, model_source)
+    # The context against the model's positions, before any memory: no plan makes a
+    # sample longer than the model's positions run (positions.py).
+    positions = model_positions(model_config) if spec.model.shape is None else None
+    if positions is not None and (problem := context_problem(spec, positions,
+                                                             resolved.source)):
+        raise SpecError([problem])
     nodes_reason = "spec.resources.nodes"
     dis, rollout_nodes, split_reason = spec.rollout.disaggregated, None, ""
     if dis is not None:
@@ -333,7 +311,8 @@ def plan_memory(
         nodes, rollout_nodes, split_reason = choose_split(
             spec, catalog, resolved.shape, gpu,
             lambda t, r: geometry(spec, catalog, resolved.shape, resolved.source, t, r),
-            lambda g: _fits(g, spec, _pinned(spec)) is not None)
+            lambda g: _fits(g, spec, _pinned(spec)) is not None,
+            lambda g: numbers(g, spec, _search(g, spec, _pinned(spec))[2], _pinned(spec)))
         nodes_reason = f"spec.resources.nodes less the {rollout_nodes} that generate"
     elif spec.resources.nodes is not None:
         nodes = spec.resources.nodes
@@ -349,6 +328,8 @@ def plan_memory(
     settings, budget, trail = search(geo, spec, pinned)
     head, worker = build_pods(geo, settings, budget)
     decisions = explain(geo, settings, budget, trail, pinned, nodes_reason)
+    if positions is not None:  # beside the model line
+        decisions.insert(1, context_decision(spec, positions, resolved.source))
     decisions.append(explain_margin(geo, budget, pinned))
     for extra in (plan_network(geo).decision,
                   without_offload(geo, spec, settings, pinned, _fits) if geo.is_gpu else None):

@@ -22,13 +22,13 @@ def rollout_type(spec: GRPOJobSpec, catalog: Mapping[str, GpuType]) -> GpuType:
     """The rollout side's GPU type, or SpecError naming the field and the fix."""
     dis = spec.rollout.disaggregated
     assert dis is not None
-    name = dis.gpu_type or spec.resources.gpu
+    name = dis.gpu_type or spec.resources.gpu_type
     try:
         gpu = gpu_type(name, catalog)
     except UnknownGpuType as exc:
         raise SpecError([f"spec.rollout.disaggregated.gpuType: {exc}"]) from None
     if not gpu.is_gpu:  # a cpu job's side (the spec's split_problem kept the kinds apart)
-        if spec.resources.gpu != gpu.name:
+        if spec.resources.gpu_type != gpu.name:
             raise SpecError(["spec.rollout.disaggregated.gpuType: cpu has no GPU for vLLM; "
                              "name a GPU type, or set rollout.placement colocated"])
         return gpu
@@ -47,7 +47,7 @@ def rollout_side(spec: GRPOJobSpec, catalog: Mapping[str, GpuType], nodes: int,
     dis = spec.rollout.disaggregated
     assert dis is not None
     gpu = rollout_type(spec, catalog)
-    same = gpu.name == spec.resources.gpu  # the job's nodes: the spec's overrides hold
+    same = gpu.name == spec.resources.gpu_type  # the job's nodes: the spec's overrides hold
     r = spec.resources
     return RolloutSide(
         gpu=gpu.name,
@@ -82,16 +82,18 @@ def proposed_splits(spec: GRPOJobSpec, catalog: Mapping[str, GpuType], shape: Sh
     one GPU type)."""
     nodes = spec.resources.nodes
     assert nodes is not None and nodes >= 2
-    speed = gpu_speed(catalog[spec.resources.gpu].bf16_tflops)
+    speed = gpu_speed(catalog[spec.resources.gpu_type].bf16_tflops)
     return splits(nodes, gpus_per_node, spec_work(spec, shape),
                   spec.rollout.max_staleness >= 1, speed)
 
 
 def choose_split(spec: GRPOJobSpec, catalog: Mapping[str, GpuType], shape: Shape,
                  gpu: GpuType, geometry: Callable[[int, int], Geometry],
-                 fits: Callable[[Geometry], bool]) -> tuple[int, int, str]:
+                 fits: Callable[[Geometry], bool],
+                 peaks: Callable[[Geometry], list[str]]) -> tuple[int, int, str]:
     """(training nodes, rollout nodes, why): the fastest split whose training side fits
-    (core passes its geometry and fit test in, as mode_advice does)."""
+    (core passes its geometry and fit test in, as mode_advice does, and `peaks`: what a
+    refusal quotes of a training side that does not fit)."""
     gpn = spec.resources.gpus_per_node or gpu.gpus_per_node
     ranked = proposed_splits(spec, catalog, shape, gpn)
     overlap = spec.rollout.max_staleness >= 1
@@ -109,11 +111,13 @@ def choose_split(spec: GRPOJobSpec, catalog: Mapping[str, GpuType], shape: Shape
                            "the training side too few GPUs to fit"))
             return split.train_nodes, split.rollout_nodes, why
     nodes = spec.resources.nodes
+    fastest = ([f"fastest split: {ranked[0].rollout_nodes} rollout, {ranked[0].train_nodes} "
+                "training nodes; its training side:",
+                *peaks(geometry(ranked[0].train_nodes, ranked[0].rollout_nodes))]
+               if ranked else [])
     raise InfeasibleError(
         f"infeasible: no split of resources.nodes {nodes} between rollout and training "
-        "leaves the training side enough GPUs to fit",
-        [f"fastest split: {ranked[0].rollout_nodes} rollout, {ranked[0].train_nodes} "
-         "training nodes"] if ranked else [],
+        "leaves the training side enough GPUs to fit", fastest,
         ["raise resources.nodes", "set rollout.disaggregated.nodes (rollout nodes besides "
          "resources.nodes, which then all train)",
          "placement colocated, if one rollout GPU cannot hold the model: an engine apart "

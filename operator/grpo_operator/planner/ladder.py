@@ -2,7 +2,7 @@
 
 CudaOOM:        gradient checkpointing on -> halve micro-batch (its token budget, when
                 micro-batches go by tokens) -> lower rollout GPU memory
-                utilisation -> bf16 training (only with spec.restartPolicy.
+                utilisation -> bf16 training (only with spec.recovery.
                 allowPrecisionChange) -> offload optimizer -> offload params
 CudaOOM of vLLM's KV cache (rank phase kv_cache: too little left for it at engine start):
                 raise rollout GPU memory utilisation (to what the update's residency leaves)
@@ -114,7 +114,7 @@ def _offload_for_kv_cache(knob: str) -> Rung:
 
 
 def _to_bf16(p: Plan) -> Settings | None:
-    """Only when spec.restartPolicy.allowPrecisionChange says so: bf16 changes the
+    """Only when spec.recovery.allowPrecisionChange says so: bf16 changes the
     numerics, so it is the user's call; it comes before offloading, which keeps the
     numerics but slows every step. LoRA is never a rung: it changes what is trained."""
     g = p.geometry

@@ -319,11 +319,16 @@ def resolve_shape(model: ModelSpec, config: dict[str, Any] | None = None,
                                        f"({source or 'no config.json read'})")
     families = ", ".join(sorted(KNOWN_MODELS))
     why = f" ({source})" if source else ""
+    # A model on a claim already is where the operator reads config.json (with a pod);
+    # `grpo plan` reads the claim from a local copy (--model-root).
+    where = (f"make {model.path}/config.json readable on claim {model.claim_name} (`grpo "
+             "plan` reads a local copy of the claim: --model-root DIR)" if model.claim_name
+             else "put the model on a claim (spec.model.claimName) or the hub, where the "
+             "operator reads its config.json")
     raise ValueError(
         f"spec.model: cannot size {model.path!r}: no config.json{why} and not a known "
         f"family ({families}); set spec.model.shape (parameters, layers, hiddenSize, ...), "
-        "or put the model on a claim (spec.model.claimName) or the hub, where the operator "
-        "reads its config.json"
+        f"or {where}"
     )
 
 

@@ -45,7 +45,7 @@ class Settings:
     # included); 0: micro-batches of micro_batch_size samples (a spec that pins it).
     micro_batch_tokens: int = 0
     # spec.training.precision; the CudaOOM ladder may switch mixed to bf16 when
-    # spec.restartPolicy.allowPrecisionChange says so.
+    # spec.recovery.allowPrecisionChange says so.
     precision: str = "mixed"
     # Disaggregated: the rollout pods' memory at their node's allocatable (their HostOOM
     # rung; pod_memory_at_allocatable is the training side's).
@@ -79,7 +79,7 @@ class Geometry:
     fabric: str | None = None  # the catalog's RDMA fabric between nodes of this GPU type
     user_env: frozenset[str] = frozenset()  # env names spec.pods sets (theirs to tune)
     lora: LoraPlan | None = None  # spec.lora, sized on this shape; None: full fine-tuning
-    allow_precision_change: bool = False  # spec.restartPolicy.allowPrecisionChange
+    allow_precision_change: bool = False  # spec.recovery.allowPrecisionChange
     # actor.logprob_chunk_tokens: the operator renders none, so the trainer's default.
     logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
     # spec.data.maxImagesPerPrompt: the most images a prompt has (the trainer drops or
@@ -182,8 +182,21 @@ class Budget:
         """Usable GPU memory the peak phase leaves free (the margin it keeps)."""
         return self.gpu_capacity_gib - self.peak_gpu_gib
 
-    def problems(self, margin: bool = True) -> list[str]:
-        """What does not fit; with ``margin``, a GPU peak inside the margin too."""
+    @property
+    def host_peak_phase(self) -> str:
+        """Which host peak is the larger: "while loading" (rank 0's node reads the
+        checkpoint) or "steady" (training and rollout): the one a refusal quotes."""
+        steady, load = sum(self.host_terms.values()), sum(self.host_load_terms.values())
+        return "while loading" if load > steady else "steady"
+
+    @property
+    def host_peak_terms(self) -> dict[str, float]:
+        """The terms of the larger host peak (host_peak_phase)."""
+        return self.host_load_terms if self.host_peak_phase == "while loading" else self.host_terms
+
+    def gpu_problems(self, margin: bool = True) -> list[str]:
+        """What does not fit on the training GPUs, or anywhere on a disaggregated job's
+        rollout side; with ``margin``, a GPU peak inside the margin too."""
         out = []
         if self.gpu_capacity_gib and self.peak_gpu_gib > self.gpu_capacity_gib:
             out.append(
@@ -205,12 +218,19 @@ class Budget:
                 f"(weights / TP {self.rollout_tensor_parallel} + overhead + one max-length "
                 f"sequence of KV cache) but {self.rollout_utilization:.2f} is what fits"
             )
-        if self.peak_host_gib > self.host_capacity_gib:
-            out.append(
-                f"host peak {self.peak_host_gib:.1f} GiB per node > "
-                f"{self.host_capacity_gib:.1f} GiB usable"
-            )
         return out
+
+    def host_problems(self) -> list[str]:
+        """What does not fit in the training nodes' host memory, naming the peak (steady
+        or while loading) it compares."""
+        if self.peak_host_gib <= self.host_capacity_gib:
+            return []
+        return [f"host peak {self.peak_host_gib:.1f} GiB per node ({self.host_peak_phase}) > "
+                f"{self.host_capacity_gib:.1f} GiB usable"]
+
+    def problems(self, margin: bool = True) -> list[str]:
+        """What does not fit; with ``margin``, a GPU peak inside the margin too."""
+        return [*self.gpu_problems(margin), *self.host_problems()]
 
     @property
     def fits(self) -> bool:

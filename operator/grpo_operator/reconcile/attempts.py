@@ -177,12 +177,12 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, now: str,
     if isinstance(planned, Refused):
         raise planned.error  # as an admitted job's spec does not: an operator defect
     spec, plan = planned.spec, planned.plan
-    if restarts >= spec.restart_policy.max_restarts:
+    if restarts >= spec.max_restarts:
         return _ended(attempts, Finding(
             Reason(reason), f"{what}{where} after {restarts} restarts; last setting tried: "
             f"{last or 'the planned settings'}", final=True), rc, "Warning")
     remediation = None
-    if spec.restart_policy.remediate and reason in MEMORY_CLASSES:
+    if spec.recovery.remediate and reason in MEMORY_CLASSES:
         safer = next_safer_plan(plan, reason, phase=outcome.failed_during,
                                 side=outcome.side)
         if safer is None:

@@ -135,7 +135,7 @@ def admission_input(raw_spec: dict[str, Any], hub: HubAnswer | None,
         note = PlanInput(None, f"hub config.json unreadable: {hub.error}")
         return note, known is not None or not hub.retry
     if how == "pod":
-        return PlanInput(None, f"{_where(raw_spec)} is read once the job exists"), bool(known)
+        return PlanInput(None, f"{where_read(raw_spec)} is read once the job exists"), bool(known)
     return None, True
 
 
@@ -143,7 +143,7 @@ def admission_warning(raw_spec: dict[str, Any], hub: HubAnswer | None) -> str | 
     """What kubectl prints beside an admitted job whose config.json was not read."""
     how = how_read(raw_spec)
     if how == "pod":
-        return (f"spec.model: {_where(raw_spec)} is read by a pod of the job's image once "
+        return (f"spec.model: {where_read(raw_spec)} is read by a pod of the job's image once "
                 "the job exists; the plan, or why it cannot run, shows in its status then")
     if how != "hub" or hub is None or hub.error is None:
         return None
@@ -154,7 +154,9 @@ def admission_warning(raw_spec: dict[str, Any], hub: HubAnswer | None) -> str | 
             f"until the hub answers. Fix: {_fix(raw_spec)}")
 
 
-def _where(raw_spec: dict[str, Any]) -> str:
+def where_read(raw_spec: dict[str, Any]) -> str:
+    """Where the job's config.json is read: claim <name>:<path>/config.json, or the hub URL
+    (`grpo plan` names it the same way)."""
     model = raw_spec.get("model") or {}
     if model.get("claimName"):
         return f"claim {model['claimName']}:{str(model.get('path')).rstrip('/')}/config.json"
@@ -205,7 +207,7 @@ def _unreadable(raw_spec: dict[str, Any], error: str, retry: bool, now: str,
     """config.json could not be read: the table when it knows the name, else wait (an
     error that may pass) or fail (the model's own)."""
     path = str((raw_spec.get("model") or {}).get("path") or "")
-    where = _where(raw_spec)
+    where = where_read(raw_spec)
     known = known_family(path)
     if known is not None:
         note = f"{where} unreadable: {error}"
@@ -243,14 +245,14 @@ def read_step(job: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec,
     name = names.model_reader(job)
     if reader is None:
         found = Finding(Reason.READING_MODEL_CONFIG,
-                        f"pod {name} reads {_where(raw_spec)} before the job is planned")
+                        f"pod {name} reads {where_read(raw_spec)} before the job is planned")
         pod = render_model_reader(spec, job, url, default_image)
         return ModelStep(waiting=Waiting(found, [pod], READ_POLL_SECONDS))
     ended = _terminated(reader)
     if ended is None:
         why = unschedulable(reader) or _waiting_reason(reader)
         found = Finding(Reason.READING_MODEL_CONFIG,
-                        f"pod {name} reads {_where(raw_spec)}" + (f": {why}" if why else ""))
+                        f"pod {name} reads {where_read(raw_spec)}" + (f": {why}" if why else ""))
         return ModelStep(waiting=Waiting(found, [], READ_POLL_SECONDS))
     try:
         report = ReaderReport.model_validate_json(str(ended.get("message") or ""))
@@ -262,7 +264,7 @@ def read_step(job: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec,
             "to a current one"), False, now, name)
     if report.config is not None:
         source = "hub" if url else "claim"
-        return ModelStep(_record(source, _where(raw_spec), report.config, now),
+        return ModelStep(_record(source, where_read(raw_spec), report.config, now),
                          delete_pod=name)
     return _unreadable(raw_spec, str(report.error), report.retry, now, name)
 

@@ -142,5 +142,5 @@ def _spec_problem(loc: tuple[int | str, ...], msg: str) -> str:
 
 def backoff_seconds(spec: GRPOJobSpec, restarts: int) -> int:
     """Exponential, capped: initial x 2^restarts, at most max."""
-    b = spec.restart_policy.backoff
+    b = spec.recovery.backoff
     return int(min(b.initial_seconds * 2 ** restarts, b.max_seconds))

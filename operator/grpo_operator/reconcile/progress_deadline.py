@@ -106,11 +106,11 @@ def end_silent_attempt(status: dict[str, Any], planner: Planner, now: str,
                        grace_s: float) -> Action:
     """The timer's decision: nothing while the driver reports in time; once it is
     overdue, the attempt ends as Hang and restarts like one the trainer ended (same plan,
-    the collective debug env, counted towards maxRestarts). Idempotent: an ended attempt
+    the collective debug env, counted towards backoffLimit). Idempotent: an ended attempt
     is not Running any more."""
     if planner.spec is None:
         return Action()  # the spec's own events say why
-    stall = planner.spec.restart_policy.stall_timeout_seconds
+    stall = planner.spec.recovery.stall_timeout_seconds
     quiet = silence(status, stall, now, grace_s)
     if quiet is None or not quiet.overdue:
         return Action()
@@ -125,7 +125,7 @@ def end_silent_attempt(status: dict[str, Any], planner: Planner, now: str,
         last += f", phase {progress[STAGE]}"  # the Hang message's wording, kept for users
     estimate = f", a step ~{quiet.step_s:.0f} s" if quiet.step_s is not None else ""
     message = (f"the driver reported no progress for {quiet.seconds:.0f} s (deadline "
-               f"{quiet.deadline_s:.0f} s: restartPolicy.stallTimeoutSeconds {stall}"
+               f"{quiet.deadline_s:.0f} s: recovery.stallTimeoutSeconds {stall}"
                f"{estimate}, + {grace_s:g} s grace); last report: {last} at "
                f"{quiet.since.isoformat().replace('+00:00', 'Z')}; no stacks: the driver "
                "itself is stuck or gone (see the head pod's log)")

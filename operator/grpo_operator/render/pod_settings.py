@@ -110,7 +110,7 @@ def conflicts(pods: PodsSpec, operator_env: Iterable[str]) -> list[str]:
                            f"shadow the operator's mount at {hit}; choose another path")
         if GPU_PRODUCT_LABEL in (s.node_selector or {}):
             out.append(f"{at}.nodeSelector.{GPU_PRODUCT_LABEL}: the GPU type is "
-                       "spec.resources.gpu; set that instead")
+                       "spec.resources.gpuType; set that instead")
         for field, values in (("labels", s.labels or {}), ("annotations", s.annotations or {})):
             for key in values:
                 if key.startswith(RESERVED_PREFIXES):

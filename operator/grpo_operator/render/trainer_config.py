@@ -17,7 +17,7 @@ from grpo_api.job import GRPOJobSpec
 from grpo_api.job.lora import ALL_LINEAR, LoraSpec
 from grpo_api.job.spec import RewardSpec
 from grpo_api.job.tracking import LoggingSpec
-from grpo_api.job.trainer import PLANNED
+from grpo_api.job.trainer import PLANNED, passed_settings
 from grpo_api.trainer_config import MIN_PIXELS, Config
 
 from ..planner import Plan
@@ -166,14 +166,14 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
             "rollout_batch_size": tr.rollout_batch_size,
             "seed": tr.seed,
             "val_interval_steps": tr.val_interval_steps,
-            "stall_timeout_s": spec.restart_policy.stall_timeout_seconds,
+            "stall_timeout_s": spec.recovery.stall_timeout_seconds,
         },
     }
     for source in PLANNED:  # the planned settings, by their trainer paths
         assert source.knob is not None
         section, key = source.path.split(".")
         cfg[section][key] = source.knob.trainer_value(plan.knob_value(source.knob))
-    for path, value in spec.trainer.trainer_settings().items():  # passed on as they are
+    for path, value in passed_settings(spec).items():  # passed on as they are
         section, key = path.split(".")
         cfg[section][key] = value
     if not g.is_gpu:  # no GPU memory to share with vLLM; a fixed, valid fraction

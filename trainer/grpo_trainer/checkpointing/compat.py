@@ -178,6 +178,6 @@ def incompatible_message(step: int | None, path: str, problems: tuple[str, ...],
             "A restart with these settings would fail the same way, and an older "
             "checkpoint or step 0 would lose trained steps, so the run stops here. Resume "
             "it with the settings it was saved with (its config.yaml; under the operator, "
-            "turn off the setting the last restart changed, e.g. spec.restartPolicy."
+            "turn off the setting the last restart changed, e.g. spec.recovery."
             "allowPrecisionChange), or export it (grpo-train export) and train on from the "
             "exported model; remove its step directories only to start over")
