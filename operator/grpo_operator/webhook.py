@@ -16,7 +16,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
-from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
+from grpo_api.contract import API_GROUP, API_VERSION, KUEUE_QUEUE_LABEL, PLURAL
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.job.renames import RenameConflict, rename_warnings, with_new_names
 
@@ -80,6 +80,28 @@ def queue_problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
                 "with the ray.io/raycluster integration, or remove spec.queueName to run at "
                 "once")
     return None
+
+
+def queue_from_label(labels: Mapping[str, Any], raw_spec: Mapping[str, Any]) -> str | None:
+    """The queue a new job's Kueue label names, to record as spec.queueName (None: no
+    label, or spec.queueName is set and has the say)."""
+    label = labels.get(KUEUE_QUEUE_LABEL)
+    return str(label) if label and not raw_spec.get("queueName") else None
+
+
+def queue_label_problem(labels: Mapping[str, Any], raw_spec: Mapping[str, Any]) -> str | None:
+    """The Kueue label on a GRPOJob is its queue, as on Kueue's own jobs: recorded as
+    spec.queueName at creation (the mutating webhook), refused when the two disagree."""
+    label = labels.get(KUEUE_QUEUE_LABEL)
+    queue = raw_spec.get("queueName")
+    if not label or label == queue:
+        return None
+    if queue:
+        return (f"metadata.labels[{KUEUE_QUEUE_LABEL}] {label!r} and spec.queueName "
+                f"{queue!r} name different queues: keep one of them")
+    return (f"metadata.labels[{KUEUE_QUEUE_LABEL}] {label!r} was added after the job was "
+            "created, and a job's queue is fixed then; delete the job and create it again "
+            "with the label (or spec.queueName)")
 
 
 @dataclass(frozen=True)
@@ -237,6 +259,9 @@ async def grpojob_validate(body: kopf.Body, memo: kopf.Memo, warnings: list[str]
                            **_: Any) -> None:
     old_body = dict(old) if old else None
     raw_spec = dict(body.get("spec") or {})  # parsed on the admission thread, once
+    label = queue_label_problem(body.get("metadata", {}).get("labels") or {}, raw_spec)
+    if label:
+        raise kopf.AdmissionError(label, code=422)
     review = await asyncio.get_running_loop().run_in_executor(
         _admission_pool, review_request, raw_spec, old_body, operation, name, namespace,
         from_memo(memo))
@@ -248,7 +273,11 @@ async def grpojob_validate(body: kopf.Body, memo: kopf.Memo, warnings: list[str]
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])
 async def grpojob_default(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
                           **_: Any) -> None:
-    """Record the trainer image a job runs, so an operator upgrade does not change it
-    (in the event loop: no I/O, nothing to wait for)."""
-    if not (body.get("spec") or {}).get("image"):
+    """Record the trainer image a job runs, so an operator upgrade does not change it, and
+    the queue its Kueue label names (in the event loop: no I/O, nothing to wait for)."""
+    spec = body.get("spec") or {}
+    if not spec.get("image"):
         patch.spec["image"] = from_memo(memo).default_image
+    queue = queue_from_label(body.get("metadata", {}).get("labels") or {}, spec)
+    if queue:
+        patch.spec["queueName"] = queue

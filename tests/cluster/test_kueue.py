@@ -166,3 +166,25 @@ def test_a_missing_local_queue_is_shown_and_infeasible_jobs_never_reach_kueue(
     moved = testbed.kubectl("patch", "grpojob", "lost", "-n", team_ns, "--type=merge",
                             "-p", '{"spec":{"queueName":"grpo"}}', check=False)
     assert moved.returncode != 0 and "spec.queueName cannot change" in moved.stderr
+
+
+def test_the_kueue_label_is_the_jobs_queue_and_a_second_queue_name_is_refused(
+        testbed: Testbed, operator: OperatorProcess, team_ns: str) -> None:
+    """As on Kueue's own jobs: a GRPOJob labelled kueue.x-k8s.io/queue-name and without
+    spec.queueName is queued there (the mutating webhook records the queue), and a label
+    and a queueName that disagree are refused naming both."""
+    doc = example_job(EIGHT_H100, "labelled")
+    doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "elsewhere"}
+    testbed.kubectl("apply", "-n", team_ns, "-f", "-", input=yaml.safe_dump(doc))
+    job = json.loads(testbed.kubectl("get", "grpojob", "labelled", "-n", team_ns, "-o",
+                                     "json").stdout)
+    assert job["spec"]["queueName"] == "elsewhere"
+    wait_for(testbed, operator, team_ns, "labelled", "Queued: no such LocalQueue",
+             lambda s: s.get("phase") == "Queued"
+             and "doesn't exist" in queued_condition(s)["message"])
+    both = example_job(EIGHT_H100, "torn", queueName="grpo")
+    both["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "elsewhere"}
+    out = testbed.kubectl("apply", "-n", team_ns, "-f", "-", input=yaml.safe_dump(both),
+                          check=False)
+    assert out.returncode != 0
+    assert "'elsewhere' and spec.queueName 'grpo' name different queues" in out.stderr

@@ -85,7 +85,7 @@ def test_preserve_unknown_fields_only_for_plan_details_and_kubernetes_own_types(
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     free = [p for p, n in _walk(schema) if n.get("x-kubernetes-preserve-unknown-fields")]
     pods = [f".spec.pods.{s}.{f}" for s in ("common", "head", "workers")
-            for f in ("volumes[]", "affinity")]
+            for f in ("volumes[]", "affinity", "topologySpreadConstraints[]")]
     assert sorted(free) == sorted([*pods, ".spec.trainer", ".spec.reward.kwargs",
                                    ".spec.restartPolicy",
                                    ".status.plan.details",

@@ -209,8 +209,17 @@ class PodSettings(ApiModel):
         description="Added to the operator's (which selects the GPU type on workers).")
     affinity: dict[str, Any] | None = Field(
         None, json_schema_extra=_OPEN, description="Pod affinity, as in a Pod spec.")
+    topology_spread_constraints: list[dict[str, Any]] | None = Field(
+        None, json_schema_extra={"items": {"type": "object", **_OPEN, "description": (
+            "One constraint: maxSkew, topologyKey, whenUnsatisfiable, labelSelector, ...")}},
+        description="Topology spread constraints, as in a Pod spec (select the job's pods "
+        "with its labels, e.g. grpo.dev/job: <name> and grpo.dev/role: worker).")
     priority_class_name: str | None = Field(
         None, pattern=_SUBDOMAIN, description="PriorityClass of the pods.")
+    scheduler_name: str | None = Field(
+        None, pattern=_SUBDOMAIN, max_length=253,
+        description="The scheduler that places the pods (e.g. a gang scheduler such as "
+        "Volcano or the scheduler-plugins' coscheduling); unset: the default scheduler.")
     image_pull_secrets: list[NameRef] | None = Field(
         None, description="Secrets for pulling the trainer image.")
     service_account_name: str | None = Field(

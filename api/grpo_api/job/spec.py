@@ -512,8 +512,9 @@ class GRPOJobSpec(ApiModel):
         max_length=63,
         description="Kueue LocalQueue (in the job's namespace) that admits the job: each "
         "attempt's RayCluster carries the label kueue.x-k8s.io/queue-name and waits, "
-        "suspended, until Kueue admits it (phase Queued). Unset: runs at once. Cannot "
-        "change after creation.",
+        "suspended, until Kueue admits it (phase Queued). Unset: the GRPOJob's own "
+        "kueue.x-k8s.io/queue-name label, recorded here at creation (as Kueue's jobs take "
+        "it); neither: runs at once. Cannot change after creation.",
     )
 
     @model_validator(mode="before")

@@ -46,7 +46,7 @@ def merged(pods: PodsSpec, role: str) -> dict[str, Any]:
 
 
 LISTS = ("env", "envFrom", "volumes", "volumeMounts", "tolerations", "imagePullSecrets",
-         "initContainers")
+         "initContainers", "topologySpreadConstraints")
 MAPS = ("labels", "annotations", "nodeSelector")
 
 
