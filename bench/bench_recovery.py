@@ -110,8 +110,9 @@ def grpojob_failures(tb: Testbed, jobs: int, per_job: int) -> list[float]:
     doc = example_job()
     # remediate: false, so the tiny CPU job's short HostOOM ladder does not end the
     # series early; the path measured (classify, record, backoff, new attempt) is the same.
-    doc["spec"]["restartPolicy"] = {"maxRestarts": per_job + 1, "remediate": False,
-                                    "backoff": {"initialSeconds": 1, "maxSeconds": 1}}
+    doc["spec"]["backoffLimit"] = per_job + 1
+    doc["spec"]["recovery"] = {"remediate": False,
+                               "backoff": {"initialSeconds": 1, "maxSeconds": 1}}
     for j in range(jobs):
         doc["metadata"] = {"name": f"r{j}", "namespace": ns}
         client.CustomObjectsApi().create_namespaced_custom_object(

@@ -395,7 +395,7 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
     op = OperatorProcess(testbed, tmp_path, kubeconfig=kc, webhook=False).start()
     ns = testbed.namespace(OPERATOR_NS_PREFIX)
     try:
-        doc = example_job(restartPolicy={"backoff": {"initialSeconds": 1}})
+        doc = example_job(recovery={"backoff": {"initialSeconds": 1}})
         testbed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
 
         def phase() -> str:

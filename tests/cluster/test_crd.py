@@ -42,9 +42,9 @@ def test_example_applies_and_reads_back_with_defaults(crd: Any, ns: str, path: P
     stored = get_json(crd, "grpojob", name, "-n", ns)["spec"]
     # The API server filled the same defaults the pydantic models fill.
     assert stored == GRPOJobSpec.model_validate(stored, by_alias=True, by_name=False).to_wire()
-    given = yaml.safe_load(path.read_text())["spec"].get("restartPolicy", {})
-    assert stored["restartPolicy"] == {  # what the example leaves out is defaulted
-        "maxRestarts": stored["restartPolicy"]["maxRestarts"],
+    given = yaml.safe_load(path.read_text())["spec"].get("recovery", {})
+    assert stored["restartPolicy"] == "OnFailure" and stored["backoffLimit"] >= 0
+    assert stored["recovery"] == {  # what the example leaves out is defaulted
         "backoff": {"initialSeconds": 30, "maxSeconds": 600, **given.get("backoff", {})},
         "stallTimeoutSeconds": STALL_TIMEOUT_S,
         "remediate": True,

@@ -213,7 +213,7 @@ def test_progress_patch_shows_step_and_reward_and_exit_0_succeeds(
 def test_head_failure_is_recorded_with_its_class(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
     apply(testbed, op_ns, example_job("grpojob-tiny.yaml", "bad",
-                                       restartPolicy={"maxRestarts": 0}))
+                                       backoffLimit=0))
     wait_phase(testbed, operator, op_ns, "bad", "Running")
     msg = json.dumps({"reason": "ConfigError", "step": 0,
                       "detail": "data.train_files: no such file"})

@@ -22,7 +22,11 @@ FAST = {"maxRestarts": 3, "backoff": {"initialSeconds": 2, "maxSeconds": 4}}
 
 
 def manifest(example: str, name: str, restart_policy: dict[str, Any]) -> str:
-    return yaml.safe_dump(example_job(example, name, restartPolicy=restart_policy))
+    """The example with `restart_policy` (maxRestarts and the recovery settings) as
+    backoffLimit and spec.recovery."""
+    recovery = dict(restart_policy)
+    limit = recovery.pop("maxRestarts")
+    return yaml.safe_dump(example_job(example, name, backoffLimit=limit, recovery=recovery))
 
 
 def job(tb: Testbed, ns: str, name: str) -> dict[str, Any]:

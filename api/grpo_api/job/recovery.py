@@ -3,9 +3,9 @@ after a failure."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 
 from ..contract import MAX_RESTARTS, STALL_TIMEOUT_S, CheckpointRetention
 from .base import DNS_LABEL_PATTERN, QUANTITY_PATTERN, ApiModel, cel_rule
@@ -102,12 +102,15 @@ def backoff_limit_field() -> Any:
         "resumes from the last complete checkpoint). restartPolicy Never: none."))
 
 
+# Untyped and open in the CRD: manifests written before the rename hold restartPolicy as
+# an object (renames.py moves its keys to backoffLimit and recovery); the webhook and the
+# models check the value.
+OpenRestartPolicy = Annotated[RestartPolicy, WithJsonSchema(
+    {"x-kubernetes-preserve-unknown-fields": True})]
+
+
 def restart_policy_field() -> Any:
-    # Open in the CRD: manifests written before the rename hold restartPolicy as an object
-    # (renames.py moves its keys to backoffLimit and recovery); the webhook and the models
-    # check the value.
-    return Field("OnFailure", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-                 description=(
+    return Field("OnFailure", description=(
                      "OnFailure (default): a failed attempt restarts from the last complete "
                      "checkpoint, up to backoffLimit times (after an OOM with a safer "
                      "memory setting: recovery.remediate); Never: the first failure fails "

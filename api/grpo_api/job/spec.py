@@ -35,8 +35,8 @@ from .lora import LoraSpec
 from .pods import PodsSpec
 from .recovery import (
     CheckpointSpec,
+    OpenRestartPolicy,
     RecoverySpec,
-    RestartPolicy,
     backoff_limit_field,
     restart_policy_field,
 )
@@ -487,7 +487,7 @@ class GRPOJobSpec(ApiModel):
         description="Memory knobs; unset = chosen by the planner.",
     )
     checkpoint: CheckpointSpec = Field(description="Checkpoint volume and retention.")
-    restart_policy: RestartPolicy = restart_policy_field()
+    restart_policy: OpenRestartPolicy = restart_policy_field()
     backoff_limit: int = backoff_limit_field()
     recovery: RecoverySpec = Field(
         default_factory=lambda: RecoverySpec.model_validate({}),
