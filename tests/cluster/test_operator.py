@@ -363,7 +363,7 @@ def test_gpu_types_are_the_operators_catalog_with_the_charts_additions(
                           resources={"gpuType": "H900-96GB", "nodes": 1})
     out = apply(testbed, op_ns, unknown, check=False)
     assert out.returncode != 0
-    assert "spec.resources.gpu: unknown GPU type 'H900-96GB'" in out.stderr
+    assert "spec.resources.gpuType: unknown GPU type 'H900-96GB'" in out.stderr
     assert "B200-180GB" in out.stderr and gpu in out.stderr  # the known ones, listed
     apply(testbed, op_ns, example_job("grpojob-qwen25vl-7b-h100.yaml", "added-gpu",
                                       resources={"gpuType": gpu, "nodes": 1}))
