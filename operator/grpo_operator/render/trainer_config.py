@@ -15,7 +15,7 @@ from typing import Any
 
 from grpo_api.job import GRPOJobSpec
 from grpo_api.job.lora import ALL_LINEAR, LoraSpec
-from grpo_api.job.spec import RewardSpec
+from grpo_api.job.reward import RewardSpec
 from grpo_api.job.tracking import LoggingSpec
 from grpo_api.job.trainer import PLANNED, passed_settings
 from grpo_api.trainer_config import MIN_PIXELS, Config
