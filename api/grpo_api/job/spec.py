@@ -1,5 +1,6 @@
 """GRPOJob.spec: what a researcher writes. The CRD schema is generated from these models
-(with `resources.py` and `recovery.py`: where the job runs, how it recovers).
+(with `data.py`, `reward.py`, `resources.py` and `recovery.py`: what it trains on, how it
+scores, where it runs, how it recovers).
 
 Memory knobs (`resources.MemorySpec`) use "unset = auto": a Kubernetes structural schema
 cannot type a field as "boolean or the string auto", and quoting `"true"` in YAML is a
@@ -9,20 +10,15 @@ lets the planner decide. The resolved value and the reason for it appear in `sta
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Self
+from typing import Any, Literal, Self
 
-from pydantic import AfterValidator, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from ..trainer_config import (
-    MAX_FRAMES,
-    MAX_IMAGES_PER_PROMPT,
-    MAX_VIDEOS_PER_PROMPT,
-    BadRows,
     KLEstimator,
-    OverlongPrompts,
-    PromptLengths,
 )
 from .base import DNS_LABEL_PATTERN, ApiModel, cel_rule
+from .data import DataSpec, LocalOrHub
 from .hub import HubSpec
 from .lora import LoraSpec
 from .pods import PodsSpec
@@ -38,33 +34,9 @@ from .resources import MemorySpec, ResourcesSpec
 from .reward import RewardSpec
 from .rollout import RolloutSpec, split_problem
 from .tracking import LoggingSpec
-from .trainer import TrainerSpec, spec_setting, template_problem
+from .trainer import TrainerSpec, spec_setting
 
 Precision = Literal["mixed", "bf16"]
-
-
-# The trainer reads files from the pods' volumes and fetches hub ids; it has no
-# object-store client, so an s3:// or gs:// URL would fail only inside the trainer. The
-# schema (CEL) and the models refuse any URL with the same test.
-_NO_URL = (
-    "object-store and other URLs (s3://, gs://, ...) are not supported yet: copy the files "
-    "onto a PersistentVolumeClaim and give their path there (model.claimName mounts one at "
-    "/models; spec.pods volumes mount others), or name a hub id"
-)
-
-
-def _not_a_url(value: str) -> str:
-    if "://" in value:
-        raise ValueError(_NO_URL)
-    return value
-
-
-LocalOrHub = Annotated[
-    str,
-    AfterValidator(_not_a_url),
-    Field(max_length=4096, json_schema_extra={
-        "x-kubernetes-validations": [cel_rule("!self.contains('://')", _NO_URL)]}),
-]
 
 
 class ModelShape(ApiModel):
@@ -110,114 +82,6 @@ class ModelSpec(ApiModel):
             "by name."
         ),
     )
-
-
-class DataSpec(ApiModel):
-    """Training data in the EasyR1 column layout (images / problem / answer)."""
-
-    train: LocalOrHub = Field(
-        min_length=1,
-        description="Train split: a parquet/jsonl path, or a hub dataset owner/name@split "
-        "(fetched like the model; parquet files in the Hugging Face / EasyR1 layout).",
-    )
-    val: LocalOrHub | None = Field(
-        None,
-        description=(
-            "Validation split, same forms and columns as train; scored with the job's reward "
-            "every training.valIntervalSteps steps (greedy, one response per prompt)."
-        ),
-    )
-    image_key: str = Field("images", min_length=1, description="Column holding the images.")
-    prompt_key: str = Field("problem", min_length=1, description="Column holding the prompt.")
-    answer_key: str = Field("answer", min_length=1, description="Column holding the answer.")
-    max_prompt_length: int = Field(
-        2048, ge=16, le=131072, description="Max prompt tokens, image tokens included."
-    )
-    max_response_length: int = Field(
-        2048, ge=16, le=131072, description="Max generated tokens per response."
-    )
-    max_pixels: int = Field(
-        1003520,
-        ge=3136,
-        description="Each image is resized once, to at most this many pixels (sides multiples "
-        "of the model's patch x merge), and the same image goes to vLLM and to the update.",
-    )
-    max_images_per_prompt: int = Field(
-        1,
-        ge=1,
-        le=MAX_IMAGES_PER_PROMPT,
-        description="The most images one prompt of the data may have (its images column), "
-        f"at most {MAX_IMAGES_PER_PROMPT}. The memory plan counts this many images at "
-        "maxPixels per prompt (within maxPromptLength); a row with more is dropped or refused "
-        "when the data is loaded (overlongPrompts). vLLM's image limit is the most a loaded "
-        "row has.",
-    )
-    overlong_prompts: OverlongPrompts = Field(
-        "drop",
-        description="A prompt longer than maxPromptLength (image tokens included, each image "
-        "at its resized size), or with more images than maxImagesPerPrompt, counted when the "
-        "data is loaded: drop leaves it out (as EasyR1's filter_overlong_prompts), fail ends "
-        "the attempt with ConfigError. Either way the log names the file, the row, both "
-        "lengths (or the image count and its limit) and this field.",
-    )
-    video_key: str = Field("videos", min_length=1, description=(
-        "Column holding the videos (EasyR1's layout): each a video file's path (relative to "
-        "the data file) or a list of frame images."))
-    max_videos_per_prompt: int = Field(
-        0, ge=0, le=MAX_VIDEOS_PER_PROMPT,
-        description=f"The most videos one prompt may have, at most {MAX_VIDEOS_PER_PROMPT}; "
-        "0 (the default): the data has no videos, and a row with one is dropped or refused "
-        "(overlongPrompts). The memory plan counts this many videos of maxFrames frames at "
-        "videoMaxPixels per prompt (within maxPromptLength).")
-    video_fps: float = Field(2.0, gt=0, le=60, description=(
-        "Frames sampled per second of a video file (a list of frames is taken as it is, "
-        "up to maxFrames)."))
-    max_frames: int = Field(32, ge=2, le=MAX_FRAMES, description=(
-        "The most frames taken from one video (an even number is used: Qwen's temporal "
-        "patch is two frames)."))
-    video_max_pixels: int = Field(100352, ge=3136, description=(
-        "Each video frame is resized once to at most this many pixels, the same frames for "
-        "vLLM and the update."))
-    bad_rows: BadRows = Field("fail", description=(
-        "A row that cannot be read (a missing or corrupt image or video file, an empty "
-        "prompt, no answer): fail ends the attempt naming the file, the row and what is "
-        "wrong (at load for what the load sees: missing files, unreadable headers, empty "
-        "fields; when the row is drawn for what only decoding finds); skip leaves it out, "
-        "counted in the trainer's metrics (data/bad_rows) and the log, and checks every "
-        "image fully at load."))
-    prompt_template: str | None = spec_setting(
-        "data.promptTemplate",
-        "The prompt template: plain, math or r1v (builtin), or the absolute path of a Jinja2 "
-        "file in the pods (e.g. from a ConfigMap in spec.pods.*.volumes) that renders "
-        "{{ content }}, the row's prompt. Unset: math for reward.type math, r1v for r1v, "
-        "plain otherwise.")
-    prompt_lengths: PromptLengths = Field("eager", description=(
-        "eager: every prompt's length is counted once at load, across the head's CPUs, "
-        "and kept on the checkpoint volume, so a restart starts at once; lazy: each prompt "
-        "is counted when its batch is drawn (dropped or refused by overlongPrompts, the same "
-        "decision on every attempt), for data too large to count up front."))
-    rows: int | None = Field(None, ge=1, description=(
-        "About how many rows the train split has, for sizing the head pod (its index of "
-        "the rows: file, row and length, about 40 bytes each); unset: 1,000,000 assumed "
-        "(10,000 for a CPU job)."))
-    workers: int | None = Field(
-        None,
-        ge=0,
-        le=64,
-        description=(
-            "Deprecated, ignored: the trainer starts no data-loader processes (prompts and "
-            "images are encoded on the ranks that generate them), so nothing is planned for "
-            "them. Accepted so existing jobs still parse; the webhook warns when it is set."
-        ),
-    )
-
-    @field_validator("prompt_template")
-    @classmethod
-    def _template_is_found(cls, fmt: str | None) -> str | None:
-        problem = template_problem(fmt)
-        if problem:
-            raise ValueError(problem)
-        return fmt
 
 
 class AlgorithmSpec(ApiModel):
