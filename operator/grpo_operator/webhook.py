@@ -89,12 +89,18 @@ def queue_from_label(labels: Mapping[str, Any], raw_spec: Mapping[str, Any]) -> 
     return str(label) if label and not raw_spec.get("queueName") else None
 
 
-def queue_label_problem(labels: Mapping[str, Any], raw_spec: Mapping[str, Any]) -> str | None:
+def queue_label_problem(labels: Mapping[str, Any], raw_spec: Mapping[str, Any],
+                        old_labels: Mapping[str, Any] | None) -> str | None:
     """The Kueue label on a GRPOJob is its queue, as on Kueue's own jobs: recorded as
-    spec.queueName at creation (the mutating webhook), refused when the two disagree."""
+    spec.queueName at creation (the mutating webhook), refused when the two disagree.
+    An update that leaves the label as it was is not this rule's (a job labelled before
+    the operator recorded labels may still lose its finalizer; queue_problem keeps
+    spec.queueName fixed)."""
     label = labels.get(KUEUE_QUEUE_LABEL)
     queue = raw_spec.get("queueName")
     if not label or label == queue:
+        return None
+    if old_labels is not None and old_labels.get(KUEUE_QUEUE_LABEL) == label:
         return None
     if queue:
         return (f"metadata.labels[{KUEUE_QUEUE_LABEL}] {label!r} and spec.queueName "
@@ -221,7 +227,8 @@ def admission_warnings(raw_spec: dict[str, Any], hub: HubAnswer | None = None,
     """What kubectl should print beside an accepted spec: deprecated fields set, and a
     config.json not read yet (pure). `spec`: the spec as parsed, when the caller did."""
     try:
-        found = [*rename_warnings(raw_spec), *(spec or parse_spec(raw_spec)).deprecation_warnings()]
+        parsed = spec or parse_spec(raw_spec)
+        found = [*rename_warnings(raw_spec), *parsed.deprecation_warnings()]
     except SpecError:
         return []  # refused anyway, with its own message
     model = admission_warning(raw_spec, hub)
@@ -259,7 +266,9 @@ async def grpojob_validate(body: kopf.Body, memo: kopf.Memo, warnings: list[str]
                            **_: Any) -> None:
     old_body = dict(old) if old else None
     raw_spec = dict(body.get("spec") or {})  # parsed on the admission thread, once
-    label = queue_label_problem(body.get("metadata", {}).get("labels") or {}, raw_spec)
+    label = queue_label_problem(body.get("metadata", {}).get("labels") or {}, raw_spec,
+                                None if old is None else old.get("metadata", {}).get("labels")
+                                or {})
     if label:
         raise kopf.AdmissionError(label, code=422)
     review = await asyncio.get_running_loop().run_in_executor(

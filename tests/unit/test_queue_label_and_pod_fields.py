@@ -25,17 +25,24 @@ def test_the_kueue_label_becomes_the_queue_of_a_new_job() -> None:
     assert queue_from_label(LABEL, {}) == "team-a"
     assert queue_from_label(LABEL, {"queueName": "team-a"}) is None  # already there
     assert queue_from_label({}, {}) is None
-    assert queue_label_problem(LABEL, {"queueName": "team-a"}) is None
-    assert queue_label_problem({}, {"queueName": "team-a"}) is None
+    assert queue_label_problem(LABEL, {"queueName": "team-a"}, None) is None
+    assert queue_label_problem({}, {"queueName": "team-a"}, None) is None
 
 
 def test_a_label_and_a_queue_name_that_disagree_are_refused_naming_both() -> None:
-    problem = queue_label_problem(LABEL, {"queueName": "team-b"})
+    problem = queue_label_problem(LABEL, {"queueName": "team-b"}, None)
     assert problem is not None
     assert f"metadata.labels[{KUEUE_QUEUE_LABEL}] 'team-a' and spec.queueName 'team-b'" \
         in problem
-    late = queue_label_problem(LABEL, {})  # added by an update: the queue was fixed
+    late = queue_label_problem(LABEL, {}, {})  # added by an update: the queue was fixed
     assert late is not None and "added after the job was created" in late
+
+
+def test_an_update_that_keeps_the_label_is_not_refused() -> None:
+    """A job labelled before its label was recorded as spec.queueName (no queueName) can
+    still be updated, its finalizer removed included: the label did not change."""
+    assert queue_label_problem(LABEL, {}, LABEL) is None
+    assert queue_label_problem(LABEL, {"queueName": "team-b"}, LABEL) is None
 
 
 def _pods(pods: dict[str, Any]) -> list[dict[str, Any]]:

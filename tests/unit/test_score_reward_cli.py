@@ -57,3 +57,22 @@ def test_a_reward_that_cannot_load_is_a_config_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["score-reward", "--config", str(cfg)])
     assert res.exit_code == 2
     assert "reward.function: /rewards/missing.py does not exist in the head pod" in res.output
+
+
+def test_rows_past_the_first_file_are_read_from_the_next_one(tmp_path: Path) -> None:
+    """The trial scans the files one at a time: the fourth row is the second file's first,
+    scored with its own row (not the first file's row 0)."""
+    cfg = _config(tmp_path, {"type": "function", "function": f"{REWARDS}/row_reader.py:score"},
+                  weights=True)
+    rows = pq.read_table(tmp_path / "data.parquet").to_pylist()
+    for row in rows:
+        row["weight"] = 10.0
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "more.parquet")
+    doc = yaml.safe_load(cfg.read_text())
+    doc["data"]["train_files"].append(str(tmp_path / "more.parquet"))
+    cfg.write_text(yaml.safe_dump(doc))
+    res = CliRunner().invoke(cli, ["score-reward", "--config", str(cfg), "--rows", "4"])
+    assert res.exit_code == 0, res.output
+    assert f"{tmp_path}/data.parquet row 2: score 2.048 accuracy 1" in res.output
+    assert f"{tmp_path}/more.parquet row 0: score 10.04 accuracy 1" in res.output
+    assert "more.parquet row 1" not in res.output

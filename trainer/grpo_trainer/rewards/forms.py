@@ -156,8 +156,7 @@ def _verl_call(fn: Callable[..., Any], kwargs: Mapping[str, Any], s: RewardSampl
               ground_truth=s.ground_truth, extra_info=extra, **kwargs)
 
 
-def _function(cfg: RewardConfig, fn: Callable[..., Any]) -> Reward:
-    kw = dict(cfg.kwargs)
+def _function(cfg: RewardConfig, fn: Callable[..., Any], kw: Mapping[str, Any]) -> Reward:
     needs = required_positionals(fn)
     name = f"reward function {cfg.function}"
     if cfg.batch:
@@ -200,4 +199,4 @@ def resolve_reward(cfg: RewardConfig, judge: Callable[[RewardSample], Any] | Non
     if cfg.type == "verl":
         return Reward(f"verl compute_score {cfg.function}", partial(to_result, score_key="score"),
                       True, one=partial(_verl_call, fn, kw))
-    return _function(cfg, fn)
+    return _function(cfg, fn, kw)
