@@ -88,7 +88,7 @@ OPERATOR = Image(
     lock="images/operator/requirements.lock")
 TRAINER_CPU = Image(
     "trainer-cpu", "localhost/grpo-operator/trainer:0.1.0-cpu", "images/trainer/Dockerfile",
-    {"BUILD_IMAGE": BASE_TAG, "RUNTIME_IMAGE": BASE_TAG, "UV_IMAGE": UV_TAG,
+    {"RUNTIME_IMAGE": BASE_TAG, "UV_IMAGE": UV_TAG,
      "PYTHON": SYSTEM_PYTHON, "VARIANT": "cpu", "UV_CACHE_DIR": BUILD_UV_CACHE},
     lock="images/trainer/requirements-cpu.lock", uv_cache=True)
 # The GPU trainer, the chart's default trainerImage: the CPU variant's base and tools,
