@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
-from grpo_api.contract import DEFAULT_TRAINER_IMAGE
+from grpo_api.contract import DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
 from .peering import PEERING_LIFETIME_S
 from .watch_health import DEFAULT_STALE_AFTER_S as WATCH_STALE_AFTER_S
@@ -41,10 +41,14 @@ class WebhookConfig:
 @dataclass(frozen=True)
 class OperatorConfig:
     """Everything the operator is told at start; the pure core reads `default_image`,
-    `catalog`, `claim_retry_seconds`, `pod_create_deadline_seconds` and
-    `hang_grace_seconds`, the edges the rest."""
+    `trainer_pod_uid`, `catalog`, `claim_retry_seconds`, `pod_create_deadline_seconds`
+    and `hang_grace_seconds`, the edges the rest."""
 
     default_image: str = DEFAULT_TRAINER_IMAGE  # for jobs that do not set spec.image
+    # UID, GID and fsGroup of the pods made from the trainer image (--trainer-pod-uid);
+    # None leaves them for the platform to assign (OpenShift's restricted-v2 SCC refuses
+    # a fixed UID outside the namespace's range). render/security.py.
+    trainer_pod_uid: int | None = IMAGE_UID
     # The effective GPU catalog: built-in, with --gpu-catalog (the chart's gpuCatalog)
     # merged over it; read-only, like the rest of the configuration.
     catalog: Mapping[str, GpuType] = field(

@@ -15,7 +15,7 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE
+from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
 from . import discovery, handlers, kube  # noqa: F401 - importing handlers registers them
 from .catalog_file import CatalogError, load_catalog
@@ -62,6 +62,30 @@ async def _serve_probes(bind: str, port: int, memo: kopf.Memo,
     await runner.setup()
     await web.TCPSite(runner, bind, port).start()
     return runner
+
+
+class PodUid(click.ParamType):
+    """--trainer-pod-uid: a UID of 1 or more, or `unset` (None: the platform assigns it)."""
+
+    name = "UID|unset"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | None:
+        if value is None:
+            return None
+        text = str(value).strip()
+        if text.lower() == "unset":
+            return None
+        try:
+            uid = int(text)
+        except ValueError:
+            self.fail(f"{text!r} is neither a UID nor 'unset': give a number of 1 or more "
+                      "(the images' user is 10001), or 'unset' where the platform assigns "
+                      "the UID (OpenShift restricted-v2)", param, ctx)
+        if uid < 1:
+            self.fail(f"{uid} is not a non-root UID: give a number of 1 or more, or 'unset'",
+                      param, ctx)
+        return uid
 
 
 @kopf.on.login()
@@ -160,6 +184,12 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
               "webhook configurations of this name (dev and the testbed; the chart makes its own).")
 @click.option("--trainer-image", default=DEFAULT_TRAINER_IMAGE, show_default=True,
               help="Trainer image for jobs that do not set spec.image.")
+@click.option("--trainer-pod-uid", envvar="GRPO_TRAINER_POD_UID", type=PodUid(),
+              default=str(IMAGE_UID), show_default=True,
+              help="runAsUser, runAsGroup and fsGroup of the pods made from the trainer "
+              "image (Ray pods, the model-config reader); 'unset' leaves them for the "
+              "platform to assign (OpenShift restricted-v2), runAsNonRoot stays "
+              "[env GRPO_TRAINER_POD_UID].")
 @click.option("--gpu-catalog", envvar="GRPO_GPU_CATALOG", type=click.Path(dir_okay=False),
               default=None, help="YAML mapping of GPU types merged over the built-in catalog "
               "(the chart's gpuCatalog value) [env GRPO_GPU_CATALOG].")
@@ -195,7 +225,8 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
         webhook_key: str | None, webhook_ca: str | None, webhook_manage: str | None,
-        trainer_image: str, gpu_catalog: str | None, pod_create_deadline: float,
+        trainer_image: str, trainer_pod_uid: int | None, gpu_catalog: str | None,
+        pod_create_deadline: float,
         hang_grace: float, peering: str | None, priority: int | None,
         peering_lifetime: int, discovery_timeout: float,
         watch_stale_after: float, read_public_hub: bool, verbose: bool) -> None:
@@ -209,7 +240,8 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
     except CatalogError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu-catalog") from None
     config = OperatorConfig(
-        default_image=trainer_image, catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
+        default_image=trainer_image, trainer_pod_uid=trainer_pod_uid,
+        catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
         bind=bind, metrics_port=metrics_port, pod_create_deadline_seconds=pod_create_deadline,
         hang_grace_seconds=hang_grace,
         discovery_timeout_seconds=discovery_timeout, watch_stale_after_seconds=watch_stale_after,

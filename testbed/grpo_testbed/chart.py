@@ -17,6 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/grpo-operator"
 KUBE_VERSION = "1.36.3"  # the testbed's; helm template otherwise assumes an old default
 NS = "grpo-system"
+# Full image references (the names `make images` gives them) for renders that are not
+# about images: the chart refuses to render while an image names no registry host
+# (values.yaml, global.imageRegistry), and its defaults name none.
+IMAGES: dict[str, str] = {
+    "image.repository": "localhost/grpo-operator/operator",
+    "trainerImage": "localhost/grpo-operator/trainer:0.1.0",
+}
 
 
 class HelmMissing(RuntimeError):
@@ -35,24 +42,32 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def set_args(values: dict[str, str]) -> list[str]:
-    return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+def set_args(values: dict[str, str], images: bool = True) -> list[str]:
+    """--set arguments for these values; `images`: IMAGES first, which these override
+    (False: the chart's own image defaults)."""
+    merged = {**IMAGES, **values} if images else values
+    return [a for k, v in merged.items() for a in ("--set", f"{k}={v}")]
 
 
-def template(values: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    """`helm template` of release `grpo` in NS with these --set values."""
+def template(values: dict[str, str], check: bool = True,
+             images: bool = True) -> subprocess.CompletedProcess[str]:
+    """`helm template` of release `grpo` in NS with these --set values (over IMAGES
+    unless `images` is False)."""
     return helm("template", "grpo", str(CHART), "-n", NS, "--kube-version", KUBE_VERSION,
-                *set_args(values), check=check)
+                *set_args(values, images), check=check)
 
 
 @functools.cache
-def _render(values: tuple[tuple[str, str], ...]) -> str:
-    return template(dict(values)).stdout
+def _render(values: tuple[tuple[str, str], ...], images: bool) -> str:
+    return template(dict(values), images=images).stdout
 
 
-def render(values: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """The chart's objects for these --set values (fresh dicts; the text is cached)."""
-    return [d for d in yaml.safe_load_all(_render(tuple(sorted((values or {}).items())))) if d]
+def render(values: dict[str, str] | None = None,
+           images: bool = True) -> list[dict[str, Any]]:
+    """The chart's objects for these --set values, over IMAGES unless `images` is False
+    (fresh dicts; the text is cached)."""
+    return [d for d in yaml.safe_load_all(
+        _render(tuple(sorted((values or {}).items())), images)) if d]
 
 
 def objects(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

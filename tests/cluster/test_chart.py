@@ -33,6 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 INSTANCE = "app.kubernetes.io/instance"
 # The API server cannot reach a kwok pod, so the webhooks must not block the tests.
 WEBHOOK_SOFT = ("--set", "webhook.failurePolicy=Ignore", "--set", "webhook.timeoutSeconds=2")
+# The chart refuses images without a registry host; kwok runs no image, so the names
+# `make images` gives them serve (localhost/grpo-operator/{operator,trainer}:0.1.0).
+IMAGES = ("--set", "global.imageRegistry=localhost")
 CHART_CRDS = ("grpojobs.grpo.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
 
 
@@ -92,7 +95,7 @@ def release(testbed: Testbed) -> Iterator[Release]:
     ns = testbed.namespace("chart")
     name = "grpo"
     proc = helm(testbed, "install", name, str(CHART), "-n", ns, "--wait", "--timeout", "180s",
-                *WEBHOOK_SOFT)
+                *WEBHOOK_SOFT, *IMAGES)
     yield Release(name, ns, f"{name}-grpo-operator", proc.stdout)
     helm(testbed, "uninstall", name, "-n", ns, "--wait", "--timeout", "120s", check=False)
     testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -328,7 +331,7 @@ def test_upgrade_to_watched_namespaces_then_uninstall_leaves_no_orphans(
     sa = f"system:serviceaccount:{home}:{name}-grpo-operator"
     try:
         helm(testbed, "install", name, str(CHART), "-n", home, "--wait", "--timeout", "180s",
-             "--set", "webhook.enabled=false")
+             "--set", "webhook.enabled=false", *IMAGES)
         assert names(testbed, CLUSTER_KINDS, sel).count(
             f"validatingwebhookconfiguration.admissionregistration.k8s.io/{name}-grpo-operator"
         ) == 0
@@ -338,7 +341,7 @@ def test_upgrade_to_watched_namespaces_then_uninstall_leaves_no_orphans(
         # Upgrade: watch only `ns`, webhook on, more memory.
         helm(testbed, "upgrade", name, str(CHART), "-n", home, "--wait", "--timeout", "180s",
              "--set", f"watchNamespaces={{{ns}}}", "--set", "webhook.enabled=true",
-             "--set", "resources.limits.memory=1Gi", *WEBHOOK_SOFT)
+             "--set", "resources.limits.memory=1Gi", *WEBHOOK_SOFT, *IMAGES)
         status = json.loads(helm(testbed, "status", name, "-n", home, "-o", "json").stdout)
         assert status["version"] == 2 and status["info"]["status"] == "deployed"
         pods = wait_operator_running(testbed, home, name)
@@ -379,7 +382,7 @@ def test_upgrade_to_watched_namespaces_then_uninstall_leaves_no_orphans(
 
 def test_bad_values_fail_helm_install_with_a_message(testbed: Testbed, ns: str) -> None:
     proc = helm(testbed, "install", "bad", str(CHART), "-n", ns, "--set", "replicaCount=3",
-                "--set", "leaderElection.enabled=false", check=False)
+                "--set", "leaderElection.enabled=false", *IMAGES, check=False)
     assert proc.returncode != 0
     assert "replicaCount: 3 replicas need leaderElection.enabled=true" in proc.stderr
     assert names(testbed, "deployments", f"{INSTANCE}=bad", "-A") == []
@@ -475,13 +478,13 @@ def test_generated_certificate_survives_re_renders_and_upgrades(
     # helm template checks kubeVersion against its default (v1.20) even when it may
     # reach the cluster: name the version.
     render = ("template", release.name, str(CHART), "-n", release.ns, *WEBHOOK_SOFT,
-              "--kube-version", KUBE_VERSION)
+              *IMAGES, "--kube-version", KUBE_VERSION)
     for _ in range(2):
         assert secret_data(helm(testbed, *render, "--dry-run=server").stdout) == data
     offline = helm(testbed, *render).stdout  # no cluster, no lookup
     assert secret_data(offline)["ca.crt"] != data["ca.crt"]
     helm(testbed, "upgrade", release.name, str(CHART), "-n", release.ns, *WEBHOOK_SOFT,
-         "--set", "logLevel=debug", "--wait", "--timeout", "180s")
+         *IMAGES, "--set", "logLevel=debug", "--wait", "--timeout", "180s")
     assert live() == (data, bundles)
 
 

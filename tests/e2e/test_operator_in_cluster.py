@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from grpo_testbed.examples import example_job
-from grpo_testbed.images import OPERATOR
+from grpo_testbed.images import OPERATOR, TRAINER_GPU
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.node.runtime import NODE_NAME
 from grpo_testbed.processes import wait_until
@@ -44,6 +44,9 @@ def release(real_tb: Testbed) -> Iterator[str]:
     ns = real_tb.namespace("grpo-system")
     helm(real_tb, "install", RELEASE, str(CHART), "-n", ns, "--set",
          f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
+         # A full reference, as the chart requires: the GPU trainer's name (not on the
+         # node); the GPU jobs here are planned and rendered, their pods never start.
+         "--set", f"trainerImage={TRAINER_GPU.tag}",
          "--set", "image.pullPolicy=Never", "--set", "leaderElection.enabled=false",
          "--set", "replicaCount=1",
          "--set", "readPublicHub=false",  # nothing leaves the testbed

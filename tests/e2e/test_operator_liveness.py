@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from grpo_testbed.examples import example_job
-from grpo_testbed.images import OPERATOR
+from grpo_testbed.images import OPERATOR, TRAINER_GPU
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.processes import wait_until
 from grpo_testbed.tiny_job import CHART
@@ -65,6 +65,9 @@ def gone(tb: Testbed, *namespaces: str) -> None:
 
 def install_args(ns: str, *values: str) -> list[str]:
     return ["-n", ns, "--set", f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
+            # A full reference, as the chart requires: the GPU trainer's name; the
+            # jobs here are only planned, their pods never start from it.
+            "--set", f"trainerImage={TRAINER_GPU.tag}",
             "--set", "image.pullPolicy=Never", "--set", "leaderElection.enabled=false",
             "--set", "replicaCount=1",
             "--set", "readPublicHub=false",  # nothing leaves the testbed

@@ -18,6 +18,7 @@ from cryptography import x509
 from grpo_api import contract
 from grpo_testbed.chart import (
     CHART,
+    IMAGES,
     KUBE_VERSION,
     NS,
     helm,
@@ -102,6 +103,15 @@ VALUE_SETS: dict[str, dict[str, str]] = {
         "webhook.certificate.source": "certManager",
         "webhook.certificate.certManager.issuerRef.name": "corp-ca",
         "webhook.certificate.certManager.issuerRef.kind": "ClusterIssuer"},
+    # OpenShift-like: UIDs the platform assigns, a proxy and a CA bundle, the registry's
+    # images (test_chart_images.py checks what each of these renders to).
+    "platform-uid-proxy-ca": {
+        "podSecurityContext.runAsUser": "null", "podSecurityContext.runAsGroup": "null",
+        "podSecurityContext.fsGroup": "null", "trainerPods.runAsUser": "null",
+        "extraEnv[0].name": "HTTPS_PROXY", "extraEnv[0].value": "http://proxy.example:3128",
+        "extraVolumes[0].name": "corp-ca", "extraVolumes[0].configMap.name": "corp-ca",
+        "extraVolumeMounts[0].name": "corp-ca",
+        "extraVolumeMounts[0].mountPath": "/etc/grpo-operator/ca"},
 }
 
 
@@ -144,6 +154,21 @@ INVALID: list[tuple[dict[str, str], tuple[str, ...]]] = [
     ({"resources.limits.memory": "lots"}, ("/resources/limits/memory",)),
     ({"image.digest": "sha256:abc"}, ("/image/digest",)),
     ({"trainerImage": "Not An Image"}, ("/trainerImage",)),
+    ({"global.imageRegistry": "https://registry.example.com"}, ("/global/imageRegistry",)),
+    ({"trainerPods.runAsUser": "0"}, ("/trainerPods/runAsUser", "minimum")),
+    ({"trainerPods.runAsUser": "nobody"}, ("/trainerPods/runAsUser",)),
+    ({"podSecurityContext.runAsNonRoot": "false"}, ("/podSecurityContext/runAsNonRoot",)),
+    ({"podSecurityContext.runAsNonRoot": "null"}, ("/podSecurityContext", "runAsNonRoot")),
+    ({"podSecurityContext.runAsUser": "ten"}, ("/podSecurityContext/runAsUser",)),
+    ({"podSecurityContext.runAsUsr": "1"}, ("runAsUsr",)),
+    ({"securityContext.readOnlyRootFilesystem": "maybe"},
+     ("/securityContext/readOnlyRootFilesystem",)),
+    ({"extraEnv": "HTTPS_PROXY"}, ("/extraEnv",)),
+    ({"extraEnv[0].name": "HTTPS_PROXY", "extraEnv[0].value": "3128"},
+     ("/extraEnv/0/value",)),
+    ({"extraEnv[0].value": "x"}, ("/extraEnv/0", "name")),
+    ({"extraVolumes[0].name": "corp-ca"}, ("/extraVolumes/0", "minProperties")),
+    ({"extraVolumeMounts[0].name": "corp-ca"}, ("/extraVolumeMounts/0", "mountPath")),
 ]
 
 
@@ -296,7 +321,8 @@ def _args(values: dict[str, str] | None = None) -> list[str]:
 def test_deployment_flags_follow_values() -> None:
     assert _args() == [
         "--metrics-port=8080",
-        f"--trainer-image={contract.DEFAULT_TRAINER_IMAGE}",
+        f"--trainer-image={IMAGES['trainerImage']}",
+        f"--trainer-pod-uid={contract.IMAGE_UID}",
         "--pod-create-deadline=300",
         "--hang-grace=300",
         "--watch-stale-after=150",
@@ -337,12 +363,20 @@ def test_gpu_catalog_overrides_reach_the_operator_as_a_mounted_file() -> None:
 # ---- versions and images agree with grpo_api.contract ------------------------------------
 
 def test_chart_versions_and_default_images_come_from_the_contract() -> None:
+    """The chart's defaults are the contract's images without their registry (nobody
+    publishes them: global.imageRegistry names yours); with the contract's registry in
+    global.imageRegistry the chart runs exactly the contract's images."""
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["version"] == chart["appVersion"] == contract.VERSION
-    c = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert c["image"] == contract.DEFAULT_OPERATOR_IMAGE
+    registry, operator = contract.DEFAULT_OPERATOR_IMAGE.split("/", 1)
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["trainerImage"] == contract.DEFAULT_TRAINER_IMAGE
+    assert f"{values['image']['repository']}:{chart['appVersion']}" == operator
+    assert f"{registry}/{values['trainerImage']}" == contract.DEFAULT_TRAINER_IMAGE
+    assert values["trainerPods"]["runAsUser"] == contract.IMAGE_UID
+    docs = render({"global.imageRegistry": registry}, images=False)
+    c = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == contract.DEFAULT_OPERATOR_IMAGE
+    assert f"--trainer-image={contract.DEFAULT_TRAINER_IMAGE}" in c["args"]
 
 
 def test_chart_crds_are_the_generated_grpojob_crd_and_kopf_peering() -> None:

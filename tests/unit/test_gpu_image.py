@@ -93,8 +93,7 @@ def test_local_tag_is_the_charts_default_trainer_image() -> None:
     """`make image-gpu` builds what the chart runs by default, under the local registry
     name (docs/deployment.md retags it for a push)."""
     values = yaml.safe_load((ROOT / "charts/grpo-operator/values.yaml").read_text())
-    chart_path = values["trainerImage"].split("/", 1)[1]
-    assert images.TRAINER_GPU.tag == f"localhost/{chart_path}"
+    assert images.TRAINER_GPU.tag == f"localhost/{values['trainerImage']}"
 
 
 def test_the_gpu_image_is_built_only_when_named() -> None:

@@ -172,7 +172,9 @@ def test_an_rdma_job_adds_ipc_lock_and_a_baseline_namespace_refuses_it_at_apply(
 
 @pytest.mark.parametrize("image", [None, "ghcr.io/grpo-operator/trainer:0.1.0",
                                    "ghcr.io/grpo-operator/trainer@sha256:" + "a" * 64,
-                                   "localhost/grpo-operator/trainer:0.1.0"])
+                                   "localhost/grpo-operator/trainer:0.1.0",
+                                   "registry.example.com:5000/ml/grpo-operator/trainer:0.1.0",
+                                   "grpo-operator/trainer:0.1.0"])
 def test_efa_on_the_project_image_is_refused_at_apply(image: str | None) -> None:
     """The trainer image has no aws-ofi-nccl (neither Debian nor PyPI packages it), so
     NCCL could not reach EFA and would train over TCP: the webhook says so, and what

@@ -11,10 +11,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
 from grpo_api.contract import IMAGE_UID
 from grpo_api.job import load_manifest
+from grpo_operator import reconcile as rec
+from grpo_operator.config import OperatorConfig
+from grpo_operator.main import PodUid
 from grpo_operator.namespace_policy import (
     GpuQuota,
     NamespaceFacts,
@@ -24,10 +28,12 @@ from grpo_operator.namespace_policy import (
 )
 from grpo_operator.reconcile.attempts import ensure_attempt
 from grpo_operator.reconcile.planning import Planner
-from grpo_operator.render import JobRef
+from grpo_operator.render import JobRef, render_ray_cluster
 from grpo_operator.render.children import HEAD_COMMAND, OPEN_FILES, WORKER_COMMAND
+from grpo_operator.render.model_reader import render_model_reader
 from grpo_operator.render.security import container_security_context, pod_security_context
 from grpo_operator.webhook import admission_problem
+from grpo_testbed.wire import apply_status_patch
 
 pytestmark = pytest.mark.unit
 
@@ -110,6 +116,109 @@ def test_a_users_security_context_wins_field_by_field() -> None:
     root = pod_security_context({"runAsUser": 0})
     assert "runAsNonRoot" not in root  # else the kubelet would refuse to start it
     assert pod_security_context({"runAsUser": 0, "runAsNonRoot": False})["runAsNonRoot"] is False
+
+
+# ---- the UID left for the platform to assign (--trainer-pod-uid=unset) -----------------
+
+PLATFORM_ASSIGNED = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_with_the_uid_unset_the_pods_omit_uid_gid_and_fsgroup_and_still_pass_restricted(
+        ) -> None:
+    """OpenShift's restricted-v2 SCC assigns runAsUser, runAsGroup and fsGroup from the
+    namespace's range and refuses a fixed 10001: the operator leaves all three out and
+    keeps runAsNonRoot, which `restricted` asks for (and the kubelet then checks)."""
+    spec = Planner(GPU_JOB).plan([], None)
+    action = ensure_attempt(JobRef("j", "team-a", "u"), spec, {}, "2026-01-01T00:00:00Z",
+                            "img", pod_uid=None)
+    (rc,) = [c for c in action.children if c["kind"] == "RayCluster"]
+    pods = templates(rc)
+    assert set(pods) == {"head", "worker"}
+    for pod in pods.values():
+        assert pod["securityContext"] == PLATFORM_ASSIGNED
+        for level in ("baseline", "restricted"):
+            assert pod_violations(pod, level) == []
+        for c in [*(pod.get("initContainers") or []), *pod["containers"]]:
+            assert c["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}}
+    # The webhook's Pod Security verdict is the same either way: it renders with the
+    # default UID, and neither form sets a UID of 0.
+    assert pods == templates(render_ray_cluster(
+        spec.spec, spec.plan, JobRef("j", "team-a", "u"), 0, "img", pod_uid=None))
+
+
+def test_with_the_uid_unset_a_users_fields_still_win_and_root_still_drops_non_root() -> None:
+    assert pod_security_context(uid=None) == PLATFORM_ASSIGNED
+    assert pod_security_context({"fsGroup": 3000}, uid=None) == {**PLATFORM_ASSIGNED,
+                                                                 "fsGroup": 3000}
+    assert pod_security_context(uid=2000) == {
+        "runAsNonRoot": True, "runAsUser": 2000, "runAsGroup": 2000, "fsGroup": 2000,
+        "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "runAsNonRoot" not in pod_security_context({"runAsUser": 0}, uid=None)
+    bare = {"securityContext": PLATFORM_ASSIGNED, "containers": [
+        {"name": "c", "securityContext": container_security_context()}]}
+    assert pod_violations(bare, "restricted") == []
+    root = {**bare, "securityContext": pod_security_context({"runAsUser": 0}, uid=None)}
+    assert [v.path for v in pod_violations(root, "restricted")] == [
+        "securityContext.runAsUser"]
+
+
+def _reconciled(job: dict[str, Any], action: rec.Action) -> dict[str, Any]:
+    return {**job, "status": apply_status_patch(job["status"], action.status)}
+
+
+def test_the_operators_setting_reaches_every_pod_it_makes_from_the_trainer_image() -> None:
+    """OperatorConfig.trainer_pod_uid (--trainer-pod-uid) through reconcile: the first
+    attempt's Ray pods, the next attempt's after a failure, and the model-config reader."""
+    config = OperatorConfig(default_image="img", trainer_pod_uid=None)
+    job = {"metadata": {"name": "j", "namespace": "team-a", "uid": "u", "generation": 1},
+           "spec": copy.deepcopy(GPU_JOB) | {"recovery": {"backoff": {"initialSeconds": 1}}},
+           "status": {}}
+
+    def ray_pods(action: rec.Action) -> list[dict[str, Any]]:
+        (rc,) = [c for c in action.children if c["kind"] == "RayCluster"]
+        return list(templates(rc).values())
+
+    action = rec.reconcile(job, rec.Observed(), rec.SpecChanged(), "2026-01-01T00:00:00Z",
+                           config)
+    assert [p["securityContext"] for p in ray_pods(action)] == [PLATFORM_ASSIGNED] * 2
+    job = _reconciled(job, action)
+    head = {"metadata": {"name": "h", "labels": {"grpo.dev/job": "j", "grpo.dev/attempt": "0",
+                                                  "grpo.dev/role": "head"}},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "ray", "state": {
+                "terminated": {"exitCode": 3, "message": '{"reason": "CudaOOM"}'}}}]}}
+    job = _reconciled(job, rec.reconcile(job, rec.Observed(), rec.PodChanged(head),
+                                         "2026-01-01T00:01:00Z", config))
+    assert job["status"]["nextAttempt"]["index"] == 1
+    action = rec.reconcile(job, rec.Observed(), rec.BackoffTimer(), "2026-01-01T01:00:00Z",
+                           config)
+    assert [p["securityContext"] for p in ray_pods(action)] == [PLATFORM_ASSIGNED] * 2
+
+    on_claim = {**job, "spec": copy.deepcopy(GPU_JOB), "status": {}}
+    on_claim["spec"]["model"] = {"path": "/models/sft", "claimName": "models"}
+    claim = {"metadata": {"name": "models"}, "spec": {"accessModes": ["ReadOnlyMany"]}}
+    action = rec.reconcile(on_claim, rec.Observed(model_claim=claim), rec.SpecChanged(),
+                           "2026-01-01T00:00:00Z", config)
+    (reader,) = [c for c in action.children if c["kind"] == "Pod"]
+    assert reader["spec"]["securityContext"] == PLATFORM_ASSIGNED
+    spec = load_manifest(ROOT / "examples/grpojob-qwen25vl-7b-h100.yaml").spec
+    assert render_model_reader(spec, JobRef("j", "team-a", "u"), "https://hub.example/x",
+                               "img")["spec"]["securityContext"]["runAsUser"] == IMAGE_UID
+
+
+@pytest.mark.parametrize(("given", "uid"), [("10001", 10001), ("1000680000", 1000680000),
+                                            ("unset", None), ("UNSET", None)])
+def test_the_trainer_pod_uid_flag_takes_a_uid_or_unset(given: str, uid: int | None) -> None:
+    assert PodUid().convert(given, None, None) == uid
+
+
+@pytest.mark.parametrize(("given", "words"), [("0", "not a non-root UID"),
+                                              ("-5", "not a non-root UID"),
+                                              ("root", "neither a UID nor 'unset'")])
+def test_the_trainer_pod_uid_flag_refuses_root_and_words_saying_what_to_give(
+        given: str, words: str) -> None:
+    with pytest.raises(click.BadParameter, match=words):
+        PodUid().convert(given, None, None)
 
 
 @pytest.mark.parametrize("level", ["privileged", "baseline", "restricted", None])

@@ -41,11 +41,57 @@ app.kubernetes.io/part-of: grpo-operator
 {{- end -}}
 {{- end -}}
 
-{{- define "grpo-operator.image" -}}
-{{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{/* "true" when an image reference names its registry host: its first path component
+holds a "." or a ":" or is "localhost" (the rule of Docker's and containerd's reference
+parsers). Without one, a runtime pulls from docker.io, where nobody publishes our images. */}}
+{{- define "grpo-operator.hasRegistryHost" -}}
+{{- $parts := splitList "/" . -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}true{{- end -}}
+{{- end -}}
+
+{{/* An image reference with global.imageRegistry in front when it names no registry host
+of its own; a tag or digest it carries is kept as written. */}}
+{{- define "grpo-operator.withRegistry" -}}
+{{- $registry := trimSuffix "/" (((.root.Values.global | default dict).imageRegistry) | default "") -}}
+{{- if and $registry (not (include "grpo-operator.hasRegistryHost" .ref)) -}}
+{{- printf "%s/%s" $registry .ref -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- .ref -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator's image: image.repository (behind global.imageRegistry), then the
+digest when set, else the tag (the chart's appVersion when empty). */}}
+{{- define "grpo-operator.image" -}}
+{{- $repository := include "grpo-operator.withRegistry" (dict "root" . "ref" .Values.image.repository) -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The default trainer image the operator writes into RayClusters (--trainer-image). */}}
+{{- define "grpo-operator.trainerImage" -}}
+{{- include "grpo-operator.withRegistry" (dict "root" . "ref" .Values.trainerImage) -}}
+{{- end -}}
+
+{{/* Refuse to render while either image would be pulled from no registry: the defaults
+name repositories only (nobody publishes them on docker.io), so an install without
+global.imageRegistry or full references would end in ImagePullBackOff. */}}
+{{- define "grpo-operator.checkImages" -}}
+{{- $unresolved := list -}}
+{{- $operator := include "grpo-operator.image" . -}}
+{{- if not (include "grpo-operator.hasRegistryHost" $operator) -}}
+{{- $unresolved = append $unresolved (printf "image.repository (%s)" $operator) -}}
+{{- end -}}
+{{- $trainer := include "grpo-operator.trainerImage" . -}}
+{{- if not (include "grpo-operator.hasRegistryHost" $trainer) -}}
+{{- $unresolved = append $unresolved (printf "trainerImage (%s)" $trainer) -}}
+{{- end -}}
+{{- if $unresolved -}}
+{{- fail (printf "%s %s no registry host: the nodes would pull from docker.io, where nobody publishes the project's images (ImagePullBackOff). Push the images with `make images` + podman push (docs/deployment.md, Images) and set global.imageRegistry=<your registry>, or set image.repository and trainerImage to full references (e.g. registry.example.com/grpo/operator and registry.example.com/grpo/trainer:%s)" (join " and " $unresolved) (ternary "names" "name" (eq (len $unresolved) 1)) .Chart.AppVersion) -}}
 {{- end -}}
 {{- end -}}
 

@@ -47,8 +47,9 @@ FABRIC_ENV: dict[str, dict[str, str]] = {
 NCCL_NET = {INFINIBAND: "IB", EFA: "AWS Libfabric"}
 # Fabrics the project's trainer image serves: rdma-core is in it, aws-ofi-nccl is not.
 IMAGE_FABRICS = (INFINIBAND,)
-# The project's trainer image, by repository: the published one and the testbed's build.
-PROJECT_IMAGES = (DEFAULT_TRAINER_IMAGE.rsplit(":", 1)[0], "localhost/grpo-operator/trainer")
+# The project's trainer image, by repository path under whatever registry it was pushed
+# to (the chart's global.imageRegistry prefixes it; the testbed's build is localhost/).
+PROJECT_IMAGE_PATH = DEFAULT_TRAINER_IMAGE.rsplit(":", 1)[0].split("/", 1)[1]
 FABRIC_WORDS = {INFINIBAND: "InfiniBand/RoCE (RDMA verbs)", EFA: "AWS EFA (libfabric)"}
 
 
@@ -129,7 +130,7 @@ def is_project_image(image: str | None) -> bool:
     repo = image.split("@", 1)[0]
     if ":" in repo.rsplit("/", 1)[-1]:
         repo = repo.rsplit(":", 1)[0]
-    return repo in PROJECT_IMAGES
+    return repo == PROJECT_IMAGE_PATH or repo.endswith("/" + PROJECT_IMAGE_PATH)
 
 
 def image_problem(fabrics: tuple[str, ...], image: str | None) -> str | None:

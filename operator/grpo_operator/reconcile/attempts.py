@@ -12,6 +12,7 @@ from typing import Any
 
 from grpo_api.contract import (
     ATTEMPT_RUNNING,
+    IMAGE_UID,
     TERMINAL_PHASES,
     FailureReason,
     Phase,
@@ -59,9 +60,11 @@ def current_plan(planner: Planner, status: dict[str, Any]) -> JobPlan | Refused:
 
 
 def ensure_attempt(job: JobRef, planned: JobPlan | Refused, status: dict[str, Any],
-                   now: str, default_image: str = "") -> Action:
+                   now: str, default_image: str = "",
+                   pod_uid: int | None = IMAGE_UID) -> Action:
     """Children and status of the current attempt, on create/resume/spec change;
-    `planned`: its plan (current_plan), or why there is none."""
+    `planned`: its plan (current_plan), or why there is none; `pod_uid`: the Ray pods'
+    UID (OperatorConfig.trainer_pod_uid)."""
     if status.get("phase") in TERMINAL_PHASES or status.get("nextAttempt"):
         return Action()  # done, or the restart timer owns the next step
     bad_name = names.job_name_problem(job.name)  # the CRD refuses these; older CRDs did not
@@ -85,7 +88,7 @@ def ensure_attempt(job: JobRef, planned: JobPlan | Refused, status: dict[str, An
         )
     saved = _measured_save_s(status)
     children = render_children(spec, plan, job, attempt, default_image,
-                               measured_save_s=saved)
+                               measured_save_s=saved, pod_uid=pod_uid)
     attempts = list(status.get("attempts") or [])
     fields: dict[str, Any] = {"attempt": attempt, "rayCluster": {"name": rc_name}}
     events: list[JobEvent] = []
@@ -219,7 +222,8 @@ def _ended(attempts: list[dict[str, Any]], found: Finding, rc: str | None, kind:
 
 def start_next_attempt(job: JobRef, planner: Planner, status: dict[str, Any], now: str,
                        default_image: str = "", pods: list[dict[str, Any]] | None = None,
-                       grace_seconds: float = 120.0) -> Action | None:
+                       grace_seconds: float = 120.0,
+                       pod_uid: int | None = IMAGE_UID) -> Action | None:
     """After the backoff, once the earlier attempts' pods are gone: the next attempt's
     children with the remediated plan. None while the backoff has not passed."""
     nxt = status.get("nextAttempt") or {}
@@ -236,7 +240,7 @@ def start_next_attempt(job: JobRef, planner: Planner, status: dict[str, Any], no
             Reason.WAITING_FOR_PREVIOUS_ATTEMPT,
             f"attempt {index} starts once {len(lingering)} pod(s) of earlier attempts are "
             f"gone: {', '.join(lingering[:5])} (at most {grace_seconds:g} s more)")))
-    action = _next_attempt(job, planner, status, now, default_image)
+    action = _next_attempt(job, planner, status, now, default_image, pod_uid)
     if lingering:
         action.events.append(("Warning", Reason.PREVIOUS_ATTEMPT_LINGERS,
                                f"started attempt {index} although {', '.join(lingering[:5])} "
@@ -246,7 +250,7 @@ def start_next_attempt(job: JobRef, planner: Planner, status: dict[str, Any], no
 
 
 def _next_attempt(job: JobRef, planner: Planner, status: dict[str, Any], now: str,
-                  default_image: str) -> Action:
+                  default_image: str, pod_uid: int | None) -> Action:
     nxt = status["nextAttempt"]
     attempts = [dict(a) for a in status.get("attempts") or []]
     planned = planner.plan(attempts, recorded(status))
@@ -271,7 +275,7 @@ def _next_attempt(job: JobRef, planner: Planner, status: dict[str, Any], now: st
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
         children=[c for c in render_children(spec, plan, job, index, default_image,
                                              debug_collectives=_after_hang(attempts),
-                                             measured_save_s=saved)
+                                             measured_save_s=saved, pod_uid=pod_uid)
                   if c["kind"] in PER_ATTEMPT_KINDS],
         events=[("Normal", Reason.RESTARTED, found.message)],
         recovered_after=failed_for(attempts, now),

@@ -93,7 +93,8 @@ def _decide(ref: JobRef, raw_spec: dict[str, Any], planner: Planner, status: dic
         case observe.BackoffTimer():
             return start_next_attempt(ref, planner, status, now, config.default_image,
                                       observed.pods,
-                                      config.previous_attempt_grace_seconds) or Action()
+                                      config.previous_attempt_grace_seconds,
+                                      config.trainer_pod_uid) or Action()
         case observe.ProgressTimer():
             return end_silent_attempt(status, planner, now, config.hang_grace_seconds)
         case observe.JobChanged():
@@ -148,7 +149,8 @@ def _on_spec(ref: JobRef, raw_spec: dict[str, Any], planner: Planner, status: di
                       children=wait.create, delete_pod=step.delete_pod, events=step.events,
                       retry=(wait.found.message, wait.retry_seconds)
                       if wait.retry_seconds is not None else None)
-    action = ensure_attempt(ref, planned, read, now, config.default_image)
+    action = ensure_attempt(ref, planned, read, now, config.default_image,
+                            config.trainer_pod_uid)
     if step.fields:
         action = _with_read(action, step)
     if planner.spec is not None:
@@ -198,7 +200,8 @@ def _read_model_config(ref: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec 
     if spec is None or model_config.to_read(raw_spec, status) is None:
         return model_config.ModelStep()
     return model_config.read_step(ref, raw_spec, spec, status, observed.hub,
-                                  observed.model_reader, now, config.default_image)
+                                  observed.model_reader, now, config.default_image,
+                                  config.trainer_pod_uid)
 
 
 def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from grpo_api.contract import TERMINAL_PHASES, Reason, is_hub_id
+from grpo_api.contract import IMAGE_UID, TERMINAL_PHASES, Reason, is_hub_id
 from grpo_api.job import GRPOJobSpec
 from grpo_api.model_config import ReaderReport, hub_config_url
 
@@ -229,9 +229,11 @@ def _unreadable(raw_spec: dict[str, Any], error: str, retry: bool, now: str,
 
 def read_step(job: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec,
               status: dict[str, Any], hub: HubAnswer | None, reader: dict[str, Any] | None,
-              now: str, default_image: str = "") -> ModelStep:
+              now: str, default_image: str = "",
+              pod_uid: int | None = IMAGE_UID) -> ModelStep:
     """This decision's part of reading config.json (`hub`, `reader`: what the handler
-    gathered for to_read; `reader` None: no reader pod yet)."""
+    gathered for to_read; `reader` None: no reader pod yet; `pod_uid`: the reader pod's
+    UID, as the Ray pods')."""
     how = to_read(raw_spec, status)
     if how == "hub":
         if hub is None:  # not read: planned as without a hub (the table)
@@ -246,7 +248,7 @@ def read_step(job: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec,
     if reader is None:
         found = Finding(Reason.READING_MODEL_CONFIG,
                         f"pod {name} reads {where_read(raw_spec)} before the job is planned")
-        pod = render_model_reader(spec, job, url, default_image)
+        pod = render_model_reader(spec, job, url, default_image, pod_uid)
         return ModelStep(waiting=Waiting(found, [pod], READ_POLL_SECONDS))
     ended = _terminated(reader)
     if ended is None:

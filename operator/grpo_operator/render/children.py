@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import jinja2
@@ -15,6 +15,7 @@ from grpo_api.contract import (
     CHECKPOINT_MOUNT,
     CONFIG_PATH,
     DEFAULT_TRAINER_IMAGE,
+    IMAGE_UID,
     JOB_LABEL,
     JOB_UID_LABEL,
     KIND,
@@ -108,12 +109,14 @@ def logging_env(spec: GRPOJobSpec) -> list[dict[str, Any]]:
 def render_children(
     spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str = "",
     debug_collectives: bool = False, measured_save_s: float | None = None,
+    pod_uid: int | None = IMAGE_UID,
 ) -> list[dict[str, Any]]:
     """ConfigMap, PVC (unless the spec names one), trainer RBAC, and the RayCluster;
     `debug_collectives`: the attempt after a Hang, with the collective debug env;
-    `measured_save_s`: status.progress.saveSeconds, which sizes the SIGTERM grace."""
+    `measured_save_s`: status.progress.saveSeconds, which sizes the SIGTERM grace;
+    `pod_uid`: the Ray pods' UID, GID and fsGroup (None: the platform assigns them)."""
     ctx = _context(spec, plan, job, attempt, default_image, debug_collectives,
-                   measured_save_s)
+                   measured_save_s, pod_uid)
     config = trainer_config(spec, plan, job)
     ctx["config_yaml"] = yaml.dump(config, Dumper=yaml.CSafeDumper, sort_keys=False)
     files = ["configmap.yaml.j2", "rbac.yaml.j2", "raycluster.yaml.j2"]
@@ -123,16 +126,18 @@ def render_children(
 
 
 def render_ray_cluster(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int,
-                       default_image: str = "") -> dict[str, Any]:
+                       default_image: str = "", pod_uid: int | None = IMAGE_UID
+                       ) -> dict[str, Any]:
     """The RayCluster alone, as render_children makes it: admission checks its pods
     against the namespace's rules without rendering the job's other children."""
-    ctx = _context(spec, plan, job, attempt, default_image, False, None)
+    ctx = _context(spec, plan, job, attempt, default_image, False, None, pod_uid)
     (cluster,) = render_template("raycluster.yaml.j2", ctx)
     return cluster
 
 
 def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str,
-             debug_collectives: bool, measured_save_s: float | None) -> dict[str, Any]:
+             debug_collectives: bool, measured_save_s: float | None,
+             pod_uid: int | None) -> dict[str, Any]:
     """What the templates read; the ConfigMap's `config_yaml` is added by its caller."""
     claim = names.checkpoint_claim(job, spec.checkpoint.claim_name)
     head = merged(spec.pods, "head")
@@ -193,5 +198,5 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
         "hub_args": hub_fetch(spec, job).args,
         "hub": spec.hub,
         "container_security_context": container_security_context,
-        "pod_security_context": pod_security_context,
+        "pod_security_context": partial(pod_security_context, uid=pod_uid),
     }

@@ -8,12 +8,14 @@ message carries the shape fields (grpo_api.model_config.ReaderReport).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from grpo_api.contract import (
     API_GROUP,
     API_VERSION,
     DEFAULT_TRAINER_IMAGE,
+    IMAGE_UID,
     JOB_LABEL,
     KIND,
     MODEL_MOUNT,
@@ -40,9 +42,11 @@ def reader_command(spec: GRPOJobSpec, hub_url: str | None) -> list[str]:
 
 
 def render_model_reader(spec: GRPOJobSpec, job: JobRef, hub_url: str | None,
-                        default_image: str = "") -> dict[str, Any]:
+                        default_image: str = "", pod_uid: int | None = IMAGE_UID
+                        ) -> dict[str, Any]:
     """The reader pod: with `hub_url`, a GET of that URL with the job's hub token; else
-    the directory spec.model.path on spec.model.claimName."""
+    the directory spec.model.path on spec.model.claimName. `pod_uid`: its UID, GID and
+    fsGroup, as the Ray pods' (None: the platform assigns them)."""
     x = merged(spec.pods, "head")  # scheduled as the head, which will mount the same
     env: list[dict[str, Any]] = []
     if hub_url and spec.hub.token_secret:
@@ -66,7 +70,7 @@ def render_model_reader(spec: GRPOJobSpec, job: JobRef, hub_url: str | None,
         "claim": None if hub_url else spec.model.claim_name,
         "model_mount": MODEL_MOUNT,
         "container_security_context": container_security_context,
-        "pod_security_context": pod_security_context,
+        "pod_security_context": partial(pod_security_context, uid=pod_uid),
     }
     (pod,) = render_template("model-reader.yaml.j2", ctx)
     return pod

@@ -10,6 +10,12 @@ image. Nothing the Ray containers run needs root: `ulimit -n 65536` (children.py
 sets both limits to 65536, which needs no capability as long as the node's hard limit
 is at least that (containerd and CRI-O give 1048576 or more); a lower hard limit makes
 bash print an error and the command go on (`;`) with the node's limit.
+
+Where the platform assigns the UID itself (OpenShift's restricted-v2 SCC takes it, the
+GID and the fsGroup from the namespace's range and refuses any other), the operator is
+told to leave them out (`--trainer-pod-uid=unset`, the chart's
+`trainerPods.runAsUser: null`): runAsNonRoot stays, so the pods still pass
+`restricted`, and the kubelet checks the assigned (or the image's numeric) user.
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ BASELINE_CAPABILITIES = frozenset({
     "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"})
 RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
 
+# The pod-level fields set to the pods' UID (`uid` below); the checkpoint volume is
+# writable by the trainer through fsGroup.
+UID_FIELDS = ("runAsUser", "runAsGroup", "fsGroup")
 POD_DEFAULTS: dict[str, Any] = {
     "runAsNonRoot": True,
-    "runAsUser": IMAGE_UID,
-    "runAsGroup": IMAGE_UID,
-    "fsGroup": IMAGE_UID,  # the checkpoint volume is writable by the trainer
+    **dict.fromkeys(UID_FIELDS, IMAGE_UID),
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 
@@ -51,14 +58,19 @@ def container_security_context(add_capabilities: Iterable[str] = ()) -> dict[str
     return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
 
 
-def pod_security_context(user: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The pod's securityContext: `POD_DEFAULTS` with what spec.pods' securityContext
-    sets winning field by field (a cluster that assigns its own UID range, or a volume
-    that needs another fsGroup). A user's `runAsUser: 0` drops the runAsNonRoot default,
-    which would otherwise stop the kubelet from starting the container; such pods need a
-    namespace whose Pod Security level is `baseline` or `privileged`."""
+def pod_security_context(user: Mapping[str, Any] | None = None,
+                         uid: int | None = IMAGE_UID) -> dict[str, Any]:
+    """The pod's securityContext: `POD_DEFAULTS`, with `uid` as runAsUser, runAsGroup and
+    fsGroup (None: all three left for the platform to assign; runAsNonRoot stays), and
+    what spec.pods' securityContext sets winning field by field (a cluster that assigns
+    its own UID range, or a volume that needs another fsGroup). A user's `runAsUser: 0`
+    drops the runAsNonRoot default, which would otherwise stop the kubelet from starting
+    the container; such pods need a namespace whose Pod Security level is `baseline` or
+    `privileged`."""
+    defaults = {k: uid if k in UID_FIELDS else v for k, v in POD_DEFAULTS.items()
+                if k not in UID_FIELDS or uid is not None}
     own = {k: v for k, v in (user or {}).items() if v is not None}
-    out = {**POD_DEFAULTS, **own}
+    out = {**defaults, **own}
     if own.get("runAsUser") == 0 and "runAsNonRoot" not in own:
         del out["runAsNonRoot"]
     return out
