@@ -34,7 +34,8 @@ fi
 
 E2E_BESIDE=(tests/e2e/test_node_preload.py tests/e2e/test_operator_liveness.py
             tests/e2e/test_operator_in_cluster.py tests/e2e/test_real_node.py
-            tests/e2e/test_model_config_claim.py tests/e2e/test_bad_rows.py)
+            tests/e2e/test_model_config_claim.py tests/e2e/test_bad_rows.py
+            tests/e2e/test_registry_push.py)
 IMPORT_FAILED=90
 logs=$(mktemp -d -t grpo-test-XXXXXX)
 printf '\n==> in the background: the real node'"'"'s image store (%s), then the e2e modules that' \

@@ -1,8 +1,9 @@
 """Start and stop a real Kubernetes control plane on 127.0.0.1.
 
 etcd, kube-apiserver (RBAC, generated certificates and service-account keys),
-kube-controller-manager, kube-scheduler, kwok (fake GPU nodes) and the KubeRay
-operator, each on a free port, in one temp dir, with an admin kubeconfig.
+kube-controller-manager, kube-scheduler, kwok (fake GPU nodes), the KubeRay
+operator and an image registry (registry.py), each on a free port, in one temp dir,
+with an admin kubeconfig.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .node.runtime import RealNode
 from .nodes import FAKE_NODES, FakeNode, node_manifest
 from .pki import SERVICE_CLUSTER_IP_RANGE, Pki, issue_serving_cert, make_pki
 from .processes import Managed, free_ports, spawn, wait_until
+from .registry import Registry, start_registry
 from .versions import COMPONENTS, bin_dir, binary, component
 
 GRPOJOB_CRD = REPO / "crds" / "grpojob.yaml"
@@ -79,6 +81,8 @@ class Testbed:
     with_kuberay: bool = True
     # Kueue (kueue.py), admitting RayClusters labelled with a queue; needs KubeRay's CRDs.
     with_kueue: bool = True
+    # An OCI registry (registry.py) that podman pushes to and the real node pulls from.
+    with_registry: bool = True
     procs: list[Managed] = field(default_factory=list)
     api_port: int = 0
     pki: Pki | None = None
@@ -89,7 +93,11 @@ class Testbed:
     # pods from these images (podman tags, imported into its containerd).
     real_node: bool = False
     node_images: tuple[str, ...] = ()
+    # The real node starts with an empty image store of its own, not the shared one: its
+    # pods' images must come from the registry (see RealNode.own_store).
+    own_image_store: bool = False
     node: RealNode | None = None
+    image_registry: Registry | None = None
     fault_switch: FaultSwitch | None = None
     net: NodeNetwork | None = None
     _owns_workdir: bool = False
@@ -108,6 +116,17 @@ class Testbed:
     @property
     def server(self) -> str:
         return f"https://{self.api_host}:{self.api_port}"
+
+    @property
+    def registry(self) -> str:
+        """``host:port`` of the testbed's image registry (plain HTTP): on the API server's
+        address, where podman on the host and the real node's containerd both reach it.
+        Push with :func:`grpo_testbed.registry.push_image`."""
+        if self.image_registry is None:
+            raise RuntimeError(
+                "this testbed runs no registry: it starts with every testbed but a bare one; "
+                "start it without bare=True and with with_registry=True")
+        return self.image_registry.address
 
     @property
     def log_dir(self) -> Path:
@@ -190,6 +209,9 @@ class Testbed:
                 log.info("bare control plane up in %.1f s: %s", time.monotonic() - t0,
                          self.server)
                 return self
+            if self.with_registry:  # before the node, whose containerd is told about it
+                self.image_registry = start_registry(self.api_host, self.workdir / "registry",
+                                                     self.spawn)
             self._start_controllers()
             self._start_kwok()
             if self.with_kuberay:
@@ -200,14 +222,18 @@ class Testbed:
                 self._start_fault_switch()
             if self.real_node:
                 assert self.pki is not None and self.net is not None
-                self.node = RealNode(self.workdir / "node", self.kubeconfig, self.pki.ca_cert,
-                                     self.kubectl, self.node_images, self.net)
+                self.node = RealNode(
+                    self.workdir / "node", self.kubeconfig, self.pki.ca_cert, self.kubectl,
+                    self.node_images, self.net,
+                    registries=(self.registry,) if self.image_registry else (),
+                    own_store=self.own_image_store)
                 self.node.start()
         except BaseException:
             self.stop()
             raise
-        log.info("testbed up in %.1f s: %s (kubeconfig %s)", time.monotonic() - t0,
-                 self.server, self.kubeconfig)
+        log.info("testbed up in %.1f s: %s (kubeconfig %s%s)", time.monotonic() - t0,
+                 self.server, self.kubeconfig,
+                 f", registry {self.registry}" if self.image_registry else "")
         return self
 
     def stop(self) -> None:
@@ -220,6 +246,7 @@ class Testbed:
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()
+        self.image_registry = None  # its process was one of procs; its store goes with workdir
         if self.net is not None:
             self.net.delete()
             self.net = None
@@ -418,15 +445,20 @@ def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
                     with_kueue: bool = True,
                     injections: tuple[EnvInjection, ...] = (),
                     real_node: bool = False,
-                    node_images: tuple[str, ...] = ()) -> Iterator[Testbed]:
+                    node_images: tuple[str, ...] = (),
+                    with_registry: bool = True,
+                    own_image_store: bool = False) -> Iterator[Testbed]:
     """A started testbed that is stopped (and its temp dir removed) on exit.
 
     With ``real_node`` the untainted fake CPU node is left out, so CPU-only pods land
     on the real node and really run; ``injections`` need it (the fault switch's webhook
-    listens where the real node's network meets the host).
+    listens where the real node's network meets the host). ``own_image_store`` gives the
+    real node an empty image store, so its pods' images come from the registry.
     """
     if injections and not real_node:
         raise ValueError("the fault switch's injections need real_node=True")
+    if own_image_store and not real_node:
+        raise ValueError("own_image_store is the real node's store: it needs real_node=True")
     owns = workdir is None
     wd = Path(tempfile.mkdtemp(prefix=leftovers.PREFIX)) if workdir is None else workdir
     wd.mkdir(parents=True, exist_ok=True)
@@ -434,6 +466,7 @@ def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
     tb = Testbed(workdir=wd, with_kuberay=with_kuberay, with_kueue=with_kueue,
                  fake_nodes=nodes,
                  injections=injections, real_node=real_node,
-                 node_images=node_images, _owns_workdir=owns)
+                 node_images=node_images, with_registry=with_registry,
+                 own_image_store=own_image_store, _owns_workdir=owns)
     with tb:
         yield tb

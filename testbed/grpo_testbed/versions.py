@@ -24,6 +24,9 @@ CONTAINERD_VERSION = "v2.2.0"
 COREDNS_VERSION = "v1.14.7"
 # The proxy serves kueue v0.16.1, v0.16.2 and v0.15.0-v0.15.2 (many others answer 403).
 KUEUE_VERSION = "v0.16.2"
+# The testbed's image registry (registry.py): CNCF distribution's `registry`. The proxy
+# serves v3.0.0, v3.1.1 and v3.1.2.
+DISTRIBUTION_VERSION = "v3.1.2"
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,18 @@ COMPONENTS: tuple[Component, ...] = (
         packages=("github.com/ray-project/kuberay/ray-operator",),
         binaries=("kuberay-operator",),
         data=(("config/crd/bases/*.yaml", "crds"),),
+    ),
+    Component(
+        # cmd/registry as upstream ships it (every storage driver compiled in); the testbed
+        # configures the filesystem driver only.
+        name="registry",
+        module="github.com/distribution/distribution/v3",
+        version=DISTRIBUTION_VERSION,
+        packages=("github.com/distribution/distribution/v3/cmd/registry",),
+        binaries=("registry",),
+        # Upstream's Makefile stamps the version the same way (else "v3.1.2+unknown").
+        ldflags=("-X github.com/distribution/distribution/v3/version.version="
+                 f"{DISTRIBUTION_VERSION}",),
     ),
     Component(
         name="helm",

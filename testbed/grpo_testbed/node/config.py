@@ -45,6 +45,11 @@ class NodePaths:
         return self.containerd_state / "io.containerd.runtime.v2.task" / "k8s.io"
 
     @property
+    def registry_hosts(self) -> Path:
+        """containerd's registry ``config_path``: ``<host:port>/hosts.toml`` per registry."""
+        return self.root / "certs.d"
+
+    @property
     def cni_conf_dir(self) -> Path:
         return self.root / "cni" / "net.d"
 
@@ -90,9 +95,14 @@ state = '{paths.containerd_state}'
 [plugins]
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = 'overlayfs'
-    # No registry is reachable: pods name images imported with `ctr images import`.
+    # No registry outside the testbed is reachable: pods name images imported with
+    # `ctr images import`, or pushed to the testbed's own registry (registry.py).
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = '{sandbox_image}'
+    # One hosts.toml per registry (:func:`hosts_toml`). Set even with none: unset,
+    # containerd reads the machine's /etc/containerd/certs.d and /etc/docker/certs.d.
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = '{paths.registry_hosts}'
 
   [plugins.'io.containerd.cri.v1.runtime']
     # The sandbox refuses lowering oom_score_adj; without this runc fails with
@@ -114,6 +124,37 @@ state = '{paths.containerd_state}'
   [plugins.'io.containerd.grpc.v1.cri']
     stream_server_address = '127.0.0.1'
 """
+
+
+def hosts_toml(registry: str) -> str:
+    """containerd's hosts.toml for a plain-HTTP registry at ``registry`` (``host:port``),
+    written to ``<config_path>/<host:port>/hosts.toml`` (containerd v2.2.0 docs/hosts.md).
+
+    Without it containerd speaks HTTPS to any host but localhost (the testbed's registry
+    is on the node's veth, not on the node's loopback) and the pull fails with "http:
+    server gave HTTP response to HTTPS client". The ``[host]`` entry is tried first and
+    may only pull and resolve: the node never pushes. containerd appends ``server`` as a
+    last host with every capability, the same registry: a tag it does not have is asked
+    for twice, and both answer "not found".
+    """
+    if "/" in registry or "://" in registry or ":" not in registry:
+        raise ValueError(f"a registry is host:port, e.g. 10.250.0.1:5000; got {registry!r}")
+    url = f"http://{registry}"
+    return f"""server = "{url}"
+
+[host."{url}"]
+  capabilities = ["pull", "resolve"]
+"""
+
+
+def write_registry_hosts(paths: NodePaths, registries: tuple[str, ...]) -> None:
+    """A hosts.toml per registry under containerd's ``config_path``. containerd reads them
+    at each pull (no restart): a registry started after the node can be added."""
+    paths.registry_hosts.mkdir(parents=True, exist_ok=True)
+    for registry in registries:
+        d = paths.registry_hosts / registry  # "host:port" is a valid directory name on Unix
+        d.mkdir(exist_ok=True)
+        (d / "hosts.toml").write_text(hosts_toml(registry))
 
 
 def cni_conflist(net: NodeNetwork) -> dict[str, Any]:
@@ -234,12 +275,14 @@ def kube_proxy_config(net: NodeNetwork, kubeconfig: Path, node_name: str,
 
 def write_node_config(net: NodeNetwork, paths: NodePaths, *, ca_cert: Path,
                       kubeconfig: Path, node_name: str, sandbox_image: str,
-                      ports: tuple[int, int, int], alloc: Allocatable) -> None:
+                      ports: tuple[int, int, int], alloc: Allocatable,
+                      registries: tuple[str, ...] = ()) -> None:
     """Every file the node's programs read."""
     for d in (paths.cni_conf_dir, paths.kubelet_root, paths.pod_logs,
               paths.containerd_socket.parent):
         d.mkdir(parents=True, exist_ok=True)
     paths.containerd_config.write_text(containerd_toml(paths, sandbox_image))
+    write_registry_hosts(paths, registries)
     cni = cni_conflist(net)
     cni["plugins"][0]["ipam"]["dataDir"] = str(paths.root / "cni" / "ipam")
     (paths.cni_conf_dir / "10-grpo-pods.conflist").write_text(json.dumps(cni, indent=1))

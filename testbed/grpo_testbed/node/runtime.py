@@ -43,6 +43,13 @@ class RealNode:
     images: Sequence[str] = ()
     net: NodeNetwork | None = None
     alloc: Allocatable = field(default_factory=Allocatable)
+    # Registries (host:port, plain HTTP) containerd may pull from: the testbed's own.
+    registries: tuple[str, ...] = ()
+    # An empty image store of this node's own (in its work dir) instead of the shared one
+    # that earlier runs filled: what a pod runs then comes from a registry, layer by layer.
+    # The shared store's snapshots would let containerd skip every layer it has unpacked
+    # (same diff IDs), whatever registry the pod names and even with pullPolicy Always.
+    own_store: bool = False
     procs: list[Managed] = field(default_factory=list)
     import_s: dict[str, float] = field(default_factory=dict)
     store: ImageStore | None = None
@@ -64,13 +71,14 @@ class RealNode:
             "API server binds the host side)"
         t0 = time.monotonic()
         kubelet_healthz, proxy_healthz, proxy_metrics = free_ports(3)
-        self.store = acquire_store(self.workdir)
+        self.store = (ImageStore(self.workdir / "containerd" / "root") if self.own_store
+                      else acquire_store(self.workdir))
         sandbox = ensure_sandbox_image()
         write_node_config(self.net, self.paths, ca_cert=self.ca_cert,
                           kubeconfig=self.kubeconfig, node_name=NODE_NAME,
                           sandbox_image=sandbox,
                           ports=(kubelet_healthz, proxy_healthz, proxy_metrics),
-                          alloc=self.alloc)
+                          alloc=self.alloc, registries=self.registries)
         ns = self.net.nsenter()
         containerd = self._spawn("containerd", [
             *ns, str(binary("containerd")), "--config", str(self.paths.containerd_config),
