@@ -120,6 +120,12 @@ class DataConfig(_Strict):
     # Processes of the eager length pass; None: the CPUs this process may use.
     length_workers: int | None = Field(default=None, ge=1, le=256)
 
+    @field_validator("train_files", "val_files", mode="before")
+    @classmethod
+    def _one_file_is_a_list_of_one(cls, value: object) -> object:
+        # EasyR1's data.train_files is one string; a config written for it reads the same.
+        return [value] if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _pixel_bounds_in_order(self) -> DataConfig:
         if self.image_min_pixels > self.image_max_pixels:

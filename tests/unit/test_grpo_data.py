@@ -167,3 +167,15 @@ def test_an_image_no_resize_accepts_is_named_with_its_row(tmp_path: Path) -> Non
 def test_the_overlong_setting_accepts_drop_and_fail_only() -> None:
     with pytest.raises(ValueError, match=r"overlong_prompts\n  Input should be 'drop' or 'fail'"):
         DataConfig(train_files=["x"], overlong_prompts="skip")  # type: ignore[arg-type]
+
+
+def test_one_file_may_be_written_as_easyr1_writes_it() -> None:
+    """EasyR1's data.train_files is one string: the same config reads here as a list of one,
+    and a list is kept as written."""
+    one = DataConfig.model_validate({"train_files": "/data/train.parquet",
+                                     "val_files": "/data/val.parquet"})
+    assert one.train_files == ["/data/train.parquet"] and one.val_files == ["/data/val.parquet"]
+    two = DataConfig(train_files=["/a.parquet", "/b.jsonl"])
+    assert two.train_files == ["/a.parquet", "/b.jsonl"] and two.val_files == []
+    with pytest.raises(ValueError, match="train_files"):
+        DataConfig.model_validate({"train_files": []})
