@@ -269,6 +269,7 @@ def build_image(image: Image, workdir: Path, force: bool = False) -> bool:
         log.info("%s: up to date (%s, inputs %s)", image.name, image.tag, want[:12])
         return False
     replaced = image_id(image.tag) if current is not None else None
+    make_room(image)
     t0 = time.monotonic()
     log.info("%s: building %s from %s (%d context files); log %s", image.name, image.tag,
              image.dockerfile, len(files), workdir / f"{image.name}.log")
@@ -290,6 +291,37 @@ def build_image(image: Image, workdir: Path, force: bool = False) -> bool:
     if replaced is not None and replaced != image_id(image.tag):
         drop_image(replaced)
     return True
+
+
+# What a build needs free on podman's storage, in bytes: the trainer's 7.5 GB layer is
+# committed through a temporary copy (a cold build peaked at 26 GB above its start,
+# docs/benchmarks.md, "Disk: the virtualenv stored once").
+BUILD_ROOM = {"trainer-cpu": 30 * 10**9, "trainer-gpu": 36 * 10**9}
+
+
+def must_prune(free: int, image: Image) -> bool:
+    """Whether to drop podman's untagged images (the layer cache) before building
+    ``image``: only when the disk is short of what its build needs."""
+    return free < BUILD_ROOM.get(image.name, 0)
+
+
+def make_room(image: Image) -> None:
+    """On a disk short of a build's room, drop the untagged images first: a machine that
+    keeps podman's storage between runs keeps every stage a changed Dockerfile orphaned,
+    and a full disk fails the build halfway (CI's run of stop 59). The cost is the layer
+    cache of unchanged stages, said in the log."""
+    storage = Path(run_tool(["podman", "info", "--format", "{{.Store.GraphRoot}}"],
+                            "podman info").strip())
+    free = shutil.disk_usage(storage).free
+    if not must_prune(free, image):
+        return
+    log.warning("%s: %.0f GB free on %s, less than the %.0f GB its build needs: removing "
+                "untagged images (the layer cache; the next build of an unchanged image "
+                "is slower)", image.name, free / 1e9, storage,
+                BUILD_ROOM[image.name] / 1e9)
+    run_tool(["podman", "image", "prune", "--force"], "podman image prune")
+    log.info("%s: %.0f GB free after pruning", image.name,
+             shutil.disk_usage(storage).free / 1e9)
 
 
 def drop_image(ident: str) -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_testbed import images
 from grpo_testbed.images import REPO, ImageError, context_files
 
 
@@ -43,3 +44,14 @@ def test_each_image_gets_only_its_sides_code(image: str) -> None:
     foreign = sorted(f for f in sources if not f.startswith(SIDES[image]))
     assert not foreign, f"the {image} image would get {foreign[:5]}"
     assert not [f for f in files if f.startswith("trainer/grpo_trainer/testing/")]
+
+
+def test_the_layer_cache_is_pruned_only_when_a_trainer_build_lacks_room() -> None:
+    """Untagged images are dropped before a build only on a disk short of its room (a CI
+    machine that keeps podman's storage between runs filled its disk with stages a changed
+    Dockerfile orphaned); the operator's small build never prunes."""
+    gb = 10**9
+    assert images.must_prune(10 * gb, images.TRAINER_CPU)
+    assert not images.must_prune(40 * gb, images.TRAINER_CPU)
+    assert images.must_prune(32 * gb, images.TRAINER_GPU)  # the GPU layer is larger
+    assert not images.must_prune(1 * gb, images.OPERATOR)
