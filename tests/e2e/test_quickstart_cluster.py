@@ -111,6 +111,14 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walkthrough]:
             subprocess.run([str(binary("helm")), "uninstall", "grpo", "-n", "grpo-system",
                             "--wait", "--timeout", "120s"], env=tb.env(),
                            capture_output=True, check=False)
+            # The page's `podman tag`s name this run's registry: left behind, they would
+            # keep a replaced trainer image (7.5 GB) alive in podman's storage for good.
+            # (`untag IMAGE NAME`: that name alone; `untag IMAGE` would drop every name,
+            # the local tag too.)
+            for name in ("operator", "trainer"):
+                alias = f"{env['REGISTRY']}/grpo-operator/{name}:0.1.0"
+                subprocess.run(["podman", "untag", alias, alias], env=podman_env(),
+                               capture_output=True, check=False)
 
 
 def scalars(event_dir: Path) -> dict[str, list[float]]:
