@@ -147,6 +147,21 @@ class Testbed:
             raise subprocess.CalledProcessError(proc.returncode, argv, proc.stdout, proc.stderr)
         return proc
 
+    def get_json(self, *args: str) -> Any:
+        """`kubectl get ARGS -o json`, parsed."""
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def helm(self, *args: str, check: bool = True,
+             timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """The pinned helm against this testbed (its KUBECONFIG and binaries); a failure
+        raises with helm's own output unless ``check`` is off."""
+        proc = subprocess.run([str(binary("helm")), *args], env=self.env(),
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} failed ({proc.returncode}):\n"
+                               f"{proc.stdout}\n{proc.stderr}")
+        return proc
+
     def apply(self, manifest: dict[str, Any] | list[dict[str, Any]] | str,
               server_side: bool = False) -> None:
         docs = manifest if isinstance(manifest, str) else yaml.safe_dump_all(

@@ -331,11 +331,7 @@ class TinyJob:
                        if d.name.split("_")[1] in names)
 
     def helm(self, *args: str) -> str:
-        proc = subprocess.run([str(binary("helm")), *args], env=self.tb.env(),
-                              capture_output=True, text=True, timeout=300, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-        return proc.stdout
+        return self.tb.helm(*args).stdout
 
     def teardown(self) -> None:
         self.tb.kubectl("delete", "grpojob", self.name, "-n", JOB_NS, "--ignore-not-found",
@@ -344,9 +340,8 @@ class TinyJob:
         logs = self.tb.node.logs if self.tb.node is not None else None
         if logs is not None:  # the testbed's dir goes with it
             shutil.copytree(logs.archive, self.workdir / "pod-logs", dirs_exist_ok=True)
-        subprocess.run([str(binary("helm")), "uninstall", RELEASE, "-n", OPERATOR_NS,
-                        "--wait", "--timeout", "60s"], env=self.tb.env(),
-                       capture_output=True, check=False)
+        self.tb.helm("uninstall", RELEASE, "-n", OPERATOR_NS, "--wait", "--timeout", "60s",
+                     check=False)
 
 
 @contextmanager

@@ -25,7 +25,6 @@ from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OPERATOR_NS_PREFIX, OperatorProcess
 from grpo_testbed.processes import wait_until
-from grpo_testbed.versions import binary
 
 pytestmark = pytest.mark.cluster
 
@@ -40,11 +39,7 @@ CHART_CRDS = ("grpojobs.grpo.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings
 
 
 def helm(tb: Testbed, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(binary("helm")), *args], env=tb.env(), capture_output=True,
-                          text=True, timeout=240, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    return tb.helm(*args, check=check, timeout=240)
 
 
 def get_json(tb: Testbed, *args: str, kubeconfig: Path | None = None) -> Any:

@@ -9,7 +9,6 @@ which images to run: the ones built here, not the registry's."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +22,6 @@ from grpo_api.contract import JOB_LABEL, TERMINAL_PHASES
 from grpo_testbed.images import OPERATOR, TRAINER_CPU
 from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.tiny_job import CHART, REPO
-from grpo_testbed.versions import binary
 
 pytestmark = pytest.mark.e2e
 
@@ -78,21 +76,15 @@ def probe_from_head(tb: Testbed, ns: str, pod: str) -> dict[str, Any]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def helm(tb: Testbed, *args: str) -> str:
-    proc = subprocess.run([str(binary("helm")), *args], env=tb.env(), capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
-
 @pytest.fixture(scope="module")
 def run() -> Iterator[Run]:
     with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag)) as tb:
         system = tb.namespace("grpo-system")
-        notes = helm(tb, "install", "grpo", str(CHART), "-n", system,
-             "--set", f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
-             "--set", "image.pullPolicy=Never", "--set", f"trainerImage={TRAINER_CPU.tag}",
-             "--wait", "--timeout", "240s")  # the chart's defaults: 2 replicas, peering
+        notes = tb.helm(
+            "install", "grpo", str(CHART), "-n", system,
+            "--set", f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
+            "--set", "image.pullPolicy=Never", "--set", f"trainerImage={TRAINER_CPU.tag}",
+            "--wait", "--timeout", "240s").stdout  # the chart's defaults: 2 replicas, peering
         operators = json.loads(tb.kubectl(
             "get", "pods", "-n", system, "-l", "app.kubernetes.io/instance=grpo",
             "-o", "json").stdout)["items"]
@@ -121,8 +113,7 @@ def run() -> Iterator[Run]:
                   probe=probe)
         tb.kubectl("delete", "grpojob", JOB, "-n", ns, "--wait=true", "--timeout=60s",
                    check=False)
-        subprocess.run([str(binary("helm")), "uninstall", "grpo", "-n", system, "--wait",
-                        "--timeout", "120s"], env=tb.env(), capture_output=True, check=False)
+        tb.helm("uninstall", "grpo", "-n", system, "--wait", "--timeout", "120s", check=False)
 
 
 def test_the_first_example_succeeds_on_its_first_attempt(run: Run) -> None:

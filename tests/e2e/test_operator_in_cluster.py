@@ -4,10 +4,7 @@ API server reached from inside the pod through the `kubernetes` Service."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import yaml
@@ -18,7 +15,6 @@ from grpo_testbed.launcher import Testbed
 from grpo_testbed.node.runtime import NODE_NAME
 from grpo_testbed.processes import wait_until
 from grpo_testbed.tiny_job import CHART
-from grpo_testbed.versions import binary
 
 pytestmark = pytest.mark.e2e
 
@@ -26,34 +22,22 @@ RELEASE = "grpo"
 REPOSITORY, TAG = OPERATOR.tag.rsplit(":", 1)
 
 
-def helm(tb: Testbed, *args: str) -> str:
-    proc = subprocess.run([str(binary("helm")), *args], env=tb.env(), capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
-
-def get(tb: Testbed, *args: str) -> Any:
-    return json.loads(tb.kubectl("get", *args, "-o", "json").stdout)
-
-
 @pytest.fixture(scope="module")
 def release(real_tb: Testbed) -> Iterator[str]:
     """`helm install` with the chart's defaults but the image built here; --wait means the
     Deployment is Available: the pod started from the image and passed its probes."""
     ns = real_tb.namespace("grpo-system")
-    helm(real_tb, "install", RELEASE, str(CHART), "-n", ns, "--set",
-         f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
-         # A full reference, as the chart requires: the GPU trainer's name (not on the
-         # node); the GPU jobs here are planned and rendered, their pods never start.
-         "--set", f"trainerImage={TRAINER_GPU.tag}",
-         "--set", "image.pullPolicy=Never", "--set", "leaderElection.enabled=false",
-         "--set", "replicaCount=1",
-         "--set", "readPublicHub=false",  # nothing leaves the testbed
-         "--wait", "--timeout", "240s")
+    real_tb.helm("install", RELEASE, str(CHART), "-n", ns, "--set",
+                 f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}",
+                 # A full reference, as the chart requires: the GPU trainer's name (not on the
+                 # node); the GPU jobs here are planned and rendered, their pods never start.
+                 "--set", f"trainerImage={TRAINER_GPU.tag}",
+                 "--set", "image.pullPolicy=Never", "--set", "leaderElection.enabled=false",
+                 "--set", "replicaCount=1",
+                 "--set", "readPublicHub=false",  # nothing leaves the testbed
+                 "--wait", "--timeout", "240s")
     yield ns
-    subprocess.run([str(binary("helm")), "uninstall", RELEASE, "-n", ns, "--wait",
-                    "--timeout", "120s"], env=real_tb.env(), capture_output=True, check=False)
+    real_tb.helm("uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "120s", check=False)
     real_tb.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
@@ -66,7 +50,7 @@ def job_ns(real_tb: Testbed) -> Iterator[str]:
 
 def test_the_operator_pod_runs_from_its_image_on_the_real_node(
         real_tb: Testbed, release: str) -> None:
-    pods = get(real_tb, "pods", "-n", release)["items"]
+    pods = real_tb.get_json("pods", "-n", release)["items"]
     (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     assert pod["spec"]["nodeName"] == NODE_NAME
     assert pod["spec"]["containers"][0]["image"] == OPERATOR.tag
@@ -90,9 +74,9 @@ def test_the_in_cluster_operator_reconciles_a_job_into_a_raycluster(
     real_tb.kubectl("apply", "-n", job_ns, "-f", "-", input=yaml.safe_dump(doc))
 
     def planned() -> bool:
-        job = get(real_tb, "grpojob", "seven", "-n", job_ns)
+        job = real_tb.get_json("grpojob", "seven", "-n", job_ns)
         return bool(job.get("status", {}).get("plan")) and bool(
-            get(real_tb, "rayclusters", "-n", job_ns)["items"])
+            real_tb.get_json("rayclusters", "-n", job_ns)["items"])
 
     wait_until("status.plan and a RayCluster from the in-cluster operator", planned, 120)
     # kubectl logs reaches the operator's container on the node.

@@ -20,7 +20,6 @@ from grpo_testbed.images import OPERATOR, TRAINER_GPU
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.processes import wait_until
 from grpo_testbed.tiny_job import CHART
-from grpo_testbed.versions import binary
 
 pytestmark = pytest.mark.e2e
 
@@ -28,13 +27,6 @@ RELEASE = "live"
 REPOSITORY, TAG = OPERATOR.tag.rsplit(":", 1)
 CHART_STARTS = 5  # the local process starts 30 times (tests/cluster/test_operator_start.py)
 STALE_AFTER_S = 100  # the chart's minimum is 90: Kopf renews an idle watch every 70 s
-
-
-def helm(tb: Testbed, *args: str) -> str:
-    proc = subprocess.run([str(binary("helm")), *args], env=tb.env(), capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
 
 
 def operator_pod(tb: Testbed, ns: str) -> dict[str, Any]:
@@ -87,15 +79,15 @@ def test_every_chart_install_reconciles_right_after_its_crd_is_created(
     try:
         for i in range(CHART_STARTS):
             ops = real_tb.namespace("grpo-start")
-            helm(real_tb, "install", f"start{i}", str(CHART), *install_args(ops))
+            real_tb.helm("install", f"start{i}", str(CHART), *install_args(ops))
             jobs = real_tb.namespace("start-jobs")
             try:
                 submit_and_wait(real_tb, jobs, "seven", 90)
             finally:
                 real_tb.kubectl("delete", "grpojob", "--all", "-n", jobs, "--wait=true",
                                 "--timeout=60s", check=False)
-                helm(real_tb, "uninstall", f"start{i}", "-n", ops, "--wait", "--timeout",
-                     "120s")
+                real_tb.helm("uninstall", f"start{i}", "-n", ops, "--wait", "--timeout",
+                             "120s")
                 gone(real_tb, jobs, ops)
                 crd_gone()
     finally:
@@ -109,14 +101,13 @@ def release(real_tb: Testbed) -> Iterator[tuple[str, str]]:
     """The chart watching one namespace, webhook off (nothing else in the session is
     admitted through it), probes tightened so that the test waits minutes, not ten."""
     ops, jobs = real_tb.namespace("grpo-live"), real_tb.namespace("live-jobs")
-    helm(real_tb, "install", RELEASE, str(CHART), *install_args(
+    real_tb.helm("install", RELEASE, str(CHART), *install_args(
         ops, "webhook.enabled=false", f"watchNamespaces={{{jobs}}}",
         f"probes.liveness.watchStaleAfterSeconds={STALE_AFTER_S}",
         "probes.liveness.initialDelaySeconds=5", "probes.liveness.periodSeconds=5",
         "probes.liveness.failureThreshold=2"))
     yield ops, jobs
-    subprocess.run([str(binary("helm")), "uninstall", RELEASE, "-n", ops, "--wait",
-                    "--timeout", "120s"], env=real_tb.env(), capture_output=True, check=False)
+    real_tb.helm("uninstall", RELEASE, "-n", ops, "--wait", "--timeout", "120s", check=False)
     gone(real_tb, jobs, ops)
 
 

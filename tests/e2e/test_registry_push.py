@@ -34,7 +34,6 @@ from grpo_testbed.node.runtime import NODE_NAME
 from grpo_testbed.processes import wait_until
 from grpo_testbed.registry import push_image, repository, tag_of
 from grpo_testbed.tiny_job import CHART
-from grpo_testbed.versions import binary
 
 pytestmark = pytest.mark.e2e
 
@@ -45,20 +44,9 @@ MANIFEST_TYPES = ", ".join((
 ))
 
 
-def helm(tb: Testbed, *args: str) -> str:
-    proc = subprocess.run([str(binary("helm")), *args], env=tb.env(), capture_output=True,
-                          text=True, timeout=420, check=False)
-    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
-
-def get(tb: Testbed, *args: str) -> Any:
-    return json.loads(tb.kubectl("get", *args, "-o", "json").stdout)
-
-
 def events(tb: Testbed, ns: str, pod: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = get(
-        tb, "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}")["items"]
+    items: list[dict[str, Any]] = tb.get_json(
+        "events", "-n", ns, "--field-selector", f"involvedObject.name={pod}")["items"]
     return items
 
 
@@ -108,23 +96,22 @@ def release(tb: Testbed, pushed: str) -> Iterator[str]:
     ns = tb.namespace("grpo-system")
     # The default image.repository; trainerImage's default goes behind the registry too
     # (not pushed, 7 GB: the operator only writes it into RayClusters, none here).
-    helm(tb, "install", RELEASE, str(CHART), "-n", ns,
-         "--set", f"global.imageRegistry={tb.registry}",
-         "--set", f"image.tag={tag_of(OPERATOR.tag)}",
-         # Never the node's copy: the kubelet asks the registry at every start.
-         "--set", "image.pullPolicy=Always",
-         "--set", "leaderElection.enabled=false", "--set", "replicaCount=1",
-         "--set", "readPublicHub=false",  # nothing leaves the testbed
-         "--wait", "--timeout", "360s")
+    tb.helm("install", RELEASE, str(CHART), "-n", ns,
+            "--set", f"global.imageRegistry={tb.registry}",
+            "--set", f"image.tag={tag_of(OPERATOR.tag)}",
+            # Never the node's copy: the kubelet asks the registry at every start.
+            "--set", "image.pullPolicy=Always",
+            "--set", "leaderElection.enabled=false", "--set", "replicaCount=1",
+            "--set", "readPublicHub=false",  # nothing leaves the testbed
+            "--wait", "--timeout", "360s", timeout=420)
     yield ns
-    subprocess.run([str(binary("helm")), "uninstall", RELEASE, "-n", ns, "--wait",
-                    "--timeout", "120s"], env=tb.env(), capture_output=True, check=False)
+    tb.helm("uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "120s", check=False)
     tb.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def test_the_operator_runs_from_the_image_the_node_pulled_from_the_registry(
         tb: Testbed, pushed: str, release: str) -> None:
-    pods = get(tb, "pods", "-n", release)["items"]
+    pods = tb.get_json("pods", "-n", release)["items"]
     (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     name = pod["metadata"]["name"]
     container = pod["spec"]["containers"][0]
@@ -180,7 +167,7 @@ def test_an_image_the_registry_lacks_fails_to_pull_saying_not_found(
     seen: dict[str, Any] = {}
 
     def pull_failed() -> bool:
-        statuses = get(tb, "pod", "missing", "-n", ns).get("status", {}).get(
+        statuses = tb.get_json("pod", "missing", "-n", ns).get("status", {}).get(
             "containerStatuses") or [{}]
         waiting = statuses[0].get("state", {}).get("waiting", {})
         failed = [e["message"] for e in events(tb, ns, "missing") if e["reason"] == "Failed"]
