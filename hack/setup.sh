@@ -29,6 +29,17 @@ t0=$SECONDS
 .venv/bin/uv pip install --quiet -p .venv -r requirements/dev.lock --override requirements/overrides.txt
 .venv/bin/uv pip install --quiet -p .venv --no-deps -e .
 echo "    python dependencies ready in $((SECONDS - t0)) s"
+# Bytecode once, here: where PYTHONDONTWRITEBYTECODE=1 is set (CI's machine sets it), no
+# process writes .pyc, and every one compiles each module it imports afresh: 8 of a tiny
+# trainer run's 34 s, again in each Ray worker and vLLM process (docs/benchmarks.md,
+# "Bytecode"). compileall skips what is current, so a warm run only stats the files.
+# torch ships one test helper in Python 3.12 syntax that nothing imports on 3.11.
+t0=$SECONDS
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+compiled=$(.venv/bin/python -m compileall -q -j 0 \
+  -x '/torch/testing/_internal/py312_intrinsics\.py$' "$site" api operator trainer testbed 2>&1) \
+  || { printf '%s\n' "$compiled"; die "compiling the virtualenv's bytecode failed"; }
+echo "    bytecode compiled in $((SECONDS - t0)) s"
 
 # Debian packages: image builds (buildah, podman, mmdebstrap) and the testbed's real node
 # (runc, the CNI plugins, iptables for kube-proxy).

@@ -15,10 +15,16 @@ uv=${UV:-uv}
 stage=${STAGE:-all}
 if [ "$stage" != project ]; then
   "$uv" venv --quiet --python "${PYTHON:-python3.11}" "$venv"
-  "$uv" pip install --quiet --python "$venv/bin/python" --require-hashes --no-deps \
+  "$uv" pip install --quiet --python "$venv/bin/python" --require-hashes --no-deps --compile-bytecode \
     --only-binary :all: -r "$src/images/operator/requirements.lock"
 fi
 if [ "$stage" != deps ]; then
   "$uv" pip install --quiet --python "$venv/bin/python" --no-deps \
     --build-constraints "$src/images/build-constraints.txt" "$src"
+  # Bytecode, as --compile-bytecode gave the dependencies: the image's user cannot write
+  # .pyc into the virtualenv, so without it every process compiles what it imports at each
+  # start (docs/benchmarks.md, "Bytecode"). The project's packages only, so this layer
+  # stays the project's.
+  "$venv/bin/python" -m compileall -q \
+    "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"/grpo_*
 fi
