@@ -85,15 +85,6 @@ def test_operator_entrypoint_answers_help(built: None) -> None:
     assert "--metrics-port" in proc.stdout
 
 
-# What a process of each image imports at start: the operator's main; the trainer's
-# driver and rank worker, the rewards, vLLM and the model families' code.
-STARTS = {OPERATOR.name: "import grpo_operator.main",
-          TRAINER_CPU.name: "import grpo_trainer.cli, grpo_trainer.driver, grpo_trainer.worker, "
-                            "grpo_trainer.rewards, vllm; from transformers.models import "
-                            "qwen2, qwen2_vl, qwen2_5_vl, qwen3_vl; "
-                            "qwen2.Qwen2ForCausalLM, qwen2_vl.Qwen2VLForConditionalGeneration, "
-                            "qwen2_5_vl.Qwen2_5_VLForConditionalGeneration, "
-                            "qwen3_vl.Qwen3VLForConditionalGeneration"}
 UNCOMPILED = textwrap.dedent("""\
     import importlib.util, os, sys
     {imports}
@@ -104,13 +95,23 @@ UNCOMPILED = textwrap.dedent("""\
     """)
 
 
-@pytest.mark.parametrize("image", [OPERATOR, TRAINER_CPU], ids=lambda i: i.name)
+# What a process of each image imports at start: the operator's main; the trainer's
+# driver and rank worker, the rewards, vLLM and the model families' code.
+@pytest.mark.parametrize("image, imports", [
+    (OPERATOR, "import grpo_operator.main"),
+    (TRAINER_CPU, "import grpo_trainer.cli, grpo_trainer.driver, grpo_trainer.worker, "
+                  "grpo_trainer.rewards, vllm; from transformers.models import "
+                  "qwen2, qwen2_vl, qwen2_5_vl, qwen3_vl; "
+                  "qwen2.Qwen2ForCausalLM, qwen2_vl.Qwen2VLForConditionalGeneration, "
+                  "qwen2_5_vl.Qwen2_5_VLForConditionalGeneration, "
+                  "qwen3_vl.Qwen3VLForConditionalGeneration"),
+], ids=[OPERATOR.name, TRAINER_CPU.name])
 def test_every_module_a_process_imports_at_start_is_compiled_in_the_image(
-        built: None, image: Image) -> None:
+        built: None, image: Image, imports: str) -> None:
     """The image's user cannot write .pyc into the virtualenv: a module without its
     bytecode in the image is compiled again by every process that imports it, at every
     start of every pod (seconds each, in each Ray worker and vLLM process)."""
-    proc = run(image, "-c", UNCOMPILED.format(imports=STARTS[image.name]),
+    proc = run(image, "-c", UNCOMPILED.format(imports=imports),
                entrypoint="python", opts=("--network", "none"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     imported, missing, *names = proc.stdout.split()
