@@ -23,10 +23,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from grpo_api.contract import MODEL_MOUNT
+from grpo_api.model.shape import known_family
 from grpo_api.model_config import CONFIG_FILE, ConfigUnavailable, read_dir, shape_fields
 
 from . import hub_config
-from .planner.model_shape import known_family
 from .reconcile.model_config import how_read, hub_url, recorded, where_read
 
 SHAPE_FIX = "set spec.model.shape (parameters, layers, hiddenSize, ...)"

@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from grpo_api.contract import ExitCode
+from grpo_api.model.config_json import head_dim
 from grpo_trainer.config import build_config, check_runtime
 from grpo_trainer.config_error import ConfigError
-from grpo_trainer.rollout.engine_limits import VLLM_CPU_HEAD_SIZES, head_dim, vllm_cpu_problem
+from grpo_trainer.rollout.engine_limits import VLLM_CPU_HEAD_SIZES, vllm_cpu_problem
 from grpo_trainer.run import run_training
 
 pytestmark = pytest.mark.unit
@@ -95,3 +96,26 @@ def test_grpo_train_exits_2_before_ray(
     err = capsys.readouterr().err
     assert "config error: rollout.engine:" in err and "head_dim is 16" in err, err
     assert "head_dim is 16" in term.read_text()
+
+
+def test_grpo_train_alone_refuses_a_family_it_does_not_train_before_ray(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The family list is grpo_api.model.families, the operator's admission list too."""
+    import ray
+
+    from grpo_api.model.families import SUPPORTED
+    from grpo_trainer.testing.tiny_configs import write_config
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
+    model = write_config(tmp_path / "llama", "llama").parent
+    cfg = _cfg(tmp_path, model, "rollout.engine=hf")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    monkeypatch.setenv("GRPO_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    assert run_training(str(path)) == ExitCode.CONFIG_ERROR
+    err = capsys.readouterr().err
+    assert "config error: model.path: config.json says model_type 'llama'" in err, err
+    assert all(f"({family})" in err for family in SUPPORTED), err
+    # A family it trains passes the same check (the tiny Qwen2 of the trainer tier).
+    check_runtime(_cfg(tmp_path, write_config(tmp_path / "qwen2", "qwen2").parent))

@@ -17,14 +17,15 @@ import pytest
 import torch
 
 from grpo_api.catalog import GPU_CATALOG as CATALOG
+from grpo_api.model.shape import known_family
 from grpo_api.trainer_config import MAX_IMAGES_PER_PROMPT, Config, DataConfig
 from grpo_operator.planner.layout import image_tokens, images_per_prompt, micro_batch, prompt_tokens
-from grpo_operator.planner.model_shape import known_family
 from grpo_operator.planner.types import Settings
 from grpo_trainer.config_error import ConfigError
 from grpo_trainer.dataset import PromptDataset, sized_for_media
 from grpo_trainer.rollout.build import vllm_config
 from grpo_trainer.rollout.vllm_engine import VLLMEngineConfig, engine_kwargs
+from grpo_trainer.testing.tiny_configs import tiny_config
 
 pytestmark = pytest.mark.unit
 
@@ -93,8 +94,9 @@ def test_vllms_limit_is_the_most_images_a_loaded_row_has(tmp_path: Path) -> None
     assert sized.data.max_images_per_prompt == 7
     assert sized_for_media(cfg).data.max_images_per_prompt == 1
 
-    # What vllm_config reads of the model's config and the rank's tokenizer side.
-    hf = types.SimpleNamespace(num_attention_heads=2, num_hidden_layers=2, hidden_size=64)
+    # The model's config (a tiny Qwen2.5-VL's, as transformers builds it) and what
+    # vllm_config reads of the rank's tokenizer side.
+    hf = tiny_config("qwen2_5_vl")
     tokens: Any = types.SimpleNamespace(encoder=types.SimpleNamespace(bounds=None))
     engine = vllm_config(sized, hf, torch.float32, tokens, 2, tp=1, sleep=False, lora_rank=0)
     assert engine.max_images_per_prompt == 7

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_operator.planner.model_shape import Shape
+from grpo_api.model.shape import Shape
 from grpo_operator.planner.sizes import logprob_bytes
 from grpo_trainer.data import Record
 from grpo_trainer.grpo_math import entropy_from_logits, log_probs_from_logits

@@ -212,7 +212,7 @@ def test_a_lora_rank_vllm_cannot_serve_is_refused_with_the_config() -> None:
         "actor": {"lora": {"rank": 1024}},
     }
     with pytest.raises(ConfigError) as err:
-        check_engine_limits(build_config(raw, environ={}))
+        check_engine_limits(build_config(raw, environ={}), None)
     assert err.value.field == "actor.lora.rank"
     raw["actor"] = {"lora": {"rank": 64}}
-    check_engine_limits(build_config(raw, environ={}))
+    check_engine_limits(build_config(raw, environ={}), None)

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 from grpo_api.catalog import GPU_CATALOG
 from grpo_api.job import load_manifest, parse_spec
+from grpo_api.model.shape import KNOWN_MODELS
 from grpo_operator.cli import cli
 from grpo_operator.planner import InfeasibleError, Plan, plan_memory
 from grpo_operator.planner.budget import GPU_MARGIN_MIN_GIB, host_capacity_gib
-from grpo_operator.planner.model_shape import KNOWN_MODELS
 
 pytestmark = pytest.mark.unit
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("grpojob-*.yaml"))

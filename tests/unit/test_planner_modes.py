@@ -10,10 +10,10 @@ import pytest
 
 from grpo_api.job import SpecError, parse_spec
 from grpo_api.job.lora import LoraSpec
+from grpo_api.model.shape import KNOWN_MODELS, shape_from_config
 from grpo_api.trainer_config import Config
 from grpo_operator.planner import InfeasibleError, plan_memory, plan_status
 from grpo_operator.planner.budget import GIB
-from grpo_operator.planner.model_shape import KNOWN_MODELS, shape_from_config
 from grpo_operator.planner.modes import lora_plan
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config

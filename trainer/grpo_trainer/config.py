@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from grpo_api.contract import Env
 from grpo_api.job.trainer import IDENTITY_ENV
+from grpo_api.model.families import UnsupportedArchitecture, family_of
 from grpo_api.trainer_config import BUILTIN_FORMAT_PROMPTS as BUILTIN_TEMPLATES
 from grpo_api.trainer_config import Config
 
@@ -128,10 +129,33 @@ def check_runtime(cfg: Config) -> None:
     model = Path(cfg.model.path)
     if (model.is_absolute() or cfg.model.path.startswith(".")) and not model.exists():
         raise ConfigError("model.path", f"directory not found: {model}")
-    check_engine_limits(cfg)
+    model_config = local_model_config(cfg)
+    check_model_family(cfg, model_config)
+    check_engine_limits(cfg, model_config)
 
 
-def check_engine_limits(cfg: Config) -> None:
+def local_model_config(cfg: Config) -> dict[str, Any] | None:
+    """A local model's config.json; None for a hub id fetched later or no readable one
+    (the load then says what is wrong)."""
+    try:
+        model_config = json.loads((Path(cfg.model.path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return model_config if isinstance(model_config, dict) else None
+
+
+def check_model_family(cfg: Config, model_config: dict[str, Any] | None) -> None:
+    """The trainer trains the families of grpo_api.model.families only, as the operator
+    admits them: `grpo-train` run alone refuses any other before Ray starts."""
+    if model_config is None:
+        return
+    try:
+        family_of(model_config)
+    except UnsupportedArchitecture as err:
+        raise ConfigError("model.path", f"{err} (model.path {cfg.model.path})") from None
+
+
+def check_engine_limits(cfg: Config, model_config: dict[str, Any] | None) -> None:
     """What the rollout engine cannot run, from the model's config.json (a local model's)."""
     if cfg.rollout.engine == "vllm" and cfg.actor.lora is not None:
         from .rollout.engine_limits import vllm_lora_rank
@@ -140,15 +164,9 @@ def check_engine_limits(cfg: Config) -> None:
             vllm_lora_rank(cfg.actor.lora.rank)
         except ValueError as err:
             raise ConfigError("actor.lora.rank", str(err)) from None
-    if cfg.rollout.engine != "vllm" or cfg.resources.trains_on_cuda:
+    if cfg.rollout.engine != "vllm" or cfg.resources.trains_on_cuda or model_config is None:
         return  # only vLLM's CPU backend has a limit known before loading
-    config_json = Path(cfg.model.path) / "config.json"
-    try:
-        model_config = json.loads(config_json.read_text())
-    except (OSError, ValueError):
-        return  # a hub id fetched later, or no readable config: the engine will say
     from .rollout.engine_limits import vllm_cpu_problem
 
-    if isinstance(model_config, dict) and (problem := vllm_cpu_problem(model_config)):
+    if problem := vllm_cpu_problem(model_config):
         raise ConfigError("rollout.engine", f"{problem} (model.path {cfg.model.path})")
-

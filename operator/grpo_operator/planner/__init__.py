@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from .architectures import SUPPORTED, UnsupportedArchitecture, family_of
+from grpo_api.model.families import SUPPORTED, UnsupportedArchitecture, family_of
+from grpo_api.model.shape import KNOWN_MODELS, Shape, shape_from_config
+
 from .core import plan_memory
 from .ladder import LADDERS, next_safer_plan, remediation_ladder
-from .model_shape import KNOWN_MODELS, Shape, shape_from_config
 from .report import plan_status, plan_to_dict
 from .save_time import termination_grace_s
 from .types import Budget, Decision, Geometry, InfeasibleError, Plan, PodResources, Settings

@@ -8,10 +8,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from grpo_api.model.kv_cache import engine_kv_cache_bytes
+from grpo_api.model.shape import Shape
+from grpo_api.model.units import BF16_B, FP32_B, GIB
+
 from .fsdp import fsdp_buffers, trained
 from .head import driver_gib
 from .layout import micro_batch
-from .model_shape import Shape
 from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS, LoraPlan, StateTerm
 from .pinned import adapter_tensors, model_tensors, pinned_factor
 from .rollout_side import RolloutBudget, RolloutSide, cpu_rollout_budget, rollout_budget
@@ -24,7 +27,6 @@ from .sizes import (
     weight_sync_bytes,
 )
 from .types import Budget, Geometry, Settings
-from .units import BF16_B, FP32_B, GIB
 
 LOAD_OVERHEAD = 1.1  # a full-model load holds ~10% more than the weights (loader buffers)
 CUDA_CONTEXT_GIB = 1.5  # CUDA context + NCCL buffers + cuBLAS workspace per GPU process
@@ -87,9 +89,11 @@ def cpu_engine_gib(geo: Geometry, rollout_n: int, engines: int | None = None) ->
     and a KV cache that grows with the batch."""
     weights = geo.shape.parameters * FP32_B / GIB
     seqs = max(1, geo.rollout_batch_size // (engines or geo.world_size)) * rollout_n
-    kv = seqs * geo.sequence_length * kv_bytes_per_token(geo) * FP32_B / BF16_B / GIB
-    # vLLM: TP 1 on CPU; the trainer sizes its KV cache for these sequences + 25%.
-    return weights + kv * (1.25 if geo.uses_vllm else 1.0)
+    per_token = kv_bytes_per_token(geo) * FP32_B / BF16_B
+    tokens = seqs * geo.sequence_length
+    if geo.uses_vllm:  # TP 1 on CPU: the cache the trainer hands vLLM for these sequences
+        return weights + engine_kv_cache_bytes(per_token, tokens) / GIB
+    return weights + per_token * tokens / GIB
 
 
 def host_capacity_gib(geo: Geometry, at_allocatable: bool) -> float:

@@ -25,12 +25,12 @@ from grpo_api.job import SpecError
 from grpo_api.job.base import quantity_gib
 from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
+from grpo_api.model.shape import Shape, resolve_shape
 
 from .budget import compute_budget, max_rollout_utilization
 from .disaggregated import choose_split, rollout_side, rollout_type, side_decisions
 from .layout import token_budgets
 from .mode_advice import without_offload
-from .model_shape import Shape, resolve_shape
 from .modes import lora_plan
 from .network import plan_network
 from .positions import context_decision, context_problem, model_positions
@@ -294,7 +294,7 @@ def plan_memory(
     SpecError (node_type: a GPU type or per-node count the catalog does not have) or
     ValueError (a model that cannot be sized; its subclass UnsupportedArchitecture for a
     config.json the trainer cannot train). `model_source`: where `model_config` was read,
-    or why there is none (model_shape.resolve_shape)."""
+    or why there is none (grpo_api.model.shape.resolve_shape)."""
     gpu = node_type(spec, catalog)
     resolved = resolve_shape(spec.model, model_config, model_source)
     # The context against the model's positions, before any memory: no plan makes a

@@ -9,8 +9,8 @@ from grpo_api.catalog import GpuType, UnknownGpuType, gpu_type
 from grpo_api.job import SpecError
 from grpo_api.job.base import quantity_gib
 from grpo_api.job.spec import GRPOJobSpec
+from grpo_api.model.shape import Shape
 
-from .model_shape import Shape
 from .rollout_side import RolloutSide
 from .split import Split, StepWork, gpu_speed, splits, step_work
 from .types import Budget, Decision, Geometry, InfeasibleError, PodResources

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model_shape import Shape
+from grpo_api.model.shape import Shape
 
 REDUCE_B = 4  # MixedPrecisionPolicy(reduce_dtype=float32): reduce-scatter inputs
 

@@ -18,9 +18,9 @@ from grpo_api.contract import (
     LENGTH_WORKER_GIB,
     LENGTH_WORKERS_MAX,
 )
+from grpo_api.model.units import GIB
 
 from .types import Geometry
-from .units import GIB
 
 HEAD_CPUS = 2  # Ray's GCS and raylet, and the driver (rewards score in its threads)
 DRIVER_GIB = 6.0  # head: Ray GCS/dashboard + the single-controller driver

@@ -24,7 +24,7 @@ from grpo_api.contract import packed_width
 from .types import Geometry, Settings
 
 # Patches of 2 x 2 merge into one language-model token in every supported family (the
-# merger's width, 4 hv, is counted in model_shape the same way).
+# merger's width, 4 hv, is counted in grpo_api.model.shape the same way).
 PATCHES_PER_TOKEN = 4
 # Video frames per patch in time (Qwen2/2.5/3-VL's temporal_patch_size): an image is one
 # such patch of two copies of itself, a video one per pair of frames.

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from grpo_api.job.lora import LM_LINEARS, LoraSpec
-
-from .model_shape import Shape
+from grpo_api.model.shape import Shape
 
 Mode = Literal["mixed", "bf16", "lora"]
 MIXED: Mode = "mixed"

@@ -26,8 +26,8 @@ import math
 from collections.abc import Iterable
 
 from grpo_api.contract import PINNED_EXACT_ABOVE_MB
+from grpo_api.model.shape import Shape
 
-from .model_shape import Shape
 from .modes import LoraPlan
 
 EXACT_ABOVE_BYTES = PINNED_EXACT_ABOVE_MB * 2**20

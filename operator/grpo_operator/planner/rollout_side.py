@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from grpo_api.model.units import GIB
 from grpo_api.trainer_config import ENGINE_APART_TENSOR_PARALLEL
-
-from .units import GIB
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES
+from grpo_api.model import kv_cache
+from grpo_api.model.shape import Shape
+from grpo_api.model.units import BF16_B, FP32_B
 
-from .model_shape import Shape
 from .types import Geometry
-from .units import BF16_B, FP32_B
 
 # The update's log-probs (trainer lean_logprobs.ChunkedHead; docs/memory-model.md,
 # "Logits"): LM head, temperature, log-softmax and entropy on the response positions
@@ -102,5 +103,6 @@ def vision_activation_bytes(geo: Geometry, checkpointing: bool) -> float:
 
 
 def kv_bytes_per_token(geo: Geometry) -> float:
+    """K and V of one token over the whole model, bf16 (vLLM's cache dtype on a GPU)."""
     s = geo.shape
-    return 2 * s.layers * s.kv_heads * s.head_dim * BF16_B  # K and V, bf16
+    return kv_cache.kv_bytes_per_token(s.layers, s.kv_heads, s.head_dim, BF16_B)

@@ -36,8 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grpo_api.catalog import GPU_CATALOG
-
-from .model_shape import KNOWN_MODELS
+from grpo_api.model.shape import KNOWN_MODELS
 
 REFERENCE_MODEL = "qwen2.5-vl-7b"  # Qwen2.5-VL-7B-Instruct, as the planner sizes it
 REFERENCE_PARAMETERS = float(KNOWN_MODELS[REFERENCE_MODEL].parameters)

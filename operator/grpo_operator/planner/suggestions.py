@@ -19,9 +19,9 @@ from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.job.resources import MemorySpec
 from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
+from grpo_api.model.shape import KNOWN_MODELS
 
 from .mode_advice import Fits, mode_suggestions
-from .model_shape import KNOWN_MODELS
 from .pin_fixes import peaks, pinned_value_fixes
 from .types import Geometry
 

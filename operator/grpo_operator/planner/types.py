@@ -7,9 +7,9 @@ from typing import Any
 
 from grpo_api.catalog import GPU_RESOURCE
 from grpo_api.knobs import Knob
+from grpo_api.model.shape import Shape
 from grpo_api.trainer_config import LOGPROB_CHUNK_TOKENS
 
-from .model_shape import Shape
 from .modes import LoraPlan, Mode, mode_of
 from .rollout_side import RolloutBudget, RolloutSide
 

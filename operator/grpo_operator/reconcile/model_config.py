@@ -27,9 +27,9 @@ from pydantic import ValidationError
 
 from grpo_api.contract import IMAGE_UID, TERMINAL_PHASES, Reason, is_hub_id
 from grpo_api.job import GRPOJobSpec
+from grpo_api.model.shape import known_family
 from grpo_api.model_config import ReaderReport, hub_config_url
 
-from ..planner.model_shape import known_family
 from ..render import JobRef, names
 from ..render.model_reader import render_model_reader
 from .conditions import JobEvent, unschedulable
@@ -55,7 +55,7 @@ class HubAnswer:
 @dataclass(frozen=True)
 class PlanInput:
     """What plan_memory gets besides the spec: config.json and where it was read, or,
-    without one, why none was (model_shape.resolve_shape)."""
+    without one, why none was (grpo_api.model.shape.resolve_shape)."""
 
     config: dict[str, Any] | None
     source: str

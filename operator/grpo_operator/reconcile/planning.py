@@ -15,9 +15,9 @@ from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import FailureReason, Reason
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.job.trainer import config_sources
+from grpo_api.model.families import weight_sync_problem
 
 from ..planner import InfeasibleError, Plan, UnsupportedArchitecture, next_safer_plan, plan_memory
-from ..planner.architectures import weight_sync_problem
 from ..planner.network import image_problem, plan_network
 from ..render import JobRef, pod_settings
 from ..render.children import logging_env
@@ -98,7 +98,7 @@ def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG
                  model_source: str | None = None) -> Plan:
     """The first attempt's plan, checked as admission checks it (`grpo plan` too, so the
     two accept the same jobs): raises SpecError / InfeasibleError / ValueError.
-    `model_source`: where `model_config` was read (model_shape.resolve_shape)."""
+    `model_source`: where `model_config` was read (grpo_api.model.shape.resolve_shape)."""
     try:
         plan = plan_memory(spec, catalog, model_config, model_source)
     except UnsupportedArchitecture as exc:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from grpo_api.model.config_json import head_dim, text_fields
+
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 # vLLM's ``max_lora_rank`` must be one of these (vLLM 0.32, ``vllm.config.lora.MaxLoRARanks``).
@@ -32,29 +34,12 @@ def vllm_lora_rank(rank: int) -> int:
     return fits[0]
 
 
-def text_config(model_config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's settings: a VLM's ``text_config`` over the top level."""
-    text = model_config.get("text_config")
-    return {**model_config, **text} if isinstance(text, Mapping) else model_config
-
-
-def head_dim(model_config: Mapping[str, Any]) -> int | None:
-    """``head_dim`` if given, else ``hidden_size / num_attention_heads``; None if unknown."""
-    text = text_config(model_config)
-    if text.get("head_dim"):
-        return int(text["head_dim"])
-    hidden, heads = text.get("hidden_size"), text.get("num_attention_heads")
-    if not hidden or not heads:
-        return None
-    return int(hidden) // int(heads)
-
-
 def vllm_cpu_problem(model_config: Mapping[str, Any]) -> str | None:
     """Why vLLM's CPU backend cannot run this model (with the fix), or None."""
     dim = head_dim(model_config)
     if dim is None or dim in VLLM_CPU_HEAD_SIZES:
         return None
-    text = text_config(model_config)
+    text = text_fields(model_config)
     heads = text.get("num_attention_heads")
     origin = "head_dim" if text.get("head_dim") else f"{text['hidden_size']} / {heads} heads"
     sizes = ", ".join(str(s) for s in VLLM_CPU_HEAD_SIZES)

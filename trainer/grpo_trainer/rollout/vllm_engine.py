@@ -53,6 +53,8 @@ from typing import Any
 
 import torch
 
+from grpo_api.model.config_json import head_dim, text_fields
+from grpo_api.model.kv_cache import engine_kv_cache_bytes, kv_bytes_per_token
 from grpo_api.trainer_config import MAX_IMAGES_PER_PROMPT, LoraConfig
 
 from ..images import PixelBounds
@@ -101,14 +103,15 @@ class VLLMEngineConfig:
 
 
 def kv_cache_bytes(hf_config: Any, dtype: torch.dtype, tokens: int, tp: int) -> int:
-    """Bytes of K and V for ``tokens`` tokens on one TP rank, plus 25% for block rounding."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    heads = int(text.num_attention_heads)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    per_token = 2 * int(text.num_hidden_layers) * max(1, kv_heads // tp) * head_dim * itemsize
-    return int(per_token * tokens * 1.25) + (16 << 20)
+    """One TP rank's KV cache for ``tokens`` tokens, as the planner counts it
+    (grpo_api.model.kv_cache)."""
+    config = hf_config.to_dict()  # a VLM's text_config too, as config.json has it
+    text = text_fields(config)
+    per_token = kv_bytes_per_token(
+        int(text["num_hidden_layers"]),
+        int(text.get("num_key_value_heads") or text["num_attention_heads"]),
+        head_dim(config) or 0, torch.empty((), dtype=dtype).element_size(), tp)
+    return engine_kv_cache_bytes(per_token, tokens)
 
 
 # The process environment every engine gets before vLLM is imported (VLLMEngine: the

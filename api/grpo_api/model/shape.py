@@ -1,5 +1,5 @@
 """Model size and shape: from `spec.model.shape`, from config.json (the families of
-architectures.py), or from a table of known families by name."""
+families.py), or from a table of known families by name."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 
 from grpo_api.job.spec import ModelSpec
 
-from .architectures import Family, family_of
+from .config_json import head_dim as config_head_dim
+from .config_json import text_fields
+from .families import Family, family_of
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ def shape_from_config(config: dict[str, Any]) -> Shape:
     """Parse a HF config.json dict of a family the trainer trains (UnsupportedArchitecture
     otherwise). Newer transformers nest the LM under text_config."""
     family = family_of(config)
-    text = {**config, **(config.get("text_config") or {})}
+    text = text_fields(config)
     missing = [
         k
         for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -176,7 +178,7 @@ def shape_from_config(config: dict[str, Any]) -> Shape:
     if "intermediate_size" not in text and "moe_intermediate_size" not in text:
         raise ValueError("config.json lacks intermediate_size")
     h, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
-    head_dim = int(text.get("head_dim") or h // heads)
+    head_dim = config_head_dim(config) or h // heads
     vision = config.get("vision_config") or {}
     if family.tower is not None and not vision:
         raise ValueError(f"config.json of a {family.name} model lacks vision_config")
