@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from grpo_trainer.worker import Worker
+
 MODES = ("mixed", "kahan", "stochastic", "none")
 
 
@@ -134,8 +136,8 @@ def drift(
                 for _ in range(4)
             ]
             adv = [rng.gauss(0.0, 1.0) for _ in items]
-            group.call("load_samples", [items])
-            group.call("update", [adv], common=[step])
+            group.call(Worker.load_samples, [items])
+            group.call(Worker.update, [adv], common=[step])
         return _params(group)
     finally:
         group.shutdown()

@@ -163,7 +163,9 @@ def test_resume_loads_the_checkpoint_exactly_and_continues(
     atomic_write(ckpt / "latest", Tracker(step=2, dir="step-2").model_dump_json().encode())
 
     def loaded(trainer: Any) -> tuple[int, dict[str, torch.Tensor]]:
-        return trainer.step, trainer.group.call("full_params")[0]
+        from grpo_trainer.worker import Worker
+
+        return trainer.step, trainer.group.call(Worker.full_params)[0]
 
     resumed, (step, params) = train(config(ckpt), checkpointer=True, before=loaded)
     assert step == 2  # it did not start again at step 1

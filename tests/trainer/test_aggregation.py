@@ -10,8 +10,9 @@ import torch
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
 from grpo_trainer.rollout.routing import split
-from grpo_trainer.supervision import WorkerGroup
 from grpo_trainer.testing.configs import text_config
+from grpo_trainer.worker import Worker
+from grpo_trainer.worker_group import WorkerGroup
 
 pytestmark = pytest.mark.trainer
 
@@ -46,9 +47,9 @@ def _one_step(
     group = WorkerGroup(cfg)
     try:
         items = [(Record(i // 2, f"question {i // 2}", "7"), r) for i, r in enumerate(RESPONSES)]
-        group.call("load_samples", split(items, world))
-        metrics = group.call("update", split(ADVANTAGES, world), common=[1])[0]
-        params = group.call("full_params")[0]
+        group.call(Worker.load_samples, split(items, world))
+        metrics = group.call(Worker.update, split(ADVANTAGES, world), common=[1])[0]
+        params = group.call(Worker.full_params)[0]
     finally:
         group.shutdown()
     return metrics, params

@@ -14,9 +14,10 @@ import torch
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.supervision import WorkerGroup
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.worker import Worker
+from grpo_trainer.worker_group import WorkerGroup
 
 pytestmark = pytest.mark.trainer
 
@@ -39,10 +40,10 @@ def _step(model: Path, data: Path, balance: bool) -> tuple[dict[str, float], int
                    [10 + (i + j) % 50 for j in range(n)])
                   for g, lengths in enumerate(LENGTHS[r]) for i, n in enumerate(lengths)]
                  for r in range(2)]
-        outs = trainer.group.call("load_samples", items)
+        outs = trainer.group.call(Worker.load_samples, items)
         advantages, moved = trainer._balance(outs, ADVANTAGES)
-        metrics = trainer.group.call("update", advantages, common=[1])[0]
-        params = trainer.group.call("full_params")[0]
+        metrics = trainer.group.call(Worker.update, advantages, common=[1])[0]
+        params = trainer.group.call(Worker.full_params)[0]
     finally:
         trainer.group.shutdown()
     return metrics, moved, params

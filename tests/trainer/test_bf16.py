@@ -22,6 +22,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.crash import CrashServer, crash_run_config, step_metrics
 from grpo_trainer.testing.datasets import write_text_task, write_vision_task
+from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -34,7 +35,7 @@ def _train(raw: dict[str, Any]) -> tuple[list[dict[str, float]], list[float]]:
     try:
         history = trainer.run()
         assert trainer.group is not None
-        gaps = trainer.group.call("rollout_log_prob_gap")
+        gaps = trainer.group.call(Worker.rollout_log_prob_gap)
     finally:
         trainer.close()
     return history, gaps

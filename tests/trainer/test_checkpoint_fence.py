@@ -27,6 +27,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.crash import LocalGroup
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -86,7 +87,7 @@ def test_an_older_attempt_never_commits_after_a_newer_one_claimed_the_dir(
             armed.set()
         old.checkpointer.maybe_save(2, old.group, old.loader, final=False)  # in flight
         if in_flight == "written":
-            groups[0].call("finish_checkpoint", common=[True])  # on disk, not committed
+            groups[0].call(Worker.finish_checkpoint, common=[True])  # on disk, not committed
         else:  # otherwise attempt 1 may remove the directory before DCP creates it again
             assert holding.wait(60), "attempt 0's save never opened a file"
         assert read_tracker(ckpt).step == 1  # type: ignore[union-attr]

@@ -34,6 +34,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.metrics import MetricsLogger
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -140,7 +141,7 @@ def test_resume_on_one_rank_skips_damage_and_exports(
         trainer.start()
         assert trainer.step == 2
         assert trainer.group is not None
-        params = trainer.group.call("full_params")[0]
+        params = trainer.group.call(Worker.full_params)[0]
         history = trainer.run()
     finally:
         trainer.close()

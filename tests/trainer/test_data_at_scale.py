@@ -23,6 +23,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.metrics import MetricsLogger
 from grpo_trainer.samples import prompt_token_counter
 from grpo_trainer.testing.datasets import write_mixed_task
+from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -76,9 +77,9 @@ def _run(cfg: Any) -> tuple[dict[int, dict[str, Any]], dict[str, Any], dict[str,
     try:
         trainer.start()
         assert trainer.group is not None
-        before = trainer.group.call("full_params")[0]
+        before = trainer.group.call(Worker.full_params)[0]
         trainer.run()
-        after = trainer.group.call("full_params")[0]
+        after = trainer.group.call(Worker.full_params)[0]
     finally:
         trainer.close()
     lines = [json.loads(x) for x in out.getvalue().splitlines()]

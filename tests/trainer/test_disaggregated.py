@@ -33,6 +33,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.metrics import MetricsLogger
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 STEPS = 2
@@ -89,7 +90,7 @@ def run(cfg: Config, before: Any = None) -> tuple[dict[int, dict[str, Any]], dic
             before(trainer)
         trainer.run()
         assert trainer.group is not None
-        weights = trainer.group.call("full_params")[0]
+        weights = trainer.group.call(Worker.full_params)[0]
     finally:
         trainer.close()
     lines = [json.loads(x) for x in out.getvalue().splitlines()]

@@ -14,6 +14,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.liveness.progress import JsonFileProgressReporter
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -45,7 +46,7 @@ def test_reward_rises_on_a_learnable_task(
     try:
         history = trainer.run()
         assert trainer.group is not None
-        gaps = trainer.group.call("rollout_log_prob_gap")
+        gaps = trainer.group.call(Worker.rollout_log_prob_gap)
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     finally:
         trainer.close()

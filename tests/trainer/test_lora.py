@@ -21,6 +21,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.crash import CrashServer, crash_run_config, step_metrics
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -53,7 +54,7 @@ def test_lora_learns_the_text_task_and_the_reference_is_the_base(
     try:
         history = trainer.run()
         assert trainer.group is not None
-        gaps = trainer.group.call("rollout_log_prob_gap")
+        gaps = trainer.group.call(Worker.rollout_log_prob_gap)
     finally:
         trainer.close()
     rewards = [m["reward/mean"] for m in history]

@@ -13,8 +13,8 @@ from grpo_api.contract import ExitCode, FailureReason
 from grpo_trainer.errors import classify
 from grpo_trainer.liveness.rank_crash import RankCrashed
 from grpo_trainer.liveness.stall_monitor import RankTarget
-from grpo_trainer.supervision import WorkerGroup
 from grpo_trainer.testing.collective_mismatch import MismatchedRank
+from grpo_trainer.worker_group import WorkerGroup
 
 pytestmark = pytest.mark.trainer
 
@@ -43,7 +43,7 @@ def test_a_rank_aborted_in_a_mismatched_all_gather_is_a_trainer_error(
         ray.get([r.join.remote(port) for r in ranks])
         group = _group(ranks, ray.get([r.arm.remote() for r in ranks]))
         with pytest.raises(RankCrashed) as caught:
-            group.call("gather", [8, 4096])
+            group.call(MismatchedRank.gather, [8, 4096])
     finally:
         for r in ranks:
             ray.kill(r, no_restart=True)

@@ -42,6 +42,7 @@ from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.metrics import MetricsLogger
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_vision_task
+from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -92,8 +93,8 @@ def _run(cfg: Config, snapshot: Path | None = None) -> Run:
             if snapshot is not None:
                 assert trainer.group is not None
                 snapshot.mkdir(parents=True)
-                trainer.group.call("save_checkpoint", common=[str(snapshot), False])
-                trainer.group.call("finish_checkpoint", common=[True])
+                trainer.group.call(Worker.save_checkpoint, common=[str(snapshot), False])
+                trainer.group.call(Worker.finish_checkpoint, common=[True])
             trainer.run()
         finally:
             trainer.close()

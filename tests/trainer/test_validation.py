@@ -21,6 +21,7 @@ from grpo_trainer.rollout.hf import HFGenerateEngine
 from grpo_trainer.samples import PromptEncoder
 from grpo_trainer.testing.configs import text_config
 from grpo_trainer.testing.datasets import write_text_task
+from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -40,7 +41,7 @@ def _train(raw: dict[str, Any], progress: Path) -> tuple[dict[int, dict[str, Any
     try:
         trainer.run()
         assert trainer.group is not None
-        params = trainer.group.call("full_params")[0]
+        params = trainer.group.call(Worker.full_params)[0]
     finally:
         trainer.close()
     lines = [json.loads(x) for x in out.getvalue().splitlines()]

@@ -11,6 +11,7 @@ import pytest
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.testing.datasets import write_vision_task
+from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -96,10 +97,10 @@ def _train(cfg: Any) -> tuple[dict[str, Any], list[dict[str, float]], dict[str, 
     try:
         trainer.start()
         assert trainer.group is not None
-        before = trainer.group.call("full_params")[0]
+        before = trainer.group.call(Worker.full_params)[0]
         history = trainer.run()
-        after = trainer.group.call("full_params")[0]
-        gaps = trainer.group.call("rollout_log_prob_gap")
+        after = trainer.group.call(Worker.full_params)[0]
+        gaps = trainer.group.call(Worker.rollout_log_prob_gap)
     finally:
         trainer.close()
     return before, history, after, gaps

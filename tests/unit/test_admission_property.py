@@ -23,7 +23,7 @@ from grpo_operator.config import OperatorConfig
 from grpo_operator.crd import open_api_schema
 from grpo_operator.reconcile import Observed
 from grpo_operator.webhook import admission_problem
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONFIG = OperatorConfig(default_image="registry.example/trainer:test")

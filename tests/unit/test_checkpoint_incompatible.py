@@ -21,7 +21,7 @@ from grpo_operator.reconcile.attempts import ensure_attempt, finish_attempt
 from grpo_operator.reconcile.classify import classify_pod
 from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 from grpo_trainer.checkpointing.compat import CheckpointIncompatible, incompatible_message
 from grpo_trainer.errors import StepError, classify, termination_message
 

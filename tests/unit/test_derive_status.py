@@ -13,7 +13,7 @@ import pytest
 from grpo_api.contract import PHASE_CONDITIONS, FailureReason, KueueReason, Phase, Reason
 from grpo_operator.reconcile.phases import PHASE_OF, Finding
 from grpo_operator.reconcile.status import StatusFacts, derive_status
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 
 pytestmark = pytest.mark.unit
 RECONCILE = Path(__file__).resolve().parents[2] / "operator/grpo_operator/reconcile"

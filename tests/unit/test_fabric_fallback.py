@@ -17,7 +17,7 @@ from grpo_operator.planner import plan_memory
 from grpo_operator.planner.report import plan_status
 from grpo_operator.reconcile import Action
 from grpo_operator.reconcile.conditions import fabric_conditions
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 from grpo_trainer.liveness.progress import Progress
 from grpo_trainer.nccl_log import parse_transport
 

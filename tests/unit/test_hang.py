@@ -21,7 +21,7 @@ from grpo_operator.reconcile.attempts import finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome, classify_pod
 from grpo_operator.render import JobRef
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples/grpojob-qwen25vl-7b-h100.yaml"
 CONFIG = OperatorConfig(default_image="registry.example/trainer:test")

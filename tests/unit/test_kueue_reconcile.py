@@ -17,7 +17,7 @@ from grpo_operator.config import OperatorConfig
 from grpo_operator.reconcile import Action, Observed
 from grpo_operator.reconcile.retention import DELETE_ADVICE, RETAIN_ADVICE
 from grpo_operator.webhook import admission_problem
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples/grpojob-qwen25vl-7b-h100.yaml"
 CONFIG = OperatorConfig(default_image="registry.example/trainer:test")

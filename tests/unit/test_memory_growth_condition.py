@@ -7,12 +7,12 @@ from typing import Any
 from grpo_api.contract import Reason
 from grpo_api.job import GRPOJobStatus
 from grpo_operator.reconcile.conditions import conditions_for, memory_growth_conditions
-from grpo_operator.reconcile.phases import Finding, shown
+from grpo_operator.reconcile.phases import Finding, phase_view
 
 
 def phase_conditions(found: Finding, now: str,
                      previous: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    return conditions_for(shown(found), found, 1, now, previous)
+    return conditions_for(phase_view(found), found, 1, now, previous)
 
 
 T0, T1 = "2026-11-22T00:00:00Z", "2026-11-22T00:05:00Z"
@@ -58,7 +58,7 @@ def test_the_operators_own_condition_rewrite_keeps_memory_growth() -> None:
 def test_growth_set_then_cleared_through_the_trainers_real_patches() -> None:
     """The trainer's own report bodies, merged as the API server merges them: a report
     without growth must clear the condition (an omitted key would keep the old value)."""
-    from grpo_testbed.wire import apply_status_patch
+    from grpo_testbed.status_patch import apply_status_patch
     from grpo_trainer.liveness.progress import Progress
 
     status: dict[str, object] = {"conditions": RUNNING}

@@ -23,7 +23,7 @@ from grpo_operator.reconcile.attempts import finish_attempt
 from grpo_operator.reconcile.classify import PodOutcome
 from grpo_operator.reconcile.model_config import READ_POLL_SECONDS, RETRY_SECONDS
 from grpo_operator.webhook import admission_problem, admission_warnings
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 from grpo_trainer.testing.tiny_configs import write_config, write_qwen25_vl_3b
 
 pytestmark = pytest.mark.unit
@@ -52,7 +52,7 @@ def new_job() -> dict[str, Any]:
 
 def applied(job: dict[str, Any], action: rec.Action) -> dict[str, Any]:
     """The job once the API server merged the status patch and checked it against the
-    CRD's schema (grpo_testbed.wire)."""
+    CRD's schema (grpo_testbed.status_patch)."""
     out = copy.deepcopy(job)
     out["status"] = apply_status_patch(out["status"], action.status)
     return out

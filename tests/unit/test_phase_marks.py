@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 from grpo_trainer.liveness.kube_progress import KubernetesProgressReporter
 from grpo_trainer.liveness.progress import Progress
 from grpo_trainer.liveness.stall import Heartbeat

@@ -20,7 +20,7 @@ from grpo_operator import reconcile as rec
 from grpo_operator.config import OperatorConfig
 from grpo_operator.reconcile import Action, Observed, planning
 from grpo_testbed.examples import example_job
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 from grpo_trainer.testing.tiny_configs import write_qwen25_vl_3b
 
 pytestmark = pytest.mark.unit

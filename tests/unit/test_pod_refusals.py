@@ -16,7 +16,7 @@ from grpo_operator.config import OperatorConfig
 from grpo_operator.reconcile import Action, Observed
 from grpo_operator.reconcile.refusals import Refusal, pod_create_refusal, refusal_pending
 from grpo_operator.reconcile.retention import DELETE_ADVICE, RETAIN_ADVICE
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 
 pytestmark = pytest.mark.unit
 

@@ -33,7 +33,7 @@ from grpo_operator.render.children import HEAD_COMMAND, OPEN_FILES, WORKER_COMMA
 from grpo_operator.render.model_reader import render_model_reader
 from grpo_operator.render.security import container_security_context, pod_security_context
 from grpo_operator.webhook import admission_problem
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 
 pytestmark = pytest.mark.unit
 

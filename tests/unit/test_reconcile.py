@@ -11,7 +11,7 @@ import yaml
 from grpo_operator import reconcile as rec
 from grpo_operator.config import OperatorConfig
 from grpo_operator.reconcile import Action, Observed
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 T0 = "2026-11-21T10:00:00.000Z"
@@ -30,7 +30,7 @@ def new_job(example: str = "grpojob-qwen25vl-7b-a100-40gb.yaml") -> dict[str, An
 
 def applied(job: dict[str, Any], action: Action) -> dict[str, Any]:
     """The job after the API server merged the action's status patch (RFC 7386) and
-    checked the result against the CRD's schema (grpo_testbed.wire)."""
+    checked the result against the CRD's schema (grpo_testbed.status_patch)."""
     out = copy.deepcopy(job)
     out["status"] = apply_status_patch(out["status"], action.status)
     out["metadata"]["resourceVersion"] = str(int(out["metadata"]["resourceVersion"]) + 1)

@@ -20,7 +20,7 @@ from grpo_operator.reconcile import Action, Observed
 from grpo_operator.reconcile.retention import DELETE_ADVICE, RETAIN_ADVICE, claim_change
 from grpo_operator.render import JobRef
 from grpo_operator.webhook import admission_problem
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 T0 = "2026-11-21T10:00:00.000Z"

@@ -29,7 +29,7 @@ from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome
 from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
-from grpo_testbed.wire import apply_status_patch
+from grpo_testbed.status_patch import apply_status_patch
 
 pytestmark = pytest.mark.unit
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -84,7 +84,7 @@ def test_data_workers_is_accepted_ignored_by_the_plan_and_warned_about() -> None
 
 
 def test_progress_reports_the_newest_validation_and_omits_it_before_any() -> None:
-    from grpo_testbed.wire import apply_status_patch
+    from grpo_testbed.status_patch import apply_status_patch
 
     # An earlier attempt validated at step 2; this attempt has not validated yet.
     status = {"progress": {"step": 2, "valRewardMean": 0.25, "valStep": 2}}

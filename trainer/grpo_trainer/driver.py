@@ -1,5 +1,5 @@
 """The single controller: the GRPO step loop over the worker group
-(``supervision.WorkerGroup``) in the Ray the driver joined (``ray_bootstrap``).
+(``worker_group.WorkerGroup``) in the Ray the driver joined (``ray_bootstrap``).
 
 Per step: prompts -> rollouts on every rank -> rewards (driver, parallel) ->
 group advantages -> per-rank log-prob recomputation and update -> metrics,
@@ -21,8 +21,8 @@ from grpo_api.contract import STALLS_DIR
 from grpo_api.trainer_config import Config
 
 from .balance import Plan, balance
+from .checkpointing.checkpointer import Checkpointer, NoCheckpointer
 from .checkpointing.final_export import FinalExport, export_final
-from .checkpointing.seam import Checkpointer, NoCheckpointer
 from .dataset import DrawCheck, PromptDataset, RowRef, StatefulLoader, sized_for_media
 from .devices import job_collective_timeout_s
 from .errors import StepError
@@ -30,16 +30,17 @@ from .faults import allocate_until_killed, parse_fault, raise_injected_oom
 from .liveness.progress import NullProgressReporter, Progress, ProgressReporter
 from .liveness.sigterm import AttemptFiles, StepAbandoned, Terminated, TermSignal
 from .liveness.stall import Heartbeat
-from .liveness.stall_monitor import RankTarget, StallMonitor
+from .liveness.stall_monitor import StallMonitor
 from .liveness.watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_process_memory
 from .metrics import MetricsLogger
 from .placement import layout_for
+from .rank_api import RankApi, RankGroup
 from .rewards import extra_means, reward_rows, reward_runner, samples_for
 from .rollout.engine_group import EngineGroup
 from .rollout.pipeline import LoaderPosition, RolloutPipeline
 from .rollout.routing import split
-from .supervision import WorkerGroup
 from .validation import Validator
+from .worker_group import WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -136,32 +137,32 @@ class GRPOTrainer:
         step = self.step + 1
         t0 = time.perf_counter()
         world = self.group.world_size
-        self.heartbeat.mark("rollout")  # weight sync into the engine, then generation
+        times: dict[str, float] = {}  # time/rollout_s, time/reward_s
         records: list[RowRef]
-        if self.pipeline is None:
-            records = self.loader.next_batch()
-            outs = self.group.call("generate", split(records, world), common=[step])
-        else:  # generated ahead by the engines (or now): the ranks fetch their samples
-            records, outs = self.pipeline.take(step)
-        t_gen = time.perf_counter()
+        with self.heartbeat.stage("rollout", times):  # weight sync, then generation
+            if self.pipeline is None:
+                records = self.loader.next_batch()
+                outs = self.group.call(RankApi.generate, split(records, world), common=[step])
+            else:  # generated ahead by the engines (or now): the ranks fetch their samples
+                records, outs = self.pipeline.take(step)
         if self.term.requested:  # before the update: the state is still the last step's
             raise StepAbandoned
-        self.heartbeat.mark("reward")
-        flat = [o for rank_out in outs for o in rank_out]
-        # The drawn rows' answer column (or every column, for a reward that reads rows):
-        # all the driver reads of them.
-        rows = reward_rows(records, cfg.data, self.rewards.reads_rows)
-        results = self.rewards.score(samples_for(flat, rows))
-        scores = torch.tensor([r.score for r in results])
-        adv = group_advantages(scores, cfg.rollout.n, cfg.algorithm.norm_adv_by_std)
-        t_rew = time.perf_counter()
+        with self.heartbeat.stage("reward", times):
+            flat = [o for rank_out in outs for o in rank_out]
+            # The drawn rows' answer column (or every column, for a reward that reads
+            # rows): all the driver reads of them.
+            rows = reward_rows(records, cfg.data, self.rewards.reads_rows)
+            results = self.rewards.score(samples_for(flat, rows))
+            scores = torch.tensor([r.score for r in results])
+            adv = group_advantages(scores, cfg.rollout.n, cfg.algorithm.norm_adv_by_std)
         if self.fault == ("driver_cuda_oom", step):
             raise_injected_oom("driver", step)
         if self.fault == ("host_oom", step):
             allocate_until_killed(step)
-        self.heartbeat.mark("update")  # old and reference log-probs, then the update
-        per_rank_adv, moved = self._balance(outs, adv.tolist())
-        per_rank = self.group.call("update", per_rank_adv, common=[step])
+        # Old and reference log-probs, then the update: the ranks time its parts.
+        with self.heartbeat.stage("update"):
+            per_rank_adv, moved = self._balance(outs, adv.tolist())
+            per_rank = self.group.call(RankApi.update, per_rank_adv, common=[step])
         upd = dict(per_rank[0])
         for key in upd:
             # The worst rank is the one that will OOM, the slowest sets the step's pace.
@@ -170,8 +171,8 @@ class GRPOTrainer:
         upd.update(per_process_memory(per_rank))  # memory/rank<r>/...: a leak has an address
         upd.update(driver_memory())
         if self.pipeline is not None:  # the new policy to the engines, the next batches
-            self.heartbeat.mark("weight push")
-            upd.update(self.pipeline.after_update(step))
+            with self.heartbeat.stage("weight push"):
+                upd.update(self.pipeline.after_update(step))
         t_end = time.perf_counter()
 
         resp = [o["response_tokens"] for o in flat]
@@ -188,8 +189,7 @@ class GRPOTrainer:
             "response/length_max": float(max(resp)),
             "response/clip_ratio": 1.0 - statistics.fmean(float(o["finished"]) for o in flat),
             "time/step_s": elapsed,
-            "time/rollout_s": t_gen - t0,
-            "time/reward_s": t_rew - t_gen,
+            **times,
             # time/old_logprob_s, ref_logprob_s and update_s come from the ranks (upd)
             "throughput/samples_per_s": len(flat) / elapsed,
             "update/groups_moved": float(moved),
@@ -217,10 +217,10 @@ class GRPOTrainer:
         plan = (balance(costs) if self.cfg.actor.balance_ranks
                 else Plan([[(r, g) for g in range(len(c))] for r, c in enumerate(costs)]))
         if plan.moved:
-            handed = self.group.call("hand_over", [plan.leaving(r) for r in range(world)])
+            handed = self.group.call(RankApi.hand_over, [plan.leaving(r) for r in range(world)])
             sent = {(r, g): group for r in range(world)
                     for g, group in zip(plan.leaving(r), handed[r], strict=True)}
-            self.group.call("take", [[sent[grp] for grp in plan.arriving(r)]
+            self.group.call(RankApi.take, [[sent[grp] for grp in plan.arriving(r)]
                                      for r in range(world)])
         start = [sum(len(o) for o in outs[:r]) for r in range(world)]
         return [[a for src, g in plan.ranks[r]
@@ -242,9 +242,10 @@ class GRPOTrainer:
             monitor.stop()
             self.term.restore()
 
-    def _generators(self) -> Any:
+    def _generators(self) -> RankGroup:
         """Who generates validation responses: the ranks, or the disaggregated engines
         (with the weights pushed after the last update)."""
+        assert self.group is not None
         return self.pipeline.engines if self.pipeline is not None else self.group
 
     def _monitor(self) -> StallMonitor:
@@ -252,13 +253,13 @@ class GRPOTrainer:
 
         cfg = self.cfg
         stalls = Path(cfg.checkpoint.dir) / STALLS_DIR if cfg.checkpoint.dir else None
-        targets: list[RankTarget] = getattr(self.group, "targets", [])
+        targets = self.group.targets if self.group is not None else []
         monitor = StallMonitor(self.heartbeat, cfg.trainer.stall_timeout_s, targets, stalls,
                                cfg.trainer.attempt,
                                termination_log_path(cfg.trainer.termination_log),
                                self.checkpointer.latest_step)
-        if hasattr(self.group, "watch"):  # Ray's group (the crash tests' local one: none)
-            self.group.watch = monitor  # type: ignore[union-attr]
+        if self.group is not None:
+            self.group.watch = monitor
         self.heartbeat.mark("start")
         monitor.start()
         return monitor

@@ -18,13 +18,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from grpo_api.trainer_config import Config
 
 from .data import Record
 from .dataset import PromptDataset, RowRef
 from .dataset.lengths import Counter as TokenCounter
+from .rank_api import GreedyGenerator, RankGroup
 from .rewards import RewardResult, RewardRow, RewardRunner, reward_rows, samples_for
 
 # A val prompt as the driver holds it (a ref, read by the rank that answers it) or, in
@@ -103,23 +104,15 @@ def summarize(results: Sequence[RewardResult], lengths: Sequence[int]) -> dict[s
     return m
 
 
-class Group(Protocol):
-    world_size: int
-
-    def call(
-        self, method: str, *per_rank_args: Sequence[Any], common: Sequence[Any] = ()
-    ) -> list[Any]: ...
-
-
 def validation_pass(
-    group: Group, records: Sequence[Prompt],
+    group: RankGroup, records: Sequence[Prompt],
     rows_of: Callable[[Sequence[Prompt]], list[RewardRow]], rewards: RewardRunner, chunk: int,
     step: int,
 ) -> dict[str, float]:
     """Greedy responses to every val prompt, scored once each: the ``val/`` metrics."""
     t0 = time.perf_counter()
-    outs = group.call("generate_greedy", rank_chunks(records, group.world_size, chunk),
-                      common=[step])
+    outs = group.call(GreedyGenerator.generate_greedy,
+                      rank_chunks(records, group.world_size, chunk), common=[step])
     responses = gather(outs, records)
     results = rewards.score(samples_for(responses, rows_of(records)))
     m = summarize(results, [int(o["response_tokens"]) for o in responses])
@@ -158,7 +151,7 @@ class Validator:
         self.last_step: int | None = None
         self.last_reward: float | None = None
 
-    def maybe_run(self, group: Group, step: int) -> dict[str, float]:
+    def maybe_run(self, group: RankGroup, step: int) -> dict[str, float]:
         """The ``val/`` metrics when ``step`` is due, else nothing."""
         if not self.schedule.due(step):
             return {}

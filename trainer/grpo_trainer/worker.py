@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,7 @@ from .lora.sync import rollout_weights, sync_rollout_weights
 from .modeling import stream_full_params
 from .placement import cuda_device_index
 from .policy_update import PolicyUpdate
+from .rank_api import RankApi
 from .rank_env import NCCL_LOG_DIR, first_collective
 from .rank_state import RankState, World, build_rank_state
 from .rollout.base import RolloutEngine
@@ -375,3 +376,7 @@ class Worker:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+if TYPE_CHECKING:  # mypy: a Worker has every method the driver calls, as rank_api says
+    _CALLED_AS: type[RankApi] = Worker

@@ -14,7 +14,7 @@ from grpo_api.contract import (
     not_reason,
 )
 
-from .phases import Finding, Shown
+from .phases import Finding, JobPhaseView
 
 # A Kubernetes event on the job: (type Normal or Warning, reason, message).
 JobEvent = tuple[str, Reason, str]
@@ -85,16 +85,16 @@ def cluster_finding(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any
                    f"{len(running)} of {1 + workers_expected} Ray pods running")
 
 
-def conditions_for(shown: Shown, finding: Finding, generation: int, now: str,
+def conditions_for(view: JobPhaseView, finding: Finding, generation: int, now: str,
                    previous: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """All the phase conditions for what the job shows (phases.shown): those that hold
+    """All the phase conditions for what the job shows (phases.phase_view): those that hold
     and Ready and Progressing carry the finding's reason and message; lastTransitionTime
     is kept while a condition's status holds. Conditions of other types (MemoryGrowth,
     HubFetch, from the trainer's reports) are kept."""
     before = {c.get("type"): c for c in previous or []}
     out = []
     for t in PHASE_CONDITIONS:
-        status = "True" if t in shown.holds else "False"
+        status = "True" if t in view.holds else "False"
         reason, message = (finding.reason, finding.message) if status == "True" or t in (
             ConditionType.READY, ConditionType.PROGRESSING) else (not_reason(t), "")
         old = before.get(t)

@@ -52,7 +52,7 @@ PHASE_OF: Mapping[Reason, Phase] = {
     Reason.POD_CREATE_REFUSED: Phase.PENDING,
     Reason.PODS_STARTING: Phase.STARTING,
     Reason.CLUSTER_RUNNING: Phase.RUNNING,
-    # Kueue holds the cluster (its own reasons are Queued too: `shown`)
+    # Kueue holds the cluster (its own reasons are Queued too: `phase_view`)
     Reason.WAITING_FOR_WORKLOAD: Phase.QUEUED,
     Reason.ADMISSION_CHECKS_PENDING: Phase.QUEUED,
     Reason.PENDING: Phase.QUEUED,
@@ -89,14 +89,14 @@ HOLDS: Mapping[Phase, frozenset[ConditionType]] = {
 
 
 @dataclass(frozen=True)
-class Shown:
+class JobPhaseView:
     """The phase a finding gives the job, and the phase conditions that hold then."""
 
     phase: Phase
     holds: frozenset[ConditionType]
 
 
-def shown(finding: Finding) -> Shown:
+def phase_view(finding: Finding) -> JobPhaseView:
     """The table applied to one finding (status.derive_status calls this, nothing else)."""
     if finding.final:
         phase = Phase.FAILED
@@ -105,4 +105,4 @@ def shown(finding: Finding) -> Shown:
     else:
         phase = PHASE_OF[finding.reason]
     fault = finding.reason in FAULTS and not finding.final
-    return Shown(phase, HOLDS[phase] | ({ConditionType.DEGRADED} if fault else frozenset()))
+    return JobPhaseView(phase, HOLDS[phase] | ({ConditionType.DEGRADED} if fault else frozenset()))

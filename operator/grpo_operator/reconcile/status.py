@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .conditions import conditions_for
-from .phases import Finding, shown
+from .phases import Finding, phase_view
 
 
 @dataclass
@@ -32,7 +32,7 @@ class StatusFacts:
 def derive_status(previous: dict[str, Any], facts: StatusFacts, generation: int,
                   now: str) -> dict[str, Any]:
     """The status patch for `facts` over `previous` (the status the decision was made
-    from): the phase and every phase condition `facts.seen` gives (phases.shown; their
+    from): the phase and every phase condition `facts.seen` gives (phases.phase_view; their
     lastTransitionTime kept while they hold), the record, and observedGeneration, which
     moves with a decision on the job and not with the trainer's report alone."""
     conditions = facts.reported
@@ -41,7 +41,7 @@ def derive_status(previous: dict[str, Any], facts: StatusFacts, generation: int,
         want["observedGeneration"] = generation
     want |= facts.record
     if facts.seen is not None:
-        show = shown(facts.seen)
+        show = phase_view(facts.seen)
         want["phase"] = show.phase
         conditions = conditions_for(show, facts.seen, generation, now,
                                     conditions if conditions is not None

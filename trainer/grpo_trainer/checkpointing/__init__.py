@@ -1,6 +1,6 @@
 """Crash-safe, reshardable checkpoints (torch.distributed.checkpoint) and HF export.
 
-``seam`` is the ``Checkpointer`` protocol the driver calls, ``tracker`` the pure
+``checkpointer`` is the ``Checkpointer`` protocol the driver calls, ``tracker`` the pure
 layout/manifest/retention logic, ``files`` the durable writes, ``rank`` each worker's
 side, ``dcp`` the driver's ``Checkpointer`` and ``export`` the offline conversion to a
 Hugging Face directory.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grpo_api.trainer_config import Config
 
-from .seam import Checkpointer, NoCheckpointer
+from .checkpointer import Checkpointer, NoCheckpointer
 
 
 def make_checkpointer(cfg: Config, *, resume: bool = True) -> Checkpointer:

@@ -22,6 +22,7 @@ import yaml
 
 from grpo_api.trainer_config import Config
 
+from ..rank_api import RankApi, RankGroup
 from ..rollout.seeds import rollout_seed
 from . import fence
 from .files import atomic_write, digest_file, file_size, remove_step_dir, write_durable
@@ -138,7 +139,7 @@ class DCPCheckpointer:
             return committed_step(self.root) if self.resume else None
         return self._latest
 
-    def restore(self, group: Any, loader: Any) -> int:
+    def restore(self, group: RankGroup, loader: Any) -> int:
         # Before anything here is read or removed.
         fence.claim(self.root, self.attempt, self.job_uid)
         plan = plan_startup(scan(self.root), self._tracker_step())
@@ -167,7 +168,7 @@ class DCPCheckpointer:
             log.info("no checkpoint in %s: starting from step 0", self.root)
         return 0
 
-    def maybe_save(self, step: int, group: Any, loader: Any, *, final: bool) -> None:
+    def maybe_save(self, step: int, group: RankGroup, loader: Any, *, final: bool) -> None:
         self._poll(group, wait=False)
         if not is_due(step, self.interval, final):
             return
@@ -179,7 +180,7 @@ class DCPCheckpointer:
             remove_step_dir(path)
         path.mkdir(parents=True)
         files = self._driver_files(step, loader, group.world_size)
-        blocked = group.call("save_checkpoint", common=[str(path), self.async_save])
+        blocked = group.call(RankApi.save_checkpoint, common=[str(path), self.async_save])
         self._pending = _Pending(step, path, files, t0)
         self.last_save = {
             "step": float(step),
@@ -189,7 +190,7 @@ class DCPCheckpointer:
         if not self.async_save or final:
             self._poll(group, wait=True)
 
-    def save_now(self, step: int, group: Any, loader: Any) -> bool:
+    def save_now(self, step: int, group: RankGroup, loader: Any) -> bool:
         self._poll(group, wait=True)
         if step == 0 or self._latest == step:
             return False
@@ -199,7 +200,7 @@ class DCPCheckpointer:
     def save_seconds(self) -> float | None:
         return self.last_save.get("save_s")
 
-    def wait(self, group: Any) -> None:
+    def wait(self, group: RankGroup) -> None:
         """Block until the save in flight (if any) is on disk and committed."""
         self._poll(group, wait=True)
 
@@ -233,26 +234,27 @@ class DCPCheckpointer:
             CONFIG: config.encode(),
         }
 
-    def _poll(self, group: Any, *, wait: bool) -> None:
+    def _poll(self, group: RankGroup, *, wait: bool) -> None:
         """Commit the save in flight once every rank has it on disk."""
         pending = self._pending
         if pending is None:
             return
         try:
-            results = group.call("finish_checkpoint", common=[wait])
+            results = group.call(RankApi.finish_checkpoint, common=[wait])
         except Exception:
             # A newer attempt's start-up removes incomplete step directories, this one's
             # in-flight save among them: its write then fails because it was superseded.
             self._fence(f"committing checkpoint step {pending.step}")
             raise
-        if any(r is None for r in results):
+        done = [r for r in results if r is not None]
+        if len(done) < len(results):
             return
         # Before the driver's own files: a newer attempt may have removed the directory.
         self._fence(f"committing checkpoint step {pending.step}")
         files = {k: write_durable(pending.path / k, v) for k, v in pending.driver_files.items()}
-        for r in results:
+        for r in done:
             files.update({k: from_wire(v) for k, v in r["files"].items()})
-        self._commit(pending, files, len(results))
+        self._commit(pending, files, len(done))
         self._pending = None
 
     def _commit(self, pending: _Pending, files: dict[str, FileEntry], world: int) -> None:
@@ -280,7 +282,7 @@ class DCPCheckpointer:
             log.info("retention: removing %s (keep %d)", path, self.keep)
             remove_step_dir(path)
 
-    def _try_load(self, step: int, group: Any, loader: Any) -> bool:
+    def _try_load(self, step: int, group: RankGroup, loader: Any) -> bool:
         t0 = time.perf_counter()
         path = self.root / step_dir_name(step)
         manifest, problems = check_sizes(path)
@@ -301,7 +303,7 @@ class DCPCheckpointer:
         world = group.world_size
         big = {k: v for k, v in manifest.entries().items() if k not in (TRAINER_STATE, CONFIG)}
         shares = [{k: to_wire(v) for k, v in part.items()} for part in balance(big, world)]
-        results = group.call("load_checkpoint", shares, common=[str(path)])
+        results = group.call(RankApi.load_checkpoint, shares, common=[str(path)])
         if results[0]["bad"]:
             self._report_bad(path, results[0]["bad"])
             return False

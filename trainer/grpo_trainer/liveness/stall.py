@@ -14,7 +14,8 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -217,6 +218,18 @@ class Heartbeat:
             self.phase, self.since = phase, time.monotonic()
         if self.published is not None:
             self.published(phase)
+
+    @contextmanager
+    def stage(self, phase: str, times: dict[str, float] | None = None) -> Iterator[None]:
+        """A stage of the step: marked for the stall monitor and the progress report,
+        and, given ``times``, its seconds recorded there as ``time/<phase>_s``."""
+        self.mark(phase)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if times is not None:
+                times[f"time/{phase}_s"] = time.perf_counter() - t0
 
     def step_done(self, step: int, seconds: float) -> None:
         with self._lock:

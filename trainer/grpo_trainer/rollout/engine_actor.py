@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,7 @@ from ..data import Record
 from ..dataset import RowRef, encode_rows, overlong, read_records
 from ..errors import rank_phase
 from ..faults import parse_fault
+from ..rank_api import GreedyGenerator
 from ..rank_env import NCCL_LOG_DIR, engine_on_cuda, report_transport
 from ..samples import Sample, load_rollout_tokens, summary
 from .base import RolloutEngine
@@ -201,3 +202,7 @@ class EngineWorker:
 
     def info(self) -> dict[str, Any]:
         return {"index": self.index, "pid": os.getpid(), "version": self.version}
+
+
+if TYPE_CHECKING:  # mypy: validation calls an engine apart as it calls a rank (rank_api)
+    _CALLED_AS: type[GreedyGenerator] = EngineWorker

@@ -20,6 +20,7 @@ from grpo_api.trainer_config import Config
 
 from ..devices import weight_sync_backend
 from ..placement import Gang, engine_layout, side_labels
+from ..rank_api import R, RankApi
 from ..rank_env import engine_env, runtime_env
 from .weight_bus import WeightGroupSpec
 
@@ -174,7 +175,7 @@ class EngineGroup:
             if found := self.dead():
                 self.replace(found)
             receiving = [e.receive_weights.remote(version) for e in self.engines]
-            sent = self.rank_call("push_weights")[0]  # rank 0's report
+            sent = self.rank_call(RankApi.push_weights)[0]  # rank 0's report
             got, dead = gather(receiving)
             broken = not sent["ok"] or not all(r["ok"] for r in got.values())
             if not dead and not broken:
@@ -190,14 +191,14 @@ class EngineGroup:
     def world_size(self) -> int:
         return self.size
 
-    def call(self, method: str, *per_engine_args: Sequence[Any], common: Sequence[Any] = ()
-             ) -> list[Any]:
+    def call(self, method: Callable[..., R], *per_engine_args: Sequence[Any],
+             common: Sequence[Any] = ()) -> list[R]:
         """``method`` on every engine (validation.py's group, as the ranks are colocated);
         engines lost on the way are started again, given the weights the others hold, and
         every engine is called again."""
         for _ in range(MAX_PUSH_TRIES):
             results, dead = gather([
-                getattr(e, method).remote(*[a[i] for a in per_engine_args], *common)
+                getattr(e, method.__name__).remote(*[a[i] for a in per_engine_args], *common)
                 for i, e in enumerate(self.engines)])
             if not dead:
                 return [results[i] for i in range(len(self.engines))]
@@ -205,7 +206,8 @@ class EngineGroup:
             self.replace(dead)
             if version is not None:
                 self.push(version)
-        raise RuntimeError(f"rollout engines kept dying during {MAX_PUSH_TRIES} calls of {method}")
+        raise RuntimeError(f"rollout engines kept dying during {MAX_PUSH_TRIES} calls of "
+                           f"{method.__name__}")
 
     def generate(self, index: int, records: list[Any], step: int) -> tuple[Any, Any]:
         """Engine ``index``'s (summaries ref, samples ref) for ``records`` of ``step``."""

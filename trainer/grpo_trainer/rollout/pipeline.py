@@ -20,13 +20,17 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_api.trainer_config import Config
 
 from ..dataset import RowRef, StatefulLoader
+from ..rank_api import RankApi
 from .engine_group import EngineGroup, is_lost
 from .routing import launch_through, route, split
+
+if TYPE_CHECKING:
+    from ..worker_group import WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +51,9 @@ class Batch:
 
 
 class RolloutPipeline:
-    def __init__(self, cfg: Config, ranks: Any, engines: EngineGroup, loader: StatefulLoader,
-                 total_steps: int, trained: int, timeout_s: float) -> None:
+    def __init__(self, cfg: Config, ranks: WorkerGroup, engines: EngineGroup,
+                 loader: StatefulLoader, total_steps: int, trained: int, timeout_s: float
+                 ) -> None:
         """``ranks``: the worker group; ``engines``: started (loading), not connected;
         ``trained``: the steps already trained (the restored checkpoint's), the policy
         version the engines get first. Shuts the engines down if it fails."""
@@ -95,7 +100,7 @@ class RolloutPipeline:
             summaries = [self._collect(batch, e) for e in range(self.engines.size)]
             routes = route([len(s) // n for s in summaries], self.ranks.world_size)
             lost = sorted({e for held in self.ranks.call(
-                "receive_samples", [[(e, batch.refs[e][1], a, b) for e, a, b in r]
+                RankApi.receive_samples, [[(e, batch.refs[e][1], a, b) for e, a, b in r]
                                     for r in routes]) for e in held})
             if not lost:
                 outs = [[x for e, a, b in r for x in summaries[e][a * n : b * n]]

@@ -23,9 +23,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from ..liveness.stall_monitor import RankTarget
+from ..rank_api import R
+from ..worker_group import Watch
 
 
 class LocalGroup:
@@ -39,12 +43,14 @@ class LocalGroup:
         self.workers = [Worker(cfg, 0, 1)]
         self.info = [self.workers[0].setup("127.0.0.1", free_port())]
         self.transport: dict[str, Any] | None = None  # one process: no NCCL to report
+        # No process of its own to probe for stacks, nothing for the monitor to watch.
+        self.targets: list[RankTarget] = []
+        self.watch: Watch | None = None
 
-    def call(
-        self, method: str, *per_rank_args: Sequence[Any], common: Sequence[Any] = ()
-    ) -> list[Any]:
+    def call(self, method: Callable[..., R], *per_rank_args: Sequence[Any],
+             common: Sequence[Any] = ()) -> list[R]:
         return [
-            getattr(w, method)(*[a[rank] for a in per_rank_args], *common)
+            getattr(w, method.__name__)(*[a[rank] for a in per_rank_args], *common)
             for rank, w in enumerate(self.workers)
         ]
 

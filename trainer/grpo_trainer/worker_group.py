@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from grpo_api.contract import RAY_SIDE_TRAIN
@@ -17,6 +17,7 @@ from .liveness.rank_crash import RankCrashed, fatal_crash
 from .liveness.stall_monitor import RankTarget
 from .nccl_log import Transport, combine, summary
 from .placement import Gang, layout_for, side_labels
+from .rank_api import R
 from .rank_env import rank_env, runtime_env
 
 log = logging.getLogger(__name__)
@@ -151,13 +152,13 @@ class WorkerGroup:
                                         for t in self.targets))
         self.watch: Watch | None = None
 
-    def call(
-        self, method: str, *per_rank_args: Sequence[Any], common: Sequence[Any] = ()
-    ) -> list[Any]:
+    def call(self, method: Callable[..., R], *per_rank_args: Sequence[Any],
+             common: Sequence[Any] = ()) -> list[R]:
+        """``method`` (a ``RankApi`` function) on every rank's actor: rank_api.RankGroup."""
         refs = []
         for rank, w in enumerate(self.workers):
             args = [a[rank] for a in per_rank_args] + list(common)
-            refs.append(getattr(w, method).remote(*args))
+            refs.append(getattr(w, method.__name__).remote(*args))
         try:
             return get_all(refs, self.watch)
         except _lost_types() as err:

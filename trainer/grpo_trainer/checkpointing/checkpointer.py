@@ -1,4 +1,4 @@
-"""The checkpoint seam the driver calls; ``checkpointing.dcp.DCPCheckpointer`` implements it.
+"""The checkpointer protocol the driver calls; ``checkpointing.dcp.DCPCheckpointer`` is one.
 
 What a checkpoint must hold (docs/incidents.md) and where each piece comes from:
 model + optimizer + LR scheduler (each rank's ``RankState`` holds ``actor``/``optimizer``/
@@ -12,21 +12,23 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from ..rank_api import RankGroup
+
 
 class Checkpointer(Protocol):
     def latest_step(self) -> int | None:
         """Newest complete checkpoint's step, or None (used in termination messages)."""
         ...
 
-    def restore(self, group: Any, loader: Any) -> int:
+    def restore(self, group: RankGroup, loader: Any) -> int:
         """Load the newest complete checkpoint into workers and loader; its step, 0 if none."""
         ...
 
-    def maybe_save(self, step: int, group: Any, loader: Any, *, final: bool) -> None:
+    def maybe_save(self, step: int, group: RankGroup, loader: Any, *, final: bool) -> None:
         """Save when ``step`` hits the interval (or ``final``)."""
         ...
 
-    def save_now(self, step: int, group: Any, loader: Any) -> bool:
+    def save_now(self, step: int, group: RankGroup, loader: Any) -> bool:
         """Commit the save in flight, then save ``step`` unless it is committed already
         (or is 0); whether this call saved."""
         ...
@@ -42,13 +44,13 @@ class NoCheckpointer:
     def latest_step(self) -> int | None:
         return None
 
-    def restore(self, group: Any, loader: Any) -> int:
+    def restore(self, group: RankGroup, loader: Any) -> int:
         return 0
 
-    def maybe_save(self, step: int, group: Any, loader: Any, *, final: bool) -> None:
+    def maybe_save(self, step: int, group: RankGroup, loader: Any, *, final: bool) -> None:
         return None
 
-    def save_now(self, step: int, group: Any, loader: Any) -> bool:
+    def save_now(self, step: int, group: RankGroup, loader: Any) -> bool:
         return False
 
     def save_seconds(self) -> float | None:
