@@ -47,8 +47,9 @@ from grpo_api.catalog import GPU_CATALOG
 from grpo_api.contract import packed_width
 from grpo_api.job.lora import LoraSpec
 from grpo_api.model.shape import shape_from_config
-from grpo_operator.planner.budget import GIB, compute_budget
+from grpo_operator.planner.budget import GIB
 from grpo_operator.planner.modes import FROZEN, GRADS, OPTIMIZER, STATE, WEIGHTS, lora_plan
+from grpo_operator.planner.phase_terms import compute_budget
 from grpo_operator.planner.pinned import pinned_block
 from grpo_operator.planner.sizes import logprob_bytes, weight_sync_bytes
 from grpo_operator.planner.types import Budget, Geometry, Settings

@@ -12,7 +12,8 @@ from rich.console import Console
 
 from grpo_api.job import SpecError, parse_spec
 from grpo_operator.planner import InfeasibleError, plan_memory
-from grpo_operator.planner.budget import GIB, compute_budget
+from grpo_operator.planner.budget import GIB
+from grpo_operator.planner.phase_terms import compute_budget
 from grpo_operator.planner.report import plan_status, plan_tables
 from grpo_operator.planner.split import FILL, GENERATION_SHARE, splits, step_work
 from grpo_operator.webhook import admission_problem

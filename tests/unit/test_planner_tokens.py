@@ -14,16 +14,16 @@ import pytest
 from grpo_api.contract import FailureReason
 from grpo_api.job import SpecError, parse_spec
 from grpo_operator.planner import plan_memory
-from grpo_operator.planner.budget import (
-    GIB,
+from grpo_operator.planner.budget import GIB
+from grpo_operator.planner.ladder import next_safer_plan
+from grpo_operator.planner.layout import image_tokens, micro_batch, token_budgets
+from grpo_operator.planner.phase_terms import compute_budget
+from grpo_operator.planner.report import plan_status
+from grpo_operator.planner.sizes import (
     activation_bytes_per_token,
-    compute_budget,
     logprob_bytes,
     vision_activation_bytes,
 )
-from grpo_operator.planner.ladder import next_safer_plan
-from grpo_operator.planner.layout import image_tokens, micro_batch, token_budgets
-from grpo_operator.planner.report import plan_status
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
 

@@ -11,7 +11,6 @@ import pytest
 
 from grpo_api.catalog import GPU_CATALOG as CATALOG
 from grpo_api.model.shape import known_family
-from grpo_operator.planner.budget import compute_budget
 from grpo_operator.planner.layout import (
     image_tokens,
     images_per_prompt,
@@ -19,6 +18,7 @@ from grpo_operator.planner.layout import (
     prompt_tokens,
     video_tokens,
 )
+from grpo_operator.planner.phase_terms import compute_budget
 from grpo_operator.planner.types import Geometry, Settings
 
 pytestmark = pytest.mark.unit

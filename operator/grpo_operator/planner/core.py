@@ -27,12 +27,12 @@ from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
 from grpo_api.model.shape import Shape, resolve_shape
 
-from .budget import compute_budget, max_rollout_utilization
 from .disaggregated import choose_split, rollout_side, rollout_type, side_decisions
 from .layout import token_budgets
 from .mode_advice import without_offload
 from .modes import lora_plan
 from .network import plan_network
+from .phase_terms import compute_budget, max_rollout_utilization
 from .positions import context_decision, context_problem, model_positions
 from .reasons import explain, explain_margin, explain_pods
 from .refusal import Trail, infeasible, numbers

@@ -33,11 +33,11 @@ from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import FailureReason, RankPhase
 from grpo_api.job.spec import GRPOJobSpec
 
-from .budget import compute_budget, max_rollout_utilization
 from .core import _micro_batches, plan_memory, replan
 from .headroom import improves
 from .layout import least_budget
 from .modes import BF16, MIXED
+from .phase_terms import compute_budget, max_rollout_utilization
 from .report import plan_changes
 from .resources import STORE_MIN_GIB
 from .rollout_ladder import changes_rollout_side, on_rollout_side, rollout_ladder

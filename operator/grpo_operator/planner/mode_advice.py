@@ -15,8 +15,8 @@ from dataclasses import replace
 from grpo_api.job.lora import LoraSpec
 from grpo_api.job.spec import GRPOJobSpec
 
-from .budget import compute_budget
 from .modes import BF16, LORA, ORDER, Mode, describe, lora_plan, mode_of
+from .phase_terms import compute_budget
 from .types import Decision, Geometry, Settings
 
 Fits = Callable[[Geometry, GRPOJobSpec, frozenset[str]], Settings | None]

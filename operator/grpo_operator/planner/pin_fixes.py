@@ -17,8 +17,8 @@ from grpo_api.job.resources import MemorySpec
 from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
 
-from .budget import compute_budget
 from .mode_advice import Fits
+from .phase_terms import compute_budget
 from .types import Geometry, Settings
 
 # The knobs by what moving them costs: vLLM's share and the micro-batch only move

@@ -194,7 +194,7 @@ def explain(
                 f"{st.rollout_gpu_memory_utilization:.2f}",
                 src(ROLLOUT_GPU_MEMORY_UTILIZATION),
                 f"vLLM gets {_g(st.rollout_gpu_memory_utilization * card)}: "
-                f"weights {_g(weights / b.rollout_tensor_parallel)} (TP "
+                f"weights {_g(b.engine_weights_gib)} (TP "
                 f"{b.rollout_tensor_parallel}) + KV cache {_g(b.rollout_kv_cache_gib)} "
                 f"(~{int(kv_tokens)} tokens); needs >= {b.rollout_min_utilization:.2f}; "
                 f"{beside}",

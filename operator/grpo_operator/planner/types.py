@@ -164,6 +164,15 @@ class Budget:
         return max((sum(t.values()) for t in self.gpu_phases.values()), default=0.0)
 
     @property
+    def engine_weights_gib(self) -> float:
+        """The rollout engine's weights on one of its GPUs, as the rollout's terms count
+        them: vLLM's TP slice (the rollout side's, or the training GPU's rollout phase's),
+        or the transformers engine's whole bf16 copy."""
+        terms = (self.rollout_side.terms if self.rollout_side is not None
+                 else self.gpu_phases.get("rollout", {}))
+        return terms.get("vllm_weights", terms.get("generate_engine_bf16", 0.0))
+
+    @property
     def peak_gpu_phase(self) -> str:
         if not self.gpu_phases:
             return "-"
