@@ -176,9 +176,13 @@ def pod_security_problem(pods_spec: Mapping[str, Any], templates: Mapping[str, A
     namespace's level and the fix; None when it allows them."""
     level = ns.level
     found: list[str] = []
+    # The least restrictive level any violation needs: the one below the lowest level
+    # that forbids it (a capability baseline forbids needs privileged).
+    needed = level
     for role, pod in templates.items():
         sections = ("common", "head" if role == "head" else "workers")
         for v in pod_violations(pod, level):
+            needed = min(needed, LEVELS[LEVELS.index(v.level) - 1], key=LEVELS.index)
             fix = _fix(v)
             line = f"{locate(pods_spec, sections, v)}: {v.why}{f'; {fix}' if fix else ''}"
             if line not in found:
@@ -188,7 +192,8 @@ def pod_security_problem(pods_spec: Mapping[str, Any], templates: Mapping[str, A
     return (f"namespace {ns.name} enforces Pod Security {level!r} (label "
             f"{ENFORCE_LABEL}={level}), whose admission would refuse the job's Ray pods: "
             f"{'. '.join(found)}. Change these settings, or run the job in a namespace "
-            "whose level allows them")
+            f"whose level allows them ({needed!r}: kubectl label namespace {ns.name} "
+            f"{ENFORCE_LABEL}={needed} --overwrite, where the platform allows it)")
 
 
 def count(quantity: str) -> int | None:

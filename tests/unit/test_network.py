@@ -168,6 +168,9 @@ def test_an_rdma_job_adds_ipc_lock_and_a_baseline_namespace_refuses_it_at_apply(
     problem = admission_problem(raw_spec, None,
                                 namespace=NamespaceFacts("ns", {level: "baseline"}))
     assert problem is not None and "IPC_LOCK" in problem and "baseline" in problem, problem
+    # The fix names the level RDMA needs (docs/deployment.md, "RDMA jobs").
+    assert ("kubectl label namespace ns pod-security.kubernetes.io/enforce=privileged "
+            "--overwrite") in problem, problem
 
 
 @pytest.mark.parametrize("image", [None, "ghcr.io/grpo-operator/trainer:0.1.0",
