@@ -326,6 +326,7 @@ def test_deployment_flags_follow_values() -> None:
         "--pod-create-deadline=300",
         "--hang-grace=300",
         "--watch-stale-after=150",
+        "--no-read-public-hub",  # least privilege: nothing leaves the cluster by default
         "--peering=grpo-grpo-operator",
         "--peering-lifetime=15",
         "--webhook-port=9443",
@@ -335,12 +336,13 @@ def test_deployment_flags_follow_values() -> None:
     off = _args(VALUE_SETS["no-peering-debug-catalog"] | VALUE_SETS["webhook-off"])
     assert not [a for a in off if a.startswith(("--peering", "--webhook"))]
     assert "--verbose" in off
+    assert "--no-read-public-hub" not in _args({"readPublicHub": True})
 
 
 def test_every_flag_the_chart_passes_is_one_grpo_operator_accepts() -> None:
     from grpo_operator.main import cli
 
-    known = {o for p in cli.params for o in p.opts}
+    known = {o for p in cli.params for o in (*p.opts, *p.secondary_opts)}
     used = set()
     for name in VALUE_SETS:
         used |= {a.split("=", 1)[0] for a in _args(VALUE_SETS[name])}
