@@ -12,6 +12,7 @@ from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
 from .peering import PEERING_LIFETIME_S
+from .render.network_policy import JobNetworkPolicy
 from .watch_health import DEFAULT_STALE_AFTER_S as WATCH_STALE_AFTER_S
 
 # After the trainer's own stall deadline, it still captures every rank's stacks (up to
@@ -76,6 +77,9 @@ class OperatorConfig:
     # spec.hub.endpoint (--no-read-public-hub: a cluster that cannot or must not reach it;
     # those jobs plan from the known table, as jobs of a private repo's mirror never do).
     read_public_hub: bool = True
+    # A NetworkPolicy for each job's Ray pods (--job-network-policy; the chart's
+    # jobNetworkPolicy); None: none (render/network_policy.py).
+    job_network_policy: JobNetworkPolicy | None = None
     # A standby replica of the peering takes over this long after the active one's last
     # keep-alive (--peering-lifetime; peering.py).
     peering_lifetime_seconds: int = PEERING_LIFETIME_S

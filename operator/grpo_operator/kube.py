@@ -56,6 +56,7 @@ def warm_up() -> None:
 @cache
 def _creators() -> dict[str, Callable[[str, dict[str, Any]], Any]]:
     core, rbac, custom = _core(), _rbac(), _custom()
+    networking = client.NetworkingV1Api(_api())
     return {
         "ConfigMap": lambda ns, b: core.create_namespaced_config_map(ns, b),
         "Pod": lambda ns, b: core.create_namespaced_pod(ns, b),
@@ -64,6 +65,7 @@ def _creators() -> dict[str, Callable[[str, dict[str, Any]], Any]]:
         "ServiceAccount": lambda ns, b: core.create_namespaced_service_account(ns, b),
         "Role": lambda ns, b: rbac.create_namespaced_role(ns, b),
         "RoleBinding": lambda ns, b: rbac.create_namespaced_role_binding(ns, b),
+        "NetworkPolicy": lambda ns, b: networking.create_namespaced_network_policy(ns, b),
         "RayCluster": lambda ns, b: custom.create_namespaced_custom_object(
             RAY_GROUP, RAY_VERSION_API, ns, RAY_PLURAL, b),
     }

@@ -30,6 +30,7 @@ from .config import (
 )
 from .kopf_fixes import Insights, see_listed_namespaces, track_watches
 from .peering import MIN_PEERING_LIFETIME_S, PEERING_LIFETIME_S, SALT_RANGE, replica_priority
+from .render.network_policy import parse_job_network_policy
 from .watch_health import WatchTracker
 
 log = logging.getLogger("grpo_operator")
@@ -221,6 +222,12 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
               "jobs that name no spec.hub.endpoint. Off: those jobs plan from the known "
               "table, and a model it does not know needs spec.model.shape "
               "[env GRPO_READ_PUBLIC_HUB].")
+@click.option("--job-network-policy", envvar="GRPO_JOB_NETWORK_POLICY", default=None,
+              metavar="JSON", help="Give each job's Ray pods a NetworkPolicy: only the job's "
+              "own pods (and the ingressFrom peers) reach them; with egress rules, they "
+              "reach only the job's pods, DNS and those rules. JSON: "
+              '{"ingressFrom": [peer, ...], "egress": [rule, ...] or null} '
+              "(the chart's jobNetworkPolicy) [env GRPO_JOB_NETWORK_POLICY].")
 @click.option("--verbose", is_flag=True)
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
@@ -229,7 +236,8 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         pod_create_deadline: float,
         hang_grace: float, peering: str | None, priority: int | None,
         peering_lifetime: int, discovery_timeout: float,
-        watch_stale_after: float, read_public_hub: bool, verbose: bool) -> None:
+        watch_stale_after: float, read_public_hub: bool, job_network_policy: str | None,
+        verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -239,6 +247,11 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         catalog = load_catalog(gpu_catalog)
     except CatalogError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu-catalog") from None
+    try:
+        network_policy = (parse_job_network_policy(job_network_policy)
+                          if job_network_policy else None)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--job-network-policy") from None
     config = OperatorConfig(
         default_image=trainer_image, trainer_pod_uid=trainer_pod_uid,
         catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
@@ -246,6 +259,7 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         hang_grace_seconds=hang_grace,
         discovery_timeout_seconds=discovery_timeout, watch_stale_after_seconds=watch_stale_after,
         read_public_hub=read_public_hub, peering_lifetime_seconds=peering_lifetime,
+        job_network_policy=network_policy,
         webhook=WebhookConfig(port=webhook_port, host=webhook_host, cert=webhook_cert,
                               key=webhook_key, ca=webhook_ca, manage=webhook_manage))
     if webhook_port:

@@ -86,11 +86,12 @@ def can_i(tb: Testbed, who: str, verb: str, resource: str, *where: str) -> bool:
 
 @pytest.fixture(scope="module")
 def release(testbed: Testbed) -> Iterator[Release]:
-    """The chart with its default values (all namespaces), installed once for the module."""
+    """The chart with its default values (all namespaces) and jobNetworkPolicy on,
+    installed once for the module."""
     ns = testbed.namespace("chart")
     name = "grpo"
     proc = helm(testbed, "install", name, str(CHART), "-n", ns, "--wait", "--timeout", "180s",
-                *WEBHOOK_SOFT, *IMAGES)
+                *WEBHOOK_SOFT, *IMAGES, "--set", "jobNetworkPolicy.enabled=true")
     yield Release(name, ns, f"{name}-grpo-operator", proc.stdout)
     helm(testbed, "uninstall", name, "-n", ns, "--wait", "--timeout", "120s", check=False)
     testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -129,6 +130,8 @@ NAMESPACED_VERBS = [
     *[(v, r, "") for r in ("roles.rbac.authorization.k8s.io",
                            "rolebindings.rbac.authorization.k8s.io")
       for v in ("get", "list", "watch", "create", "patch", "delete")],
+    # jobNetworkPolicy: each job's NetworkPolicy (owned by the job: GC deletes it).
+    *[(v, "networkpolicies.networking.k8s.io", "") for v in ("get", "create")],
 ]
 CLUSTER_VERBS = [
     *[(v, "customresourcedefinitions.apiextensions.k8s.io") for v in ("get", "list", "watch")],
@@ -152,6 +155,8 @@ FORBIDDEN = [
     ("create", "serviceaccounts", "-A --subresource=token"),
     ("delete", "namespaces", ""),
     ("update", "rayclusters.ray.io", "-A --subresource=status"),
+    ("delete", "networkpolicies.networking.k8s.io", "-A"),
+    ("patch", "networkpolicies.networking.k8s.io", "-A"),
 ]
 
 
@@ -390,7 +395,12 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
     """The chart's RBAC is exactly enough: the real operator, authenticated only by a
     token of the chart's ServiceAccount, takes a job from apply to Succeeded."""
     kc = sa_kubeconfig(testbed, release, tmp_path / "sa.kubeconfig")
-    op = OperatorProcess(testbed, tmp_path, kubeconfig=kc, webhook=False).start()
+    # The release's jobNetworkPolicy, as its Deployment passes it.
+    dep = get_json(testbed, "deployment", f"{release.name}-grpo-operator", "-n", release.ns)
+    (policy_arg,) = [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+                     if a.startswith("--job-network-policy=")]
+    op = OperatorProcess(testbed, tmp_path, kubeconfig=kc, webhook=False,
+                         extra_args=(policy_arg,)).start()
     ns = testbed.namespace(OPERATOR_NS_PREFIX)
     try:
         doc = example_job(recovery={"backoff": {"initialSeconds": 1}})
@@ -407,6 +417,12 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
 
         wait_until("tiny Running under the chart's ServiceAccount",
                    lambda: phase() == "Running", 120)
+        # Its Ray pods got their NetworkPolicy: the job's own pods select and reach them.
+        policy = get_json(testbed, "networkpolicy", "tiny-ray-pods", "-n", ns)
+        assert policy["spec"]["podSelector"] == {"matchLabels": {"grpo.dev/job": "tiny"}}
+        assert policy["spec"]["ingress"] == [
+            {"from": [{"podSelector": policy["spec"]["podSelector"]}]}]
+        assert policy["metadata"]["ownerReferences"][0]["kind"] == "GRPOJob"
         _trainer_may_write_progress_only(testbed, ns, tmp_path)
         assert phase() == "Running"
         # Recovery's main path: an OOM kill, then attempt 1 from the checkpoint.

@@ -21,6 +21,7 @@ from grpo_api.contract import (
 
 from ..planner import next_safer_plan, plan_status
 from ..render import JobRef, names, render_children
+from ..render.network_policy import JobNetworkPolicy
 from .action import Action
 from .classify import PodOutcome
 from .conditions import JobEvent, attempt_of, pod_phase
@@ -61,10 +62,12 @@ def current_plan(planner: Planner, status: dict[str, Any]) -> JobPlan | Refused:
 
 def ensure_attempt(job: JobRef, planned: JobPlan | Refused, status: dict[str, Any],
                    now: str, default_image: str = "",
-                   pod_uid: int | None = IMAGE_UID) -> Action:
+                   pod_uid: int | None = IMAGE_UID,
+                   network_policy: JobNetworkPolicy | None = None) -> Action:
     """Children and status of the current attempt, on create/resume/spec change;
     `planned`: its plan (current_plan), or why there is none; `pod_uid`: the Ray pods'
-    UID (OperatorConfig.trainer_pod_uid)."""
+    UID (OperatorConfig.trainer_pod_uid); `network_policy`: the platform's, for the
+    job's pods (OperatorConfig.job_network_policy)."""
     if status.get("phase") in TERMINAL_PHASES or status.get("nextAttempt"):
         return Action()  # done, or the restart timer owns the next step
     bad_name = names.job_name_problem(job.name)  # the CRD refuses these; older CRDs did not
@@ -88,7 +91,8 @@ def ensure_attempt(job: JobRef, planned: JobPlan | Refused, status: dict[str, An
         )
     saved = _measured_save_s(status)
     children = render_children(spec, plan, job, attempt, default_image,
-                               measured_save_s=saved, pod_uid=pod_uid)
+                               measured_save_s=saved, pod_uid=pod_uid,
+                               network_policy=network_policy)
     attempts = list(status.get("attempts") or [])
     fields: dict[str, Any] = {"attempt": attempt, "rayCluster": {"name": rc_name}}
     events: list[JobEvent] = []

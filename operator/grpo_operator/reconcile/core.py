@@ -150,7 +150,7 @@ def _on_spec(ref: JobRef, raw_spec: dict[str, Any], planner: Planner, status: di
                       retry=(wait.found.message, wait.retry_seconds)
                       if wait.retry_seconds is not None else None)
     action = ensure_attempt(ref, planned, read, now, config.default_image,
-                            config.trainer_pod_uid)
+                            config.trainer_pod_uid, config.job_network_policy)
     if step.fields:
         action = _with_read(action, step)
     if planner.spec is not None:

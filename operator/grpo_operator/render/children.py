@@ -38,6 +38,7 @@ from . import names
 from .collective_debug import collective_debug_env
 from .hub import hub_fetch
 from .names import JobRef
+from .network_policy import JobNetworkPolicy
 from .pod_settings import merged
 from .security import container_security_context, pod_security_context
 from .trainer_config import trainer_config
@@ -109,9 +110,10 @@ def logging_env(spec: GRPOJobSpec) -> list[dict[str, Any]]:
 def render_children(
     spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str = "",
     debug_collectives: bool = False, measured_save_s: float | None = None,
-    pod_uid: int | None = IMAGE_UID,
+    pod_uid: int | None = IMAGE_UID, network_policy: JobNetworkPolicy | None = None,
 ) -> list[dict[str, Any]]:
-    """ConfigMap, PVC (unless the spec names one), trainer RBAC, and the RayCluster;
+    """ConfigMap, PVC (unless the spec names one), trainer RBAC, the NetworkPolicy of the
+    job's pods (with `network_policy`, the platform's) and the RayCluster;
     `debug_collectives`: the attempt after a Hang, with the collective debug env;
     `measured_save_s`: status.progress.saveSeconds, which sizes the SIGTERM grace;
     `pod_uid`: the Ray pods' UID, GID and fsGroup (None: the platform assigns them)."""
@@ -119,9 +121,12 @@ def render_children(
                    measured_save_s, pod_uid)
     config = trainer_config(spec, plan, job)
     ctx["config_yaml"] = yaml.dump(config, Dumper=yaml.CSafeDumper, sort_keys=False)
+    ctx["network_policy"] = network_policy
     files = ["configmap.yaml.j2", "rbac.yaml.j2", "raycluster.yaml.j2"]
     if spec.checkpoint.claim_name is None:
         files.insert(1, "pvc.yaml.j2")
+    if network_policy is not None:  # before the pods it guards
+        files.insert(-1, "networkpolicy.yaml.j2")
     return [d for f in files for d in render_template(f, ctx)]
 
 
@@ -168,6 +173,7 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
             "claim": claim,
             "account": names.trainer_account(job),
             "ray_cluster": names.ray_cluster(job, attempt),
+            "network_policy": names.network_policy(job),
         },
         "multi_pod": plan.pods > 1,
         "image": spec.image or default_image or DEFAULT_TRAINER_IMAGE,

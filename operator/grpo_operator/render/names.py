@@ -67,3 +67,7 @@ def checkpoint_dir(job: JobRef) -> str:
 def model_reader(job: JobRef) -> str:
     """The pod that reads the model's config.json once (reconcile/model_config.py)."""
     return f"{job.name}-model-config"
+
+
+def network_policy(job: JobRef) -> str:
+    return f"{job.name}-ray-pods"
