@@ -261,7 +261,13 @@ def _documented_rights() -> set[Rule]:
 def test_the_deployment_docs_rbac_table_is_what_the_chart_grants() -> None:
     peering = {("kopf.dev", r, v) for r in ("clusterkopfpeerings", "kopfpeerings")
                for v in PEERING_VERBS}
-    assert _documented_rights() == NAMESPACED_RIGHTS | CLUSTER_RIGHTS | peering
+    # Granted only with jobNetworkPolicy.enabled (tests/unit/test_job_network_policy.py).
+    policies = {("networking.k8s.io", "networkpolicies", v) for v in ("get", "create")}
+    assert _documented_rights() == NAMESPACED_RIGHTS | CLUSTER_RIGHTS | peering | policies
+    on, _ = operator_roles(render({"jobNetworkPolicy.enabled": "true"}))
+    cluster_peering = {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING_VERBS}
+    assert rights(on["rules"]) == (NAMESPACED_RIGHTS | CLUSTER_RIGHTS | cluster_peering
+                                   | policies)
 
 
 def test_watched_namespaces_get_roles_and_only_cluster_scoped_rights_stay_cluster_wide() -> None:
