@@ -59,8 +59,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def _config(model: Path, data: Path, mode: str, steps: int = 2, **actor: Any) -> Any:
+    from grpo_testkit.configs import text_config
     from grpo_trainer.config import build_config
-    from grpo_trainer.testing.configs import text_config
 
     precision = "mixed" if mode == "mixed" else "bf16"
     raw = text_config(
@@ -76,8 +76,8 @@ def _config(model: Path, data: Path, mode: str, steps: int = 2, **actor: Any) ->
 
 def _group(cfg: Any, mode: str) -> Any:
     """One in-process rank; the bf16 variants the trainer does not offer swapped in."""
+    from grpo_testkit.crash import LocalGroup
     from grpo_trainer.optim import BF16AdamW
-    from grpo_trainer.testing.crash import LocalGroup
 
     group = LocalGroup(cfg)
     w = group.workers[0]
@@ -239,8 +239,8 @@ def _rel(
 def main() -> None:
     import logging
 
-    from grpo_trainer.testing.datasets import write_text_task, write_vision_task
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2, build_tiny_qwen2_5_vl
+    from grpo_testkit.datasets import write_text_task, write_vision_task
+    from grpo_testkit.tiny_models import build_tiny_qwen2, build_tiny_qwen2_5_vl
 
     args = parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -52,9 +52,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    from grpo_trainer.testing.configs import text_config
-    from grpo_trainer.testing.datasets import write_text_task
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
+    from grpo_testkit.configs import text_config
+    from grpo_testkit.datasets import write_text_task
+    from grpo_testkit.tiny_models import build_tiny_qwen2
 
     work = Path(tempfile.mkdtemp(prefix="bench-bytecode-"))
     model = build_tiny_qwen2(work / "model")

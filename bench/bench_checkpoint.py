@@ -48,7 +48,7 @@ def parse_args() -> argparse.Namespace:
 
 def drop_cache(path: Path) -> None:
     """Evict a file (or a directory's files) from the page cache; clean pages only."""
-    from grpo_trainer.testing.loading import evict_page_cache
+    from grpo_testkit.loading import evict_page_cache
 
     evict_page_cache([path] if path.is_file() else [p for p in path.iterdir() if p.is_file()])
 
@@ -87,13 +87,13 @@ def main() -> int:
         set_state_dict,
     )
 
+    from grpo_testkit.configs import text_config
+    from grpo_testkit.crash import LocalGroup
+    from grpo_testkit.datasets import write_text_task
+    from grpo_testkit.tiny_models import build_tiny_qwen2
     from grpo_trainer.checkpointing.dcp import DCPCheckpointer
     from grpo_trainer.config import build_config
     from grpo_trainer.driver import GRPOTrainer
-    from grpo_trainer.testing.configs import text_config
-    from grpo_trainer.testing.crash import LocalGroup
-    from grpo_trainer.testing.datasets import write_text_task
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-ckpt-"))
     work.mkdir(parents=True, exist_ok=True)

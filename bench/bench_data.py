@@ -155,7 +155,7 @@ def main() -> None:
     if args.measure:
         measure(args)
         return
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2_5_vl
+    from grpo_testkit.tiny_models import build_tiny_qwen2_5_vl
 
     root = Path(args.dir or tempfile.mkdtemp(prefix="bench-data-"))
     root.mkdir(parents=True, exist_ok=True)

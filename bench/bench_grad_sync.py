@@ -75,10 +75,10 @@ def rank_times(rank: int, world: int, arg: dict[str, Any]) -> dict[str, list[flo
 
 def main() -> None:
     args = parse_args()
-    from grpo_trainer.testing.configs import text_config
-    from grpo_trainer.testing.datasets import write_text_task
-    from grpo_trainer.testing.dist import run_ranks
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
+    from grpo_testkit.configs import text_config
+    from grpo_testkit.datasets import write_text_task
+    from grpo_testkit.dist import run_ranks
+    from grpo_testkit.tiny_models import build_tiny_qwen2
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_qwen2(Path(tmp) / "m", hidden=args.hidden, layers=args.layers)

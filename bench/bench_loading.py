@@ -34,8 +34,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from grpo_trainer.testing.dist import run_ranks
-from grpo_trainer.testing.loading import (
+from grpo_testkit.dist import run_ranks
+from grpo_testkit.loading import (
     LoadJob,
     LoadResult,
     Qwen2Spec,

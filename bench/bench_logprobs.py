@@ -88,7 +88,7 @@ def _step(model: torch.nn.Module, batch: Any, chunked: bool, chunk: int) -> None
 
 
 def _peak(model: torch.nn.Module, batch: Any, chunked: bool, chunk: int) -> int:
-    from grpo_trainer.testing.memory_census import LiveBytes
+    from grpo_testkit.memory_census import LiveBytes
 
     with LiveBytes() as live:
         _step(model, batch, chunked, chunk)

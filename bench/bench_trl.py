@@ -120,8 +120,8 @@ def build_workload(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, lis
         import bench_trl_vision
 
         return bench_trl_vision.build_workload(tmp, args)
-    from grpo_trainer.testing.datasets import write_text_task
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
+    from grpo_testkit.datasets import write_text_task
+    from grpo_testkit.tiny_models import build_tiny_qwen2
 
     model = build_tiny_qwen2(tmp / "model", hidden=args.hidden, layers=args.layers)
     data = write_text_task(tmp / "prompts.jsonl", rows=max(64, args.prompts * 4))

@@ -40,7 +40,7 @@ def build_workload(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, lis
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2_5_vl, save_vl_processor
+    from grpo_testkit.tiny_models import build_tiny_qwen2_5_vl, save_vl_processor
 
     # The processor keeps images up to image_size^2 pixels: (image_size / 28)^2 tokens
     # each. (These two builders are also the main branch's: the bench runs its trainer.)

@@ -3,7 +3,7 @@
 For each case the planner plans a one-GPU job on a node of one GPU (this card, this
 machine's RAM: ``this_machine``), the operator's renderer turns the plan into the trainer
 config, and a fresh process runs a rank's load and two update steps with the trainer's
-code (``grpo_trainer.testing.fidelity``): FSDP2 over a world of one (NCCL), the planned
+code (``grpo_testkit.fidelity``): FSDP2 over a world of one (NCCL), the planned
 micro-batch with gradient accumulation over the step's samples, the optimizer step. The
 Qwen2.5-VL-3B and -7B shapes are built from their published config.json values with
 random weights (no download); the samples have the planned prompt and response lengths
@@ -204,7 +204,7 @@ def plan_case(case: Case, gpu: str, host_gib: int, workdir: Path) -> Planned | s
 
 # -- children: one fresh process per checkpoint and per case -----------------------------
 def _child(fn: str, job: Any, out: str) -> None:
-    from grpo_trainer.testing import fidelity
+    from grpo_testkit import fidelity
 
     try:
         value = getattr(fidelity, fn)(*job)
@@ -285,7 +285,7 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
     """Plan every case, then write each shape's checkpoint and run its cases, each in a
     fresh process; the report (and --out) grows case by case, so a run cut short by its
     time limit still leaves the cases it finished."""
-    from grpo_trainer.testing.fidelity import CaseJob, checkpoint_ready, progress
+    from grpo_testkit.fidelity import CaseJob, checkpoint_ready, progress
 
     # bf16 checkpoints, one shape at a time (each is removed after its last case).
     needed = max(checkpoint_bytes(c.shape) for c in cases)
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from grpo_trainer.testing.fidelity import preload
+    from grpo_testkit.fidelity import preload
 
     args = parse_args(argv)
     t0 = time.monotonic()

@@ -38,7 +38,7 @@ run() {
     ls .whl/*.whl >/dev/null 2>&1 || { echo "no .whl/: run '$0 fetch' here and carry .whl" >&2; exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" .whl/*.whl || exit 1
-    export PYTHONPATH="$SITE:$PWD/api:$PWD/operator:$PWD/trainer" PYTHONUNBUFFERED=1
+    export PYTHONPATH="$SITE:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/testkit" PYTHONUNBUFFERED=1
     nvidia-smi | tee "$OUT/nvidia-smi.txt"
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv \
         | tee -a "$OUT/nvidia-smi.txt"

@@ -1,6 +1,6 @@
 """Planned against measured for ``bench/gpu_fidelity.py``: the comparison and the table.
 
-``compare`` puts one case's marks and tensor counts (grpo_trainer.testing.fidelity)
+``compare`` puts one case's marks and tensor counts (grpo_testkit.fidelity)
 beside its plan's GPU terms, in GiB: per phase (load, training) and per component of
 the training phase, the components named by the planner's state-term kinds
 (planner/modes.py), so a new term is compared without a change here.

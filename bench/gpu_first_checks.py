@@ -128,10 +128,10 @@ def check_text_beside_image(device: torch.device, workdir: Path) -> dict[str, An
     import torch.distributed as dist
 
     from grpo_api.trainer_config import ActorConfig, ModelConfig
+    from grpo_testkit.lean_check import run
+    from grpo_testkit.mixed_check import batches
+    from grpo_testkit.tiny_models import build_tiny_qwen2_5_vl
     from grpo_trainer.modeling import load_full, shard_model
-    from grpo_trainer.testing.lean_check import run
-    from grpo_trainer.testing.mixed_check import batches
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2_5_vl
 
     model_dir = build_tiny_qwen2_5_vl(workdir / "tiny-qwen2.5-vl")
     if not dist.is_initialized():

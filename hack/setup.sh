@@ -37,7 +37,7 @@ echo "    python dependencies ready in $((SECONDS - t0)) s"
 t0=$SECONDS
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 compiled=$(.venv/bin/python -m compileall -q -j 0 \
-  -x '/torch/testing/_internal/py312_intrinsics\.py$' "$site" api operator trainer testbed 2>&1) \
+  -x '/torch/testing/_internal/py312_intrinsics\.py$' "$site" api operator trainer testbed testkit 2>&1) \
   || { printf '%s\n' "$compiled"; die "compiling the virtualenv's bytecode failed"; }
 echo "    bytecode compiled in $((SECONDS - t0)) s"
 

@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
 
 
-# The engine tiers' tiny models (grpo_trainer.testing.tiny_models), one session copy each.
+# The engine tiers' tiny models (grpo_testkit.tiny_models), one session copy each.
 # vLLM's CPU attention refuses head_dim 16 (the trainer tier's tiny models): 4 heads of 32.
 VLLM_CPU_HIDDEN = 128
 # On CUDA head_dim 64 (4 heads of 256): within every vLLM CUDA attention backend's sizes.
@@ -35,7 +35,7 @@ GPU_HIDDEN = 256
 
 def _tiny(factory: pytest.TempPathFactory, kind: str, name: str, hidden: int,
           **kw: float) -> Path:
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2, build_tiny_qwen2_5_vl
+    from grpo_testkit.tiny_models import build_tiny_qwen2, build_tiny_qwen2_5_vl
 
     build = build_tiny_qwen2 if kind == "lm" else build_tiny_qwen2_5_vl
     return Path(build(factory.mktemp(name), hidden=hidden, **kw))

@@ -160,8 +160,8 @@ class TinyJob:
 
     def build_assets(self) -> Path:
         """The tiny Qwen2.5-VL and an EasyR1-layout dataset on the claim the job mounts."""
-        from grpo_trainer.testing.datasets import write_vision_task
-        from grpo_trainer.testing.tiny_models import build_tiny_qwen2_5_vl
+        from grpo_testkit.datasets import write_vision_task
+        from grpo_testkit.tiny_models import build_tiny_qwen2_5_vl
         from grpo_trainer.tiny import TINY_VL_HIDDEN
 
         spec = example()["spec"]

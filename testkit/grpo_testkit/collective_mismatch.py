@@ -25,7 +25,7 @@ class MismatchedRank:
     def arm(self) -> dict[str, Any]:
         import ray
 
-        from ..liveness.stall_monitor import install_stack_dump
+        from grpo_trainer.liveness.stall_monitor import install_stack_dump
 
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "stacks_file": install_stack_dump(self.rank)}

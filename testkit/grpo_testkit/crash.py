@@ -2,7 +2,7 @@
 
 A fresh Python that imports torch + transformers takes 15-30 s on a busy CI box;
 a fork of a process that already imported them starts in milliseconds. So the
-server (``python -m grpo_trainer.testing.crash``) imports everything, then for
+server (``python -m grpo_testkit.crash``) imports everything, then for
 each JSON line ``{"config": PATH, "log": PATH, "resume": true}`` on stdin forks
 one child that runs the real driver loop (``GRPOTrainer`` + ``DCPCheckpointer``)
 with the real ``Worker`` in-process (one rank, gloo) - everything but Ray's
@@ -27,17 +27,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..liveness.stall_monitor import RankTarget
-from ..rank_api import R
-from ..worker_group import Watch
+from grpo_trainer.liveness.stall_monitor import RankTarget
+from grpo_trainer.rank_api import R
+from grpo_trainer.worker_group import Watch
 
 
 class LocalGroup:
     """``WorkerGroup``'s interface over in-process workers: one rank, no Ray."""
 
     def __init__(self, cfg: Any) -> None:
-        from ..devices import free_port
-        from ..worker import Worker
+        from grpo_trainer.devices import free_port
+        from grpo_trainer.worker import Worker
 
         self.world_size = 1
         self.workers = [Worker(cfg, 0, 1)]
@@ -61,9 +61,9 @@ class LocalGroup:
 
 def run_local(config_path: str, *, resume: bool = True) -> None:
     """Train in this process with a ``LocalGroup`` (what each forked child does)."""
-    from ..checkpointing import make_checkpointer
-    from ..config import load_config
-    from ..driver import GRPOTrainer
+    from grpo_trainer.checkpointing import make_checkpointer
+    from grpo_trainer.config import load_config
+    from grpo_trainer.driver import GRPOTrainer
 
     cfg = load_config(config_path)
     trainer = GRPOTrainer(cfg, checkpointer=make_checkpointer(cfg, resume=resume))
@@ -108,8 +108,8 @@ def _preload() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
     from transformers.models.qwen2 import modeling_qwen2  # noqa: F401
 
-    from .. import driver, worker  # noqa: F401
-    from ..checkpointing import dcp, export, rank  # noqa: F401
+    from grpo_trainer import driver, worker  # noqa: F401
+    from grpo_trainer.checkpointing import dcp, export, rank  # noqa: F401
 
 
 def serve() -> None:
@@ -133,7 +133,7 @@ class CrashServer:
 
     def __init__(self, startup_timeout_s: float = 300.0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grpo_trainer.testing.crash"],
+            [sys.executable, "-m", "grpo_testkit.crash"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -1,6 +1,6 @@
 """Write a runnable local demo: a tiny model, a dataset and a trainer config.
 
-    python -m grpo_trainer.testing.demo DIR [--vision] [--steps N]
+    python -m grpo_testkit.demo DIR [--vision] [--steps N]
     grpo-train --config DIR/config.yaml
 
 The text task's reward is learnable in a few dozen steps on a CPU; ``--vision``

@@ -28,13 +28,13 @@ import torch
 import torch.distributed as dist
 
 from grpo_api.trainer_config import Config
+from grpo_trainer.data import Record, load_template
+from grpo_trainer.devices import free_port, process_group_backend
+from grpo_trainer.images import PixelBounds, processor_bounds
+from grpo_trainer.policy_update import PolicyUpdate
+from grpo_trainer.rank_state import RankState, World, build_rank_state
+from grpo_trainer.samples import EncodedPrompt, PromptEncoder, Sample
 
-from ..data import Record, load_template
-from ..devices import free_port, process_group_backend
-from ..images import PixelBounds, processor_bounds
-from ..policy_update import PolicyUpdate
-from ..rank_state import RankState, World, build_rank_state
-from ..samples import EncodedPrompt, PromptEncoder, Sample
 from .memory_probe import (
     MemoryProbe,
     gpu_identity,
@@ -67,7 +67,7 @@ def preload() -> None:
     import transformers.models.qwen2_vl.image_processing_qwen2_vl  # noqa: F401
     from transformers import AutoModelForImageTextToText, AutoProcessor  # noqa: F401
 
-    from .. import lora, sharded_load  # noqa: F401
+    from grpo_trainer import lora, sharded_load  # noqa: F401
 
 
 def progress(what: str, t0: float) -> None:

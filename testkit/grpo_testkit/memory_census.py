@@ -290,7 +290,7 @@ class HeadProbe:
     planner counts among FSDP2's buffers)."""
 
     def __init__(self) -> None:
-        from ..lean_logprobs import ChunkedHead
+        from grpo_trainer.lean_logprobs import ChunkedHead
 
         self.calls: list[dict[str, Any]] = []
         self._cls = ChunkedHead
@@ -328,7 +328,7 @@ class _SyncTarget:
     adapter at once), without generating: what the trainer holds meanwhile is measured."""
 
     def load_weights(self, weights: Any) -> None:
-        from ..rollout.vllm_engine import _owned
+        from grpo_trainer.rollout.vllm_engine import _owned
 
         for _name, tensor in _owned(weights):
             del tensor
@@ -339,7 +339,7 @@ class _SyncTarget:
 
 def sync_peak(worker: Any) -> int:
     """Peak bytes this rank holds beyond its state during one weight sync."""
-    from ..lora.sync import sync_rollout_weights
+    from grpo_trainer.lora.sync import sync_rollout_weights
 
     st = worker.state
     with LiveBytes() as live:
@@ -396,9 +396,9 @@ def rank_census(rank: int, world: int, arg: dict[str, dict[str, Any]]) -> dict[s
     """For each named mode in ``arg`` (``{"config": raw config, "samples": per rank
     [(Record fields, response ids)]}``): build a real ``Worker`` on this rank, install
     its samples, run one update and return ``measure``'s figures."""
-    from ..config import build_config
-    from ..data import Record
-    from ..worker import Worker
+    from grpo_trainer.config import build_config
+    from grpo_trainer.data import Record
+    from grpo_trainer.worker import Worker
 
     out: dict[str, Any] = {}
     for name, mode in arg.items():

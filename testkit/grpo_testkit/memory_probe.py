@@ -1,6 +1,6 @@
 """Where a rank's memory goes, measured: bytes of tensors by role, and peaks over time.
 
-Shared by ``bench/gpu_fidelity.py`` (through ``testing/fidelity.py``). On CUDA the
+Shared by ``bench/gpu_fidelity.py`` (through ``grpo_testkit/fidelity.py``). On CUDA the
 peaks are the caching allocator's (``max_memory_allocated`` / ``max_memory_reserved``,
 reset at each mark), the memory outside it (CUDA context, NCCL, cuBLAS workspaces) is
 what the driver reports in use minus what the allocator reserved, and ``nvidia-smi``

@@ -7,8 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from ..checkpointing.dcp import read_tracker
-from ..rewards.mentions import mentions_answer
+from grpo_trainer.checkpointing.dcp import read_tracker
+from grpo_trainer.rewards.mentions import mentions_answer
 
 HOLD_CHECKPOINTS = "GRPO_TEST_HOLD_AFTER_CHECKPOINT"  # a checkpoint root
 HOLD_RELEASE = "GRPO_TEST_HOLD_RELEASE"  # a file: the hold ends once it exists

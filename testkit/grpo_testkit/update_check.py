@@ -8,16 +8,16 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from ..samples import Sample, TrainBatch
+from grpo_trainer.samples import Sample, TrainBatch
 
 
 def rank_update(rank: int, world: int, arg: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """For each named mode in ``arg`` (``{"config": raw config, "samples": per rank
     [(Record fields, response ids)], "advantages": per rank [float]}``): a real
     ``Worker`` on this rank, its samples installed, one update."""
-    from ..config import build_config
-    from ..data import Record
-    from ..worker import Worker
+    from grpo_trainer.config import build_config
+    from grpo_trainer.data import Record
+    from grpo_trainer.worker import Worker
 
     out: dict[str, Any] = {}
     for name, mode in arg.items():

@@ -2,7 +2,7 @@
 knows is sized from the hub's config.json, at apply and in the job's plan; an
 architecture the trainer does not train is refused at apply, naming it; a hub that
 cannot be reached is said, on the job, with the error and the fix. The hub is a
-STAND-IN (grpo_trainer.testing.hub: the hub's file API over a hub-layout directory on
+STAND-IN (grpo_testkit.hub: the hub's file API over a hub-layout directory on
 loopback, which the operator process reaches); the config.json files are written by
 transformers."""
 
@@ -22,8 +22,8 @@ from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OperatorProcess
 from grpo_testbed.processes import wait_until
-from grpo_trainer.testing.hub import StandInHub, stand_in_hub
-from grpo_trainer.testing.tiny_configs import write_config, write_qwen25_vl_3b
+from grpo_testkit.hub import StandInHub, stand_in_hub
+from grpo_testkit.tiny_configs import write_config, write_qwen25_vl_3b
 
 REPO = "acme/custom-vl-3b"  # in no table: only its config.json can size it
 

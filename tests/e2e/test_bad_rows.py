@@ -15,7 +15,7 @@ import yaml
 
 from grpo_testbed.processes import wait_until
 from grpo_testbed.tiny_job import JOB_NS, TinyJob, example, tiny_job_testbed
-from grpo_trainer.testing.datasets import NOT_AN_IMAGE, write_with_corrupt_image
+from grpo_testkit.datasets import NOT_AN_IMAGE, write_with_corrupt_image
 
 pytestmark = pytest.mark.e2e
 

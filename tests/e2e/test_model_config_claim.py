@@ -17,7 +17,7 @@ from grpo_operator.planner import shape_from_config
 from grpo_testbed.images import TRAINER_CPU
 from grpo_testbed.processes import wait_until
 from grpo_testbed.tiny_job import JOB_NS, TinyJob, example, tiny_job_testbed
-from grpo_trainer.testing.tiny_configs import write_config
+from grpo_testkit.tiny_configs import write_config
 
 pytestmark = pytest.mark.e2e
 

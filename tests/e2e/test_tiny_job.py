@@ -40,7 +40,7 @@ from grpo_testbed.tiny_job import (
     tiny_job_testbed,
     worker_oom,
 )
-from grpo_trainer.testing.datasets import write_with_corrupt_image
+from grpo_testkit.datasets import write_with_corrupt_image
 
 pytestmark = pytest.mark.e2e
 

@@ -39,7 +39,7 @@ def gpus() -> int:
 def _cuda_config(
     model: Path, data: Path, ranks: int, tp: int = 1, **sections: dict[str, Any]
 ) -> dict[str, Any]:
-    from grpo_trainer.testing.configs import text_config
+    from grpo_testkit.configs import text_config
 
     base: dict[str, dict[str, Any]] = {
         "rollout": {"engine": "vllm", "gpu_memory_utilization": 0.3,

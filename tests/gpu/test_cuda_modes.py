@@ -44,7 +44,7 @@ def _trained_in_sync(history: dict[int, dict[str, Any]], steps: range) -> None:
 def wide_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """About 75M parameters: its actor state (1.2 GB in mixed precision) stands well clear
     of the few MB that CUDA graphs and NCCL buffers move between runs."""
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
+    from grpo_testkit.tiny_models import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("gpu-wide"), hidden=1024, layers=8)
 
@@ -52,7 +52,7 @@ def wide_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_offloaded_params_and_optimizer_train_beside_nccl(
     gpus: int, wide_lm: Path, tmp_path: Path, cuda_config: Config, train: Train
 ) -> None:
-    from grpo_trainer.testing.datasets import write_text_task
+    from grpo_testkit.datasets import write_text_task
 
     data = write_text_task(tmp_path / "t.jsonl")
     ranks, steps = _ranks(gpus), {"total_steps": STEPS}
@@ -75,8 +75,8 @@ def test_bf16_text_and_vlm_train_and_checkpoint_in_bf16(
 ) -> None:
     import torch
 
+    from grpo_testkit.datasets import write_text_task, write_vision_task
     from grpo_trainer.checkpointing.export import load_model_tensors
-    from grpo_trainer.testing.datasets import write_text_task, write_vision_task
 
     ranks = _ranks(gpus)
     runs = {
@@ -96,8 +96,8 @@ def test_bf16_text_and_vlm_train_and_checkpoint_in_bf16(
 def test_lora_trains_with_vllm_serving_the_adapter(
     gpus: int, gpu_lm: Path, tmp_path: Path, cuda_config: Config, train: Train
 ) -> None:
+    from grpo_testkit.datasets import write_text_task
     from grpo_trainer.checkpointing.export import load_model_tensors
-    from grpo_trainer.testing.datasets import write_text_task
 
     raw = cuda_config(
         gpu_lm, write_text_task(tmp_path / "t.jsonl"), _ranks(gpus),
@@ -120,7 +120,7 @@ def test_lora_trains_with_vllm_serving_the_adapter(
 def test_validation_scores_every_val_prompt_once_over_a_tp_group(
     gpus: int, gpu_lm: Path, tmp_path: Path, cuda_config: Config, train: Train
 ) -> None:
-    from grpo_trainer.testing.datasets import write_text_task
+    from grpo_testkit.datasets import write_text_task
 
     rows = 5  # uneven over 2 ranks: 3 + 2, both ranks driving one engine
     ranks = _ranks(gpus)
@@ -142,10 +142,10 @@ def test_resume_loads_the_checkpoint_exactly_and_continues(
 ) -> None:
     import torch
 
+    from grpo_testkit.datasets import write_text_task
     from grpo_trainer.checkpointing.export import load_model_tensors
     from grpo_trainer.checkpointing.files import atomic_write
     from grpo_trainer.checkpointing.tracker import Tracker
-    from grpo_trainer.testing.datasets import write_text_task
 
     data = write_text_task(tmp_path / "t.jsonl")
 

@@ -246,9 +246,9 @@ def test_cpu_trainer_image_trains_the_tiny_task_and_exports_the_model(
     # The test helpers are not in the image (its .dockerignore), so the host builds the
     # model, data and config; a reward module of the user's own is mounted beside them
     # (it wraps the shipped one, which the tiny example job names directly).
-    from grpo_trainer.testing.configs import text_config
-    from grpo_trainer.testing.datasets import write_text_task
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
+    from grpo_testkit.configs import text_config
+    from grpo_testkit.datasets import write_text_task
+    from grpo_testkit.tiny_models import build_tiny_qwen2
 
     work = tmp_path / "work"
     work.mkdir()

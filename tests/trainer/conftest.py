@@ -11,14 +11,14 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
+    from grpo_testkit.tiny_models import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
 
 
 @pytest.fixture(scope="session")
 def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2_5_vl
+    from grpo_testkit.tiny_models import build_tiny_qwen2_5_vl
 
     return build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen2.5-vl"))
 
@@ -27,7 +27,7 @@ def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_vl_families(tiny_vlm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny model of every VLM family the trainer trains (Qwen2-VL, Qwen2.5-VL,
     Qwen3-VL), by model_type; Qwen2.5-VL is ``tiny_vlm``."""
-    from grpo_trainer.testing.tiny_models import VL_FAMILIES, build_tiny_vl
+    from grpo_testkit.tiny_models import VL_FAMILIES, build_tiny_vl
 
     return {f: tiny_vlm if f == "qwen2_5_vl" else build_tiny_vl(tmp_path_factory.mktemp(f), f)
             for f in VL_FAMILIES}

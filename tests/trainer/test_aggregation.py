@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_testkit.configs import text_config
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
 from grpo_trainer.rollout.routing import split
-from grpo_trainer.testing.configs import text_config
 from grpo_trainer.worker import Worker
 from grpo_trainer.worker_group import WorkerGroup
 
@@ -56,7 +56,7 @@ def _one_step(
 
 
 def test_one_and_two_ranks_agree(tiny_lm: Path, tmp_path: Path, ray_local: None) -> None:
-    from grpo_trainer.testing.datasets import write_text_task
+    from grpo_testkit.datasets import write_text_task
 
     data = write_text_task(tmp_path / "t.jsonl")
     m1, p1 = _one_step(tiny_lm, data, 1)

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task
 from grpo_trainer.worker import Worker
 from grpo_trainer.worker_group import WorkerGroup
 

@@ -14,14 +14,14 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from grpo_testkit.configs import text_config
+from grpo_testkit.crash import CrashServer, crash_run_config, step_metrics
+from grpo_testkit.datasets import write_text_task, write_vision_task
 from grpo_trainer.checkpointing import make_checkpointer
 from grpo_trainer.checkpointing.dcp import committed_step
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.crash import CrashServer, crash_run_config, step_metrics
-from grpo_trainer.testing.datasets import write_text_task, write_vision_task
 from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
@@ -57,8 +57,8 @@ def test_every_init_strategy_stores_the_checkpoint_in_bf16_and_rotary_in_fp32(
     tiny_vlm: Path, tmp_path: Path, strategy: str
 ) -> None:
     from grpo_api.trainer_config import ModelConfig
+    from grpo_testkit.crash import LocalGroup
     from grpo_trainer.modeling import load_full
-    from grpo_trainer.testing.crash import LocalGroup
 
     data = write_vision_task(tmp_path / "vision.parquet")
     raw = text_config(

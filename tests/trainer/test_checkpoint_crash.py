@@ -1,6 +1,6 @@
 """Crash safety: SIGKILL real trainers at random moments, many inside a save.
 
-Each attempt is a real training process (forked from ``grpo_trainer.testing.crash``,
+Each attempt is a real training process (forked from ``grpo_testkit.crash``,
 which imported torch once) running the real driver loop, checkpointer and worker
 on one gloo rank; the test kills it with SIGKILL at a random moment or shortly
 after a save has begun, then starts the next attempt on the same directory. Every
@@ -24,10 +24,10 @@ import pytest
 import torch
 import yaml
 
+from grpo_testkit.crash import CrashServer, crash_run_config, step_metrics
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import committed_step, read_tracker, scan
 from grpo_trainer.checkpointing.export import load_model_tensors
-from grpo_trainer.testing.crash import CrashServer, crash_run_config, step_metrics
-from grpo_trainer.testing.datasets import write_text_task
 
 pytestmark = pytest.mark.trainer
 
@@ -203,8 +203,8 @@ def test_a_vlm_checkpoint_exports_to_a_loadable_hf_directory(
 ) -> None:
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    from grpo_testkit.datasets import write_vision_task
     from grpo_trainer.checkpointing.export import export
-    from grpo_trainer.testing.datasets import write_vision_task
 
     data = write_vision_task(tmp_path / "v.parquet")
     cfg = {

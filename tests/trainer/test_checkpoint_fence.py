@@ -19,14 +19,14 @@ from typing import Any
 
 import pytest
 
+from grpo_testkit.configs import text_config
+from grpo_testkit.crash import LocalGroup
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer, read_tracker, scan
 from grpo_trainer.checkpointing.fence import AttemptSupersededError, read_fence
 from grpo_trainer.checkpointing.rank import HashingFileSystem
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.crash import LocalGroup
-from grpo_trainer.testing.datasets import write_text_task
 from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer

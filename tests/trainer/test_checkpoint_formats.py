@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import torch
 
+from grpo_testkit.configs import text_config
+from grpo_testkit.crash import LocalGroup
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
 from grpo_trainer.checkpointing.tracker import MANIFEST
 from grpo_trainer.config import Config, build_config
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.crash import LocalGroup
-from grpo_trainer.testing.datasets import write_text_task
 
 pytestmark = pytest.mark.trainer
 

@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from grpo_api.contract import ExitCode
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_vision_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer, check_sizes, read_tracker, scan
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.run import run_training
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_vision_task
 
 pytestmark = pytest.mark.trainer
 

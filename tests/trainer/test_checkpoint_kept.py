@@ -22,11 +22,11 @@ import torch
 import yaml
 
 from grpo_api.contract import ExitCode
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.checkpointing.tracker import EXPORT_MARKER, FENCE
 from grpo_trainer.run import run_training
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task
 
 pytestmark = pytest.mark.trainer
 

@@ -24,6 +24,8 @@ import torch
 from click.testing import CliRunner
 
 from grpo_api.trainer_config import Config
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer, read_tracker, scan
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.checkpointing.files import atomic_write
@@ -32,8 +34,6 @@ from grpo_trainer.cli import cli
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.metrics import MetricsLogger
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task
 from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer

@@ -24,6 +24,8 @@ import pytest
 import torch
 
 from grpo_api.trainer_config import Config
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.checkpointing.files import atomic_write
@@ -31,8 +33,6 @@ from grpo_trainer.checkpointing.tracker import Tracker
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.metrics import MetricsLogger
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task
 from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer

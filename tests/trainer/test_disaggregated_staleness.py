@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 from grpo_api.trainer_config import Config
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task
+from grpo_testkit.ray_nodes import kill_node
+from grpo_testkit.rewards import KILL_PID_FILE
+from grpo_testkit.staleness import check_one_step_ahead, run
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task
-from grpo_trainer.testing.ray_nodes import kill_node
-from grpo_trainer.testing.rewards import KILL_PID_FILE
-from grpo_trainer.testing.staleness import check_one_step_ahead, run
 
 pytestmark = pytest.mark.trainer
 STEPS = 3
@@ -69,7 +69,7 @@ def test_killed_engines_are_started_again_and_the_run_goes_on(
     kill_file = tmp_path / "pid"
     monkeypatch.setenv(KILL_PID_FILE, str(kill_file))
     cfg = _config(tiny_lm, data, labelled_cluster.address, 0, steps=2)
-    cfg.reward.function = "grpo_trainer.testing.rewards:reward_killing_a_process"
+    cfg.reward.function = "grpo_testkit.rewards:reward_killing_a_process"
     trainer = GRPOTrainer(cfg)
     try:
         trainer.start()

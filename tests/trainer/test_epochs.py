@@ -13,11 +13,11 @@ from grpo_api.job import parse_spec
 from grpo_operator.planner import plan_memory
 from grpo_operator.render import JobRef
 from grpo_operator.render.trainer_config import trainer_config
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.liveness.progress import JsonFileProgressReporter
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task
 
 pytestmark = pytest.mark.trainer
 

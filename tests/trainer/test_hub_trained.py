@@ -1,5 +1,5 @@
 """After the download everything is real: a tiny Qwen2.5-VL and a geometry3k-layout dataset
-fetched from a STAND-IN hub (grpo_trainer.testing.hub, the hub's file API on loopback)
+fetched from a STAND-IN hub (grpo_testkit.hub, the hub's file API on loopback)
 onto a volume directory, then trained on by the real trainer from those local files."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from grpo_testkit.datasets import write_vision_task
+from grpo_testkit.hub import stand_in_hub
 from grpo_trainer.config import build_config, check_runtime
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.hub_fetch import main as fetch_main
-from grpo_trainer.testing.datasets import write_vision_task
-from grpo_trainer.testing.hub import stand_in_hub
 
 pytestmark = pytest.mark.trainer
 

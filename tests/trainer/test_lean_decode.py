@@ -94,9 +94,9 @@ def test_vlm_rollouts_decode_the_same_with_the_lean_step(
     two sizes left-padded together; the engine keeps it after its first-step check."""
     from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+    from grpo_testkit.datasets import png
     from grpo_trainer.data import Record, load_template
     from grpo_trainer.samples import PromptEncoder
-    from grpo_trainer.testing.datasets import png
 
     path = tiny_vl_families[family]
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_testkit.dist import run_ranks
+from grpo_testkit.lean_check import fsdp_rank, run, samples
 from grpo_trainer.packing import collate_packed
 from grpo_trainer.samples import TrainBatch, collate_train
-from grpo_trainer.testing.dist import run_ranks
-from grpo_trainer.testing.lean_check import fsdp_rank, run, samples
 
 pytestmark = pytest.mark.trainer
 

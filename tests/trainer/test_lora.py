@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import torch
 
+from grpo_testkit.configs import text_config
+from grpo_testkit.crash import CrashServer, crash_run_config, step_metrics
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import committed_step
 from grpo_trainer.checkpointing.export import ExportError, export, load_model_tensors
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.crash import CrashServer, crash_run_config, step_metrics
-from grpo_trainer.testing.datasets import write_text_task
 from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
@@ -34,7 +34,7 @@ KILLS = 3
 def lora_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with weights at a scale where its frozen head leaves LoRA room to
     learn (see ``build_tiny_qwen2``)."""
-    from grpo_trainer.testing.tiny_models import build_tiny_qwen2
+    from grpo_testkit.tiny_models import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("lora-qwen2"), init_std=0.1)
 
@@ -217,9 +217,9 @@ def test_every_init_strategy_loads_the_base_and_starts_the_adapters_at_zero_upda
     B is zero and A a real draw on every rank (the sharded ranks start from the meta
     device), and a bf16 base with fp32 adapters runs forward and backward under FSDP2."""
     from grpo_api.trainer_config import ModelConfig
+    from grpo_testkit.dist import run_ranks
+    from grpo_testkit.lora_check import build_lora_actor
     from grpo_trainer.modeling import load_full
-    from grpo_trainer.testing.dist import run_ranks
-    from grpo_trainer.testing.lora_check import build_lora_actor
 
     arg = {"model": str(tiny_lm), "strategy": strategy, "dtype": dtype, "lora": LORA}
     results = run_ranks(build_lora_actor, 2, arg, timeout_s=600)

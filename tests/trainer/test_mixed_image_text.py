@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_trainer.testing.dist import run_ranks
-from grpo_trainer.testing.mixed_check import mixed_rank, one_process_reference
+from grpo_testkit.dist import run_ranks
+from grpo_testkit.mixed_check import mixed_rank, one_process_reference
 from grpo_trainer.vision_in_step import keep_vision_in_step
 
 pytestmark = pytest.mark.trainer

@@ -27,15 +27,15 @@ import torch
 import yaml
 
 from grpo_api.contract import ExitCode
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task
+from grpo_testkit.ray_nodes import kill_node
+from grpo_testkit.rewards import HOLD_CHECKPOINTS, HOLD_LIMIT_S, HOLD_RELEASE
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer, read_tracker
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.run import run_training
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task
-from grpo_trainer.testing.ray_nodes import kill_node
-from grpo_trainer.testing.rewards import HOLD_CHECKPOINTS, HOLD_LIMIT_S, HOLD_RELEASE
 
 pytestmark = pytest.mark.trainer
 STEPS = 3
@@ -186,7 +186,7 @@ def test_a_node_removed_mid_step_ends_the_attempt_as_node_lost(
     cfg = multinode.config(2, 2, ckpt)
     cfg["reward"] = {
         "type": "function",
-        "function": "grpo_trainer.testing.rewards:reward_held_after_a_checkpoint",
+        "function": "grpo_testkit.rewards:reward_held_after_a_checkpoint",
         "timeout_s": HOLD_LIMIT_S + 60,
     }
     path = multinode.write("lost", cfg)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer.testing.dist import run_ranks
-from grpo_trainer.testing.gather_check import compare_gathers
+from grpo_testkit.dist import run_ranks
+from grpo_testkit.gather_check import compare_gathers
 
 pytestmark = pytest.mark.trainer
 

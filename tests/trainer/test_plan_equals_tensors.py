@@ -6,7 +6,7 @@ prompt, so the vision tower trains) and the tiny Qwen2, in bfloat16 compute as o
 one update of 3 micro-batches per rank (gradient accumulation), cut by a token budget
 in the shared-prefix layout as the planner plans them, in each mode: mixed (with and
 without the KL reference), bf16, LoRA, parameter offload, optimizer offload.
-``grpo_trainer.testing.memory_census`` counts the storages of every tensor the update
+``grpo_testkit.memory_census`` counts the storages of every tensor the update
 keeps (FSDP2 parameter shards and gathered copies, sharded and unsharded gradients,
 reduce-scatter inputs, optimizer state, the reference model) after each micro-batch's
 backward and right after the optimizer step, the planner's peak points, and the largest
@@ -53,10 +53,10 @@ from grpo_operator.planner.phase_terms import compute_budget
 from grpo_operator.planner.pinned import pinned_block
 from grpo_operator.planner.sizes import logprob_bytes, weight_sync_bytes
 from grpo_operator.planner.types import Budget, Geometry, Settings
-from grpo_trainer.testing import memory_census as mc
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import png, write_text_task
-from grpo_trainer.testing.dist import run_ranks
+from grpo_testkit import memory_census as mc
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import png, write_text_task
+from grpo_testkit.dist import run_ranks
 
 pytestmark = pytest.mark.trainer
 

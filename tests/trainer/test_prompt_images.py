@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from grpo_testkit.datasets import png
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
 from grpo_trainer.images import processor_bounds
 from grpo_trainer.samples import load_rollout_tokens, prompt_token_counter
-from grpo_trainer.testing.datasets import png
 
 pytestmark = pytest.mark.trainer
 

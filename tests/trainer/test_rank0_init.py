@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_trainer.testing.dist import run_ranks
-from grpo_trainer.testing.loading import save_variant
-from grpo_trainer.testing.rank0_check import rank_shards
+from grpo_testkit.dist import run_ranks
+from grpo_testkit.loading import save_variant
+from grpo_testkit.rank0_check import rank_shards
 
 pytestmark = pytest.mark.trainer
 

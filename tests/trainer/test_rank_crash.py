@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from grpo_api.contract import ExitCode, FailureReason
+from grpo_testkit.collective_mismatch import MismatchedRank
 from grpo_trainer.errors import classify
 from grpo_trainer.liveness.rank_crash import RankCrashed
 from grpo_trainer.liveness.stall_monitor import RankTarget
-from grpo_trainer.testing.collective_mismatch import MismatchedRank
 from grpo_trainer.worker_group import WorkerGroup
 
 pytestmark = pytest.mark.trainer

@@ -32,6 +32,8 @@ import pytest
 import torch
 
 from grpo_api.trainer_config import ActorConfig, Config, ModelConfig
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_vision_task
 from grpo_trainer.checkpointing.compat import Entry, plan_load
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
 from grpo_trainer.checkpointing.export import load_tensors
@@ -40,8 +42,6 @@ from grpo_trainer.checkpointing.tracker import Tracker, parse_step_dir
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
 from grpo_trainer.metrics import MetricsLogger
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_vision_task
 from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer

@@ -21,10 +21,8 @@ import pytest
 import torch
 
 from grpo_api.trainer_config import ModelConfig
-from grpo_trainer.modeling import load_full
-from grpo_trainer.sharded_load import safetensors_layout
-from grpo_trainer.testing.dist import run_ranks
-from grpo_trainer.testing.loading import (
+from grpo_testkit.dist import run_ranks
+from grpo_testkit.loading import (
     FileRead,
     LoadJob,
     LoadResult,
@@ -34,6 +32,8 @@ from grpo_trainer.testing.loading import (
     save_variant,
     write_random_qwen2,
 )
+from grpo_trainer.modeling import load_full
+from grpo_trainer.sharded_load import safetensors_layout
 
 pytestmark = pytest.mark.trainer
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
+from grpo_testkit.datasets import png
 from grpo_trainer.data import Record, load_template
 from grpo_trainer.grpo_math import log_probs_from_logits
 from grpo_trainer.lean_logprobs import lean_log_probs
 from grpo_trainer.packing import can_pack, collate_packed, rope_index_of
 from grpo_trainer.samples import PromptEncoder, Sample, TrainBatch, collate_train
-from grpo_trainer.testing.datasets import png
 
 pytestmark = pytest.mark.trainer
 

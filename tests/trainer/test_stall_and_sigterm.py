@@ -26,12 +26,12 @@ import torch
 import yaml
 
 from grpo_api.contract import ExitCode
+from grpo_testkit.configs import text_config
+from grpo_testkit.crash import step_metrics
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import read_tracker
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.liveness.stall_monitor import DUMP_WAIT_S
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.crash import step_metrics
-from grpo_trainer.testing.datasets import write_text_task
 
 pytestmark = pytest.mark.trainer
 

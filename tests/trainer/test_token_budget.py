@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import torch
 
-from grpo_trainer.testing import update_check
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import png, write_text_task
-from grpo_trainer.testing.dist import run_ranks
+from grpo_testkit import update_check
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import png, write_text_task
+from grpo_testkit.dist import run_ranks
 
 pytestmark = pytest.mark.trainer
 

@@ -17,12 +17,12 @@ import yaml
 from click.testing import CliRunner
 
 from grpo_api.trainer_config import Config
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
 from grpo_trainer.cli import cli
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task
 from grpo_trainer.tracking import RUN_KEY_TAG
 
 pytestmark = pytest.mark.trainer

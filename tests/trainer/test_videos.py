@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import torch
 
+from grpo_testkit.datasets import png
+from grpo_testkit.video_files import frame_list, write_mp4
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
 from grpo_trainer.grpo_math import log_probs_from_logits
 from grpo_trainer.packing import can_pack, collate_packed, rope_index_of
 from grpo_trainer.samples import PromptEncoder, Sample, TrainBatch, collate_train
-from grpo_trainer.testing.datasets import png
-from grpo_trainer.testing.video_files import frame_list, write_mp4
 from grpo_trainer.video_positions import match_vllm_video_positions
 
 pytestmark = pytest.mark.trainer
@@ -219,8 +219,8 @@ def test_a_video_rank_beside_a_text_only_rank_matches_one_process(
     Neither hangs, and log-probs (1e-6) and gradients (1e-5 of the larger of 1 and their
     largest entry) are one process's, as tests/trainer/test_mixed_image_text.py checks
     for images."""
-    from grpo_trainer.testing.dist import run_ranks
-    from grpo_trainer.testing.video_fsdp_check import one_process_reference, video_rank
+    from grpo_testkit.dist import run_ranks
+    from grpo_testkit.video_fsdp_check import one_process_reference, video_rank
 
     path = tiny_vl_families["qwen2_5_vl"]
     ranks = run_ranks(video_rank, 2, {"model": str(path)}, timeout_s=180.0)

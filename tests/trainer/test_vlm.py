@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from grpo_testkit.datasets import write_vision_task
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.testing.datasets import write_vision_task
 from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer

@@ -105,7 +105,7 @@ def test_grpo_train_alone_refuses_a_family_it_does_not_train_before_ray(
     import ray
 
     from grpo_api.model.families import SUPPORTED
-    from grpo_trainer.testing.tiny_configs import write_config
+    from grpo_testkit.tiny_configs import write_config
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
     model = write_config(tmp_path / "llama", "llama").parent

@@ -64,7 +64,7 @@ def test_r1v_reward_uses_answer_tags() -> None:
 
 
 def test_crashing_user_function_fails_only_its_sample(caplog: pytest.LogCaptureFixture) -> None:
-    cfg = RewardConfig(type="function", function="grpo_trainer.testing.rewards:crashing_reward")
+    cfg = RewardConfig(type="function", function="grpo_testkit.rewards:crashing_reward")
     out = run(cfg, samples(("p", "x", {}), responses=("ab", "abc")))
     assert out[0].score == 0.5 and out[0].failed is None
     assert out[1].score == 0.0 and "deliberate failure" in (out[1].failed or "")

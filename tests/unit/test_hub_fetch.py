@@ -2,7 +2,7 @@
 container, resumed after a crash, reused by later attempts, progress and failure in
 status; the trainer then reads only local files, EasyR1-layout datasets included.
 
-The hub is a STAND-IN (grpo_trainer.testing.hub: the hub's file API served from a local
+The hub is a STAND-IN (grpo_testkit.hub: the hub's file API served from a local
 directory on loopback); the client, the files on disk and the loading are real.
 """
 
@@ -25,11 +25,11 @@ from grpo_operator.reconcile.classify import classify_pod
 from grpo_operator.reconcile.conditions import hub_fetch_conditions
 from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
+from grpo_testkit.datasets import write_vision_task
+from grpo_testkit.hub import stand_in_hub
 from grpo_trainer.config import build_config, check_runtime
 from grpo_trainer.dataset import PromptDataset
 from grpo_trainer.hub_fetch import MARKER, main
-from grpo_trainer.testing.datasets import write_vision_task
-from grpo_trainer.testing.hub import stand_in_hub
 
 pytestmark = pytest.mark.unit
 

@@ -43,7 +43,7 @@ def test_each_image_gets_only_its_sides_code(image: str) -> None:
     sources = {f for f in files if f.startswith(SOURCE_ROOTS)}
     foreign = sorted(f for f in sources if not f.startswith(SIDES[image]))
     assert not foreign, f"the {image} image would get {foreign[:5]}"
-    assert not [f for f in files if f.startswith("trainer/grpo_trainer/testing/")]
+    assert not [f for f in files if f.startswith("testkit/grpo_testkit/")]
 
 
 def test_the_layer_cache_is_pruned_only_when_a_trainer_build_lacks_room() -> None:

@@ -21,11 +21,11 @@ from grpo_api.model.shape import known_family
 from grpo_api.trainer_config import MAX_IMAGES_PER_PROMPT, Config, DataConfig
 from grpo_operator.planner.layout import image_tokens, images_per_prompt, micro_batch, prompt_tokens
 from grpo_operator.planner.types import Settings
+from grpo_testkit.tiny_configs import tiny_config
 from grpo_trainer.config_error import ConfigError
 from grpo_trainer.dataset import PromptDataset, sized_for_media
 from grpo_trainer.rollout.build import vllm_config
 from grpo_trainer.rollout.vllm_engine import VLLMEngineConfig, engine_kwargs
-from grpo_trainer.testing.tiny_configs import tiny_config
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.unit
 def _jsonl(path: Path, counts: list[int]) -> Path:
     """One row per count, with that many images (paths to one PNG: only its header is read
     at load)."""
-    from grpo_trainer.testing.datasets import png
+    from grpo_testkit.datasets import png
 
     (path.parent / "p.png").write_bytes(png((1, 2, 3), (8, 8)))
     rows = [{"problem": "<image>" * n + f"row {i}", "answer": "1", "images": ["p.png"] * n}

@@ -38,16 +38,17 @@ SOURCES = {
     "grpo_operator": ROOT / "operator",
     "grpo_trainer": ROOT / "trainer",
     "grpo_testbed": ROOT / "testbed",
+    "grpo_testkit": ROOT / "testkit",
 }
 GPU_STACK = {"torch", "ray", "vllm", "transformers", "safetensors", "numpy", "torchvision"}
 # What each shipped package must never reach, directly or through another module.
 FORBIDDEN = {
-    "grpo_api": {"grpo_operator", "grpo_trainer", "grpo_testbed", "kopf", "kubernetes",
-                 *GPU_STACK},
-    "grpo_operator": {"grpo_trainer", "grpo_testbed", *GPU_STACK},
-    "grpo_trainer": {"grpo_operator", "grpo_testbed", "kopf"},
+    "grpo_api": {"grpo_operator", "grpo_trainer", "grpo_testbed", "grpo_testkit", "kopf",
+                 "kubernetes", *GPU_STACK},
+    "grpo_operator": {"grpo_trainer", "grpo_testbed", "grpo_testkit", *GPU_STACK},
+    "grpo_trainer": {"grpo_operator", "grpo_testbed", "grpo_testkit", "kopf"},
 }
-TEST_HELPERS = "grpo_trainer.testing"
+TEST_HELPERS = "grpo_testkit"
 # Packages whose modules must not import each other in a circle: all of them.
 NO_CIRCLES = tuple(SOURCES)
 
@@ -158,7 +159,7 @@ def test_no_package_reaches_what_it_must_not(package: str) -> None:
 
 
 def test_shipped_code_never_imports_the_test_helpers() -> None:
-    """grpo_trainer.testing stays out of the images (test_image_context.py): nothing
+    """grpo_testkit stays out of the images (test_image_context.py): nothing
     shipped may need it."""
     modules = modules_of(SOURCES)
     shipped = {m: p for m, p in modules.items()

@@ -13,11 +13,11 @@ import torch
 
 from grpo_api.model.shape import Shape
 from grpo_operator.planner.sizes import logprob_bytes
+from grpo_testkit.memory_census import LiveBytes
 from grpo_trainer.data import Record
 from grpo_trainer.grpo_math import entropy_from_logits, log_probs_from_logits
 from grpo_trainer.lean_logprobs import ChunkedHead, full_logits_log_probs, lean_log_probs
 from grpo_trainer.samples import EncodedPrompt, Sample, collate_train
-from grpo_trainer.testing.memory_census import LiveBytes
 
 pytestmark = pytest.mark.unit
 

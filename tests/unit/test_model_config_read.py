@@ -1,7 +1,7 @@
 """Reading a model's config.json: the reader pod's program (`python -m
 grpo_api.model_config`, run here as a process) on a model directory and against a
 hub, and the operator's own cached GET of a public hub repo. The hub is a STAND-IN
-(grpo_trainer.testing.hub: the hub's file API served from a local directory on
+(grpo_testkit.hub: the hub's file API served from a local directory on
 loopback); the files are written by transformers."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from grpo_api.contract import TERMINATION_MESSAGE_MAX_BYTES
 from grpo_api.model_config import ReaderReport, hub_config_url, shape_fields
 from grpo_operator import hub_config
 from grpo_operator.planner import shape_from_config
-from grpo_trainer.testing.hub import stand_in_hub
-from grpo_trainer.testing.tiny_configs import write_config
+from grpo_testkit.hub import stand_in_hub
+from grpo_testkit.tiny_configs import write_config
 
 pytestmark = pytest.mark.unit
 

@@ -24,7 +24,7 @@ from grpo_operator.reconcile.classify import PodOutcome
 from grpo_operator.reconcile.model_config import READ_POLL_SECONDS, RETRY_SECONDS
 from grpo_operator.webhook import admission_problem, admission_warnings
 from grpo_testbed.status_patch import apply_status_patch
-from grpo_trainer.testing.tiny_configs import write_config, write_qwen25_vl_3b
+from grpo_testkit.tiny_configs import write_config, write_qwen25_vl_3b
 
 pytestmark = pytest.mark.unit
 

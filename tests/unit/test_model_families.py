@@ -16,7 +16,7 @@ from grpo_api.job import SpecError, parse_spec
 from grpo_api.trainer_config import ModelConfig
 from grpo_operator.planner import SUPPORTED, UnsupportedArchitecture, plan_memory, shape_from_config
 from grpo_operator.reconcile import planned
-from grpo_trainer.testing.tiny_configs import SUPPORTED_FAMILIES, write_config
+from grpo_testkit.tiny_configs import SUPPORTED_FAMILIES, write_config
 
 pytestmark = pytest.mark.unit
 

@@ -18,8 +18,8 @@ from grpo_api.model.kv_cache import (
     kv_bytes_per_token,
 )
 from grpo_api.model.shape import shape_from_config
+from grpo_testkit.tiny_configs import SUPPORTED_FAMILIES, tiny_config, write_config
 from grpo_trainer.rollout.vllm_engine import kv_cache_bytes
-from grpo_trainer.testing.tiny_configs import SUPPORTED_FAMILIES, tiny_config, write_config
 
 pytestmark = pytest.mark.unit
 

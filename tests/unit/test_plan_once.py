@@ -21,7 +21,7 @@ from grpo_operator.config import OperatorConfig
 from grpo_operator.reconcile import Action, Observed, planning
 from grpo_testbed.examples import example_job
 from grpo_testbed.status_patch import apply_status_patch
-from grpo_trainer.testing.tiny_configs import write_qwen25_vl_3b
+from grpo_testkit.tiny_configs import write_qwen25_vl_3b
 
 pytestmark = pytest.mark.unit
 T0, LATER = "2026-11-29T10:00:00.000Z", "2026-11-29T11:00:00.000Z"

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from grpo_testkit.video_files import frame_color, frame_list, write_mp4
 from grpo_trainer.images import PixelBounds
-from grpo_trainer.testing.video_files import frame_color, frame_list, write_mp4
 from grpo_trainer.videos import (
     VideoError,
     VideoSpec,

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task
+from grpo_testkit.staleness import check_one_step_ahead, run
 from grpo_trainer.config import build_config
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task
-from grpo_trainer.testing.staleness import check_one_step_ahead, run
 
 pytestmark = pytest.mark.timeout(900)
 STEPS = 3

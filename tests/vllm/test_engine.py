@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from grpo_trainer.rollout.engine_limits import VLLM_CPU_HEAD_SIZES
-from grpo_trainer.testing.datasets import png
-from grpo_trainer.testing.dist import run_ranks
-from grpo_trainer.testing.vllm_check import (
+from grpo_testkit.datasets import png
+from grpo_testkit.dist import run_ranks
+from grpo_testkit.vllm_check import (
     rollout_update_sync,
     rollout_update_sync_on_discarded_weights,
 )
+from grpo_trainer.rollout.engine_limits import VLLM_CPU_HEAD_SIZES
 
 SYNC_TOLERANCE = 2e-4
 pytestmark = pytest.mark.timeout(1800)  # each run starts vLLM on 2 ranks: minutes on 2 cores

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from grpo_testkit.datasets import png
+from grpo_testkit.dist import run_ranks
+from grpo_testkit.image_limit_check import generate_from_the_data
 from grpo_trainer.rollout.vllm_engine import VLLM_ENV_DEFAULTS
-from grpo_trainer.testing.datasets import png
-from grpo_trainer.testing.dist import run_ranks
-from grpo_trainer.testing.image_limit_check import generate_from_the_data
 
 pytestmark = pytest.mark.timeout(900)
 RUNNER = "VLLM_USE_V2_MODEL_RUNNER"

@@ -33,12 +33,12 @@ import pytest
 import torch
 import yaml
 
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task, write_vision_task
 from grpo_trainer.checkpointing.dcp import read_tracker
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.checkpointing.tracker import step_dir_name
 from grpo_trainer.rollout.stale_shm import SHM_DIR, VLLM_CPU_SHM
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task, write_vision_task
 
 STEPS = 12
 pytestmark = pytest.mark.timeout(3000)  # three real runs; vLLM starts in ~1-3 min on 2 cores

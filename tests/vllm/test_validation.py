@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_trainer.testing.configs import text_config
-from grpo_trainer.testing.datasets import write_text_task
+from grpo_testkit.configs import text_config
+from grpo_testkit.datasets import write_text_task
 
 pytestmark = pytest.mark.timeout(1800)
 VAL_ROWS = 5

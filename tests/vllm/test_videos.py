@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from grpo_trainer.testing.datasets import png
-from grpo_trainer.testing.dist import run_ranks
-from grpo_trainer.testing.video_check import generate_with_videos
-from grpo_trainer.testing.video_files import frame_list, write_mp4
+from grpo_testkit.datasets import png
+from grpo_testkit.dist import run_ranks
+from grpo_testkit.video_check import generate_with_videos
+from grpo_testkit.video_files import frame_list, write_mp4
 
 pytestmark = pytest.mark.timeout(900)
 SCORE_TOLERANCE = 2e-4
@@ -34,7 +34,7 @@ def vllm_vl_families(vllm_vlm: Path, tmp_path_factory: pytest.TempPathFactory
                      ) -> dict[str, Path]:
     """Each family's tiny model at the head size vLLM's CPU attention takes; Qwen2.5-VL is
     the tier's ``vllm_vlm``."""
-    from grpo_trainer.testing.tiny_models import VL_FAMILIES, build_tiny_vl
+    from grpo_testkit.tiny_models import VL_FAMILIES, build_tiny_vl
 
     return {f: vllm_vlm if f == "qwen2_5_vl" else
             build_tiny_vl(tmp_path_factory.mktemp(f"vllm-{f}"), f, hidden=HIDDEN)

@@ -1,6 +1,6 @@
 """What one rank trains: its config, place in the world, models, optimizer and scheduler.
 
-``build_rank_state`` builds it once (``Worker.setup``; ``testing/fidelity.py`` on a bare
+``build_rank_state`` builds it once (``Worker.setup``; ``grpo_testkit/fidelity.py`` on a bare
 GPU), and the same object is handed to the update (``PolicyUpdate``) and the checkpointer
 (``checkpointing.rank.RankCheckpointer``): each is told explicitly what it works on,
 and none reaches back into the ``Worker``. The rollout side (tokenizer, engine, samples)
