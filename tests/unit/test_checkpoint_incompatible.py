@@ -23,7 +23,8 @@ from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_testbed.status_patch import apply_status_patch
 from grpo_trainer.checkpointing.compat import CheckpointIncompatible, incompatible_message
-from grpo_trainer.errors import StepError, classify, termination_message
+from grpo_trainer.errors import StepError, classify
+from grpo_trainer.liveness.termination import termination_message
 
 pytestmark = pytest.mark.unit
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples/grpojob-qwen25vl-7b-a100-40gb.yaml"

@@ -8,8 +8,9 @@ import pytest
 
 from grpo_api.contract import TERMINATION_MESSAGE_MAX_BYTES, ExitCode, FailureReason
 from grpo_trainer.config_error import ConfigError
-from grpo_trainer.errors import StepError, classify, step_of, termination_message
+from grpo_trainer.errors import StepError, classify, step_of
 from grpo_trainer.faults import parse_fault
+from grpo_trainer.liveness.termination import termination_message
 
 pytestmark = pytest.mark.unit
 

@@ -249,7 +249,7 @@ class GRPOTrainer:
         return self.pipeline.engines if self.pipeline is not None else self.group
 
     def _monitor(self) -> StallMonitor:
-        from .errors import termination_log_path
+        from .liveness.termination import termination_log_path
 
         cfg = self.cfg
         stalls = Path(cfg.checkpoint.dir) / STALLS_DIR if cfg.checkpoint.dir else None

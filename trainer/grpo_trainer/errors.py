@@ -1,4 +1,4 @@
-"""Map failures to the contract's exit codes and write the termination message.
+"""Map failures to the contract's exit codes (liveness/termination.py writes the message).
 
 The operator decides how to remediate from the exit code and the JSON message
 in the termination log, so the classification must see through Ray's wrappers:
@@ -9,22 +9,13 @@ is the ``torch.OutOfMemoryError``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
-from grpo_api.contract import (
-    TERMINATION_LOG,
-    TERMINATION_MESSAGE_MAX_BYTES,
-    ExitCode,
-    FailureReason,
-    RankPhase,
-)
+from grpo_api.contract import ExitCode, FailureReason, RankPhase
 
 from .checkpointing.compat import CheckpointIncompatible
 from .config_error import ConfigError
@@ -206,41 +197,3 @@ def step_of(exc: BaseException) -> int | None:
         if isinstance(e, StepError):
             return e.step
     return None
-
-
-def termination_log_path(configured: str | None = None) -> Path:
-    return Path(configured or os.environ.get("GRPO_TERMINATION_LOG") or TERMINATION_LOG)
-
-
-def termination_message(
-    reason: FailureReason, step: int | None, last_checkpoint_step: int | None, detail: str,
-    phase: RankPhase | None = None, export: dict[str, object] | None = None,
-) -> str:
-    """The JSON the operator reads, trimmed so it always fits the 4 KiB limit; a
-    succeeded run's `export` ({path, step}) becomes the job's status.export."""
-    body: dict[str, object] = {
-        "reason": str(reason),
-        "step": step,
-        "lastCheckpointStep": last_checkpoint_step,
-        "detail": detail,
-    }
-    if phase is not None:
-        body["phase"] = phase.value
-    if export is not None:
-        body["export"] = export
-    text = json.dumps(body)
-    while len(text.encode()) > TERMINATION_MESSAGE_MAX_BYTES:
-        # Keep the tail: the innermost error line is the informative part.
-        cut = len(text.encode()) - TERMINATION_MESSAGE_MAX_BYTES + 16
-        body["detail"] = "..." + str(body["detail"])[cut:]
-        text = json.dumps(body)
-    return text
-
-
-def write_termination(path: Path, message: str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as f:
-            f.write(message)
-    except OSError as err:  # never mask the real failure with a logging failure
-        log.error("could not write termination message to %s: %s", path, err)

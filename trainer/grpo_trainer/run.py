@@ -11,8 +11,9 @@ from grpo_api.contract import TERMINATION_LOG, ExitCode, FailureReason
 from .checkpointing.model_guard import check_same_model
 from .config import check_runtime, load_config
 from .config_error import ConfigError
-from .errors import classify, step_of, termination_log_path, termination_message, write_termination
+from .errors import classify, step_of
 from .liveness.sigterm import AttemptFiles
+from .liveness.termination import termination_log_path, termination_message, write_termination
 
 log = logging.getLogger("grpo_trainer")
 

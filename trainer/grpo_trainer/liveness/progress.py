@@ -1,4 +1,4 @@
-"""Progress reports to the operator: the seam the driver calls once per step.
+"""Progress reports to the operator: the protocol the driver calls once per step.
 
 The Kubernetes implementation (patching ``status.progress`` with its own field
 manager) is in ``kube_progress``; here are the interface, a no-op and a JSON-file

@@ -25,7 +25,6 @@ from typing import Any, TextIO
 
 from grpo_api.contract import ExitCode, FailureReason
 
-from ..errors import termination_message, write_termination
 from .stall import (
     Heartbeat,
     RankStacks,
@@ -34,6 +33,7 @@ from .stall import (
     report_text,
     verdict,
 )
+from .termination import termination_message, write_termination
 
 log = logging.getLogger(__name__)
 
