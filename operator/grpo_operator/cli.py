@@ -83,9 +83,19 @@ def crd(write: bool, root: Path) -> None:
     "cannot reach the hub (the chart's readPublicHub: false). Default: read each hub "
     "model's config.json as the operator does.",
 )
+@click.option(
+    "--hub-endpoints",
+    envvar="GRPO_HUB_ENDPOINTS",
+    show_envvar=True,
+    default=None,
+    metavar="JSON",
+    help="The cluster's hub endpoints (the chart's hubEndpoints), for a job whose "
+    'spec.hub.endpoint names one: {"mirror": "https://hf-mirror.internal"}. A URL there '
+    "is read as it is.",
+)
 @GPU_CATALOG_OPTION
 def plan(file: Path, output: str, model_root: Path | None, hub_token: str | None,
-         offline: bool, gpu_catalog: Path | None) -> None:
+         offline: bool, hub_endpoints: str | None, gpu_catalog: Path | None) -> None:
     """Plan the memory settings and cluster for every GRPOJob in FILE, checked as the API
     server and the webhook check it (other documents are named in a warning), each model
     sized from its config.json read as the operator reads it: the hub's, or a local copy
@@ -95,14 +105,19 @@ def plan(file: Path, output: str, model_root: Path | None, hub_token: str | None
 
     from grpo_api.job import SpecError
 
+    from .hub_endpoints import parse_hub_endpoints
     from .plan_cli import plan_file
     from .plan_model import HubAccess
 
     try:
+        hubs = parse_hub_endpoints(hub_endpoints) if hub_endpoints else {}
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--hub-endpoints") from None
+    try:
         # Piped or captured output gets a fixed, wide layout instead of 80 columns.
         width = None if sys.stdout.isatty() else 140
         refused = plan_file(file, output, model_root, Console(width=width), gpu_catalog,
-                            HubAccess(hub_token or None, offline))
+                            HubAccess(hub_token or None, offline, hubs))
     except (SpecError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -11,6 +11,7 @@ from typing import Any
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
+from .hub_endpoints import NO_HUB_ENDPOINTS
 from .peering import PEERING_LIFETIME_S
 from .render.network_policy import JobNetworkPolicy
 from .watch_health import DEFAULT_STALE_AFTER_S as WATCH_STALE_AFTER_S
@@ -77,6 +78,9 @@ class OperatorConfig:
     # spec.hub.endpoint (--no-read-public-hub: a cluster that cannot or must not reach it;
     # those jobs plan from the known table, as jobs of a private repo's mirror never do).
     read_public_hub: bool = True
+    # The hubs a job may name in spec.hub.endpoint, by name (--hub-endpoints; the chart's
+    # hubEndpoints): no other is read (reconcile/hub_endpoint.py).
+    hub_endpoints: Mapping[str, str] = field(default_factory=lambda: NO_HUB_ENDPOINTS)
     # A NetworkPolicy for each job's Ray pods (--job-network-policy; the chart's
     # jobNetworkPolicy); None: none (render/network_policy.py).
     job_network_policy: JobNetworkPolicy | None = None

@@ -29,6 +29,7 @@ from grpo_api.contract import (
 from . import hub_config, kube, metrics
 from . import reconcile as rec
 from .config import OperatorConfig, from_memo
+from .hub_endpoints import readable
 from .reconcile import Action, Event, Observed
 from .render import JobRef, names
 
@@ -136,9 +137,10 @@ def grpojob_reconcile(body: kopf.Body, namespace: str | None, memo: kopf.Memo,
                             model_claim=kube.get_claim(ns, model_claim) if model_claim else None,
                             pods=kube.list_pods(ns, f"{JOB_LABEL}={name}") if fresh else [])
         config = from_memo(memo)
-        if rec.operator_reads_hub(raw_spec, status, config.read_public_hub):
-            observed = replace(observed, hub=hub_config.read(rec.hub_url(raw_spec)))
-        elif rec.to_read(raw_spec, status) == "pod":
+        read = readable(raw_spec, config.hub_endpoints)
+        if read is not None and rec.operator_reads_hub(read, status, config.read_public_hub):
+            observed = replace(observed, hub=hub_config.read(rec.hub_url(read)))
+        elif read is not None and rec.to_read(read, status) == "pod":
             observed = replace(observed,
                                model_reader=kube.get_pod(ns, names.model_reader(ref)))
         action = _reconcile(_job(body), observed, rec.SpecChanged(), _now(), config)

@@ -28,6 +28,7 @@ from .config import (
     WebhookConfig,
     from_memo,
 )
+from .hub_endpoints import parse_hub_endpoints
 from .kopf_fixes import Insights, see_listed_namespaces, track_watches
 from .peering import MIN_PEERING_LIFETIME_S, PEERING_LIFETIME_S, SALT_RANGE, replica_priority
 from .render.network_policy import parse_job_network_policy
@@ -222,6 +223,12 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
               "jobs that name no spec.hub.endpoint. Off: those jobs plan from the known "
               "table, and a model it does not know needs spec.model.shape "
               "[env GRPO_READ_PUBLIC_HUB].")
+@click.option("--hub-endpoints", envvar="GRPO_HUB_ENDPOINTS", default=None, metavar="JSON",
+              help="The hubs a job may name in spec.hub.endpoint (mirrors, proxies), as a "
+              'JSON object of names to URLs, e.g. {"mirror": "https://hf-mirror.internal"}: '
+              "a job names one, or writes one of these URLs; any other is refused, and no "
+              "hub but these and the public one (--read-public-hub) is read. Default: none "
+              "(the chart's hubEndpoints) [env GRPO_HUB_ENDPOINTS].")
 @click.option("--job-network-policy", envvar="GRPO_JOB_NETWORK_POLICY", default=None,
               metavar="JSON", help="Give each job's Ray pods a NetworkPolicy: only the job's "
               "own pods (and the ingressFrom peers) reach them; with egress rules, they "
@@ -236,8 +243,8 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         pod_create_deadline: float,
         hang_grace: float, peering: str | None, priority: int | None,
         peering_lifetime: int, discovery_timeout: float,
-        watch_stale_after: float, read_public_hub: bool, job_network_policy: str | None,
-        verbose: bool) -> None:
+        watch_stale_after: float, read_public_hub: bool, hub_endpoints: str | None,
+        job_network_policy: str | None, verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -252,13 +259,18 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
                           if job_network_policy else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--job-network-policy") from None
+    try:
+        hubs = parse_hub_endpoints(hub_endpoints) if hub_endpoints else {}
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--hub-endpoints") from None
     config = OperatorConfig(
         default_image=trainer_image, trainer_pod_uid=trainer_pod_uid,
         catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
         bind=bind, metrics_port=metrics_port, pod_create_deadline_seconds=pod_create_deadline,
         hang_grace_seconds=hang_grace,
         discovery_timeout_seconds=discovery_timeout, watch_stale_after_seconds=watch_stale_after,
-        read_public_hub=read_public_hub, peering_lifetime_seconds=peering_lifetime,
+        read_public_hub=read_public_hub, hub_endpoints=MappingProxyType(hubs),
+        peering_lifetime_seconds=peering_lifetime,
         job_network_policy=network_policy,
         webhook=WebhookConfig(port=webhook_port, host=webhook_host, cert=webhook_cert,
                               key=webhook_key, ca=webhook_ca, manage=webhook_manage))

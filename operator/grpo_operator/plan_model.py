@@ -18,7 +18,8 @@ was read, the error and the fix. The token is sent, never printed: no message ho
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -27,6 +28,7 @@ from grpo_api.model.shape import known_family
 from grpo_api.model_config import CONFIG_FILE, ConfigUnavailable, read_dir, shape_fields
 
 from . import hub_config
+from .hub_endpoints import with_endpoint_url
 from .reconcile.model_config import how_read, hub_url, recorded, where_read
 
 SHAPE_FIX = "set spec.model.shape (parameters, layers, hiddenSize, ...)"
@@ -42,6 +44,8 @@ class HubAccess:
 
     token: str | None = None
     offline: bool = False
+    # The cluster's hub endpoints (the chart's hubEndpoints), for a job that names one.
+    endpoints: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,14 @@ class ModelRead:
 def read_model(raw_spec: dict[str, Any], model_root: Path | None, hub: HubAccess) -> ModelRead:
     """The config.json of the job's model (`raw_spec`: the spec as written), read as the
     operator reads it. Raises ModelUnreadable when none can be read for a model the
-    known table does not have."""
+    known table does not have, SpecError for a hub name `hub.endpoints` does not have."""
     model = raw_spec.get("model") or {}
     path = str(model.get("path") or "")
     how = how_read(raw_spec)
     if how == "shape":
         return ModelRead()
+    # A hub by name (the cluster's list, given here) or by URL (this machine reads any).
+    raw_spec = with_endpoint_url(raw_spec, hub.endpoints, any_url=True)
     if model.get("claimName"):
         return _claim(raw_spec, path, model_root)
     if how in ("hub", "pod"):  # "pod": a private repo, read with the token

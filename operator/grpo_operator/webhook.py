@@ -22,6 +22,7 @@ from grpo_api.job.renames import RenameConflict, rename_warnings, with_new_names
 
 from . import hub_config, kube
 from .config import OperatorConfig, from_memo
+from .hub_endpoints import NO_HUB_ENDPOINTS, readable, with_endpoint_url
 from .namespace_policy import (
     GPU_QUOTA,
     GpuQuota,
@@ -124,12 +125,15 @@ def review_admission(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | No
                      namespace: NamespaceFacts | None = None,
                      name: str = "job", kueue_installed: bool = True,
                      hub: HubAnswer | None = None,
-                     old_status: dict[str, Any] | None = None) -> AdmissionReview:
+                     old_status: dict[str, Any] | None = None,
+                     hub_endpoints: Mapping[str, str] = NO_HUB_ENDPOINTS) -> AdmissionReview:
     """admission_problem and admission_warnings from one parse of the spec (pure)."""
     problem, spec = _problem(raw_spec, old_raw_spec, catalog, namespace, name,
-                             kueue_installed, hub, old_status)
+                             kueue_installed, hub, old_status, hub_endpoints)
     if problem:
         return AdmissionReview(problem, [])
+    if spec is not None:  # the hub as read: its URL, in what the warning says
+        raw_spec = with_endpoint_url(raw_spec, hub_endpoints)
     return AdmissionReview(None, admission_warnings(raw_spec, hub, spec))
 
 
@@ -138,20 +142,23 @@ def admission_problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | N
                       namespace: NamespaceFacts | None = None,
                       name: str = "job", kueue_installed: bool = True,
                       hub: HubAnswer | None = None,
-                      old_status: dict[str, Any] | None = None) -> str | None:
+                      old_status: dict[str, Any] | None = None,
+                      hub_endpoints: Mapping[str, str] = NO_HUB_ENDPOINTS) -> str | None:
     """Why the API server should refuse this spec, or None (pure). With `namespace`,
     also what that namespace would refuse the job's pods (checked on the pods as
     rendered for the first attempt); its GPU quota only on create (a live job's own pods
     count as used). `hub`: the operator's read of a public hub model's config.json;
-    `old_status`: the live job's status (its config.json as read)."""
+    `old_status`: the live job's status (its config.json as read); `hub_endpoints`: the
+    hubs a job may name (reconcile/hub_endpoint.py)."""
     return _problem(raw_spec, old_raw_spec, catalog, namespace, name, kueue_installed, hub,
-                    old_status)[0]
+                    old_status, hub_endpoints)[0]
 
 
 def _problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
              catalog: Mapping[str, GpuType], namespace: NamespaceFacts | None, name: str,
              kueue_installed: bool, hub: HubAnswer | None,
-             old_status: dict[str, Any] | None) -> tuple[str | None, GRPOJobSpec | None]:
+             old_status: dict[str, Any] | None,
+             hub_endpoints: Mapping[str, str]) -> tuple[str | None, GRPOJobSpec | None]:
     """admission_problem's answer, and the spec as parsed (once) when it parsed."""
     if old_raw_spec is not None and old_raw_spec == raw_spec:
         return None, None  # metadata/finalizer updates are never blocked by a newer planner
@@ -179,6 +186,8 @@ def _problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
                     "the next attempt"), None
     try:
         spec = parse_spec(raw_spec)
+        raw_spec = with_endpoint_url(raw_spec, hub_endpoints)
+        spec = parse_spec(raw_spec) if spec.hub.endpoint else spec
     except SpecError as exc:
         return str(exc), None
     model, plan_now = admission_input(raw_spec, hub, old_status)
@@ -253,10 +262,11 @@ def review_request(raw_spec: dict[str, Any], old: dict[str, Any] | None,
     changed = old_raw_spec != raw_spec
     facts = namespace_facts(namespace) if namespace and changed else None
     kueue = kueue_installed() if raw_spec.get("queueName") and old_raw_spec is None else True
-    hub = (hub_config.read(hub_url(raw_spec)) if changed and operator_reads_hub(
-        raw_spec, old_status, config.read_public_hub) else None)
+    read = readable(raw_spec, config.hub_endpoints)  # an unlisted hub: refused, unread
+    hub = (hub_config.read(hub_url(read)) if read is not None and changed and operator_reads_hub(
+        read, old_status, config.read_public_hub) else None)
     return review_admission(raw_spec, old_raw_spec, config.catalog, facts, name or "job",
-                            kueue, hub, old_status)
+                            kueue, hub, old_status, config.hub_endpoints)
 
 
 @kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")

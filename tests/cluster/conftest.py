@@ -7,7 +7,10 @@ a message; it never skips.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
+from pathlib import Path
 
 import pytest
 import yaml
@@ -91,18 +94,34 @@ def grpo_crd(testbed: Testbed) -> Testbed:
     return testbed
 
 
+@contextmanager
+def operator_with(grpo_crd: Testbed, workdir: Path, *args: str) -> Iterator[OperatorProcess]:
+    """The module's operator, with its webhook, started with `args` beside the GPU
+    catalog file (as the chart mounts its gpuCatalog value)."""
+    catalog = workdir / "gpu-catalog.yaml"
+    catalog.write_text(yaml.safe_dump({ADDED_GPU: ADDED_GPU_ENTRY}))
+    op = OperatorProcess(grpo_crd, workdir,
+                         extra_args=("--gpu-catalog", str(catalog), *args)).start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        # Without the operator the webhook would refuse every GRPOJob: remove it too.
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            grpo_crd.kubectl("delete", kind, WEBHOOK_CONFIG, "--ignore-not-found", check=False)
+
+
+@pytest.fixture(scope="session")
+def start_operator(grpo_crd: Testbed) -> Callable[..., AbstractContextManager[OperatorProcess]]:
+    """operator_with on this testbed: for a module whose operator needs other flags."""
+    return partial(operator_with, grpo_crd)
+
+
 @pytest.fixture(scope="module")
 def operator(grpo_crd: Testbed, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[OperatorProcess]:
-    workdir = tmp_path_factory.mktemp("operator")
-    catalog = workdir / "gpu-catalog.yaml"  # as the chart mounts its gpuCatalog value
-    catalog.write_text(yaml.safe_dump({ADDED_GPU: ADDED_GPU_ENTRY}))
-    op = OperatorProcess(grpo_crd, workdir, extra_args=("--gpu-catalog", str(catalog))).start()
-    yield op
-    op.stop()
-    # Without the operator the webhook would refuse every GRPOJob: remove it too.
-    for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
-        grpo_crd.kubectl("delete", kind, WEBHOOK_CONFIG, "--ignore-not-found", check=False)
+    with operator_with(grpo_crd, tmp_path_factory.mktemp("operator")) as op:
+        yield op
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ import yaml
 
 from grpo_api.model_config import hub_config_url
 from grpo_operator.planner import shape_from_config
+from grpo_testbed.chart import one, render
 from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
 from grpo_testbed.operator_process import OperatorProcess
@@ -35,6 +37,28 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
     write_config(root / "models" / "acme" / "llama-sft", "llama")
     with stand_in_hub(root) as h:
         yield h
+
+
+@pytest.fixture(scope="module")
+def offline() -> str:
+    """A hub URL nothing answers at: a port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def operator(start_operator: Callable[..., AbstractContextManager[OperatorProcess]],
+             hub: StandInHub, offline: str, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    """The operator with the hubs the chart's hubEndpoints lists, passed as the chart's
+    Deployment passes them: jobs name "standin" and "offline"."""
+    dep = one(render({"hubEndpoints.standin": hub.url, "hubEndpoints.offline": offline}),
+              "Deployment")
+    (listed,) = [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+                 if a.startswith("--hub-endpoints=")]
+    with start_operator(tmp_path_factory.mktemp("operator"), listed) as op:
+        yield op
 
 
 def hub_job(name: str, repo: str, endpoint: str) -> dict[str, Any]:
@@ -64,7 +88,7 @@ def wait_status(tb: Testbed, op: OperatorProcess, ns: str, name: str, what: str,
 
 def test_a_hub_model_no_table_knows_is_planned_from_its_config_json(
         testbed: Testbed, operator: OperatorProcess, op_ns: str, hub: StandInHub) -> None:
-    res = apply(testbed, op_ns, hub_job("custom", REPO, hub.url))
+    res = apply(testbed, op_ns, hub_job("custom", REPO, "standin"))
     assert res.returncode == 0, res.stderr
     url = hub_config_url(hub.url, REPO, None)
     st = wait_status(testbed, operator, op_ns, "custom", "planned",
@@ -81,18 +105,27 @@ def test_a_hub_model_no_table_knows_is_planned_from_its_config_json(
 
 def test_an_architecture_the_trainer_does_not_train_is_refused_at_apply(
         testbed: Testbed, operator: OperatorProcess, op_ns: str, hub: StandInHub) -> None:
-    res = apply(testbed, op_ns, hub_job("llama", "acme/llama-sft", hub.url))
+    res = apply(testbed, op_ns, hub_job("llama", "acme/llama-sft", "standin"))
     assert res.returncode != 0
     assert "spec.model.path: config.json says model_type 'llama'" in res.stderr
     assert "LlamaForCausalLM" in res.stderr and "Qwen2.5-VL (qwen2_5_vl)" in res.stderr
 
 
+def test_a_hub_the_platform_does_not_list_is_refused_at_apply_and_never_read(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str, hub: StandInHub) -> None:
+    before = len(hub.requests)
+    res = apply(testbed, op_ns, hub_job("elsewhere", REPO, f"{hub.url}/other"))
+    assert res.returncode != 0
+    assert f"spec.hub.endpoint: the URL '{hub.url}/other' is not one of the cluster's hub " \
+        "endpoints (offline, standin)" in res.stderr, res.stderr
+    assert "Fix: set spec.hub.endpoint to one of offline, standin" in res.stderr
+    assert len(hub.requests) == before  # nothing was read from it
+
+
 def test_an_unreachable_hub_is_said_on_the_job_with_the_fix(
-        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
-    res = apply(testbed, op_ns, hub_job("offline", REPO, endpoint))
+        testbed: Testbed, operator: OperatorProcess, op_ns: str, offline: str) -> None:
+    endpoint = offline
+    res = apply(testbed, op_ns, hub_job("offline", REPO, "offline"))
     assert res.returncode == 0, res.stderr
     assert "Warning: spec.model: GET " in res.stderr and "ModelConfigUnavailable" in res.stderr
     st = wait_status(testbed, operator, op_ns, "offline", "ModelConfigUnavailable",

@@ -112,6 +112,8 @@ VALUE_SETS: dict[str, dict[str, str]] = {
         "extraVolumes[0].name": "corp-ca", "extraVolumes[0].configMap.name": "corp-ca",
         "extraVolumeMounts[0].name": "corp-ca",
         "extraVolumeMounts[0].mountPath": "/etc/grpo-operator/ca"},
+    "hub-endpoints": {"hubEndpoints.mirror": "https://hf-mirror.internal/api",
+                      "hubEndpoints.proxy": "http://hub-proxy.platform:8080"},
 }
 
 
@@ -169,6 +171,8 @@ INVALID: list[tuple[dict[str, str], tuple[str, ...]]] = [
     ({"extraEnv[0].value": "x"}, ("/extraEnv/0", "name")),
     ({"extraVolumes[0].name": "corp-ca"}, ("/extraVolumes/0", "minProperties")),
     ({"extraVolumeMounts[0].name": "corp-ca"}, ("/extraVolumeMounts/0", "mountPath")),
+    ({"hubEndpoints.Mirror": "https://hf-mirror.internal"}, ("invalid propertyName 'Mirror'",)),
+    ({"hubEndpoints.mirror": "ftp://hf-mirror.internal"}, ("/hubEndpoints/mirror",)),
 ]
 
 
@@ -343,6 +347,21 @@ def test_deployment_flags_follow_values() -> None:
     assert not [a for a in off if a.startswith(("--peering", "--webhook"))]
     assert "--verbose" in off
     assert "--no-read-public-hub" not in _args({"readPublicHub": True})
+    assert not [a for a in _args() if a.startswith("--hub-endpoints")]  # none by default
+
+
+def test_hub_endpoints_reach_the_operator_as_the_map_it_parses() -> None:
+    from grpo_operator.hub_endpoints import parse_hub_endpoints
+
+    (flag,) = [a for a in _args(VALUE_SETS["hub-endpoints"]) if a.startswith("--hub-endpoints")]
+    assert parse_hub_endpoints(flag.split("=", 1)[1]) == {
+        "mirror": "https://hf-mirror.internal/api", "proxy": "http://hub-proxy.platform:8080"}
+    # The schema checks names and URLs as the operator and the CRD do.
+    from grpo_api.job.hub import HUB_NAME_PATTERN, HUB_URL_PATTERN
+
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]
+    assert schema["hubEndpoints"]["propertyNames"]["pattern"] == HUB_NAME_PATTERN
+    assert schema["hubEndpoints"]["additionalProperties"]["pattern"] == HUB_URL_PATTERN
 
 
 def test_every_flag_the_chart_passes_is_one_grpo_operator_accepts() -> None:

@@ -30,9 +30,10 @@ pytestmark = pytest.mark.unit
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpojob-qwen25vl-7b-h100.yaml"
 T0 = "2026-11-21T10:00:00.000Z"
-CONFIG = OperatorConfig(default_image="registry.example/trainer:test")
 REPO = "acme/custom-vl-3b"  # in no table
 HUB = "https://hub.acme.example"
+HUBS = {"acme": HUB}  # the platform's hubEndpoints: jobs name the hub "acme"
+CONFIG = OperatorConfig(default_image="registry.example/trainer:test", hub_endpoints=HUBS)
 URL = hub_config_url(HUB, REPO, None)
 POD = "j-model-config"
 
@@ -67,7 +68,7 @@ def step(job: dict[str, Any], event: Any,
 def hub_job(path: str = REPO, **hub: Any) -> dict[str, Any]:
     job = new_job()
     job["spec"]["model"] = {"path": path}
-    job["spec"]["hub"] = {"endpoint": HUB, **hub}
+    job["spec"]["hub"] = {"endpoint": "acme", **hub}
     return job
 
 
@@ -252,13 +253,16 @@ def test_a_job_planned_before_is_never_read_again() -> None:
 def test_admission_plans_a_public_hub_model_from_its_config(
         vl3b: dict[str, Any], tmp_path: Path) -> None:
     spec = hub_job()["spec"]
-    assert admission_problem(spec, None, hub=HubAnswer(URL, config=vl3b)) is None
+    assert admission_problem(spec, None, hub_endpoints=HUBS,
+                             hub=HubAnswer(URL, config=vl3b)) is None
     spec["resources"] = {"gpuType": "A100-40GB", "nodes": 1, "gpusPerNode": 1}
     spec["memory"] = {"offloadParams": False, "offloadOptimizer": False}
-    refused = admission_problem(spec, None, hub=HubAnswer(URL, config=vl3b))
+    refused = admission_problem(spec, None, hub_endpoints=HUBS,
+                                hub=HubAnswer(URL, config=vl3b))
     assert refused is not None and refused.startswith("the memory planner refuses this job")
     llama = shape_fields(json.loads(write_config(tmp_path, "llama").read_text()))
-    refused = admission_problem(hub_job()["spec"], None, hub=HubAnswer(URL, config=llama))
+    refused = admission_problem(hub_job()["spec"], None, hub_endpoints=HUBS,
+                                hub=HubAnswer(URL, config=llama))
     assert refused is not None and "config.json says model_type 'llama'" in refused
 
 
@@ -266,10 +270,10 @@ def test_admission_refuses_a_repo_the_hub_does_not_have_and_admits_one_it_cannot
 ) -> None:
     spec = hub_job()["spec"]
     gone = HubAnswer(URL, error=f"GET {URL}: HTTP 404 Not Found")
-    refused = admission_problem(spec, None, hub=gone)
+    refused = admission_problem(spec, None, hub_endpoints=HUBS, hub=gone)
     assert refused is not None and "HTTP 404" in refused and "spec.model.shape" in refused
     down = HubAnswer(URL, error=f"GET {URL}: timed out", retry=True)
-    assert admission_problem(spec, None, hub=down) is None
+    assert admission_problem(spec, None, hub_endpoints=HUBS, hub=down) is None
     (warning,) = admission_warnings(spec, down)
     assert "timed out" in warning and "ModelConfigUnavailable" in warning
 
@@ -309,12 +313,12 @@ def test_without_public_hub_reads_only_a_named_endpoint_is_read() -> None:
 def test_without_public_hub_reads_a_model_no_table_knows_is_refused_saying_why() -> None:
     public = new_job()
     public["spec"]["model"] = {"path": REPO}
-    problem = admission_problem(public["spec"], None, hub=None)
+    problem = admission_problem(public["spec"], None, hub_endpoints=HUBS, hub=None)
     assert problem is not None
     assert "does not read the public hub (--no-read-public-hub" in problem, problem
     assert "set spec.model.shape" in problem, problem
     known = new_job()  # the example's Qwen2.5-VL-7B: the table, saying why
-    assert admission_problem(known["spec"], None, hub=None) is None
+    assert admission_problem(known["spec"], None, hub_endpoints=HUBS, hub=None) is None
     job, _ = step(known, rec.SpecChanged())
     assert job["status"]["plan"]["modelSource"] == \
         "known table: qwen2.5-vl-7b (no config.json read)"

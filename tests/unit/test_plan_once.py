@@ -25,7 +25,8 @@ from grpo_testkit.tiny_configs import write_qwen25_vl_3b
 
 pytestmark = pytest.mark.unit
 T0, LATER = "2026-11-29T10:00:00.000Z", "2026-11-29T11:00:00.000Z"
-CONFIG = OperatorConfig(default_image="registry.example/trainer:test")
+CONFIG = OperatorConfig(default_image="registry.example/trainer:test",
+                        hub_endpoints={"acme": "https://hub.acme"})
 
 
 @pytest.fixture
@@ -77,7 +78,7 @@ def test_a_spec_change_plans_once(runs: list[int]) -> None:
 def test_config_json_read_in_the_decision_plans_once_with_it(
         runs: list[int], tmp_path: Path) -> None:
     config = shape_fields(json.loads(write_qwen25_vl_3b(tmp_path / "m").read_text()))
-    job = new_job(model={"path": "acme/custom-vl-3b"}, hub={"endpoint": "https://hub.acme"})
+    job = new_job(model={"path": "acme/custom-vl-3b"}, hub={"endpoint": "acme"})
     hub = rec.HubAnswer("https://hub.acme/acme/custom-vl-3b/resolve/main/config.json",
                         config=config)
     job, action, planned = decide(job, rec.SpecChanged(), runs, observed=Observed(hub=hub))

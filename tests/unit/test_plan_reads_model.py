@@ -235,6 +235,26 @@ def test_a_public_repo_is_read_without_the_users_token_as_the_operator_reads_it(
     assert hub.seen == [(f"/{REPO}/resolve/main/config.json", None)]
 
 
+def test_a_hub_named_as_the_cluster_names_it_is_read_from_the_list_given(
+        tmp_path: Path) -> None:
+    """spec.hub.endpoint: mirror (the chart's hubEndpoints): grpo plan reads the URL that
+    --hub-endpoints gives that name; without it, it says how to give it."""
+    with serve(Hub({REPO: CONFIG})) as hub:
+        f = job_file(tmp_path, {"path": REPO}, {"endpoint": "mirror"})
+        code, out, err = run("plan", f, "-o", "json", "--hub-endpoints",
+                             json.dumps({"mirror": hub.url}), **ONLINE)
+        assert code == 0, err
+        assert planned(out)["model"]["source"] == \
+            f"hub config.json ({hub_config_url(hub.url, REPO, None)})"
+        code, _, err = run("plan", f, **ONLINE)
+        assert code == 2
+        assert "spec.hub.endpoint: 'mirror' names one of a cluster's hub endpoints" in err
+        assert "--hub-endpoints" in err
+        code, _, err = run("plan", f, "--hub-endpoints", "{mirror}", **ONLINE)
+        assert code == 2 and "--hub-endpoints: not JSON" in err
+    assert hub.seen == [(f"/{REPO}/resolve/main/config.json", None)]
+
+
 def test_offline_plans_a_known_hub_model_from_the_table_and_refuses_another(
         tmp_path: Path) -> None:
     with serve(Hub({REPO: CONFIG})) as hub:

@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_api.contract import Phase, Reason, Role
-from grpo_api.job import GRPOJobSpec
+from grpo_api.job import GRPOJobSpec, SpecError
 
 from ..config import OperatorConfig
+from ..hub_endpoints import with_endpoint_url
 from ..render import JobRef, names
 from . import model_config, observe
 from .action import Action
@@ -74,7 +75,11 @@ def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
     generation = int(meta.get("generation") or 0)
     ref = JobRef(str(meta.get("name")), str(meta.get("namespace") or "default"),
                  str(meta.get("uid") or ""))
-    planner = Planner(raw_spec, config.catalog)  # the spec, parsed once
+    try:  # a hub by the name the platform gave it: its URL from here on
+        raw_spec = with_endpoint_url(raw_spec, config.hub_endpoints)
+        planner = Planner(raw_spec, config.catalog)  # the spec, parsed once
+    except SpecError as exc:
+        planner = Planner(raw_spec, config.catalog, refused=exc)
     try:
         action = _decide(ref, raw_spec, planner, status, generation, now, observed, event,
                          config)

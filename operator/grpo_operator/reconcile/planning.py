@@ -68,11 +68,16 @@ class Planner:
     planner's runs (at most one a decision; the handler records it as a metric)."""
 
     def __init__(self, raw_spec: dict[str, Any],
-                 catalog: Mapping[str, GpuType] = GPU_CATALOG) -> None:
+                 catalog: Mapping[str, GpuType] = GPU_CATALOG,
+                 refused: SpecError | None = None) -> None:
+        """`refused`: why the spec cannot run though it parses (a hub the platform does
+        not list): the spec is then not parsed, so nothing renders from it."""
         self.catalog = catalog
         self.runs = 0
         self.spec: GRPOJobSpec | None = None
-        self.error: SpecError | None = None
+        self.error: SpecError | None = refused
+        if refused is not None:
+            return
         try:
             self.spec = parse_spec(raw_spec)
         except SpecError as exc:
