@@ -313,7 +313,9 @@ class ResourcesConfig(_Strict):
     gang_timeout_s: float = Field(
         default=600.0,
         gt=0,
-        description="seconds to wait for every node's ranks to be reserved before giving up",
+        description="seconds to wait for every node's ranks to be reserved, counted from when "
+        "enough Ray nodes have joined (nodes not joined yet, their pods waiting for "
+        "capacity, are waited for without a deadline), before giving up (WorkersMissing)",
     )
     gpus_per_worker: float = Field(default=0, ge=0)
     fake_gpus: bool = Field(

@@ -5,10 +5,12 @@ one raylet per node, all on this machine), 2 nodes x 2 fake GPUs, 4 gloo ranks o
 One cluster serves the whole module, in order: an uninterrupted 2 x 2 run places ranks
 0-1 on one worker node and 2-3 on the other, never on the head (which has CPUs and GPUs
 to spare, so only ``ranks_on_head: false`` keeps ranks off it), and is the reference;
-asking for 3 nodes ends with WorkersMissing (exit 5) at the gang deadline; removing a
+asking for 3 ranks on nodes of 2 GPUs ends with WorkersMissing (exit 5) at the gang
+deadline; removing a
 worker node during step 2 (its rewards wait for the removal) ends the run with NodeLost
 (exit 5) instead of hanging; the next attempt resumes on a new 1 x 4 node and ends with
-the reference's weights, bit for bit.
+the reference's weights, bit for bit. Last, a gang missing a node waits for it well past
+its deadline (pods waiting for capacity are not a failure) and is placed once it joins.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from grpo_trainer.checkpointing.dcp import DCPCheckpointer, read_tracker
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.config import build_config
 from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.placement import Gang, layout_for
 from grpo_trainer.run import run_training
 
 pytestmark = pytest.mark.trainer
@@ -155,20 +158,23 @@ def test_a_gpu_rank_that_finds_no_cuda_exits_2_instead_of_training_on_the_cpu(
     assert read_tracker(ckpt) is None
 
 
-def test_missing_nodes_end_the_attempt_at_the_gang_deadline(
+def test_nodes_too_small_for_a_nodes_ranks_end_the_attempt_at_the_gang_deadline(
     multinode: Multinode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Enough nodes joined (2 workers for 2 nodes), but each has 2 GPUs for 3 ranks:
+    gang_timeout_s counts from there, and the attempt ends WorkersMissing."""
     term = multinode.tmp / "gang-termination-log"
     monkeypatch.setenv("GRPO_TERMINATION_LOG", str(term))
-    raw = multinode.config(3, 2, multinode.tmp / "gang", gang_timeout_s=10)
+    raw = multinode.config(2, 3, multinode.tmp / "gang", gang_timeout_s=10)
     code = run_training(str(multinode.write("gang", raw)))
     assert code == ExitCode.WORKER_LOST
     msg = json.loads(term.read_text())
     assert msg["reason"] == "WorkersMissing" and msg["step"] is None
     detail = msg["detail"]
-    assert "only 2 of 3 nodes joined within 10 s" in detail, detail
+    assert "only 0 of 2 nodes placed within 10 s of enough nodes joining" in detail, detail
+    assert "each node needs 3 ranks x {CPU 1, GPU 1}" in detail, detail
     assert "Ray sees 3 alive node(s)" in detail and "no ranks here (head)" in detail
-    assert detail.count("holds node") == 2
+    assert detail.count("no ranks placed here") == 2
 
 
 @pytest.mark.timeout(600)
@@ -242,3 +248,34 @@ def test_the_next_attempt_resumes_on_a_1x4_node_to_the_reference_weights(
     assert final.keys() == reference.keys()
     for name, tensor in final.items():
         assert torch.equal(tensor, reference[name]), name
+
+
+def test_a_gang_missing_a_node_waits_past_its_deadline_and_is_placed_when_it_joins(
+    multinode: Multinode,
+) -> None:
+    """3 nodes asked of 2 worker nodes: no WorkersMissing at gang_timeout_s (its pod would
+    be waiting for capacity: the operator shows that, Pending/Unschedulable, and no
+    restart is spent); a third node joins and the gang is complete."""
+    cfg = build_config(multinode.config(3, 2, multinode.tmp / "wait", gang_timeout_s=2))
+    gang = Gang(layout_for(cfg), ranks_on_head=False)
+    errors: list[BaseException] = []
+
+    def reserve() -> None:
+        try:
+            gang.reserve(cfg.resources.gang_timeout_s)
+        except BaseException as err:
+            errors.append(err)
+
+    waiting = threading.Thread(target=reserve, daemon=True)
+    waiting.start()
+    waiting.join(5 * cfg.resources.gang_timeout_s)
+    assert waiting.is_alive() and not errors, errors  # still waiting, past the deadline
+    assert len(gang.node_ids) == 2
+    node = multinode.cluster.add_node(num_cpus=2, num_gpus=2)
+    try:
+        waiting.join(120)
+        assert not waiting.is_alive() and not errors, errors
+        assert len(set(gang.node_ids)) == 3 and multinode.head_id not in gang.node_ids
+    finally:
+        gang.release()
+        multinode.cluster.remove_node(node)

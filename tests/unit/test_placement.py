@@ -25,6 +25,7 @@ from grpo_trainer.placement import (
     exclusion_selector,
     layout_for,
     missing_detail,
+    nodes_to_join,
     plan_layout,
 )
 
@@ -120,7 +121,8 @@ def test_the_workers_missing_message_counts_nodes_and_shows_what_ray_sees() -> N
     ]
     text = missing_detail(lay, ["a" * 56, "b" * 56], 10, alive, ranks_on_head=False)
     first = text.splitlines()[0]
-    assert "only 2 of 3 nodes joined within 10 s" in first and "1 node(s) missing" in first
+    assert "only 2 of 3 nodes placed within 10 s of enough nodes joining" in first
+    assert "1 node(s) missing" in first
     assert "2 ranks x {CPU 1, GPU 1}" in first and "not the head node" in first
     lines = text.splitlines()[1:]
     assert lines[0] == "Ray sees 3 alive node(s):"
@@ -129,9 +131,26 @@ def test_the_workers_missing_message_counts_nodes_and_shows_what_ray_sees() -> N
     assert "10.0.0.3 (bbbbbbbb): CPU 2, GPU 2; holds node 1's ranks" in lines[3]
 
 
+def test_the_gang_waits_without_a_deadline_only_while_nodes_are_missing() -> None:
+    """Pods waiting for capacity have no Ray node yet: that wait is not a failure. The
+    deadline counts once enough nodes are alive: free, off the head unless ranks go there,
+    with the side's labels (a disaggregated job)."""
+    head = NodeView("h" * 56, "10.0.0.1", True, {"CPU": 2.0})
+    a = NodeView("a" * 56, "10.0.0.2", False, {"GPU": 2.0}, {"grpo.dev/side": "train"})
+    b = NodeView("b" * 56, "10.0.0.3", False, {"GPU": 2.0}, {"grpo.dev/side": "rollout"})
+    assert nodes_to_join([head, a], [], 2, ranks_on_head=False) == 1
+    assert nodes_to_join([head, a], [], 2, ranks_on_head=True) == 0
+    assert nodes_to_join([head, a, b], [], 2, ranks_on_head=False) == 0
+    assert nodes_to_join([head, a, b], [], 2, ranks_on_head=False,
+                         labels={"grpo.dev/side": "train"}) == 1
+    # A node already holding a group counts for none of those left.
+    assert nodes_to_join([head, a, b], [a.node_id], 2, ranks_on_head=False) == 1
+    assert nodes_to_join([head, a, b], [a.node_id], 1, ranks_on_head=False) == 0
+
+
 def test_workers_missing_exits_5_with_its_own_reason() -> None:
     err = RuntimeError("gang")
-    err.__cause__ = WorkersMissingError("only 2 of 3 nodes joined within 10 s")
+    err.__cause__ = WorkersMissingError("only 2 of 3 nodes placed within 10 s")
     c = classify(err)
     assert (c.code, c.reason) == (ExitCode.WORKER_LOST, FailureReason.WORKERS_MISSING)
     assert "2 of 3 nodes" in c.detail

@@ -104,6 +104,31 @@ def test_a_cluster_not_ready_yet_shows_what_its_pods_wait_for() -> None:
     assert not rec.cluster_needs_pods(job, cluster(attempt=1))  # not this attempt's cluster
 
 
+def test_workers_waiting_20_minutes_for_capacity_are_a_phase_not_a_restart() -> None:
+    """The trainer waits for nodes that have not joined with no deadline (placement.py);
+    the operator shows why and never ends the attempt for it: 20 minutes later it is
+    still attempt 0, Pending, Unschedulable, with no outcome recorded."""
+    job, _ = step(new_job(), rec.SpecChanged())
+    stuck = pod("worker", name="j-a0-workers-b", phase="Pending", conditions=[
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/5 nodes are available: 5 Insufficient nvidia.com/gpu"}])
+    pods = [pod("head", name="j-a0-head"), stuck]
+    job, _ = step(job, rec.ClusterChanged(cluster()), observed=Observed(pods=pods))
+    assert not rec.progress_watched(job)  # no progress deadline runs while it waits
+    for minute in (1, 10, 20):
+        now = f"2026-11-21T10:{minute:02d}:00.000Z"
+        job, _ = step(job, rec.PodChanged(stuck), now, Observed(pods=pods))
+        job, _ = step(job, rec.ClusterChanged(cluster()), now, Observed(pods=pods))
+        job, _ = step(job, rec.ProgressTimer(), now, Observed(pods=pods))
+    st = job["status"]
+    progressing = next(c for c in st["conditions"] if c["type"] == "Progressing")
+    assert st["phase"] == "Pending" and st["attempt"] == 0
+    assert progressing["reason"] == "Unschedulable"
+    assert "j-a0-workers-b cannot be scheduled: 0/5 nodes are available" in \
+        progressing["message"]
+    assert [a.get("outcome") for a in st["attempts"]] == ["Running"]  # live: never ended
+
+
 def test_only_pod_events_that_can_change_the_job_cost_a_read() -> None:
     assert rec.pod_matters(rec.PodChanged(pod("head")))  # running: the job may be Running now
     assert not rec.pod_matters(rec.PodChanged(pod("worker", phase="Pending")))

@@ -6,8 +6,13 @@ node ``r // ranks_per_node`` as its local rank (and bundle) ``r % ranks_per_node
 a node holds consecutive ranks and every vLLM tensor-parallel group (consecutive ranks)
 lies inside one node. The Ray part (``Gang``) reserves one STRICT_PACK placement group
 per node, each on a node that holds no other group (and not on the head node when
-``resources.ranks_on_head`` is false), within ``resources.gang_timeout_s``; a gang that
-cannot be completed in time raises ``WorkersMissingError`` naming what Ray sees.
+``resources.ranks_on_head`` is false). While fewer Ray nodes are alive than the gang still
+needs, it waits, with no deadline: their pods are waiting for capacity (the operator shows
+why, Pending/Unschedulable), which is not a failure and must not cost a restart. Once
+enough have joined, ``resources.gang_timeout_s`` counts: a gang still incomplete then
+(nodes smaller than a node's ranks) raises ``WorkersMissingError`` naming what Ray sees.
+A node whose pod runs but whose Ray never joins leaves the attempt Running and silent,
+which the operator's progress deadline ends.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_api.contract import RAY_SIDE_LABEL
@@ -28,6 +33,8 @@ log = logging.getLogger(__name__)
 
 HEAD_RESOURCE = "node:__internal_head__"  # Ray gives the head node this resource
 NODE_ID_LABEL = "ray.io/node-id"  # every Ray node carries its id as this label
+POLL_S = 2.0  # how often a gang waiting for nodes looks at who joined
+JOIN_REPORT_S = 60.0  # how often that wait is logged
 
 
 # -- the pure part ------------------------------------------------------------------------
@@ -153,6 +160,7 @@ class NodeView:
     address: str
     is_head: bool
     resources: Mapping[str, float]
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 def _short(node_id: str) -> str:
@@ -178,7 +186,8 @@ def missing_detail(
     """The WorkersMissing message: how many nodes were placed, and what Ray sees."""
     where = "on a node of its own" + ("" if ranks_on_head else ", not the head node")
     lines = [
-        f"only {len(reserved)} of {layout.nodes} nodes joined within {timeout_s:g} s: each "
+        f"only {len(reserved)} of {layout.nodes} nodes placed within {timeout_s:g} s of "
+        f"enough nodes joining: each "
         f"node needs {layout.ranks_per_node} ranks x {{{_fmt_resources(layout.bundle)}}} "
         f"packed {where}; {layout.nodes - len(reserved)} node(s) missing.",
         f"Ray sees {len(alive)} alive node(s):",
@@ -196,6 +205,18 @@ def missing_detail(
             f"  {role} {n.address} ({_short(n.node_id)}): {_fmt_resources(n.resources)}; {use}"
         )
     return "\n".join(lines)
+
+
+def nodes_to_join(alive: Sequence[NodeView], holding: Sequence[str], groups_left: int, *,
+                  ranks_on_head: bool, labels: Mapping[str, str] | None = None) -> int:
+    """How many more Ray nodes must join before the groups left can be placed: alive
+    nodes that hold no group, are not the head (unless ranks go there) and carry the
+    side's labels. While any are missing the gang waits without a deadline."""
+    want = dict(labels or {})
+    free = [n for n in alive
+            if n.node_id not in holding and (ranks_on_head or not n.is_head)
+            and all(n.labels.get(k) == v for k, v in want.items())]
+    return max(0, groups_left - len(free))
 
 
 def exclusion_selector(avoid: Sequence[str], labels: Mapping[str, str] | None = None
@@ -219,6 +240,7 @@ def alive_nodes() -> list[NodeView]:
             str(n.get("NodeManagerAddress", "?")),
             HEAD_RESOURCE in n.get("Resources", {}),
             dict(n.get("Resources", {})),
+            {str(k): str(v) for k, v in (n.get("Labels") or {}).items()},
         )
         for n in ray.nodes()
         if n.get("Alive")
@@ -241,20 +263,20 @@ class Gang:
         self.node_ids: list[str] = []  # the Ray node holding each group
 
     def reserve(self, timeout_s: float) -> None:
-        import ray
+        """Every node's group: waits while nodes are missing, then at most `timeout_s`."""
         from ray.util.placement_group import placement_group, placement_group_table
 
         lay = self.layout
-        deadline = time.monotonic() + timeout_s
         head = [] if self.ranks_on_head else [n.node_id for n in alive_nodes() if n.is_head]
         log.info(
-            "placing %d node(s) x %d ranks {%s}%s within %g s",
+            "placing %d node(s) x %d ranks {%s}%s; once enough nodes joined, within %g s",
             lay.nodes,
             lay.ranks_per_node,
             _fmt_resources(lay.bundle),
             "" if self.ranks_on_head else ", none on the head node",
             timeout_s,
         )
+        deadline: list[float] = []  # set once enough nodes are alive; kept across groups
         for _ in range(lay.nodes):
             selector = exclusion_selector([*head, *self.node_ids], self.labels)
             pg = placement_group(
@@ -263,16 +285,7 @@ class Gang:
                 bundle_label_selector=[selector] * lay.ranks_per_node if selector else None,
             )
             self.groups.append(pg)
-            ready, _ = ray.wait([pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                detail = missing_detail(
-                    lay, self.node_ids, timeout_s, alive_nodes(), ranks_on_head=self.ranks_on_head
-                )
-                if self.labels:
-                    detail += "\nonly nodes labelled " + ", ".join(
-                        f"{k}={v}" for k, v in sorted(self.labels.items())) + " qualify"
-                self.release()
-                raise WorkersMissingError(detail)
+            self._wait(pg, timeout_s, deadline)
             self.node_ids.append(str(placement_group_table(pg)["bundles_to_node_id"][0]))
         log.info(
             "ranks placed: %s",
@@ -282,6 +295,41 @@ class Gang:
                 for i, n in enumerate(self.node_ids)
             ),
         )
+
+    def _wait(self, pg: Any, timeout_s: float, deadline: list[float]) -> None:
+        """Until `pg` is placed. While nodes are missing: no deadline, a log line a
+        minute. Then `timeout_s` from when enough were first alive (`deadline`)."""
+        import ray
+
+        lay, ready_ref = self.layout, pg.ready()
+        started = last_report = time.monotonic()
+        while True:
+            left = deadline[0] - time.monotonic() if deadline else POLL_S
+            ready, _ = ray.wait([ready_ref], timeout=max(0.0, min(POLL_S, left)))
+            if ready:
+                return
+            alive, now = alive_nodes(), time.monotonic()
+            short = nodes_to_join(alive, self.node_ids, lay.nodes - len(self.node_ids),
+                                  ranks_on_head=self.ranks_on_head, labels=self.labels)
+            if short:
+                deadline.clear()  # a node left again: waiting for capacity once more
+                if now - last_report >= JOIN_REPORT_S:
+                    last_report = now
+                    log.info("waiting for %d more Ray node(s) to join (%d of %d nodes placed, "
+                             "%.0f s so far): their pods are not running yet, e.g. no node "
+                             "has free GPUs; the job's status says why", short,
+                             len(self.node_ids), lay.nodes, now - started)
+                continue
+            if not deadline:
+                deadline.append(now + timeout_s)
+            elif now >= deadline[0]:
+                detail = missing_detail(lay, self.node_ids, timeout_s, alive,
+                                        ranks_on_head=self.ranks_on_head)
+                if self.labels:
+                    detail += "\nonly nodes labelled " + ", ".join(
+                        f"{k}={v}" for k, v in sorted(self.labels.items())) + " qualify"
+                self.release()
+                raise WorkersMissingError(detail)
 
     def actor_options(self, rank: int) -> dict[str, Any]:
         """``.options(...)`` that put ``rank``'s actor on its bundle."""
