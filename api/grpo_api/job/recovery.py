@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 
-from ..contract import MAX_RESTARTS, STALL_TIMEOUT_S, CheckpointRetention
+from ..contract import MAX_RESTARTS, STALL_TIMEOUT_S, CheckpointRetention, FailureReason
 from .base import DNS_LABEL_PATTERN, QUANTITY_PATTERN, ApiModel, cel_rule
 
 
@@ -118,8 +118,48 @@ def restart_policy_field() -> Any:
                      "...) still applies: its keys move to backoffLimit and recovery."))
 
 
+# Which failure classes each restart budget covers (spec.recovery.restartBudgets): an
+# attempt's outcome (contract.FailureReason) counts toward its class's budget when the job
+# sets one, and toward backoffLimit otherwise. Preempted (Kueue) counts toward none.
+RESTART_CLASSES: dict[str, tuple[FailureReason, ...]] = {
+    "memory": (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM),
+    "nodeLost": (FailureReason.NODE_LOST, FailureReason.WORKERS_MISSING,
+                 FailureReason.EVICTED, FailureReason.TERMINATED),
+    "hang": (FailureReason.HANG,),
+    "error": (FailureReason.ERROR,),
+}
+
+
+def _budget(words: str) -> Any:
+    return Field(None, ge=0, le=MAX_RESTARTS, description=(
+        f"Restarts after {words}, counted apart from backoffLimit. Unset: they count toward "
+        "backoffLimit."))
+
+
+class RestartBudgets(ApiModel):
+    """Restarts per failure class, so that one class (a flaky node, a busy cluster) does
+    not spend the restarts meant for another (a bug in the reward code)."""
+
+    memory: int | None = _budget("an out-of-memory failure (CudaOOM, HostOOM, RayOOM; each "
+                                 "with the next safer setting)")
+    node_lost: int | None = _budget("a lost node or pod (NodeLost, WorkersMissing, Evicted, "
+                                    "Terminated by a drain)")
+    hang: int | None = _budget("a hang (Hang: no progress for the stall timeout)")
+    error: int | None = _budget("any other error of the job's code (Error)")
+
+    def limit(self, budget: str) -> int | None:
+        return {"memory": self.memory, "nodeLost": self.node_lost, "hang": self.hang,
+                "error": self.error}[budget]
+
+
 class RecoverySpec(ApiModel):
     """How failures are found and how a failed attempt restarts."""
+
+    restart_budgets: RestartBudgets = Field(
+        default_factory=lambda: RestartBudgets.model_validate({}),
+        description="Restarts per failure class, apart from backoffLimit (unset: the class "
+        "counts toward backoffLimit). restartPolicy Never: none.",
+    )
 
     backoff: BackoffSpec = Field(
         default_factory=lambda: BackoffSpec.model_validate({}),

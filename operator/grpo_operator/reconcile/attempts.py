@@ -13,6 +13,7 @@ from typing import Any
 from grpo_api.contract import (
     ATTEMPT_RUNNING,
     IMAGE_UID,
+    MAX_RESTARTS,
     TERMINAL_PHASES,
     FailureReason,
     Phase,
@@ -28,6 +29,7 @@ from .conditions import JobEvent, attempt_of, pod_phase
 from .model_config import recorded
 from .phases import PERMANENT, Finding
 from .planning import MEMORY_CLASSES, JobPlan, Planner, Refused, backoff_seconds
+from .restart_budget import restart_budget
 from .retention import export_status, recreate_advice
 from .status import StatusFacts
 
@@ -184,10 +186,11 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, now: str,
     if isinstance(planned, Refused):
         raise planned.error  # as an admitted job's spec does not: an operator defect
     spec, plan = planned.spec, planned.plan
-    if restarts >= spec.max_restarts:
+    budget = restart_budget(spec, reason, attempts[:-1], restarts)
+    if budget.spent or restarts >= MAX_RESTARTS:
         return _ended(attempts, Finding(
-            Reason(reason), f"{what}{where} after {restarts} restarts; last setting tried: "
-            f"{last or 'the planned settings'}", final=True), rc, "Warning")
+            Reason(reason), f"{what}{where} after {restarts} restarts{budget.words()}; last "
+            f"setting tried: {last or 'the planned settings'}", final=True), rc, "Warning")
     remediation = None
     if spec.recovery.remediate and reason in MEMORY_CLASSES:
         safer = next_safer_plan(plan, reason, phase=outcome.failed_during,

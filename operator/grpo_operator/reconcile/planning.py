@@ -12,8 +12,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
-from grpo_api.contract import FailureReason, Reason
+from grpo_api.contract import Reason
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
+from grpo_api.job.recovery import RESTART_CLASSES
 from grpo_api.job.trainer import config_sources
 from grpo_api.model.families import weight_sync_problem
 
@@ -24,7 +25,7 @@ from ..render.children import logging_env
 from ..render.trainer_config import trainer_config
 from .model_config import PlanInput
 
-MEMORY_CLASSES = (FailureReason.CUDA_OOM, FailureReason.HOST_OOM, FailureReason.RAY_OOM)
+MEMORY_CLASSES = RESTART_CLASSES["memory"]  # the failures the memory ladder answers
 
 
 def planned(spec: GRPOJobSpec, attempts: list[dict[str, Any]] | None = None,
