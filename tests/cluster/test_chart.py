@@ -324,7 +324,7 @@ CLUSTER_KINDS = ("clusterroles,clusterrolebindings,validatingwebhookconfiguratio
 
 
 def test_upgrade_to_watched_namespaces_then_uninstall_leaves_no_orphans(
-        testbed: Testbed, ns: str) -> None:
+        testbed: Testbed, ns: str, tmp_path: Path) -> None:
     home = testbed.namespace("chart")
     name = "life"
     sel = f"{INSTANCE}={name}"
@@ -351,6 +351,23 @@ def test_upgrade_to_watched_namespaces_then_uninstall_leaves_no_orphans(
         assert c["resources"]["limits"]["memory"] == "1Gi"
         assert can_i(testbed, sa, "create", "rayclusters.ray.io", "-n", ns)
         assert not can_i(testbed, sa, "create", "rayclusters.ray.io", "-n", home)
+        # The namespaced install docs/deployment.md recommends for shared clusters: in a
+        # namespace it does not watch the operator creates nothing that runs code.
+        for kind in ("pods", "rayclusters.ray.io", "roles.rbac.authorization.k8s.io",
+                     "rolebindings.rbac.authorization.k8s.io", "serviceaccounts"):
+            assert can_i(testbed, sa, "create", kind, "-n", ns), kind
+            assert not can_i(testbed, sa, "create", kind, "-n", home), kind
+            assert not can_i(testbed, sa, "create", kind, "-n", "default"), kind
+        # And with the ServiceAccount's own token, as the operator calls: refused.
+        kc = sa_kubeconfig(testbed, Release(name, home, f"{name}-grpo-operator", ""),
+                           tmp_path / "sa.kubeconfig")
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+               "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+        refused = testbed.kubectl("--kubeconfig", str(kc), "create", "-n", home, "-f", "-",
+                                  input=json.dumps(pod), check=False)
+        assert refused.returncode != 0 and "Forbidden" in refused.stderr, refused.stderr
+        assert f'cannot create resource "pods" in API group "" in the namespace "{home}"' \
+            in refused.stderr, refused.stderr
         assert can_i(testbed, sa, "patch", "kopfpeerings.kopf.dev", "-n", ns)
         assert not can_i(testbed, sa, "patch", "clusterkopfpeerings.kopf.dev")
         assert names(testbed, "clusterkopfpeerings.kopf.dev", sel) == []
