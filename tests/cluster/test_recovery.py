@@ -273,6 +273,35 @@ def test_an_oom_killed_worker_pod_is_host_oom_and_the_next_attempt_is_remediated
     assert "HostOOM" in testbed.kubectl("get", "events", "-n", op_ns).stdout
 
 
+def test_a_lost_nodes_successor_attempt_avoids_that_node(
+        testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
+    """A worker pod gone with its node ends the attempt as NodeLost; the attempt records
+    the node and its successor's pods are kept off it by the scheduler (the testbed's
+    two kwok A100 nodes: attempt 1 lands on the other one)."""
+    testbed.kubectl("apply", "-n", op_ns, "-f", "-",
+                    input=manifest("grpojob-qwen25vl-7b-a100-40gb.yaml", "nl", FAST))
+    wait_status(testbed, operator, op_ns, "nl", "attempt 0 Running", running(0))
+
+    def worker(attempt: int) -> dict[str, Any]:
+        (pod,) = json.loads(testbed.kubectl(
+            "get", "pods", "-n", op_ns, "-o", "json", "-l",
+            f"grpo.dev/job=nl,grpo.dev/role=worker,grpo.dev/attempt={attempt}").stdout)["items"]
+        return dict(pod)
+
+    first = worker(0)
+    lost = first["spec"]["nodeName"]
+    testbed.kubectl("delete", "pod", first["metadata"]["name"], "-n", op_ns,
+                    "--grace-period=0", "--force")
+    s = wait_status(testbed, operator, op_ns, "nl", "attempt 1 Running", running(1), 120)
+    assert s["attempts"][0]["outcome"] == "NodeLost" and s["attempts"][0]["node"] == lost
+    second = worker(1)
+    assert second["spec"]["nodeName"] != lost
+    terms = second["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "NotIn",
+                                       "values": [lost]}]}]
+
+
 # --- Hang: the trainer's exit 6, and the operator's own progress deadline ----------------
 
 HANG_GRACE_S = 2  # the operator's --hang-grace here: a silent job ends in seconds

@@ -295,6 +295,10 @@ class AttemptRecord(ApiModel):
         None, description="rollout: the failure was on a disaggregated job's rollout side "
         "(a rollout pod, or its vLLM engines): the memory ladder acts on that side only."
     )
+    node: str | None = Field(
+        None, max_length=253, description="The Kubernetes node whose loss ended it (a "
+        "node-class failure: NodeLost, Evicted): the next attempt's pods avoid that node."
+    )
 
 
 class NextAttempt(ApiModel):

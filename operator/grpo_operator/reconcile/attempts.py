@@ -29,7 +29,7 @@ from .conditions import JobEvent, attempt_of, pod_phase
 from .model_config import recorded
 from .phases import PERMANENT, Finding
 from .planning import MEMORY_CLASSES, JobPlan, Planner, Refused, backoff_seconds
-from .restart_budget import restart_budget
+from .restart_budget import restart_budget, restart_class
 from .retention import export_status, recreate_advice
 from .status import StatusFacts
 
@@ -53,6 +53,16 @@ def _at(now: str, seconds: int) -> str:
         timespec="milliseconds").replace("+00:00", "Z")
 
 
+
+
+def nodes_to_avoid(attempts: list[dict[str, Any]], index: int) -> tuple[str, ...]:
+    """The nodes attempt `index`'s pods must not land on: the one whose loss ended the
+    attempt before it (its record's `node`). Only that attempt's: a node back in service
+    later is used again, and a cluster with no node to spare is not left waiting for good
+    on one that failed long ago."""
+    before = next((a for a in attempts if a.get("index") == index - 1), None)
+    node = (before or {}).get("node")
+    return (str(node),) if node else ()
 
 
 def current_plan(planner: Planner, status: dict[str, Any]) -> JobPlan | Refused:
@@ -94,7 +104,8 @@ def ensure_attempt(job: JobRef, planned: JobPlan | Refused, status: dict[str, An
     saved = _measured_save_s(status)
     children = render_children(spec, plan, job, attempt, default_image,
                                measured_save_s=saved, pod_uid=pod_uid,
-                               network_policy=network_policy)
+                               network_policy=network_policy,
+                               avoid_nodes=nodes_to_avoid(status.get("attempts") or [], attempt))
     attempts = list(status.get("attempts") or [])
     fields: dict[str, Any] = {"attempt": attempt, "rayCluster": {"name": rc_name}}
     events: list[JobEvent] = []
@@ -163,6 +174,8 @@ def finish_attempt(status: dict[str, Any], outcome: PodOutcome, now: str,
         record["failedPhase"] = outcome.failed_during.value
     if outcome.side is not None:
         record["failedSide"] = outcome.side
+    if outcome.node and restart_class(outcome.reason.value) == "nodeLost":
+        record["node"] = outcome.node
     rc = (status.get("rayCluster") or {}).get("name")
     reason = outcome.reason
     if reason is FailureReason.SUCCEEDED:
@@ -282,7 +295,8 @@ def _next_attempt(job: JobRef, planner: Planner, status: dict[str, Any], now: st
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
         children=[c for c in render_children(spec, plan, job, index, default_image,
                                              debug_collectives=_after_hang(attempts),
-                                             measured_save_s=saved, pod_uid=pod_uid)
+                                             measured_save_s=saved, pod_uid=pod_uid,
+                                             avoid_nodes=nodes_to_avoid(attempts, index))
                   if c["kind"] in PER_ATTEMPT_KINDS],
         events=[("Normal", Reason.RESTARTED, found.message)],
         recovered_after=failed_for(attempts, now),

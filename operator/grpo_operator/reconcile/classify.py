@@ -66,6 +66,9 @@ class PodOutcome:
     # RAY_SIDE_ROLLOUT: a disaggregated job's rollout side failed (a rollout pod ended);
     # its memory ladder acts on that side only. None: the training side, or colocated.
     side: str | None = None
+    # The Kubernetes node of a pod lost with its node or evicted from it: the next
+    # attempt avoids it (attempts.nodes_to_avoid).
+    node: str | None = None
 
 
 def container_state(pod: dict[str, Any], container: str | None = None) -> dict[str, Any]:
@@ -89,15 +92,17 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
                  container: str | None = None) -> PodOutcome | None:
     """The outcome of a pod whose main container ended; None while it has not."""
     status = pod.get("status", {})
+    node = pod.get("spec", {}).get("nodeName")
     if status.get("reason") == "Evicted":
         return PodOutcome(FailureReason.EVICTED, None,
-                          status.get("message") or "pod evicted by the kubelet")
+                          status.get("message") or "pod evicted by the kubelet", node=node)
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     disruption = conditions.get("DisruptionTarget")
     if disruption and disruption.get("status") == "True":
         kind = (FailureReason.PREEMPTED if "Preempt" in str(disruption.get("reason"))
                 else FailureReason.EVICTED)
-        return PodOutcome(kind, None, disruption.get("message") or str(disruption.get("reason")))
+        return PodOutcome(kind, None, disruption.get("message") or str(disruption.get("reason")),
+                          node=node if kind is FailureReason.EVICTED else None)
     for init in status.get("initContainerStatuses") or []:  # the head's hub fetch
         failed = (init.get("state") or {}).get("terminated") or {}
         if failed and failed.get("exitCode", 0) != 0:
@@ -108,9 +113,8 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
     term = container_state(pod, container).get("terminated")
     if not term:
         if deleted:
-            node = pod.get("spec", {}).get("nodeName", "?")
             return PodOutcome(FailureReason.NODE_LOST, None,
-                              f"pod deleted while running on node {node}")
+                              f"pod deleted while running on node {node or '?'}", node=node)
         return None
     code = int(term.get("exitCode", 1))
     raw = term.get("message") or ""
@@ -171,8 +175,11 @@ def worker_outcome(pod: dict[str, Any], deleted: bool = False) -> PodOutcome | N
             # head pod's end, read with this pod's in `in_context`).
             return None
         return PodOutcome(reason, out.exit_code, f"rollout pod {name}: {out.message}",
-                          side=RAY_SIDE_ROLLOUT)
-    return PodOutcome(reason, out.exit_code, f"worker pod {name}: {out.message}")
+                          side=RAY_SIDE_ROLLOUT, node=out.node)
+    # A worker that ended any other way than its own memory or a preemption: its node.
+    node = (pod.get("spec", {}).get("nodeName")
+            if reason in (FailureReason.NODE_LOST, FailureReason.EVICTED) else None)
+    return PodOutcome(reason, out.exit_code, f"worker pod {name}: {out.message}", node=node)
 
 
 
@@ -221,4 +228,4 @@ def _first_worker_end(head: PodOutcome, pods: list[dict[str, Any]]) -> PodOutcom
     cause = next((o for o in ended if o.reason is not FailureReason.NODE_LOST), ended[0])
     return PodOutcome(cause.reason, head.exit_code,
                       f"{cause.message}; then the driver: {head.message}",
-                      head.step, head.last_checkpoint_step, side=cause.side)
+                      head.step, head.last_checkpoint_step, side=cause.side, node=cause.node)

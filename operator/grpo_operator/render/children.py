@@ -39,7 +39,7 @@ from .collective_debug import collective_debug_env
 from .hub import hub_fetch
 from .names import JobRef
 from .network_policy import JobNetworkPolicy
-from .pod_settings import merged
+from .pod_settings import avoiding, merged
 from .security import container_security_context, pod_security_context
 from .trainer_config import trainer_config
 
@@ -111,14 +111,17 @@ def render_children(
     spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str = "",
     debug_collectives: bool = False, measured_save_s: float | None = None,
     pod_uid: int | None = IMAGE_UID, network_policy: JobNetworkPolicy | None = None,
+    avoid_nodes: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """ConfigMap, PVC (unless the spec names one), trainer RBAC, the NetworkPolicy of the
     job's pods (with `network_policy`, the platform's) and the RayCluster;
     `debug_collectives`: the attempt after a Hang, with the collective debug env;
     `measured_save_s`: status.progress.saveSeconds, which sizes the SIGTERM grace;
-    `pod_uid`: the Ray pods' UID, GID and fsGroup (None: the platform assigns them)."""
+    `pod_uid`: the Ray pods' UID, GID and fsGroup (None: the platform assigns them);
+    `avoid_nodes`: nodes the Ray pods must not land on (the node lost by the attempt
+    before)."""
     ctx = _context(spec, plan, job, attempt, default_image, debug_collectives,
-                   measured_save_s, pod_uid)
+                   measured_save_s, pod_uid, avoid_nodes)
     config = trainer_config(spec, plan, job)
     ctx["config_yaml"] = yaml.dump(config, Dumper=yaml.CSafeDumper, sort_keys=False)
     ctx["network_policy"] = network_policy
@@ -142,12 +145,14 @@ def render_ray_cluster(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int,
 
 def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str,
              debug_collectives: bool, measured_save_s: float | None,
-             pod_uid: int | None) -> dict[str, Any]:
+             pod_uid: int | None, avoid_nodes: tuple[str, ...] = ()) -> dict[str, Any]:
     """What the templates read; the ConfigMap's `config_yaml` is added by its caller."""
     claim = names.checkpoint_claim(job, spec.checkpoint.claim_name)
     head = merged(spec.pods, "head")
     head["env"] = [*head["env"], *logging_env(spec)]
     workers = merged(spec.pods, "workers")
+    for pod in (head, workers):
+        pod["affinity"] = avoiding(pod.get("affinity"), avoid_nodes)
     env = job_env(plan, job, attempt)
     grace_s = termination_grace_s(plan, measured_save_s)
     if debug_collectives:

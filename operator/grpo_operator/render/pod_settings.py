@@ -9,6 +9,7 @@ prefixes. Resources, image and command are not settable at all (api/pods.py).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 from typing import Any
@@ -136,4 +137,20 @@ def _role_conflicts(pods: PodsSpec, role: str) -> list[str]:
             out.append(f"spec.pods.{role}: volumeMount {mount['name']!r} at "
                        f"{mount['mountPath']} names no volume in spec.pods.common.volumes "
                        f"or spec.pods.{role}.volumes")
+    return out
+
+
+def avoiding(affinity: dict[str, Any] | None, nodes: tuple[str, ...]) -> dict[str, Any] | None:
+    """`affinity` (a pod's, as spec.pods sets it) that keeps the pod off `nodes`: a
+    required match on the node's name, added to each of the pod's required node terms
+    (the terms are ORed: each must exclude them)."""
+    if not nodes:
+        return affinity
+    out = copy.deepcopy(affinity or {})
+    required = out.setdefault("nodeAffinity", {}).setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", {})
+    exclude = {"key": "metadata.name", "operator": "NotIn", "values": list(nodes)}
+    required["nodeSelectorTerms"] = [
+        {**term, "matchFields": [*(term.get("matchFields") or []), exclude]}
+        for term in required.get("nodeSelectorTerms") or [{}]]
     return out

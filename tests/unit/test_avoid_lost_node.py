@@ -1,0 +1,108 @@
+"""After a node-class failure the next attempt avoids that node (pure): the pod's node is
+recorded on the attempt (status.attempts[].node), the next attempt's Ray pods get a
+required node affinity excluding it, ANDed into each of the user's own required terms,
+and the attempt after that no longer avoids it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from grpo_api.contract import FailureReason as R
+from grpo_operator.reconcile.attempts import ensure_attempt, finish_attempt
+from grpo_operator.reconcile.attempts import start_next_attempt as start
+from grpo_operator.reconcile.classify import PodOutcome, classify_pod, in_context, worker_outcome
+from grpo_operator.reconcile.planning import Planner
+from grpo_operator.render import JobRef
+from grpo_operator.render.pod_settings import avoiding
+from grpo_testbed.examples import example_job
+from grpo_testbed.status_patch import apply_status_patch
+
+pytestmark = pytest.mark.unit
+JOB = JobRef("j", "ns", "uid-1")
+EXCLUDE = {"key": "metadata.name", "operator": "NotIn", "values": ["gpu-7"]}
+
+
+def worker_pod(node: str, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "j-a0-workers-x", "labels": {"grpo.dev/role": "worker"}},
+            "spec": {"nodeName": node},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "ray-worker", "state": {"running": {}}}], **status}}
+
+
+def templates(action: Any) -> list[dict[str, Any]]:
+    rc = next(c for c in action.children if c["kind"] == "RayCluster")["spec"]
+    return [rc["headGroupSpec"]["template"]["spec"],
+            *(g["template"]["spec"] for g in rc.get("workerGroupSpecs") or [])]
+
+
+def required_terms(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    node = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
+    return list((node.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+                .get("nodeSelectorTerms") or [])
+
+
+def test_a_lost_or_evicted_pod_names_its_node_and_other_ends_do_not() -> None:
+    lost = worker_outcome(worker_pod("gpu-7"), deleted=True)
+    assert lost is not None and (lost.reason, lost.node) == (R.NODE_LOST, "gpu-7")
+    evicted = classify_pod(worker_pod("gpu-7", reason="Evicted", message="disk pressure"))
+    assert evicted is not None and (evicted.reason, evicted.node) == (R.EVICTED, "gpu-7")
+    oom = worker_outcome(worker_pod("gpu-7", containerStatuses=[{"name": "ray-worker", "state": {
+        "terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]))
+    assert oom is not None and oom.reason is R.HOST_OOM and oom.node is None
+    # The head's NodeLost read with the worker that ended first: that worker's node.
+    head = PodOutcome(R.NODE_LOST, 5, "rank 2's actor died", 4, 3)
+    assert in_context(head, [worker_pod("gpu-7", phase="Failed", containerStatuses=[
+        {"name": "ray-worker", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}])
+    ]).node == "gpu-7"
+
+
+def test_the_exclusion_is_anded_into_each_of_the_users_required_terms() -> None:
+    assert avoiding(None, ()) is None
+    assert avoiding(None, ("gpu-7",)) == {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [EXCLUDE]}]}}}
+    users = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    out = avoiding(users, ("gpu-7",))
+    assert out is not None and out["podAntiAffinity"] == users["podAntiAffinity"]
+    terms = out["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert [t["matchFields"] for t in terms] == [[EXCLUDE], [EXCLUDE]]
+    assert [t["matchExpressions"][0]["values"] for t in terms] == [["a"], ["b"]]
+    assert "matchFields" not in users["nodeAffinity"][  # the spec's own is not changed
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+
+
+def test_the_next_attempt_avoids_the_lost_node_and_the_one_after_it_does_not() -> None:
+    spec = example_job("grpojob-qwen25vl-7b-h100.yaml")["spec"]
+    spec["backoffLimit"], spec["recovery"] = 3, {"backoff": {"initialSeconds": 0}}
+    planner = Planner(spec)
+    first = ensure_attempt(JOB, planner.plan([], None), {}, "2026-12-03T10:00:00Z")
+    assert all(not required_terms(t) for t in templates(first))
+    status = apply_status_patch({}, first.derive({}, 1, "2026-12-03T10:00:00Z").status)
+    lost = PodOutcome(R.NODE_LOST, 5, "worker pod j-a0-workers-x: pod deleted", 4, 3,
+                      node="gpu-7")
+    ended = finish_attempt(status, lost, "2026-12-03T10:01:00Z", planner)
+    status = apply_status_patch(status, ended.derive(status, 1, "2026-12-03T10:01:00Z").status)
+    assert status["attempts"][0]["node"] == "gpu-7"
+    nxt = start(JOB, planner, status, "2026-12-03T10:02:00Z")
+    assert nxt is not None
+    for pod_spec in templates(nxt):  # head and workers
+        assert required_terms(pod_spec) == [{"matchFields": [EXCLUDE]}]
+    status = apply_status_patch(status, nxt.derive(status, 1, "2026-12-03T10:02:00Z").status)
+    # A spec change re-renders the live attempt's children the same way.
+    again = ensure_attempt(JOB, planner.plan(status["attempts"][:-1], None), status,
+                           "2026-12-03T10:03:00Z")
+    assert all(required_terms(t) == [{"matchFields": [EXCLUDE]}] for t in templates(again))
+    # Attempt 1 ends with an error of the job's own: attempt 2 may use gpu-7 again.
+    error = PodOutcome(R.ERROR, 1, "Error at step 6", 6, 5)
+    ended = finish_attempt(status, error, "2026-12-03T10:04:00Z", planner)
+    status = apply_status_patch(status, ended.derive(status, 1, "2026-12-03T10:04:00Z").status)
+    assert "node" not in status["attempts"][1]
+    nxt = start(JOB, planner, status, "2026-12-03T10:05:00Z")
+    assert nxt is not None and all(not required_terms(t) for t in templates(nxt))
