@@ -440,6 +440,16 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
         assert policy["spec"]["ingress"] == [
             {"from": [{"podSelector": policy["spec"]["podSelector"]}]}]
         assert policy["metadata"]["ownerReferences"][0]["kind"] == "GRPOJob"
+        # Ray's token authentication, as the real KubeRay sets it up for the cluster we
+        # render: its Secret, owned by the RayCluster, and the token in the Ray container.
+        secret = get_json(testbed, "secret", "tiny-a0", "-n", ns)
+        assert secret["metadata"]["ownerReferences"][0]["kind"] == "RayCluster"
+        assert "auth_token" in secret["data"]
+        ray = get_json(testbed, "pod", head(0), "-n", ns)["spec"]["containers"][0]
+        env = {e["name"]: e for e in ray["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "tiny-a0", "key": "auth_token"}
         _trainer_may_write_progress_only(testbed, ns, tmp_path)
         assert phase() == "Running"
         # Recovery's main path: an OOM kill, then attempt 1 from the checkpoint.

@@ -49,10 +49,22 @@ class Run:
 
 
 # Run inside the head pod with its own ServiceAccount token, as a job's reward code
-# could: forge the phase, then re-send the job's own progress. Prints the HTTP codes.
+# could: forge the phase, then re-send the job's own progress. Then Ray's dashboard (its
+# Jobs API) without and with the cluster's token, and the probes' health endpoint.
+# Prints the HTTP codes.
 PROBE = """
-import json, sys
+import json, os, sys, urllib.error, urllib.request
 from kubernetes import client, config
+def get(port, path, token=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        return urllib.request.urlopen(req, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError as e:
+        return str(e)
 config.load_incluster_config()
 api = client.CustomObjectsApi()
 ns = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
@@ -66,7 +78,10 @@ def patch(body):
 phase = patch({"status": {"phase": "Succeeded"}})
 progress = (api.get_namespaced_custom_object_status(*args).get("status") or {}).get("progress")
 report = patch({"status": {"progress": progress}})
-print(json.dumps({"phase": phase, "progress": report}))
+token = os.environ.get("RAY_AUTH_TOKEN")
+ray = {"anonymous": get(8265, "/api/jobs/"), "token": get(8265, "/api/jobs/", token),
+       "agent": get(52365, "/api/job_agent/jobs/nope"), "health": get(52365, "/api/healthz")}
+print(json.dumps({"phase": phase, "progress": report, "ray": ray}))
 """
 
 
@@ -133,6 +148,16 @@ def test_the_jobs_own_token_reports_progress_but_cannot_forge_its_phase(run: Run
     code, body = run.probe["phase"]
     assert code == 403 and "may change only status.progress" in body, run.probe
     assert run.probe["progress"] == [200, ""], run.probe
+
+
+def test_the_ray_dashboard_and_jobs_api_ask_for_the_clusters_token(run: Run) -> None:
+    """Ray's token authentication, which every RayCluster asks KubeRay for: without the
+    token the head's Jobs API answers 401 and so does its node agent (which takes job
+    submissions too); with the token KubeRay put in the Ray container it answers; the
+    health endpoint the probes use stays open (the job ran, Ready, to Succeeded)."""
+    assert run.probe, "the head pod was never seen running after a progress report"
+    ray = run.probe["ray"]
+    assert ray == {"anonymous": 401, "token": 200, "agent": 401, "health": 200}, ray
 
 
 def test_the_default_install_runs_two_ready_operator_replicas(run: Run) -> None:

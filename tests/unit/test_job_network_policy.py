@@ -1,7 +1,8 @@
 """The platform's per-job NetworkPolicy (the chart's jobNetworkPolicy): the job's Ray pods
 accept traffic from the job's own pods and the listed peers only, and with egress rules
 send only to the job's pods, DNS and those rules. The cluster tier creates it for a real
-job under the chart's RBAC (tests/cluster/test_chart.py)."""
+job under the chart's RBAC (tests/cluster/test_chart.py). And every RayCluster asks for
+Ray's token authentication, so what the pods do accept asks for the token."""
 
 from __future__ import annotations
 
@@ -40,6 +41,19 @@ def pods_of(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLE.parent.glob("grpojob-*.yaml")),
+                         ids=lambda p: p.stem)
+def test_every_ray_cluster_asks_kuberay_for_token_authentication(example: Path) -> None:
+    """A Ray head serves its dashboard and Jobs API, and each node its agent, to anyone
+    who reaches them unless Ray's token authentication is on: every RayCluster asks
+    KubeRay for it (which needs rayVersion >= 2.52.0; KubeRay refuses the cluster
+    otherwise)."""
+    spec = parse_spec(yaml.safe_load(example.read_text())["spec"])
+    rc = one(render_children(spec, planned(spec), JOB, 0), "RayCluster")["spec"]
+    assert rc["authOptions"] == {"mode": "token"}
+    assert tuple(int(x) for x in rc["rayVersion"].split(".")) >= (2, 52, 0)
 
 
 def test_without_the_setting_no_policy_is_made() -> None:
