@@ -11,6 +11,7 @@ from typing import Any
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
+from .cert_watch import CHECK_INTERVAL_S as CERT_CHECK_INTERVAL_S
 from .hub_endpoints import NO_HUB_ENDPOINTS
 from .peering import PEERING_LIFETIME_S
 from .render.network_policy import JobNetworkPolicy
@@ -38,6 +39,7 @@ class WebhookConfig:
     key: str | None = None
     ca: str | None = None
     manage: str | None = None  # webhook configuration name the operator keeps itself
+    cert_check_seconds: float = CERT_CHECK_INTERVAL_S  # a renewed cert restarts us
 
 
 @dataclass(frozen=True)

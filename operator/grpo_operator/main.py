@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
+import signal
 import sys
 import time
 from types import MappingProxyType
@@ -19,6 +21,7 @@ from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
 from . import discovery, handlers, kube  # noqa: F401 - importing handlers registers them
 from .catalog_file import CatalogError, load_catalog
+from .cert_watch import CHECK_INTERVAL_S, watch_certificate
 from .config import (
     DISCOVERY_TIMEOUT_S,
     HANG_GRACE_S,
@@ -156,10 +159,18 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
             pkeyfile=hook.key, cafile=hook.ca)
         if hook.manage:
             settings.admission.managed = hook.manage
+        if hook.cert:  # files mounted from a Secret: a renewal restarts us (cert_watch.py)
+            files = [f for f in (hook.cert, hook.key) if f]
+            memo.cert_watch = asyncio.create_task(watch_certificate(
+                files, lambda _why: os.kill(os.getpid(), signal.SIGTERM),
+                hook.cert_check_seconds))
 
 
 @kopf.on.cleanup()
 async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    watcher = memo.get("cert_watch")
+    if watcher is not None:
+        watcher.cancel()
     runner = memo.get("probes")
     if runner is not None:
         await runner.cleanup()
@@ -179,6 +190,10 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 @click.option("--webhook-host", default=None, help="Host name the API server uses to reach "
               "the webhook (self-signed certificate when no --webhook-cert).")
 @click.option("--webhook-cert", type=click.Path(exists=True), default=None)
+@click.option("--webhook-cert-check", type=click.FloatRange(min=0.1), default=CHECK_INTERVAL_S,
+              show_default=True, help="Seconds between looks at --webhook-cert and "
+              "--webhook-key: once renewed (cert-manager, a chart upgrade), the operator "
+              "restarts itself (within one more interval) to serve the new certificate.")
 @click.option("--webhook-key", type=click.Path(exists=True), default=None)
 @click.option("--webhook-ca", type=click.Path(exists=True), default=None,
               help="CA of --webhook-cert, for the caBundle of managed webhook configurations.")
@@ -238,6 +253,7 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 @click.option("--verbose", is_flag=True)
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
+        webhook_cert_check: float,
         webhook_key: str | None, webhook_ca: str | None, webhook_manage: str | None,
         trainer_image: str, trainer_pod_uid: int | None, gpu_catalog: str | None,
         pod_create_deadline: float,
@@ -273,6 +289,7 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         peering_lifetime_seconds=peering_lifetime,
         job_network_policy=network_policy,
         webhook=WebhookConfig(port=webhook_port, host=webhook_host, cert=webhook_cert,
+                              cert_check_seconds=webhook_cert_check,
                               key=webhook_key, ca=webhook_ca, manage=webhook_manage))
     if webhook_port:
         # Imported (and so registered with Kopf) only when there is a server for it:

@@ -528,6 +528,24 @@ def test_generated_certificate_survives_re_renders_and_upgrades(
          *IMAGES, "--set", "logLevel=debug", "--wait", "--timeout", "180s")
     assert live() == (data, bundles)
 
+    # Past its renewal time (here at once: renew 400 days before a 365-day certificate's
+    # end), an upgrade makes a new CA and certificate; the webhooks trust the new CA and
+    # the old one until the next upgrade, so replicas still serving the old certificate
+    # are answered until they restart with the new files (cert_watch.py).
+    helm(testbed, "upgrade", release.name, str(CHART), "-n", release.ns, "--reuse-values",
+         "--set", "webhook.certificate.renewBeforeDays=400", "--wait", "--timeout", "180s")
+    rotated, rotated_bundles = live()
+    assert rotated["tls.crt"] != data["tls.crt"] and rotated["ca.crt"] != data["ca.crt"]
+    (bundle,) = rotated_bundles
+    pem = base64.b64decode(bundle).decode()
+    assert pem.count("BEGIN CERTIFICATE") == 2
+    assert base64.b64decode(rotated["ca.crt"]).decode() in pem
+    assert base64.b64decode(data["ca.crt"]).decode() in pem
+    helm(testbed, "upgrade", release.name, str(CHART), "-n", release.ns, "--reuse-values",
+         "--set", "webhook.certificate.renewBeforeDays=60", "--wait", "--timeout", "180s")
+    kept, kept_bundles = live()
+    assert kept == rotated and kept_bundles == {rotated["ca.crt"]}  # the old CA dropped
+
 
 def test_finalizer_removal_and_delete_pass_while_no_webhook_answers(
         testbed: Testbed, release: Release, ns: str) -> None:

@@ -112,3 +112,28 @@ def test_killing_the_active_replica_mid_reconcile_loses_and_doubles_nothing(
         # Without an operator the managed webhook would refuse every GRPOJob.
         for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
             testbed.kubectl("delete", kind, WEBHOOK_CONFIG, "--ignore-not-found", check=False)
+
+
+def test_a_renewed_webhook_certificate_makes_the_operator_restart_to_serve_it(
+        grpo_crd: Testbed, ns: str, tmp_path: Path) -> None:
+    """Kopf loads its serving certificate once; the files a renewal rewrites (cert-manager,
+    the chart's rotation: a Secret volume) make the operator stop itself, saying why,
+    for Kubernetes to start it with the new one. Unchanged files change nothing."""
+    from grpo_testbed.pki import issue_serving_cert
+
+    op = OperatorProcess(grpo_crd, tmp_path / "op", namespaces=(ns,),
+                         extra_args=("--webhook-cert-check", "0.5")).start()
+    try:
+        assert op.proc is not None
+        time.sleep(2)  # several looks at the same files
+        assert op.proc.poll() is None, op.log_tail()
+        assert grpo_crd.pki is not None
+        issue_serving_cert(grpo_crd.pki, tmp_path / "op" / "webhook", "webhook")  # renewed
+        op.proc.wait(30)
+        log = op.log.read_text()
+        assert "the webhook certificate" in log and "was renewed; restarting" in log, \
+            op.log_tail()
+    finally:
+        op.stop()
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            grpo_crd.kubectl("delete", kind, WEBHOOK_CONFIG, "--ignore-not-found", check=False)

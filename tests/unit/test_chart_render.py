@@ -448,6 +448,22 @@ def test_generated_certificate_is_signed_by_the_ca_bundle_and_names_the_service(
         v.get("secret") for v in volumes]
 
 
+def test_certificates_are_short_lived_and_renewed_well_before_they_expire() -> None:
+    """A year, renewed 60 days before its end: the generated Secret records its end, for
+    the upgrade that renews it; cert-manager gets the same duration and renewBefore."""
+    import time
+
+    secret = one(render(), "Secret")
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert 364 <= lifetime.days <= 366
+    ends = int(secret["metadata"]["annotations"]["grpo.dev/not-after-unix"])
+    assert abs(ends - cert.not_valid_after_utc.timestamp()) < 120
+    certs = objects(render({"webhook.certificate.source": "certManager"}), "Certificate")
+    serving = next(c for c in certs if not c["spec"].get("isCA"))
+    assert (serving["spec"]["duration"], serving["spec"]["renewBefore"]) == ("8760h", "1440h")
+
+
 def test_supplied_certificate_is_used_and_none_is_generated() -> None:
     docs = render(VALUE_SETS["supplied-certs"])
     assert objects(docs, "Secret") == []
