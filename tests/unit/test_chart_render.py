@@ -451,7 +451,6 @@ def test_generated_certificate_is_signed_by_the_ca_bundle_and_names_the_service(
 def test_certificates_are_short_lived_and_renewed_well_before_they_expire() -> None:
     """A year, renewed 60 days before its end: the generated Secret records its end, for
     the upgrade that renews it; cert-manager gets the same duration and renewBefore."""
-    import time
 
     secret = one(render(), "Secret")
     cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
