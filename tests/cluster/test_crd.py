@@ -49,6 +49,7 @@ def test_example_applies_and_reads_back_with_defaults(crd: Any, ns: str, path: P
         "stallTimeoutSeconds": STALL_TIMEOUT_S,
         "remediate": True,
         "allowPrecisionChange": False,
+        "restartBudgets": {},  # none: every class counts toward backoffLimit
     }
     assert stored["reward"]["type"] in ("math", "r1v", "function")
     assert "keep" in stored["checkpoint"] and "intervalSteps" in stored["checkpoint"]
