@@ -276,8 +276,8 @@ def test_an_oom_killed_worker_pod_is_host_oom_and_the_next_attempt_is_remediated
 def test_a_lost_nodes_successor_attempt_avoids_that_node(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
     """A worker pod gone with its node ends the attempt as NodeLost; the attempt records
-    the node and its successor's pods are kept off it by the scheduler (the testbed's
-    two kwok A100 nodes: attempt 1 lands on the other one)."""
+    the node and its successor's pods prefer the others, which the real scheduler honours
+    (the testbed's two kwok A100 nodes: attempt 1 lands on the other one)."""
     testbed.kubectl("apply", "-n", op_ns, "-f", "-",
                     input=manifest("grpojob-qwen25vl-7b-a100-40gb.yaml", "nl", FAST))
     wait_status(testbed, operator, op_ns, "nl", "attempt 0 Running", running(0))
@@ -297,9 +297,9 @@ def test_a_lost_nodes_successor_attempt_avoids_that_node(
     second = worker(1)
     assert second["spec"]["nodeName"] != lost
     terms = second["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "NotIn",
-                                       "values": [lost]}]}]
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == [{"weight": 100, "preference": {"matchFields": [
+        {"key": "metadata.name", "operator": "NotIn", "values": [lost]}]}}]
 
 
 # --- Hang: the trainer's exit 6, and the operator's own progress deadline ----------------

@@ -1,7 +1,8 @@
 """After a node-class failure the next attempt avoids that node (pure): the pod's node is
-recorded on the attempt (status.attempts[].node), the next attempt's Ray pods get a
-required node affinity excluding it, ANDed into each of the user's own required terms,
-and the attempt after that no longer avoids it."""
+recorded on the attempt (status.attempts[].node), the next attempt's Ray pods prefer
+every other node (a preferred node-affinity term beside the user's own; preferred, so a
+pool with no other node still runs the job), and the attempt after that no longer
+avoids it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from grpo_testbed.status_patch import apply_status_patch
 
 pytestmark = pytest.mark.unit
 JOB = JobRef("j", "ns", "uid-1")
-EXCLUDE = {"key": "metadata.name", "operator": "NotIn", "values": ["gpu-7"]}
+AVOID = {"weight": 100, "preference": {"matchFields": [
+    {"key": "metadata.name", "operator": "NotIn", "values": ["gpu-7"]}]}}
 
 
 def worker_pod(node: str, **status: Any) -> dict[str, Any]:
@@ -37,10 +39,9 @@ def templates(action: Any) -> list[dict[str, Any]]:
             *(g["template"]["spec"] for g in rc.get("workerGroupSpecs") or [])]
 
 
-def required_terms(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+def preferred_terms(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
     node = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
-    return list((node.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-                .get("nodeSelectorTerms") or [])
+    return list(node.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
 
 
 def test_a_lost_or_evicted_pod_names_its_node_and_other_ends_do_not() -> None:
@@ -58,24 +59,23 @@ def test_a_lost_or_evicted_pod_names_its_node_and_other_ends_do_not() -> None:
     ]).node == "gpu-7"
 
 
-def test_the_exclusion_is_anded_into_each_of_the_users_required_terms() -> None:
+def test_the_avoidance_is_a_preference_beside_the_users_own_terms() -> None:
     assert avoiding(None, ()) is None
     assert avoiding(None, ("gpu-7",)) == {"nodeAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchFields": [EXCLUDE]}]}}}
-    users = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
-            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}},
+        "preferredDuringSchedulingIgnoredDuringExecution": [AVOID]}}
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    users = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [zone]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 5, "preference": zone}]},
         "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
     out = avoiding(users, ("gpu-7",))
     assert out is not None and out["podAntiAffinity"] == users["podAntiAffinity"]
-    terms = out["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"]
-    assert [t["matchFields"] for t in terms] == [[EXCLUDE], [EXCLUDE]]
-    assert [t["matchExpressions"][0]["values"] for t in terms] == [["a"], ["b"]]
-    assert "matchFields" not in users["nodeAffinity"][  # the spec's own is not changed
-        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    node = out["nodeAffinity"]
+    assert node["requiredDuringSchedulingIgnoredDuringExecution"] == {"nodeSelectorTerms": [zone]}
+    assert node["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {"weight": 5, "preference": zone}, AVOID]
+    # The spec's own is not changed.
+    assert len(users["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]) == 1
 
 
 def test_the_next_attempt_avoids_the_lost_node_and_the_one_after_it_does_not() -> None:
@@ -83,7 +83,7 @@ def test_the_next_attempt_avoids_the_lost_node_and_the_one_after_it_does_not() -
     spec["backoffLimit"], spec["recovery"] = 3, {"backoff": {"initialSeconds": 0}}
     planner = Planner(spec)
     first = ensure_attempt(JOB, planner.plan([], None), {}, "2026-12-03T10:00:00Z")
-    assert all(not required_terms(t) for t in templates(first))
+    assert all(not preferred_terms(t) for t in templates(first))
     status = apply_status_patch({}, first.derive({}, 1, "2026-12-03T10:00:00Z").status)
     lost = PodOutcome(R.NODE_LOST, 5, "worker pod j-a0-workers-x: pod deleted", 4, 3,
                       node="gpu-7")
@@ -93,16 +93,16 @@ def test_the_next_attempt_avoids_the_lost_node_and_the_one_after_it_does_not() -
     nxt = start(JOB, planner, status, "2026-12-03T10:02:00Z")
     assert nxt is not None
     for pod_spec in templates(nxt):  # head and workers
-        assert required_terms(pod_spec) == [{"matchFields": [EXCLUDE]}]
+        assert preferred_terms(pod_spec) == [AVOID]
     status = apply_status_patch(status, nxt.derive(status, 1, "2026-12-03T10:02:00Z").status)
     # A spec change re-renders the live attempt's children the same way.
     again = ensure_attempt(JOB, planner.plan(status["attempts"][:-1], None), status,
                            "2026-12-03T10:03:00Z")
-    assert all(required_terms(t) == [{"matchFields": [EXCLUDE]}] for t in templates(again))
+    assert all(preferred_terms(t) == [AVOID] for t in templates(again))
     # Attempt 1 ends with an error of the job's own: attempt 2 may use gpu-7 again.
     error = PodOutcome(R.ERROR, 1, "Error at step 6", 6, 5)
     ended = finish_attempt(status, error, "2026-12-03T10:04:00Z", planner)
     status = apply_status_patch(status, ended.derive(status, 1, "2026-12-03T10:04:00Z").status)
     assert "node" not in status["attempts"][1]
     nxt = start(JOB, planner, status, "2026-12-03T10:05:00Z")
-    assert nxt is not None and all(not required_terms(t) for t in templates(nxt))
+    assert nxt is not None and all(not preferred_terms(t) for t in templates(nxt))

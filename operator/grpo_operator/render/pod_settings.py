@@ -140,17 +140,21 @@ def _role_conflicts(pods: PodsSpec, role: str) -> list[str]:
     return out
 
 
+# The most a preferred term weighs (Kubernetes allows 1-100): it outweighs the scheduler's
+# other scores between otherwise equal nodes.
+AVOID_WEIGHT = 100
+
+
 def avoiding(affinity: dict[str, Any] | None, nodes: tuple[str, ...]) -> dict[str, Any] | None:
-    """`affinity` (a pod's, as spec.pods sets it) that keeps the pod off `nodes`: a
-    required match on the node's name, added to each of the pod's required node terms
-    (the terms are ORed: each must exclude them)."""
+    """`affinity` (a pod's, as spec.pods sets it) that prefers nodes other than `nodes`:
+    a preferred node-affinity term on the node's name, beside the pod's own terms. Not a
+    required one: where no other node fits (a one-node pool, a drained node that comes
+    back) the pod still runs there instead of waiting for good."""
     if not nodes:
         return affinity
     out = copy.deepcopy(affinity or {})
-    required = out.setdefault("nodeAffinity", {}).setdefault(
-        "requiredDuringSchedulingIgnoredDuringExecution", {})
-    exclude = {"key": "metadata.name", "operator": "NotIn", "values": list(nodes)}
-    required["nodeSelectorTerms"] = [
-        {**term, "matchFields": [*(term.get("matchFields") or []), exclude]}
-        for term in required.get("nodeSelectorTerms") or [{}]]
+    preferred = out.setdefault("nodeAffinity", {}).setdefault(
+        "preferredDuringSchedulingIgnoredDuringExecution", [])
+    preferred.append({"weight": AVOID_WEIGHT, "preference": {"matchFields": [
+        {"key": "metadata.name", "operator": "NotIn", "values": list(nodes)}]}})
     return out
