@@ -56,10 +56,9 @@ def _at(now: str, seconds: int) -> str:
 
 
 def nodes_to_avoid(attempts: list[dict[str, Any]], index: int) -> tuple[str, ...]:
-    """The nodes attempt `index`'s pods must not land on: the one whose loss ended the
-    attempt before it (its record's `node`). Only that attempt's: a node back in service
-    later is used again, and a cluster with no node to spare is not left waiting for good
-    on one that failed long ago."""
+    """The nodes attempt `index`'s pods should keep off (a preference: pod_settings.avoiding):
+    the one whose loss ended the attempt before it (its record's `node`). Only that
+    attempt's: a node back in service later is preferred like any other again."""
     before = next((a for a in attempts if a.get("index") == index - 1), None)
     node = (before or {}).get("node")
     return (str(node),) if node else ()

@@ -118,8 +118,8 @@ def render_children(
     `debug_collectives`: the attempt after a Hang, with the collective debug env;
     `measured_save_s`: status.progress.saveSeconds, which sizes the SIGTERM grace;
     `pod_uid`: the Ray pods' UID, GID and fsGroup (None: the platform assigns them);
-    `avoid_nodes`: nodes the Ray pods must not land on (the node lost by the attempt
-    before)."""
+    `avoid_nodes`: nodes the Ray pods prefer not to land on (the node lost by the
+    attempt before)."""
     ctx = _context(spec, plan, job, attempt, default_image, debug_collectives,
                    measured_save_s, pod_uid, avoid_nodes)
     config = trainer_config(spec, plan, job)
