@@ -86,6 +86,9 @@ class GpuType:
     inter_node_gbps: float  # GB/s per node across nodes (IB/EFA), typical
     bf16_tflops: float  # dense, for rough throughput notes only
     fabric: str | None = None  # RDMA fabric between nodes (FABRICS), None: TCP only
+    # Where host_memory_gib and cpus come from, in the plan's words: the catalog's typical
+    # node (assumed), or the Nodes the operator read (operator node_shapes.py).
+    node_source: str = "the catalog's figures, assumed (Nodes not read)"
 
     @property
     def is_gpu(self) -> bool:

@@ -135,6 +135,13 @@ RAY_SIDE_LABEL = f"{API_GROUP}/side"
 RAY_SIDE_TRAIN = "train"
 RAY_SIDE_ROLLOUT = "rollout"
 
+# Rank 0's node, when its pod asks for more host memory than the other workers' (rank 0
+# alone reads the whole model at load): the worker group RANK0_GROUP of one pod carries
+# the Ray node label RANK0_NODE_LABEL=true, and the trainer places rank 0's node's ranks
+# there (placement.Gang).
+RANK0_GROUP = "rank0"
+RANK0_NODE_LABEL = f"{API_GROUP}/rank0"
+
 
 class Phase(StrEnum):
     """GRPOJob status.phase, for humans; conditions carry the detail."""

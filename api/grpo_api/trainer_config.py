@@ -317,6 +317,12 @@ class ResourcesConfig(_Strict):
         "enough Ray nodes have joined (nodes not joined yet, their pods waiting for "
         "capacity, are waited for without a deadline), before giving up (WorkersMissing)",
     )
+    rank0_node_labels: dict[str, str] | None = Field(
+        default=None,
+        description="Ray node labels the node of ranks 0.. (the first placement group) must "
+        "carry: its pod asks for the host memory of rank 0's whole-model load, the others' "
+        "less (the operator's rank0 worker group); unset: any node",
+    )
     gpus_per_worker: float = Field(default=0, ge=0)
     fake_gpus: bool = Field(
         default=False,

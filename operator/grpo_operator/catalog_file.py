@@ -70,6 +70,9 @@ def merge_catalog(
         given: dict[str, Any] = entry.model_dump(exclude_none=True)
         if given.get("fabric") == "none":
             given["fabric"] = None  # Ethernet-only nodes: NCCL over TCP is expected
+        if {"host_memory_gib", "cpus"} & given.keys():  # the platform's own figures
+            given["node_source"] = (f"the chart's gpuCatalog.{name} (Nodes not read; "
+                                    "read Nodes take their place)")
         if name in out:
             out[name] = replace(out[name], **given)
             continue
@@ -86,6 +89,7 @@ def merge_catalog(
             inter_node_gbps=entry.inter_node_gbps or 0.0,
             bf16_tflops=entry.bf16_tflops or 0.0,
             fabric=given.get("fabric"),
+            node_source=given["node_source"],
             **{k: given[k] for k in map(_field, REQUIRED_FOR_NEW)},
         )
     return out

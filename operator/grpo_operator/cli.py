@@ -93,9 +93,25 @@ def crd(write: bool, root: Path) -> None:
     'spec.hub.endpoint names one: {"mirror": "https://hf-mirror.internal"}. A URL there '
     "is read as it is.",
 )
+@click.option(
+    "--job-defaults",
+    envvar="GRPO_JOB_DEFAULTS",
+    show_envvar=True,
+    default=None,
+    metavar="JSON",
+    help="The cluster's job defaults (the chart's jobDefaults), applied where the job sets "
+    "nothing, as the operator applies them; each inherited field is named on stderr.",
+)
+@click.option(
+    "--namespace", "-n",
+    default=None,
+    help="The namespace the job goes to, for its jobDefaults.namespaces entry. Default: "
+    "the job's metadata.namespace, else default.",
+)
 @GPU_CATALOG_OPTION
 def plan(file: Path, output: str, model_root: Path | None, hub_token: str | None,
-         offline: bool, hub_endpoints: str | None, gpu_catalog: Path | None) -> None:
+         offline: bool, hub_endpoints: str | None, job_defaults: str | None,
+         namespace: str | None, gpu_catalog: Path | None) -> None:
     """Plan the memory settings and cluster for every GRPOJob in FILE, checked as the API
     server and the webhook check it (other documents are named in a warning), each model
     sized from its config.json read as the operator reads it: the hub's, or a local copy
@@ -106,6 +122,7 @@ def plan(file: Path, output: str, model_root: Path | None, hub_token: str | None
     from grpo_api.job import SpecError
 
     from .hub_endpoints import parse_hub_endpoints
+    from .job_defaults import NO_JOB_DEFAULTS, parse_job_defaults
     from .plan_cli import plan_file
     from .plan_model import HubAccess
 
@@ -114,10 +131,14 @@ def plan(file: Path, output: str, model_root: Path | None, hub_token: str | None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--hub-endpoints") from None
     try:
+        defaults = parse_job_defaults(job_defaults) if job_defaults else NO_JOB_DEFAULTS
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--job-defaults") from None
+    try:
         # Piped or captured output gets a fixed, wide layout instead of 80 columns.
         width = None if sys.stdout.isatty() else 140
         refused = plan_file(file, output, model_root, Console(width=width), gpu_catalog,
-                            HubAccess(hub_token or None, offline, hubs))
+                            HubAccess(hub_token or None, offline, hubs), defaults, namespace)
     except (SpecError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -13,6 +13,7 @@ from grpo_api.contract import DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
 from .cert_watch import CHECK_INTERVAL_S as CERT_CHECK_INTERVAL_S
 from .hub_endpoints import NO_HUB_ENDPOINTS
+from .job_defaults import NO_JOB_DEFAULTS, JobDefaults
 from .peering import PEERING_LIFETIME_S
 from .render.network_policy import JobNetworkPolicy
 from .watch_health import DEFAULT_STALE_AFTER_S as WATCH_STALE_AFTER_S
@@ -83,6 +84,9 @@ class OperatorConfig:
     # The hubs a job may name in spec.hub.endpoint, by name (--hub-endpoints; the chart's
     # hubEndpoints): no other is read (reconcile/hub_endpoint.py).
     hub_endpoints: Mapping[str, str] = field(default_factory=lambda: NO_HUB_ENDPOINTS)
+    # What every job inherits where it sets nothing (--job-defaults; the chart's
+    # jobDefaults; job_defaults.py).
+    job_defaults: JobDefaults = field(default_factory=lambda: NO_JOB_DEFAULTS)
     # A NetworkPolicy for each job's Ray pods (--job-network-policy; the chart's
     # jobNetworkPolicy); None: none (render/network_policy.py).
     job_network_policy: JobNetworkPolicy | None = None

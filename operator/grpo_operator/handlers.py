@@ -26,7 +26,7 @@ from grpo_api.contract import (
     Reason,
 )
 
-from . import hub_config, kube, metrics
+from . import hub_config, kube, metrics, node_cache
 from . import reconcile as rec
 from .config import OperatorConfig, from_memo
 from .hub_endpoints import readable
@@ -45,7 +45,9 @@ def _now() -> str:
 
 def _reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
                config: OperatorConfig) -> Action:
-    """`reconcile.reconcile`, with how often it ran the planner recorded (at most once)."""
+    """`reconcile.reconcile` with the GPU Nodes as they are, and how often it ran the
+    planner recorded (at most once)."""
+    observed = replace(observed, nodes=node_cache.shapes(config.catalog))
     action = rec.reconcile(job, observed, event, now, config)
     kind = type(event).__name__
     metrics.PLANS_PER_DECISION.labels(event=kind).observe(action.plans)

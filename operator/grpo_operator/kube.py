@@ -13,6 +13,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from grpo_api.catalog import GPU_PRODUCT_LABEL
 from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
 
 RAY_GROUP, RAY_VERSION_API, RAY_PLURAL = "ray.io", "v1", "rayclusters"
@@ -174,6 +175,13 @@ def get_pod(namespace: str, name: str) -> dict[str, Any] | None:
 def delete_pod(namespace: str, name: str) -> bool:
     """True if it was there to delete."""
     return _unless_missing(lambda: _core().delete_namespaced_pod(name, namespace)) is not None
+
+
+def list_gpu_nodes() -> list[dict[str, Any]]:
+    """The Nodes labelled with a GPU product (node_shapes.py); ApiException when the
+    operator may not list Nodes (a namespaced install without readNodes)."""
+    nodes = _core().list_node(label_selector=GPU_PRODUCT_LABEL)
+    return [_api().sanitize_for_serialization(n) for n in nodes.items]
 
 
 def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from .config import (
     from_memo,
 )
 from .hub_endpoints import parse_hub_endpoints
+from .job_defaults import NO_JOB_DEFAULTS, parse_job_defaults
 from .kopf_fixes import Insights, see_listed_namespaces, track_watches
 from .peering import MIN_PEERING_LIFETIME_S, PEERING_LIFETIME_S, SALT_RANGE, replica_priority
 from .render.network_policy import parse_job_network_policy
@@ -250,6 +251,12 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
               "reach only the job's pods, DNS and those rules. JSON: "
               '{"ingressFrom": [peer, ...], "egress": [rule, ...] or null} '
               "(the chart's jobNetworkPolicy) [env GRPO_JOB_NETWORK_POLICY].")
+@click.option("--job-defaults", envvar="GRPO_JOB_DEFAULTS", default=None, metavar="JSON",
+              help="What every job inherits where it sets nothing: image, tolerations, "
+              "nodeSelector, priorityClassName, storageClass, devices, queueName; for one "
+              "namespace under namespaces.<name>. A job's own fields win. JSON, e.g. "
+              '{"priorityClassName": "training", "namespaces": {"team-a": {"queueName": '
+              '"team-a"}}} (the chart\'s jobDefaults) [env GRPO_JOB_DEFAULTS].')
 @click.option("--verbose", is_flag=True)
 def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_port: int,
         webhook_port: int, webhook_host: str | None, webhook_cert: str | None,
@@ -260,7 +267,7 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         hang_grace: float, peering: str | None, priority: int | None,
         peering_lifetime: int, discovery_timeout: float,
         watch_stale_after: float, read_public_hub: bool, hub_endpoints: str | None,
-        job_network_policy: str | None, verbose: bool) -> None:
+        job_network_policy: str | None, job_defaults: str | None, verbose: bool) -> None:
     """Reconcile GRPOJobs into KubeRay RayClusters, watch them, and report status."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -279,8 +286,12 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         hubs = parse_hub_endpoints(hub_endpoints) if hub_endpoints else {}
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--hub-endpoints") from None
+    try:
+        defaults = parse_job_defaults(job_defaults) if job_defaults else NO_JOB_DEFAULTS
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--job-defaults") from None
     config = OperatorConfig(
-        default_image=trainer_image, trainer_pod_uid=trainer_pod_uid,
+        default_image=trainer_image, job_defaults=defaults, trainer_pod_uid=trainer_pod_uid,
         catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
         bind=bind, metrics_port=metrics_port, pod_create_deadline_seconds=pod_create_deadline,
         hang_grace_seconds=hang_grace,

@@ -18,6 +18,7 @@ from grpo_api.contract import KIND
 from grpo_api.job import GRPOJob, SpecError, load_documents, parse_manifest
 
 from .catalog_file import load_catalog
+from .job_defaults import NO_JOB_DEFAULTS, JobDefaults, with_job_defaults
 from .plan_model import HubAccess, read_model
 from .planner import InfeasibleError, Plan, plan_to_dict
 from .planner.report import plan_tables
@@ -58,14 +59,16 @@ def _job(doc: dict[str, Any], source: str) -> GRPOJob:
 
 def plan_file(
     path: Path, output: str, model_root: Path | None, console: Console, catalog: Path | None = None,
-    hub: HubAccess | None = None,
+    hub: HubAccess | None = None, defaults: JobDefaults = NO_JOB_DEFAULTS,
+    namespace: str | None = None,
 ) -> int:
     """Plan every GRPOJob in `path` and print each plan (json: one object, or a list of
     those planned when the file holds several jobs); warn on stderr about every other
     document. Each model's config.json is read as the operator reads it (plan_model.py;
-    `hub`: the token, or offline). Returns how many GRPOJobs were refused, each with its
-    reason on stderr. Raises SpecError for a file that is not YAML or holds no GRPOJob,
-    ValueError for a bad catalog file."""
+    `hub`: the token, or offline), with the platform's `defaults` for the job's namespace
+    (`namespace`, else its metadata.namespace, else default). Returns how many GRPOJobs
+    were refused, each with its reason on stderr. Raises SpecError for a file that is
+    not YAML or holds no GRPOJob, ValueError for a bad catalog file."""
     err = Console(stderr=True, soft_wrap=True)
     gpus = load_catalog(catalog)
     jobs, others = load_documents(path)
@@ -75,6 +78,14 @@ def plan_file(
     plans: list[tuple[str, Plan]] = []
     for i, doc in jobs:
         where = f"{path}: document {i}" if several else str(path)
+        meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+        inherited = with_job_defaults(doc.get("spec") if isinstance(doc.get("spec"), dict)
+                                      else {}, defaults,
+                                      namespace or str(meta.get("namespace") or "default"))
+        if isinstance(doc.get("spec"), dict):
+            doc = {**doc, "spec": inherited.raw_spec}
+        for field, source in inherited.origins.items():
+            err.print(f"Inherited: {field} from {source}", markup=False)
         try:
             job = _job(doc, where)
         except SpecError as exc:  # names its document

@@ -6,6 +6,7 @@ would otherwise only show once KubeRay tries to create them."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -20,9 +21,10 @@ from grpo_api.contract import API_GROUP, API_VERSION, KUEUE_QUEUE_LABEL, PLURAL
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.job.renames import RenameConflict, rename_warnings, with_new_names
 
-from . import hub_config, kube
+from . import hub_config, kube, node_cache
 from .config import OperatorConfig, from_memo
 from .hub_endpoints import NO_HUB_ENDPOINTS, readable, with_endpoint_url
+from .job_defaults import AT_CREATION, INHERITED_ANNOTATION, with_job_defaults
 from .namespace_policy import (
     GPU_QUOTA,
     GpuQuota,
@@ -32,6 +34,7 @@ from .namespace_policy import (
     template_gpus,
     templates,
 )
+from .node_shapes import catalog_with_nodes
 from .planner import InfeasibleError
 from .reconcile import (
     HubAnswer,
@@ -260,12 +263,18 @@ def review_request(raw_spec: dict[str, Any], old: dict[str, Any] | None,
     old_raw_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
     old_status = dict(old.get("status") or {}) if old_raw_spec is not None and old else {}
     changed = old_raw_spec != raw_spec
+    # Checked as reconcile will run it: with the platform's defaults for its namespace.
+    raw_spec = with_job_defaults(raw_spec, config.job_defaults, namespace or "").raw_spec
+    if old_raw_spec is not None:
+        old_raw_spec = with_job_defaults(old_raw_spec, config.job_defaults,
+                                         namespace or "").raw_spec
     facts = namespace_facts(namespace) if namespace and changed else None
     kueue = kueue_installed() if raw_spec.get("queueName") and old_raw_spec is None else True
     read = readable(raw_spec, config.hub_endpoints)  # an unlisted hub: refused, unread
     hub = (hub_config.read(hub_url(read)) if read is not None and changed and operator_reads_hub(
         read, old_status, config.read_public_hub) else None)
-    return review_admission(raw_spec, old_raw_spec, config.catalog, facts, name or "job",
+    catalog = catalog_with_nodes(config.catalog, node_cache.shapes(config.catalog))
+    return review_admission(raw_spec, old_raw_spec, catalog, facts, name or "job",
                             kueue, hub, old_status, config.hub_endpoints)
 
 
@@ -289,14 +298,45 @@ async def grpojob_validate(body: kopf.Body, memo: kopf.Memo, warnings: list[str]
     warnings.extend(review.warnings)
 
 
+@dataclass(frozen=True)
+class CreationDefaults:
+    """What a new job's spec and annotations get at creation (the mutating webhook)."""
+
+    spec: dict[str, str]
+    annotations: dict[str, str]
+
+
+def creation_defaults(raw_spec: Mapping[str, Any], labels: Mapping[str, Any],
+                      namespace: str, config: OperatorConfig) -> CreationDefaults:
+    """The trainer image a job runs, recorded so an operator upgrade or a new default
+    does not change it: its own, else the platform's for its namespace, else the
+    operator's; and its queue: its Kueue label's, else the platform's (pure). The
+    fields taken from the platform's defaults are named in an annotation, for
+    status.plan.inherited."""
+    spec: dict[str, str] = {}
+    queue = queue_from_label(labels, raw_spec)
+    if queue:
+        spec["queueName"] = queue
+    inherited = with_job_defaults({**raw_spec, **spec}, config.job_defaults, namespace)
+    origins = {f: inherited.origins[f"spec.{f}"] for f in AT_CREATION
+               if f"spec.{f}" in inherited.origins}
+    spec |= {f: inherited.raw_spec[f] for f in origins}
+    if not raw_spec.get("image") and "image" not in spec:
+        spec["image"] = config.default_image
+    annotations = ({INHERITED_ANNOTATION: json.dumps(
+        {f"spec.{f}": source for f, source in origins.items()}, sort_keys=True)}
+        if origins else {})
+    return CreationDefaults(spec, annotations)
+
+
 @kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])
 async def grpojob_default(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
-                          **_: Any) -> None:
-    """Record the trainer image a job runs, so an operator upgrade does not change it, and
-    the queue its Kueue label names (in the event loop: no I/O, nothing to wait for)."""
-    spec = body.get("spec") or {}
-    if not spec.get("image"):
-        patch.spec["image"] = from_memo(memo).default_image
-    queue = queue_from_label(body.get("metadata", {}).get("labels") or {}, spec)
-    if queue:
-        patch.spec["queueName"] = queue
+                          namespace: str | None = None, **_: Any) -> None:
+    """creation_defaults, patched in (in the event loop: no I/O, nothing to wait for)."""
+    meta = body.get("metadata") or {}
+    found = creation_defaults(body.get("spec") or {}, meta.get("labels") or {},
+                              namespace or str(meta.get("namespace") or ""), from_memo(memo))
+    for key, value in found.spec.items():
+        patch.spec[key] = value
+    for key, value in found.annotations.items():
+        patch.metadata.annotations[key] = value

@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pydantic
+
 RECORD_ENV = "GRPO_RECORD_RECONCILE"
 PACKAGE = "grpo_operator.reconcile"
 # What an Action does, as a user or the cluster sees it (Action.facts is not compared).
@@ -45,6 +47,9 @@ def encode(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"__type__": type(value).__name__,
                 **{f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    if isinstance(value, pydantic.BaseModel):  # the flags' parsed JSON (JobDefaults)
+        return {"__model__": type(value).__name__, **value.model_dump(mode="json",
+                                                                       by_alias=True)}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, Mapping):
@@ -59,9 +64,12 @@ def _input_types() -> dict[str, type]:
     from grpo_api.catalog import GpuType
     from grpo_operator import reconcile as rec
     from grpo_operator.config import OperatorConfig, WebhookConfig
+    from grpo_operator.job_defaults import JobDefaults
+    from grpo_operator.node_shapes import NodeShape
 
     found: dict[str, type] = {"GpuType": GpuType, "OperatorConfig": OperatorConfig,
-                              "WebhookConfig": WebhookConfig}
+                              "WebhookConfig": WebhookConfig, "JobDefaults": JobDefaults,
+                              "NodeShape": NodeShape}
     for name in ("Observed", "HubAnswer", "SpecChanged", "BackoffTimer", "ProgressTimer",
                  "JobChanged", "PodChanged", "ClusterChanged", "CreateFailed"):
         found[name] = getattr(rec, name)
@@ -69,6 +77,9 @@ def _input_types() -> dict[str, type]:
 
 
 def decode(value: Any, known: Mapping[str, type]) -> Any:
+    if isinstance(value, dict) and "__model__" in value:
+        model: Any = known[value["__model__"]]
+        return model.model_validate({k: v for k, v in value.items() if k != "__model__"})
     if isinstance(value, dict):
         fields = {k: decode(v, known) for k, v in value.items() if k != "__type__"}
         if "__type__" in value:

@@ -84,14 +84,24 @@ def can_i(tb: Testbed, who: str, verb: str, resource: str, *where: str) -> bool:
     return answer == "yes"
 
 
+# The platform's defaults and hub list the release is installed with (docs/deployment.md).
+TOLERATION = {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
+PRIORITY = "grpo-chart-default"
+JOB_DEFAULTS = {"tolerations": [TOLERATION], "nodeSelector": {"type": "kwok"},
+                "priorityClassName": PRIORITY}
+HUBS = {"mirror": "https://hf-mirror.internal"}
+
+
 @pytest.fixture(scope="module")
 def release(testbed: Testbed) -> Iterator[Release]:
-    """The chart with its default values (all namespaces) and jobNetworkPolicy on,
-    installed once for the module."""
+    """The chart with its default values (all namespaces), jobNetworkPolicy on, job
+    defaults and a hub list, installed once for the module."""
     ns = testbed.namespace("chart")
     name = "grpo"
     proc = helm(testbed, "install", name, str(CHART), "-n", ns, "--wait", "--timeout", "180s",
-                *WEBHOOK_SOFT, *IMAGES, "--set", "jobNetworkPolicy.enabled=true")
+                *WEBHOOK_SOFT, *IMAGES, "--set", "jobNetworkPolicy.enabled=true",
+                "--set-json", f"jobDefaults={json.dumps(JOB_DEFAULTS)}",
+                "--set-json", f"hubEndpoints={json.dumps(HUBS)}")
     yield Release(name, ns, f"{name}-grpo-operator", proc.stdout)
     helm(testbed, "uninstall", name, "-n", ns, "--wait", "--timeout", "120s", check=False)
     testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -136,10 +146,11 @@ NAMESPACED_VERBS = [
 CLUSTER_VERBS = [
     *[(v, "customresourcedefinitions.apiextensions.k8s.io") for v in ("get", "list", "watch")],
     *[(v, "namespaces") for v in ("get", "list", "watch")],
+    *[(v, "nodes") for v in ("get", "list")],
 ]
 FORBIDDEN = [
     ("get", "secrets", "-A"), ("list", "secrets", "-A"), ("watch", "secrets", "-A"),
-    ("delete", "nodes", ""), ("patch", "nodes", ""),
+    ("delete", "nodes", ""), ("patch", "nodes", ""), ("watch", "nodes", ""),
     ("create", "deployments.apps", "-A"), ("list", "deployments.apps", "-A"),
     ("create", "jobs.batch", "-A"), ("list", "jobs.batch", "-A"),
     ("create", "grpojobs.grpo.dev", "-A"), ("delete", "grpojobs.grpo.dev", "-A"),
@@ -412,12 +423,16 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
     """The chart's RBAC is exactly enough: the real operator, authenticated only by a
     token of the chart's ServiceAccount, takes a job from apply to Succeeded."""
     kc = sa_kubeconfig(testbed, release, tmp_path / "sa.kubeconfig")
-    # The release's jobNetworkPolicy, as its Deployment passes it.
+    # The release's jobNetworkPolicy, job defaults and hubs, as its Deployment passes them.
     dep = get_json(testbed, "deployment", f"{release.name}-grpo-operator", "-n", release.ns)
-    (policy_arg,) = [a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"]
-                     if a.startswith("--job-network-policy=")]
+    args = tuple(a for a in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+                 if a.split("=")[0] in {"--job-network-policy", "--job-defaults",
+                                        "--hub-endpoints"})
+    assert len(args) == 3, dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    testbed.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                   "metadata": {"name": PRIORITY}, "value": 100})
     op = OperatorProcess(testbed, tmp_path, kubeconfig=kc, webhook=False,
-                         extra_args=(policy_arg,)).start()
+                         extra_args=args).start()
     ns = testbed.namespace(OPERATOR_NS_PREFIX)
     try:
         doc = example_job(recovery={"backoff": {"initialSeconds": 1}})
@@ -434,6 +449,15 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
 
         wait_until("tiny Running under the chart's ServiceAccount",
                    lambda: phase() == "Running", 120)
+        # The platform's defaults reached the real pod, and status says where from.
+        pod = get_json(testbed, "pod", head(0), "-n", ns)["spec"]
+        assert TOLERATION in pod["tolerations"] and pod["priorityClassName"] == PRIORITY
+        assert pod["nodeSelector"]["type"] == "kwok" and pod.get("priority") == 100
+        inherited = get_json(testbed, "grpojob", "tiny", "-n", ns)["status"]["plan"][
+            "inherited"]
+        assert inherited == {"spec.pods.common.tolerations": "jobDefaults",
+                             "spec.pods.common.nodeSelector.type": "jobDefaults",
+                             "spec.pods.common.priorityClassName": "jobDefaults"}, inherited
         # Its Ray pods got their NetworkPolicy: the job's own pods select and reach them.
         policy = get_json(testbed, "networkpolicy", "tiny-ray-pods", "-n", ns)
         assert policy["spec"]["podSelector"] == {"matchLabels": {"grpo.dev/job": "tiny"}}
@@ -451,6 +475,15 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
             "name": "tiny-a0", "key": "auth_token"}
         _trainer_may_write_progress_only(testbed, ns, tmp_path)
+        # A hub the release does not list: the job is refused, naming the field, unread.
+        stray = example_job(name="stray", hub={"endpoint": "http://169.254.169.254/latest"})
+        testbed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(stray))
+        wait_until("stray refused", lambda: get_json(testbed, "grpojob", "stray", "-n", ns)
+                   .get("status", {}).get("phase") == "Failed", 60)
+        failed = next(c for c in get_json(testbed, "grpojob", "stray", "-n", ns)["status"][
+            "conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "InvalidSpec" and "spec.hub.endpoint" in failed[
+            "message"] and "mirror" in failed["message"], failed
         assert phase() == "Running"
         # Recovery's main path: an OOM kill, then attempt 1 from the checkpoint.
         testbed.kubectl("label", "pod", head(0), "-n", ns, "grpo.dev/chaos=terminate")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_api.contract import RANK0_GROUP
 from grpo_testbed.chaos import end_pod
 from grpo_testbed.examples import example_job
 from grpo_testbed.launcher import Testbed
@@ -98,12 +99,25 @@ def test_tiny_job_gets_children_owned_by_it_and_runs(
 
 def test_gpu_job_lands_on_its_gpu_type_with_tolerations(
         testbed: Testbed, operator: OperatorProcess, op_ns: str) -> None:
-    apply(testbed, op_ns, example_job("grpojob-qwen25vl-7b-a100-40gb.yaml", "a100"))
+    # Two nodes: rank 0's (it alone reads the whole model) is a worker group of its own.
+    apply(testbed, op_ns, example_job("grpojob-qwen25vl-7b-a100-40gb.yaml", "a100",
+                                      resources={"gpuType": "A100-40GB", "nodes": 2}))
     wait_phase(testbed, operator, op_ns, "a100", "Running")
     workers = items(testbed, "pods", op_ns, "grpo.dev/job=a100,grpo.dev/role=worker")
-    assert workers and all(w["spec"]["nodeName"].startswith("a100-40gb") for w in workers)
+    assert len(workers) == 2
+    assert sorted(w["spec"]["nodeName"] for w in workers) == ["a100-40gb-0", "a100-40gb-1"]
     limits = workers[0]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "8"
+    plan = job(testbed, op_ns, "a100")["status"]["plan"]
+    memory = {w["metadata"]["labels"]["ray.io/group"]:
+              w["spec"]["containers"][0]["resources"]["limits"]["memory"] for w in workers}
+    assert set(memory) == {RANK0_GROUP, "workers"}, memory
+    assert int(memory[RANK0_GROUP].removesuffix("Gi")) >= plan["peakHostGiB"]
+    assert int(memory["workers"].removesuffix("Gi")) < plan["peakHostGiB"]
+    assert any("rank0Pod=1 x (8 GPU" in d for d in plan["details"]["decisions"])
+    # Sized for the testbed's A100 Nodes as they are (760 GiB), not the catalog's 1152.
+    assert plan["nodeSource"] == ("2 Node(s) labelled nvidia.com/gpu.product=NVIDIA-A100-"
+                                  "SXM4-40GB; the smallest allocates 760.0 GiB and 96 CPUs")
     # KubeRay keeps the head's num-cpus/num-gpus 0 in the `ray start` it generates (else
     # it derives them from the limits, as for the workers): no rank lands on the head.
     def ray_start(pod: dict[str, Any]) -> str:
@@ -117,7 +131,7 @@ def test_gpu_job_lands_on_its_gpu_type_with_tolerations(
     claim = items(testbed, "persistentvolumeclaim", op_ns, "grpo.dev/job=a100")[0]
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     out = testbed.kubectl("get", "grpojobs", "-n", op_ns).stdout
-    assert "Running" in out.splitlines()[1] and " 8 " in out.splitlines()[1]
+    assert "Running" in out.splitlines()[1] and " 16 " in out.splitlines()[1]
 
 
 def test_four_4_gpu_jobs_share_the_two_8_gpu_h100_nodes(

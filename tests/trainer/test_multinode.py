@@ -10,7 +10,8 @@ deadline; removing a
 worker node during step 2 (its rewards wait for the removal) ends the run with NodeLost
 (exit 5) instead of hanging; the next attempt resumes on a new 1 x 4 node and ends with
 the reference's weights, bit for bit. Last, a gang missing a node waits for it well past
-its deadline (pods waiting for capacity are not a failure) and is placed once it joins.
+its deadline (pods waiting for capacity are not a failure) and is placed once it joins;
+and rank 0's node is the one labelled for it (its pod has the memory of the model load).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 import torch
 import yaml
 
-from grpo_api.contract import ExitCode
+from grpo_api.contract import RANK0_NODE_LABEL, ExitCode
 from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_text_task
 from grpo_testkit.ray_nodes import kill_node
@@ -250,6 +251,22 @@ def test_the_next_attempt_resumes_on_a_1x4_node_to_the_reference_weights(
         assert torch.equal(tensor, reference[name]), name
 
 
+def reserve_in_background(gang: Gang, timeout_s: float
+                          ) -> tuple[threading.Thread, list[BaseException]]:
+    """`gang.reserve` on a thread of its own, started; what it raised lands in the list."""
+    errors: list[BaseException] = []
+
+    def reserve() -> None:
+        try:
+            gang.reserve(timeout_s)
+        except BaseException as err:
+            errors.append(err)
+
+    waiting = threading.Thread(target=reserve, daemon=True)
+    waiting.start()
+    return waiting, errors
+
+
 def test_a_gang_missing_a_node_waits_past_its_deadline_and_is_placed_when_it_joins(
     multinode: Multinode,
 ) -> None:
@@ -258,16 +275,7 @@ def test_a_gang_missing_a_node_waits_past_its_deadline_and_is_placed_when_it_joi
     restart is spent); a third node joins and the gang is complete."""
     cfg = build_config(multinode.config(3, 2, multinode.tmp / "wait", gang_timeout_s=2))
     gang = Gang(layout_for(cfg), ranks_on_head=False)
-    errors: list[BaseException] = []
-
-    def reserve() -> None:
-        try:
-            gang.reserve(cfg.resources.gang_timeout_s)
-        except BaseException as err:
-            errors.append(err)
-
-    waiting = threading.Thread(target=reserve, daemon=True)
-    waiting.start()
+    waiting, errors = reserve_in_background(gang, cfg.resources.gang_timeout_s)
     waiting.join(5 * cfg.resources.gang_timeout_s)
     assert waiting.is_alive() and not errors, errors  # still waiting, past the deadline
     assert len(gang.node_ids) == 2
@@ -276,6 +284,37 @@ def test_a_gang_missing_a_node_waits_past_its_deadline_and_is_placed_when_it_joi
         waiting.join(120)
         assert not waiting.is_alive() and not errors, errors
         assert len(set(gang.node_ids)) == 3 and multinode.head_id not in gang.node_ids
+    finally:
+        gang.release()
+        multinode.cluster.remove_node(node)
+
+
+def test_rank_0s_node_is_the_one_labelled_for_it_and_the_gang_waits_for_it(
+    multinode: Multinode,
+) -> None:
+    """The operator gives rank 0's node a pod of its own (more host memory: rank 0 alone
+    reads the whole model) whose Ray node carries RANK0_NODE_LABEL. With only unlabelled
+    workers alive, the gang waits for it past its deadline; once it joins, ranks 0-1 are
+    placed there and ranks 2-3 on another node."""
+    import ray
+
+    labels = {RANK0_NODE_LABEL: "true"}
+    cfg = build_config(multinode.config(2, 2, multinode.tmp / "rank0", gang_timeout_s=2,
+                                        rank0_node_labels=labels))
+    gang = Gang(layout_for(cfg), ranks_on_head=False,
+                first_labels=cfg.resources.rank0_node_labels)
+    waiting, errors = reserve_in_background(gang, cfg.resources.gang_timeout_s)
+    waiting.join(5 * cfg.resources.gang_timeout_s)
+    assert waiting.is_alive() and not errors, errors  # two free nodes, neither rank 0's
+    assert gang.node_ids == []
+    node = multinode.cluster.add_node(num_cpus=2, num_gpus=2, labels=labels)
+    try:
+        waiting.join(120)
+        assert not waiting.is_alive() and not errors, errors
+        (rank0_node,) = [n["NodeID"] for n in ray.nodes()
+                         if n["Alive"] and n.get("Labels", {}).get(RANK0_NODE_LABEL)]
+        assert gang.node_ids[0] == rank0_node
+        assert gang.node_ids[1] not in {rank0_node, multinode.head_id}
     finally:
         gang.release()
         multinode.cluster.remove_node(node)

@@ -54,6 +54,7 @@ NAMESPACED_RIGHTS: set[Rule] = {
 CLUSTER_RIGHTS: set[Rule] = {
     *{("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")},
     *{("", "namespaces", v) for v in ("get", "list", "watch")},
+    *{("", "nodes", v) for v in ("get", "list")},  # rbac.readNodes: the Nodes as they are
 }
 PEERING_VERBS = ("get", "list", "watch", "patch")
 

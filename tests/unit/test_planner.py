@@ -154,12 +154,15 @@ def test_global_batch_must_split_over_ranks() -> None:
 
 def test_gpu_pods_select_and_tolerate_the_gpu_type() -> None:
     plan = plan_memory(parse_spec(doc(nodes=2)))
-    assert plan.worker is not None
-    assert plan.worker.replicas == 2 and plan.worker.gpus == 8
-    assert plan.worker.node_selector == {GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"}
-    assert plan.worker.tolerations[0]["key"] == "nvidia.com/gpu"
-    assert plan.worker.shm_gib >= plan.settings.ray_object_store_gib
-    assert plan.worker.memory_gib >= plan.budget.peak_host_gib
+    assert plan.worker is not None and plan.rank0 is not None  # rank 0's node apart
+    assert plan.worker.replicas + plan.rank0.replicas == 2
+    for pod, need in ((plan.worker, plan.budget.peak_host_other_gib),
+                      (plan.rank0, plan.budget.peak_host_gib)):
+        assert pod.gpus == 8
+        assert pod.node_selector == {GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"}
+        assert pod.tolerations[0]["key"] == "nvidia.com/gpu"
+        assert pod.shm_gib >= plan.settings.ray_object_store_gib
+        assert pod.memory_gib >= need
     assert plan.head.gpus == 0 and not plan.head.node_selector
 
 
@@ -231,7 +234,10 @@ def test_sweep_never_crashes(gpu: str) -> None:
 def test_pods_are_explained() -> None:
     plan = plan_memory(parse_spec(doc(nodes=2)))
     by_knob = {d.knob: d for d in plan.decisions}
-    assert by_knob["workerPods"].value.startswith("2 x (8 GPU")
+    # Rank 0's node reads the whole model: a pod of its own; the other worker asks less.
+    assert by_knob["rank0Pod"].value.startswith("1 x (8 GPU")
+    assert by_knob["workerPods"].value.startswith("1 x (8 GPU")
+    assert "rank 0 reads the whole model" in by_knob["rank0Pod"].reason
     assert "NVIDIA-H100-80GB-HBM3" in by_knob["workerPods"].reason
     assert "headPod" in by_knob
 

@@ -60,7 +60,8 @@ def test_a_72b_jobs_pods_wait_for_its_predicted_save_a_tiny_jobs_for_the_minimum
     assert predicted_save_s(plan) >= node_gib / SAVE_GIB_PER_S
     want = termination_grace_s(plan)
     assert want > 1.5 * node_gib / SAVE_GIB_PER_S
-    assert graces(big.children) == [want, want]  # the head and the workers alike
+    # The head, rank 0's worker and the others alike.
+    assert graces(big.children) == [want, want, want]
     assert big.status["plan"]["terminationGraceSeconds"] == want
     tiny = first_attempt(spec("grpojob-tiny.yaml"))
     (small,) = set(graces(tiny.children))  # a few MiB to write: the floor
@@ -78,7 +79,7 @@ def test_the_measured_save_sizes_the_next_attempts_grace_within_bounds() -> None
     assert nxt is not None
     nxt.derive(status, 1, "2026-11-21T11:00:00Z")
     assert nxt is not None
-    assert graces(nxt.children) == [630, 630]  # 1.5 x 400 s + 30 s
+    assert graces(nxt.children) == [630, 630, 630]  # 1.5 x 400 s + 30 s, every group
     assert nxt.status["plan"]["terminationGraceSeconds"] == 630
     plan = plan_memory(parse_spec(sp))
     assert termination_grace_s(plan, 5000.0) == GRACE_MAX_S

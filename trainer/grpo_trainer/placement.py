@@ -252,13 +252,17 @@ class Gang:
     nodes (each group excludes the nodes that already hold one, so a big node cannot take
     two nodes' ranks), all within one deadline. ``labels``: only on Ray nodes carrying
     them (``rollout.placement: disaggregated`` puts the ranks on the nodes labelled
-    RAY_SIDE_LABEL=train and the rollout engines, a gang of their own, on =rollout)."""
+    RAY_SIDE_LABEL=train and the rollout engines, a gang of their own, on =rollout).
+    ``first_labels``: also carried by the first group's node, which holds rank 0 (the
+    operator's rank0 worker group, whose pod has the memory of rank 0's model load)."""
 
     def __init__(self, layout: Layout, *, ranks_on_head: bool,
-                 labels: Mapping[str, str] | None = None) -> None:
+                 labels: Mapping[str, str] | None = None,
+                 first_labels: Mapping[str, str] | None = None) -> None:
         self.layout = layout
         self.ranks_on_head = ranks_on_head
         self.labels = dict(labels or {})
+        self.first_labels = dict(first_labels or {})
         self.groups: list[Any] = []
         self.node_ids: list[str] = []  # the Ray node holding each group
 
@@ -277,15 +281,16 @@ class Gang:
             timeout_s,
         )
         deadline: list[float] = []  # set once enough nodes are alive; kept across groups
-        for _ in range(lay.nodes):
-            selector = exclusion_selector([*head, *self.node_ids], self.labels)
+        for i in range(lay.nodes):
+            labels = self.group_labels(i)
+            selector = exclusion_selector([*head, *self.node_ids], labels)
             pg = placement_group(
                 lay.node_bundles(),
                 strategy="STRICT_PACK",
                 bundle_label_selector=[selector] * lay.ranks_per_node if selector else None,
             )
             self.groups.append(pg)
-            self._wait(pg, timeout_s, deadline)
+            self._wait(pg, timeout_s, deadline, labels)
             self.node_ids.append(str(placement_group_table(pg)["bundles_to_node_id"][0]))
         log.info(
             "ranks placed: %s",
@@ -296,9 +301,15 @@ class Gang:
             ),
         )
 
-    def _wait(self, pg: Any, timeout_s: float, deadline: list[float]) -> None:
-        """Until `pg` is placed. While nodes are missing: no deadline, a log line a
-        minute. Then `timeout_s` from when enough were first alive (`deadline`)."""
+    def group_labels(self, index: int) -> dict[str, str]:
+        """The Ray node labels the node of group `index` must carry."""
+        return self.labels | (self.first_labels if index == 0 else {})
+
+    def _wait(self, pg: Any, timeout_s: float, deadline: list[float],
+              labels: Mapping[str, str]) -> None:
+        """Until `pg` (its node carrying `labels`) is placed. While nodes are missing: no
+        deadline, a log line a minute. Then `timeout_s` from when enough were first
+        alive (`deadline`)."""
         import ray
 
         lay, ready_ref = self.layout, pg.ready()
@@ -309,8 +320,10 @@ class Gang:
             if ready:
                 return
             alive, now = alive_nodes(), time.monotonic()
-            short = nodes_to_join(alive, self.node_ids, lay.nodes - len(self.node_ids),
-                                  ranks_on_head=self.ranks_on_head, labels=self.labels)
+            short = max(nodes_to_join(alive, self.node_ids, lay.nodes - len(self.node_ids),
+                                      ranks_on_head=self.ranks_on_head, labels=self.labels),
+                        nodes_to_join(alive, self.node_ids, 1,
+                                      ranks_on_head=self.ranks_on_head, labels=labels))
             if short:
                 deadline.clear()  # a node left again: waiting for capacity once more
                 if now - last_report >= JOIN_REPORT_S:
@@ -325,9 +338,9 @@ class Gang:
             elif now >= deadline[0]:
                 detail = missing_detail(lay, self.node_ids, timeout_s, alive,
                                         ranks_on_head=self.ranks_on_head)
-                if self.labels:
+                if labels:
                     detail += "\nonly nodes labelled " + ", ".join(
-                        f"{k}={v}" for k, v in sorted(self.labels.items())) + " qualify"
+                        f"{k}={v}" for k, v in sorted(labels.items())) + " qualify"
                 self.release()
                 raise WorkersMissingError(detail)
 

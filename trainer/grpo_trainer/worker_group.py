@@ -126,7 +126,8 @@ class WorkerGroup:
         self.world_size = self.layout.world_size
         self.workers: list[Any] = []
         self.gang = Gang(self.layout, ranks_on_head=res.ranks_on_head,
-                         labels=side_labels(cfg, RAY_SIDE_TRAIN))
+                         labels=side_labels(cfg, RAY_SIDE_TRAIN),
+                         first_labels=res.rank0_node_labels)
         try:
             self.gang.reserve(res.gang_timeout_s)
             remote: Any = ray.remote(Worker)

@@ -9,6 +9,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # DNS-1123 label (PVC, volume, Secret)
+SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # an object name (PriorityClass, ...)
 
 # Kubernetes resource.Quantity, the subset people write for memory and storage sizes.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"

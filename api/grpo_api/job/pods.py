@@ -16,9 +16,8 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, JsonValue, model_validator
 
-from .base import DNS_LABEL_PATTERN, ApiModel
+from .base import DNS_LABEL_PATTERN, SUBDOMAIN_PATTERN, ApiModel
 
-_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"  # what the API server accepts for env names
 _OPEN: dict[str, JsonValue] = {"x-kubernetes-preserve-unknown-fields": True}
 # Pod fields a user might reach for that the operator owns, and what to do instead.
@@ -42,7 +41,7 @@ def _exactly_one(model: ApiModel, *fields: str) -> None:
 class KeyRef(ApiModel):
     """A key of a Secret or ConfigMap."""
 
-    name: str = Field(pattern=_SUBDOMAIN, description="Secret or ConfigMap name.")
+    name: str = Field(pattern=SUBDOMAIN_PATTERN, description="Secret or ConfigMap name.")
     key: str = Field(min_length=1, description="Key in it.")
     optional: bool | None = Field(None, description="true: a missing object or key is fine.")
 
@@ -83,7 +82,7 @@ class EnvVar(ApiModel):
 class NameRef(ApiModel):
     """A reference by name."""
 
-    name: str = Field(pattern=_SUBDOMAIN, description="Object name.")
+    name: str = Field(pattern=SUBDOMAIN_PATTERN, description="Object name.")
 
 
 class EnvFromSource(ApiModel):
@@ -215,15 +214,15 @@ class PodSettings(ApiModel):
         description="Topology spread constraints, as in a Pod spec (select the job's pods "
         "with its labels, e.g. grpo.dev/job: <name> and grpo.dev/role: worker).")
     priority_class_name: str | None = Field(
-        None, pattern=_SUBDOMAIN, description="PriorityClass of the pods.")
+        None, pattern=SUBDOMAIN_PATTERN, description="PriorityClass of the pods.")
     scheduler_name: str | None = Field(
-        None, pattern=_SUBDOMAIN, max_length=253,
+        None, pattern=SUBDOMAIN_PATTERN, max_length=253,
         description="The scheduler that places the pods (e.g. a gang scheduler such as "
         "Volcano or the scheduler-plugins' coscheduling); unset: the default scheduler.")
     image_pull_secrets: list[NameRef] | None = Field(
         None, description="Secrets for pulling the trainer image.")
     service_account_name: str | None = Field(
-        None, pattern=_SUBDOMAIN,
+        None, pattern=SUBDOMAIN_PATTERN,
         description="ServiceAccount of the pods (cloud identity); on the head it is also "
         "granted the trainer's right to report progress.")
     init_containers: list[InitContainer] | None = Field(

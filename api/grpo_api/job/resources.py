@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Self
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from ..catalog import GPU_NAME_PATTERN, GPU_RESOURCE, GPU_TYPE_NAMES
 from .base import QUANTITY_PATTERN, ApiModel, cel_rule
@@ -40,6 +40,19 @@ def extended_resource_problem(name: str) -> str | None:
     if name == GPU_RESOURCE:
         return f"{name!r}: GPUs come from resources.gpuType and resources.gpusPerNode"
     return None
+
+
+def _advertisable(devices: dict[str, int]) -> dict[str, int]:
+    problems = [p for p in map(extended_resource_problem, devices) if p]
+    if problems:
+        raise ValueError("; ".join(problems))
+    return devices
+
+
+# Extra device resources of a worker pod, name -> count (spec.resources.devices, and the
+# platform's jobDefaults.devices): each name one a device plugin can advertise.
+DeviceCounts = Annotated[dict[str, Annotated[int, Field(ge=1, le=1024)]],
+                         AfterValidator(_advertisable)]
 
 
 class ResourcesSpec(ApiModel):
@@ -99,12 +112,15 @@ class ResourcesSpec(ApiModel):
     host_memory: str | None = Field(
         None,
         pattern=QUANTITY_PATTERN,
-        description="Host RAM per node (e.g. 760Gi) when nodes differ from the catalog's.",
+        description="Host RAM per node (e.g. 760Gi). Unset: the allocatable memory of the "
+        "smallest Node labelled with the GPU type's product, where the operator may read "
+        "Nodes, else the catalog's figure (status.plan.nodeSource says which).",
     )
     cpus_per_node: int | None = Field(
-        None, ge=1, le=1024, description="Allocatable CPUs per node, if not the catalog's."
+        None, ge=1, le=1024, description="Allocatable CPUs per node. Unset: as hostMemory, "
+        "the smallest such Node's, else the catalog's."
     )
-    devices: dict[str, Annotated[int, Field(ge=1, le=1024)]] | None = Field(
+    devices: DeviceCounts | None = Field(
         None,
         description=(
             "Extra device resources per worker pod, name -> count, requested and limited "
@@ -114,14 +130,6 @@ class ResourcesSpec(ApiModel):
             "env and the IPC_LOCK capability RDMA needs."
         ),
     )
-
-    @field_validator("devices")
-    @classmethod
-    def _device_names(cls, devices: dict[str, int] | None) -> dict[str, int] | None:
-        problems = [p for p in map(extended_resource_problem, devices or {}) if p]
-        if problems:
-            raise ValueError("; ".join(problems))
-        return devices
 
     @model_validator(mode="after")
     def _nodes_for_gpu(self) -> Self:

@@ -134,6 +134,15 @@ class PlanStatus(ApiModel):
         0.0, ge=0, description="Predicted seconds of one checkpoint save (a node's ranks' "
         "shards at a conservative write rate).",
     )
+    node_source: str = Field(
+        "", description="Where the node RAM and CPUs the pods are sized for come from: the "
+        "Nodes the operator read (the smallest of those labelled with the GPU type's "
+        "product), spec.resources.hostMemory / cpusPerNode, or the catalog's figures, "
+        "named as assumed.")
+    inherited: dict[str, str] | None = Field(
+        None, description="The spec fields the platform's defaults set (the chart's "
+        "jobDefaults), field -> where from: jobDefaults or jobDefaults.namespaces.<name>. "
+        "Every other field is the job's own or the planner's (details.decisions).")
     termination_grace_seconds: int = Field(
         30, ge=0,
         description=(

@@ -23,6 +23,7 @@ from typing import Any
 from grpo_api.catalog import GPU_CATALOG, GpuType, UnknownGpuType, gpu_type
 from grpo_api.job import SpecError
 from grpo_api.job.base import quantity_gib
+from grpo_api.job.resources import ResourcesSpec
 from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
 from grpo_api.model.shape import Shape, resolve_shape
@@ -152,6 +153,15 @@ def search(
     return settings, budget, trail
 
 
+def _node_source(r: ResourcesSpec, gpu: GpuType) -> str:
+    """Where the node's RAM and CPUs the plan sizes pods for come from."""
+    own = [f for f, v in (("hostMemory", r.host_memory), ("cpusPerNode", r.cpus_per_node))
+           if v]
+    if len(own) == 2 or not gpu.is_gpu:
+        return f"spec.resources.{' and '.join(own)}" if own else "the head pod (cpu)"
+    return f"spec.resources.{own[0]}, the rest: {gpu.node_source}" if own else gpu.node_source
+
+
 def geometry(
     spec: GRPOJobSpec,
     catalog: Mapping[str, GpuType],
@@ -182,6 +192,7 @@ def geometry(
         node_gpus=gpu.gpus_per_node,
         host_memory_gib=quantity_gib(r.host_memory) if r.host_memory else gpu.host_memory_gib,
         cpus_per_node=r.cpus_per_node or gpu.cpus,
+        node_source=_node_source(r, gpu),
         product_label=gpu.product_label,
         sequence_length=spec.data.max_prompt_length + spec.data.max_response_length,
         response_length=spec.data.max_response_length,
@@ -326,7 +337,7 @@ def plan_memory(
         raise InfeasibleError(f"infeasible: {problem}", [], [])
     pinned = _pinned(spec)
     settings, budget, trail = search(geo, spec, pinned)
-    head, worker = build_pods(geo, settings, budget)
+    pods = build_pods(geo, settings, budget)
     decisions = explain(geo, settings, budget, trail, pinned, nodes_reason)
     if positions is not None:  # beside the model line
         decisions.insert(1, context_decision(spec, positions, resolved.source))
@@ -342,9 +353,10 @@ def plan_memory(
         settings=settings,
         budget=budget,
         pinned=pinned,
-        decisions=(*decisions, *explain_pods(geo, head, worker, budget)),
-        head=head,
-        worker=worker,
+        decisions=(*decisions, *explain_pods(geo, pods, budget)),
+        head=pods.head,
+        worker=pods.worker,
+        rank0=pods.rank0,
         env=build_env(geo, settings),
         ray_start_params=ray_start_params(geo, settings),
         rollout=rollout,
@@ -357,15 +369,16 @@ def replan(plan: Plan, settings: Settings, note: str, rung: str = "") -> Plan:
     below the plan it replaces."""
     geo = plan.geometry
     budget = compute_budget(geo, settings)
-    head, worker = build_pods(geo, settings, budget)
-    kept_head = at_least(head, plan.head)
+    pods = build_pods(geo, settings, budget)
+    kept_head = at_least(pods.head, plan.head)
     assert kept_head is not None
     return replace(
         plan,
         settings=settings,
         budget=budget,
         head=kept_head,
-        worker=at_least(worker, plan.worker),
+        worker=at_least(pods.worker, plan.worker),
+        rank0=at_least(pods.rank0, plan.rank0),
         env=build_env(geo, settings),
         ray_start_params=ray_start_params(geo, settings),
         rollout=at_least(build_rollout_pod(geo, settings, budget), plan.rollout),

@@ -31,7 +31,7 @@ GPU_PHASES: dict[RankPhase, tuple[str, ...]] = {
 def pod_limits(plan: Plan) -> dict[str, float]:
     """Every limit the plan puts on a pod, by "role.field"."""
     out: dict[str, float] = {}
-    for pod in (plan.head, plan.worker):
+    for pod in (plan.head, plan.rank0_pod, plan.worker):
         if pod is not None:
             out |= {
                 f"{pod.role}.memoryGiB": pod.memory_gib,
@@ -57,7 +57,7 @@ def headroom(plan: Plan, failure: FailureReason,
         return {k: v for k, v in parts.items() if k in wanted} or parts
     if failure in (FailureReason.HOST_OOM, FailureReason.RAY_OOM):
         kill_at = 1.0 if failure is FailureReason.HOST_OOM else RAY_MEMORY_USAGE_THRESHOLD
-        pods: tuple[PodResources | None, ...] = (plan.head, plan.worker)
+        pods: tuple[PodResources | None, ...] = (plan.head, plan.rank0_pod, plan.worker)
         return {
             f"{p.role}.memory": p.memory_gib * kill_at
             - pod_need_gib(plan.geometry, plan.settings, b, p.role)

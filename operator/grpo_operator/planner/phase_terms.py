@@ -49,7 +49,7 @@ from .sizes import (
     vision_activation_bytes,
     weight_sync_bytes,
 )
-from .types import Budget, Geometry, Settings
+from .types import RANK0_LOAD_TERM, Budget, Geometry, Settings
 
 Terms = dict[str, float]  # term name -> GiB
 
@@ -287,7 +287,7 @@ def host_load_terms(geo: Geometry, st: Settings, r: RankTerms) -> Terms:
     copy); x 1.1 for the loader's transient buffers."""
     ranks = geo.ranks_per_node
     load_term = (
-        {"rank0_full_model_fp32": geo.shape.parameters * FP32_B / GIB * LOAD_OVERHEAD}
+        {RANK0_LOAD_TERM: geo.shape.parameters * FP32_B / GIB * LOAD_OVERHEAD}
         if st.rank0_init
         else {"every_rank_full_model_bf16": ranks * r.engine_weights * LOAD_OVERHEAD}
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpo_api.contract import PACKED_WIDTH_ALIGNMENT
+from grpo_api.contract import PACKED_WIDTH_ALIGNMENT, RANK0_GROUP, RANK0_NODE_LABEL
 from grpo_api.knobs import (
     GRADIENT_CHECKPOINTING,
     MICRO_BATCH_SIZE,
@@ -21,9 +21,9 @@ from .budget import BF16_B, GIB
 from .head import data_rows, head_terms, length_workers
 from .layout import per_rank_samples, token_budgets
 from .modes import FROZEN, LORA, STATE
-from .resources import ray_default_store_gib, step_data_gib
+from .resources import Pods, ray_default_store_gib, step_data_gib
 from .sizes import kv_bytes_per_token
-from .types import Budget, Decision, Geometry, PodResources, Settings
+from .types import RANK0_LOAD_TERM, Budget, Decision, Geometry, PodResources, Settings
 
 
 def _g(x: float) -> str:
@@ -97,7 +97,7 @@ def explain(
         return "spec" if knob.setting in pinned else "auto"
 
     every_rank = geo.ranks_per_node * weights
-    rank0_load = b.host_load_terms.get("rank0_full_model_fp32", 0.0)
+    rank0_load = b.host_load_terms.get(RANK0_LOAD_TERM, 0.0)
     out.append(
         Decision(
             RANK0_INIT.spec,
@@ -227,7 +227,7 @@ def explain(
             "auto",
             f"per node: steady {_g(host)}, while loading {_g(b.load_host_peak_gib)}; usable "
             f"{_g(b.host_capacity_gib)} of {_node_part(geo)} {_g(geo.host_memory_gib)} RAM "
-            "(Ray kills at 95%)",
+            f"(Ray kills at 95%); node RAM and CPUs: {geo.node_source}",
         )
     )
     return out
@@ -327,8 +327,8 @@ def _head_terms(geo: Geometry) -> str:
     return ", ".join(out)
 
 
-def explain_pods(geo: Geometry, head: PodResources, worker: PodResources | None,
-                 b: Budget) -> list[Decision]:
+def explain_pods(geo: Geometry, pods: Pods, b: Budget) -> list[Decision]:
+    head, worker, rank0 = pods.head, pods.worker, pods.rank0
     out = [
         Decision(
             "headPod",
@@ -344,18 +344,32 @@ def explain_pods(geo: Geometry, head: PodResources, worker: PodResources | None,
             + "; /dev/shm = object store + 2 GiB; no GPU, no GPU node selector",
         )
     ]
+    if rank0 is not None:
+        out.append(Decision(
+            "rank0Pod", _shape(rank0), "auto",
+            f"rank 0's node, a worker group of its own ({RANK0_GROUP}, Ray node label "
+            f"{RANK0_NODE_LABEL}=true, where the trainer places ranks 0-"
+            f"{geo.ranks_per_node - 1}): memory = its host peak {_g(b.peak_host_gib)} "
+            f"({b.host_peak_phase}: rank 0 reads the whole model, "
+            f"{_g(b.host_load_terms.get(RANK0_LOAD_TERM, 0.0))}) / 0.9; the other workers "
+            f"do not, and ask for their own peak ({_g(b.peak_host_other_gib)})"))
     if worker is not None:
         selector = ", ".join(f"{k}={v}" for k, v in worker.node_selector.items()) or "none"
+        peak = b.peak_host_other_gib if rank0 is not None else b.peak_host_gib
         out.append(
             Decision(
                 "workerPods",
-                f"{worker.replicas} x ({worker.gpus} GPU, {worker.cpus} CPU, "
-                f"{worker.memory_gib}Gi, shm {worker.shm_gib}Gi)",
+                _shape(worker),
                 "auto",
-                f"memory = host peak {_g(b.peak_host_gib)} / 0.9 (capped at "
+                f"memory = host peak {_g(peak)} / 0.9 (capped at "
                 f"{_node_part(geo)} allocatable); 90% of {_node_part(geo)} CPUs; "
                 f"nodeSelector {selector}"
                 + ("; tolerates nvidia.com/gpu:NoSchedule" if worker.tolerations else ""),
             )
         )
     return out
+
+
+def _shape(pod: PodResources) -> str:
+    return (f"{pod.replicas} x ({pod.gpus} GPU, {pod.cpus} CPU, {pod.memory_gib}Gi, "
+            f"shm {pod.shm_gib}Gi)")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
 from rich.console import Group
 from rich.table import Table
 
+from grpo_api.contract import RANK0_GROUP
 from grpo_api.job.status import PlanStatus
 from grpo_api.knobs import KNOBS
 
@@ -96,13 +98,16 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "hostCapacityGiB": round(b.host_capacity_gib, 2),
             "hostMarginGiB": round(b.host_margin_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),
+            "peakHostOtherGiB": round(b.peak_host_other_gib, 2),  # a node not rank 0's
             "hostSteadyGiB": _round(b.host_terms),
             "hostLoadGiB": _round(b.host_load_terms),
             "estimatedTerms": sorted(ESTIMATES),
         },
         **({"rollout": _rollout(plan)} if g.rollout is not None else {}),
         "pods": {"head": _pod(plan.head), "worker": _pod(plan.worker),
+                 **({RANK0_GROUP: _pod(plan.rank0)} if plan.rank0 else {}),
                  **({"rollout": _pod(plan.rollout)} if plan.rollout else {})},
+        "podTotals": pod_totals(plan),
         # The head's and workers' terminationGracePeriodSeconds, for the save on SIGTERM.
         "sigterm": {"predictedSaveSeconds": round(predicted_save_s(plan), 1),
                     "terminationGraceSeconds": termination_grace_s(plan)},
@@ -140,9 +145,20 @@ def plan_changes(old: Plan, new: Plan) -> list[str]:
             for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)]
 
 
-def plan_status(plan: Plan, measured_save_s: float | None = None) -> PlanStatus:
+def pod_totals(plan: Plan) -> dict[str, int]:
+    """What the attempt's pods request in all: what a platform team pays for."""
+    pods = plan.all_pods
+    return {"pods": sum(p.replicas for p in pods),
+            "gpus": sum(p.replicas * p.gpus for p in pods),
+            "cpus": sum(p.replicas * p.cpus for p in pods),
+            "memoryGiB": sum(p.replicas * p.memory_gib for p in pods)}
+
+
+def plan_status(plan: Plan, measured_save_s: float | None = None,
+                inherited: Mapping[str, str] | None = None) -> PlanStatus:
     """The typed summary for status.plan; the full dict goes under `details`.
-    `measured_save_s`: status.progress.saveSeconds, which sizes the grace period."""
+    `measured_save_s`: status.progress.saveSeconds, which sizes the grace period;
+    `inherited`: the spec fields the platform's defaults set, and where from."""
     g, b = plan.geometry, plan.budget
     return PlanStatus.model_validate(
         {
@@ -157,10 +173,12 @@ def plan_status(plan: Plan, measured_save_s: float | None = None) -> PlanStatus:
             **({"rollout": _rollout(plan)} if g.rollout is not None else {}),
             "fabrics": list(plan_network(g).fabrics),
             "modelSource": g.shape_source,
+            "nodeSource": g.node_source,
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),
             "predictedSaveSeconds": round(predicted_save_s(plan), 1),
             "terminationGraceSeconds": termination_grace_s(plan, measured_save_s),
+            **({"inherited": dict(inherited)} if inherited else {}),
             "details": {
                 "decisions": [
                     f"{d.knob}={d.value} ({d.source}): {d.reason}" for d in plan.decisions
@@ -218,18 +236,20 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
     for col in ("Role", "Replicas", "GPU", "CPU", "Memory", "/dev/shm", "nodeSelector",
                 "Devices"):
         pods.add_column(col, overflow="fold")
-    for p in (plan.head, plan.worker, plan.rollout):
-        if p is not None:
-            pods.add_row(
-                p.role,
-                str(p.replicas),
-                str(p.gpus),
-                str(p.cpus),
-                f"{p.memory_gib}Gi",
-                f"{p.shm_gib}Gi",
-                ", ".join(f"{k}={v}" for k, v in p.node_selector.items()) or "-",
-                ", ".join(f"{k}: {v}" for k, v in p.devices.items()) or "-",
-            )
+    for p in plan.all_pods:
+        pods.add_row(
+            p.role,
+            str(p.replicas),
+            str(p.gpus),
+            str(p.cpus),
+            f"{p.memory_gib}Gi",
+            f"{p.shm_gib}Gi",
+            ", ".join(f"{k}={v}" for k, v in p.node_selector.items()) or "-",
+            ", ".join(f"{k}: {v}" for k, v in p.devices.items()) or "-",
+        )
+    total = pod_totals(plan)
+    pods.add_row("total (all pods)", str(total["pods"]), str(total["gpus"]),
+                 str(total["cpus"]), f"{total['memoryGiB']}Gi", "-", "-", "-")
     env = Table(title="Env", title_justify="left")
     env.add_column("Name", overflow="fold")
     env.add_column("Value", overflow="fold")

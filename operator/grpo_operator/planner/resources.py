@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from grpo_api.catalog import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from grpo_api.contract import (
     PYTORCH_CUDA_ALLOC_CONF,
+    RANK0_GROUP,
     RAY_SIDE_LABEL,
     RAY_SIDE_ROLLOUT,
     RAY_SIDE_TRAIN,
@@ -63,16 +64,39 @@ def _pod_memory(need: float, geo: Geometry, at_allocatable: bool) -> int:
     return min(allocatable, math.ceil(max(need / HOST_HEADROOM, need + 4)))
 
 
+def rank0_apart(geo: Geometry, st: Settings, budget: Budget) -> bool:
+    """Whether rank 0's node gets a pod of its own (RANK0_GROUP): with two or more
+    training nodes, when the others need less memory than rank 0's, which alone reads the
+    whole model at load (rank0Init). Not once the pods ask for the node's allocatable
+    (the HostOOM rung): then every pod asks for the same."""
+    at = st.pod_memory_at_allocatable
+    return geo.nodes >= 2 and (_pod_memory(budget.peak_host_other_gib, geo, at)
+                               < _pod_memory(budget.peak_host_gib, geo, at))
+
+
 def pod_need_gib(geo: Geometry, st: Settings, budget: Budget, role: str) -> float:
-    """Host memory the model predicts for one pod of `role` (head or worker)."""
-    if role == "worker" or geo.nodes == 0:  # a head without workers also runs the ranks
+    """Host memory the model predicts for one pod of `role` (head, worker, or
+    RANK0_GROUP: rank 0's worker when it has a pod of its own, rank0_apart)."""
+    if role == RANK0_GROUP or geo.nodes == 0:  # a head without workers runs the ranks
         return budget.peak_host_gib
+    if role == Role.WORKER:
+        return (budget.peak_host_other_gib if rank0_apart(geo, st, budget)
+                else budget.peak_host_gib)
     return driver_gib(geo) + st.ray_object_store_gib
 
 
-def build_pods(
-    geo: Geometry, st: Settings, budget: Budget
-) -> tuple[PodResources, PodResources | None]:
+@dataclass(frozen=True)
+class Pods:
+    """One attempt's Ray pods: the head, the training workers and, when its node needs
+    more memory than theirs, rank 0's worker apart (`rank0`, one pod; then `worker` has
+    the other nodes - 1)."""
+
+    head: PodResources
+    worker: PodResources | None
+    rank0: PodResources | None = None
+
+
+def build_pods(geo: Geometry, st: Settings, budget: Budget) -> Pods:
     store = st.ray_object_store_gib
     head_need = pod_need_gib(geo, st, budget, "head")
     head_mem = _pod_memory(head_need, geo, st.pod_memory_at_allocatable and geo.nodes == 0)
@@ -85,10 +109,20 @@ def build_pods(
         shm_gib=min(math.ceil(store + SHM_EXTRA_GIB), max(1, head_mem // 2)),
     )
     if geo.nodes == 0:
-        return head, None
-    worker_need = pod_need_gib(geo, st, budget, "worker")
-    mem = _pod_memory(worker_need, geo, st.pod_memory_at_allocatable)
-    worker = PodResources(
+        return Pods(head, None)
+    worker = _worker(geo, st, budget, pod_need_gib(geo, st, budget, Role.WORKER))
+    if not rank0_apart(geo, st, budget):
+        return Pods(head, worker)
+    rank0 = _worker(geo, st, budget, pod_need_gib(geo, st, budget, RANK0_GROUP))
+    return Pods(head, replace(worker, replicas=geo.nodes - 1),
+                replace(rank0, role=RANK0_GROUP, replicas=1))
+
+
+def _worker(geo: Geometry, st: Settings, budget: Budget, need: float) -> PodResources:
+    """A training worker pod that needs `need` GiB of host memory."""
+    store = st.ray_object_store_gib
+    mem = _pod_memory(need, geo, st.pod_memory_at_allocatable)
+    return PodResources(
         devices=dict(geo.devices),
         capabilities=plan_network(geo).capabilities,
         role=Role.WORKER.value,
@@ -104,7 +138,6 @@ def build_pods(
             else ()
         ),
     )
-    return head, worker
 
 
 def ray_start_params(geo: Geometry, st: Settings, rollout: bool = False) -> dict[str, str]:

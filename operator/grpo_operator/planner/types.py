@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo_api.catalog import GPU_RESOURCE
+from grpo_api.contract import RANK0_GROUP
 from grpo_api.knobs import Knob
 from grpo_api.model.shape import Shape
 from grpo_api.trainer_config import LOGPROB_CHUNK_TOKENS
@@ -26,6 +27,10 @@ class InfeasibleError(ValueError):
             lines.append("smallest changes that would fit:")
             lines.extend(f"  - {s}" for s in suggestions)
         super().__init__("\n".join(lines))
+
+
+# The host-load term of rank 0's whole-model read (rank0Init): on rank 0's node only.
+RANK0_LOAD_TERM = "rank0_full_model_fp32"
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ class Geometry:
     # spec.rollout.placement disaggregated: the rollout side (None: colocated, every GPU
     # generates and trains).
     rollout: RolloutSide | None = None
+    # Where host_memory_gib and cpus_per_node come from (GpuType.node_source, or the spec)
+    node_source: str = ""
 
     @property
     def disaggregated(self) -> bool:
@@ -181,6 +188,13 @@ class Budget:
     @property
     def peak_host_gib(self) -> float:
         return max(sum(self.host_terms.values()), sum(self.host_load_terms.values()))
+
+    @property
+    def peak_host_other_gib(self) -> float:
+        """The host peak of a training node that is not rank 0's: rank 0 alone reads
+        the whole model at load (RANK0_LOAD_TERM); a node without it loads nothing more."""
+        load = sum(v for k, v in self.host_load_terms.items() if k != RANK0_LOAD_TERM)
+        return max(sum(self.host_terms.values()), load)
 
     @property
     def load_host_peak_gib(self) -> float:
@@ -296,6 +310,9 @@ class Plan:
     rungs: tuple[str, ...] = ()  # names of the applied rungs (each applies once)
     # Disaggregated: the rollout worker group (vLLM engines); None when colocated.
     rollout: PodResources | None = None
+    # Rank 0's worker, apart when it needs more host memory than the others (resources.
+    # rank0_apart; RANK0_GROUP): one pod, and `worker` has the other nodes.
+    rank0: PodResources | None = None
     rollout_ray_start_params: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -321,5 +338,19 @@ class Plan:
         """Ray pods of one attempt: the head and its workers. With more than one, every
         volume they share is mounted from several nodes (the CPU head and the GPU
         workers rarely share one), so `nodes: 1` is already two pods."""
-        return (self.head.replicas + (self.worker.replicas if self.worker else 0)
-                + (self.rollout.replicas if self.rollout else 0))
+        return sum(p.replicas for p in self.all_pods)
+
+    @property
+    def rank0_pod(self) -> PodResources | None:
+        """The pod rank 0 runs in: its own (`rank0`), else a worker (None: the head runs
+        the ranks). Limits and headroom are compared by it whether or not rank 0 has a
+        pod apart, so a rung that joins or splits the groups is judged pod for pod."""
+        if self.rank0 is not None:
+            return self.rank0
+        return None if self.worker is None else replace(self.worker, role=RANK0_GROUP)
+
+    @property
+    def all_pods(self) -> tuple[PodResources, ...]:
+        """Every kind of Ray pod the attempt has: head, rank 0's, workers, rollout."""
+        return tuple(p for p in (self.head, self.rank0, self.worker, self.rollout)
+                     if p is not None)

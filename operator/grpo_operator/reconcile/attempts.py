@@ -110,7 +110,8 @@ def ensure_attempt(job: JobRef, planned: JobPlan | Refused, status: dict[str, An
     events: list[JobEvent] = []
     if not any(a.get("index") == attempt for a in attempts):
         attempts.append({"index": attempt, "startTime": now, "outcome": ATTEMPT_RUNNING})
-        fields |= {"attempts": attempts, "plan": plan_status(plan, saved).to_wire(),
+        fields |= {"attempts": attempts,
+                   "plan": plan_status(plan, saved, planned.inherited).to_wire(),
                    "restarts": int(status.get("restarts") or 0)}
         settings = plan.settings
         micro = (f"{settings.micro_batch_tokens} tokens" if settings.micro_batch_tokens
@@ -289,7 +290,7 @@ def _next_attempt(job: JobRef, planner: Planner, status: dict[str, Any], now: st
         StatusFacts(found, record={
             "attempt": index, "attempts": [*attempts, record], "nextAttempt": None,
             "rayCluster": {"name": rc, "state": None, "admittedGeneration": None},
-            "plan": plan_status(plan, saved).to_wire()}),
+            "plan": plan_status(plan, saved, planned.inherited).to_wire()}),
         # Only what is new per attempt: the claim and the trainer's RBAC exist since
         # attempt 0 (and reconcile re-ensures them), so a restart skips four creates.
         children=[c for c in render_children(spec, plan, job, index, default_image,

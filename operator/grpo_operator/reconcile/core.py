@@ -20,6 +20,8 @@ from grpo_api.job import GRPOJobSpec, SpecError
 
 from ..config import OperatorConfig
 from ..hub_endpoints import with_endpoint_url
+from ..job_defaults import recorded_origins, with_job_defaults
+from ..node_shapes import catalog_with_nodes
 from ..render import JobRef, names
 from . import model_config, observe
 from .action import Action
@@ -75,11 +77,17 @@ def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
     generation = int(meta.get("generation") or 0)
     ref = JobRef(str(meta.get("name")), str(meta.get("namespace") or "default"),
                  str(meta.get("uid") or ""))
+    # The platform's defaults where the job sets nothing (job_defaults.py); those it
+    # recorded at creation (image, queue) are the job's fields now, named by annotation.
+    defaults = with_job_defaults(raw_spec, config.job_defaults, ref.namespace)
+    raw_spec = defaults.raw_spec
+    inherited = recorded_origins(meta.get("annotations") or {}) | defaults.origins
+    catalog = catalog_with_nodes(config.catalog, observed.nodes)  # the Nodes as they are
     try:  # a hub by the name the platform gave it: its URL from here on
         raw_spec = with_endpoint_url(raw_spec, config.hub_endpoints)
-        planner = Planner(raw_spec, config.catalog)  # the spec, parsed once
+        planner = Planner(raw_spec, catalog, inherited=inherited)  # parsed once
     except SpecError as exc:
-        planner = Planner(raw_spec, config.catalog, refused=exc)
+        planner = Planner(raw_spec, catalog, refused=exc)
     try:
         action = _decide(ref, raw_spec, planner, status, generation, now, observed, event,
                          config)

@@ -9,6 +9,7 @@ from typing import Any
 
 from grpo_api.contract import TERMINAL_PHASES, Phase, Role
 
+from ..node_shapes import NodeShape
 from .classify import LOST_RANKS, PodOutcome, classify_pod, worker_outcome
 from .conditions import RAY_CLUSTER_READY, attempt_of, pod_phase, role, unschedulable
 from .model_config import HubAnswer
@@ -93,6 +94,9 @@ class Observed:
     # of the hub, or the reader pod (None: not created yet).
     hub: HubAnswer | None = None
     model_reader: dict[str, Any] | None = None
+    # The GPU types' schedulable Nodes (node_shapes.py), which the plan sizes pods for;
+    # None: not read (the catalog's figures, named as assumed).
+    nodes: dict[str, NodeShape] | None = None
 
 
 def restart_pending(job: dict[str, Any]) -> bool:

@@ -6,7 +6,8 @@ backoff. Within one decision the spec is parsed once and planned at most once
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,6 +53,8 @@ class JobPlan:
 
     spec: GRPOJobSpec
     plan: Plan
+    # Spec fields the platform's defaults set -> where from (status.plan.inherited)
+    inherited: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,13 @@ class Planner:
 
     def __init__(self, raw_spec: dict[str, Any],
                  catalog: Mapping[str, GpuType] = GPU_CATALOG,
-                 refused: SpecError | None = None) -> None:
+                 refused: SpecError | None = None,
+                 inherited: Mapping[str, str] = MappingProxyType({})) -> None:
         """`refused`: why the spec cannot run though it parses (a hub the platform does
-        not list): the spec is then not parsed, so nothing renders from it."""
+        not list): the spec is then not parsed, so nothing renders from it. `inherited`:
+        the fields of `raw_spec` the platform's defaults set, and where from."""
         self.catalog = catalog
+        self.inherited = inherited
         self.runs = 0
         self.spec: GRPOJobSpec | None = None
         self.error: SpecError | None = refused
@@ -92,7 +98,8 @@ class Planner:
             return Refused(Reason.INVALID_SPEC, self.error)
         self.runs += 1
         try:
-            return JobPlan(self.spec, planned(self.spec, attempts_before, self.catalog, model))
+            return JobPlan(self.spec, planned(self.spec, attempts_before, self.catalog, model),
+                           self.inherited)
         except SpecError as exc:
             return Refused(Reason.INVALID_SPEC, exc)
         except (InfeasibleError, ValueError) as exc:

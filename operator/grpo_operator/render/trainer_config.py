@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpo_api.contract import RANK0_NODE_LABEL
 from grpo_api.job import GRPOJobSpec
 from grpo_api.job.lora import ALL_LINEAR, LoraSpec
 from grpo_api.job.reward import RewardSpec
@@ -146,6 +147,8 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
             "nodes": max(1, g.nodes),
             "ranks_per_node": g.ranks_per_node,
             "ranks_on_head": g.nodes == 0,
+            # Rank 0's node has a pod of its own (its group's Ray node label).
+            **({"rank0_node_labels": {RANK0_NODE_LABEL: "true"}} if plan.rank0 else {}),
             "gpus_per_worker": 1 if g.is_gpu else 0,
             "cpus_per_worker": rank_cpus(plan),
             "ray_address": "auto",  # the head container started Ray just before
