@@ -83,6 +83,8 @@ class Testbed:
     with_kueue: bool = True
     # An OCI registry (registry.py) that podman pushes to and the real node pulls from.
     with_registry: bool = True
+    # A registry store kept between runs (registry.py, ``start_registry``), else its own.
+    registry_store: Path | None = None
     procs: list[Managed] = field(default_factory=list)
     api_port: int = 0
     pki: Pki | None = None
@@ -226,7 +228,7 @@ class Testbed:
                 return self
             if self.with_registry:  # before the node, whose containerd is told about it
                 self.image_registry = start_registry(self.api_host, self.workdir / "registry",
-                                                     self.spawn)
+                                                     self.spawn, self.registry_store)
             self._start_controllers()
             self._start_kwok()
             if self.with_kuberay:
@@ -261,6 +263,8 @@ class Testbed:
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()
+        if self.image_registry is not None:
+            self.image_registry.close()
         self.image_registry = None  # its process was one of procs; its store goes with workdir
         if self.net is not None:
             self.net.delete()
@@ -462,7 +466,8 @@ def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
                     real_node: bool = False,
                     node_images: tuple[str, ...] = (),
                     with_registry: bool = True,
-                    own_image_store: bool = False) -> Iterator[Testbed]:
+                    own_image_store: bool = False,
+                    registry_store: Path | None = None) -> Iterator[Testbed]:
     """A started testbed that is stopped (and its temp dir removed) on exit.
 
     With ``real_node`` the untainted fake CPU node is left out, so CPU-only pods land
@@ -482,6 +487,7 @@ def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
                  fake_nodes=nodes,
                  injections=injections, real_node=real_node,
                  node_images=node_images, with_registry=with_registry,
-                 own_image_store=own_image_store, _owns_workdir=owns)
+                 own_image_store=own_image_store, registry_store=registry_store,
+                 _owns_workdir=owns)
     with tb:
         yield tb

@@ -12,13 +12,21 @@ and on the addresses of the namespaces it creates.
 
 Plain HTTP (a throwaway store, on an address of the testbed's own): containerd is
 told so by a hosts.toml per registry (node/config.py), podman by ``--tls-verify=false``.
-Blobs live under the testbed's work dir (filesystem driver) and go with it.
+Blobs live under the testbed's work dir (filesystem driver) and go with it, or, for the
+quickstart walkthrough, in a store kept between runs (``kept_store``): podman remembers,
+per registry ``host:port``, which compressed layers it already sent, so a push to the same
+address over the same store sends only what changed (the 7.95 GB trainer image: see
+docs/benchmarks.md, "The testbed's image registry").
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
+import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -26,7 +34,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -47,6 +55,13 @@ log = logging.getLogger("grpo_testbed.registry")
 # pushed gzip layers to the registry.
 PUSH_COMPRESSION = "zstd"
 PUSH_TIMEOUT_S = 900.0  # the 7 GB trainer image, gzip, on two busy cores
+# A kept store is served on this port where it is free, so that podman's memory of what
+# the registry holds (keyed by host:port) finds it again at the next run; elsewhere on a
+# free port, which only costs the full push.
+KEPT_STORE_PORT = 5055
+# Past this a kept store is emptied before use: each rebuilt trainer image leaves its old
+# layers behind (a few GB each), and nothing else collects them.
+KEPT_STORE_LIMIT_BYTES = 20 << 30
 
 
 class RegistryError(RuntimeError):
@@ -158,6 +173,13 @@ class Registry:
     address: str
     root: Path
     proc: Managed
+    # The kept store's lock (one registry serves it at a time), released by ``close``.
+    lock: IO[bytes] | None = None
+
+    def close(self) -> None:
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
 
     @property
     def url(self) -> str:
@@ -183,18 +205,70 @@ class Registry:
 Spawn = Callable[[str, list[str], dict[str, str]], Managed]
 
 
-def start_registry(host: str, workdir: Path, spawn: Spawn) -> Registry:
-    """Start the registry on ``host`` (a free port) with its store under ``workdir``;
-    ``spawn(name, argv, env)`` is the testbed's (its processes stop with it)."""
-    (port,) = free_ports(1)
+def store_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def take_kept_store(root: Path) -> IO[bytes] | None:
+    """Lock the kept store at ``root`` for this registry, emptied first if it has grown past
+    ``KEPT_STORE_LIMIT_BYTES``; None when another registry is serving it."""
+    root.mkdir(parents=True, exist_ok=True)
+    lock = (root / ".lock").open("wb")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    data = root / "data"
+    if data.is_dir() and store_bytes(data) > KEPT_STORE_LIMIT_BYTES:
+        log.info("the kept registry store %s is over %d GiB: emptied", data,
+                 KEPT_STORE_LIMIT_BYTES >> 30)
+        shutil.rmtree(data)
+    return lock
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def start_registry(host: str, workdir: Path, spawn: Spawn,
+                   kept_store: Path | None = None) -> Registry:
+    """Start the registry on ``host`` with its store under ``workdir``, or in
+    ``kept_store`` (a directory kept between runs, on ``KEPT_STORE_PORT`` where that is
+    free) when no other registry is serving it; ``spawn(name, argv, env)`` is the
+    testbed's (its processes stop with it)."""
+    lock = take_kept_store(kept_store) if kept_store is not None else None
+    if lock is not None and kept_store is not None and port_free(host, KEPT_STORE_PORT):
+        port, root = KEPT_STORE_PORT, kept_store / "data"
+    else:
+        if lock is not None:
+            lock.close()
+            lock = None
+        (port,) = free_ports(1)
+        root = workdir / "data"
+    workdir.mkdir(parents=True, exist_ok=True)
     address = f"{host}:{port}"
-    root = workdir / "data"
     root.mkdir(parents=True, exist_ok=True)
     config = workdir / "config.yml"
     config.write_text(yaml.safe_dump(registry_config(address, root)))
     config.chmod(0o600)  # it holds the upload-signing secret
-    proc = spawn("registry", [str(binary("registry")), "serve", str(config)], registry_env())
-    reg = Registry(address, root, proc)
+    try:
+        proc = spawn("registry", [str(binary("registry")), "serve", str(config)],
+                     registry_env())
+    except BaseException:
+        if lock is not None:
+            lock.close()
+        raise
+    reg = Registry(address, root, proc, lock)
     # /v2/ answers 200 once the API is served (the distribution spec's version check).
-    wait_until(f"registry on {address}", lambda: reg.get("/v2/") is not None, 30, [proc])
+    with contextlib.ExitStack() as undo:
+        undo.callback(reg.close)
+        wait_until(f"registry on {address}", lambda: reg.get("/v2/") is not None, 30, [proc])
+        undo.pop_all()
+    log.info("registry on %s, store %s", address, root)
     return reg

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.e2e
 
 RELEASE = "live"
 REPOSITORY, TAG = OPERATOR.tag.rsplit(":", 1)
-CHART_STARTS = 5  # the local process starts 30 times (tests/cluster/test_operator_start.py)
+CHART_STARTS = 5  # the local process starts 12 times (tests/cluster/test_operator_start.py)
 STALE_AFTER_S = 100  # the chart's minimum is 90: Kopf renews an idle watch every 70 s
 
 

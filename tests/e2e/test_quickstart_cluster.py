@@ -12,6 +12,8 @@ PATH, podman's settings for this machine, its plain-HTTP registry marked insecur
 podman, no hub). The node already holds the images (imported as every e2e module's node
 does), so its pulls from the registry fetch manifests and configs, not the layers again:
 tests/e2e/test_registry_push.py proves a pull of every layer with a store of its own.
+The registry's store is kept between runs (registry.py, ``start_registry``): podman still
+pushes for real, and sends only the layers that store lacks (the first run sends them all).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import pytest
 from grpo_testbed.images import OPERATOR, TRAINER_CPU, podman_env
 from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.tiny_job import REPO
-from grpo_testbed.versions import binary
+from grpo_testbed.versions import binary, cache_root
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -75,7 +77,8 @@ def insecure_registry_conf(path: Path, registry: str) -> Path:
 @pytest.fixture(scope="module")
 def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walkthrough]:
     tmp = tmp_path_factory.mktemp("quickstart")
-    with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag)) as tb:
+    with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag),
+                         registry_store=cache_root() / "registry-quickstart") as tb:
         tools = sorted({str(binary("kubectl").parent), str(binary("helm").parent)})
         env = {**tb.env(), "CONTAINERS_CONF": podman_env()["CONTAINERS_CONF"],
                "PATH": os.pathsep.join([*tools, os.environ.get("PATH", "")]),

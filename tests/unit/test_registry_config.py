@@ -9,8 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpo_testbed import registry
 from grpo_testbed.node.config import NodePaths, containerd_toml, hosts_toml, write_registry_hosts
-from grpo_testbed.registry import push_argv, registry_config, registry_env, repository, tag_of
+from grpo_testbed.registry import (
+    push_argv,
+    registry_config,
+    registry_env,
+    repository,
+    tag_of,
+    take_kept_store,
+)
 from grpo_testbed.versions import DISTRIBUTION_VERSION, binary, component
 
 pytestmark = pytest.mark.unit
@@ -94,3 +102,29 @@ def test_the_registry_is_a_pinned_component_stamped_with_its_version() -> None:
     assert c.packages == ("github.com/distribution/distribution/v3/cmd/registry",)
     assert any(f"version.version={DISTRIBUTION_VERSION}" in flag for flag in c.ldflags)
     assert binary("registry").parent.name == f"registry-{DISTRIBUTION_VERSION}"
+
+
+def test_a_kept_store_is_served_by_one_registry_at_a_time(tmp_path: Path) -> None:
+    first = take_kept_store(tmp_path / "kept")
+    assert first is not None
+    # A second testbed meanwhile gets None: it serves a store of its own.
+    assert take_kept_store(tmp_path / "kept") is None
+    first.close()
+    again = take_kept_store(tmp_path / "kept")
+    assert again is not None
+    again.close()
+
+
+def test_a_kept_store_past_its_limit_is_emptied_and_one_within_it_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blob = tmp_path / "kept" / "data" / "docker" / "registry" / "v2" / "blobs" / "x" / "data"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"x" * 2048)
+    monkeypatch.setattr(registry, "KEPT_STORE_LIMIT_BYTES", 4096)
+    lock = take_kept_store(tmp_path / "kept")
+    assert lock is not None and blob.exists()
+    lock.close()
+    monkeypatch.setattr(registry, "KEPT_STORE_LIMIT_BYTES", 1024)
+    lock = take_kept_store(tmp_path / "kept")
+    assert lock is not None and not blob.exists()
+    lock.close()
