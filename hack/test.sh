@@ -5,15 +5,16 @@
 # With no arguments the tiers run so that a 2-core machine is never idle:
 # - the cluster tier waits on a control plane far more than it computes (load ~1.5 while
 #   it runs): it runs beside the others, its output shown when it ends;
-# - the product's images are in the real node's image store (hack/setup.sh imported them
-#   beside the Go build; grpo-testbed node-images checks, and imports what a running
-#   testbed kept setup from importing); then, beside the unit, trainer, vLLM and images
-#   tiers, the e2e modules that train nothing
-#   (E2E_BESIDE: they wait on probes, restarts and pods, load below 1);
-# - the e2e modules that train (the tiny jobs, colocated and apart, Kueue preemption, the
-#   first job), whose pods are the heaviest load of all, run last and alone. One real
-#   node at a time: the node's image store is one node's at a time, and a second would
-#   import 7 GB again.
+# - beside them too, one after another (one real node at a time: the node's image store
+#   is one node's at a time, and a second would import 7 GB again): the product's images
+#   into the real node's image store (hack/setup.sh imported them beside the Go build;
+#   grpo-testbed node-images checks, and imports what a running testbed kept setup from
+#   importing); the e2e modules that train nothing (E2E_BESIDE: they wait on probes,
+#   restarts and pods, load below 1); then, once the cluster tier has ended (its control
+#   planes and the trained pods together would crowd 24 GiB), the e2e modules that train
+#   (the tiny jobs, colocated and apart, Kueue preemption, the first job, the quickstart).
+#   They used to run last and alone: 31 min of a 86-minute suite, at a load the unit,
+#   trainer, vLLM and images tiers left idle.
 # With arguments they all go to one plain pytest run (e.g. `make test ARGS=tests/unit`
 # is `hack/test.sh tests/unit`).
 set -uo pipefail
@@ -38,17 +39,25 @@ E2E_BESIDE=(tests/e2e/test_node_preload.py tests/e2e/test_operator_liveness.py
             tests/e2e/test_registry_push.py)
 IMPORT_FAILED=90
 logs=$(mktemp -d -t grpo-test-XXXXXX)
-printf '\n==> in the background: the real node'"'"'s image store (%s), then the e2e modules that' \
+printf '==> in the background: the cluster tier (%s/cluster.log)\n' "$logs"
+# cluster.done, not the pid: an ended child stays a zombie (kill -0 finds it) until `wait`.
+( rc=0; .venv/bin/pytest -m cluster --durations=15 --basetemp="$logs/cluster-tmp" \
+    >"$logs/cluster.log" 2>&1 || rc=$?; touch "$logs/cluster.done"; exit "$rc" ) & cluster=$!
+printf '==> in the background: the real node'"'"'s image store (%s), the e2e modules that' \
   "$logs/node-images.log"
-printf ' train nothing (%s)\n' "$logs/e2e-beside.log"
+printf ' train nothing (%s), then those that train (%s)\n' "$logs/e2e-beside.log" \
+  "$logs/e2e-train.log"
+ignore=(); for f in "${E2E_BESIDE[@]}"; do ignore+=(--ignore="$f"); done
 (
   .venv/bin/grpo-testbed node-images >"$logs/node-images.log" 2>&1 || exit "$IMPORT_FAILED"
+  rc=0
   .venv/bin/pytest -m e2e --durations=10 --basetemp="$logs/e2e-beside-tmp" "${E2E_BESIDE[@]}" \
-    >"$logs/e2e-beside.log" 2>&1
-) & beside=$!
-printf '==> in the background: the cluster tier (%s/cluster.log)\n' "$logs"
-.venv/bin/pytest -m cluster --durations=15 --basetemp="$logs/cluster-tmp" \
-  >"$logs/cluster.log" 2>&1 & cluster=$!
+    >"$logs/e2e-beside.log" 2>&1 || rc=$?
+  until [ -e "$logs/cluster.done" ]; do sleep 10; done
+  .venv/bin/pytest -m e2e --durations=15 --basetemp="$logs/e2e-train-tmp" "${ignore[@]}" \
+    >"$logs/e2e-train.log" 2>&1 || rc=$?
+  exit "$rc"
+) & e2e=$!
 
 printf '\n==> pytest: unit, trainer, vllm and images tiers\n'
 .venv/bin/pytest -m "not gpu and not cluster and not e2e" --durations=30; rc_main=$?
@@ -57,18 +66,16 @@ printf '\n==> the cluster tier (it ran beside them)\n'
 rc_cluster=0; wait "$cluster" || rc_cluster=$?
 cat "$logs/cluster.log"
 
-printf '\n==> the real node'"'"'s image store and the e2e modules that train nothing\n'
-rc_beside=0; wait "$beside" || rc_beside=$?
+printf '\n==> the real node'"'"'s image store and the e2e modules (they ran beside them)\n'
+rc_e2e=0; wait "$e2e" || rc_e2e=$?
 cat "$logs/node-images.log"
-if [ "$rc_beside" = "$IMPORT_FAILED" ]; then
+if [ "$rc_e2e" = "$IMPORT_FAILED" ]; then
   echo "the images could not be imported into the node: e2e not run"
   rc_e2e=1
 else
   cat "$logs/e2e-beside.log"
-  printf '\n==> pytest: the e2e modules that train, alone\n'
-  ignore=(); for f in "${E2E_BESIDE[@]}"; do ignore+=(--ignore="$f"); done
-  .venv/bin/pytest -m e2e --durations=15 "${ignore[@]}"; rc_e2e=$?
-  [ "$rc_e2e" != 0 ] || rc_e2e=$rc_beside
+  printf '\n==> the e2e modules that train\n'
+  cat "$logs/e2e-train.log"
 fi
 
 echo "test suite finished in $((SECONDS - t_start)) s: unit/trainer/vllm/images exit" \
