@@ -9,9 +9,7 @@ that is logged once, not on every decision.
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from kubernetes.client.exceptions import ApiException
 
@@ -19,40 +17,34 @@ from grpo_api.catalog import GpuType
 
 from . import kube
 from .node_shapes import NodeShape, node_shapes
+from .ttl_cache import TtlCache
 
 log = logging.getLogger(__name__)
 
 TTL_S = 60.0  # a Node added or resized reaches the next attempt planned after this
 
-_lock = threading.Lock()
-_cached: tuple[float, dict[str, NodeShape] | None] | None = None
+_cache: TtlCache[None, dict[str, NodeShape] | None] = TtlCache(TTL_S)
 _refused_logged = False
 
 
-def shapes(catalog: Mapping[str, GpuType],
-           clock: Callable[[], float] = time.monotonic) -> dict[str, NodeShape] | None:
-    """The GPU types' Node shapes; None when Nodes cannot be read."""
-    global _cached, _refused_logged
-    now = clock()
-    with _lock:
-        if _cached is not None and _cached[0] > now:
-            return _cached[1]
+def _read(catalog: Mapping[str, GpuType]) -> dict[str, NodeShape] | None:
+    global _refused_logged
     try:
-        found: dict[str, NodeShape] | None = node_shapes(kube.list_gpu_nodes(), catalog)
+        return node_shapes(kube.list_gpu_nodes(), catalog)
     except Exception as exc:  # RBAC, or no API server: plan with the catalog, never wait
-        found = None
         if not _refused_logged:
             _refused_logged = True
             why = kube.api_message(exc) if isinstance(exc, ApiException) else repr(exc)
             log.warning("cannot list Nodes (%s): plans use the GPU catalog's node RAM and "
                         "CPUs, named as assumed in status.plan.nodeSource", why)
-    with _lock:
-        _cached = (now + TTL_S, found)
-    return found
+        return None
+
+
+def shapes(catalog: Mapping[str, GpuType]) -> dict[str, NodeShape] | None:
+    """The GPU types' Node shapes; None when Nodes cannot be read."""
+    return _cache.get(None, lambda: _read(catalog))
 
 
 def forget() -> None:
     """Empty the cache (tests)."""
-    global _cached
-    with _lock:
-        _cached = None
+    _cache.forget()

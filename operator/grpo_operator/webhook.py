@@ -46,6 +46,7 @@ from .reconcile import (
 )
 from .reconcile.retention import recreate_advice
 from .render import JobRef, render_ray_cluster
+from .ttl_cache import TtlCache
 
 log = logging.getLogger("grpo_operator")
 
@@ -210,7 +211,15 @@ def _problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
     return "; ".join(p for p in (security, quota) if p) or None, spec
 
 
-def namespace_facts(namespace: str) -> NamespaceFacts | None:
+# A namespace's labels and quotas, read once per this many seconds: a burst of creates
+# in one namespace (a sweep, a pipeline) made two API reads per admission, most of its
+# time (docs/benchmarks.md, "Admission"). A label or quota changed is seen by the
+# admissions after this; the API server's own quota admission still holds the pods.
+NAMESPACE_FACTS_TTL_S = 5.0
+_namespace_facts: TtlCache[str, NamespaceFacts | None] = TtlCache(NAMESPACE_FACTS_TTL_S)
+
+
+def read_namespace_facts(namespace: str) -> NamespaceFacts | None:
     """The namespace's Pod Security labels and GPU quotas; None when they cannot be read
     (then only the spec itself is checked: a refusal the webhook cannot see still shows
     in the job's status once KubeRay tries to create the pods)."""
@@ -221,6 +230,11 @@ def namespace_facts(namespace: str) -> NamespaceFacts | None:
         log.warning("admission: cannot read namespace %s or its quotas (%s); checking the "
                     "spec only", namespace, kube.api_message(exc))
         return None
+
+
+def namespace_facts(namespace: str) -> NamespaceFacts | None:
+    """``read_namespace_facts``, at most once per ``NAMESPACE_FACTS_TTL_S`` a namespace."""
+    return _namespace_facts.get(namespace, lambda: read_namespace_facts(namespace))
 
 
 def kueue_installed() -> bool:
