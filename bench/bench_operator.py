@@ -10,6 +10,13 @@ baseline's head pods mount a claim created with each RayJob, as each GRPOJob's d
 (`--no-baseline-claims`: none, as before 2026-11-27).
 
     .venv/bin/python bench/bench_operator.py [--jobs 200] [--no-baseline-claims]
+        [--order ours-first|kuberay-first] [--provisioner kwok|testbed]
+
+``--order``: which side runs first on the fresh testbed (the first pays for a cold
+provisioner and caches). ``--provisioner``: who provisions the default StorageClass's
+claims, for both sides: kwok's volume stages (one serial worker, four writes a claim), or
+the testbed's external-provisioner with kube-controller-manager binding
+(grpo_testbed/provisioner.py; bench/bench_claims.py compares the two alone).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from grpo_testbed.launcher import Testbed, running_testbed
 from grpo_testbed.nodes import bulk_cpu_nodes
 from grpo_testbed.operator_process import OperatorProcess
 from grpo_testbed.processes import wait_until
+from grpo_testbed.provisioner import VolumeProvisioner, storage_class
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "op-bench"
@@ -280,29 +288,49 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--baseline-claims", action=argparse.BooleanOptionalAction, default=True,
                     help="mount a claim created with each RayJob in its head pod")
+    ap.add_argument("--order", choices=("ours-first", "kuberay-first"), default="ours-first")
+    ap.add_argument("--provisioner", choices=("kwok", "testbed"), default="kwok")
     args = ap.parse_args()
     load_before = f"{os.getloadavg()[0]:.2f}"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     with running_testbed() as tb:
         config.load_kube_config(str(tb.kubeconfig))
         tb.apply(bulk_cpu_nodes(8))
+        provisioner = None
+        if args.provisioner == "testbed":  # the default class, for both sides' claims
+            tb.kubectl("annotate", "storageclass", "kwok-volume",
+                       "storageclass.kubernetes.io/is-default-class-", check=False)
+            tb.apply([storage_class(default=True)])
+            provisioner = VolumeProvisioner(tb.kubeconfig).start()
         tb.apply(yaml.safe_load((REPO / "crds" / "grpojob.yaml").read_text()), server_side=True)
         tb.kubectl("wait", "--for", "condition=established", "crd/grpojobs.grpo.dev")
-        op = OperatorProcess(tb, Path(tempfile.mkdtemp(prefix="bench-op-"))).start()
-        try:
-            ours = run_grpojobs(tb, op, args.jobs)
-            assert op.proc is not None
-            rss_mib, cpu_s = proc_usage(op.proc.pid)
-        finally:
-            op.stop()
-            for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
-                tb.kubectl("delete", kind, "grpo.dev", "--ignore-not-found", check=False)
         head_res = {"limits": {"cpu": "4", "memory": "13Gi"},
                     "requests": {"cpu": "4", "memory": "13Gi"}}
-        base = run_rayjobs(tb, args.jobs, head_res, args.baseline_claims)
+
+        def run_ours() -> tuple[dict[str, float], float, float]:
+            op = OperatorProcess(tb, Path(tempfile.mkdtemp(prefix="bench-op-"))).start()
+            try:
+                found = run_grpojobs(tb, op, args.jobs)
+                assert op.proc is not None
+                return (found, *proc_usage(op.proc.pid))
+            finally:
+                op.stop()
+                for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+                    tb.kubectl("delete", kind, "grpo.dev", "--ignore-not-found", check=False)
+
+        try:
+            if args.order == "kuberay-first":
+                base = run_rayjobs(tb, args.jobs, head_res, args.baseline_claims)
+                ours, rss_mib, cpu_s = run_ours()
+            else:
+                ours, rss_mib, cpu_s = run_ours()
+                base = run_rayjobs(tb, args.jobs, head_res, args.baseline_claims)
+        finally:
+            if provisioner is not None:
+                provisioner.stop()
     claims = "each mounting a claim created with it" if args.baseline_claims else "no claims"
-    print(f"\n{args.jobs} objects created at once (baseline RayJobs: {claims}); "
-          "seconds from creation (client watch)")
+    print(f"\n{args.jobs} objects created at once (baseline RayJobs: {claims}; {args.order}; "
+          f"claims provisioned by {args.provisioner}); seconds from creation (client watch)")
     print(f"{'':30}{'GRPOJob (ours)':>16}{'RayJob (KubeRay)':>18}{'ratio':>8}")
     rows = [(f"{stage}_{q}", f"{STAGE_LABELS[stage]} {q}") for stage in STAGES
             for q in ("p50", "p99")] + [("create_s", "creating them all took")]
