@@ -15,8 +15,9 @@ baseline's head pods mount a claim created with each RayJob, as each GRPOJob's d
 ``--order``: which side runs first on the fresh testbed (the first pays for a cold
 provisioner and caches). ``--provisioner``: who provisions the default StorageClass's
 claims, for both sides: kwok's volume stages (one serial worker, four writes a claim), or
-the testbed's external-provisioner with kube-controller-manager binding
-(grpo_testbed/provisioner.py; bench/bench_claims.py compares the two alone).
+the testbed's external-provisioner with kube-controller-manager binding, as on a real
+cluster (the default; grpo_testbed/provisioner.py; bench/bench_claims.py compares the two
+alone). ``--tracemalloc``: where the operator's memory is, by source file.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import copy
 import datetime as dt
 import logging
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -289,7 +291,10 @@ def main() -> None:
     ap.add_argument("--baseline-claims", action=argparse.BooleanOptionalAction, default=True,
                     help="mount a claim created with each RayJob in its head pod")
     ap.add_argument("--order", choices=("ours-first", "kuberay-first"), default="ours-first")
-    ap.add_argument("--provisioner", choices=("kwok", "testbed"), default="kwok")
+    ap.add_argument("--provisioner", choices=("kwok", "testbed"), default="testbed")
+    ap.add_argument("--tracemalloc", action="store_true",
+                    help="trace the operator's allocations and print them by file at the end "
+                         "(slower; its RSS figure then includes tracing's own)")
     args = ap.parse_args()
     load_before = f"{os.getloadavg()[0]:.2f}"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -308,11 +313,18 @@ def main() -> None:
                     "requests": {"cpu": "4", "memory": "13Gi"}}
 
         def run_ours() -> tuple[dict[str, float], float, float]:
-            op = OperatorProcess(tb, Path(tempfile.mkdtemp(prefix="bench-op-"))).start()
+            env = {"PYTHONTRACEMALLOC": "1"} if args.tracemalloc else None
+            op = OperatorProcess(tb, Path(tempfile.mkdtemp(prefix="bench-op-")), env=env).start()
             try:
                 found = run_grpojobs(tb, op, args.jobs)
                 assert op.proc is not None
-                return (found, *proc_usage(op.proc.pid))
+                usage = proc_usage(op.proc.pid)
+                if args.tracemalloc:  # heap_report.py: the live allocations by file
+                    os.kill(op.proc.pid, signal.SIGUSR2)
+                    time.sleep(5)
+                    print("\n".join(line for line in op.log.read_text().splitlines()
+                                    if "heap:" in line))
+                return (found, *usage)
             finally:
                 op.stop()
                 for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
-from . import discovery, handlers, kube  # noqa: F401 - importing handlers registers them
+from . import discovery, handlers, heap_report, kube  # noqa: F401 - handlers registers them
 from .catalog_file import CatalogError, load_catalog
 from .cert_watch import CHECK_INTERVAL_S, watch_certificate
 from .config import (
@@ -36,6 +36,7 @@ from .job_defaults import NO_JOB_DEFAULTS, parse_job_defaults
 from .kopf_fixes import Insights, see_listed_namespaces, track_watches
 from .peering import MIN_PEERING_LIFETIME_S, PEERING_LIFETIME_S, SALT_RANGE, replica_priority
 from .render.network_policy import parse_job_network_policy
+from .ssl_buffers import shrink_tls_read_buffers
 from .watch_health import WatchTracker
 
 log = logging.getLogger("grpo_operator")
@@ -334,4 +335,6 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
 
 
 def main() -> None:
+    shrink_tls_read_buffers()
+    heap_report.install()
     cli()
