@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
+from bench_operator import pct  # bench/ is the script's directory
 from kubernetes import client, config, watch
 
 from grpo_testbed.launcher import running_testbed
@@ -67,11 +68,6 @@ def burst(core: client.CoreV1Api, ns: str, n: int, cls: str) -> list[float]:
     if not done.wait(600):
         raise SystemExit(f"{cls}: only {len(bound)} of {n} claims bound in 600 s")
     return [bound[name] - started[name] for name in started]
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from bench_operator import pct  # bench/ is the script's directory
 from kubernetes import client, config, watch
 
 from grpo_testbed.examples import example_job
@@ -177,11 +178,6 @@ def kuberay_failures(tb: Testbed, clusters: int, per_cluster: int) -> list[float
     in_parallel(one, clusters)
     stop.set()
     return out
-
-
-def pct(v: list[float], q: float) -> float:
-    s = sorted(v)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def main() -> None:

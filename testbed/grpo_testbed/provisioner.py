@@ -104,7 +104,6 @@ class VolumeProvisioner:
         self._threads = [threading.Thread(target=self._watch, args=(kind,), daemon=True,
                                           name=f"provisioner-{kind}")
                          for kind in ("claims", "volumes")]
-        self.provisioned = 0
 
     def start(self) -> VolumeProvisioner:
         for t in self._threads:
@@ -155,7 +154,6 @@ class VolumeProvisioner:
     def _provision(self, key: str, pvc: dict[str, Any]) -> None:
         try:
             self.core.create_persistent_volume(cast(Any, volume_for(pvc)))
-            self.provisioned += 1
         except ApiException as exc:
             if exc.status != 409:  # 409: made already (a repeated event)
                 log.warning("provisioner: volume for %s/%s: %s", pvc["metadata"]["namespace"],
