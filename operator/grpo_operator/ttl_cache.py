@@ -47,7 +47,13 @@ class TtlCache(Generic[K, V]):
                 return value  # type: ignore[return-value]
             fresh = load()
             with self._lock:
-                self._values[key] = (self.clock() + self.ttl_s, fresh)
+                now = self.clock()
+                # Expired entries go as new ones come (a namespace deleted is never asked
+                # for again), and so does the key's loading lock: a reader still waiting
+                # on it finds the value stored.
+                self._values = {k: v for k, v in self._values.items() if v[0] > now}
+                self._values[key] = (now + self.ttl_s, fresh)
+                self._loading.pop(key, None)
             return fresh
 
     def forget(self) -> None:

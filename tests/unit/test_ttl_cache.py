@@ -69,3 +69,12 @@ def test_forget_makes_the_next_get_read_again() -> None:
     assert cache.get("a", lambda: 1) == 1
     cache.forget()
     assert cache.get("a", lambda: 2) == 2
+
+
+def test_expired_keys_are_dropped_as_new_ones_are_read() -> None:
+    clock = Clock()
+    cache: TtlCache[str, int] = TtlCache(5.0, clock)
+    cache.get("gone", lambda: 1)
+    clock.now += 6
+    cache.get("new", lambda: 2)
+    assert set(cache._values) == {"new"} and not cache._loading
