@@ -243,31 +243,27 @@ def start_registry(host: str, workdir: Path, spawn: Spawn,
     free) when no other registry is serving it; ``spawn(name, argv, env)`` is the
     testbed's (its processes stop with it)."""
     lock = take_kept_store(kept_store) if kept_store is not None else None
-    if lock is not None and kept_store is not None and port_free(host, KEPT_STORE_PORT):
+    if lock is not None and not port_free(host, KEPT_STORE_PORT):
+        lock.close()
+        lock = None
+    if lock is not None and kept_store is not None:
         port, root = KEPT_STORE_PORT, kept_store / "data"
     else:
-        if lock is not None:
-            lock.close()
-            lock = None
         (port,) = free_ports(1)
         root = workdir / "data"
-    workdir.mkdir(parents=True, exist_ok=True)
-    address = f"{host}:{port}"
-    root.mkdir(parents=True, exist_ok=True)
-    config = workdir / "config.yml"
-    config.write_text(yaml.safe_dump(registry_config(address, root)))
-    config.chmod(0o600)  # it holds the upload-signing secret
-    try:
+    with contextlib.ExitStack() as undo:  # the kept store's lock, unless the registry is up
+        if lock is not None:
+            undo.callback(lock.close)
+        workdir.mkdir(parents=True, exist_ok=True)
+        address = f"{host}:{port}"
+        root.mkdir(parents=True, exist_ok=True)
+        config = workdir / "config.yml"
+        config.write_text(yaml.safe_dump(registry_config(address, root)))
+        config.chmod(0o600)  # it holds the upload-signing secret
         proc = spawn("registry", [str(binary("registry")), "serve", str(config)],
                      registry_env())
-    except BaseException:
-        if lock is not None:
-            lock.close()
-        raise
-    reg = Registry(address, root, proc, lock)
-    # /v2/ answers 200 once the API is served (the distribution spec's version check).
-    with contextlib.ExitStack() as undo:
-        undo.callback(reg.close)
+        reg = Registry(address, root, proc, lock)
+        # /v2/ answers 200 once the API is served (the distribution spec's version check).
         wait_until(f"registry on {address}", lambda: reg.get("/v2/") is not None, 30, [proc])
         undo.pop_all()
     log.info("registry on %s, store %s", address, root)
