@@ -130,11 +130,11 @@ def grpojob_reconcile(body: kopf.Body, namespace: str | None, memo: kopf.Memo,
         ref = JobRef(name, ns, "")  # names only
         # What to read comes from the stored spec as it is: reconcile parses it.
         raw_spec = dict(body.get("spec") or {})
-        status = dict(body.get("status") or {})
+        status = rec.read_status(body.get("status")).status
         claim = names.checkpoint_claim(ref, (raw_spec.get("checkpoint") or {}).get("claimName"))
         model_claim = (raw_spec.get("model") or {}).get("claimName")
         # A new job's name may be an earlier job's whose pods are still going away.
-        fresh = not status.get("attempts")
+        fresh = not status.attempts
         observed = Observed(claim=kube.get_claim(ns, claim),
                             model_claim=kube.get_claim(ns, model_claim) if model_claim else None,
                             pods=kube.list_pods(ns, f"{JOB_LABEL}={name}") if fresh else [])

@@ -29,7 +29,7 @@ from grpo_api.model_config import CONFIG_FILE, ConfigUnavailable, read_dir, shap
 
 from . import hub_config
 from .hub_endpoints import with_endpoint_url
-from .reconcile.model_config import how_read, hub_url, recorded, where_read
+from .reconcile.model_config import how_read, hub_url, read_source, where_read
 
 SHAPE_FIX = "set spec.model.shape (parameters, layers, hiddenSize, ...)"
 
@@ -76,13 +76,6 @@ def read_model(raw_spec: dict[str, Any], model_root: Path | None, hub: HubAccess
     return _local(path, model_root)
 
 
-def _recorded(source: str, location: str, config: dict[str, Any]) -> str:
-    """The plan's model source, worded as the operator words what it recorded."""
-    read = recorded({"modelConfig": {"source": source, "location": location, "config": config}})
-    assert read is not None
-    return read.source
-
-
 def _unread(path: str, note: str, fix: str) -> ModelRead:
     """No config.json: the known table, as the operator plans such a model, or refused."""
     known = known_family(path)
@@ -103,7 +96,7 @@ def _hub(raw_spec: dict[str, Any], path: str, hub: HubAccess) -> ModelRead:
                        f"or {SHAPE_FIX}")
     answer = hub_config.read(url, token=hub.token if private else None)
     if answer.config is not None:
-        return ModelRead(answer.config, _recorded("hub", url, answer.config))
+        return ModelRead(answer.config, read_source("hub", url))
     if answer.retry:
         fix = ("reach the hub from here (spec.hub.endpoint names a mirror), plan as an "
                f"operator that cannot reach it with --offline, or {SHAPE_FIX}")
@@ -143,7 +136,7 @@ def _claim(raw_spec: dict[str, Any], path: str, model_root: Path | None) -> Mode
         except ConfigUnavailable as exc:
             errors.append(str(exc))
             continue
-        return ModelRead(config, f"{_recorded('claim', where, config)}, read from "
+        return ModelRead(config, f"{read_source('claim', where)}, read from "
                                  f"{base / CONFIG_FILE}")
     inside = PurePosixPath(path)
     rel = inside.relative_to(MODEL_MOUNT) if inside.is_relative_to(MODEL_MOUNT) else inside

@@ -43,6 +43,7 @@ from .reconcile import (
     hub_url,
     operator_reads_hub,
     planned,
+    read_status,
 )
 from .reconcile.retention import recreate_advice
 from .render import JobRef, render_ray_cluster
@@ -286,7 +287,7 @@ def review_request(raw_spec: dict[str, Any], old: dict[str, Any] | None,
     kueue = kueue_installed() if raw_spec.get("queueName") and old_raw_spec is None else True
     read = readable(raw_spec, config.hub_endpoints)  # an unlisted hub: refused, unread
     hub = (hub_config.read(hub_url(read)) if read is not None and changed and operator_reads_hub(
-        read, old_status, config.read_public_hub) else None)
+        read, read_status(old_status).status, config.read_public_hub) else None)
     catalog = catalog_with_nodes(config.catalog, node_cache.shapes(config.catalog))
     return review_admission(raw_spec, old_raw_spec, catalog, facts, name or "job",
                             kueue, hub, old_status, config.hub_endpoints)

@@ -10,7 +10,8 @@ import yaml
 
 from grpo_api.contract import FailureReason as R
 from grpo_api.job import parse_spec
-from grpo_operator.reconcile import Action
+from grpo_api.job.status import GRPOJobStatus
+from grpo_operator.reconcile import Action, StoredStatus, read_status
 from grpo_operator.reconcile.attempts import ensure_attempt, finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome
@@ -32,12 +33,19 @@ def spec(example: str = "grpojob-qwen25vl-7b-a100-40gb.yaml", **restart: Any) ->
 
 def reconcile(sp: dict[str, Any]) -> Action:
     """A new job's first decision (the plan of its attempt 0)."""
-    return ensure_attempt(JOB, Planner(sp).plan([], None), {}, NOW)
+    return ensure_attempt(JOB, Planner(sp).plan([], None), GRPOJobStatus(), NOW)
 
 
 def started(sp: dict[str, Any]) -> dict[str, Any]:
-    d = reconcile(sp).derive({}, 1, NOW)
+    d = reconcile(sp).derive(StoredStatus(), 1, NOW)
     return apply_status_patch({}, d.status)
+
+
+def finished(sp: dict[str, Any], st: dict[str, Any], outcome: PodOutcome,
+             now: str = NOW) -> Action:
+    """finish_attempt on the status `st` as stored, with its patch."""
+    stored = read_status(st)
+    return finish_attempt(stored.status, outcome, now, Planner(sp)).derive(stored, 1, now)
 
 
 def oom(step: int = 12, ckpt: int = 10, reason: R = R.CUDA_OOM) -> PodOutcome:
@@ -45,7 +53,7 @@ def oom(step: int = 12, ckpt: int = 10, reason: R = R.CUDA_OOM) -> PodOutcome:
 
 
 def test_first_reconcile_plans_and_renders_attempt_0() -> None:
-    d = reconcile(spec()).derive({}, 1, NOW)
+    d = reconcile(spec()).derive(StoredStatus(), 1, NOW)
     kinds = [c["kind"] for c in d.children]
     assert kinds == ["ConfigMap", "PersistentVolumeClaim", "ServiceAccount", "Role",
                      "RoleBinding", "RayCluster"]
@@ -57,7 +65,7 @@ def test_first_reconcile_plans_and_renders_attempt_0() -> None:
 def test_infeasible_job_fails_with_numbers_and_no_children() -> None:
     sp = spec("grpojob-qwen2vl-72b-h100.yaml")
     sp["resources"] = {"gpuType": "A100-40GB", "nodes": 1, "gpusPerNode": 1}
-    d = reconcile(sp).derive({}, 1, NOW)
+    d = reconcile(sp).derive(StoredStatus(), 1, NOW)
     assert d.status["phase"] == "Failed" and not d.children
     failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "Infeasible" and "GiB" in failed["message"]
@@ -71,7 +79,7 @@ def test_backoff_is_exponential_and_capped() -> None:
 def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
     sp = spec()
     st = started(sp)
-    d = finish_attempt(st, oom(), NOW, Planner(sp)).derive(st, 1, NOW)
+    d = finished(sp, st, oom())
     assert d.status["phase"] == "Restarting" and d.status["restarts"] == 1
     assert d.status["nextAttempt"] == {"index": 1, "notBefore": "2026-11-21T10:00:30.000Z"}
     rec = d.status["attempts"][0]
@@ -79,17 +87,18 @@ def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
     assert rec["remediation"].startswith("CudaOOM")
     assert d.delete_ray_cluster == "j-a0"
     merged = apply_status_patch(st, d.status)
-    assert start(JOB, Planner(sp), merged, "2026-11-21T10:00:29.999Z") is None  # still backing off
-    nxt = start(JOB, Planner(sp), merged, "2026-11-21T10:00:30Z")
+    backing_off = start(JOB, Planner(sp), read_status(merged).status, "2026-11-21T10:00:29.999Z")
+    assert backing_off is None
+    nxt = start(JOB, Planner(sp), read_status(merged).status, "2026-11-21T10:00:30Z")
     assert nxt is not None
-    nxt.derive(merged, 1, "2026-11-21T10:00:30Z")
+    nxt.derive(read_status(merged), 1, "2026-11-21T10:00:30Z")
     assert nxt.status["attempt"] == 1 and nxt.status["nextAttempt"] is None
     assert nxt.status["attempts"][1]["resumedFromStep"] == 10
     rc = next(c for c in nxt.children if c["kind"] == "RayCluster")
     assert rc["metadata"]["name"] == "j-a1"
     # The replayed plan is the remediated one, and differs from attempt 0's.
     plan0 = planned(parse_spec(sp))
-    plan1 = planned(parse_spec(sp), merged["attempts"])
+    plan1 = planned(parse_spec(sp), read_status(merged).status.attempts)
     assert plan1.settings != plan0.settings and plan1.remediations
 
 
@@ -101,13 +110,13 @@ def test_a_rollout_oom_is_recorded_with_its_phase_and_replayed_the_same_way() ->
     sp = spec()
     st = started(sp)
     out = PodOutcome(R.CUDA_OOM, 3, "CudaOOM at step 12", 12, 10, RankPhase.ROLLOUT)
-    d = finish_attempt(st, out, NOW, Planner(sp)).derive(st, 1, NOW)
+    d = finished(sp, st, out)
     rec = d.status["attempts"][0]
     assert rec["failedPhase"] == "rollout"
     assert "lower rollout GPU memory utilisation" in rec["remediation"]
     merged = apply_status_patch(st, d.status)  # checked against the CRD's schema
     plan0 = planned(parse_spec(sp))
-    plan1 = planned(parse_spec(sp), merged["attempts"])
+    plan1 = planned(parse_spec(sp), read_status(merged).status.attempts)
     assert (plan1.settings.rollout_gpu_memory_utilization
             < plan0.settings.rollout_gpu_memory_utilization)
     assert plan1.settings.gradient_checkpointing == plan0.settings.gradient_checkpointing
@@ -116,7 +125,7 @@ def test_a_rollout_oom_is_recorded_with_its_phase_and_replayed_the_same_way() ->
 def test_remediate_false_restarts_unchanged() -> None:
     sp = spec(remediate=False)
     st = started(sp)
-    d = finish_attempt(st, oom(), NOW, Planner(sp)).derive(st, 1, NOW)
+    d = finished(sp, st, oom())
     assert d.status["phase"] == "Restarting" and "remediation" not in d.status["attempts"][0]
 
 
@@ -124,20 +133,19 @@ def test_config_error_is_permanent() -> None:
     sp = spec()
     st = started(sp)
     bad = PodOutcome(R.CONFIG_ERROR, 2, "bad")
-    d = finish_attempt(st, bad, NOW, Planner(sp)).derive(st, 1, NOW)
+    d = finished(sp, st, bad)
     assert d.status["phase"] == "Failed" and "nextAttempt" not in d.status
 
 
 def test_give_up_message_says_what_happened_and_what_was_tried() -> None:
     sp = spec(maxRestarts=1)
     st = started(sp)
-    ended = finish_attempt(st, oom(), NOW, Planner(sp)).derive(st, 1, NOW)
+    ended = finished(sp, st, oom())
     st = apply_status_patch(st, ended.status)
-    nxt = start(JOB, Planner(sp), st, "2026-11-21T10:01:00Z")
+    nxt = start(JOB, Planner(sp), read_status(st).status, "2026-11-21T10:01:00Z")
     assert nxt is not None
-    st = apply_status_patch(st, nxt.derive(st, 1, "2026-11-21T10:01:00Z").status)
-    d = finish_attempt(st, oom(step=20), "2026-11-21T10:02:00Z", Planner(sp)).derive(
-        st, 1, "2026-11-21T10:02:00Z")
+    st = apply_status_patch(st, nxt.derive(read_status(st), 1, "2026-11-21T10:01:00Z").status)
+    d = finished(sp, st, oom(step=20), "2026-11-21T10:02:00Z")
     failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")
     assert d.status["phase"] == "Failed"
     assert failed["message"].startswith("CUDA OOM at step 20 after 1 restarts; last setting tried:")
@@ -147,9 +155,9 @@ def test_give_up_message_says_what_happened_and_what_was_tried() -> None:
 def test_an_outcome_is_recorded_once() -> None:
     sp = spec()
     st = started(sp)
-    ended = finish_attempt(st, oom(), NOW, Planner(sp)).derive(st, 1, NOW)
+    ended = finished(sp, st, oom())
     st = apply_status_patch(st, ended.status)
-    assert finish_attempt(st, oom(), NOW, Planner(sp)).derive(st, 1, NOW).status == {}
+    assert finished(sp, st, oom()).status == {}
 
 
 def pvc(*modes: str) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from grpo_api.contract import FailureReason as R
+from grpo_api.job.status import GRPOJobStatus
+from grpo_operator.reconcile import Action, StoredStatus, read_status
 from grpo_operator.reconcile.attempts import ensure_attempt, finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome, classify_pod, in_context, worker_outcome
@@ -78,31 +80,37 @@ def test_the_avoidance_is_a_preference_beside_the_users_own_terms() -> None:
     assert len(users["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]) == 1
 
 
+def applied(status: dict[str, Any], action: Action, now: str) -> dict[str, Any]:
+    """`status` after the action's patch, derived over it as stored."""
+    return apply_status_patch(status, action.derive(read_status(status), 1, now).status)
+
+
 def test_the_next_attempt_avoids_the_lost_node_and_the_one_after_it_does_not() -> None:
     spec = example_job("grpojob-qwen25vl-7b-h100.yaml")["spec"]
     spec["backoffLimit"], spec["recovery"] = 3, {"backoff": {"initialSeconds": 0}}
     planner = Planner(spec)
-    first = ensure_attempt(JOB, planner.plan([], None), {}, "2026-12-03T10:00:00Z")
+    first = ensure_attempt(JOB, planner.plan([], None), GRPOJobStatus(), "2026-12-03T10:00:00Z")
     assert all(not preferred_terms(t) for t in templates(first))
-    status = apply_status_patch({}, first.derive({}, 1, "2026-12-03T10:00:00Z").status)
+    status = apply_status_patch({}, first.derive(StoredStatus(), 1, "2026-12-03T10:00:00Z").status)
     lost = PodOutcome(R.NODE_LOST, 5, "worker pod j-a0-workers-x: pod deleted", 4, 3,
                       node="gpu-7")
-    ended = finish_attempt(status, lost, "2026-12-03T10:01:00Z", planner)
-    status = apply_status_patch(status, ended.derive(status, 1, "2026-12-03T10:01:00Z").status)
+    ended = finish_attempt(read_status(status).status, lost, "2026-12-03T10:01:00Z", planner)
+    status = applied(status, ended, "2026-12-03T10:01:00Z")
     assert status["attempts"][0]["node"] == "gpu-7"
-    nxt = start(JOB, planner, status, "2026-12-03T10:02:00Z")
+    nxt = start(JOB, planner, read_status(status).status, "2026-12-03T10:02:00Z")
     assert nxt is not None
     for pod_spec in templates(nxt):  # head and workers
         assert preferred_terms(pod_spec) == [AVOID]
-    status = apply_status_patch(status, nxt.derive(status, 1, "2026-12-03T10:02:00Z").status)
+    status = applied(status, nxt, "2026-12-03T10:02:00Z")
     # A spec change re-renders the live attempt's children the same way.
-    again = ensure_attempt(JOB, planner.plan(status["attempts"][:-1], None), status,
+    live = read_status(status).status
+    again = ensure_attempt(JOB, planner.plan(live.attempts[:-1], None), live,
                            "2026-12-03T10:03:00Z")
     assert all(preferred_terms(t) == [AVOID] for t in templates(again))
     # Attempt 1 ends with an error of the job's own: attempt 2 may use gpu-7 again.
     error = PodOutcome(R.ERROR, 1, "Error at step 6", 6, 5)
-    ended = finish_attempt(status, error, "2026-12-03T10:04:00Z", planner)
-    status = apply_status_patch(status, ended.derive(status, 1, "2026-12-03T10:04:00Z").status)
+    ended = finish_attempt(read_status(status).status, error, "2026-12-03T10:04:00Z", planner)
+    status = applied(status, ended, "2026-12-03T10:04:00Z")
     assert "node" not in status["attempts"][1]
-    nxt = start(JOB, planner, status, "2026-12-03T10:05:00Z")
+    nxt = start(JOB, planner, read_status(status).status, "2026-12-03T10:05:00Z")
     assert nxt is not None and all(not preferred_terms(t) for t in templates(nxt))

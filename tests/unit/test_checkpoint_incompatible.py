@@ -16,7 +16,9 @@ import yaml
 from ray import exceptions as rex
 
 from grpo_api.contract import ExitCode, FailureReason, Reason
+from grpo_api.job.status import GRPOJobStatus
 from grpo_operator.planner.ladder import remediation_ladder
+from grpo_operator.reconcile import StoredStatus, read_status
 from grpo_operator.reconcile.attempts import ensure_attempt, finish_attempt
 from grpo_operator.reconcile.classify import classify_pod
 from grpo_operator.reconcile.planning import Planner
@@ -79,13 +81,13 @@ def test_the_job_fails_without_a_retry_and_keeps_its_checkpoint_step() -> None:
     sp["backoffLimit"] = 3
     sp["recovery"] = {"allowPrecisionChange": True}
     job = JobRef("j", "ns", "uid-1")
-    first = ensure_attempt(job, Planner(sp).plan([], None), {}, NOW)
-    st = apply_status_patch({}, first.derive({}, 1, NOW).status)
+    first = ensure_attempt(job, Planner(sp).plan([], None), GRPOJobStatus(), NOW)
+    st = apply_status_patch({}, first.derive(StoredStatus(), 1, NOW).status)
     out = classify_pod(_head(termination_message(
         FailureReason.CHECKPOINT_INCOMPATIBLE, None, 40, DETAIL)))
     assert out is not None
-    action = finish_attempt(st, out, NOW, Planner(sp))
-    d = action.derive(st, 1, NOW)
+    action = finish_attempt(read_status(st).status, out, NOW, Planner(sp))
+    d = action.derive(read_status(st), 1, NOW)
     status = apply_status_patch(st, d.status)
     assert status["phase"] == "Failed" and not status.get("nextAttempt")
     assert status["restarts"] == 0 and len(status["attempts"]) == 1

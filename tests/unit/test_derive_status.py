@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from grpo_api.contract import PHASE_CONDITIONS, FailureReason, KueueReason, Phase, Reason
+from grpo_api.job.status import RayClusterStatus
+from grpo_operator.reconcile import StoredStatus, read_status
 from grpo_operator.reconcile.phases import PHASE_OF, Finding
 from grpo_operator.reconcile.status import StatusFacts, derive_status
 from grpo_testbed.status_patch import apply_status_patch
@@ -63,7 +65,7 @@ def test_each_finding_derives_its_phase_and_conditions(
         reason: Reason | KueueReason, facts: dict[str, bool], phase: Phase,
         true: set[str]) -> None:
     found = Finding(reason, f"why {reason}", **facts)
-    patch = derive_status({}, StatusFacts(found), 3, T0)
+    patch = derive_status(StoredStatus(), StatusFacts(found), 3, T0)
     status = apply_status_patch({}, patch)  # the API server accepts it
     assert status["phase"] == phase and status["observedGeneration"] == 3
     conditions = {c["type"]: c for c in status["conditions"]}
@@ -75,13 +77,14 @@ def test_each_finding_derives_its_phase_and_conditions(
                                                else (f"Not{t}", ""))
         assert c["lastTransitionTime"] == T0 and c["observedGeneration"] == 3
     # The same facts again change nothing: no write.
-    assert derive_status(status, StatusFacts(found), 3, T1) == {}
+    assert derive_status(read_status(status), StatusFacts(found), 3, T1) == {}
 
 
 def test_a_condition_that_holds_keeps_its_transition_time() -> None:
     pending = apply_status_patch({}, derive_status(
-        {}, StatusFacts(Finding(Reason.CREATING_CLUSTER, "c")), 1, T0))
-    starting = derive_status(pending, StatusFacts(Finding(Reason.PODS_STARTING, "s")), 1, T1)
+        StoredStatus(), StatusFacts(Finding(Reason.CREATING_CLUSTER, "c")), 1, T0))
+    starting = derive_status(read_status(pending),
+                             StatusFacts(Finding(Reason.PODS_STARTING, "s")), 1, T1)
     times = {c["type"]: c["lastTransitionTime"] for c in starting["conditions"]}
     assert times["Progressing"] == T0  # still True: since Pending
     assert starting["phase"] == Phase.STARTING and "observedGeneration" not in starting
@@ -89,21 +92,23 @@ def test_a_condition_that_holds_keeps_its_transition_time() -> None:
 
 def test_the_record_alone_moves_observed_generation_and_keeps_the_phase() -> None:
     running = apply_status_patch({}, derive_status(
-        {}, StatusFacts(Finding(Reason.CLUSTER_RUNNING, "r")), 1, T0))
-    patch = derive_status(running, StatusFacts(record={"rayCluster": {"name": "j-a0",
-                                                                      "state": "ready"}}),
+        StoredStatus(), StatusFacts(Finding(Reason.CLUSTER_RUNNING, "r")), 1, T0))
+    seen = RayClusterStatus(name="j-a0", state="ready")
+    patch = derive_status(read_status(running), StatusFacts(record={"ray_cluster": seen}),
                           2, T1)
     assert patch == {"observedGeneration": 2, "rayCluster": {"name": "j-a0", "state": "ready"}}
-    assert derive_status(running, StatusFacts(record={"nextAttempt": None}), 1, T1) == {}
+    assert derive_status(read_status(running), StatusFacts(record={"next_attempt": None}), 1,
+                         T1) == {}
 
 
 def test_the_trainers_report_alone_does_not_claim_the_spec_was_observed() -> None:
     running = apply_status_patch({}, derive_status(
-        {}, StatusFacts(Finding(Reason.CLUSTER_RUNNING, "r")), 1, T0))
+        StoredStatus(), StatusFacts(Finding(Reason.CLUSTER_RUNNING, "r")), 1, T0))
     grown = {"type": "MemoryGrowth", "status": "True", "reason": Reason.SUSTAINED_GROWTH,
              "message": "rss grows", "lastTransitionTime": T1, "observedGeneration": 1}
     reported = [*running["conditions"], grown]
-    patch = derive_status(running, StatusFacts(reported=reported), 2, T1)
+    typed = read_status({"conditions": reported}).status.conditions
+    patch = derive_status(read_status(running), StatusFacts(reported=typed), 2, T1)
     assert patch == {"conditions": reported}
     apply_status_patch(running, patch)
 

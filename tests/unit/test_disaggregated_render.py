@@ -11,6 +11,7 @@ import pytest
 
 from grpo_api.contract import RAY_SIDE_LABEL, ROLE_LABEL, FailureReason, RankPhase
 from grpo_api.job import parse_spec
+from grpo_api.job.status import AttemptRecord, PlanStatus, RolloutPlanStatus
 from grpo_api.trainer_config import Config
 from grpo_operator.namespace_policy import template_gpus, templates
 from grpo_operator.planner import next_safer_plan, plan_memory
@@ -157,7 +158,8 @@ def test_a_rollout_side_cuda_oom_remediates_the_rollout_side_only() -> None:
     assert next_safer_plan(first, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT) is None
     assert next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE) is None
     # The same replayed from the attempts (what the next attempt's plan is).
-    attempts = [{"outcome": "HostOOM", "remediation": "x", "failedSide": "rollout"}]
+    attempts = [AttemptRecord(index=0, outcome="HostOOM", remediation="x",
+                              failed_side="rollout")]
     host = planned(parse_spec(disaggregated()), attempts)
     assert host.rollout is not None and plan.rollout is not None
     assert host.rollout.memory_gib > plan.rollout.memory_gib
@@ -175,8 +177,10 @@ def test_a_training_side_oom_of_a_disaggregated_job_keeps_the_rollout_side() -> 
 def test_the_cluster_runs_once_both_sides_pods_do() -> None:
     """status.plan.nodes counts the training side; the rollout side's pods are waited for
     too, so a running rollout group does not stand in for training pods not yet made."""
-    status = {"plan": {"nodes": 1, "rollout": {"nodes": 2}}}
-    assert workers_expected(status) == 3 and workers_expected({"plan": {"nodes": 2}}) == 2
+    # Only the fields this reads: a written plan has every field (api status.PlanStatus).
+    plan = PlanStatus.model_construct(nodes=1, rollout=RolloutPlanStatus.model_construct(nodes=2))
+    assert workers_expected(plan) == 3
+    assert workers_expected(PlanStatus.model_construct(nodes=2, rollout=None)) == 2
 
     def pod(name: str, role: str) -> dict[str, Any]:
         return {"metadata": {"name": name, "labels": {ROLE_LABEL: role}},
@@ -184,9 +188,9 @@ def test_the_cluster_runs_once_both_sides_pods_do() -> None:
 
     pods = [pod("h", "head"), pod("r0", "rollout"), pod("r1", "rollout")]
     rc = {"status": {"state": "pending"}}
-    assert cluster_finding(rc, pods, workers_expected(status)).message == (
+    assert cluster_finding(rc, pods, workers_expected(plan)).message == (
         "3 of 4 Ray pods running")
-    done = cluster_finding(rc, [*pods, pod("w0", "worker")], workers_expected(status))
+    done = cluster_finding(rc, [*pods, pod("w0", "worker")], workers_expected(plan))
     assert done.message == "head and 3 worker pod(s) running"
 
 

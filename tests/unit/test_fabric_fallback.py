@@ -17,6 +17,7 @@ from grpo_operator.planner import plan_memory
 from grpo_operator.planner.report import plan_status
 from grpo_operator.reconcile import Action
 from grpo_operator.reconcile.conditions import fabric_conditions
+from grpo_operator.reconcile.stored import wire
 from grpo_testbed.status_patch import apply_status_patch
 from grpo_trainer.liveness.progress import Progress
 from grpo_trainer.nccl_log import parse_transport
@@ -51,6 +52,16 @@ def reported(lines: list[str], attempt: int = 0) -> dict[str, Any]:
     return apply_status_patch({}, {"progress": body})["progress"]  # type: ignore[no-any-return]
 
 
+def fabric_report(progress: dict[str, Any], plan: dict[str, Any],
+                  conditions: list[dict[str, Any]] | None,
+                  now: str) -> list[dict[str, Any]] | None:
+    """fabric_conditions on the status as stored, its answer as written."""
+    status = rec.read_status({"progress": progress, "plan": plan,
+                              "conditions": conditions}).status
+    new = fabric_conditions(status.progress, status.plan, status.conditions, 1, now)
+    return None if new is None else wire(new)  # type: ignore[no-any-return]
+
+
 def fabric(conds: list[dict[str, Any]] | None) -> dict[str, Any]:
     return next(c for c in conds or [] if c["type"] == "FabricFallback")
 
@@ -58,23 +69,23 @@ def fabric(conds: list[dict[str, Any]] | None) -> dict[str, Any]:
 def test_an_infiniband_job_over_sockets_shows_the_fallback_and_its_cause() -> None:
     ib = plan({"rdma/ib": 1})
     assert ib["fabrics"] == ["infiniband"]
-    new = fabric_conditions(reported(FELL_BACK), ib, [], 1, T0)
+    new = fabric_report(reported(FELL_BACK), ib, [], T0)
     c = fabric(new)
     assert (c["status"], c["reason"]) == ("True", Reason.SOCKET_FALLBACK)
     assert "request infiniband devices" in c["message"]
     assert "NET/IB : No device found." in c["message"] and "libibverbs.so.1" in c["message"]
     GRPOJobStatus.model_validate({"conditions": new})  # what the CRD schema accepts
-    assert fabric_conditions(reported(FELL_BACK), ib, new, 1, T1) is None  # written once
-    over = fabric(fabric_conditions(reported(OVER_IB), ib, new, 1, T1))
+    assert fabric_report(reported(FELL_BACK), ib, new, T1) is None  # written once
+    over = fabric(fabric_report(reported(OVER_IB), ib, new, T1))
     assert (over["status"], over["reason"]) == ("False", Reason.FABRIC_IN_USE)
     assert over["lastTransitionTime"] == T1 and "over IB" in over["message"]
 
 
 def test_nothing_applies_without_a_requested_fabric_a_second_node_or_a_report() -> None:
-    assert fabric_conditions(reported(FELL_BACK), plan(None), [], 1, T0) is None
-    assert fabric_conditions(reported(FELL_BACK), plan({"rdma/ib": 1}, nodes=1), [], 1,
+    assert fabric_report(reported(FELL_BACK), plan(None), [], T0) is None
+    assert fabric_report(reported(FELL_BACK), plan({"rdma/ib": 1}, nodes=1), [],
                              T0) is None
-    assert fabric_conditions({"step": 3}, plan({"rdma/ib": 1}), [], 1, T0) is None
+    assert fabric_report({"step": 3}, plan({"rdma/ib": 1}), [], T0) is None
 
 
 def test_a_later_attempts_report_keeps_the_first_attempts_transport() -> None:

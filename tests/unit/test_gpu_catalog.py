@@ -12,7 +12,9 @@ import yaml
 from click.testing import CliRunner
 
 from grpo_api.catalog import GPU_CATALOG
+from grpo_api.job.status import GRPOJobStatus
 from grpo_operator.catalog_file import CatalogError, load_catalog, merge_catalog
+from grpo_operator.reconcile import StoredStatus
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
@@ -35,7 +37,7 @@ def job(gpu: str, **resources: Any) -> dict[str, Any]:
 
 
 def worker_of(spec: dict[str, Any], catalog: Any = GPU_CATALOG) -> dict[str, Any]:
-    d = reconcile(JobRef("j", "ns", "u"), Planner(spec, catalog).plan([], None), {},
+    d = reconcile(JobRef("j", "ns", "u"), Planner(spec, catalog).plan([], None), GRPOJobStatus(),
                   "2026-01-01T00:00:00Z", "img")
     rc = next(c for c in d.children if c["kind"] == "RayCluster")
     return dict(rc["spec"]["workerGroupSpecs"][0]["template"]["spec"])
@@ -64,8 +66,8 @@ def test_a_type_the_chart_adds_is_admitted_planned_and_selected() -> None:
 
 def test_reconcile_without_the_webhook_fails_an_unknown_type_as_invalid_spec() -> None:
     planned = Planner(job("MI300X-192GB")).plan([], None)
-    d = reconcile(JobRef("j", "ns", "u"), planned, {}, "2026-01-01T00:00:00Z").derive(
-        {}, 1, "2026-01-01T00:00:00Z")
+    d = reconcile(JobRef("j", "ns", "u"), planned, GRPOJobStatus(), "2026-01-01T00:00:00Z")
+    d.derive(StoredStatus(), 1, "2026-01-01T00:00:00Z")
     assert d.status["phase"] == "Failed" and not d.children
     failed = next(c for c in d.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidSpec" and "known types: H100-80GB" in failed["message"]

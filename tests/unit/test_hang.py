@@ -16,7 +16,7 @@ from grpo_api.contract import STALL_TIMEOUT_S
 from grpo_api.contract import FailureReason as R
 from grpo_operator import reconcile as rec
 from grpo_operator.config import HANG_GRACE_S, OperatorConfig
-from grpo_operator.reconcile import Action, Observed, Planner
+from grpo_operator.reconcile import Action, Observed, Planner, read_status
 from grpo_operator.reconcile.attempts import finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome, classify_pod
@@ -128,9 +128,10 @@ def test_a_hang_restarts_with_the_same_plan_and_counts_as_a_restart() -> None:
     assert status["phase"] == "Restarting" and status["restarts"] == 1
     assert "collective debug env" in action.events[0][2]
     plan_before = status["plan"]
-    nxt = start(JOB, Planner(job["spec"]), status, at(200))
+    nxt = start(JOB, Planner(job["spec"]), read_status(status).status, at(200))
     assert nxt is not None
-    assert nxt.derive(status, 1, at(200)).status.get("plan", plan_before) == plan_before
+    patch = nxt.derive(read_status(status), 1, at(200)).status
+    assert patch.get("plan", plan_before) == plan_before
 
 
 def test_the_attempt_after_a_hang_only_gets_the_collective_debug_env() -> None:
@@ -140,7 +141,7 @@ def test_the_attempt_after_a_hang_only_gets_the_collective_debug_env() -> None:
     job = running_job(sp)
     job, _ = step(job, rec.PodChanged(head(6, {"reason": "Hang", "detail": VERDICT})),
                   at(60))
-    nxt = start(JOB, Planner(sp), job["status"], at(200))
+    nxt = start(JOB, Planner(sp), read_status(job["status"]).status, at(200))
     assert nxt is not None
     for env in ray_env(nxt):
         assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
@@ -152,10 +153,13 @@ def test_the_attempt_after_a_hang_only_gets_the_collective_debug_env() -> None:
             names = [e["name"] for e in env_list]
             assert len(names) == len(set(names)), names  # never two values for one name
     # An attempt after another failure class starts without it.
-    status = apply_status_patch(job["status"], nxt.derive(job["status"], 1, at(200)).status)
+    stored = read_status(job["status"])
+    status = apply_status_patch(job["status"], nxt.derive(stored, 1, at(200)).status)
     oom = PodOutcome(R.NODE_LOST, 5, "node lost at step 3", 3, None)
-    ended = finish_attempt(status, oom, at(300), Planner(sp)).derive(status, 1, at(300))
-    after = start(JOB, Planner(sp), apply_status_patch(status, ended.status), at(1000))
+    stored = read_status(status)
+    ended = finish_attempt(stored.status, oom, at(300), Planner(sp)).derive(stored, 1, at(300))
+    after = start(JOB, Planner(sp), read_status(apply_status_patch(status, ended.status)).status,
+                  at(1000))
     assert after is not None
     assert all("TORCH_NCCL_DUMP_ON_TIMEOUT" not in env for env in ray_env(after))
 
@@ -199,7 +203,7 @@ def test_a_silent_driver_is_ended_as_hang_at_the_deadline_and_restarted() -> Non
     _, again = step(job, rec.ProgressTimer(), at(DEADLINE + 31))
     assert again == Action()
     # The next attempt gets the collective debug env as after the trainer's own Hang.
-    nxt = start(JOB, Planner(job["spec"]), job["status"], at(DEADLINE + 200))
+    nxt = start(JOB, Planner(job["spec"]), read_status(job["status"]).status, at(DEADLINE + 200))
     assert nxt is not None
     assert all("TORCH_NCCL_TRACE_BUFFER_SIZE" in env for env in ray_env(nxt))
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from grpo_api.job.status import GRPOJobStatus
 from grpo_api.model_config import hub_config_url
 from grpo_operator import reconcile as rec
 from grpo_operator.config import OperatorConfig
@@ -113,7 +114,7 @@ def test_the_pods_and_the_operators_read_get_the_listed_url() -> None:
     public = job("mirror")
     public["spec"]["model"] = {"path": PRIVATE}
     read = readable(public["spec"], HUBS)
-    assert read is not None and rec.operator_reads_hub(read, {}, read_public_hub=False)
+    assert read is not None and rec.operator_reads_hub(read, GRPOJobStatus(), read_public_hub=False)
     assert rec.hub_url(read) == hub_config_url(MIRROR, PRIVATE, None)
     # A private repo: the reader pod GETs the listed URL with the job's token.
     private = job("proxy", tokenSecret="hf-token")

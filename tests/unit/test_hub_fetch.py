@@ -19,11 +19,14 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_api.job.status import GRPOJobStatus
 from grpo_api.trainer_config import DataConfig
+from grpo_operator.reconcile import read_status
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.reconcile.classify import classify_pod
 from grpo_operator.reconcile.conditions import hub_fetch_conditions
 from grpo_operator.reconcile.planning import Planner
+from grpo_operator.reconcile.stored import wire
 from grpo_operator.render import JobRef
 from grpo_testkit.datasets import write_vision_task
 from grpo_testkit.hub import stand_in_hub
@@ -128,7 +131,7 @@ SPEC: dict[str, Any] = {
 
 
 def test_the_head_fetches_before_ray_starts_and_the_trainer_gets_local_paths() -> None:
-    d = reconcile(JobRef("geo", "ns", "u"), Planner(SPEC).plan([], None), {},
+    d = reconcile(JobRef("geo", "ns", "u"), Planner(SPEC).plan([], None), GRPOJobStatus(),
                   "2026-01-01T00:00:00Z", "img")
     rc = next(c for c in d.children if c["kind"] == "RayCluster")["spec"]
     (init,) = rc["headGroupSpec"]["template"]["spec"]["initContainers"]
@@ -153,23 +156,31 @@ def test_the_head_fetches_before_ray_starts_and_the_trainer_gets_local_paths() -
 def test_paths_on_volumes_are_never_fetched() -> None:
     local = dict(SPEC, model={"path": "Qwen/Qwen2.5-VL-7B-Instruct", "claimName": "models"},
                  data={"train": "/models/geo/train.parquet"})
-    d = reconcile(JobRef("geo", "ns", "u"), Planner(local).plan([], None), {},
+    d = reconcile(JobRef("geo", "ns", "u"), Planner(local).plan([], None), GRPOJobStatus(),
                   "2026-01-01T00:00:00Z", "img")
     rc = next(c for c in d.children if c["kind"] == "RayCluster")["spec"]
     assert "initContainers" not in rc["headGroupSpec"]["template"]["spec"]
+
+
+def fetch_report(progress: dict[str, Any], conditions: list[dict[str, Any]],
+                 now: str) -> list[dict[str, Any]] | None:
+    """hub_fetch_conditions on the status as stored, its answer as written."""
+    status = read_status({"progress": progress, "conditions": conditions}).status
+    new = hub_fetch_conditions(status.progress, status.conditions, 1, now)
+    return None if new is None else wire(new)  # type: ignore[no-any-return]
 
 
 def test_progress_and_failure_are_the_hubfetch_condition() -> None:
     now = "2026-01-01T00:00:00Z"
     fetching = {"fetch": {"repo": "acme/m", "file": "model.safetensors",
                           "bytesDone": 2**30, "bytesTotal": 4 * 2**30, "state": "Fetching"}}
-    (cond,) = hub_fetch_conditions(fetching, [], 1, now) or []
+    (cond,) = fetch_report(fetching, [], now) or []
     assert (cond["type"], cond["status"], cond["reason"]) == ("HubFetch", "False", "Fetching")
     assert cond["message"] == "acme/m: 1.00 of 4.00 GiB, now model.safetensors"
     failed = {"fetch": {"repo": "acme/m", "state": "Failed", "message": "model acme/m: 401"}}
-    (cond,) = hub_fetch_conditions(failed, [cond], 1, now) or []
+    (cond,) = fetch_report(failed, [cond], now) or []
     assert (cond["reason"], cond["message"]) == ("FetchFailed", "model acme/m: 401")
-    assert hub_fetch_conditions(failed, [cond], 1, now) is None  # unchanged: no write
+    assert fetch_report(failed, [cond], now) is None  # unchanged: no write
 
 
 def test_a_failed_fetch_ends_the_attempt_with_its_message() -> None:

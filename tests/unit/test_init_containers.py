@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from grpo_api.contract import CHECKPOINT_MOUNT
+from grpo_api.job.status import GRPOJobStatus
 from grpo_operator.namespace_policy import NamespaceFacts
 from grpo_operator.reconcile.attempts import ensure_attempt
 from grpo_operator.reconcile.planning import Planner
@@ -26,7 +27,7 @@ STEP = {"name": "prepare", "command": ["python", "-m", "prep"], "args": ["--to",
 
 
 def children(spec: dict[str, Any], image: str = "img:1") -> dict[str, dict[str, Any]]:
-    d = ensure_attempt(JobRef("first", "ns", "u"), Planner(spec).plan([], None), {},
+    d = ensure_attempt(JobRef("first", "ns", "u"), Planner(spec).plan([], None), GRPOJobStatus(),
                        "2026-01-01T00:00:00Z", image)
     assert d.children, d.status
     return {c["kind"]: c for c in d.children}

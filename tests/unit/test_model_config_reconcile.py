@@ -13,12 +13,13 @@ import pytest
 import yaml
 
 from grpo_api.contract import FailureReason
+from grpo_api.job.status import GRPOJobStatus
 from grpo_api.model_config import ReaderReport, hub_config_url, shape_fields
 from grpo_operator import reconcile as rec
 from grpo_operator.config import OperatorConfig
 from grpo_operator.namespace_policy import pod_violations
 from grpo_operator.planner import shape_from_config
-from grpo_operator.reconcile import HubAnswer, Observed, Planner
+from grpo_operator.reconcile import HubAnswer, Observed, Planner, read_status
 from grpo_operator.reconcile.attempts import finish_attempt
 from grpo_operator.reconcile.classify import PodOutcome
 from grpo_operator.reconcile.model_config import READ_POLL_SECONDS, RETRY_SECONDS
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.unit
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpojob-qwen25vl-7b-h100.yaml"
 T0 = "2026-11-21T10:00:00.000Z"
+NEW = GRPOJobStatus()  # a new job's status: nothing read, nothing planned
 REPO = "acme/custom-vl-3b"  # in no table
 HUB = "https://hub.acme.example"
 HUBS = {"acme": HUB}  # the platform's hubEndpoints: jobs name the hub "acme"
@@ -101,8 +103,9 @@ def test_a_hub_model_no_table_knows_is_planned_from_its_config_json(
 
     # The next attempt plans from status: no hub needed (Observed carries none).
     outcome = PodOutcome(FailureReason.CUDA_OOM, 3, "CUDA out of memory", step=3)
-    job = applied(job, finish_attempt(job["status"], outcome, T0, Planner(job["spec"])).derive(
-        job["status"], 1, T0))
+    stored = read_status(job["status"])
+    ended = finish_attempt(stored.status, outcome, T0, Planner(job["spec"]))
+    job = applied(job, ended.derive(stored, 1, T0))
     job["status"]["nextAttempt"]["notBefore"] = T0
     job, _ = step(job, rec.BackoffTimer())
     assert job["status"]["attempt"] == 1
@@ -247,7 +250,7 @@ def test_a_job_planned_before_is_never_read_again() -> None:
     job, _ = step(hub_job(), rec.SpecChanged(), observed=Observed(
         hub=HubAnswer(URL, error="down", retry=True)))
     job["status"]["attempts"] = [{"index": 0, "outcome": "Running"}]
-    assert rec.to_read(job["spec"], job["status"]) is None
+    assert rec.to_read(job["spec"], read_status(job["status"]).status) is None
 
 
 def test_admission_plans_a_public_hub_model_from_its_config(
@@ -305,9 +308,9 @@ def test_without_public_hub_reads_only_a_named_endpoint_is_read() -> None:
     config.json of a job that names spec.hub.endpoint, never the public hub's."""
     public = new_job()
     public["spec"]["model"] = {"path": REPO}
-    assert rec.operator_reads_hub(public["spec"], {}, read_public_hub=True)
-    assert not rec.operator_reads_hub(public["spec"], {}, read_public_hub=False)
-    assert rec.operator_reads_hub(hub_job()["spec"], {}, read_public_hub=False)
+    assert rec.operator_reads_hub(public["spec"], NEW, read_public_hub=True)
+    assert not rec.operator_reads_hub(public["spec"], NEW, read_public_hub=False)
+    assert rec.operator_reads_hub(hub_job()["spec"], NEW, read_public_hub=False)
 
 
 def test_without_public_hub_reads_a_model_no_table_knows_is_refused_saying_why() -> None:

@@ -9,12 +9,15 @@ import re
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from grpo_api.job import load_manifest
+from kubernetes.client.exceptions import ApiException
+
+from grpo_api.job.status import GRPOJobStatus
 from grpo_operator.crd import crd
 from grpo_operator.kube import api_message
 from grpo_operator.planner import plan_memory
+from grpo_operator.reconcile import StoredStatus
 from grpo_operator.reconcile.attempts import create_failed
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.reconcile.planning import Planner
@@ -90,8 +93,8 @@ def test_the_crd_states_the_same_rule() -> None:
 def test_a_job_with_a_name_kuberay_would_refuse_fails_at_once_saying_why() -> None:
     """Jobs created before the CRD had its rule: Failed with the rule, no children."""
     spec = TINY.to_wire()
-    d = reconcile(JobRef("x" * 49, "ns", "u"), Planner(spec).plan([], None), {},
-                  "2026-01-01T00:00:00Z").derive({}, 1, "2026-01-01T00:00:00Z")
+    d = reconcile(JobRef("x" * 49, "ns", "u"), Planner(spec).plan([], None), GRPOJobStatus(),
+                  "2026-01-01T00:00:00Z").derive(StoredStatus(), 1, "2026-01-01T00:00:00Z")
     assert d.status["phase"] == "Failed" and not d.children
     assert d.events[0][:2] == ("Warning", "InvalidName") and JOB_NAME_RULE in d.events[0][2]
 
@@ -103,7 +106,8 @@ def test_a_refused_child_shows_in_status_and_events_with_the_servers_message() -
     exc.body = body  # the shape the client raises for a refused create
     message = api_message(exc)
     assert message.startswith('403 Forbidden: configmaps "j-config-0" is forbidden')
-    d = create_failed("ConfigMap", "j-config-0", message).derive({}, 3, "2026-01-01T00:00:00Z")
+    d = create_failed("ConfigMap", "j-config-0", message).derive(StoredStatus(), 3,
+                                                                 "2026-01-01T00:00:00Z")
     assert d.status["phase"] == "Pending"
     conds = {c["type"]: c for c in d.status["conditions"]}
     assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "CreateFailed"

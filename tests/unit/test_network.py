@@ -12,6 +12,7 @@ import yaml
 
 from grpo_api.catalog import FABRICS
 from grpo_api.job import parse_spec
+from grpo_api.job.status import GRPOJobStatus
 from grpo_operator.catalog_file import CatalogError, merge_catalog
 from grpo_operator.planner import Plan, plan_memory
 from grpo_operator.reconcile.attempts import ensure_attempt
@@ -50,7 +51,7 @@ def network(p: Plan) -> str:
 
 
 def containers(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    kids = ensure_attempt(JobRef("j", "ns", "u"), Planner(spec).plan([], None), {},
+    kids = ensure_attempt(JobRef("j", "ns", "u"), Planner(spec).plan([], None), GRPOJobStatus(),
                           "2026-11-24T00:00:00Z").children
     rc = next(c for c in kids if c["kind"] == "RayCluster")["spec"]
     return (rc["headGroupSpec"]["template"]["spec"]["containers"][0],

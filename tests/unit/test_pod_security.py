@@ -16,6 +16,7 @@ import pytest
 
 from grpo_api.contract import IMAGE_UID
 from grpo_api.job import load_manifest
+from grpo_api.job.status import GRPOJobStatus
 from grpo_operator import reconcile as rec
 from grpo_operator.config import OperatorConfig
 from grpo_operator.main import PodUid
@@ -47,8 +48,8 @@ def ns(level: str | None = None, *quotas: GpuQuota) -> NamespaceFacts:
 
 
 def ray_cluster(spec: dict[str, Any]) -> dict[str, Any]:
-    action = ensure_attempt(JobRef("j", "team-a", "u"), Planner(spec).plan([], None), {},
-                            "2026-01-01T00:00:00Z", "img")
+    action = ensure_attempt(JobRef("j", "team-a", "u"), Planner(spec).plan([], None),
+                            GRPOJobStatus(), "2026-01-01T00:00:00Z", "img")
     return next(c for c in action.children if c["kind"] == "RayCluster")
 
 
@@ -129,8 +130,8 @@ def test_with_the_uid_unset_the_pods_omit_uid_gid_and_fsgroup_and_still_pass_res
     namespace's range and refuses a fixed 10001: the operator leaves all three out and
     keeps runAsNonRoot, which `restricted` asks for (and the kubelet then checks)."""
     spec = Planner(GPU_JOB).plan([], None)
-    action = ensure_attempt(JobRef("j", "team-a", "u"), spec, {}, "2026-01-01T00:00:00Z",
-                            "img", pod_uid=None)
+    action = ensure_attempt(JobRef("j", "team-a", "u"), spec, GRPOJobStatus(),
+                            "2026-01-01T00:00:00Z", "img", pod_uid=None)
     (rc,) = [c for c in action.children if c["kind"] == "RayCluster"]
     pods = templates(rc)
     assert set(pods) == {"head", "worker"}

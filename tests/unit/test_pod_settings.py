@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from grpo_api.job import load_manifest
+from grpo_api.job.status import GRPOJobStatus
 from grpo_operator.reconcile.attempts import ensure_attempt as reconcile
 from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
@@ -51,7 +52,7 @@ def with_pods(pods: dict[str, Any]) -> dict[str, Any]:
 
 
 def children(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    d = reconcile(JobRef("j", "ns", "u"), Planner(spec).plan([], None), {},
+    d = reconcile(JobRef("j", "ns", "u"), Planner(spec).plan([], None), GRPOJobStatus(),
                   "2026-01-01T00:00:00Z", "img")
     assert d.children, d.status
     return d.children

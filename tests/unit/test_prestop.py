@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from grpo_api.contract import Env, ExitCode
+from grpo_api.job.status import GRPOJobStatus
 from grpo_operator.planner.save_time import GRACE_EXTRA_S
 from grpo_operator.reconcile.attempts import ensure_attempt
 from grpo_operator.reconcile.planning import Planner
@@ -112,7 +113,7 @@ def test_a_drained_worker_pods_hook_asks_the_driver_to_stop_and_the_driver_does(
 
 def test_worker_pods_wait_for_the_driver_within_their_grace_period() -> None:
     sp = yaml.safe_load((EXAMPLES / "grpojob-qwen2vl-72b-h100.yaml").read_text())["spec"]
-    action = ensure_attempt(JobRef("j", "ns", "u1"), Planner(sp).plan([], None), {},
+    action = ensure_attempt(JobRef("j", "ns", "u1"), Planner(sp).plan([], None), GRPOJobStatus(),
                             "2026-11-21T10:00:00Z")
     rc = next(c for c in action.children if c["kind"] == "RayCluster")["spec"]
     worker = rc["workerGroupSpecs"][0]["template"]["spec"]

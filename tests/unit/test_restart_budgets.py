@@ -13,6 +13,8 @@ import pytest
 from grpo_api.contract import FailureReason as R
 from grpo_api.job import SpecError, parse_spec
 from grpo_api.job.recovery import RESTART_CLASSES
+from grpo_api.job.status import GRPOJobStatus
+from grpo_operator.reconcile import StoredStatus, read_status
 from grpo_operator.reconcile.attempts import ensure_attempt, finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome
@@ -42,17 +44,20 @@ def run(sp: dict[str, Any], failures: list[R]) -> dict[str, Any]:
     """The job's status after its attempts end with `failures`, in order, each restart
     started once its (zero) backoff passed; stops at the first that ends the job."""
     planner = Planner(sp)
-    status = apply_status_patch({}, ensure_attempt(JOB, planner.plan([], None), {}, at(0))
-                                .derive({}, 1, at(0)).status)
+    first = ensure_attempt(JOB, planner.plan([], None), GRPOJobStatus(), at(0))
+    status = apply_status_patch({}, first.derive(StoredStatus(), 1, at(0)).status)
     for i, reason in enumerate(failures):
-        ended = finish_attempt(status, PodOutcome(reason, 5, f"{reason.value} at step 3", 3, 2),
+        stored = read_status(status)
+        ended = finish_attempt(stored.status,
+                               PodOutcome(reason, 5, f"{reason.value} at step 3", 3, 2),
                                at(2 * i + 1), planner)
-        status = apply_status_patch(status, ended.derive(status, 1, at(2 * i + 1)).status)
+        status = apply_status_patch(status, ended.derive(stored, 1, at(2 * i + 1)).status)
         if status["phase"] == "Failed":
             break
-        nxt = start(JOB, planner, status, at(2 * i + 2))
+        stored = read_status(status)
+        nxt = start(JOB, planner, stored.status, at(2 * i + 2))
         assert nxt is not None
-        status = apply_status_patch(status, nxt.derive(status, 1, at(2 * i + 2)).status)
+        status = apply_status_patch(status, nxt.derive(stored, 1, at(2 * i + 2)).status)
     return status
 
 

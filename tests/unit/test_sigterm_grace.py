@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from grpo_api.contract import FailureReason as R
 from grpo_api.job import parse_spec
+from grpo_api.job.status import GRPOJobStatus
 from grpo_operator.cli import cli
 from grpo_operator.planner import plan_memory
 from grpo_operator.planner.save_time import (
@@ -23,7 +24,7 @@ from grpo_operator.planner.save_time import (
     predicted_save_s,
     termination_grace_s,
 )
-from grpo_operator.reconcile import Action
+from grpo_operator.reconcile import Action, StoredStatus, read_status
 from grpo_operator.reconcile.attempts import ensure_attempt, finish_attempt
 from grpo_operator.reconcile.attempts import start_next_attempt as start
 from grpo_operator.reconcile.classify import PodOutcome
@@ -42,7 +43,8 @@ def spec(example: str) -> dict[str, Any]:
 
 
 def first_attempt(sp: dict[str, Any]) -> Action:
-    return ensure_attempt(JOB, Planner(sp).plan([], None), {}, T0).derive({}, 1, T0)
+    first = ensure_attempt(JOB, Planner(sp).plan([], None), GRPOJobStatus(), T0)
+    return first.derive(StoredStatus(), 1, T0)
 
 
 def graces(children: list[dict[str, Any]]) -> list[int]:
@@ -72,12 +74,13 @@ def test_the_measured_save_sizes_the_next_attempts_grace_within_bounds() -> None
     sp = spec("grpojob-qwen2vl-72b-h100.yaml")
     status = apply_status_patch({}, first_attempt(sp).status)
     status["progress"] = {"step": 10, "lastCheckpointStep": 10, "saveSeconds": 400.0}
-    ended = finish_attempt(status, PodOutcome(R.TERMINATED, 143, "terminated", 10, 10),
+    stored = read_status(status)
+    ended = finish_attempt(stored.status, PodOutcome(R.TERMINATED, 143, "terminated", 10, 10),
                            T0, Planner(sp))
-    status = apply_status_patch(status, ended.derive(status, 1, T0).status)
-    nxt = start(JOB, Planner(sp), status, "2026-11-21T11:00:00Z")
+    status = apply_status_patch(status, ended.derive(stored, 1, T0).status)
+    nxt = start(JOB, Planner(sp), read_status(status).status, "2026-11-21T11:00:00Z")
     assert nxt is not None
-    nxt.derive(status, 1, "2026-11-21T11:00:00Z")
+    nxt.derive(read_status(status), 1, "2026-11-21T11:00:00Z")
     assert nxt is not None
     assert graces(nxt.children) == [630, 630, 630]  # 1.5 x 400 s + 30 s, every group
     assert nxt.status["plan"]["terminationGraceSeconds"] == 630

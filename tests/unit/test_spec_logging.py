@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_api.job.status import GRPOJobStatus
 from grpo_operator.reconcile.attempts import ensure_attempt
 from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
@@ -33,7 +34,8 @@ def with_logging(logging: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def rendered(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    d = ensure_attempt(JOB, Planner(spec).plan([], None), {}, "2026-01-01T00:00:00Z", "img")
+    d = ensure_attempt(JOB, Planner(spec).plan([], None), GRPOJobStatus(), "2026-01-01T00:00:00Z",
+                       "img")
     assert d.children, d.status
     return {c["kind"]: c for c in d.children}
 

@@ -17,6 +17,7 @@ import yaml
 from grpo_api.contract import Env
 from grpo_api.job import parse_spec
 from grpo_api.job import trainer as declared
+from grpo_api.job.status import GRPOJobStatus
 from grpo_api.job.trainer import IDENTITY_ENV, SOURCES
 from grpo_api.knobs import KNOBS, ROLLOUT_TENSOR_PARALLEL
 from grpo_operator.planner import plan_memory
@@ -117,7 +118,8 @@ def test_the_jobs_identity_reaches_the_trainer_once_as_env() -> None:
     """Not in the ConfigMap: as the Ray containers' env, which the driver, the preStop
     hook, the rank actors and the head's hub-fetch step all read; the trainer built from
     the ConfigMap and that env holds the identity, as it did when both carried it."""
-    action = ensure_attempt(JOB, Planner(example_job()["spec"]).plan([], None), {}, "t")
+    action = ensure_attempt(JOB, Planner(example_job()["spec"]).plan([], None),
+                            GRPOJobStatus(), "t")
     cm = next(c for c in action.children if c["kind"] == "ConfigMap")
     raw = yaml.safe_load(cm["data"]["config.yaml"])
     assert not [p for p in IDENTITY_ENV.values()

@@ -5,7 +5,9 @@ record (`attempts`: an attempt's life; `queue`: Kueue; `refusals`: refused pod c
 `progress_deadline`; `model_config`: a new job's config.json, read once; `classify`: how
 a pod ended; `claims`; `planning`: the spec parsed once, planned at most once), and
 `status.derive_status` computes the status from those facts once, the phase and its
-conditions by the one table in `phases`."""
+conditions by the one table in `phases`, which also holds the guards that read the
+phase. The stored status is read once (`stored.read_status`) into the API's typed
+model, and every step reads that."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from .observe import (
 from .planning import JobPlan, Planner, Refused, backoff_seconds, planned
 from .progress_deadline import PROGRESS_CHECK_INTERVAL_S, progress_watched
 from .refusals import refusal_pending
+from .stored import StoredStatus, read_status
 
 __all__ = [
     "PROGRESS_CHECK_INTERVAL_S",
@@ -57,6 +60,7 @@ __all__ = [
     "ProgressTimer",
     "Refused",
     "SpecChanged",
+    "StoredStatus",
     "admission_input",
     "admission_warning",
     "backoff_seconds",
@@ -69,6 +73,7 @@ __all__ = [
     "pod_needs_cluster",
     "pod_needs_pods",
     "progress_watched",
+    "read_status",
     "reconcile",
     "refusal_pending",
     "restart_due",

@@ -8,6 +8,7 @@ from typing import Any
 from .conditions import JobEvent
 from .retention import ClaimChange
 from .status import StatusFacts, derive_status
+from .stored import StoredStatus
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Action:
     # a metric, not part of what the action does.
     plans: int = field(default=0, compare=False)
 
-    def derive(self, previous: dict[str, Any], generation: int, now: str) -> Action:
+    def derive(self, previous: StoredStatus, generation: int, now: str) -> Action:
         """This action with its status patch derived from its facts over `previous`, the
         status it was decided from (`reconcile` does this once per decision)."""
         self.status = derive_status(previous, self.facts, generation, now)

@@ -13,6 +13,7 @@ from grpo_api.contract import (
     Role,
     not_reason,
 )
+from grpo_api.job.status import Condition, PlanStatus, ProgressStatus
 
 from .phases import Finding, JobPhaseView
 
@@ -55,11 +56,12 @@ def unschedulable_finding(pod: dict[str, Any]) -> Finding | None:
 RAY_CLUSTER_READY = "ready"
 
 
-def workers_expected(status: dict[str, Any]) -> int:
-    """Worker pods the live attempt's plan asks for (status.plan): the training side's
+def workers_expected(plan: PlanStatus | None) -> int:
+    """Worker pods the live attempt's plan (status.plan) asks for: the training side's
     and, disaggregated, the rollout side's (both worker groups' pods are non-head pods)."""
-    plan = status.get("plan") or {}
-    return int(plan.get("nodes") or 0) + int((plan.get("rollout") or {}).get("nodes") or 0)
+    if plan is None:
+        return 0
+    return plan.nodes + (plan.rollout.nodes if plan.rollout is not None else 0)
 
 
 def cluster_finding(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any]],
@@ -85,113 +87,124 @@ def cluster_finding(ray_cluster: dict[str, Any] | None, pods: list[dict[str, Any
                    f"{len(running)} of {1 + workers_expected} Ray pods running")
 
 
+def _condition(kind: ConditionType, status: str, reason: str, message: str, since: str,
+               generation: int) -> Condition:
+    # Not validated: built from the operator's own reasons and words (and Kueue's),
+    # written as they are, as before the status was typed.
+    return Condition.model_construct(type=kind, status=status, reason=reason, message=message,
+                                     last_transition_time=since,
+                                     observed_generation=generation)
+
+
 def conditions_for(view: JobPhaseView, finding: Finding, generation: int, now: str,
-                   previous: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                   previous: list[Condition] | None = None) -> list[Condition]:
     """All the phase conditions for what the job shows (phases.phase_view): those that hold
     and Ready and Progressing carry the finding's reason and message; lastTransitionTime
     is kept while a condition's status holds. Conditions of other types (MemoryGrowth,
     HubFetch, from the trainer's reports) are kept."""
-    before = {c.get("type"): c for c in previous or []}
+    before = {c.type: c for c in previous or []}
     out = []
     for t in PHASE_CONDITIONS:
         status = "True" if t in view.holds else "False"
         reason, message = (finding.reason, finding.message) if status == "True" or t in (
             ConditionType.READY, ConditionType.PROGRESSING) else (not_reason(t), "")
         old = before.get(t)
-        ltt = old["lastTransitionTime"] if old and old.get("status") == status else now
-        out.append({"type": t.value, "status": status, "reason": reason, "message": message,
-                    "lastTransitionTime": ltt, "observedGeneration": generation})
-    return out + [c for c in previous or [] if c.get("type") not in PHASE_CONDITIONS]
+        ltt = old.last_transition_time if old and old.status == status else now
+        out.append(_condition(t, status, reason, message, ltt, generation))
+    return out + [c for c in previous or [] if c.type not in PHASE_CONDITIONS]
 
 
 MEMORY_GROWTH = ConditionType.MEMORY_GROWTH
 
 
-def memory_growth_conditions(progress: dict[str, Any] | None,
-                             conditions: list[dict[str, Any]] | None, generation: int,
-                             now: str) -> list[dict[str, Any]] | None:
+def memory_growth_conditions(progress: ProgressStatus | None,
+                             conditions: list[Condition], generation: int,
+                             now: str) -> list[Condition] | None:
     """The conditions with MemoryGrowth following the trainer's latest report, or None
     when nothing changes. The trainer's leak detector writes ``progress.memoryGrowth``
     (a message) while it sees sustained growth; its absence in a report clears it."""
-    message = (progress or {}).get("memoryGrowth")
-    current = next((c for c in conditions or [] if c.get("type") == MEMORY_GROWTH), None)
+    message = progress.memory_growth if progress is not None else None
+    current = next((c for c in conditions if c.type == MEMORY_GROWTH), None)
     if message:
-        want = {"status": "True", "reason": Reason.SUSTAINED_GROWTH, "message": str(message)}
-    elif current is not None and current.get("status") == "True" and progress:
-        want = {"status": "False", "reason": Reason.NO_GROWTH, "message": ""}
+        want = ("True", Reason.SUSTAINED_GROWTH, message)
+    elif current is not None and current.status == "True" and _reported(progress):
+        want = ("False", Reason.NO_GROWTH, "")
     else:
         return None
     return _with_condition(conditions, MEMORY_GROWTH, want, generation, now)
 
 
-def _with_condition(conditions: list[dict[str, Any]] | None, kind: str, want: dict[str, str],
-                    generation: int, now: str) -> list[dict[str, Any]] | None:
-    """`conditions` with the one of type `kind` set to `want`; None if it already is."""
-    current = next((c for c in conditions or [] if c.get("type") == kind), None)
-    if current is not None and all(current.get(k) == v for k, v in want.items()):
+def _reported(progress: ProgressStatus | None) -> bool:
+    """Whether the trainer reported anything (an empty progress says nothing)."""
+    return progress is not None and bool(progress.model_fields_set or progress.model_extra)
+
+
+def _with_condition(conditions: list[Condition], kind: ConditionType,
+                    want: tuple[str, Reason, str], generation: int,
+                    now: str) -> list[Condition] | None:
+    """`conditions` with the one of type `kind` set to `want` (status, reason, message);
+    None if it already is."""
+    status, reason, message = want
+    current = next((c for c in conditions if c.type == kind), None)
+    if current is not None and (current.status, current.reason, current.message) == want:
         return None
-    ltt = current["lastTransitionTime"] if current is not None and \
-        current.get("status") == want["status"] else now
-    cond = {"type": str(kind), **want, "lastTransitionTime": ltt, "observedGeneration": generation}
-    return [c for c in conditions or [] if c.get("type") != kind] + [cond]
+    ltt = current.last_transition_time if current is not None and \
+        current.status == status else now
+    cond = _condition(kind, status, reason, message, ltt, generation)
+    return [c for c in conditions if c.type != kind] + [cond]
 
 
 HUB_FETCH = ConditionType.HUB_FETCH
 
 
-def hub_fetch_conditions(progress: dict[str, Any] | None,
-                         conditions: list[dict[str, Any]] | None, generation: int,
-                         now: str) -> list[dict[str, Any]] | None:
+def hub_fetch_conditions(progress: ProgressStatus | None,
+                         conditions: list[Condition], generation: int,
+                         now: str) -> list[Condition] | None:
     """The conditions with HubFetch following the head's fetch report (bytes done of
     total, the file), or None when nothing changes."""
-    fetch = (progress or {}).get("fetch")
-    if not fetch:
+    fetch = progress.fetch if progress is not None else None
+    if fetch is None:
         return None
-    done, total = int(fetch.get("bytesDone") or 0), int(fetch.get("bytesTotal") or 0)
-    size = f"{done / 2**30:.2f} of {total / 2**30:.2f} GiB"
-    state = fetch.get("state")
-    if state == "Fetched":
-        want = {"status": "True", "reason": Reason.FETCHED, "message": f"{fetch['repo']}: {size}"}
-    elif state == "Failed":
-        want = {"status": "False", "reason": Reason.FETCH_FAILED,
-                "message": str(fetch.get("message") or fetch["repo"])}
+    size = f"{fetch.bytes_done / 2**30:.2f} of {fetch.bytes_total / 2**30:.2f} GiB"
+    if fetch.state == "Fetched":
+        want = ("True", Reason.FETCHED, f"{fetch.repo}: {size}")
+    elif fetch.state == "Failed":
+        want = ("False", Reason.FETCH_FAILED, fetch.message or fetch.repo)
     else:
-        want = {"status": "False", "reason": Reason.FETCHING,
-                "message": f"{fetch['repo']}: {size}, now {fetch.get('file') or '-'}"}
+        want = ("False", Reason.FETCHING, f"{fetch.repo}: {size}, now {fetch.file or '-'}")
     return _with_condition(conditions, HUB_FETCH, want, generation, now)
 
 
 FABRIC_FALLBACK = ConditionType.FABRIC_FALLBACK
 
 
-def fabric_conditions(progress: dict[str, Any] | None, plan: dict[str, Any] | None,
-                      conditions: list[dict[str, Any]] | None, generation: int,
-                      now: str) -> list[dict[str, Any]] | None:
+def fabric_conditions(progress: ProgressStatus | None, plan: PlanStatus | None,
+                      conditions: list[Condition], generation: int,
+                      now: str) -> list[Condition] | None:
     """The conditions with FabricFallback following the ranks' transport report
     (``progress.transport``, from NCCL's own log lines), or None when nothing changes.
 
     Only for a job across nodes whose workers request a fabric (``plan.fabrics``): True
     (SocketFallback) when NCCL crossed nodes over TCP sockets, with NCCL's words for why
     it passed the fabric over; False (FabricInUse) when it crossed them over a fabric."""
-    transport = (progress or {}).get("transport") or {}
-    fabrics = list((plan or {}).get("fabrics") or [])
-    if not transport or not fabrics or int((plan or {}).get("nodes") or 0) < 2:
+    transport = progress.transport if progress is not None else None
+    if transport is None or plan is None or not plan.fabrics or plan.nodes < 2:
         return None
-    network = transport.get("network")
-    inside = ", ".join(transport.get("intraNode") or []) or "not reported"
+    network = transport.network
+    inside = ", ".join(transport.intra_node) or "not reported"
     if network == "Socket":
-        causes = "; ".join(str(c) for c in (transport.get("causes") or [])[:4])
+        causes = "; ".join(transport.causes[:4])
         message = (
-            f"the workers request {' and '.join(fabrics)} devices, but NCCL on attempt "
-            f"{transport.get('attempt', 0)} crossed nodes over TCP sockets (NET/Socket): "
+            f"the workers request {' and '.join(plan.fabrics)} devices, but NCCL on attempt "
+            f"{transport.attempt} crossed nodes over TCP sockets (NET/Socket): "
             f"{causes or 'NCCL named no cause'}. Check that the image loads "
             "libibverbs.so.1 (InfiniBand) or carries aws-ofi-nccl (EFA), that the worker "
             "pods get the devices, and that spec.pods sets no NCCL_NET or NCCL_IB_DISABLE "
             "(docs/troubleshooting.md)")
-        want = {"status": "True", "reason": Reason.SOCKET_FALLBACK, "message": message}
-    elif network and transport.get("interNode"):
-        want = {"status": "False", "reason": Reason.FABRIC_IN_USE,
-                "message": f"NCCL crosses nodes over {network}; inside a node {inside}"}
+        want = ("True", Reason.SOCKET_FALLBACK, message)
+    elif network and transport.inter_node:
+        want = ("False", Reason.FABRIC_IN_USE,
+                f"NCCL crosses nodes over {network}; inside a node {inside}")
     else:
         return None
     return _with_condition(conditions, FABRIC_FALLBACK, want, generation, now)

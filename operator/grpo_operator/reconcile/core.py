@@ -1,7 +1,8 @@
 """The reconcile function (pure): (job, observed children, event) -> one Action.
 
 KubeRay-style: every handler gathers the job and what the event needs (observe.py),
-calls `reconcile` once and applies the Action. `reconcile` parses the spec once and
+calls `reconcile` once and applies the Action. `reconcile` reads the stored status once
+into the API's typed GRPOJobStatus (stored.read_status), parses the spec once and
 hands it down with a `planning.Planner`, which plans only for a step that needs a plan
 (at most once a decision). The steps below record what they found
 (`status.StatusFacts`: a `phases.Finding`, the record); `reconcile` derives the status
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_api.contract import Phase, Reason, Role
+from grpo_api.contract import Reason, Role
 from grpo_api.job import GRPOJobSpec, SpecError
+from grpo_api.job.status import GRPOJobStatus, RayClusterStatus
 
 from ..config import OperatorConfig
 from ..hub_endpoints import with_endpoint_url
@@ -37,6 +39,7 @@ from .classify import LOST_RANKS, in_context
 from .conditions import (
     FABRIC_FALLBACK,
     MEMORY_GROWTH,
+    attempt_of,
     cluster_finding,
     fabric_conditions,
     hub_fetch_conditions,
@@ -45,8 +48,8 @@ from .conditions import (
     unschedulable_finding,
     workers_expected,
 )
-from .observe import Event, Observed, ended, live
-from .phases import Finding
+from .observe import Event, Observed, ended
+from .phases import Finding, has_failed, is_live, is_queued, is_running
 from .planning import JobPlan, Planner, Refused
 from .progress_deadline import end_silent_attempt
 from .queue import (
@@ -62,6 +65,7 @@ from .queue import generation as cluster_generation
 from .refusals import pod_create_refusal, refusal_shown, refused
 from .retention import claim_change, recreate_advice
 from .status import StatusFacts
+from .stored import read_status
 
 PREVIOUS_JOB_RETRY_SECONDS = 5.0  # a new job waits this long for an earlier one's pods
 
@@ -73,7 +77,8 @@ def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
     if meta.get("deletionTimestamp") or observed.namespace_terminating:
         return Action()  # going away: owner references take its children with it
     raw_spec = dict(job.get("spec") or {})
-    status = dict(job.get("status") or {})
+    stored = read_status(job.get("status"))  # read once: every step reads this
+    status = stored.status
     generation = int(meta.get("generation") or 0)
     ref = JobRef(str(meta.get("name")), str(meta.get("namespace") or "default"),
                  str(meta.get("uid") or ""))
@@ -88,16 +93,21 @@ def reconcile(job: dict[str, Any], observed: Observed, event: Event, now: str,
         planner = Planner(raw_spec, catalog, inherited=inherited)  # parsed once
     except SpecError as exc:
         planner = Planner(raw_spec, catalog, refused=exc)
-    try:
-        action = _decide(ref, raw_spec, planner, status, generation, now, observed, event,
-                         config)
-    except Exception as exc:  # a defect in pure code: never a job without a status
-        action = _internal_error(event, exc, planner.spec, status)
+    if stored.unreadable is not None:
+        # A stored field that does not read (what the steps would trip over): said as a
+        # defect would be; the fields stay as stored (nothing decided writes them).
+        action = _internal_error(event, stored.unreadable, planner.spec, status)
+    else:
+        try:
+            action = _decide(ref, raw_spec, planner, status, generation, now, observed,
+                             event, config)
+        except Exception as exc:  # a defect in pure code: never a job without a status
+            action = _internal_error(event, exc, planner.spec, status)
     action.plans = planner.runs
-    return action.derive(status, generation, now)
+    return action.derive(stored, generation, now)
 
 
-def _decide(ref: JobRef, raw_spec: dict[str, Any], planner: Planner, status: dict[str, Any],
+def _decide(ref: JobRef, raw_spec: dict[str, Any], planner: Planner, status: GRPOJobStatus,
             generation: int, now: str, observed: Observed, event: Event,
             config: OperatorConfig) -> Action:
     match event:
@@ -122,11 +132,11 @@ def _decide(ref: JobRef, raw_spec: dict[str, Any], planner: Planner, status: dic
 
 
 def _internal_error(event: Event, exc: Exception, spec: GRPOJobSpec | None,
-                    status: dict[str, Any]) -> Action:
+                    status: GRPOJobStatus) -> Action:
     """An exception from the operator's own code ends the job Failed with its message,
     once: Kopf would retry the handler forever and the job would never get a status.
     The job's children stay (owner references take them with the job)."""
-    if status.get("phase") == Phase.FAILED:
+    if has_failed(status):
         return Action()
     message = (f"the operator failed deciding on {type(event).__name__}: "
                f"{type(exc).__name__}: {exc}"[:2000]
@@ -136,20 +146,21 @@ def _internal_error(event: Event, exc: Exception, spec: GRPOJobSpec | None,
                   events=[("Warning", Reason.INTERNAL_ERROR, message)])
 
 
-def _on_spec(ref: JobRef, raw_spec: dict[str, Any], planner: Planner, status: dict[str, Any],
+def _on_spec(ref: JobRef, raw_spec: dict[str, Any], planner: Planner, status: GRPOJobStatus,
              now: str, observed: Observed, config: OperatorConfig) -> Action:
     """A new, edited or resumed job: config.json read (once, for a new job that needs
     it), the plan made once with it, the claims checked against the plan's pods, then
     the current attempt ensured."""
     step = _read_model_config(ref, raw_spec, planner.spec, status, observed, now, config)
-    read = {**status, **step.fields}  # read now: the plan's pods may need other access modes
+    # With config.json as read now: the plan's pods may need other access modes.
+    read = status.model_copy(update=dict(step.fields))
     planned = current_plan(planner, read)
     problem = _claims_problem(ref, planner.spec, planned, observed)
     if problem:
         # The read is not kept: it is done again once the claims can serve the job.
         return _claim_missing(problem, config)
     earlier = _earlier_jobs_pods(ref, observed.pods)
-    if earlier and not status.get("attempts"):
+    if earlier and not status.attempts:
         # A job of this name was deleted and its pods are still going: its drivers must be
         # gone before this job's adopt the checkpoint directory.
         found = Finding(Reason.WAITING_FOR_PREVIOUS_JOB,
@@ -206,7 +217,7 @@ def _claim_missing(problem: str, config: OperatorConfig) -> Action:
 
 
 def _read_model_config(ref: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec | None,
-                       status: dict[str, Any], observed: Observed, now: str,
+                       status: GRPOJobStatus, observed: Observed, now: str,
                        config: OperatorConfig) -> model_config.ModelStep:
     """Reading config.json, for a new job that needs it (a spec that does not parse is
     refused by ensure_attempt with its reasons)."""
@@ -217,30 +228,29 @@ def _read_model_config(ref: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec 
                                   config.trainer_pod_uid)
 
 
-def _on_job(status: dict[str, Any], generation: int, now: str) -> Action:
+def _on_job(status: GRPOJobStatus, generation: int, now: str) -> Action:
     """The trainer's progress report: the MemoryGrowth, HubFetch and FabricFallback
     conditions."""
-    grown = memory_growth_conditions(status.get("progress"), status.get("conditions"),
-                                     generation, now)
-    fetched = hub_fetch_conditions(status.get("progress"), grown or status.get("conditions"),
-                                   generation, now)
-    fabric = fabric_conditions(status.get("progress"), status.get("plan"),
-                               fetched or grown or status.get("conditions"), generation, now)
+    progress = status.progress
+    grown = memory_growth_conditions(progress, status.conditions, generation, now)
+    fetched = hub_fetch_conditions(progress, grown or status.conditions, generation, now)
+    fabric = fabric_conditions(progress, status.plan, fetched or grown or status.conditions,
+                               generation, now)
     new = fabric or fetched or grown
     if new is None:
         return Action()
-    growth = next((c for c in grown or [] if c["type"] == MEMORY_GROWTH), None)
-    events = ([("Warning", Reason.MEMORY_GROWTH, growth["message"])]
-              if growth is not None and growth["status"] == "True" else [])
-    fell = next((c for c in fabric or [] if c["type"] == FABRIC_FALLBACK), None)
-    if fell is not None and fell["status"] == "True":
-        events.append(("Warning", Reason.SOCKET_FALLBACK, fell["message"]))
+    growth = next((c for c in grown or [] if c.type == MEMORY_GROWTH), None)
+    events = ([("Warning", Reason.MEMORY_GROWTH, growth.message)]
+              if growth is not None and growth.status == "True" else [])
+    fell = next((c for c in fabric or [] if c.type == FABRIC_FALLBACK), None)
+    if fell is not None and fell.status == "True":
+        events.append(("Warning", Reason.SOCKET_FALLBACK, fell.message))
     return Action(StatusFacts(reported=new), events=events)
 
 
-def _on_pod(ref: JobRef, planner: Planner, status: dict[str, Any], now: str,
+def _on_pod(ref: JobRef, planner: Planner, status: GRPOJobStatus, now: str,
             pod: dict[str, Any], deleted: bool, observed: Observed) -> Action:
-    if not live(status, pod):
+    if not is_live(status, attempt_of(pod)):
         return Action()  # the job is quiet, or a pod of an earlier attempt being removed
     pods = observed.pods
     outcome = ended(pod, deleted)
@@ -253,9 +263,9 @@ def _on_pod(ref: JobRef, planner: Planner, status: dict[str, Any], now: str,
         named = planner.spec.checkpoint.claim_name if planner.spec is not None else None
         return finish_attempt(status, outcome, now, planner, names.checkpoint_claim(ref, named))
     found = None if deleted else unschedulable_finding(pod)
-    if found is None and pods and status.get("phase") != Phase.RUNNING:
+    if found is None and pods and not is_running(status):
         # Its pods exist, so its RayCluster does: how far it is follows from the pods.
-        found = cluster_finding({}, pods, workers_expected(status))
+        found = cluster_finding({}, pods, workers_expected(status.plan))
     if found is not None and found.reason != Reason.CLUSTER_RUNNING and refusal_shown(status):
         # A worker still refused: the head's pod events must not hide it (the cluster's
         # events say when KubeRay's refusal goes, and its deadline keeps running).
@@ -263,16 +273,16 @@ def _on_pod(ref: JobRef, planner: Planner, status: dict[str, Any], now: str,
     return _seen(found, status) if found else Action()
 
 
-def _seen(found: Finding, status: dict[str, Any]) -> Action:
+def _seen(found: Finding, status: GRPOJobStatus) -> Action:
     """How far the live attempt is, as seen, and an event when the job starts running."""
-    starts = found.reason == Reason.CLUSTER_RUNNING and status.get("phase") != Phase.RUNNING
+    starts = found.reason == Reason.CLUSTER_RUNNING and not is_running(status)
     return Action(StatusFacts(found),
                   events=[("Normal", Reason.RUNNING, found.message)] if starts else [])
 
 
-def _on_cluster(spec: GRPOJobSpec | None, status: dict[str, Any], now: str,
+def _on_cluster(spec: GRPOJobSpec | None, status: GRPOJobStatus, now: str,
                 rc: dict[str, Any], observed: Observed, config: OperatorConfig) -> Action:
-    if not live(status, rc):
+    if not is_live(status, attempt_of(rc)):
         return Action()
     if preempted(rc, status):
         return preempt_attempt(status, observed.workload, now, recreate_advice(spec))
@@ -280,29 +290,33 @@ def _on_cluster(spec: GRPOJobSpec | None, status: dict[str, Any], now: str,
         if admitted(status):
             return Action()  # a copy read before the admission was seen: nothing new
         found = queued_finding(rc, observed.workload, observed.cluster_queue)
-        queued = status.get("phase") != Phase.QUEUED
+        queued = not is_queued(status)
         return Action(StatusFacts(found),
                       events=[("Normal", Reason.QUEUED, found.message)] if queued else [])
     action = _observed_cluster(spec, status, now, rc, observed.pods, config)
     if queue_of(rc) is not None and not admitted(status):
         record = action.facts.record
-        record["rayCluster"] = {**record.get("rayCluster", {}), "name": rc["metadata"]["name"],
-                                "admittedGeneration": cluster_generation(rc)}
+        admitted_now = {"name": rc["metadata"]["name"],
+                        "admitted_generation": cluster_generation(rc)}
+        seen = record.get("ray_cluster")
+        record["ray_cluster"] = (seen.model_copy(update=admitted_now) if seen is not None
+                                 else RayClusterStatus.model_validate(admitted_now))
         action.events.append(("Normal", Reason.ADMITTED, admission_event(rc, observed.workload)))
     return action
 
 
-def _observed_cluster(spec: GRPOJobSpec | None, status: dict[str, Any], now: str,
+def _observed_cluster(spec: GRPOJobSpec | None, status: GRPOJobStatus, now: str,
                       rc: dict[str, Any], pods: list[dict[str, Any]],
                       config: OperatorConfig) -> Action:
     """The live attempt's cluster as KubeRay reports it: refused pod creates, or how far
     its state and pods are."""
     refusal = pod_create_refusal(rc)
-    if refusal is not None and status.get("phase") != Phase.RUNNING:
+    if refusal is not None and not is_running(status):
         return refused(status, refusal, rc["metadata"]["name"], now,
                        config.pod_create_deadline_seconds, recreate_advice(spec))
-    action = _seen(cluster_finding(rc, pods, workers_expected(status)), status)
+    action = _seen(cluster_finding(rc, pods, workers_expected(status.plan)), status)
     state = (rc.get("status") or {}).get("state")
-    if state != (status.get("rayCluster") or {}).get("state"):
-        action.facts.record["rayCluster"] = {"name": rc["metadata"]["name"], "state": state}
+    if state != (status.ray_cluster.state if status.ray_cluster is not None else None):
+        action.facts.record["ray_cluster"] = RayClusterStatus.model_validate(
+            {"name": rc["metadata"]["name"], "state": state})
     return action

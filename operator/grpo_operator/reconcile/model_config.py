@@ -25,16 +25,18 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from grpo_api.contract import IMAGE_UID, TERMINAL_PHASES, Reason, is_hub_id
+from grpo_api.contract import IMAGE_UID, Reason, is_hub_id
 from grpo_api.job import GRPOJobSpec
+from grpo_api.job.status import GRPOJobStatus, ModelConfigStatus
 from grpo_api.model.shape import known_family
 from grpo_api.model_config import ReaderReport, hub_config_url
 
 from ..render import JobRef, names
 from ..render.model_reader import render_model_reader
 from .conditions import JobEvent, unschedulable
-from .phases import Finding
-from .status import StatusFacts
+from .phases import Finding, has_ended
+from .status import StatusFacts, StatusRecord
+from .stored import read_status
 
 READ_POLL_SECONDS = 2.0  # how often a waiting job looks at its reader pod
 RETRY_SECONDS = 30.0  # a hub that could not be reached is asked again after this
@@ -77,7 +79,7 @@ PUBLIC_HUB_OFF = ("this operator does not read the public hub (--no-read-public-
                   "chart's readPublicHub: false); spec.hub.endpoint names a hub it reads")
 
 
-def operator_reads_hub(raw_spec: dict[str, Any], status: dict[str, Any],
+def operator_reads_hub(raw_spec: dict[str, Any], status: GRPOJobStatus,
                        read_public_hub: bool) -> bool:
     """Whether the operator GETs this job's config.json itself now: a hub model not read
     yet, from the endpoint the job names, or from the public hub where the operator may
@@ -91,12 +93,11 @@ def hub_url(raw_spec: dict[str, Any]) -> str:
     return hub_config_url(hub.get("endpoint"), str(model.get("path")), model.get("revision"))
 
 
-def to_read(raw_spec: dict[str, Any], status: dict[str, Any]) -> How | None:
+def to_read(raw_spec: dict[str, Any], status: GRPOJobStatus) -> How | None:
     """What the handler must gather for this decision: "hub" (the operator's GET),
     "pod" (the reader pod), or None: read already, the shape is given, or the job was
     planned before (by an operator that did not read config.json: its plan stays)."""
-    if (status.get("modelConfig") or status.get("attempts")
-            or status.get("phase") in TERMINAL_PHASES):
+    if status.read_model_config is not None or status.attempts or has_ended(status):
         return None
     how = how_read(raw_spec)
     return how if how in ("hub", "pod") else None
@@ -105,15 +106,19 @@ def to_read(raw_spec: dict[str, Any], status: dict[str, Any]) -> How | None:
 _SOURCE_WORDS = {"hub": "hub config.json", "claim": "claim config.json"}
 
 
-def recorded(status: dict[str, Any]) -> PlanInput | None:
+def read_source(source: str, location: str | None) -> str:
+    """Where config.json was read, as the plan's modelSource words it."""
+    return f"{_SOURCE_WORDS[source]} ({location})"
+
+
+def recorded(status: GRPOJobStatus) -> PlanInput | None:
     """The plan input status.modelConfig holds; None: nothing read (plan as before)."""
-    read = status.get("modelConfig")
-    if not read:
+    read = status.read_model_config
+    if read is None:
         return None
-    if read.get("source") == "table":
-        return PlanInput(None, str(read.get("message") or "no config.json read"))
-    return PlanInput(read.get("config"),
-                     f"{_SOURCE_WORDS[read['source']]} ({read.get('location')})")
+    if read.source == "table":
+        return PlanInput(None, read.message or "no config.json read")
+    return PlanInput(read.config, read_source(read.source, read.location))
 
 
 def admission_input(raw_spec: dict[str, Any], hub: HubAnswer | None,
@@ -123,7 +128,8 @@ def admission_input(raw_spec: dict[str, Any], hub: HubAnswer | None,
     the hub's definite answer (no such repo: refused) and, for a model the table knows,
     any failed read. Otherwise the job is admitted unplanned: planned in reconcile once
     the hub answers or the reader pod has read config.json."""
-    if (done := recorded(old_status or {})) is not None:
+    # The webhook's entry: the live job's status as stored.
+    if (done := recorded(read_status(old_status).status)) is not None:
         return done, True
     how = how_read(raw_spec)
     known = known_family(str((raw_spec.get("model") or {}).get("path") or ""))
@@ -184,22 +190,24 @@ class Waiting:
 class ModelStep:
     """What reading config.json adds to this decision."""
 
-    fields: dict[str, Any] = field(default_factory=dict)  # status.modelConfig, once read
+    # status.modelConfig, once read
+    fields: StatusRecord = field(default_factory=lambda: StatusRecord())
     events: list[JobEvent] = field(default_factory=list)
     delete_pod: str | None = None  # the reader pod, done
     waiting: Waiting | None = None  # set: this decision instead of a plan
 
 
 def _record(source: str, location: str, config: dict[str, Any] | None, now: str,
-            message: str | None = None) -> dict[str, Any]:
+            message: str | None = None) -> StatusRecord:
     text = (config or {}).get("text_config") or {}
     arch = (config or {}).get("model_type") or text.get("model_type")
-    out: dict[str, Any] = {"source": source, "location": location, "readAt": now}
+    read: dict[str, Any] = {"source": source, "location": location, "read_at": now}
     if config is not None:
-        out |= {"config": config, "architecture": arch}
+        read |= {"config": config, "architecture": arch}
     if message:
-        out["message"] = message[:4000]
-    return {"modelConfig": out}
+        read["message"] = message[:4000]
+    # Not validated: config.json is the hub's or the claim's, written as it was read.
+    return {"read_model_config": ModelConfigStatus.model_construct(**read)}
 
 
 def _unreadable(raw_spec: dict[str, Any], error: str, retry: bool, now: str,
@@ -228,7 +236,7 @@ def _unreadable(raw_spec: dict[str, Any], error: str, retry: bool, now: str,
 
 
 def read_step(job: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec,
-              status: dict[str, Any], hub: HubAnswer | None, reader: dict[str, Any] | None,
+              status: GRPOJobStatus, hub: HubAnswer | None, reader: dict[str, Any] | None,
               now: str, default_image: str = "",
               pod_uid: int | None = IMAGE_UID) -> ModelStep:
     """This decision's part of reading config.json (`hub`, `reader`: what the handler

@@ -7,17 +7,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_api.contract import TERMINAL_PHASES, Phase, Role
+from grpo_api.contract import Role
+from grpo_api.job.status import GRPOJobStatus
 
 from ..node_shapes import NodeShape
 from .classify import LOST_RANKS, PodOutcome, classify_pod, worker_outcome
 from .conditions import RAY_CLUSTER_READY, attempt_of, pod_phase, role, unschedulable
 from .model_config import HubAnswer
+from .phases import QUIET, awaits_restart, is_current_attempt, is_live, is_running
 from .queue import admitted, held_by_kueue, queue_of
-
-# Job phases in which the Ray pods and cluster say nothing new: the job ended, is
-# suspended, or waits for its next attempt (whose cluster does not exist yet).
-QUIET = (*TERMINAL_PHASES, Phase.SUSPENDED, Phase.RESTARTING)
+from .stored import read_status
 
 
 @dataclass(frozen=True)
@@ -99,21 +98,29 @@ class Observed:
     nodes: dict[str, NodeShape] | None = None
 
 
+def _status(job: dict[str, Any]) -> GRPOJobStatus:
+    """The job's status, read for one of the predicates below (each is a handler's entry:
+    Kopf hands it the job as stored)."""
+    return read_status(job.get("status")).status
+
+
 def restart_pending(job: dict[str, Any]) -> bool:
     """The restart timer runs only for a job waiting out a backoff, and never for one
     being deleted: deleting a namespace deletes the head pod first, which reads as a
     failure, and the timer would try to start the next attempt where nothing can be
     created any more."""
     meta = job.get("metadata") or {}
-    return bool((job.get("status") or {}).get("nextAttempt")) and not meta.get(
-        "deletionTimestamp")
+    stored = read_status(job.get("status"))
+    # One that does not read runs it too: the decision says why the job cannot go on.
+    waits = awaits_restart(stored.status) or stored.unread("next_attempt")
+    return waits and not meta.get("deletionTimestamp")
 
 
 def restart_due(job: dict[str, Any], now: str) -> bool:
     """Whether the restart timer's next decision needs the job's pods: once the backoff
     has passed (the next attempt starts only when the earlier ones' pods are gone)."""
-    nxt = (job.get("status") or {}).get("nextAttempt") or {}
-    return bool(nxt) and now >= str(nxt.get("notBefore") or "")
+    nxt = _status(job).next_attempt
+    return nxt is not None and now >= nxt.not_before
 
 
 def ended(pod: dict[str, Any], deleted: bool = False) -> PodOutcome | None:
@@ -141,47 +148,35 @@ def pod_needs_pods(job: dict[str, Any], event: PodChanged) -> bool:
     """Whether deciding on this pod event needs the attempt's other pods: a running pod
     of a job not yet Running (Running depends on all its pods), and a head that lost its
     ranks (a worker that ended first tells why: the pod that died decides)."""
-    status = job.get("status") or {}
-    if (status.get("phase") in QUIET
-            or attempt_of(event.pod) != str(status.get("attempt") or 0)):
+    status = _status(job)
+    if status.phase in QUIET or not is_current_attempt(status, attempt_of(event.pod)):
         return False
     if role(event.pod) == Role.HEAD:
         head = classify_pod(event.pod, deleted=event.deleted)
         if head is not None and head.reason in LOST_RANKS:
             return True
-    return status.get("phase") != Phase.RUNNING and pod_phase(event.pod) == "Running"
-
-
-def live(status: dict[str, Any], obj: dict[str, Any]) -> bool:
-    """Whether a pod or cluster event can change the job: one of its live attempt, which
-    has not ended (a preempted attempt waits for the next one as Queued, not Restarting).
-    A job without attempts has none: pods and clusters labelled with its name then are
-    an earlier job's of that name, going away."""
-    return (status.get("phase") not in QUIET and not status.get("nextAttempt")
-            and bool(status.get("attempts"))
-            and attempt_of(obj) == str(status.get("attempt") or 0))
+    return not is_running(status) and pod_phase(event.pod) == "Running"
 
 
 def cluster_needs_pods(job: dict[str, Any], ray_cluster: dict[str, Any]) -> bool:
     """A ready cluster says Running by itself, and one Kueue holds has no pods;
     otherwise the pods tell what it waits on."""
-    status = job.get("status") or {}
-    return (live(status, ray_cluster) and not held_by_kueue(ray_cluster)
+    return (is_live(_status(job), attempt_of(ray_cluster)) and not held_by_kueue(ray_cluster)
             and (ray_cluster.get("status") or {}).get("state") != RAY_CLUSTER_READY)
 
 
 def cluster_needs_workload(job: dict[str, Any], ray_cluster: dict[str, Any]) -> bool:
     """Kueue's words are needed while it holds the cluster (why it waits, why it was
     preempted) and once when it admits it (which ClusterQueue)."""
-    status = job.get("status") or {}
-    return (queue_of(ray_cluster) is not None and live(status, ray_cluster)
+    status = _status(job)
+    return (queue_of(ray_cluster) is not None and is_live(status, attempt_of(ray_cluster))
             and (held_by_kueue(ray_cluster) or not admitted(status)))
 
 
 def pod_needs_cluster(job: dict[str, Any], event: PodChanged) -> bool:
     """A Ray pod of an admitted queued job going away: was its cluster preempted? (Kueue
     suspends the cluster, then KubeRay deletes its pods: the cluster says it first.)"""
-    status = job.get("status") or {}
+    status = _status(job)
     going = event.deleted or bool(event.pod.get("metadata", {}).get("deletionTimestamp"))
     return (going and bool((job.get("spec") or {}).get("queueName"))
-            and admitted(status) and live(status, event.pod))
+            and admitted(status) and is_live(status, attempt_of(event.pod)))

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 
-from grpo_api.contract import ConditionType, FailureReason, KueueReason, Phase, Reason
+from grpo_api.contract import (
+    TERMINAL_PHASES,
+    ConditionType,
+    FailureReason,
+    KueueReason,
+    Phase,
+    Reason,
+)
+from grpo_api.job.status import GRPOJobStatus
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,25 @@ class Finding:
     # Kueue took the attempt's quota back: the next attempt waits in its queue (Queued),
     # not for a backoff as after a failure (Restarting).
     requeued: bool = False
+
+    @property
+    def course(self) -> Course:
+        """What the job does about it (COURSE_PHASE: the phase when not its reason's)."""
+        if self.final:
+            return Course.GIVES_UP
+        if self.requeued:
+            return Course.REQUEUED
+        return Course.GOES_ON
+
+
+class Course(Enum):
+    """What the job does about a finding. The reason's phase (PHASE_OF) is the phase of a
+    job that goes on; a job that gives up, or whose next attempt queues again, shows the
+    course's phase (COURSE_PHASE) whatever the reason: the reason still says why."""
+
+    GOES_ON = "goes on"
+    GIVES_UP = "gives up"  # Finding.final: retrying cannot help, or nothing is left
+    REQUEUED = "requeued"  # Finding.requeued: Kueue took the attempt's quota back
 
 
 # The attempt failure classes: an attempt that ended so is restarted (with the next
@@ -70,6 +98,14 @@ PHASE_OF: Mapping[Reason, Phase] = {
     Reason.INTERNAL_ERROR: Phase.FAILED,
 }
 
+# The phase of a finding whose course overrides its reason's (Finding.course).
+COURSE_PHASE: Mapping[Course, Phase] = {
+    Course.GIVES_UP: Phase.FAILED,
+    Course.REQUEUED: Phase.QUEUED,
+}
+# Kueue's own reasons for holding a cluster (KueueReason, passed through) are Queued.
+KUEUE_PHASE = Phase.QUEUED
+
 # Faults the job waits out (a refused create, an unreachable hub): Degraded holds, with
 # the fault's reason, beside the phase's own conditions, until it passes or is final.
 FAULTS = frozenset({Reason.CREATE_FAILED, Reason.POD_CREATE_REFUSED,
@@ -98,11 +134,75 @@ class JobPhaseView:
 
 def phase_view(finding: Finding) -> JobPhaseView:
     """The table applied to one finding (status.derive_status calls this, nothing else)."""
-    if finding.final:
-        phase = Phase.FAILED
-    elif finding.requeued or not isinstance(finding.reason, Reason):
-        phase = Phase.QUEUED
+    if finding.course in COURSE_PHASE:
+        phase = COURSE_PHASE[finding.course]
+    elif not isinstance(finding.reason, Reason):
+        phase = KUEUE_PHASE
     else:
         phase = PHASE_OF[finding.reason]
-    fault = finding.reason in FAULTS and not finding.final
+    fault = finding.reason in FAULTS and finding.course is not Course.GIVES_UP
     return JobPhaseView(phase, HOLDS[phase] | ({ConditionType.DEGRADED} if fault else frozenset()))
+
+
+# Transition guards: what the job's phase (and status) allows a step to do next, read
+# here only, beside the table that sets the phase.
+
+# Phases in which the Ray pods and cluster say nothing new: the job ended, is
+# suspended, or waits for its next attempt (whose cluster does not exist yet).
+QUIET = (*TERMINAL_PHASES, Phase.SUSPENDED, Phase.RESTARTING)
+
+
+def has_ended(status: GRPOJobStatus) -> bool:
+    """Succeeded or Failed: nothing more happens to the job."""
+    return status.phase in TERMINAL_PHASES
+
+
+def has_failed(status: GRPOJobStatus) -> bool:
+    return status.phase == Phase.FAILED
+
+
+def is_running(status: GRPOJobStatus) -> bool:
+    """The live attempt's pods all run (its driver reports progress)."""
+    return status.phase == Phase.RUNNING
+
+
+def is_pending(status: GRPOJobStatus) -> bool:
+    return status.phase == Phase.PENDING
+
+
+def is_queued(status: GRPOJobStatus) -> bool:
+    return status.phase == Phase.QUEUED
+
+
+def is_suspended(status: GRPOJobStatus) -> bool:
+    return status.phase == Phase.SUSPENDED
+
+
+def awaits_restart(status: GRPOJobStatus) -> bool:
+    """A next attempt waits (its backoff, or Kueue): the restart timer owns the next step."""
+    return status.next_attempt is not None
+
+
+def attempt_settled(status: GRPOJobStatus) -> bool:
+    """The current attempt is not the spec's to ensure: the job ended, or the restart
+    timer starts the next attempt."""
+    return has_ended(status) or awaits_restart(status)
+
+
+def starts_cluster(status: GRPOJobStatus) -> bool:
+    """Ensuring the attempt creates its cluster anew (a new job, or a resumed one): any
+    other phase follows the live attempt's pods and cluster, not the spec."""
+    return status.phase is None or is_suspended(status)
+
+
+def is_live(status: GRPOJobStatus, attempt_label: str | None) -> bool:
+    """Whether a pod or cluster labelled with attempt `attempt_label` can change the job:
+    one of its live attempt, which has not ended (a preempted attempt waits for the next
+    one as Queued, not Restarting). A job without attempts has none: pods and clusters
+    labelled with its name then are an earlier job's of that name, going away."""
+    return (status.phase not in QUIET and not awaits_restart(status)
+            and bool(status.attempts) and is_current_attempt(status, attempt_label))
+
+
+def is_current_attempt(status: GRPOJobStatus, attempt_label: str | None) -> bool:
+    return attempt_label == str(status.attempt or 0)

@@ -16,6 +16,7 @@ from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import Reason
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.job.recovery import RESTART_CLASSES
+from grpo_api.job.status import AttemptRecord
 from grpo_api.job.trainer import config_sources
 from grpo_api.model.families import weight_sync_problem
 
@@ -29,7 +30,7 @@ from .model_config import PlanInput
 MEMORY_CLASSES = RESTART_CLASSES["memory"]  # the failures the memory ladder answers
 
 
-def planned(spec: GRPOJobSpec, attempts: list[dict[str, Any]] | None = None,
+def planned(spec: GRPOJobSpec, attempts: list[AttemptRecord] | None = None,
             catalog: Mapping[str, GpuType] = GPU_CATALOG,
             model: PlanInput | None = None) -> Plan:
     """The plan; raises SpecError / InfeasibleError / ValueError with the reason.
@@ -41,9 +42,9 @@ def planned(spec: GRPOJobSpec, attempts: list[dict[str, Any]] | None = None,
     plan = (checked_plan(spec, catalog, model.config, model.source) if model is not None
             else checked_plan(spec, catalog))
     for a in attempts or []:
-        if a.get("remediation") and a.get("outcome") in MEMORY_CLASSES:
-            plan = next_safer_plan(plan, a["outcome"], phase=a.get("failedPhase"),
-                                   side=a.get("failedSide")) or plan
+        if a.remediation and a.outcome in MEMORY_CLASSES:
+            plan = next_safer_plan(plan, a.outcome, phase=a.failed_phase,
+                                   side=a.failed_side) or plan
     return plan
 
 
@@ -90,7 +91,7 @@ class Planner:
         except SpecError as exc:
             self.error = exc
 
-    def plan(self, attempts_before: list[dict[str, Any]],
+    def plan(self, attempts_before: list[AttemptRecord],
              model: PlanInput | None) -> JobPlan | Refused:
         """The plan of the attempt after `attempts_before` (planned)."""
         if self.spec is None:

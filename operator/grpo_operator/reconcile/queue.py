@@ -16,10 +16,12 @@ import re
 from typing import Any
 
 from grpo_api.contract import ATTEMPT_RUNNING, KUEUE_QUEUE_LABEL, MAX_RESTARTS, KueueReason, Reason
+from grpo_api.job.status import GRPOJobStatus, NextAttempt
 
 from .action import Action
 from .phases import Finding
 from .status import StatusFacts
+from .stored import reported_step
 
 _REASON_SAFE = re.compile(r"[^A-Za-z0-9_,:]")
 
@@ -35,21 +37,20 @@ def held_by_kueue(ray_cluster: dict[str, Any]) -> bool:
         (ray_cluster.get("spec") or {}).get("suspend"))
 
 
-def admitted(status: dict[str, Any]) -> bool:
+def admitted(status: GRPOJobStatus) -> bool:
     """Whether Kueue admitted the live attempt's cluster (seen unsuspended once)."""
     return admitted_generation(status) is not None
 
 
-def admitted_generation(status: dict[str, Any]) -> int | None:
-    seen = (status.get("rayCluster") or {}).get("admittedGeneration")
-    return None if seen is None else int(seen)
+def admitted_generation(status: GRPOJobStatus) -> int | None:
+    return status.ray_cluster.admitted_generation if status.ray_cluster is not None else None
 
 
 def generation(ray_cluster: dict[str, Any]) -> int:
     return int(ray_cluster.get("metadata", {}).get("generation") or 0)
 
 
-def preempted(ray_cluster: dict[str, Any], status: dict[str, Any]) -> bool:
+def preempted(ray_cluster: dict[str, Any], status: GRPOJobStatus) -> bool:
     """Kueue suspended the cluster after it was seen admitted."""
     seen = admitted_generation(status)
     return held_by_kueue(ray_cluster) and seen is not None and generation(ray_cluster) > seen
@@ -108,26 +109,29 @@ def eviction_message(workload: dict[str, Any] | None) -> str:
     return "Kueue suspended the admitted RayCluster (its Workload was evicted)"
 
 
-def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None, now: str,
+def preempt_attempt(status: GRPOJobStatus, workload: dict[str, Any] | None, now: str,
                     advice: str) -> Action:
     """Kueue took the live attempt's quota back: record it as Preempted (no restart
     counted, no backoff), release its cluster and queue the next attempt, which resumes
     from the newest complete checkpoint once Kueue admits it again. `advice`: what
     deleting and re-creating the job does to its checkpoints (said when no attempt
     numbers are left)."""
-    attempt = int(status.get("attempt") or 0)
-    attempts = [dict(a) for a in status.get("attempts") or []]
-    record = next((a for a in attempts if a.get("index") == attempt), None)
-    if record is None or record.get("outcome") != ATTEMPT_RUNNING:
+    attempt = status.attempt or 0
+    live = next((a for a in status.attempts if a.index == attempt), None)
+    if live is None or live.outcome != ATTEMPT_RUNNING:
         return Action()  # already recorded (cluster and pod events both report it)
     why = eviction_message(workload)
-    progress = status.get("progress") or {}
-    record.update(endTime=now, outcome=Reason.PREEMPTED, reason=why[:4096])
-    for key in ("step", "lastCheckpointStep"):
-        if progress.get(key) is not None:
-            record[key] = progress[key]
-    rc = (status.get("rayCluster") or {}).get("name")
-    ckpt = record.get("lastCheckpointStep") or 0
+    progress = status.progress
+    ended: dict[str, Any] = {"end_time": now, "outcome": Reason.PREEMPTED.value,
+                             "reason": why[:4096]}
+    if progress is not None:
+        reached = {"step": reported_step(progress),
+                   "last_checkpoint_step": progress.last_checkpoint_step}
+        ended |= {k: v for k, v in reached.items() if v is not None}
+    record = live.model_copy(update=ended)
+    attempts = [record if a is live else a for a in status.attempts]
+    rc = status.ray_cluster.name if status.ray_cluster is not None else None
+    ckpt = record.last_checkpoint_step or 0
     if attempt >= MAX_RESTARTS:
         found = Finding(Reason.PREEMPTED,
                         f"attempt {attempt}: {why}; no attempt numbers left (at most "
@@ -141,9 +145,9 @@ def preempt_attempt(status: dict[str, Any], workload: dict[str, Any] | None, now
                     f"queues again and resumes from checkpoint step {ckpt} (no restart "
                     "counted)", requeued=True)
     return Action(
-        StatusFacts(found, record={"attempts": attempts,
-                                  "preemptions": int(status.get("preemptions") or 0) + 1,
-                                  "nextAttempt": {"index": attempt + 1, "notBefore": now}}),
+        StatusFacts(found, record={
+            "attempts": attempts, "preemptions": status.preemptions + 1,
+            "next_attempt": NextAttempt(index=attempt + 1, not_before=now)}),
         delete_ray_cluster=rc,
         events=[("Warning", Reason.PREEMPTED, found.message)],
     )

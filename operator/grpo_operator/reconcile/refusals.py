@@ -19,11 +19,13 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.contract import ATTEMPT_RUNNING, FailureReason, Phase, Reason
+from grpo_api.contract import ATTEMPT_RUNNING, ConditionType, FailureReason, Reason
+from grpo_api.job.status import GRPOJobStatus
 
 from .action import Action
-from .phases import Finding
+from .phases import Finding, is_pending
 from .status import StatusFacts
+from .stored import read_status
 
 REPLICA_FAILURE = "ReplicaFailure"  # KubeRay's RayClusterReplicaFailure condition type
 CREATE_REASONS = {"FailedCreateHeadPod": "head", "FailedCreateWorkerPod": "worker"}
@@ -61,7 +63,7 @@ def _stamp(t: dt.datetime) -> str:
     return t.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, now: str,
+def refused(status: GRPOJobStatus, refusal: Refusal, rc_name: str, now: str,
             deadline_s: float, advice: str) -> Action:
     """Pending (Progressing and Degraded reason PodCreateRefused, the API server's
     message, one Warning event) until `deadline_s` after the first refusal; then the
@@ -75,7 +77,7 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, now: str,
         found = Finding(Reason.POD_CREATE_REFUSED,
                         f"{what}: {refusal.message}. The attempt fails at {_stamp(until)} "
                         f"unless this is fixed: {FIX}")
-        first = _reason(status, "Progressing") != Reason.POD_CREATE_REFUSED
+        first = _progressing_reason(status) != Reason.POD_CREATE_REFUSED
         return Action(StatusFacts(found),
                       events=[("Warning", Reason.POD_CREATE_REFUSED, found.message)]
                       if first else [])
@@ -83,11 +85,11 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, now: str,
     found = Finding(Reason.POD_CREATE_REFUSED,
                     f"{what} for {seconds} s: {refusal.message}. Not retried: {FIX}, "
                     f"then delete the job and create it again ({advice})", final=True)
-    attempt = int(status.get("attempt") or 0)
-    attempts = [dict(a) for a in status.get("attempts") or []]
-    for a in attempts:
-        if a.get("index") == attempt and a.get("outcome") == ATTEMPT_RUNNING:
-            a.update(endTime=now, outcome=FailureReason.ERROR.value, reason=found.message)
+    attempt = status.attempt or 0
+    ended = {"end_time": now, "outcome": FailureReason.ERROR.value, "reason": found.message}
+    attempts = [a.model_copy(update=ended)
+                if a.index == attempt and a.outcome == ATTEMPT_RUNNING else a
+                for a in status.attempts]
     return Action(
         StatusFacts(found, record={"attempts": attempts}),
         delete_ray_cluster=rc_name,
@@ -95,21 +97,21 @@ def refused(status: dict[str, Any], refusal: Refusal, rc_name: str, now: str,
     )
 
 
-def _reason(status: dict[str, Any], kind: str) -> str | None:
-    return next((c.get("reason") for c in status.get("conditions") or []
-                 if c.get("type") == kind), None)
+def _progressing_reason(status: GRPOJobStatus) -> str | None:
+    return next((c.reason for c in status.conditions
+                 if c.type == ConditionType.PROGRESSING), None)
 
 
 def refusal_pending(job: dict[str, Any]) -> bool:
     """A live job whose pods are being refused: its deadline must be checked again even
     when KubeRay writes nothing new on the RayCluster (it does not while the refusal
-    stays the same)."""
-    return (refusal_shown(job.get("status") or {})
+    stays the same). A handler's entry: Kopf hands it the job as stored."""
+    return (refusal_shown(read_status(job.get("status")).status)
             and not (job.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def refusal_shown(status: dict[str, Any]) -> bool:
+def refusal_shown(status: GRPOJobStatus) -> bool:
     """The job shows a refused pod create (until KubeRay's condition goes, only a
     running job or the deadline replaces it)."""
-    return (status.get("phase") == Phase.PENDING
-            and _reason(status, "Progressing") == Reason.POD_CREATE_REFUSED)
+    return (is_pending(status)
+            and _progressing_reason(status) == Reason.POD_CREATE_REFUSED)

@@ -10,11 +10,11 @@ attempts status keeps (each earlier attempt's outcome), so an operator restart l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from grpo_api.contract import FailureReason
 from grpo_api.job import GRPOJobSpec
 from grpo_api.job.recovery import RESTART_CLASSES
+from grpo_api.job.status import AttemptRecord
 
 _CLASS_OF = {reason.value: name for name, reasons in RESTART_CLASSES.items()
              for reason in reasons}
@@ -46,7 +46,7 @@ class RestartBudget:
                 f"spec.recovery.restartBudgets.{self.name} is {self.limit})")
 
 
-def restart_budget(spec: GRPOJobSpec, reason: FailureReason, earlier: list[dict[str, Any]],
+def restart_budget(spec: GRPOJobSpec, reason: FailureReason, earlier: list[AttemptRecord],
                    restarts: int) -> RestartBudget:
     """The budget an attempt that ended with `reason` spends. `earlier`: the attempts
     before it (status.attempts); `restarts`: status.restarts (preemptions not counted)."""
@@ -54,9 +54,9 @@ def restart_budget(spec: GRPOJobSpec, reason: FailureReason, earlier: list[dict[
     name = restart_class(reason.value)
     own = budgets.limit(name) if name is not None and spec.max_restarts else None
     if name is not None and own is not None:
-        used = sum(1 for a in earlier if restart_class(a.get("outcome")) == name)
+        used = sum(1 for a in earlier if restart_class(a.outcome) == name)
         return RestartBudget(name, used, own)
     budgeted = sum(1 for a in earlier
-                   if (c := restart_class(a.get("outcome"))) is not None
+                   if (c := restart_class(a.outcome)) is not None
                    and budgets.limit(c) is not None)
     return RestartBudget(None, restarts - budgeted, spec.max_restarts)

@@ -26,6 +26,7 @@ from grpo_api.contract import (
     Reason,
 )
 from grpo_api.job import GRPOJobSpec
+from grpo_api.job.status import ExportStatus
 
 from ..render import JobRef, names
 from .classify import Exported
@@ -124,8 +125,8 @@ def claim_change(spec: GRPOJobSpec, job: JobRef,
     return ClaimChange(name, patch, event)
 
 
-def export_status(exported: Exported, claim: str) -> dict[str, Any]:
+def export_status(exported: Exported, claim: str) -> ExportStatus:
     """status.export from the trainer's report of its export (a path in the pod): the
     path is given inside the claim, where a user who mounts the claim elsewhere finds it."""
     path = exported.path.removeprefix(f"{CHECKPOINT_MOUNT}/").lstrip("/") or exported.path
-    return {"claimName": claim, "path": path, "step": exported.step}
+    return ExportStatus(claim_name=claim, path=path, step=exported.step)

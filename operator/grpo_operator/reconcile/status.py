@@ -8,10 +8,36 @@ phases.py, applied here only."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
+
+from grpo_api.job.status import (
+    AttemptRecord,
+    Condition,
+    ExportStatus,
+    ModelConfigStatus,
+    NextAttempt,
+    RayClusterStatus,
+)
 
 from .conditions import conditions_for
 from .phases import Finding, phase_view
+from .stored import StoredStatus, wire, wire_name
+
+
+class StatusRecord(TypedDict, total=False):
+    """What a step records, by GRPOJobStatus field (None removes the field); written in
+    the stored form (stored.wire): a model's fields as read or set, nothing else."""
+
+    attempt: int
+    attempts: list[AttemptRecord]
+    restarts: int
+    preemptions: int
+    next_attempt: NextAttempt | None
+    ray_cluster: RayClusterStatus
+    # The planner's whole PlanStatus.to_wire() (every field it resolved), as before.
+    plan: dict[str, Any]
+    read_model_config: ModelConfigStatus
+    export: ExportStatus
 
 
 @dataclass
@@ -22,14 +48,14 @@ class StatusFacts:
     # problem, config.json being read): the reason the job shows, with its message and
     # whether the job gives up; None: the phase stands.
     seen: Finding | None = None
-    # The record, in wire names (None removes a field): attempts[], nextAttempt, restarts,
-    # preemptions, plan, rayCluster (name, state, admittedGeneration), modelConfig, export.
-    record: dict[str, Any] = field(default_factory=dict)
+    # The record: attempts[], nextAttempt, restarts, preemptions, plan, rayCluster (name,
+    # state, admittedGeneration), modelConfig, export.
+    record: StatusRecord = field(default_factory=lambda: StatusRecord())
     # The conditions after the trainer's report (MemoryGrowth, HubFetch); None: unchanged.
-    reported: list[dict[str, Any]] | None = None
+    reported: list[Condition] | None = None
 
 
-def derive_status(previous: dict[str, Any], facts: StatusFacts, generation: int,
+def derive_status(previous: StoredStatus, facts: StatusFacts, generation: int,
                   now: str) -> dict[str, Any]:
     """The status patch for `facts` over `previous` (the status the decision was made
     from): the phase and every phase condition `facts.seen` gives (phases.phase_view; their
@@ -38,17 +64,17 @@ def derive_status(previous: dict[str, Any], facts: StatusFacts, generation: int,
     conditions = facts.reported
     want: dict[str, Any] = {}
     if facts.seen is not None or facts.record:
-        want["observedGeneration"] = generation
-    want |= facts.record
+        want[wire_name("observed_generation")] = generation
+    want |= {wire_name(name): wire(value) for name, value in facts.record.items()}
     if facts.seen is not None:
         show = phase_view(facts.seen)
-        want["phase"] = show.phase
+        want[wire_name("phase")] = show.phase
         conditions = conditions_for(show, facts.seen, generation, now,
                                     conditions if conditions is not None
-                                    else previous.get("conditions"))
+                                    else previous.status.conditions)
     if conditions is not None:
-        want["conditions"] = conditions
-    return {k: v for k, v in want.items() if _changes(previous.get(k), v)}
+        want[wire_name("conditions")] = wire(conditions)
+    return {k: v for k, v in want.items() if _changes(previous.stored.get(k), v)}
 
 
 def _changes(current: Any, patch: Any) -> bool:
