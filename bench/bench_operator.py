@@ -1,4 +1,5 @@
-"""200 GRPOJobs at once through the operator vs 200 RayJobs through KubeRay alone.
+"""GRPOJobs at once through the operator vs as many RayJobs through KubeRay alone (200, or
+a scale curve: ``--jobs 50,200,1000``).
 
 Per object, seconds from its creation until its RayCluster exists, its checkpoint claim
 is Bound, its head pod is scheduled and running, and the object is Running (GRPOJob
@@ -11,13 +12,18 @@ baseline's head pods mount a claim created with each RayJob, as each GRPOJob's d
 
     .venv/bin/python bench/bench_operator.py [--jobs 200] [--no-baseline-claims]
         [--order ours-first|kuberay-first] [--provisioner kwok|testbed]
+    .venv/bin/python bench/bench_operator.py --jobs 50,200,1000 \\
+        --json bench/plots/operator_scale.jsonl --plot bench/plots/operator_scale.png
 
 ``--order``: which side runs first on the fresh testbed (the first pays for a cold
 provisioner and caches). ``--provisioner``: who provisions the default StorageClass's
 claims, for both sides: kwok's volume stages (one serial worker, four writes a claim), or
 the testbed's external-provisioner with kube-controller-manager binding, as on a real
 cluster (the default; grpo_testbed/provisioner.py; bench/bench_claims.py compares the two
-alone). ``--tracemalloc``: where the operator's memory is, by source file.
+alone). ``--tracemalloc``: where the operator's memory is, by source file. A scale curve
+adds, per count, the operator's RSS and CPU seconds per job and its reconcile time (p50,
+p99: its own histogram, grpo_operator_reconcile_duration_seconds), plotted by
+plot_scale.py.
 """
 
 from __future__ import annotations
@@ -25,9 +31,13 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
+import json
 import logging
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -181,6 +191,11 @@ def create_all(docs: list[dict[str, Any]], group: str, version: str, plural: str
     return took
 
 
+def running_limit(n: int) -> float:
+    """How long n objects may take to reach Running: 15 minutes a 200."""
+    return 900.0 * max(1.0, n / 200)
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
@@ -249,7 +264,7 @@ def run_grpojobs(tb: Testbed, op: OperatorProcess, n: int) -> dict[str, float]:
     for hook, (count, total) in webhook_seconds(tb).items():
         logging.info("API server: webhook %s answered %d requests, mean %.1f ms", hook,
                      count, 1000 * total / max(count, 1))
-    wait_until(f"{n} GRPOJobs Running", lambda: len(sw.stages["running"]) >= n, 900)
+    wait_until(f"{n} GRPOJobs Running", lambda: len(sw.stages["running"]) >= n, running_limit(n))
     stop.set()
     return summarize(sw, took)
 
@@ -272,77 +287,133 @@ def run_rayjobs(tb: Testbed, n: int, head: dict[str, Any], claims: bool) -> dict
     stop = watch_stages(sw, BASE_NS, ("ray.io", "v1", "rayjobs"), on_job, on_rc)
     time.sleep(1)
     took = create_all(rayjobs(n, head, claims), "ray.io", "v1", "rayjobs")
-    wait_until(f"{n} RayJobs Running", lambda: len(sw.stages["running"]) >= n, 900)
+    wait_until(f"{n} RayJobs Running", lambda: len(sw.stages["running"]) >= n, running_limit(n))
     stop.set()
     return summarize(sw, took)
 
 
-def proc_usage(pid: int) -> tuple[float, float]:
+def proc_usage(pid: int) -> tuple[float, float, float]:
+    """The process's peak RSS and RSS now (MiB), and its CPU seconds (user + system)."""
     status = Path(f"/proc/{pid}/status").read_text()
-    hwm_kib = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmHWM")))
+    kib = {ln.split(":")[0]: int(ln.split()[1]) for ln in status.splitlines()
+           if ln.startswith(("VmHWM", "VmRSS"))}
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])
-    return hwm_kib / 1024, ticks / 100
+    return kib["VmHWM"] / 1024, kib["VmRSS"] / 1024, ticks / 100
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--jobs", type=int, default=200)
-    ap.add_argument("--baseline-claims", action=argparse.BooleanOptionalAction, default=True,
-                    help="mount a claim created with each RayJob in its head pod")
-    ap.add_argument("--order", choices=("ours-first", "kuberay-first"), default="ours-first")
-    ap.add_argument("--provisioner", choices=("kwok", "testbed"), default="testbed")
-    ap.add_argument("--tracemalloc", action="store_true",
-                    help="trace the operator's allocations and print them by file at the end "
-                         "(slower; its RSS figure then includes tracing's own)")
-    args = ap.parse_args()
-    load_before = f"{os.getloadavg()[0]:.2f}"
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+def histogram_quantile(metrics_text: str, name: str, q: float) -> float:
+    """Prometheus' ``histogram_quantile`` of one unlabelled histogram in a scrape: linear
+    within the bucket the quantile falls in (the upper bound past the last finite one)."""
+    buckets: list[tuple[float, float]] = []
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(le), float(line.rsplit(" ", 1)[1])))
+    buckets.sort()
+    if not buckets or buckets[-1][1] == 0:
+        return float("nan")
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-9)
+        lower, below = upper, count
+    return lower
+
+
+def nodes_for(jobs: int) -> int:
+    """Fake 512-CPU nodes enough that no head pod waits for capacity: 8 up to 200 jobs
+    (20 CPUs a job), as many more beyond."""
+    return max(8, -(-jobs * 20 // 512))
+
+
+def sample_operator(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling the operator into ``out``:
+    collapsed stacks, ``frame;frame;... count`` (SIGINT makes it write them)."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--py-spy needs py-spy: install the bench extra")
+    # --gil: only the thread holding the GIL, i.e. the Python CPU the webhooks and the
+    # event loop wait for; --nonblocking: the operator is not paused to be sampled.
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "50", "--gil",
+                             "--nonblocking", "--format", "raw", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def measure(jobs: int, order: str, provisioner_kind: str, baseline_claims: bool,
+            tracemalloc: bool = False, py_spy: Path | None = None) -> dict[str, Any]:
+    """One count on a fresh testbed: both sides' stage times, the operator's memory, CPU
+    and reconcile times."""
+    load_before = os.getloadavg()[0]
     with running_testbed() as tb:
         config.load_kube_config(str(tb.kubeconfig))
-        tb.apply(bulk_cpu_nodes(8))
+        tb.apply(bulk_cpu_nodes(nodes_for(jobs)))
         provisioner = None
-        if args.provisioner == "testbed":  # the default class, for both sides' claims
+        if provisioner_kind == "testbed":  # the default class, for both sides' claims
             tb.kubectl("annotate", "storageclass", "kwok-volume",
                        "storageclass.kubernetes.io/is-default-class-", check=False)
             tb.apply([storage_class(default=True)])
             provisioner = VolumeProvisioner(tb.kubeconfig).start()
         tb.apply(yaml.safe_load((REPO / "crds" / "grpojob.yaml").read_text()), server_side=True)
-        tb.kubectl("wait", "--for", "condition=established", "crd/grpojobs.grpo.dev")
+        # (Retried: right after the apply the CRD may not be served for a wait yet.)
+        wait_until("the GRPOJob CRD established", lambda: tb.kubectl(
+            "wait", "--for", "condition=established", "--timeout", "10s",
+            "crd/grpojobs.grpo.dev", check=False).returncode == 0, 60)
         head_res = {"limits": {"cpu": "4", "memory": "13Gi"},
                     "requests": {"cpu": "4", "memory": "13Gi"}}
+        usage: dict[str, float] = {}
 
-        def run_ours() -> tuple[dict[str, float], float, float]:
-            env = {"PYTHONTRACEMALLOC": "1"} if args.tracemalloc else None
+        def run_ours() -> dict[str, float]:
+            env = {"PYTHONTRACEMALLOC": "1"} if tracemalloc else None
             op = OperatorProcess(tb, Path(tempfile.mkdtemp(prefix="bench-op-")), env=env).start()
             try:
-                found = run_grpojobs(tb, op, args.jobs)
                 assert op.proc is not None
-                usage = proc_usage(op.proc.pid)
-                if args.tracemalloc:  # heap_report.py: the live allocations by file
+                _, usage["idle_rss_mib"], _ = proc_usage(op.proc.pid)
+                spy = sample_operator(op.proc.pid, py_spy) if py_spy else None
+                found = run_grpojobs(tb, op, jobs)
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(timeout=60)
+                usage["rss_mib"], _, usage["cpu_s"] = proc_usage(op.proc.pid)
+                scrape = op.metrics()
+                for q in (0.5, 0.99):
+                    usage[f"reconcile_p{round(q * 100)}_s"] = histogram_quantile(
+                        scrape, "grpo_operator_reconcile_duration_seconds", q)
+                if tracemalloc:  # heap_report.py: the live allocations by file
                     os.kill(op.proc.pid, signal.SIGUSR2)
                     time.sleep(5)
                     print("\n".join(line for line in op.log.read_text().splitlines()
                                     if "heap:" in line))
-                return (found, *usage)
+                return found
             finally:
                 op.stop()
                 for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
                     tb.kubectl("delete", kind, "grpo.dev", "--ignore-not-found", check=False)
 
         try:
-            if args.order == "kuberay-first":
-                base = run_rayjobs(tb, args.jobs, head_res, args.baseline_claims)
-                ours, rss_mib, cpu_s = run_ours()
+            if order == "kuberay-first":
+                base = run_rayjobs(tb, jobs, head_res, baseline_claims)
+                ours = run_ours()
             else:
-                ours, rss_mib, cpu_s = run_ours()
-                base = run_rayjobs(tb, args.jobs, head_res, args.baseline_claims)
+                ours = run_ours()
+                base = run_rayjobs(tb, jobs, head_res, baseline_claims)
         finally:
             if provisioner is not None:
                 provisioner.stop()
-    claims = "each mounting a claim created with it" if args.baseline_claims else "no claims"
-    print(f"\n{args.jobs} objects created at once (baseline RayJobs: {claims}; {args.order}; "
-          f"claims provisioned by {args.provisioner}); seconds from creation (client watch)")
+    return {"jobs": jobs, "order": order, "provisioner": provisioner_kind,
+            "baseline_claims": baseline_claims, "ours": ours, "base": base, **usage,
+            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+            "finished": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def report(r: dict[str, Any]) -> None:
+    jobs, ours, base = r["jobs"], r["ours"], r["base"]
+    claims = "each mounting a claim created with it" if r["baseline_claims"] else "no claims"
+    print(f"\n{jobs} objects created at once (baseline RayJobs: {claims}; {r['order']}; "
+          f"claims provisioned by {r['provisioner']}); seconds from creation (client watch)")
     print(f"{'':30}{'GRPOJob (ours)':>16}{'RayJob (KubeRay)':>18}{'ratio':>8}")
     rows = [(f"{stage}_{q}", f"{STAGE_LABELS[stage]} {q}") for stage in STAGES
             for q in ("p50", "p99")] + [("create_s", "creating them all took")]
@@ -353,8 +424,48 @@ def main() -> None:
             continue
         ratio = ours[key] / base[key] if base[key] else float("inf")
         print(f"{label:30}{ours[key]:>16.2f}{base[key]:>18.2f}{ratio:>7.2f}x")
-    print(f"operator peak RSS {rss_mib:.0f} MiB, CPU time {cpu_s:.1f} s for {args.jobs} jobs")
-    print(f"load average before / after: {load_before} / {os.getloadavg()[0]:.2f}")
+    print(f"operator peak RSS {r['rss_mib']:.0f} MiB (idle {r['idle_rss_mib']:.0f}; "
+          f"{(r['rss_mib'] - r['idle_rss_mib']) / jobs * 1024:.0f} KiB a job), CPU time "
+          f"{r['cpu_s']:.1f} s ({r['cpu_s'] / jobs * 1000:.0f} ms a job), reconcile p50 "
+          f"{r['reconcile_p50_s'] * 1000:.0f} ms / p99 {r['reconcile_p99_s'] * 1000:.0f} ms")
+    print(f"load average before / after: {r['load_before']:.2f} / {r['load_after']:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--jobs", default="200",
+                    help="objects per side; a comma list (50,200,1000) is a scale curve, "
+                         "each count on a fresh testbed")
+    ap.add_argument("--baseline-claims", action=argparse.BooleanOptionalAction, default=True,
+                    help="mount a claim created with each RayJob in its head pod")
+    ap.add_argument("--order", choices=("ours-first", "kuberay-first"), default="ours-first")
+    ap.add_argument("--provisioner", choices=("kwok", "testbed"), default="testbed")
+    ap.add_argument("--tracemalloc", action="store_true",
+                    help="trace the operator's allocations and print them by file at the end "
+                         "(slower; its RSS figure then includes tracing's own)")
+    ap.add_argument("--py-spy", type=Path, default=None, metavar="FILE",
+                    help="sample the operator with py-spy while its jobs start (collapsed "
+                         "stacks into FILE; bench/profile_shares.py-style reading)")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="append each count's results to this file, one JSON line each")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="draw the scale curve of every line in --json to this PNG "
+                         "(bench/plot_scale.py)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    for jobs in (int(j) for j in str(args.jobs).split(",")):
+        result = measure(jobs, args.order, args.provisioner, args.baseline_claims,
+                         args.tracemalloc, args.py_spy)
+        report(result)
+        if args.json is not None:
+            with args.json.open("a") as out:
+                out.write(json.dumps(result) + "\n")
+    if args.plot is not None and args.json is not None:
+        from plot_scale import plot_scale
+
+        plot_scale([json.loads(line) for line in args.json.read_text().splitlines()],
+                   args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":
