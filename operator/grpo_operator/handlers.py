@@ -12,7 +12,6 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from grpo_api.contract import (
     API_GROUP,
@@ -30,6 +29,7 @@ from . import hub_config, kube, metrics, node_cache
 from . import reconcile as rec
 from .config import OperatorConfig, from_memo
 from .hub_endpoints import readable
+from .kube_api import ApiError
 from .reconcile import Action, Event, Observed
 from .render import JobRef, names
 
@@ -77,7 +77,7 @@ def _apply(job: dict[str, Any], action: Action, config: OperatorConfig) -> None:
     for child in action.children:
         try:
             created = kube.create_if_absent(child)
-        except ApiException as exc:
+        except ApiError as exc:
             _create_failed(job, child, exc, config)
         if created:
             _post(job, "Normal", Reason.CREATED, f"{child['kind']} {child['metadata']['name']}")
@@ -97,7 +97,7 @@ def _apply(job: dict[str, Any], action: Action, config: OperatorConfig) -> None:
         metrics.TIME_TO_RECOVER.observe(action.recovered_after)
 
 
-def _create_failed(job: dict[str, Any], child: dict[str, Any], exc: ApiException,
+def _create_failed(job: dict[str, Any], child: dict[str, Any], exc: ApiError,
                    config: OperatorConfig) -> NoReturn:
     """A child the API server refused (quota, admission, RBAC): `reconcile` decides the
     status (CreateFailed) and Warning event, applied like any Action on the job as it is
@@ -151,7 +151,7 @@ def grpojob_reconcile(body: kopf.Body, namespace: str | None, memo: kopf.Memo,
             raise kopf.TemporaryError(action.retry[0], delay=action.retry[1])
     except kube.Conflict as exc:
         raise kopf.TemporaryError("status changed meanwhile; deciding again", delay=0.2) from exc
-    except ApiException as exc:
+    except ApiError as exc:
         metrics.API_ERRORS.labels(operation="reconcile").inc()
         raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
     finally:
@@ -259,7 +259,7 @@ def pod_event(type: str, body: kopf.Body, namespace: str | None, labels: kopf.La
 
     try:
         _decide_fresh(ns, labels[JOB_LABEL], event, from_memo(memo), gather)
-    except ApiException:
+    except ApiError:
         metrics.API_ERRORS.labels(operation="observe").inc()
         raise
 
@@ -311,7 +311,7 @@ def _decide_on_cluster(ns: str, job_name: str, rc: dict[str, Any],
 
     try:
         _decide_fresh(ns, job_name, rec.ClusterChanged(rc), config, gather)
-    except ApiException:
+    except ApiError:
         metrics.API_ERRORS.labels(operation="observe").inc()
         raise
 

@@ -1,90 +1,98 @@
 """Thin Kubernetes edge: create-if-absent, get, list and delete by kind.
 
-Everything here is I/O and nothing else; callers decide what to do.
+Everything here is I/O and nothing else; callers decide what to do. The answers are the
+API server's JSON as it wrote it (as Kopf's event bodies are), through the operator's own
+client (kube_api.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection
-from functools import cache, partial
 from typing import Any, cast
-
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
 from grpo_api.catalog import GPU_PRODUCT_LABEL
 from grpo_api.contract import API_GROUP, API_VERSION, PLURAL
 
+from .kube_api import (
+    MERGE_PATCH,
+    STRATEGIC_MERGE_PATCH,
+    ApiError,
+    Credentials,
+    KubeClient,
+    load_credentials,
+)
+
 RAY_GROUP, RAY_VERSION_API, RAY_PLURAL = "ray.io", "v1", "rayclusters"
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+# Kueue labels each Workload with the UID of the job object it stands for.
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+_client: KubeClient | None = None
 
 
-def load_config(kubeconfig: str | None = None) -> None:
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config(config_file=kubeconfig)
+def load_config(kubeconfig: str | None = None) -> Credentials:
+    """Credentials from `kubeconfig` (else in-cluster), and the client every call here
+    uses; the same credentials are Kopf's (main.operator_login)."""
+    global _client
+    creds = load_credentials(kubeconfig)
+    if _client is None or _client.creds != creds:
+        _client = KubeClient(creds)
+    return creds
 
 
-@cache
-def _api() -> client.ApiClient:
-    return client.ApiClient()  # one connection pool for every call
+def _api() -> KubeClient:
+    if _client is None:
+        load_config()
+    assert _client is not None
+    return _client
 
 
-# Built once: the client's API classes are costly to reach (lazy module imports).
-@cache
-def _core() -> client.CoreV1Api:
-    return client.CoreV1Api(_api())
+def _path(kind: str, namespace: str, name: str | None = None) -> str:
+    """The API path of a namespaced built-in `kind` (its collection, or one object)."""
+    prefix, plural = _BUILT_IN[kind]
+    return f"{prefix}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
 
-@cache
-def _rbac() -> client.RbacAuthorizationV1Api:
-    return client.RbacAuthorizationV1Api(_api())
+def _custom(group: str, version: str, namespace: str, plural: str,
+            name: str | None = None) -> str:
+    return (f"/apis/{group}/{version}/namespaces/{namespace}/{plural}"
+            + (f"/{name}" if name else ""))
 
 
-@cache
-def _custom() -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(_api())
+_BUILT_IN: dict[str, tuple[str, str]] = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Pod": ("/api/v1", "pods"),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "ResourceQuota": ("/api/v1", "resourcequotas"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+}
 
 
 def warm_up() -> None:
-    """Import the client's API modules now: their first use takes seconds of CPU under
-    the import lock, which would otherwise stall the first reconciles."""
-    _creators()
-    client.V1Pod, client.V1PersistentVolumeClaim  # noqa: B018 - lazy model imports
-
-
-@cache
-def _creators() -> dict[str, Callable[[str, dict[str, Any]], Any]]:
-    core, rbac, custom = _core(), _rbac(), _custom()
-    networking = client.NetworkingV1Api(_api())
-    return {
-        "ConfigMap": lambda ns, b: core.create_namespaced_config_map(ns, b),
-        "Pod": lambda ns, b: core.create_namespaced_pod(ns, b),
-        "PersistentVolumeClaim": lambda ns, b: core.create_namespaced_persistent_volume_claim(
-            ns, b),
-        "ServiceAccount": lambda ns, b: core.create_namespaced_service_account(ns, b),
-        "Role": lambda ns, b: rbac.create_namespaced_role(ns, b),
-        "RoleBinding": lambda ns, b: rbac.create_namespaced_role_binding(ns, b),
-        "NetworkPolicy": lambda ns, b: networking.create_namespaced_network_policy(ns, b),
-        "RayCluster": lambda ns, b: custom.create_namespaced_custom_object(
-            RAY_GROUP, RAY_VERSION_API, ns, RAY_PLURAL, b),
-    }
+    """Open the client now (credentials read, TLS set up) rather than on the first
+    reconcile."""
+    _api()
 
 
 def create_if_absent(obj: dict[str, Any]) -> bool:
     """Create; an existing object of that name is left as it is. True if created."""
     ns = obj["metadata"]["namespace"]
+    path = (_custom(RAY_GROUP, RAY_VERSION_API, ns, RAY_PLURAL) if obj["kind"] == "RayCluster"
+            else _path(obj["kind"], ns))
     try:
-        _creators()[obj["kind"]](ns, obj)
+        _api().request("POST", path, obj, parse=False)  # the answer is not read
         return True
-    except ApiException as exc:
+    except ApiError as exc:
         if exc.status == 409:
             return False
         raise
 
 
-def api_message(exc: ApiException) -> str:
+def api_message(exc: ApiError) -> str:
     """The API server's own words for a refusal (the Status body's message), with the
     HTTP status, e.g. "403 Forbidden: configmaps "x" is forbidden: exceeded quota: ..."."""
     try:
@@ -98,28 +106,27 @@ def _unless_missing(call: Callable[[], Any]) -> Any | None:
     """The call's result, or None when the object does not exist (404)."""
     try:
         return call()
-    except ApiException as exc:
+    except ApiError as exc:
         if exc.status == 404:
             return None
         raise
 
 
+def _get(path: str, **query: str) -> dict[str, Any] | None:
+    """The object (or list) at `path`, or None when it does not exist."""
+    return cast(dict[str, Any] | None,
+                _unless_missing(lambda: _api().request("GET", path, query=query or None)))
+
+
 def get_ray_cluster(namespace: str, name: str) -> dict[str, Any] | None:
-    return cast(dict[str, Any] | None, _unless_missing(lambda: _custom(
-    ).get_namespaced_custom_object(RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name)))
-
-
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
-# Kueue labels each Workload with the UID of the job object it stands for.
-KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+    return _get(_custom(RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name))
 
 
 def workload_of(namespace: str, owner_uid: str) -> dict[str, Any] | None:
     """The Kueue Workload standing for the object with `owner_uid` (a RayCluster), or
     None (not created yet, or Kueue not installed)."""
-    found = _unless_missing(lambda: _custom().list_namespaced_custom_object(
-        KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads",
-        label_selector=f"{KUEUE_JOB_UID_LABEL}={owner_uid}"))
+    found = _get(_custom(KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads"),
+                 labelSelector=f"{KUEUE_JOB_UID_LABEL}={owner_uid}")
     items = [w for w in (found or {}).get("items") or []
              if any(r.get("uid") == owner_uid
                     for r in w.get("metadata", {}).get("ownerReferences") or [])]
@@ -128,105 +135,115 @@ def workload_of(namespace: str, owner_uid: str) -> dict[str, Any] | None:
 
 def cluster_queue_of(namespace: str, local_queue: str) -> str | None:
     """The ClusterQueue a LocalQueue feeds, or None if the LocalQueue does not exist."""
-    lq = _unless_missing(lambda: _custom().get_namespaced_custom_object(
-        KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", local_queue))
+    lq = _get(_custom(KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", local_queue))
     return str(lq["spec"]["clusterQueue"]) if lq else None
+
+
+def _group_versions() -> set[str]:
+    """What `/apis` lists, as "group/version"."""
+    groups = (_api().request("GET", "/apis") or {}).get("groups") or []
+    return {str(v.get("groupVersion")) for g in groups for v in g.get("versions") or []}
 
 
 def kueue_served() -> bool:
     """Whether the API server serves Kueue's LocalQueues (Kueue is installed)."""
-    groups = client.ApisApi(_api()).get_api_versions().groups or []
-    return any(g.name == KUEUE_GROUP and any(v.version == KUEUE_VERSION for v in g.versions)
-               for g in groups)
+    return f"{KUEUE_GROUP}/{KUEUE_VERSION}" in _group_versions()
 
 
 def read_discovery(group_versions: Collection[str]
                    ) -> tuple[set[str], dict[str, set[str]]]:
     """What `/apis` lists (as "group/version"), and the plurals each of `group_versions`
     serves where `/apis` lists it: the two documents Kopf's start-up scan reads."""
-    groups = client.ApisApi(_api()).get_api_versions().groups or []
-    listed = {v.group_version for g in groups for v in g.versions or []}
+    listed = _group_versions()
     plurals: dict[str, set[str]] = {}
     for gv in group_versions:
         if gv in listed:
-            group, version = gv.split("/", 1)
-            found = _unless_missing(partial(_custom().get_api_resources, group, version))
-            plurals[gv] = {r.name for r in (found.resources if found else None) or []}
+            found = _get(f"/apis/{gv}")
+            plurals[gv] = {str(r.get("name")) for r in (found or {}).get("resources") or []}
     return listed, plurals
+
+
+def _delete(path: str) -> bool:
+    """True if it was there to delete."""
+    try:
+        _api().request("DELETE", path, parse=False)
+        return True
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
 
 
 def delete_ray_cluster(namespace: str, name: str) -> bool:
     """True if it was there to delete."""
-    return _unless_missing(lambda: _custom().delete_namespaced_custom_object(
-        RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name)) is not None
+    return _delete(_custom(RAY_GROUP, RAY_VERSION_API, namespace, RAY_PLURAL, name))
 
 
 def patch_claim(namespace: str, claim: str, patch: dict[str, Any]) -> None:
-    """Merge-patch a claim's metadata (its owners and labels: checkpoint retention); a
-    resourceVersion in the patch makes it fail with 409 if the claim changed meanwhile."""
-    _core().patch_namespaced_persistent_volume_claim(claim, namespace, patch)
+    """Patch a claim's metadata (its owners and labels: checkpoint retention), a strategic
+    merge as for every built-in kind; a resourceVersion in the patch makes it fail with
+    409 if the claim changed meanwhile."""
+    _api().request("PATCH", _path("PersistentVolumeClaim", namespace, claim), patch,
+                   content_type=STRATEGIC_MERGE_PATCH, parse=False)
 
 
 def get_pod(namespace: str, name: str) -> dict[str, Any] | None:
-    pod = _unless_missing(lambda: _core().read_namespaced_pod(name, namespace))
-    return None if pod is None else cast(dict[str, Any], _api().sanitize_for_serialization(pod))
+    return _get(_path("Pod", namespace, name))
 
 
 def delete_pod(namespace: str, name: str) -> bool:
     """True if it was there to delete."""
-    return _unless_missing(lambda: _core().delete_namespaced_pod(name, namespace)) is not None
+    return _delete(_path("Pod", namespace, name))
 
 
 def list_gpu_nodes() -> list[dict[str, Any]]:
-    """The Nodes labelled with a GPU product (node_shapes.py); ApiException when the
-    operator may not list Nodes (a namespaced install without readNodes)."""
-    nodes = _core().list_node(label_selector=GPU_PRODUCT_LABEL)
-    return [_api().sanitize_for_serialization(n) for n in nodes.items]
+    """The Nodes labelled with a GPU product (node_shapes.py); ApiError when the operator
+    may not list Nodes (a namespaced install without readNodes)."""
+    nodes = _api().request("GET", "/api/v1/nodes", query={"labelSelector": GPU_PRODUCT_LABEL})
+    return list((nodes or {}).get("items") or [])
 
 
 def list_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
-    pods = _core().list_namespaced_pod(namespace, label_selector=selector)
-    return [_api().sanitize_for_serialization(p) for p in pods.items]
+    pods = _api().request("GET", _path("Pod", namespace), query={"labelSelector": selector})
+    return list((pods or {}).get("items") or [])
 
 
 def namespace_terminating(namespace: str) -> bool:
     """Whether the namespace is being deleted (or gone). Unreadable counts as live: a
     restart that then fails to create is reported; a restart skipped is lost."""
     try:
-        ns = _core().read_namespace(namespace)
-    except ApiException as exc:
+        ns = _api().request("GET", f"/api/v1/namespaces/{namespace}") or {}
+    except ApiError as exc:
         return exc.status == 404
-    deleting = ns.metadata is not None and ns.metadata.deletion_timestamp is not None
-    return deleting or (ns.status is not None and ns.status.phase == "Terminating")
+    deleting = bool((ns.get("metadata") or {}).get("deletionTimestamp"))
+    return deleting or (ns.get("status") or {}).get("phase") == "Terminating"
 
 
 def namespace_labels(namespace: str) -> dict[str, str]:
     """The namespace's labels ({} if it does not exist yet)."""
-    ns = _unless_missing(lambda: _core().read_namespace(namespace))
-    return dict((ns.metadata.labels or {}) if ns is not None and ns.metadata else {})
+    ns = _get(f"/api/v1/namespaces/{namespace}") or {}
+    return dict((ns.get("metadata") or {}).get("labels") or {})
 
 
 def resource_quotas(namespace: str, resource: str) -> list[tuple[str, str, str]]:
     """(name, hard, used) of every ResourceQuota in the namespace that limits `resource`."""
     out = []
-    for q in _core().list_namespaced_resource_quota(namespace).items:
-        hard = (q.spec.hard if q.spec else None) or {}
+    found = _api().request("GET", _path("ResourceQuota", namespace)) or {}
+    for q in found.get("items") or []:
+        hard = (q.get("spec") or {}).get("hard") or {}
         if resource in hard:
-            used = ((q.status.used if q.status else None) or {}).get(resource, "0")
-            name = q.metadata.name if q.metadata else ""
+            used = ((q.get("status") or {}).get("used") or {}).get(resource, "0")
+            name = (q.get("metadata") or {}).get("name") or ""
             out.append((str(name), str(hard[resource]), str(used)))
     return out
 
 
 def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
-    pvc = _unless_missing(lambda: _core().read_namespaced_persistent_volume_claim(
-        name, namespace))
-    return None if pvc is None else cast(dict[str, Any], _api().sanitize_for_serialization(pvc))
+    return _get(_path("PersistentVolumeClaim", namespace, name))
 
 
 def get_job(namespace: str, name: str) -> dict[str, Any] | None:
-    return cast(dict[str, Any] | None, _unless_missing(lambda: _custom(
-    ).get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)))
+    return _get(_custom(API_GROUP, API_VERSION, namespace, PLURAL, name))
 
 
 class Conflict(Exception):
@@ -240,9 +257,9 @@ def patch_job_status(namespace: str, name: str, status: dict[str, Any],
     if resource_version:
         body["metadata"] = {"resourceVersion": resource_version}
     try:
-        _custom().patch_namespaced_custom_object_status(
-            API_GROUP, API_VERSION, namespace, PLURAL, name, body)
-    except ApiException as exc:
+        _api().request("PATCH", _custom(API_GROUP, API_VERSION, namespace, PLURAL, name)
+                       + "/status", body, content_type=MERGE_PATCH, parse=False)
+    except ApiError as exc:
         if exc.status == 409:
             raise Conflict(name) from exc
         raise

@@ -9,6 +9,7 @@ import random
 import signal
 import sys
 import time
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -97,25 +98,19 @@ class PodUid(click.ParamType):
 
 @kopf.on.login()
 def operator_login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
-    """Kopf uses the same credentials as our client: --kubeconfig, else in-cluster."""
-    from kubernetes import client
-
-    kube.load_config(from_memo(memo).kubeconfig)
-    cfg = client.Configuration.get_default_copy()
-    # The client keeps a kubeconfig's or the pod's token under "BearerToken" (older
-    # versions: "authorization"); without it Kopf would talk as system:anonymous.
-    raw = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
-        "authorization") or ""
-    # In-cluster, the client stores "bearer <token>" (lower case); a kubeconfig's has
-    # "Bearer ". Either way Kopf wants the bare token.
-    scheme, _sep, rest = raw.partition(" ")
-    token = (rest if scheme.lower() == "bearer" else raw).strip()
+    """Kopf uses the same credentials as our client: --kubeconfig, else in-cluster. A
+    token file (the service account's, which rotates) is read now; Kopf logs in again
+    when the API server refuses the token it has."""
+    creds = kube.load_config(from_memo(memo).kubeconfig)
+    token = creds.token
+    if creds.token_path:
+        token = Path(creds.token_path).read_text().strip()
     return kopf.ConnectionInfo(
-        server=cfg.host,
-        ca_path=cfg.ssl_ca_cert,
-        insecure=not cfg.verify_ssl,
-        certificate_path=cfg.cert_file,
-        private_key_path=cfg.key_file,
+        server=creds.server,
+        ca_path=creds.ca_path,
+        insecure=creds.insecure,
+        certificate_path=creds.cert_path,
+        private_key_path=creds.key_path,
         scheme="Bearer" if token else None,
         token=token or None,
     )

@@ -11,11 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from kubernetes.client.exceptions import ApiException
-
 from grpo_api.catalog import GpuType
 
 from . import kube
+from .kube_api import ApiError
 from .node_shapes import NodeShape, node_shapes
 from .ttl_cache import TtlCache
 
@@ -34,7 +33,7 @@ def _read(catalog: Mapping[str, GpuType]) -> dict[str, NodeShape] | None:
     except Exception as exc:  # RBAC, or no API server: plan with the catalog, never wait
         if not _refused_logged:
             _refused_logged = True
-            why = kube.api_message(exc) if isinstance(exc, ApiException) else repr(exc)
+            why = kube.api_message(exc) if isinstance(exc, ApiError) else repr(exc)
             log.warning("cannot list Nodes (%s): plans use the GPU catalog's node RAM and "
                         "CPUs, named as assumed in status.plan.nodeSource", why)
         return None

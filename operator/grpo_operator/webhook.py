@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import API_GROUP, API_VERSION, KUEUE_QUEUE_LABEL, PLURAL
@@ -25,6 +24,7 @@ from . import hub_config, kube, node_cache
 from .config import OperatorConfig, from_memo
 from .hub_endpoints import NO_HUB_ENDPOINTS, readable, with_endpoint_url
 from .job_defaults import AT_CREATION, INHERITED_ANNOTATION, with_job_defaults
+from .kube_api import ApiError
 from .namespace_policy import (
     GPU_QUOTA,
     GpuQuota,
@@ -227,7 +227,7 @@ def read_namespace_facts(namespace: str) -> NamespaceFacts | None:
     try:
         return NamespaceFacts(namespace, kube.namespace_labels(namespace), tuple(
             GpuQuota(*q) for q in kube.resource_quotas(namespace, GPU_QUOTA)))
-    except ApiException as exc:
+    except ApiError as exc:
         log.warning("admission: cannot read namespace %s or its quotas (%s); checking the "
                     "spec only", namespace, kube.api_message(exc))
         return None
@@ -243,7 +243,7 @@ def kueue_installed() -> bool:
     missing queue in the job's status instead)."""
     try:
         return kube.kueue_served()
-    except ApiException as exc:
+    except ApiError as exc:
         log.warning("admission: cannot list API groups (%s); not checking for Kueue",
                     kube.api_message(exc))
         return True

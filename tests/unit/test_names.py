@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 from grpo_api.job import load_manifest
-from kubernetes.client.exceptions import ApiException
-
 from grpo_api.job.status import GRPOJobStatus
 from grpo_operator.crd import crd
 from grpo_operator.kube import api_message
+from grpo_operator.kube_api import ApiError
 from grpo_operator.planner import plan_memory
 from grpo_operator.reconcile import StoredStatus
 from grpo_operator.reconcile.attempts import create_failed
@@ -102,9 +101,7 @@ def test_a_job_with_a_name_kuberay_would_refuse_fails_at_once_saying_why() -> No
 def test_a_refused_child_shows_in_status_and_events_with_the_servers_message() -> None:
     body = json.dumps({"kind": "Status", "message": 'configmaps "j-config-0" is forbidden: '
                        "exceeded quota: no-cm, requested: count/configmaps=1"})
-    exc = ApiException(status=403, reason="Forbidden")
-    exc.body = body  # the shape the client raises for a refused create
-    message = api_message(exc)
+    message = api_message(ApiError(403, "Forbidden", body))  # a refused create
     assert message.startswith('403 Forbidden: configmaps "j-config-0" is forbidden')
     d = create_failed("ConfigMap", "j-config-0", message).derive(StoredStatus(), 3,
                                                                  "2026-01-01T00:00:00Z")
