@@ -68,10 +68,17 @@ class Credentials:
     token_path: str | None = None  # re-read: a service account's projected token rotates
     insecure: bool = False
 
+    def current_token(self) -> str | None:
+        """The bearer token as of now: the token file's contents, else the static token."""
+        if self.token_path is None:
+            return self.token
+        return Path(self.token_path).read_text().strip()
+
 
 def load_credentials(kubeconfig: str | None = None) -> Credentials:
     """``kubeconfig`` (or $KUBECONFIG) when given, else the pod's service account, else
-    ~/.kube/config: the order the official client uses for an operator."""
+    ~/.kube/config. A kubeconfig named on purpose wins over the service account (the
+    official client's in-cluster-first order ignored a --kubeconfig given in a pod)."""
     path = kubeconfig or os.environ.get("KUBECONFIG")
     if path:
         return from_kubeconfig(Path(path.split(os.pathsep)[0]))
@@ -188,7 +195,7 @@ class KubeClient:
         token, read_at = self._token
         if token is None or time.monotonic() - read_at > TOKEN_REREAD_SECONDS:
             with self._token_lock:
-                token = Path(self.creds.token_path).read_text().strip()
+                token = self.creds.current_token()
                 self._token = (token, time.monotonic())
         return token
 

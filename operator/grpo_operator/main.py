@@ -9,7 +9,6 @@ import random
 import signal
 import sys
 import time
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -102,9 +101,7 @@ def operator_login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     token file (the service account's, which rotates) is read now; Kopf logs in again
     when the API server refuses the token it has."""
     creds = kube.load_config(from_memo(memo).kubeconfig)
-    token = creds.token
-    if creds.token_path:
-        token = Path(creds.token_path).read_text().strip()
+    token = creds.current_token()
     return kopf.ConnectionInfo(
         server=creds.server,
         ca_path=creds.ca_path,

@@ -19,6 +19,7 @@ from grpo_api.catalog import GPU_CATALOG, GpuType
 from grpo_api.contract import API_GROUP, API_VERSION, KUEUE_QUEUE_LABEL, PLURAL
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.job.renames import RenameConflict, rename_warnings, with_new_names
+from grpo_api.job.status import GRPOJobStatus
 
 from . import hub_config, kube, node_cache
 from .config import OperatorConfig, from_memo
@@ -130,7 +131,7 @@ def review_admission(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | No
                      namespace: NamespaceFacts | None = None,
                      name: str = "job", kueue_installed: bool = True,
                      hub: HubAnswer | None = None,
-                     old_status: dict[str, Any] | None = None,
+                     old_status: GRPOJobStatus | None = None,
                      hub_endpoints: Mapping[str, str] = NO_HUB_ENDPOINTS) -> AdmissionReview:
     """admission_problem and admission_warnings from one parse of the spec (pure)."""
     problem, spec = _problem(raw_spec, old_raw_spec, catalog, namespace, name,
@@ -147,13 +148,13 @@ def admission_problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | N
                       namespace: NamespaceFacts | None = None,
                       name: str = "job", kueue_installed: bool = True,
                       hub: HubAnswer | None = None,
-                      old_status: dict[str, Any] | None = None,
+                      old_status: GRPOJobStatus | None = None,
                       hub_endpoints: Mapping[str, str] = NO_HUB_ENDPOINTS) -> str | None:
     """Why the API server should refuse this spec, or None (pure). With `namespace`,
     also what that namespace would refuse the job's pods (checked on the pods as
     rendered for the first attempt); its GPU quota only on create (a live job's own pods
     count as used). `hub`: the operator's read of a public hub model's config.json;
-    `old_status`: the live job's status (its config.json as read); `hub_endpoints`: the
+    `old_status`: the live job's status, read (its config.json as read); `hub_endpoints`: the
     hubs a job may name (reconcile/hub_endpoint.py)."""
     return _problem(raw_spec, old_raw_spec, catalog, namespace, name, kueue_installed, hub,
                     old_status, hub_endpoints)[0]
@@ -162,7 +163,7 @@ def admission_problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | N
 def _problem(raw_spec: dict[str, Any], old_raw_spec: dict[str, Any] | None,
              catalog: Mapping[str, GpuType], namespace: NamespaceFacts | None, name: str,
              kueue_installed: bool, hub: HubAnswer | None,
-             old_status: dict[str, Any] | None,
+             old_status: GRPOJobStatus | None,
              hub_endpoints: Mapping[str, str]) -> tuple[str | None, GRPOJobSpec | None]:
     """admission_problem's answer, and the spec as parsed (once) when it parsed."""
     if old_raw_spec is not None and old_raw_spec == raw_spec:
@@ -276,7 +277,9 @@ def review_request(raw_spec: dict[str, Any], old: dict[str, Any] | None,
     """Gather what the review needs (the namespace's rules, Kueue, the hub's config.json),
     then review: on an admission thread."""
     old_raw_spec = dict(old.get("spec") or {}) if operation == "UPDATE" and old else None
-    old_status = dict(old.get("status") or {}) if old_raw_spec is not None and old else {}
+    # Read once, here: the hub decision below and the plan's input (admission_input).
+    old_status = read_status(old.get("status") if old_raw_spec is not None and old
+                             else None).status
     changed = old_raw_spec != raw_spec
     # Checked as reconcile will run it: with the platform's defaults for its namespace.
     raw_spec = with_job_defaults(raw_spec, config.job_defaults, namespace or "").raw_spec
@@ -287,7 +290,7 @@ def review_request(raw_spec: dict[str, Any], old: dict[str, Any] | None,
     kueue = kueue_installed() if raw_spec.get("queueName") and old_raw_spec is None else True
     read = readable(raw_spec, config.hub_endpoints)  # an unlisted hub: refused, unread
     hub = (hub_config.read(hub_url(read)) if read is not None and changed and operator_reads_hub(
-        read, read_status(old_status).status, config.read_public_hub) else None)
+        read, old_status, config.read_public_hub) else None)
     catalog = catalog_with_nodes(config.catalog, node_cache.shapes(config.catalog))
     return review_admission(raw_spec, old_raw_spec, catalog, facts, name or "job",
                             kueue, hub, old_status, config.hub_endpoints)

@@ -36,7 +36,6 @@ from ..render.model_reader import render_model_reader
 from .conditions import JobEvent, unschedulable
 from .phases import Finding, has_ended
 from .status import StatusFacts, StatusRecord
-from .stored import read_status
 
 READ_POLL_SECONDS = 2.0  # how often a waiting job looks at its reader pod
 RETRY_SECONDS = 30.0  # a hub that could not be reached is asked again after this
@@ -122,14 +121,13 @@ def recorded(status: GRPOJobStatus) -> PlanInput | None:
 
 
 def admission_input(raw_spec: dict[str, Any], hub: HubAnswer | None,
-                    old_status: dict[str, Any] | None = None) -> tuple[PlanInput | None, bool]:
+                    old_status: GRPOJobStatus | None = None) -> tuple[PlanInput | None, bool]:
     """(plan input, whether to plan now) at admission. A recorded read (an update of a
     live job) or the operator's own GET of a public repo plan as reconcile will; so does
     the hub's definite answer (no such repo: refused) and, for a model the table knows,
     any failed read. Otherwise the job is admitted unplanned: planned in reconcile once
     the hub answers or the reader pod has read config.json."""
-    # The webhook's entry: the live job's status as stored.
-    if (done := recorded(read_status(old_status).status)) is not None:
+    if old_status is not None and (done := recorded(old_status)) is not None:
         return done, True
     how = how_read(raw_spec)
     known = known_family(str((raw_spec.get("model") or {}).get("path") or ""))
