@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from grpo_testkit.script_modules import load_script
 
 pytestmark = pytest.mark.unit
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def _rates() -> object:
-    spec = importlib.util.spec_from_file_location("gpu_fidelity_rates", BENCH /
-                                                  "gpu_fidelity_rates.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_fidelity_rates"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH / "gpu_fidelity_rates.py")
 
 
 SHAPE = SimpleNamespace(parameters=1100, vision_parameters=100, layers=2, hidden_size=4)

@@ -3,12 +3,13 @@ are Prometheus' histogram_quantile of the operator's own histogram."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from grpo_testkit.script_modules import load_script
 
 pytestmark = pytest.mark.unit
 
@@ -23,11 +24,7 @@ other_bucket{le="1.0"} 99.0
 
 
 def _probes() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("operator_probes", BENCH / "operator_probes.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH / "operator_probes.py")
 
 
 @pytest.mark.parametrize(("q", "expected"), [(0.25, 0.3), (0.5, 0.6), (0.75, 0.9)])

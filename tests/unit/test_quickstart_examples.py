@@ -6,7 +6,6 @@ these say which side broke when it fails."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
@@ -16,6 +15,7 @@ from types import ModuleType
 import pytest
 
 from grpo_api.trainer_config import DataConfig, JudgeConfig, RewardConfig
+from grpo_testkit.script_modules import load_script
 from grpo_trainer.data import Record
 from grpo_trainer.rewards import RewardRunner, RewardSample, resolve_reward, reward_rows
 from grpo_trainer.rewards.judge import Judge, deadline_s
@@ -39,11 +39,7 @@ def samples() -> list[RewardSample]:
 
 
 def judge_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("quickstart_judge", EXAMPLES / "judge.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLES / "judge.py", "quickstart_judge")
 
 
 @pytest.fixture
