@@ -35,7 +35,7 @@ class WebhookConfig:
     """The admission webhook server (on only when `port` is set)."""
 
     port: int = 0
-    host: str | None = None  # name the API server uses; self-signed cert without `cert`
+    host: str | None = None  # name the API server uses (managed configurations)
     cert: str | None = None
     key: str | None = None
     ca: str | None = None

@@ -3,17 +3,26 @@
 One GET (grpo_api.model_config.read_url, short timeout), answers cached by URL (the
 endpoint, repo and revision make it): a job is checked at apply and planned right after,
 and many jobs of one model read it once. A failed read is kept only briefly, so a retry
-after RETRY_SECONDS asks the hub again. The operator reads public repos only (a private
-one is read by a pod with the job's Secret); `grpo plan` passes the user's token for a
-job that names one, sent as the reader pod sends it (read_url's Authorization header).
+after RETRY_SECONDS asks the hub again. The admission webhooks are served by a process of
+their own (admission_process.py): a public repo's answer is also written to a directory
+both processes share (share_between_processes), so the plan right after the apply reads
+the admission's answer instead of asking the hub again. The operator reads public repos
+only (a private one is read by a pod with the job's Secret); `grpo plan` passes the
+user's token for a job that names one, sent as the reader pod sends it (read_url's
+Authorization header).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
 
 from grpo_api.model_config import ConfigUnavailable, read_url, shape_fields
 
@@ -25,6 +34,14 @@ MAX_ENTRIES = 256
 
 _lock = threading.Lock()
 _cache: dict[str, tuple[float, HubAnswer]] = {}
+_shared: Path | None = None  # set in the operator's process before the admission one forks
+
+
+def share_between_processes(directory: Path) -> None:
+    """Keep public repos' answers in ``directory`` too, for the operator's other process
+    (time.monotonic is one clock for every process of a Linux host)."""
+    global _shared
+    _shared = directory
 
 
 def read(url: str, clock: Callable[[], float] = time.monotonic, *,
@@ -38,6 +55,11 @@ def read(url: str, clock: Callable[[], float] = time.monotonic, *,
         hit = _cache.get(key)
     if hit is not None and hit[0] > now:
         return hit[1]
+    shared = _read_shared(key, now) if token is None else None
+    if shared is not None:
+        with _lock:
+            _cache[key] = shared
+        return shared[1]
     try:
         answer = HubAnswer(url, config=shape_fields(read_url(url, token)))
     except ConfigUnavailable as exc:
@@ -47,10 +69,43 @@ def read(url: str, clock: Callable[[], float] = time.monotonic, *,
         if len(_cache) >= MAX_ENTRIES:
             _cache.pop(next(iter(_cache)))  # the oldest entry
         _cache[key] = (clock() + ttl, answer)
+    if token is None and answer.config is not None:
+        _write_shared(key, _cache[key])
     return answer
+
+
+def _shared_file(key: str) -> Path | None:
+    return _shared / f"{hashlib.sha256(key.encode()).hexdigest()}.json" if _shared else None
+
+
+def _read_shared(key: str, now: float) -> tuple[float, HubAnswer] | None:
+    path = _shared_file(key)
+    try:
+        stored = json.loads(path.read_text()) if path else None
+    except (OSError, ValueError):
+        return None
+    if not stored or stored["expires"] <= now:
+        return None
+    return stored["expires"], HubAnswer(**stored["answer"])
+
+
+def _write_shared(key: str, entry: tuple[float, HubAnswer]) -> None:
+    """Written whole, then renamed: the other process never reads half a file."""
+    path = _shared_file(key)
+    if path is None:
+        return
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as out:
+            json.dump({"expires": entry[0], "answer": asdict(entry[1])}, out)
+        os.replace(out.name, path)
+    except OSError:
+        pass  # a full or read-only disk: the other process asks the hub itself
 
 
 def forget() -> None:
     """Empty the cache (tests)."""
     with _lock:
         _cache.clear()
+    if _shared is not None:
+        for stale in _shared.glob("*.json"):
+            stale.unlink(missing_ok=True)

@@ -263,3 +263,23 @@ def patch_job_status(namespace: str, name: str, status: dict[str, Any],
         if exc.status == 409:
             raise Conflict(name) from exc
         raise
+
+
+def _webhook_configuration_path(kind: str, name: str | None = None) -> str:
+    plural = {"ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+              "MutatingWebhookConfiguration": "mutatingwebhookconfigurations"}[kind]
+    return f"/apis/admissionregistration.k8s.io/v1/{plural}" + (f"/{name}" if name else "")
+
+
+def set_webhooks(configuration: dict[str, Any]) -> None:
+    """Create a webhook configuration, or set the webhooks of the one of its name (the
+    operator's managed ones, --webhook-manage)."""
+    kind, name = configuration["kind"], configuration["metadata"]["name"]
+    try:
+        _api().request("POST", _webhook_configuration_path(kind), configuration, parse=False)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        _api().request("PATCH", _webhook_configuration_path(kind, name),
+                       {"webhooks": configuration["webhooks"]}, content_type=MERGE_PATCH,
+                       parse=False)

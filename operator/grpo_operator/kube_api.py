@@ -52,6 +52,11 @@ class ApiError(Exception):
         self.status, self.reason, self.body = status, reason, body
 
 
+# What a request raises when the API server cannot be reached at all (refused, timed out,
+# TLS failed), after urllib3's retries.
+Unreachable = urllib3.exceptions.HTTPError
+
+
 class ConfigError(ValueError):
     """No usable credentials; the message names the file and field."""
 
@@ -204,7 +209,7 @@ class KubeClient:
                 parse: bool = True) -> Any:
         """``method`` on ``path`` (``/api/v1/...``); the answer's JSON (None with
         ``parse=False``, for writes whose answer nobody reads). ApiError on an error
-        status; urllib3's errors when the server cannot be reached."""
+        status; Unreachable (urllib3's errors) when the server cannot be reached."""
         url = self._prefix + path + (f"?{urlencode(query)}" if query else "")
         headers = {"Accept": JSON}
         token = self.bearer()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import random
+import shutil
 import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -19,7 +23,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
-from . import discovery, handlers, heap_report, kube  # noqa: F401 - handlers registers them
+from . import discovery, handlers, heap_report, hub_config, kube  # noqa: F401 - handlers registers them
+from .admission_process import AdmissionProcess, ca_bundle, endpoint_url
+from .admission_wire import managed_configurations
 from .catalog_file import CatalogError, load_catalog
 from .cert_watch import CHECK_INTERVAL_S, watch_certificate
 from .config import (
@@ -40,7 +46,8 @@ from .ssl_buffers import shrink_tls_read_buffers
 from .watch_health import WatchTracker
 
 log = logging.getLogger("grpo_operator")
-TRACKER_KEY, INSIGHTS_KEY = "watch_tracker", "kopf_insights"
+TRACKER_KEY, INSIGHTS_KEY, ADMISSION_KEY = "watch_tracker", "kopf_insights", "admission"
+ADMISSION_CHECK_S = 1.0  # how soon the operator notices its admission process ended
 
 
 def _watch_verdict(memo: kopf.Memo, config: OperatorConfig) -> tuple[bool, str]:
@@ -147,12 +154,13 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.networking.connect_timeout = 10  # watch streams too (Kopf falls back to it)
     settings.peering.lifetime = config.peering_lifetime_seconds
     hook = config.webhook
-    if hook.port:
-        settings.admission.server = kopf.WebhookServer(
-            addr=config.bind, port=hook.port, host=hook.host, certfile=hook.cert,
-            pkeyfile=hook.key, cafile=hook.ca)
-        if hook.manage:
-            settings.admission.managed = hook.manage
+    admission: AdmissionProcess | None = memo.get(ADMISSION_KEY)
+    if admission is not None:
+        memo.admission_watch = asyncio.create_task(_stop_when_admission_ends(admission))
+        if hook.manage:  # dev and the testbed: the configurations point at our process
+            for obj in managed_configurations(hook.manage, endpoint_url(hook, config.bind),
+                                              ca_bundle(hook)):
+                kube.set_webhooks(obj)
         if hook.cert:  # files mounted from a Secret: a renewal restarts us (cert_watch.py)
             files = [f for f in (hook.cert, hook.key) if f]
             memo.cert_watch = asyncio.create_task(watch_certificate(
@@ -160,11 +168,29 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
                 hook.cert_check_seconds))
 
 
+async def _stop_when_admission_ends(admission: AdmissionProcess) -> None:
+    """An operator whose webhooks are not served refuses every GRPOJob write: stop, for
+    Kubernetes to restart the pod (and with it the admission process)."""
+    while admission.exitcode is None:
+        await asyncio.sleep(ADMISSION_CHECK_S)
+    log.error("the admission process ended (exit code %s); stopping the operator for it "
+              "to be started again", admission.exitcode)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 @kopf.on.cleanup()
 async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    watcher = memo.get("cert_watch")
-    if watcher is not None:
-        watcher.cancel()
+    for task in ("cert_watch", "admission_watch"):
+        watcher = memo.get(task)
+        if watcher is not None:
+            watcher.cancel()
+    admission: AdmissionProcess | None = memo.get(ADMISSION_KEY)
+    if admission is not None:
+        admission.stop()
+        manage = from_memo(memo).webhook.manage
+        if manage:  # as Kopf did: no webhook left behind that refuses every write
+            for obj in managed_configurations(manage, "https://unused", None):
+                kube.set_webhooks({**obj, "webhooks": []})
     runner = memo.get("probes")
     if runner is not None:
         await runner.cleanup()
@@ -182,8 +208,10 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 @click.option("--webhook-port", type=int, default=0, show_default=True,
               help="Port of the admission webhook; 0 turns it off.")
 @click.option("--webhook-host", default=None, help="Host name the API server uses to reach "
-              "the webhook (self-signed certificate when no --webhook-cert).")
-@click.option("--webhook-cert", type=click.Path(exists=True), default=None)
+              "the webhook, in managed webhook configurations (--webhook-manage).")
+@click.option("--webhook-cert", type=click.Path(exists=True), default=None,
+              help="Serving certificate of the webhook (PEM), for --webhook-host or the "
+              "chart's Service; needed with --webhook-port.")
 @click.option("--webhook-cert-check", type=click.FloatRange(min=0.1), default=CHECK_INTERVAL_S,
               show_default=True, help="Seconds between looks at --webhook-cert and "
               "--webhook-key: once renewed (cert-manager, a chart upgrade), the operator "
@@ -283,6 +311,12 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         defaults = parse_job_defaults(job_defaults) if job_defaults else NO_JOB_DEFAULTS
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--job-defaults") from None
+    if webhook_port and not (webhook_cert and webhook_key):
+        raise click.BadParameter(
+            "--webhook-port needs --webhook-cert and --webhook-key: the API server calls "
+            "webhooks over TLS only (the chart mounts them from its Secret; for development, "
+            "a certificate for --webhook-host signed by the --webhook-ca you give)",
+            param_hint="--webhook-cert")
     config = OperatorConfig(
         default_image=trainer_image, job_defaults=defaults, trainer_pod_uid=trainer_pod_uid,
         catalog=MappingProxyType(catalog), kubeconfig=kubeconfig,
@@ -295,10 +329,12 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
         webhook=WebhookConfig(port=webhook_port, host=webhook_host, cert=webhook_cert,
                               cert_check_seconds=webhook_cert_check,
                               key=webhook_key, ca=webhook_ca, manage=webhook_manage))
-    if webhook_port:
-        # Imported (and so registered with Kopf) only when there is a server for it:
-        # Kopf refuses to run admission handlers without one.
-        from . import webhook  # noqa: F401
+    memo = kopf.Memo()
+    if webhook_port:  # forked now, before any thread runs (admission_process.py)
+        shared = Path(tempfile.mkdtemp(prefix="grpo-operator-hub-"))
+        atexit.register(shutil.rmtree, shared, ignore_errors=True)
+        hub_config.share_between_processes(shared)  # config.json read at apply, planned
+        memo[ADMISSION_KEY] = AdmissionProcess.start(config)
     if priority is None:
         priority = replica_priority(time.time(), random.randrange(SALT_RANGE))
     see_listed_namespaces()
@@ -308,8 +344,9 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
     # are watched; kopf.run takes it as a keyword, its type is Kopf's own.
     insights = Insights()
     try:
+        memo.update({MEMO_KEY: config, TRACKER_KEY: tracker, INSIGHTS_KEY: insights})
         kopf.run(
-            memo=kopf.Memo({MEMO_KEY: config, TRACKER_KEY: tracker, INSIGHTS_KEY: insights}),
+            memo=memo,
             clusterwide=not namespaces,
             namespaces=list(namespaces),
             standalone=peering is None,

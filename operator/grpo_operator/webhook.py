@@ -5,27 +5,24 @@ would otherwise only show once KubeRay tries to create them."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import kopf
-
 from grpo_api.catalog import GPU_CATALOG, GpuType
-from grpo_api.contract import API_GROUP, API_VERSION, KUEUE_QUEUE_LABEL, PLURAL
+from grpo_api.contract import KUEUE_QUEUE_LABEL
 from grpo_api.job import GRPOJobSpec, SpecError, parse_spec
 from grpo_api.job.renames import RenameConflict, rename_warnings, with_new_names
 from grpo_api.job.status import GRPOJobStatus
 
 from . import hub_config, kube, node_cache
-from .config import OperatorConfig, from_memo
+from .admission_wire import fields_patch
+from .config import OperatorConfig
 from .hub_endpoints import NO_HUB_ENDPOINTS, readable, with_endpoint_url
 from .job_defaults import AT_CREATION, INHERITED_ANNOTATION, with_job_defaults
-from .kube_api import ApiError
+from .kube_api import ApiError, Unreachable
 from .namespace_policy import (
     GPU_QUOTA,
     GpuQuota,
@@ -228,9 +225,9 @@ def read_namespace_facts(namespace: str) -> NamespaceFacts | None:
     try:
         return NamespaceFacts(namespace, kube.namespace_labels(namespace), tuple(
             GpuQuota(*q) for q in kube.resource_quotas(namespace, GPU_QUOTA)))
-    except ApiError as exc:
+    except (ApiError, Unreachable) as exc:
         log.warning("admission: cannot read namespace %s or its quotas (%s); checking the "
-                    "spec only", namespace, kube.api_message(exc))
+                    "spec only", namespace, _why(exc))
         return None
 
 
@@ -244,10 +241,14 @@ def kueue_installed() -> bool:
     missing queue in the job's status instead)."""
     try:
         return kube.kueue_served()
-    except ApiError as exc:
+    except (ApiError, Unreachable) as exc:
         log.warning("admission: cannot list API groups (%s); not checking for Kueue",
-                    kube.api_message(exc))
+                    _why(exc))
         return True
+
+
+def _why(exc: Exception) -> str:
+    return kube.api_message(exc) if isinstance(exc, ApiError) else repr(exc)
 
 
 def admission_warnings(raw_spec: dict[str, Any], hub: HubAnswer | None = None,
@@ -261,14 +262,6 @@ def admission_warnings(raw_spec: dict[str, Any], hub: HubAnswer | None = None,
         return []  # refused anyway, with its own message
     model = admission_warning(raw_spec, hub)
     return [*found, model] if model else found
-
-
-# Admission work runs on threads of its own: Kopf runs sync handlers on the one executor
-# that reconciles use, so while 200 new jobs reconciled, every admission queued behind
-# them (1.2 s mean as the API server timed it; docs/benchmarks.md). An admission mostly
-# waits on two namespace reads, so it gets many threads.
-ADMISSION_WORKERS = 16
-_admission_pool = ThreadPoolExecutor(ADMISSION_WORKERS, thread_name_prefix="admission")
 
 
 def review_request(raw_spec: dict[str, Any], old: dict[str, Any] | None,
@@ -296,24 +289,19 @@ def review_request(raw_spec: dict[str, Any], old: dict[str, Any] | None,
                             kueue, hub, old_status, config.hub_endpoints)
 
 
-@kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id="validate-grpojob")
-async def grpojob_validate(body: kopf.Body, memo: kopf.Memo, warnings: list[str],
-                           name: str | None, namespace: str | None,
-                           old: kopf.Body | None = None, operation: str | None = None,
-                           **_: Any) -> None:
-    old_body = dict(old) if old else None
-    raw_spec = dict(body.get("spec") or {})  # parsed on the admission thread, once
-    label = queue_label_problem(body.get("metadata", {}).get("labels") or {}, raw_spec,
-                                None if old is None else old.get("metadata", {}).get("labels")
-                                or {})
+def validate(body: Mapping[str, Any], old: Mapping[str, Any] | None, operation: str | None,
+             namespace: str, config: OperatorConfig) -> AdmissionReview:
+    """The validating webhook's answer to one request: the Kueue label, then
+    review_request (it reads the namespace, Kueue's API and the hub: run it on an
+    admission thread, admission_process.py)."""
+    meta = body.get("metadata") or {}
+    raw_spec = dict(body.get("spec") or {})
+    old_labels = None if old is None else (old.get("metadata") or {}).get("labels") or {}
+    label = queue_label_problem(meta.get("labels") or {}, raw_spec, old_labels)
     if label:
-        raise kopf.AdmissionError(label, code=422)
-    review = await asyncio.get_running_loop().run_in_executor(
-        _admission_pool, review_request, raw_spec, old_body, operation, name, namespace,
-        from_memo(memo))
-    if review.problem:
-        raise kopf.AdmissionError(review.problem, code=422)
-    warnings.extend(review.warnings)
+        return AdmissionReview(label, [])
+    return review_request(raw_spec, dict(old) if old else None, operation, meta.get("name"),
+                          namespace, config)
 
 
 @dataclass(frozen=True)
@@ -347,14 +335,11 @@ def creation_defaults(raw_spec: Mapping[str, Any], labels: Mapping[str, Any],
     return CreationDefaults(spec, annotations)
 
 
-@kopf.on.mutate(API_GROUP, API_VERSION, PLURAL, id="default-grpojob", operations=["CREATE"])
-async def grpojob_default(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
-                          namespace: str | None = None, **_: Any) -> None:
-    """creation_defaults, patched in (in the event loop: no I/O, nothing to wait for)."""
+def default_patch(body: Mapping[str, Any], namespace: str,
+                  config: OperatorConfig) -> list[dict[str, Any]]:
+    """The mutating webhook's answer to a create: creation_defaults as a JSON patch (pure:
+    nothing to wait for)."""
     meta = body.get("metadata") or {}
-    found = creation_defaults(body.get("spec") or {}, meta.get("labels") or {},
-                              namespace or str(meta.get("namespace") or ""), from_memo(memo))
-    for key, value in found.spec.items():
-        patch.spec[key] = value
-    for key, value in found.annotations.items():
-        patch.metadata.annotations[key] = value
+    found = creation_defaults(body.get("spec") or {}, meta.get("labels") or {}, namespace,
+                              config)
+    return fields_patch(body, found.spec, found.annotations)

@@ -6,6 +6,8 @@ behind the chart's Service)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -133,6 +135,34 @@ def test_a_renewed_webhook_certificate_makes_the_operator_restart_to_serve_it(
         log = op.log.read_text()
         assert "the webhook certificate" in log and "was renewed; restarting" in log, \
             op.log_tail()
+    finally:
+        op.stop()
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+            grpo_crd.kubectl("delete", kind, WEBHOOK_CONFIG, "--ignore-not-found", check=False)
+
+
+def test_an_operator_whose_admission_process_dies_stops_and_clears_its_webhooks(
+        grpo_crd: Testbed, ns: str, tmp_path: Path) -> None:
+    """The webhooks are served by a process of the operator's own (admission_process.py):
+    while it answers, a bad spec is refused with the planner's words; once it is gone the
+    operator stops, saying why, for Kubernetes to start both again, and takes its managed
+    webhooks with it (else every GRPOJob write would be refused by a dead endpoint)."""
+    op = OperatorProcess(grpo_crd, tmp_path / "op", namespaces=(ns,)).start()
+    try:
+        assert op.proc is not None
+        bad = example_job("grpojob-qwen25vl-7b-h100.yaml", "bad")
+        bad["spec"]["resources"]["gpusPerNode"] = 9
+        refused = grpo_crd.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(bad),
+                                   check=False)
+        assert refused.returncode != 0 and "spec.resources.gpusPerNode" in refused.stderr
+        children = Path(f"/proc/{op.proc.pid}/task/{op.proc.pid}/children").read_text().split()
+        assert len(children) == 1, children  # the admission process
+        os.kill(int(children[0]), signal.SIGKILL)
+        assert op.proc.wait(60) is not None
+        assert "the admission process ended (exit code -9)" in op.log.read_text(), \
+            op.log_tail()
+        hooks = kubectl_json(grpo_crd, "validatingwebhookconfiguration", WEBHOOK_CONFIG)
+        assert not hooks.get("webhooks"), hooks
     finally:
         op.stop()
         for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):

@@ -1,0 +1,140 @@
+"""The admission webhooks, served by a process of their own.
+
+Served in the operator's process, an admission waited for Kopf's event loop and the GIL,
+which the watch streams and 32 reconcile threads share: one review is 2-4 ms of CPU, but
+creating 200 jobs took 3.5-5.5x as long as creating 200 RayJobs (docs/benchmarks.md,
+"Admission in its own process"). This process is forked from the operator's before Kopf
+starts (no thread runs yet, and the imported modules' pages stay shared), serves
+/validate-grpojob and /default-grpojob over TLS on --webhook-port, and ends with the
+operator: the operator stops when it ends (Kubernetes restarts the pod), and it ends when
+the operator is gone (a SIGKILL leaves it no one to answer for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, cast
+
+import kopf
+from aiohttp import web
+
+from . import kube
+from .admission_wire import DEFAULT, VALIDATE, WEBHOOKS, review_answer, webhook_at
+from .config import OperatorConfig, WebhookConfig
+from .webhook import default_patch, validate
+
+log = logging.getLogger("grpo_operator.admission")
+
+# An admission mostly waits on reads (the namespace, its quotas, a hub's config.json):
+# many threads, so that one slow read does not hold the others.
+ADMISSION_WORKERS = 16
+ORPHAN_CHECK_S = 1.0  # how soon the process ends after the operator's is gone
+
+
+def endpoint_url(hook: WebhookConfig, bind: str) -> str:
+    """Where the API server reaches the webhooks (managed configurations): --webhook-host,
+    else the bind address (loopback for a catch-all one)."""
+    host = hook.host or ("127.0.0.1" if bind in ("", "0.0.0.0", "::") else bind)
+    return f"https://{f'[{host}]' if ':' in host else host}:{hook.port}"
+
+
+def ca_bundle(hook: WebhookConfig) -> bytes | None:
+    """What the API server should trust: --webhook-ca, else the certificate itself."""
+    source = hook.ca or hook.cert
+    return Path(source).read_bytes() if source else None
+
+
+async def answer(review: dict[str, Any], path: str | None, config: OperatorConfig,
+                 pool: ThreadPoolExecutor) -> dict[str, Any]:
+    """One AdmissionReview's answer; an unexpected error refuses the write with its words
+    (as Kopf answered), logged with its stack."""
+    webhook = webhook_at(path)
+    if webhook is None:
+        raise web.HTTPNotFound(reason=f"no webhook at {path!r}: this operator serves "
+                               + ", ".join(f"/{w.path}" for w in WEBHOOKS))
+    request = review.get("request") or {}
+    body = request.get("object") or {}
+    namespace = str(request.get("namespace") or (body.get("metadata") or {}).get("namespace")
+                    or "")
+    try:
+        if webhook is DEFAULT:
+            return review_answer(review, patch=default_patch(body, namespace, config))
+        assert webhook is VALIDATE
+        found = await asyncio.get_running_loop().run_in_executor(
+            pool, validate, body, request.get("oldObject"), request.get("operation"),
+            namespace, config)
+        return review_answer(review, found.problem, warnings=found.warnings)
+    except Exception as exc:
+        log.exception("admission: %s of %s/%s failed", webhook.path, namespace,
+                      (body.get("metadata") or {}).get("name"))
+        return review_answer(review, f"the GRPO operator's admission failed: {exc!r}",
+                             code=500)
+
+
+async def _exit_when_orphaned(parent: int) -> None:
+    while os.getppid() == parent:
+        await asyncio.sleep(ORPHAN_CHECK_S)
+    log.error("admission: the operator's process %d is gone; stopping", parent)
+    os._exit(1)
+
+
+async def serve(config: OperatorConfig, parent: int) -> None:
+    """Serve the webhooks until the operator's process is gone (the child's main)."""
+    kube.load_config(config.kubeconfig)
+    hook = config.webhook
+    pool = ThreadPoolExecutor(ADMISSION_WORKERS, thread_name_prefix="admission")
+    orphaned = asyncio.create_task(_exit_when_orphaned(parent))
+
+    async def fn(review: Any, *, webhook: str | None = None, **_: Any) -> dict[str, Any]:
+        return await answer(review, webhook, config, pool)
+
+    # Kopf's server for TLS and the certificate's reload; the answers are ours.
+    server = kopf.WebhookServer(addr=config.bind, port=hook.port, host=hook.host,
+                                certfile=hook.cert, pkeyfile=hook.key, cafile=hook.ca,
+                                file_check_interval=hook.cert_check_seconds)
+    # Kopf types a review as its own TypedDicts (not exported); ours are plain dicts.
+    async for _ in server(cast(kopf.WebhookFn, fn)):
+        log.info("admission: serving %s on %s:%d (process %d)",
+                 ", ".join(f"/{w.path}" for w in WEBHOOKS), config.bind, hook.port,
+                 os.getpid())
+    orphaned.cancel()
+
+
+def _child_main(config: OperatorConfig, parent: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C stops the operator, which stops us
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    asyncio.run(serve(config, parent))
+
+
+class AdmissionProcess:
+    """The parent's handle on the admission process."""
+
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        # fork: started before Kopf makes any thread; the child keeps the parent's
+        # imported modules (shared pages) instead of importing them again.
+        context = multiprocessing.get_context("fork")
+        self.process = context.Process(target=_child_main, args=(config, os.getpid()),
+                                       name="grpo-admission", daemon=True)
+
+    @classmethod
+    def start(cls, config: OperatorConfig) -> AdmissionProcess:
+        """Fork, and serve in the child."""
+        handle = cls(config)
+        handle.process.start()
+        return handle
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
