@@ -4,9 +4,11 @@ a scale curve: ``--jobs 50,200,1000``).
 Per object, seconds from its creation until its RayCluster exists, its checkpoint claim
 is Bound, its head pod is scheduled and running, and the object is Running (GRPOJob
 phase Running; RayJob jobDeploymentStatus Running): the stages say where a gap opens.
-Also the operator's peak RSS and CPU time, and how long the creates took (each GRPOJob
-create goes through the admission webhooks). Both runs share one testbed, one after the
-other, on enough extra fake CPU nodes that scheduling never waits for capacity. The
+Also the operator's peak RSS and CPU time (its admission process's beside it, and both
+together: their PSS, what the pod's memory cgroup is charged), and how long the creates
+took (each GRPOJob create goes through the admission webhooks). Both runs share one
+testbed, one after the other, on enough extra fake CPU nodes that scheduling never waits
+for capacity. The
 baseline's head pods mount a claim created with each RayJob, as each GRPOJob's do
 (`--no-baseline-claims`: none, as before 2026-11-27).
 
@@ -44,7 +46,13 @@ from typing import Any, cast
 
 import yaml
 from kubernetes import client, config, watch
-from operator_probes import histogram_quantile, proc_usage, sample_operator  # bench/
+from operator_probes import (  # bench/
+    PssPeak,
+    children,
+    histogram_quantile,
+    proc_usage,
+    sample_operator,
+)
 
 from grpo_api.contract import Phase
 from grpo_testbed.examples import example_job
@@ -325,12 +333,18 @@ def measure(jobs: int, order: str, provisioner_kind: str, baseline_claims: bool,
             try:
                 assert op.proc is not None
                 _, usage["idle_rss_mib"], _ = proc_usage(op.proc.pid)
+                pss = PssPeak(op.proc.pid)
                 spy = sample_operator(op.proc.pid, py_spy) if py_spy else None
                 found = run_grpojobs(tb, op, jobs)
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)
                     spy.wait(timeout=60)
-                usage["rss_mib"], _, usage["cpu_s"] = proc_usage(op.proc.pid)
+                usage["pss_peak_mib"] = pss.stop()
+                usage["rss_mib"], _, usage["operator_cpu_s"] = proc_usage(op.proc.pid)
+                usage["cpu_s"] = usage["operator_cpu_s"]
+                for child in children(op.proc.pid):  # the admission process
+                    usage["admission_rss_mib"], _, cpu = proc_usage(child)
+                    usage["cpu_s"] += cpu
                 scrape = op.metrics()
                 for q in (0.5, 0.99):
                     usage[f"reconcile_p{round(q * 100)}_s"] = histogram_quantile(
@@ -378,8 +392,11 @@ def report(r: dict[str, Any]) -> None:
         ratio = ours[key] / base[key] if base[key] else float("inf")
         print(f"{label:30}{ours[key]:>16.2f}{base[key]:>18.2f}{ratio:>7.2f}x")
     print(f"operator peak RSS {r['rss_mib']:.0f} MiB (idle {r['idle_rss_mib']:.0f}; "
-          f"{(r['rss_mib'] - r['idle_rss_mib']) / jobs * 1024:.0f} KiB a job), CPU time "
-          f"{r['cpu_s']:.1f} s ({r['cpu_s'] / jobs * 1000:.0f} ms a job), reconcile p50 "
+          f"{(r['rss_mib'] - r['idle_rss_mib']) / jobs * 1024:.0f} KiB a job), its admission "
+          f"process's {r.get('admission_rss_mib', 0):.0f} MiB; both together (PSS, shared "
+          f"pages once) peak {r.get('pss_peak_mib', float('nan')):.0f} MiB")
+    print(f"CPU time of both {r['cpu_s']:.1f} s ({r['cpu_s'] / jobs * 1000:.0f} ms a job; "
+          f"the operator's {r.get('operator_cpu_s', r['cpu_s']):.1f} s), reconcile p50 "
           f"{r['reconcile_p50_s'] * 1000:.0f} ms / p99 {r['reconcile_p99_s'] * 1000:.0f} ms")
     print(f"load average before / after: {r['load_before']:.2f} / {r['load_after']:.2f}")
 

@@ -1,11 +1,13 @@
-"""What bench_operator.py reads of the operator's process: its memory and CPU time from
-/proc, a quantile of one of its Prometheus histograms, and py-spy samples of it."""
+"""What bench_operator.py reads of the operator's processes (the operator's and its
+admission process): memory and CPU time from /proc, a quantile of one of its Prometheus
+histograms, and py-spy samples of it."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 
@@ -17,6 +19,47 @@ def proc_usage(pid: int) -> tuple[float, float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])
     return kib["VmHWM"] / 1024, kib["VmRSS"] / 1024, ticks / 100
+
+
+def children(pid: int) -> list[int]:
+    """The process's children (the operator's: its admission process)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def pss_mib(pids: list[int]) -> float:
+    """The processes' proportional set size together (MiB): pages they share (the forked
+    admission process keeps the operator's imported modules) counted once, as the pod's
+    memory cgroup charges them."""
+    kib = 0
+    for pid in pids:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except FileNotFoundError:
+            continue
+        kib += next(int(ln.split()[1]) for ln in rollup.splitlines() if ln.startswith("Pss:"))
+    return kib / 1024
+
+
+class PssPeak:
+    """The highest PSS of a process and its children together, sampled every second."""
+
+    def __init__(self, pid: int, interval_s: float = 1.0) -> None:
+        self.pid, self.interval_s, self.peak_mib = pid, interval_s, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_mib = max(self.peak_mib, pss_mib([self.pid, *children(self.pid)]))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_mib
 
 
 def histogram_quantile(metrics_text: str, name: str, q: float) -> float:
