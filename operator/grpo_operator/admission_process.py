@@ -25,7 +25,7 @@ import kopf
 from aiohttp import web
 
 from . import kube
-from .admission_wire import DEFAULT, VALIDATE, WEBHOOKS, review_answer, webhook_at
+from .admission_review import DEFAULT, VALIDATE, WEBHOOKS, review_answer, webhook_at
 from .config import OperatorConfig, WebhookConfig
 from .webhook import default_patch, validate
 

@@ -25,7 +25,7 @@ from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
 from . import discovery, handlers, heap_report, hub_config, kube  # noqa: F401 - handlers registers them
 from .admission_process import AdmissionProcess, ca_bundle, endpoint_url
-from .admission_wire import managed_configurations
+from .admission_review import managed_configurations
 from .catalog_file import CatalogError, load_catalog
 from .cert_watch import CHECK_INTERVAL_S, watch_certificate
 from .config import (

@@ -18,7 +18,7 @@ from grpo_api.job.renames import RenameConflict, rename_warnings, with_new_names
 from grpo_api.job.status import GRPOJobStatus
 
 from . import hub_config, kube, node_cache
-from .admission_wire import fields_patch
+from .admission_review import fields_patch
 from .config import OperatorConfig
 from .hub_endpoints import NO_HUB_ENDPOINTS, readable, with_endpoint_url
 from .job_defaults import AT_CREATION, INHERITED_ANNOTATION, with_job_defaults

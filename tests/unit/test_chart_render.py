@@ -439,7 +439,7 @@ def test_generated_certificate_is_signed_by_the_ca_bundle_and_names_the_service(
     assert f"{svc['metadata']['name']}.{NS}.svc" in dns.get_values_for_type(x509.DNSName)
     hooks = _webhooks(docs)
     assert sorted(h["clientConfig"]["service"]["path"] for h in hooks) == [
-        "/default-grpojob", "/validate-grpojob"]  # the Kopf handler ids in webhook.py
+        "/default-grpojob", "/validate-grpojob"]  # admission_review.WEBHOOKS
     for h in hooks:
         assert h["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
         assert h["clientConfig"]["service"]["name"] == svc["metadata"]["name"]

@@ -11,7 +11,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from grpo_operator.admission_wire import (
+from grpo_operator.admission_review import (
     DEFAULT,
     VALIDATE,
     fields_patch,

@@ -1,8 +1,8 @@
-"""The admission webhooks on the wire (pure): which webhooks the operator serves and at
-which paths, the AdmissionReview answer, a new job's creation defaults as a JSON patch,
-and the webhook configurations the operator keeps itself with --webhook-manage (the
-chart writes its own, to the same paths: tests/unit/test_admission_wire.py holds the two
-together)."""
+"""AdmissionReview in and out, and the webhook configurations (pure): which webhooks the
+operator serves and at which paths, the answer the API server reads, a new job's creation
+defaults as a JSON patch, and the configurations the operator keeps itself with
+--webhook-manage (the chart writes its own, to the same paths:
+tests/unit/test_admission_review.py holds the two together)."""
 
 from __future__ import annotations
 
