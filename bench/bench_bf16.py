@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from grpo_trainer.worker import Worker
+from grpo_trainer.rank.worker import Worker
 
 MODES = ("mixed", "kahan", "stochastic", "none")
 
@@ -144,7 +144,7 @@ def drift(
 
 
 def learn(model: Path, data: Path, mode: str, steps: int) -> dict[str, Any]:
-    from grpo_trainer.driver import GRPOTrainer
+    from grpo_trainer.driver.driver import GRPOTrainer
 
     cfg = _config(model, data, mode, steps)
     trainer = GRPOTrainer(cfg)

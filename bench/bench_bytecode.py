@@ -34,7 +34,8 @@ from pathlib import Path
 
 import yaml
 
-IMPORTS = ("import grpo_trainer.driver, grpo_trainer.worker, grpo_trainer.rewards, vllm; "
+IMPORTS = ("import grpo_trainer.driver.driver, grpo_trainer.rank.worker, grpo_trainer.rewards, "
+           "vllm; "
            "from transformers.models import qwen2, qwen2_5_vl; qwen2.Qwen2ForCausalLM; "
            "qwen2_5_vl.Qwen2_5_VLForConditionalGeneration")
 

@@ -93,7 +93,7 @@ def main() -> int:
     from grpo_testkit.tiny_models import build_tiny_qwen2
     from grpo_trainer.checkpointing.dcp import DCPCheckpointer
     from grpo_trainer.config import build_config
-    from grpo_trainer.driver import GRPOTrainer
+    from grpo_trainer.driver.driver import GRPOTrainer
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-ckpt-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -118,8 +118,8 @@ def _index(cfg: Any, count: Any, ckpt: Path) -> tuple[int, int]:
 
 
 def measure(args: argparse.Namespace) -> None:
+    from grpo_trainer.algorithm.samples import prompt_token_counter
     from grpo_trainer.config import build_config
-    from grpo_trainer.samples import prompt_token_counter
 
     cfg = build_config({"model": {"path": args.model},
                         "data": {"train_files": [args.file], "max_prompt_length": 4096,

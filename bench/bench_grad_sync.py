@@ -50,7 +50,7 @@ def _sync_once(policy: Any, micros: int) -> None:
 def rank_times(rank: int, world: int, arg: dict[str, Any]) -> dict[str, list[float]]:
     from grpo_trainer.config import build_config
     from grpo_trainer.data import Record
-    from grpo_trainer.worker import Worker
+    from grpo_trainer.rank.worker import Worker
 
     worker = Worker(build_config(arg["config"], environ={}), rank, world)
     worker.setup("127.0.0.1", 0)

@@ -64,8 +64,8 @@ def _model(args: argparse.Namespace) -> torch.nn.Module:
 
 
 def _batch(prompt: int, response: int, samples: int, vocab: int) -> Any:
+    from grpo_trainer.algorithm.samples import EncodedPrompt, Sample, collate_train
     from grpo_trainer.data import Record
-    from grpo_trainer.samples import EncodedPrompt, Sample, collate_train
 
     gen = torch.Generator().manual_seed(prompt + response)
     items = []
@@ -77,7 +77,7 @@ def _batch(prompt: int, response: int, samples: int, vocab: int) -> Any:
 
 
 def _step(model: torch.nn.Module, batch: Any, chunked: bool, chunk: int) -> None:
-    from grpo_trainer.lean_logprobs import full_logits_log_probs, lean_log_probs
+    from grpo_trainer.algorithm.lean_logprobs import full_logits_log_probs, lean_log_probs
 
     kwargs: dict[str, Any] = {"temperature": 1.0, "entropy": True, "entropy_grad": False}
     inputs = batch.model_inputs

@@ -41,8 +41,8 @@ def build(tmp: Path, args: argparse.Namespace) -> tuple[Path, list[Any], Any]:
     from transformers import AutoTokenizer
 
     from grpo_testkit.tiny_models import build_tiny_qwen2
+    from grpo_trainer.algorithm.samples import PromptEncoder
     from grpo_trainer.data import Record, load_template
-    from grpo_trainer.samples import PromptEncoder
 
     model = build_tiny_qwen2(tmp / "model", hidden=args.hidden, layers=args.layers)
     tok = AutoTokenizer.from_pretrained(model)

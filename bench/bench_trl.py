@@ -131,10 +131,10 @@ def build_workload(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, lis
 
 def bench_ours(model: Path, data: Path, args: argparse.Namespace,
                overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    from grpo_trainer.cluster.ray_bootstrap import init_ray
     from grpo_trainer.config import build_config
-    from grpo_trainer.driver import GRPOTrainer
-    from grpo_trainer.metrics import MetricsLogger
-    from grpo_trainer.ray_bootstrap import init_ray
+    from grpo_trainer.driver.driver import GRPOTrainer
+    from grpo_trainer.driver.metrics import MetricsLogger
 
     cfg = build_config(
         {

@@ -111,9 +111,9 @@ def check_mask_alignment(device: torch.device) -> dict[str, Any]:
 
 def _collated_mask() -> dict[str, Any]:
     """The trainer's packed collation of rows whose longest is 8k + 3 tokens wide."""
+    from grpo_trainer.algorithm.packing import collate_packed
+    from grpo_trainer.algorithm.samples import EncodedPrompt, Sample
     from grpo_trainer.data import Record
-    from grpo_trainer.packing import collate_packed
-    from grpo_trainer.samples import EncodedPrompt, Sample
 
     prompt = EncodedPrompt(Record(0, "", "", []), torch.arange(5, 14))  # 9 prompt tokens
     samples = [Sample(prompt, torch.arange(20, 20 + n), torch.zeros(n), True) for n in (4, 6)]
@@ -131,7 +131,7 @@ def check_text_beside_image(device: torch.device, workdir: Path) -> dict[str, An
     from grpo_testkit.lean_check import run
     from grpo_testkit.mixed_check import batches
     from grpo_testkit.tiny_models import build_tiny_qwen2_5_vl
-    from grpo_trainer.modeling import load_full, shard_model
+    from grpo_trainer.model.modeling import load_full, shard_model
 
     model_dir = build_tiny_qwen2_5_vl(workdir / "tiny-qwen2.5-vl")
     if not dist.is_initialized():

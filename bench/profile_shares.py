@@ -17,11 +17,11 @@ from pathlib import Path
 
 # (label, a substring of a frame in py-spy's raw format: "function (file:line)")
 PHASES = (
-    ("generate (rollout)", "generate (grpo_trainer/worker.py"),
+    ("generate (rollout)", "generate (grpo_trainer/rank/worker.py"),
     ("  weight sync", "sync_rollout_weights"),
     ("  sampling (prefill and decode)", "_sample (grpo_trainer/rollout/hf.py"),
     ("  lean decode step", "step (grpo_trainer/rollout/lean_decode.py"),
-    ("update", "update (grpo_trainer/worker.py"),
+    ("update", "update (grpo_trainer/rank/worker.py"),
     ("  collate (packing)", "collate_packed"),
     ("  rope index", "get_rope_index"),
     ("  forward (lean log-probs)", "lean_log_probs"),

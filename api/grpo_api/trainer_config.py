@@ -97,7 +97,7 @@ class DataConfig(_Strict):
     max_prompt_length: int = Field(default=512, gt=0)
     shuffle: bool = True
     seed: int = 1
-    # Qwen's pixel bounds, to which each image is resized once (grpo_trainer.images);
+    # Qwen's pixel bounds, to which each image is resized once (grpo_trainer.media.images);
     # neither set: the checkpoint processor's own.
     image_max_pixels: int = Field(default=512 * 28 * 28, gt=0)
     image_min_pixels: int = Field(default=MIN_PIXELS, gt=0)

@@ -54,7 +54,7 @@ import ray, torch, vllm
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
-import grpo_trainer.rollout.vllm_engine, grpo_trainer.worker
+import grpo_trainer.rollout.vllm_engine, grpo_trainer.rank.worker
 def loads(name):
     try:
         ctypes.CDLL(name)
@@ -252,7 +252,7 @@ def summary(image: Image, report: Report) -> list[str]:
         f"{image.name} {image.tag} ({image_size(image.tag) / 1e9:.2f} GB)",
         f"  imports: torch {d.get('torch')}, vllm {vllm}, ray {d.get('ray')}, "
         f"transformers {d.get('transformers')}, vllm.LLM, SamplingParams, LoRARequest, "
-        f"grpo_trainer.worker, grpo_trainer.rollout.vllm_engine",
+        f"grpo_trainer.rank.worker, grpo_trainer.rollout.vllm_engine",
         f"  torch.version.cuda {p.torch_cuda} (lock's CUDA runtime {report.cuda}; NCCL "
         f"{p.nccl}, cuDNN {p.cudnn}): nodes need an NVIDIA driver >= {report.driver}",
         f"  torch.cuda.is_available() {p.cuda_available}, vLLM platform {p.vllm_platform}, "

@@ -27,17 +27,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_trainer.driver.worker_group import Watch
 from grpo_trainer.liveness.stall_monitor import RankTarget
 from grpo_trainer.rank_api import R
-from grpo_trainer.worker_group import Watch
 
 
 class LocalGroup:
     """``WorkerGroup``'s interface over in-process workers: one rank, no Ray."""
 
     def __init__(self, cfg: Any) -> None:
-        from grpo_trainer.devices import free_port
-        from grpo_trainer.worker import Worker
+        from grpo_trainer.cluster.devices import free_port
+        from grpo_trainer.rank.worker import Worker
 
         self.world_size = 1
         self.workers = [Worker(cfg, 0, 1)]
@@ -63,7 +63,7 @@ def run_local(config_path: str, *, resume: bool = True) -> None:
     """Train in this process with a ``LocalGroup`` (what each forked child does)."""
     from grpo_trainer.checkpointing import make_checkpointer
     from grpo_trainer.config import load_config
-    from grpo_trainer.driver import GRPOTrainer
+    from grpo_trainer.driver.driver import GRPOTrainer
 
     cfg = load_config(config_path)
     trainer = GRPOTrainer(cfg, checkpointer=make_checkpointer(cfg, resume=resume))
@@ -108,8 +108,9 @@ def _preload() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
     from transformers.models.qwen2 import modeling_qwen2  # noqa: F401
 
-    from grpo_trainer import driver, worker  # noqa: F401
     from grpo_trainer.checkpointing import dcp, export, rank  # noqa: F401
+    from grpo_trainer.driver import driver  # noqa: F401
+    from grpo_trainer.rank import worker  # noqa: F401
 
 
 def serve() -> None:

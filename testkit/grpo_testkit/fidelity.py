@@ -28,12 +28,12 @@ import torch
 import torch.distributed as dist
 
 from grpo_api.trainer_config import Config
+from grpo_trainer.algorithm.samples import EncodedPrompt, PromptEncoder, Sample
+from grpo_trainer.cluster.devices import free_port, process_group_backend
 from grpo_trainer.data import Record, load_template
-from grpo_trainer.devices import free_port, process_group_backend
-from grpo_trainer.images import PixelBounds, processor_bounds
-from grpo_trainer.policy_update import PolicyUpdate
-from grpo_trainer.rank_state import RankState, World, build_rank_state
-from grpo_trainer.samples import EncodedPrompt, PromptEncoder, Sample
+from grpo_trainer.media.images import PixelBounds, processor_bounds
+from grpo_trainer.model.rank_state import RankState, World, build_rank_state
+from grpo_trainer.rank.policy_update import PolicyUpdate
 
 from .memory_probe import (
     MemoryProbe,
@@ -67,7 +67,8 @@ def preload() -> None:
     import transformers.models.qwen2_vl.image_processing_qwen2_vl  # noqa: F401
     from transformers import AutoModelForImageTextToText, AutoProcessor  # noqa: F401
 
-    from grpo_trainer import lora, sharded_load  # noqa: F401
+    from grpo_trainer import lora  # noqa: F401
+    from grpo_trainer.model import sharded_load  # noqa: F401
 
 
 def progress(what: str, t0: float) -> None:

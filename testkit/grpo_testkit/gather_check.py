@@ -12,8 +12,8 @@ def compare_gathers(rank: int, world: int, arg: Any) -> dict[str, dict[str, Any]
     import torch.distributed as dist
 
     from grpo_api.trainer_config import ActorConfig, ModelConfig
-    from grpo_trainer.modeling import build_sharded, stream_full_params
-    from grpo_trainer.param_gather import GatherItem, gather_full_params, plan_buckets
+    from grpo_trainer.model.modeling import build_sharded, stream_full_params
+    from grpo_trainer.model.param_gather import GatherItem, gather_full_params, plan_buckets
 
     torch.set_num_threads(1)
     actor = ActorConfig(dtype="float32")

@@ -15,12 +15,12 @@ def generate_from_the_data(rank: int, world: int, arg: dict[str, Any]) -> dict[s
     import torch
     from transformers import AutoConfig
 
+    from grpo_trainer.algorithm.samples import load_rollout_tokens
     from grpo_trainer.config import build_config
     from grpo_trainer.dataset import PromptDataset, sized_for_media
     from grpo_trainer.rollout.base import SamplingSpec
     from grpo_trainer.rollout.build import vllm_config
     from grpo_trainer.rollout.vllm_engine import VLLMEngine
-    from grpo_trainer.samples import load_rollout_tokens
 
     cfg = build_config(arg["config"], environ={})
     dataset = PromptDataset(cfg.data.train_files, cfg.data)

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
+from grpo_trainer.algorithm.lean_logprobs import LogProbs, full_logits_log_probs, lean_log_probs
+from grpo_trainer.algorithm.samples import PromptEncoder, Sample, TrainBatch, collate_train
 from grpo_trainer.data import Record, load_template
-from grpo_trainer.lean_logprobs import LogProbs, full_logits_log_probs, lean_log_probs
-from grpo_trainer.samples import PromptEncoder, Sample, TrainBatch, collate_train
 
 from .datasets import png
 
@@ -61,7 +61,7 @@ def fsdp_rank(rank: int, world: int, arg: dict[str, Any]) -> dict[str, Any]:
     """The actor and a reference of the tiny Qwen2.5-VL under FSDP2, float32 compute:
     this rank's log-probs (and the actor's gradient shards) both ways."""
     from grpo_api.trainer_config import ActorConfig, ModelConfig
-    from grpo_trainer.modeling import load_full, shard_model
+    from grpo_trainer.model.modeling import load_full, shard_model
 
     actor_cfg = ActorConfig(dtype="float32", reshard_after_forward=True)
     cpu = torch.device("cpu")

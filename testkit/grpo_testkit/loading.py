@@ -150,7 +150,7 @@ class _RecordingSlice:
         return getattr(self._inner, name)
 
     def __getitem__(self, region: Any) -> Any:
-        from grpo_trainer.sharded_load import safetensors_layout
+        from grpo_trainer.model.sharded_load import safetensors_layout
 
         data_start, layout = safetensors_layout(self._file)
         begin, end, shape = layout[self._key]
@@ -177,7 +177,7 @@ class _RecordingFile:
         return _RecordingSlice(self._inner.get_slice(key), self._file, key, self._reads)
 
     def get_tensor(self, key: str) -> Any:
-        from grpo_trainer.sharded_load import safetensors_layout
+        from grpo_trainer.model.sharded_load import safetensors_layout
 
         data_start, layout = safetensors_layout(self._file)
         begin, end, _ = layout[key]
@@ -361,7 +361,7 @@ def _load(strategy: str, rank: int, mcfg: Any, files: list[Path]) -> Any:
     import torch
 
     from grpo_api.trainer_config import ActorConfig
-    from grpo_trainer.modeling import build_sharded
+    from grpo_trainer.model.modeling import build_sharded
 
     if strategy in BASELINES:
         if rank == 0:

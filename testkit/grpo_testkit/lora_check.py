@@ -15,7 +15,7 @@ def build_lora_actor(rank: int, world: int, arg: dict[str, Any]) -> dict[str, An
     import torch
 
     from grpo_api.trainer_config import ActorConfig, LoraConfig, ModelConfig
-    from grpo_trainer.modeling import build_sharded, stream_full_params
+    from grpo_trainer.model.modeling import build_sharded, stream_full_params
 
     torch.manual_seed(arg.get("seed", 1))
     actor = ActorConfig(

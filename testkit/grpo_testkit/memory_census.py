@@ -290,7 +290,7 @@ class HeadProbe:
     planner counts among FSDP2's buffers)."""
 
     def __init__(self) -> None:
-        from grpo_trainer.lean_logprobs import ChunkedHead
+        from grpo_trainer.algorithm.lean_logprobs import ChunkedHead
 
         self.calls: list[dict[str, Any]] = []
         self._cls = ChunkedHead
@@ -339,7 +339,7 @@ class _SyncTarget:
 
 def sync_peak(worker: Any) -> int:
     """Peak bytes this rank holds beyond its state during one weight sync."""
-    from grpo_trainer.lora.sync import sync_rollout_weights
+    from grpo_trainer.rank.weight_sync import sync_rollout_weights
 
     st = worker.state
     with LiveBytes() as live:
@@ -398,7 +398,7 @@ def rank_census(rank: int, world: int, arg: dict[str, dict[str, Any]]) -> dict[s
     its samples, run one update and return ``measure``'s figures."""
     from grpo_trainer.config import build_config
     from grpo_trainer.data import Record
-    from grpo_trainer.worker import Worker
+    from grpo_trainer.rank.worker import Worker
 
     out: dict[str, Any] = {}
     for name, mode in arg.items():

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from grpo_trainer.samples import collate_train
+from grpo_trainer.algorithm.samples import collate_train
 
 from .lean_check import run, samples
 
@@ -30,7 +30,7 @@ def mixed_rank(rank: int, world: int, arg: dict[str, Any]) -> dict[str, Any]:
     update's passes as the trainer runs them (the chunked head), float32; returns this
     rank's log-probs and the full (reduced) gradient of every actor parameter."""
     from grpo_api.trainer_config import ActorConfig, ModelConfig
-    from grpo_trainer.modeling import load_full, shard_model
+    from grpo_trainer.model.modeling import load_full, shard_model
 
     cfg = ActorConfig(dtype="float32", reshard_after_forward=True,
                       gradient_checkpointing=bool(arg.get("checkpointing", False)))
@@ -54,7 +54,7 @@ def one_process_reference(model_dir: Path,
     micro-batch's log-probs, and the mean of their gradients (FSDP2 averages the ranks'),
     a parameter a micro-batch leaves without gradient counting zero."""
     from grpo_api.trainer_config import ModelConfig
-    from grpo_trainer.modeling import load_full
+    from grpo_trainer.model.modeling import load_full
 
     model = load_full(ModelConfig(path=str(model_dir)), torch.float32)
     logps: list[list[torch.Tensor]] = []

@@ -14,9 +14,9 @@ def rank_shards(rank: int, world: int, model_dir: str) -> dict[str, Any]:
     """This rank's local shards after ``build_sharded``'s rank-0 init (torch's broadcast
     on CPU) and after the same prologue with ``load_from_rank0``."""
     from grpo_api.trainer_config import ActorConfig, InitStrategy, ModelConfig
-    from grpo_trainer import modeling
-    from grpo_trainer.precision import storage_dtype
-    from grpo_trainer.rank0_init import load_from_rank0
+    from grpo_trainer.model import modeling
+    from grpo_trainer.model.precision import storage_dtype
+    from grpo_trainer.model.rank0_init import load_from_rank0
 
     mcfg = ModelConfig(path=model_dir)
     actor = ActorConfig(init_strategy=InitStrategy.RANK0, dtype="float32")

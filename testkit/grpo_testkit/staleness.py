@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from grpo_api.trainer_config import Config
-from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.driver.driver import GRPOTrainer
 
 
 def run(cfg: Config) -> list[dict[str, float]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from grpo_trainer.samples import Sample, TrainBatch
+from grpo_trainer.algorithm.samples import Sample, TrainBatch
 
 
 def rank_update(rank: int, world: int, arg: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -17,7 +17,7 @@ def rank_update(rank: int, world: int, arg: dict[str, dict[str, Any]]) -> dict[s
     ``Worker`` on this rank, its samples installed, one update."""
     from grpo_trainer.config import build_config
     from grpo_trainer.data import Record
-    from grpo_trainer.worker import Worker
+    from grpo_trainer.rank.worker import Worker
 
     out: dict[str, Any] = {}
     for name, mode in arg.items():

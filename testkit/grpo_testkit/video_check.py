@@ -18,14 +18,14 @@ def generate_with_videos(rank: int, world: int, arg: dict[str, Any]) -> dict[str
     from transformers import AutoConfig
     from vllm import SamplingParams
 
+    from grpo_trainer.algorithm.grpo_math import log_probs_from_logits
+    from grpo_trainer.algorithm.samples import Sample, collate_train, load_rollout_tokens
     from grpo_trainer.config import build_config
     from grpo_trainer.data import Record
-    from grpo_trainer.grpo_math import log_probs_from_logits
-    from grpo_trainer.modeling import load_full
+    from grpo_trainer.model.modeling import load_full
     from grpo_trainer.rollout.base import SamplingSpec
     from grpo_trainer.rollout.build import vllm_config
     from grpo_trainer.rollout.vllm_engine import VLLMEngine, _inputs
-    from grpo_trainer.samples import Sample, collate_train, load_rollout_tokens
 
     cfg = build_config(arg["config"], environ={})
     hf_config = AutoConfig.from_pretrained(cfg.model.path)

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from grpo_trainer.algorithm.samples import PromptEncoder, Sample, TrainBatch, collate_train
 from grpo_trainer.data import Record, load_template
-from grpo_trainer.samples import PromptEncoder, Sample, TrainBatch, collate_train
 
 from .datasets import png
 from .lean_check import run
@@ -50,8 +50,8 @@ def video_rank(rank: int, world: int, arg: dict[str, Any]) -> dict[str, Any]:
     """Rank r takes micro-batch r of ``batches`` under FSDP2 with the tower run twice a
     forward; returns its log-probs (actor and reference) and every full gradient."""
     from grpo_api.trainer_config import ActorConfig, ModelConfig
-    from grpo_trainer.modeling import load_full, shard_model
-    from grpo_trainer.vision_in_step import tower_passes
+    from grpo_trainer.model.modeling import load_full, shard_model
+    from grpo_trainer.model.vision_in_step import tower_passes
 
     cfg = ActorConfig(dtype="float32", reshard_after_forward=True)
     cpu = torch.device("cpu")

@@ -16,9 +16,9 @@ def rollout_update_sync(rank: int, world: int, arg: dict[str, Any]) -> dict[str,
 
     from grpo_trainer.config import build_config
     from grpo_trainer.data import Record
-    from grpo_trainer.lora.sync import sync_rollout_weights
+    from grpo_trainer.rank.weight_sync import sync_rollout_weights
+    from grpo_trainer.rank.worker import Worker
     from grpo_trainer.rollout.vllm_engine import VLLMEngine
-    from grpo_trainer.worker import Worker
 
     cfg = build_config(arg["config"], environ={})
     worker = Worker(cfg, rank, world)

@@ -75,10 +75,10 @@ def train(gpus: int) -> Callable[..., Trained]:
         import ray
 
         from grpo_trainer.checkpointing import make_checkpointer
+        from grpo_trainer.cluster.ray_bootstrap import init_ray
         from grpo_trainer.config import build_config
-        from grpo_trainer.driver import GRPOTrainer
-        from grpo_trainer.metrics import MetricsLogger
-        from grpo_trainer.ray_bootstrap import init_ray
+        from grpo_trainer.driver.driver import GRPOTrainer
+        from grpo_trainer.driver.metrics import MetricsLogger
 
         cfg = build_config(raw, environ={})
         out = io.StringIO()

@@ -163,7 +163,7 @@ def test_resume_loads_the_checkpoint_exactly_and_continues(
     atomic_write(ckpt / "latest", Tracker(step=2, dir="step-2").model_dump_json().encode())
 
     def loaded(trainer: Any) -> tuple[int, dict[str, torch.Tensor]]:
-        from grpo_trainer.worker import Worker
+        from grpo_trainer.rank.worker import Worker
 
         return trainer.step, trainer.group.call(Worker.full_params)[0]
 

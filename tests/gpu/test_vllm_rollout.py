@@ -26,9 +26,9 @@ def test_vllm_rollouts_train_and_agree_with_actor(
     import ray
 
     from grpo_testkit import datasets, tiny_models
+    from grpo_trainer.cluster.ray_bootstrap import init_ray
     from grpo_trainer.config import build_config
-    from grpo_trainer.driver import GRPOTrainer
-    from grpo_trainer.ray_bootstrap import init_ray
+    from grpo_trainer.driver.driver import GRPOTrainer
 
     if vision:
         model = tiny_models.build_tiny_qwen2_5_vl(tmp_path / "m", hidden=256)
@@ -83,10 +83,10 @@ def test_sleep_hands_the_gpu_memory_back_and_wake_restores_weights(
     import torch
 
     from grpo_testkit import tiny_models
+    from grpo_trainer.algorithm.samples import EncodedPrompt
     from grpo_trainer.data import Record
     from grpo_trainer.rollout.base import SamplingSpec
     from grpo_trainer.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
-    from grpo_trainer.samples import EncodedPrompt
 
     model = tiny_models.build_tiny_qwen2(tmp_path / "m", hidden=1024, layers=8)
     free_before = torch.cuda.mem_get_info()[0]

@@ -99,7 +99,7 @@ UNCOMPILED = textwrap.dedent("""\
 # driver and rank worker, the rewards, vLLM and the model families' code.
 @pytest.mark.parametrize("image, imports", [
     (OPERATOR, "import grpo_operator.main"),
-    (TRAINER_CPU, "import grpo_trainer.cli, grpo_trainer.driver, grpo_trainer.worker, "
+    (TRAINER_CPU, "import grpo_trainer.cli, grpo_trainer.driver.driver, grpo_trainer.rank.worker, "
                   "grpo_trainer.rewards, vllm; from transformers.models import "
                   "qwen2, qwen2_vl, qwen2_5_vl, qwen3_vl; "
                   "qwen2.Qwen2ForCausalLM, qwen2_vl.Qwen2VLForConditionalGeneration, "

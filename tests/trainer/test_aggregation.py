@@ -10,9 +10,9 @@ import torch
 from grpo_testkit.configs import text_config
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
+from grpo_trainer.driver.worker_group import WorkerGroup
+from grpo_trainer.rank.worker import Worker
 from grpo_trainer.rollout.routing import split
-from grpo_trainer.worker import Worker
-from grpo_trainer.worker_group import WorkerGroup
 
 pytestmark = pytest.mark.trainer
 

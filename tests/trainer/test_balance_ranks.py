@@ -15,9 +15,9 @@ from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_text_task
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.worker import Worker
-from grpo_trainer.worker_group import WorkerGroup
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.driver.worker_group import WorkerGroup
+from grpo_trainer.rank.worker import Worker
 
 pytestmark = pytest.mark.trainer
 

@@ -21,8 +21,8 @@ from grpo_trainer.checkpointing import make_checkpointer
 from grpo_trainer.checkpointing.dcp import committed_step
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.worker import Worker
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.rank.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -58,7 +58,7 @@ def test_every_init_strategy_stores_the_checkpoint_in_bf16_and_rotary_in_fp32(
 ) -> None:
     from grpo_api.trainer_config import ModelConfig
     from grpo_testkit.crash import LocalGroup
-    from grpo_trainer.modeling import load_full
+    from grpo_trainer.model.modeling import load_full
 
     data = write_vision_task(tmp_path / "vision.parquet")
     raw = text_config(

@@ -26,8 +26,8 @@ from grpo_trainer.checkpointing.dcp import DCPCheckpointer, read_tracker, scan
 from grpo_trainer.checkpointing.fence import AttemptSupersededError, read_fence
 from grpo_trainer.checkpointing.rank import HashingFileSystem
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.worker import Worker
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.rank.worker import Worker
 
 pytestmark = pytest.mark.trainer
 

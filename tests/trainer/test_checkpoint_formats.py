@@ -24,7 +24,7 @@ from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
 from grpo_trainer.checkpointing.tracker import MANIFEST
 from grpo_trainer.config import Config, build_config
-from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.driver.driver import GRPOTrainer
 
 pytestmark = pytest.mark.trainer
 

@@ -22,7 +22,7 @@ from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_vision_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer, check_sizes, read_tracker, scan
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.driver.driver import GRPOTrainer
 from grpo_trainer.run import run_training
 
 pytestmark = pytest.mark.trainer

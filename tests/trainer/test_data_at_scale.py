@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 
 from grpo_testkit.datasets import write_mixed_task
+from grpo_trainer.algorithm.samples import prompt_token_counter
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
 from grpo_trainer.checkpointing.files import atomic_write
 from grpo_trainer.checkpointing.tracker import Tracker
 from grpo_trainer.config import build_config
 from grpo_trainer.dataset import PromptDataset, lengths
 from grpo_trainer.dataset import index as index_mod
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.metrics import MetricsLogger
-from grpo_trainer.samples import prompt_token_counter
-from grpo_trainer.worker import Worker
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.driver.metrics import MetricsLogger
+from grpo_trainer.rank.worker import Worker
 
 pytestmark = pytest.mark.trainer
 

@@ -31,9 +31,9 @@ from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.checkpointing.files import atomic_write
 from grpo_trainer.checkpointing.tracker import Tracker
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.metrics import MetricsLogger
-from grpo_trainer.worker import Worker
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.driver.metrics import MetricsLogger
+from grpo_trainer.rank.worker import Worker
 
 pytestmark = pytest.mark.trainer
 STEPS = 2

@@ -16,7 +16,7 @@ import pytest
 from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_text_task
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.driver.driver import GRPOTrainer
 
 pytestmark = pytest.mark.trainer
 

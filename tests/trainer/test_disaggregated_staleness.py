@@ -27,7 +27,7 @@ from grpo_testkit.ray_nodes import kill_node
 from grpo_testkit.rewards import KILL_PID_FILE
 from grpo_testkit.staleness import check_one_step_ahead, run
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.driver.driver import GRPOTrainer
 
 pytestmark = pytest.mark.trainer
 STEPS = 3

@@ -16,7 +16,7 @@ from grpo_operator.render.trainer_config import trainer_config
 from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_text_task
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.driver.driver import GRPOTrainer
 from grpo_trainer.liveness.progress import JsonFileProgressReporter
 
 pytestmark = pytest.mark.trainer

@@ -14,7 +14,7 @@ import pytest
 from grpo_testkit.datasets import write_vision_task
 from grpo_testkit.hub import stand_in_hub
 from grpo_trainer.config import build_config, check_runtime
-from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.driver.driver import GRPOTrainer
 from grpo_trainer.hub_fetch import main as fetch_main
 
 pytestmark = pytest.mark.trainer

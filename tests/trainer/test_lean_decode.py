@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
+from grpo_trainer.algorithm.samples import EncodedPrompt
 from grpo_trainer.rollout.base import SamplingSpec
 from grpo_trainer.rollout.hf import HFGenerateEngine, _GrowingLayer
 from grpo_trainer.rollout.lean_decode import LeanDecoder, supports
-from grpo_trainer.samples import EncodedPrompt
 
 pytestmark = pytest.mark.trainer
 
@@ -95,8 +95,8 @@ def test_vlm_rollouts_decode_the_same_with_the_lean_step(
     from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
     from grpo_testkit.datasets import png
+    from grpo_trainer.algorithm.samples import PromptEncoder
     from grpo_trainer.data import Record, load_template
-    from grpo_trainer.samples import PromptEncoder
 
     path = tiny_vl_families[family]
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,

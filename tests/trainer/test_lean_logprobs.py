@@ -21,8 +21,8 @@ import torch
 
 from grpo_testkit.dist import run_ranks
 from grpo_testkit.lean_check import fsdp_rank, run, samples
-from grpo_trainer.packing import collate_packed
-from grpo_trainer.samples import TrainBatch, collate_train
+from grpo_trainer.algorithm.packing import collate_packed
+from grpo_trainer.algorithm.samples import TrainBatch, collate_train
 
 pytestmark = pytest.mark.trainer
 

@@ -20,8 +20,8 @@ from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import committed_step
 from grpo_trainer.checkpointing.export import ExportError, export, load_model_tensors
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.worker import Worker
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.rank.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -219,7 +219,7 @@ def test_every_init_strategy_loads_the_base_and_starts_the_adapters_at_zero_upda
     from grpo_api.trainer_config import ModelConfig
     from grpo_testkit.dist import run_ranks
     from grpo_testkit.lora_check import build_lora_actor
-    from grpo_trainer.modeling import load_full
+    from grpo_trainer.model.modeling import load_full
 
     arg = {"model": str(tiny_lm), "strategy": strategy, "dtype": dtype, "lora": LORA}
     results = run_ranks(build_lora_actor, 2, arg, timeout_s=600)

@@ -17,7 +17,7 @@ import torch
 
 from grpo_testkit.dist import run_ranks
 from grpo_testkit.mixed_check import mixed_rank, one_process_reference
-from grpo_trainer.vision_in_step import keep_vision_in_step
+from grpo_trainer.model.vision_in_step import keep_vision_in_step
 
 pytestmark = pytest.mark.trainer
 

@@ -36,9 +36,9 @@ from grpo_testkit.ray_nodes import kill_node
 from grpo_testkit.rewards import HOLD_CHECKPOINTS, HOLD_LIMIT_S, HOLD_RELEASE
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer, read_tracker
 from grpo_trainer.checkpointing.export import load_model_tensors
+from grpo_trainer.cluster.placement import Gang, layout_for
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.placement import Gang, layout_for
+from grpo_trainer.driver.driver import GRPOTrainer
 from grpo_trainer.run import run_training
 
 pytestmark = pytest.mark.trainer

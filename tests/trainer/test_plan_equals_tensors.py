@@ -130,9 +130,9 @@ def _prompt_tokens(model: Path, data: Path, vision: bool) -> int:
     """The test's prompt as the ranks encode it."""
     from transformers import AutoConfig
 
+    from grpo_trainer.algorithm.samples import load_rollout_tokens
     from grpo_trainer.config import build_config
     from grpo_trainer.data import Record
-    from grpo_trainer.samples import load_rollout_tokens
 
     cfg = build_config(_config(model, data, MODES["mixed"], 512), environ={})
     tokens = load_rollout_tokens(cfg, AutoConfig.from_pretrained(model))
@@ -295,7 +295,7 @@ def test_the_planners_parameter_count_is_the_models(
     """Every term above is bytes per parameter times this count: config.json's reading
     (vision tower included) must be the model's own."""
     from grpo_api.trainer_config import ModelConfig
-    from grpo_trainer.modeling import load_full
+    from grpo_trainer.model.modeling import load_full
 
     for model in (tiny_vlm, tiny_lm):
         shape = shape_from_config(json.loads((model / "config.json").read_text()))

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from grpo_testkit.datasets import png
+from grpo_trainer.algorithm.samples import load_rollout_tokens, prompt_token_counter
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
-from grpo_trainer.images import processor_bounds
-from grpo_trainer.samples import load_rollout_tokens, prompt_token_counter
+from grpo_trainer.media.images import processor_bounds
 
 pytestmark = pytest.mark.trainer
 
@@ -65,7 +65,7 @@ def test_the_driver_drops_or_refuses_overlong_prompts_as_the_ranks_count_them(
     import pyarrow.parquet as pq
 
     from grpo_trainer.config_error import ConfigError
-    from grpo_trainer.driver import GRPOTrainer
+    from grpo_trainer.driver.driver import GRPOTrainer
 
     rows = [("<image>How many?", png((9, 9, 9), (100, 100))),
             ("<image>" + " and then some more words" * 6, png((9, 9, 9), (40, 36))),

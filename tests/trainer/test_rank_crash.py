@@ -11,10 +11,10 @@ import pytest
 
 from grpo_api.contract import ExitCode, FailureReason
 from grpo_testkit.collective_mismatch import MismatchedRank
+from grpo_trainer.driver.worker_group import WorkerGroup
 from grpo_trainer.errors import classify
 from grpo_trainer.liveness.rank_crash import RankCrashed
 from grpo_trainer.liveness.stall_monitor import RankTarget
-from grpo_trainer.worker_group import WorkerGroup
 
 pytestmark = pytest.mark.trainer
 

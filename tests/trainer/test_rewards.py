@@ -14,8 +14,8 @@ import pytest
 
 from grpo_testkit.configs import text_config
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.metrics import MetricsLogger
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.driver.metrics import MetricsLogger
 from grpo_trainer.tiny.data import write_vision_task
 
 pytestmark = pytest.mark.trainer

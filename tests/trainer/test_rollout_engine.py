@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from grpo_testkit.datasets import png
+from grpo_trainer.algorithm.grpo_math import log_probs_from_logits
+from grpo_trainer.algorithm.samples import PromptEncoder, Sample, collate_train
 from grpo_trainer.data import Record, load_template
-from grpo_trainer.grpo_math import log_probs_from_logits
 from grpo_trainer.rollout.base import SamplingSpec
 from grpo_trainer.rollout.hf import HFGenerateEngine
-from grpo_trainer.samples import PromptEncoder, Sample, collate_train
 
 pytestmark = pytest.mark.trainer
 

@@ -40,9 +40,9 @@ from grpo_trainer.checkpointing.export import load_tensors
 from grpo_trainer.checkpointing.files import atomic_write
 from grpo_trainer.checkpointing.tracker import Tracker, parse_step_dir
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.metrics import MetricsLogger
-from grpo_trainer.worker import Worker
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.driver.metrics import MetricsLogger
+from grpo_trainer.rank.worker import Worker
 
 pytestmark = pytest.mark.trainer
 
@@ -187,9 +187,9 @@ def _layout(model: Path, actor: ActorConfig) -> dict[str, Entry]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from grpo_trainer.checkpointing.convert import own_entries
-    from grpo_trainer.modeling import load_full
-    from grpo_trainer.precision import build_optimizer, store_params
-    from grpo_trainer.rank_state import build_scheduler
+    from grpo_trainer.model.modeling import load_full
+    from grpo_trainer.model.precision import build_optimizer, store_params
+    from grpo_trainer.model.rank_state import build_scheduler
 
     m = load_full(ModelConfig(path=str(model)), torch.float32)
     store_params(m, actor)
@@ -278,8 +278,8 @@ def test_offload_on_then_off_resumes_exactly(
     does. What a CUDA rank would load is checked through the code that picks it: the same
     keys, shapes and dtypes whichever way the knob is set, and the base checkpoint loads
     into them as saved; only the tensors' home changes, which DCP does not record."""
-    from grpo_trainer.modeling import params_home
-    from grpo_trainer.rank_state import optimizer_home
+    from grpo_trainer.model.modeling import params_home
+    from grpo_trainer.model.rank_state import optimizer_home
 
     on, off = (ActorConfig.model_validate({knob: v}) for v in (True, False))
     home = params_home if knob == "offload_params" else optimizer_home

@@ -32,8 +32,8 @@ from grpo_testkit.loading import (
     save_variant,
     write_random_qwen2,
 )
-from grpo_trainer.modeling import load_full
-from grpo_trainer.sharded_load import safetensors_layout
+from grpo_trainer.model.modeling import load_full
+from grpo_trainer.model.sharded_load import safetensors_layout
 
 pytestmark = pytest.mark.trainer
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from grpo_testkit.datasets import png
+from grpo_trainer.algorithm.grpo_math import log_probs_from_logits
+from grpo_trainer.algorithm.lean_logprobs import lean_log_probs
+from grpo_trainer.algorithm.packing import can_pack, collate_packed, rope_index_of
+from grpo_trainer.algorithm.samples import PromptEncoder, Sample, TrainBatch, collate_train
 from grpo_trainer.data import Record, load_template
-from grpo_trainer.grpo_math import log_probs_from_logits
-from grpo_trainer.lean_logprobs import lean_log_probs
-from grpo_trainer.packing import can_pack, collate_packed, rope_index_of
-from grpo_trainer.samples import PromptEncoder, Sample, TrainBatch, collate_train
 
 pytestmark = pytest.mark.trainer
 

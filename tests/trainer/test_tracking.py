@@ -22,8 +22,8 @@ from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
 from grpo_trainer.cli import cli
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.tracking import RUN_KEY_TAG
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.driver.tracking import RUN_KEY_TAG
 
 pytestmark = pytest.mark.trainer
 
@@ -135,7 +135,7 @@ def test_a_tracker_that_cannot_start_is_dropped_and_training_goes_on(
     data = write_text_task(tmp_path / "text.jsonl", rows=8)
     cfg = config(tiny_lm, data, tmp_path, steps=1,
                  mlflow={"tracking_uri": "nosuch://tracker", "experiment": "x"})
-    with caplog.at_level("WARNING", logger="grpo_trainer.tracking"):
+    with caplog.at_level("WARNING", logger="grpo_trainer.driver.tracking"):
         assert len(train(cfg)) == 1
     assert "metrics.mlflow: not logging to mlflow" in caplog.text, caplog.text
     (run,) = (tmp_path / "wandb").glob(f"offline-run-*-{RUN_ID}/run-{RUN_ID}.wandb")

@@ -13,15 +13,15 @@ import torch
 
 from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_text_task
+from grpo_trainer.algorithm.samples import PromptEncoder
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record, load_template
-from grpo_trainer.driver import GRPOTrainer
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.driver.metrics import MetricsLogger
 from grpo_trainer.liveness.progress import JsonFileProgressReporter
-from grpo_trainer.metrics import MetricsLogger
+from grpo_trainer.rank.worker import Worker
 from grpo_trainer.rollout.base import SamplingSpec
 from grpo_trainer.rollout.hf import HFGenerateEngine
-from grpo_trainer.samples import PromptEncoder
-from grpo_trainer.worker import Worker
 
 pytestmark = pytest.mark.trainer
 

@@ -14,12 +14,12 @@ import torch
 
 from grpo_testkit.datasets import png
 from grpo_testkit.video_files import frame_list, write_mp4
+from grpo_trainer.algorithm.grpo_math import log_probs_from_logits
+from grpo_trainer.algorithm.packing import can_pack, collate_packed, rope_index_of
+from grpo_trainer.algorithm.samples import PromptEncoder, Sample, TrainBatch, collate_train
 from grpo_trainer.config import build_config
 from grpo_trainer.data import Record
-from grpo_trainer.grpo_math import log_probs_from_logits
-from grpo_trainer.packing import can_pack, collate_packed, rope_index_of
-from grpo_trainer.samples import PromptEncoder, Sample, TrainBatch, collate_train
-from grpo_trainer.video_positions import match_vllm_video_positions
+from grpo_trainer.model.video_positions import match_vllm_video_positions
 
 pytestmark = pytest.mark.trainer
 
@@ -32,7 +32,7 @@ VIDEO_MAX_PIXELS = 84 * 84
 def _encoder(model: Path) -> PromptEncoder:
     from transformers import AutoConfig
 
-    from grpo_trainer.samples import load_rollout_tokens
+    from grpo_trainer.algorithm.samples import load_rollout_tokens
 
     cfg = build_config({
         "model": {"path": str(model)},
@@ -61,7 +61,7 @@ def _records(tmp_path: Path) -> list[Record]:
 def test_the_counted_length_is_the_encoded_one_and_the_frames_reach_the_processor_as_sized(
     tiny_vl_families: dict[str, Path], family: str, tmp_path: Path
 ) -> None:
-    from grpo_trainer.videos import same_normalisation
+    from grpo_trainer.media.videos import same_normalisation
 
     enc = _encoder(tiny_vl_families[family])
     spec = enc.video_spec
@@ -189,7 +189,7 @@ def test_with_videos_every_forward_runs_the_tower_twice_and_adds_nothing(
     image filling in, so FSDP ranks issue the same collectives (vision_in_step.py)."""
     from transformers import AutoModelForImageTextToText
 
-    from grpo_trainer.vision_in_step import keep_vision_in_step, tower_passes
+    from grpo_trainer.model.vision_in_step import keep_vision_in_step, tower_passes
 
     assert (tower_passes(0), tower_passes(1), tower_passes(4)) == (1, 2, 2)
     path = tiny_vl_families["qwen2_5_vl"]
@@ -247,7 +247,7 @@ def test_the_hf_engine_samples_video_prompts_at_the_updates_log_probs(
     are the packed update's recomputation (temperature 1, no top-p): the same frames and
     positions on both sides."""
     from grpo_api.trainer_config import ModelConfig
-    from grpo_trainer.modeling import load_full
+    from grpo_trainer.model.modeling import load_full
     from grpo_trainer.rollout.base import SamplingSpec
     from grpo_trainer.rollout.hf import HFGenerateEngine
 

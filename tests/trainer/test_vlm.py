@@ -10,8 +10,8 @@ import pytest
 
 from grpo_testkit.datasets import write_vision_task
 from grpo_trainer.config import build_config
-from grpo_trainer.driver import GRPOTrainer
-from grpo_trainer.worker import Worker
+from grpo_trainer.driver.driver import GRPOTrainer
+from grpo_trainer.rank.worker import Worker
 
 pytestmark = pytest.mark.trainer
 

@@ -1,5 +1,5 @@
 """Groups exchanged between ranks so that their update tokens are about equal
-(grpo_trainer.balance): every rank keeps its number of groups, every group trains once,
+(grpo_trainer.algorithm.balance): every rank keeps its number of groups, every group trains once,
 the most loaded rank never gets heavier, few groups move; and a group handed over keeps
 one shared prompt (one row of the shared-prefix layout) through pickling."""
 
@@ -11,9 +11,9 @@ import random
 import pytest
 import torch
 
-from grpo_trainer.balance import Plan, balance, hand_over
+from grpo_trainer.algorithm.balance import Plan, balance, hand_over
+from grpo_trainer.algorithm.samples import EncodedPrompt, Sample
 from grpo_trainer.data import Record
-from grpo_trainer.samples import EncodedPrompt, Sample
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from grpo_api.trainer_config import ActorConfig
+from grpo_trainer.model.precision import build_optimizer, store_params
 from grpo_trainer.optim import BF16AdamW, Compensation
 from grpo_trainer.optim.kahan_adamw import hash_noise16, stochastic_round_to_bf16
-from grpo_trainer.precision import build_optimizer, store_params
 
 pytestmark = pytest.mark.unit
 

@@ -24,13 +24,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from grpo_api.trainer_config import ActorConfig
 from grpo_trainer.checkpointing.compat import (
     HYPERPARAMETERS,
-    CheckpointIncompatible,
     Entry,
     incompatible_message,
     plan_load,
 )
 from grpo_trainer.checkpointing.convert import finish, own_entries, prepare, saved_entries
-from grpo_trainer.precision import build_optimizer, store_params
+from grpo_trainer.errors import CheckpointIncompatible
+from grpo_trainer.model.precision import build_optimizer, store_params
 
 pytestmark = pytest.mark.unit
 PARAMS = ("0.weight", "0.bias", "1.weight", "1.bias")

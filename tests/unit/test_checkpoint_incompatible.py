@@ -24,8 +24,8 @@ from grpo_operator.reconcile.classify import classify_pod
 from grpo_operator.reconcile.planning import Planner
 from grpo_operator.render import JobRef
 from grpo_testbed.status_patch import apply_status_patch
-from grpo_trainer.checkpointing.compat import CheckpointIncompatible, incompatible_message
-from grpo_trainer.errors import StepError, classify
+from grpo_trainer.checkpointing.compat import incompatible_message
+from grpo_trainer.errors import CheckpointIncompatible, StepError, classify
 from grpo_trainer.liveness.termination import termination_message
 
 pytestmark = pytest.mark.unit

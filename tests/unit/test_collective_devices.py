@@ -18,9 +18,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_trainer.devices import MIXED_BACKEND, collective_backend, process_group_backend
-from grpo_trainer.param_gather import bucket_device
-from grpo_trainer.rank0_init import broadcast_device
+from grpo_trainer.cluster.devices import MIXED_BACKEND, collective_backend, process_group_backend
+from grpo_trainer.model.param_gather import bucket_device
+from grpo_trainer.model.rank0_init import broadcast_device
 
 pytestmark = pytest.mark.unit
 CUDA = torch.device("cuda", 3)  # a device spec only: nothing is allocated on it

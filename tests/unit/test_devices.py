@@ -1,4 +1,4 @@
-"""A rank's device, process-group backend and collective timeout (grpo_trainer.devices):
+"""A rank's device, process-group backend and collective timeout (grpo_trainer.cluster.devices):
 the CUDA decisions, which no CPU test can run, pinned on their inputs."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from torch.distributed.constants import default_pg_nccl_timeout
 from torch.distributed.distributed_c10d import BackendConfig
 
 from grpo_api.trainer_config import ResourcesConfig
-from grpo_trainer.config_error import ConfigError
-from grpo_trainer.devices import (
+from grpo_trainer.cluster.devices import (
     CudaProbe,
     checkpoint_bytes,
     collective_timeout_s,
     process_group_backend,
     rank_device_type,
 )
+from grpo_trainer.config_error import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from grpo_api.contract import RAY_SIDE_LABEL, RAY_SIDE_ROLLOUT, RAY_SIDE_TRAIN
 from grpo_api.trainer_config import Config
-from grpo_trainer.devices import weight_sync_backend
-from grpo_trainer.placement import exclusion_selector, side_labels
+from grpo_trainer.cluster.devices import weight_sync_backend
+from grpo_trainer.cluster.placement import exclusion_selector, side_labels
 from grpo_trainer.rollout.routing import launch_through, route
 from grpo_trainer.rollout.weight_bus import buckets
 

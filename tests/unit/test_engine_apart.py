@@ -23,8 +23,8 @@ from grpo_api.trainer_config import ENGINE_APART_TENSOR_PARALLEL, Config
 from grpo_operator.webhook import admission_problem
 from grpo_testbed.examples import example_job
 from grpo_testkit.configs import text_config
+from grpo_trainer.cluster.rank_env import NOSET_CUDA, engine_env, rank_env, runtime_env
 from grpo_trainer.config import build_config
-from grpo_trainer.rank_env import NOSET_CUDA, engine_env, rank_env, runtime_env
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,8 @@ from grpo_operator.reconcile import Action
 from grpo_operator.reconcile.conditions import fabric_conditions
 from grpo_operator.reconcile.stored import wire
 from grpo_testbed.status_patch import apply_status_patch
+from grpo_trainer.cluster.nccl_log import parse_transport
 from grpo_trainer.liveness.progress import Progress
-from grpo_trainer.nccl_log import parse_transport
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]

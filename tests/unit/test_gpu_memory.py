@@ -1,4 +1,4 @@
-"""GPU memory metrics without vLLM's sleeping pool (grpo_trainer.gpu_memory), from
+"""GPU memory metrics without vLLM's sleeping pool (grpo_trainer.rank.gpu_memory), from
 synthetic readings of a CUDA rank: an H100 (80 GiB) with a colocated vLLM engine."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_trainer.gpu_memory import (
+from grpo_trainer.rank.gpu_memory import (
     DeviceMemory,
     GpuMemoryMeter,
     StepGpuMemory,
@@ -63,7 +63,7 @@ def test_the_cards_own_figure_is_reported_beside_each_of_torchs() -> None:
     ])
     meter = GpuMemoryMeter(torch.device("cuda", 0))
     with pytest.MonkeyPatch.context() as mp:  # a fake card: the readings above
-        from grpo_trainer import gpu_memory
+        from grpo_trainer.rank import gpu_memory
 
         mp.setattr(gpu_memory, "read_device", lambda _device: next(readings))
         mp.setattr(torch.cuda, "max_memory_allocated", lambda _d: 60 * GiB)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo_trainer.grpo_math import (
+from grpo_trainer.algorithm.grpo_math import (
     clipped_policy_loss,
     entropy_from_logits,
     group_advantages,

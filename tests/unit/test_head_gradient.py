@@ -1,5 +1,5 @@
 """The chunked head's LM-head (tied: embedding) weight gradient in bf16 over many chunks
-(grpo_trainer.lean_logprobs.ChunkedHead.backward): made by vocabulary slices, each one
+(grpo_trainer.algorithm.lean_logprobs.ChunkedHead.backward): made by vocabulary slices, each one
 matmul over every response token, it is rounded to bf16 once, as the plain path's single
 matmul leaves it. Summed chunk by chunk in bf16 (the code before), it was rounded once
 per chunk: over these 128 chunks it strayed 0.8-1.0% from the single matmul's gradient
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_trainer.lean_logprobs import ChunkedHead
+from grpo_trainer.algorithm.lean_logprobs import ChunkedHead
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""One image for rollout and update (grpo_trainer.images): Qwen's smart-resize to the
+"""One image for rollout and update (grpo_trainer.media.images): Qwen's smart-resize to the
 pixel bounds, applied once, as a fixed point, and the token count it implies."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from PIL import Image
 
 from grpo_api.trainer_config import DataConfig
 from grpo_trainer.config_error import ConfigError
-from grpo_trainer.images import PixelBounds, image_size, pixel_bounds
+from grpo_trainer.media.images import PixelBounds, image_size, pixel_bounds
 
 pytestmark = pytest.mark.unit
 

@@ -27,6 +27,7 @@ import sys
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -224,6 +225,66 @@ def test_no_import_circle(package: str) -> None:
     assert not found, "\n".join(found)
 
 
+def folder_circles(package: str, sources: Mapping[str, Path] = SOURCES) -> list[str]:
+    """Each circle among the rooms of a folder, at every level: in each package folder, its
+    subfolders and its own modules are the rooms; a module's import of another module of
+    the same folder is an arrow between the rooms that hold them. One circle per folder, as
+    the statements that make its arrows."""
+    edges = _internal_edges(package, sources)
+    folders = {m for m, p in modules_of(sources).items()
+               if m.split(".")[0] == package and p.name == "__init__.py"}
+    found: list[str] = []
+    for folder in sorted(folders):
+        depth = folder.count(".") + 1
+        arrows: dict[str, dict[str, Import]] = {}
+        for module, targets in edges.items():
+            for target, imp in targets.items():
+                if not (module.startswith(folder + ".") and target.startswith(folder + ".")):
+                    continue  # the folder's own __init__, or outside it
+                a, b = module.split(".")[depth], target.split(".")[depth]
+                if a != b:
+                    arrows.setdefault(a, {}).setdefault(b, imp)
+        ring = _a_circle(arrows)
+        if ring:
+            hops = [arrows[x][y] for x, y in pairwise(ring)]
+            found.append(f"{folder}: {' -> '.join(ring)}:\n    "
+                         + "\n    ".join(i.describe(ROOT) for i in hops))
+    return found
+
+
+def _a_circle(arrows: Mapping[str, Mapping[str, object]]) -> list[str]:
+    """One circle of the graph as its rooms, the first repeated at the end ([]: none)."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(room: str) -> list[str]:
+        state[room] = 1
+        path.append(room)
+        for nxt in sorted(arrows.get(room, {})):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (ring := visit(nxt)):
+                return ring
+        path.pop()
+        state[room] = 2
+        return []
+
+    for room in sorted(arrows):
+        if room not in state and (ring := visit(room)):
+            return ring
+    return []
+
+
+@pytest.mark.parametrize("package", NO_CIRCLES)
+def test_no_circle_between_the_rooms_of_any_folder(package: str) -> None:
+    """A folder's subfolders and modules depend one way: the trainer's root holds its
+    entry points and the few facts every room reads, and the rooms (driver, rank, rollout,
+    model, algorithm, cluster, checkpointing...) form no circle; so do the rooms inside
+    each of them."""
+    found = folder_circles(package)
+    assert not found, "\n".join(found)
+
+
 # ---- the checker can fail: a planted crossing, two hops deep -------------------------
 
 
@@ -309,3 +370,24 @@ def test_every_operator_module_imports_without_torch_or_the_trainer() -> None:
     pulled = sorted(m for m in seen["modules"]
                     if m.split(".")[0] in FORBIDDEN["grpo_operator"])
     assert not pulled, f"the operator pulled in {pulled[:5]}"
+
+
+def test_rooms_that_import_each_other_through_any_module_are_a_circle(tmp_path: Path) -> None:
+    sources = _plant(tmp_path, {
+        "trainer/grpo_trainer/__init__.py": "",
+        "trainer/grpo_trainer/errors.py": "from .ckpt.compat import Incompatible\n",
+        "trainer/grpo_trainer/ckpt/__init__.py": "",
+        "trainer/grpo_trainer/ckpt/compat.py": "class Incompatible(Exception): ...\n",
+        "trainer/grpo_trainer/ckpt/rank.py": "def f() -> None:\n"
+                                             "    from ..cluster.placement import g\n",
+        "trainer/grpo_trainer/cluster/__init__.py": "",
+        "trainer/grpo_trainer/cluster/placement.py": "from ..errors import x\n",
+        "trainer/grpo_trainer/cluster/a.py": "from .b import y\n",
+        "trainer/grpo_trainer/cluster/b.py": "",
+    })
+    found = folder_circles("grpo_trainer", sources)
+    assert len(found) == 1, found
+    assert found[0].startswith("grpo_trainer: ckpt -> cluster -> errors -> ckpt:"), found[0]
+    assert "trainer/grpo_trainer/ckpt/rank.py:2: from ..cluster.placement import g" in found[0]
+    assert "trainer/grpo_trainer/errors.py:1: from .ckpt.compat import Incompatible" in found[0]
+

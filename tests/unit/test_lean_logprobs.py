@@ -1,4 +1,4 @@
-"""The chunked log-prob head (grpo_trainer.lean_logprobs): its log-probs, entropy and
+"""The chunked log-prob head (grpo_trainer.algorithm.lean_logprobs): its log-probs, entropy and
 gradients are the full logits' (float32: log-probs to the bit, the entropy within 1e-6
 of its magnitude, gradients within 1e-6), and it holds what the planner counts
 (planner/budget.py logprob_bytes) whatever the prompt's length.
@@ -14,10 +14,10 @@ import torch
 from grpo_api.model.shape import Shape
 from grpo_operator.planner.sizes import logprob_bytes
 from grpo_testkit.memory_census import LiveBytes
+from grpo_trainer.algorithm.grpo_math import entropy_from_logits, log_probs_from_logits
+from grpo_trainer.algorithm.lean_logprobs import ChunkedHead, full_logits_log_probs, lean_log_probs
+from grpo_trainer.algorithm.samples import EncodedPrompt, Sample, collate_train
 from grpo_trainer.data import Record
-from grpo_trainer.grpo_math import entropy_from_logits, log_probs_from_logits
-from grpo_trainer.lean_logprobs import ChunkedHead, full_logits_log_probs, lean_log_probs
-from grpo_trainer.samples import EncodedPrompt, Sample, collate_train
 
 pytestmark = pytest.mark.unit
 

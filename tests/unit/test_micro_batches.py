@@ -1,4 +1,4 @@
-"""Micro-batches by token budget (grpo_trainer.micro_batches): the layout's tokens, the
+"""Micro-batches by token budget (grpo_trainer.algorithm.micro_batches): the layout's tokens, the
 fewest micro-batches within a budget, and an exact count of them as even as the order of
 the samples allows (what every rank must run alike)."""
 
@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
+from grpo_trainer.algorithm.micro_batches import count_for_budget, layout_tokens, split_evenly
+from grpo_trainer.algorithm.samples import EncodedPrompt, Sample
 from grpo_trainer.data import Record
-from grpo_trainer.micro_batches import count_for_budget, layout_tokens, split_evenly
-from grpo_trainer.samples import EncodedPrompt, Sample
 
 pytestmark = pytest.mark.unit
 

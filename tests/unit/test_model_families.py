@@ -50,7 +50,7 @@ def test_a_transformers_config_sizes_the_model_the_trainer_builds(
     one block's: equal to the model the trainer builds on the meta device from the
     same directory (vision tower, its mergers, norms, biases, MoE experts included), and
     the trainer shards exactly the decoder layers and vision blocks the planner counts."""
-    from grpo_trainer.modeling import _blocks, _build_on_meta
+    from grpo_trainer.model.modeling import _blocks, _build_on_meta
 
     config = written(tmp_path, family)
     assert config["model_type"] == family

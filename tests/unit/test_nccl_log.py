@@ -1,4 +1,4 @@
-"""The transport NCCL chose, read from its INIT/NET log lines (grpo_trainer.nccl_log).
+"""The transport NCCL chose, read from its INIT/NET log lines (grpo_trainer.cluster.nccl_log).
 
 The lines are NCCL's own formats (its sources: init.cc "Using network %s", net_ib.cc,
 net_socket.cc, transport.cc's "Channel %02d/%1d : %d[%d] -> %d[%d] via %s"), as users
@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_trainer.nccl_log import EFA, IB, SOCKET, Transport, combine, parse_transport, summary
+from grpo_trainer.cluster.nccl_log import (
+    EFA,
+    IB,
+    SOCKET,
+    Transport,
+    combine,
+    parse_transport,
+    summary,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from grpo_trainer.grpo_math import grpo_loss
-from grpo_trainer.offpolicy import (
+from grpo_trainer.algorithm.grpo_math import grpo_loss
+from grpo_trainer.algorithm.offpolicy import (
     OffpolicySums,
     is_weights,
     offpolicy_metrics,

@@ -24,11 +24,11 @@ from grpo_api.job import parse_spec
 from grpo_api.job.spec import GRPOJobSpec
 from grpo_operator.planner import plan_memory
 from grpo_operator.planner.layout import micro_batch, token_budgets
+from grpo_trainer.algorithm.lean_logprobs import full_logits_log_probs
+from grpo_trainer.algorithm.micro_batches import layout_tokens
+from grpo_trainer.algorithm.packing import collate_packed, packed_mask, row_tokens, runs
+from grpo_trainer.algorithm.samples import EncodedPrompt, Sample, TrainBatch
 from grpo_trainer.data import Record
-from grpo_trainer.lean_logprobs import full_logits_log_probs
-from grpo_trainer.micro_batches import layout_tokens
-from grpo_trainer.packing import collate_packed, packed_mask, row_tokens, runs
-from grpo_trainer.samples import EncodedPrompt, Sample, TrainBatch
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from grpo_trainer.param_gather import (
+from grpo_trainer.model.param_gather import (
     DEFAULT_BUCKET_BYTES,
     GatherItem,
     gathered_bytes,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_api.trainer_config import ActorConfig
-from grpo_trainer.modeling import params_home
+from grpo_trainer.model.modeling import params_home
 
 pytestmark = pytest.mark.unit
 CUDA = torch.device("cuda", 0)
@@ -36,7 +36,7 @@ def test_offloaded_meta_params_go_where_they_live_and_buffers_where_forward_runs
     # that is not on the host ("FSDP parameters should be materialized on CPU"), which
     # is what an H100 run hit when every parameter went to the rank's device. The meta
     # device stands in for the host here (a CPU machine has only one real device).
-    from grpo_trainer.modeling import _materialise
+    from grpo_trainer.model.modeling import _materialise
 
     class Rotary(torch.nn.Module):
         def __init__(self) -> None:

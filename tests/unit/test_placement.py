@@ -15,10 +15,7 @@ from grpo_api.job.status import AttemptOutcome
 from grpo_operator.planner import plan_memory
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
-from grpo_trainer.config import build_config
-from grpo_trainer.config_error import ConfigError
-from grpo_trainer.errors import WorkersMissingError, classify
-from grpo_trainer.placement import (
+from grpo_trainer.cluster.placement import (
     NodeView,
     RankPlace,
     cuda_device_index,
@@ -28,6 +25,9 @@ from grpo_trainer.placement import (
     nodes_to_join,
     plan_layout,
 )
+from grpo_trainer.config import build_config
+from grpo_trainer.config_error import ConfigError
+from grpo_trainer.errors import WorkersMissingError, classify
 
 pytestmark = pytest.mark.unit
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("grpojob-*.yaml"))

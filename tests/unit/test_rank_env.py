@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from grpo_api.trainer_config import ResourcesConfig
-from grpo_trainer.placement import cuda_device_index
-from grpo_trainer.rank_env import NOSET_CUDA, rank_env
-from grpo_trainer.rollout.collectives import custom_all_reduce
+from grpo_trainer.cluster.collectives import custom_all_reduce
+from grpo_trainer.cluster.placement import cuda_device_index
+from grpo_trainer.cluster.rank_env import NOSET_CUDA, rank_env
 
 pytestmark = pytest.mark.unit
 GPU = ResourcesConfig(num_workers=8, gpus_per_worker=1)
@@ -117,7 +117,7 @@ def test_the_rendezvous_port_is_held_from_the_moment_it_is_picked(tmp_path: Any)
     from datetime import timedelta
 
     from grpo_api.trainer_config import Config
-    from grpo_trainer.worker import Worker
+    from grpo_trainer.rank.worker import Worker
 
     cfg = Config.model_validate({"model": {"path": str(tmp_path)},
                                  "data": {"train_files": [str(tmp_path / "d.jsonl")]},

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_trainer.sharded_load import safetensors_layout
+from grpo_trainer.model.sharded_load import safetensors_layout
 
 pytestmark = pytest.mark.unit
 

@@ -87,7 +87,7 @@ def test_every_module_of_the_trainer_package_is_ours_not_only_the_liveness_ones(
     # A rank stuck in the update's backward waits in a frame of policy_update.py; with
     # only liveness/ counted as ours, the report said "no frame of the trainer".
     import grpo_trainer
-    from grpo_trainer import policy_update
+    from grpo_trainer.rank import policy_update
 
     assert str(Path(grpo_trainer.__file__).resolve().parent) == PACKAGE_DIR
     update = Frame(str(Path(policy_update.__file__).resolve()), 10, "update")

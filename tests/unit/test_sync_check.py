@@ -75,7 +75,7 @@ def test_a_renamed_checkpoint_passes_on_the_sharded_actor(
     .layers), which vLLM's loader maps too; checked on the actor as the rank holds it,
     FSDP2-sharded (whose root class transformers does not know by name)."""
     from grpo_api.trainer_config import ActorConfig
-    from grpo_trainer.modeling import shard_model
+    from grpo_trainer.model.modeling import shard_model
 
     model = tiny_qwen2_5_vl()
     hub = hub_layout(model, tmp_path)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from grpo_trainer.data import Record
+from grpo_trainer.driver.validation import ValSchedule, gather, rank_chunks, shares, summarize
 from grpo_trainer.rewards import RewardResult
-from grpo_trainer.validation import ValSchedule, gather, rank_chunks, shares, summarize
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Video frames (grpo_trainer.videos): sampled at data.video_fps from a real mp4 written here
+"""Video frames (grpo_trainer.media.videos): sampled at data.video_fps from a real mp4 written here
 with OpenCV, at most data.max_frames, an even count, each frame resized within the video
 pixel bounds; a frame list taken as it is; what the headers say equals what decoding
 gives; a corrupt video's error names it. And what vLLM is told about them."""
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from grpo_testkit.video_files import frame_color, frame_list, write_mp4
-from grpo_trainer.images import PixelBounds
-from grpo_trainer.videos import (
+from grpo_trainer.media.images import PixelBounds
+from grpo_trainer.media.videos import (
     VideoError,
     VideoSpec,
     load,
@@ -130,9 +130,9 @@ def test_vllm_is_given_the_frames_and_told_to_leave_them_alone(tmp_path: Path) -
     each family reads them; each video goes as (frames, metadata)."""
     import torch
 
+    from grpo_trainer.algorithm.samples import EncodedPrompt
     from grpo_trainer.data import Record
     from grpo_trainer.rollout.vllm_engine import VLLMEngineConfig, _inputs, engine_kwargs
-    from grpo_trainer.samples import EncodedPrompt
 
     bounds = PixelBounds(3136, 1003520, 28)
     base = VLLMEngineConfig("m", "bfloat16", 1, 64, 4, 0.5, 0, 0, False, image_bounds=bounds)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from grpo_trainer.images import PixelBounds
+from grpo_trainer.media.images import PixelBounds
 from grpo_trainer.rollout.vllm_engine import VLLMEngineConfig, engine_kwargs, sleep_level
 
 pytestmark = pytest.mark.unit

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from grpo_trainer.algorithm.samples import EncodedPrompt
 from grpo_trainer.data import Record
 from grpo_trainer.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
-from grpo_trainer.samples import EncodedPrompt
 
 pytestmark = pytest.mark.unit
 RUNNER = "VLLM_USE_V2_MODEL_RUNNER"

@@ -10,6 +10,7 @@ import pytest
 from grpo_api.trainer_config import MetricsConfig
 from grpo_trainer.config import build_config
 from grpo_trainer.config_error import ConfigError
+from grpo_trainer.driver.metrics import MetricsLogger
 from grpo_trainer.faults import leak_mib_per_step, parse_fault
 from grpo_trainer.liveness.progress import Progress
 from grpo_trainer.liveness.watchdog import (
@@ -20,7 +21,6 @@ from grpo_trainer.liveness.watchdog import (
     per_process_memory,
     slope,
 )
-from grpo_trainer.metrics import MetricsLogger
 
 SETTINGS = DetectorSettings()  # the defaults: window 20, warm-up 5, 2 MiB/step
 BASE = 900 * MiB

@@ -3,12 +3,12 @@ Qwen2.5-VL, Qwen3-VL): the trainer hands over the frames it sampled and sized, w
 metadata; vLLM expands each prompt to exactly the trainer's tokens (not only as many: the
 engine checks the count itself at every generate and score), generates, and scores a
 response as the transformers model does on the trainer's inputs: same frames, same grids,
-same temporal positions (Qwen2.5-VL's after a video: grpo_trainer/video_positions.py;
+same temporal positions (Qwen2.5-VL's after a video: grpo_trainer/model/video_positions.py;
 Qwen3-VL's <t seconds> texts). Tolerance: float32 on CPU, 2e-4 nats a token, as
 tests/vllm/test_engine.py (measured ~5e-7 here; ~1e-3 on Qwen2.5-VL with transformers' own
 positions). The tiny Qwen3-VL's video processor normalises with another mean than its image
 processor, which vLLM's on-device normalisation would apply to videos too (0.02-0.04 nats a
-token): its engine normalises on the host (grpo_trainer.videos.same_normalisation), the
+token): its engine normalises on the host (grpo_trainer.media.videos.same_normalisation), the
 other two families' on the device, so both paths run here."""
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class Record:
     answer: str
     images: list[bytes] = field(default_factory=list)
     # Each video: a video file's absolute path, or its frames' encoded bytes in order
-    # (decoded and sampled where the prompt is encoded: grpo_trainer.videos).
+    # (decoded and sampled where the prompt is encoded: grpo_trainer.media.videos).
     videos: list[str | list[bytes]] = field(default_factory=list)
     source: str = ""  # the file it was read from (messages name it)
     row: int = 0  # its row in that file, from 0

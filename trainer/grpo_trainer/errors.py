@@ -17,13 +17,20 @@ from dataclasses import dataclass
 
 from grpo_api.contract import ExitCode, FailureReason, RankPhase
 
-from .checkpointing.compat import CheckpointIncompatible
 from .config_error import ConfigError
 from .liveness.rank_crash import RankCrashed
 from .liveness.sigterm import Terminated
 from .liveness.stall import StallError
 
 log = logging.getLogger(__name__)
+
+
+class CheckpointIncompatible(Exception):
+    """A checkpoint that is intact but cannot be loaded under this run's settings
+    (exit 7, ``CheckpointIncompatible``; checkpointing/compat.py decides): its message
+    names the checkpoint's step, the keys and why, and what to do. One message argument,
+    so Ray pickles it as it is."""
+
 
 CUDA_OOM_TEXT = "CUDA out of memory"
 # vLLM's KV cache at start-up (v1/core/kv_cache_utils.py, _check_enough_kv_cache_memory):

@@ -1,7 +1,7 @@
 """What the driver calls on its ranks, as methods an editor (and mypy) can follow.
 
 The driver reaches every rank through a group's ``call``: Ray actors
-(``supervision.WorkerGroup``), in-process workers (the crash tests' ``LocalGroup``) or,
+(``driver.worker_group.WorkerGroup``), in-process workers (the crash tests' ``LocalGroup``) or,
 for validation, the rollout engines apart (``rollout.engine_group.EngineGroup``). Each
 call names the method by the protocol's function (``group.call(RankApi.update, ...)``),
 not by a string: "go to definition" lands here, next to what the method returns, and

@@ -41,9 +41,9 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
         return int(ExitCode.CONFIG_ERROR)
 
     from .checkpointing import make_checkpointer
-    from .driver import GRPOTrainer
+    from .cluster.ray_bootstrap import init_ray
+    from .driver.driver import GRPOTrainer
     from .liveness.kube_progress import reporter_for
-    from .ray_bootstrap import init_ray
 
     reporter = reporter_for(cfg)
     files = AttemptFiles.of(cfg)  # the worker pods' preStop hooks wait on these

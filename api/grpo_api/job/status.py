@@ -194,7 +194,7 @@ class FetchProgress(ApiModel):
 
 class TransportStatus(ApiModel):
     """The transport NCCL chose, from its INIT/NET log lines on the first attempt's ranks
-    (grpo_trainer.nccl_log); the operator shows a fabric job that got sockets as the
+    (grpo_trainer.cluster.nccl_log); the operator shows a fabric job that got sockets as the
     FabricFallback condition."""
 
     network: str | None = Field(

@@ -2,7 +2,7 @@
 
 The trainer loads any model through transformers' auto classes, but it is built and
 tested for Qwen's layouts: decoder layers under `layers` and vision blocks under
-`blocks` are its FSDP units (`grpo_trainer.modeling`), the vision tower is
+`blocks` are its FSDP units (`grpo_trainer.model.modeling`), the vision tower is
 `model.visual.*` (LoRA's default exclusion, vLLM's LM-only adapters), and the planner's
 parameter counts follow these families' modules exactly
 (tests/unit/test_model_families.py builds each from a config.json transformers wrote).

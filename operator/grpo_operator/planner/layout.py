@@ -1,5 +1,5 @@
 """The update's micro-batch at its largest, in the trainer's shared-prefix layout
-(grpo_trainer.packing: one row per group in the micro-batch, its prompt once and then its
+(grpo_trainer.algorithm.packing: one row per group in the micro-batch, its prompt once and then its
 responses, rows padded to the widest, rounded up to a multiple of 8 tokens,
 ``grpo_api.contract.packed_width``): the bounds the activation, logits and mask terms are
 computed from (docs/memory-model.md, "Micro-batches by tokens"). The rounding keeps the

@@ -48,12 +48,6 @@ FLOATS = ("float64", "float32", "bfloat16", "float16")  # widest first
 MAX_NAMED = 3  # problems named in the message; the count says how many more
 
 
-class CheckpointIncompatible(Exception):
-    """A checkpoint that is intact but cannot be loaded under this run's settings
-    (exit 7, ``CheckpointIncompatible``): its message names the checkpoint's step, the
-    keys and why, and what to do. One message argument, so Ray pickles it as it is."""
-
-
 @dataclass(frozen=True)
 class Entry:
     """One flattened state-dict entry: a tensor's dtype (torch's name without

@@ -22,8 +22,8 @@ import yaml
 
 from grpo_api.trainer_config import Config
 
+from ..algorithm.seeds import rollout_seed
 from ..rank_api import RankApi, RankGroup
-from ..rollout.seeds import rollout_seed
 from . import fence
 from .files import atomic_write, digest_file, file_size, remove_step_dir, write_durable
 from .tracker import (

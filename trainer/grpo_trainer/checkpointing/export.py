@@ -136,7 +136,7 @@ def export(
     check: bool = True,
     adapter_out: str | Path | None = None,
 ) -> Exported:
-    from ..modeling import _auto_class, load_hf_config
+    from ..model.modeling import _auto_class, load_hf_config
 
     t0 = time.perf_counter()
     root = Path(checkpoint_dir)
@@ -207,8 +207,8 @@ def _lora_to_full(
 ) -> dict[str, torch.Tensor]:
     """A LoRA checkpoint's adapters merged into the base (and written as a PEFT
     directory to ``adapter_out`` if given)."""
-    from ..lora.export import NotAnAdapterCheckpoint, merged_model_tensors
     from ..lora.peft_format import write_adapter_dir
+    from .adapter_merge import NotAnAdapterCheckpoint, merged_model_tensors
 
     lora = cfg.actor.lora
     if lora is None:

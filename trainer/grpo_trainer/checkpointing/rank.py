@@ -29,8 +29,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from ..rank_state import RankState
-from .compat import CheckpointIncompatible, incompatible_message
+from ..errors import CheckpointIncompatible
+from ..model.rank_state import RankState
+from .compat import incompatible_message
 from .convert import finish, prepare, saved_entries
 from .files import HashingWriter, digest_file, write_durable
 from .reader import DirectReader

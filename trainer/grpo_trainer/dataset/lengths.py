@@ -102,7 +102,7 @@ _POOL: list[_PoolProcess] = []
 
 
 def _pool_init(config_json: str, full_check: bool) -> None:
-    from ..samples import prompt_token_counter
+    from ..algorithm.samples import prompt_token_counter
 
     cfg = Config.model_validate_json(config_json)
     _POOL.append(_PoolProcess(cfg.data, prompt_token_counter(cfg), full_check))

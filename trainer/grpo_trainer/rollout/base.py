@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from ..samples import EncodedPrompt
+from ..algorithm.samples import EncodedPrompt
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ import torch
 
 from grpo_api.trainer_config import Config
 
-from ..modeling import load_full
-from ..rank_state import RankState
-from ..samples import RolloutTokens
-from ..videos import same_normalisation
+from ..algorithm.samples import RolloutTokens
+from ..media.videos import same_normalisation
+from ..model.modeling import load_full
+from ..model.rank_state import RankState
 from .base import RolloutEngine
 
 if TYPE_CHECKING:

@@ -20,13 +20,13 @@ import torch
 from grpo_api.contract import RankPhase
 from grpo_api.trainer_config import Config
 
+from ..algorithm.samples import Sample, load_rollout_tokens, summary
+from ..cluster.rank_env import NCCL_LOG_DIR, engine_on_cuda, report_transport
 from ..data import Record
 from ..dataset import RowRef, encode_rows, overlong, read_records
 from ..errors import rank_phase
 from ..faults import parse_fault
 from ..rank_api import GreedyGenerator
-from ..rank_env import NCCL_LOG_DIR, engine_on_cuda, report_transport
-from ..samples import Sample, load_rollout_tokens, summary
 from .base import RolloutEngine
 from .hf import HFGenerateEngine
 from .sampling import greedy_spec, to_samples, training_spec
@@ -50,7 +50,7 @@ def engine_device(cfg: Config) -> torch.device:
         return torch.device("cpu")
     import ray
 
-    from ..placement import cuda_device_index
+    from ..cluster.placement import cuda_device_index
 
     ids = list(ray.get_gpu_ids()) if ray.is_initialized() else []
     return torch.device("cuda", cuda_device_index(ids, os.environ.get("CUDA_VISIBLE_DEVICES"), 0))
@@ -78,8 +78,8 @@ class EngineWorker:
 
     def setup(self) -> dict[str, Any]:
         """Load the model and the tokenizer; where this engine runs (tests kill its pid)."""
-        from ..modeling import load_full
-        from ..precision import DTYPES
+        from ..model.modeling import load_full
+        from ..model.precision import DTYPES
 
         cfg = self.cfg
         self.device = engine_device(cfg)

@@ -18,10 +18,10 @@ from typing import Any
 from grpo_api.contract import RAY_SIDE_ROLLOUT
 from grpo_api.trainer_config import Config
 
-from ..devices import weight_sync_backend
-from ..placement import Gang, engine_layout, side_labels
+from ..cluster.devices import weight_sync_backend
+from ..cluster.placement import Gang, engine_layout, side_labels
+from ..cluster.rank_env import engine_env, runtime_env
 from ..rank_api import R, RankApi
-from ..rank_env import engine_env, runtime_env
 from .weight_bus import WeightGroupSpec
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from ..grpo_math import log_probs_from_logits
-from ..samples import EncodedPrompt, collate_prompts
+from ..algorithm.grpo_math import log_probs_from_logits
+from ..algorithm.samples import EncodedPrompt, collate_prompts
 from .base import Generation, SamplingSpec
 from .lean_decode import LeanDecoder, supports
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from grpo_api.trainer_config import Config
 
+from ..algorithm.samples import EncodedPrompt, Sample
+from ..algorithm.seeds import prompt_seed, rollout_seed
 from ..data import Record
 from ..dataset import RowRef
-from ..samples import EncodedPrompt, Sample
 from .base import Generation, SamplingSpec
-from .seeds import prompt_seed, rollout_seed
 
 
 def training_spec(cfg: Config, step: int, rank: int, records: Sequence[RowRef | Record],

@@ -25,7 +25,12 @@ from typing import cast
 from torch import nn
 
 from ..config_error import ConfigError
-from ..sharded_load import NotShardable, checkpoint_index, model_key_mapper, safetensors_layout
+from ..model.sharded_load import (
+    NotShardable,
+    checkpoint_index,
+    model_key_mapper,
+    safetensors_layout,
+)
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ Per step (``RolloutEngine`` lifecycle):
                     again); CPU: sleep mode does not exist, the engine keeps its weights
                     (the planner's host budget counts them)
 
-Images reach vLLM already resized to the trainer's pixel bounds (grpo_trainer.images),
+Images reach vLLM already resized to the trainer's pixel bounds (grpo_trainer.media.images),
 and vLLM gets the same bounds, so its prompt has the trainer's tokens (checked per prompt).
-Videos reach it as the frames the trainer sampled and resized (grpo_trainer.videos), with
+Videos reach it as the frames the trainer sampled and resized (grpo_trainer.media.videos), with
 their metadata (source fps, sampled frame indices: Qwen2.5-VL's temporal positions and
 Qwen3-VL's frame times follow from it), and vLLM is told to neither sample nor resize them.
 
@@ -57,12 +57,12 @@ from grpo_api.model.config_json import head_dim, text_fields
 from grpo_api.model.kv_cache import engine_kv_cache_bytes, kv_bytes_per_token
 from grpo_api.trainer_config import MAX_IMAGES_PER_PROMPT, LoraConfig
 
-from ..images import PixelBounds
+from ..algorithm.samples import EncodedPrompt
+from ..cluster.collectives import collective_kwargs, restore_local_rank
 from ..lora.vllm_adapter import AdapterSlot
-from ..samples import EncodedPrompt
-from ..videos import VideoSpec
+from ..media.images import PixelBounds
+from ..media.videos import VideoSpec
 from .base import Generation, SamplingSpec
-from .collectives import collective_kwargs, restore_local_rank
 from .stale_shm import remove_stale_vllm_segments
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class VLLMEngineConfig:
     # base from the model path plus the adapter sent at each sync (load_adapter).
     lora_rank: int = 0
     # A VLM's pixel bounds, to which the trainer resized every image it hands over
-    # (grpo_trainer.images); None for a text model.
+    # (grpo_trainer.media.images); None for a text model.
     image_bounds: PixelBounds | None = None
     # vLLM's limit_mm_per_prompt for videos (data.max_videos_per_prompt; 0: none, the
     # default), and how the trainer sampled and sized the frames it hands over.

@@ -35,8 +35,8 @@ import torch.distributed as dist
 
 from grpo_api.trainer_config import Config, ResourcesConfig
 
+from .collectives import VLLM_SWITCHES_OFF
 from .nccl_log import parse_transport, summary
-from .rollout.collectives import VLLM_SWITCHES_OFF
 
 log = logging.getLogger(__name__)
 

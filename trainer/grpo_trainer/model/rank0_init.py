@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from .devices import staging_device_type
+from ..cluster.devices import staging_device_type
 
 
 def broadcast_device(device: torch.device, home: torch.device) -> torch.device:

@@ -29,7 +29,7 @@ from torch.distributed.tensor import DeviceMesh, DTensor, Shard
 
 from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES
 
-from .devices import staging_device_type
+from ..cluster.devices import staging_device_type
 
 # Bounds one collective's gathered buffer: world x (this rank's padded shards) = the
 # bucket's full parameters plus the padding of uneven last shards. The engine copies each

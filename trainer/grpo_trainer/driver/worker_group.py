@@ -12,13 +12,13 @@ from typing import Any, Protocol
 from grpo_api.contract import RAY_SIDE_TRAIN
 from grpo_api.trainer_config import Config
 
-from .errors import is_peer_loss
-from .liveness.rank_crash import RankCrashed, fatal_crash
-from .liveness.stall_monitor import RankTarget
-from .nccl_log import Transport, combine, summary
-from .placement import Gang, layout_for, side_labels
-from .rank_api import R
-from .rank_env import rank_env, runtime_env
+from ..cluster.nccl_log import Transport, combine, summary
+from ..cluster.placement import Gang, layout_for, side_labels
+from ..cluster.rank_env import rank_env, runtime_env
+from ..errors import is_peer_loss
+from ..liveness.rank_crash import RankCrashed, fatal_crash
+from ..liveness.stall_monitor import RankTarget
+from ..rank_api import R
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def get_all(refs: Sequence[Any], watch: Watch | None = None) -> list[Any]:
     """
     import ray
 
-    from .liveness.stall_monitor import RAY_POLL_S
+    from ..liveness.stall_monitor import RAY_POLL_S
 
     pending = list(refs)
     while pending:
@@ -119,7 +119,7 @@ class WorkerGroup:
     def __init__(self, cfg: Config) -> None:
         import ray
 
-        from .worker import Worker
+        from ..rank.worker import Worker
 
         res = cfg.resources
         self.layout = layout_for(cfg)
@@ -173,7 +173,7 @@ class WorkerGroup:
         """A ``RankCrashed`` if the rank whose actor ``err`` reports dead wrote a
         fatal-signal dump as it died (rank_crash.py), else None: a process killed
         outright, or a node gone with its files, stays a lost rank."""
-        from .liveness.stall_monitor import read_stacks_files
+        from ..liveness.stall_monitor import read_stacks_files
 
         dead = getattr(err, "actor_id", None)
         ranks = [r for r, w in enumerate(self.workers) if w._actor_id.hex() == dead]

@@ -25,7 +25,7 @@ from torch import nn
 
 from grpo_api.trainer_config import ActorConfig
 
-from .optim import BF16AdamW
+from ..optim import BF16AdamW
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -22,11 +22,11 @@ from typing import Any
 
 from grpo_api.trainer_config import Config
 
-from .data import Record
-from .dataset import PromptDataset, RowRef
-from .dataset.lengths import Counter as TokenCounter
-from .rank_api import GreedyGenerator, RankGroup
-from .rewards import RewardResult, RewardRow, RewardRunner, reward_rows, samples_for
+from ..data import Record
+from ..dataset import PromptDataset, RowRef
+from ..dataset.lengths import Counter as TokenCounter
+from ..rank_api import GreedyGenerator, RankGroup
+from ..rewards import RewardResult, RewardRow, RewardRunner, reward_rows, samples_for
 
 # A val prompt as the driver holds it (a ref, read by the rank that answers it) or, in
 # tests, a whole record.

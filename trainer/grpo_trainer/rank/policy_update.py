@@ -19,15 +19,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .grpo_math import GRPOLossOut, grpo_loss
-from .lean_logprobs import lean_log_probs
-from .lora import adapters_disabled
-from .micro_batches import count_for_budget, split_evenly
-from .modeling import params_home
-from .offpolicy import OffpolicySums, is_weights, offpolicy_metrics, version_gaps
-from .packing import can_pack, collate_packed, rope_index_of
-from .rank_state import RankState
-from .samples import Sample, TrainBatch, collate_train
+from ..algorithm.grpo_math import GRPOLossOut, grpo_loss
+from ..algorithm.lean_logprobs import lean_log_probs
+from ..algorithm.micro_batches import count_for_budget, split_evenly
+from ..algorithm.offpolicy import OffpolicySums, is_weights, offpolicy_metrics, version_gaps
+from ..algorithm.packing import can_pack, collate_packed, rope_index_of
+from ..algorithm.samples import Sample, TrainBatch, collate_train
+from ..lora import adapters_disabled
+from ..model.modeling import params_home
+from ..model.rank_state import RankState
 
 log = logging.getLogger(__name__)
 

@@ -20,25 +20,25 @@ from typing import Any
 from grpo_api.contract import STALLS_DIR
 from grpo_api.trainer_config import Config
 
-from .balance import Plan, balance
-from .checkpointing.checkpointer import Checkpointer, NoCheckpointer
-from .checkpointing.final_export import FinalExport, export_final
-from .dataset import DrawCheck, PromptDataset, RowRef, StatefulLoader, sized_for_media
-from .devices import job_collective_timeout_s
-from .errors import StepError
-from .faults import allocate_until_killed, parse_fault, raise_injected_oom
-from .liveness.progress import NullProgressReporter, Progress, ProgressReporter
-from .liveness.sigterm import AttemptFiles, StepAbandoned, Terminated, TermSignal
-from .liveness.stall import Heartbeat
-from .liveness.stall_monitor import StallMonitor
-from .liveness.watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_process_memory
+from ..algorithm.balance import Plan, balance
+from ..checkpointing.checkpointer import Checkpointer, NoCheckpointer
+from ..checkpointing.final_export import FinalExport, export_final
+from ..cluster.devices import job_collective_timeout_s
+from ..cluster.placement import layout_for
+from ..dataset import DrawCheck, PromptDataset, RowRef, StatefulLoader, sized_for_media
+from ..errors import StepError
+from ..faults import allocate_until_killed, parse_fault, raise_injected_oom
+from ..liveness.progress import NullProgressReporter, Progress, ProgressReporter
+from ..liveness.sigterm import AttemptFiles, StepAbandoned, Terminated, TermSignal
+from ..liveness.stall import Heartbeat
+from ..liveness.stall_monitor import StallMonitor
+from ..liveness.watchdog import DetectorSettings, MemoryWatchdog, driver_memory, per_process_memory
+from ..rank_api import RankApi, RankGroup
+from ..rewards import extra_means, reward_rows, reward_runner, samples_for
+from ..rollout.engine_group import EngineGroup
+from ..rollout.routing import split
 from .metrics import MetricsLogger
-from .placement import layout_for
-from .rank_api import RankApi, RankGroup
-from .rewards import extra_means, reward_rows, reward_runner, samples_for
-from .rollout.engine_group import EngineGroup
-from .rollout.pipeline import LoaderPosition, RolloutPipeline
-from .rollout.routing import split
+from .pipeline import LoaderPosition, RolloutPipeline
 from .validation import Validator
 from .worker_group import WorkerGroup
 
@@ -60,7 +60,7 @@ class GRPOTrainer:
         self.checkpointer = checkpointer or NoCheckpointer()
         self.fault = parse_fault(cfg.trainer.fault_inject)
         layout_for(cfg)  # a layout that cannot work is a config error, before Ray starts
-        from .samples import prompt_token_counter
+        from ..algorithm.samples import prompt_token_counter
 
         # Prompts longer than data.max_prompt_length are dropped or refused here, before
         # Ray starts (data.overlong_prompts), counted as the ranks will encode them.
@@ -130,7 +130,7 @@ class GRPOTrainer:
     def train_step(self) -> dict[str, float]:
         import torch
 
-        from .grpo_math import group_advantages
+        from ..algorithm.grpo_math import group_advantages
 
         assert self.group is not None
         cfg = self.cfg
@@ -249,7 +249,7 @@ class GRPOTrainer:
         return self.pipeline.engines if self.pipeline is not None else self.group
 
     def _monitor(self) -> StallMonitor:
-        from .liveness.termination import termination_log_path
+        from ..liveness.termination import termination_log_path
 
         cfg = self.cfg
         stalls = Path(cfg.checkpoint.dir) / STALLS_DIR if cfg.checkpoint.dir else None

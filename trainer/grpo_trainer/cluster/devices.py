@@ -15,7 +15,7 @@ from pathlib import Path
 
 from grpo_api.trainer_config import ResourcesConfig
 
-from .config_error import ConfigError
+from ..config_error import ConfigError
 
 # CUDA ranks: NCCL for CUDA tensors and gloo for CPU tensors, in one group. With
 # actor.offload_params the FSDP shards and gradients live on the host, so the weight

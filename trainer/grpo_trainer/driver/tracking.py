@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from grpo_api.trainer_config import MlflowConfig, WandbConfig
 
-log = logging.getLogger("grpo_trainer.tracking")
+log = logging.getLogger("grpo_trainer.driver.tracking")
 
 RUN_KEY_TAG = "grpo.dev/run-key"  # the MLflow tag that finds a job's run again
 

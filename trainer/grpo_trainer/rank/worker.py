@@ -23,31 +23,31 @@ import torch.distributed as dist
 from grpo_api.contract import RankPhase
 from grpo_api.trainer_config import Config
 
-from .balance import hand_over
-from .checkpointing.rank import RankCheckpointer
-from .data import Record
-from .dataset import RowRef, encode_rows, overlong, read_records
-from .devices import (
+from ..algorithm.balance import hand_over
+from ..algorithm.samples import EncodedPrompt, Sample, load_rollout_tokens, summary
+from ..checkpointing.rank import RankCheckpointer
+from ..cluster.devices import (
     job_collective_timeout_s,
     probe_cuda,
     process_group_backend,
     rank_device_type,
 )
-from .errors import rank_phase
-from .faults import RankFaults
+from ..cluster.placement import cuda_device_index
+from ..cluster.rank_env import NCCL_LOG_DIR, first_collective
+from ..data import Record
+from ..dataset import RowRef, encode_rows, overlong, read_records
+from ..errors import rank_phase
+from ..faults import RankFaults
+from ..model.modeling import stream_full_params
+from ..model.rank_state import RankState, World, build_rank_state
+from ..rank_api import RankApi
+from ..rollout.base import RolloutEngine
+from ..rollout.build import build_rank_engine
+from ..rollout.sampling import greedy_spec, to_samples, training_spec
+from ..rollout.weight_bus import WeightGroupSpec, WeightSender
 from .gpu_memory import GpuMemoryMeter
-from .lora.sync import rollout_weights, sync_rollout_weights
-from .modeling import stream_full_params
-from .placement import cuda_device_index
 from .policy_update import PolicyUpdate
-from .rank_api import RankApi
-from .rank_env import NCCL_LOG_DIR, first_collective
-from .rank_state import RankState, World, build_rank_state
-from .rollout.base import RolloutEngine
-from .rollout.build import build_rank_engine
-from .rollout.sampling import greedy_spec, to_samples, training_spec
-from .rollout.weight_bus import WeightGroupSpec, WeightSender
-from .samples import EncodedPrompt, Sample, load_rollout_tokens, summary
+from .weight_sync import rollout_weights, sync_rollout_weights
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class Worker:
         ``responses`` to the same prompts), at temperature 1 (``VLLMEngine.score``): checks
         that the engine holds the actor's weights. A collective over the TP group, like
         ``generate``."""
-        from .rollout.vllm_engine import VLLMEngine
+        from ..rollout.vllm_engine import VLLMEngine
 
         if not isinstance(self.engine, VLLMEngine):
             raise TypeError("score needs rollout.engine 'vllm'")
@@ -352,8 +352,8 @@ class Worker:
     def arm_signals(self) -> dict[str, Any]:
         """Dump stacks on the probe's signal, and outlive a SIGTERM until the driver's
         save is committed; returns what the probe needs to find this rank."""
-        from .liveness.sigterm import defer_in_rank
-        from .liveness.stall_monitor import install_stack_dump
+        from ..liveness.sigterm import defer_in_rank
+        from ..liveness.stall_monitor import install_stack_dump
 
         defer_in_rank(self.rank)
         return {"pid": os.getpid(), "node_id": _ray_node_id(),

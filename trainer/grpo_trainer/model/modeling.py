@@ -209,7 +209,7 @@ def _build_sharded_read(
     tower_passes: int = 1,
 ) -> nn.Module | None:
     """The ``sharded`` strategy; None (on every rank alike) if the checkpoint does not allow it."""
-    from .lora import reset_adapters
+    from ..lora import reset_adapters
     from .sharded_load import NotShardable, plan_sources, read_local_shards
 
     model = _build_on_meta(mcfg)
@@ -244,7 +244,7 @@ def _prepare(model: nn.Module, actor: ActorConfig, trainable: bool) -> None:
         if isinstance(module, nn.Dropout):
             module.p = 0.0
     if trainable and actor.lora is not None:
-        from .lora import attach_adapters
+        from ..lora import attach_adapters
 
         attach_adapters(model, actor.lora, DTYPES[actor.dtype])
     if trainable and actor.gradient_checkpointing:

@@ -26,8 +26,8 @@ from typing import Any
 from grpo_api.contract import RAY_SIDE_LABEL
 from grpo_api.trainer_config import Config
 
-from .config_error import ConfigError
-from .errors import WorkersMissingError
+from ..config_error import ConfigError
+from ..errors import WorkersMissingError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from grpo_api.trainer_config import DataConfig
 
-from .config_error import ConfigError
+from ..config_error import ConfigError
 
 # Resizes before giving up: bounds too close for any size with sides multiples of the
 # factor (min = max = 3136 with 32-pixel tokens) make smart-resize alternate forever.
@@ -32,7 +32,7 @@ class PixelBounds:
     max_pixels: int
     factor: int  # patch_size x merge_size: the side, in pixels, of one image token
     # What is resized, for messages: "image", or "video" for video frames (their bounds
-    # are data.video_min_pixels/video_max_pixels: grpo_trainer.videos).
+    # are data.video_min_pixels/video_max_pixels: grpo_trainer.media.videos).
     what: str = "image"
 
     def size(self, width: int, height: int) -> tuple[int, int]:

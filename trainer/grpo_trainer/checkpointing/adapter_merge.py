@@ -9,8 +9,8 @@ import torch
 
 from grpo_api.trainer_config import LoraConfig, ModelConfig
 
-from .adapters import is_adapter_param, scaling
-from .merge import merge_state
+from ..lora.adapters import is_adapter_param, scaling
+from ..lora.merge import merge_state
 
 
 class NotAnAdapterCheckpoint(ValueError):
@@ -22,7 +22,7 @@ def merged_model_tensors(
 ) -> dict[str, torch.Tensor]:
     """Hugging Face weights: the base read from ``mcfg.path``, each adapted layer's
     weight replaced by ``W + alpha/rank * B @ A`` (summed in float32)."""
-    from ..modeling import load_full
+    from ..model.modeling import load_full
 
     others = [k for k in adapters if not is_adapter_param(k)]
     if others or not adapters:

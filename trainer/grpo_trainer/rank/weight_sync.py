@@ -10,9 +10,9 @@ from torch import nn
 
 from grpo_api.trainer_config import LoraConfig
 
-from ..param_gather import gather_full_params
-from .adapters import adapted_layers, is_adapter_param, scaling
-from .merge import merge_stream
+from ..lora.adapters import adapted_layers, is_adapter_param, scaling
+from ..lora.merge import merge_stream
+from ..model.param_gather import gather_full_params
 
 
 def rollout_weights(

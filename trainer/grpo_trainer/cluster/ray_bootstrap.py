@@ -7,7 +7,7 @@ import os
 
 from grpo_api.trainer_config import Config
 
-from .config_error import ConfigError
+from ..config_error import ConfigError
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024
 

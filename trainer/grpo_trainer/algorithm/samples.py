@@ -18,10 +18,10 @@ import torch
 
 from grpo_api.trainer_config import Config
 
-from .data import Record, build_messages, decode_images, load_template
-from .images import PixelBounds, image_size, pixel_bounds, processor_bounds
-from .videos import Video, VideoShape, VideoSpec, load, metadata_object, probe, timestamps_of
-from .videos import video_spec as make_video_spec
+from ..data import Record, build_messages, decode_images, load_template
+from ..media.images import PixelBounds, image_size, pixel_bounds, processor_bounds
+from ..media.videos import Video, VideoShape, VideoSpec, load, metadata_object, probe, timestamps_of
+from ..media.videos import video_spec as make_video_spec
 
 
 @dataclass
@@ -64,8 +64,8 @@ class Sample:
 
 class PromptEncoder:
     """Chat template + processor, identical for rollout and training. Each image is
-    resized once to ``bounds`` (grpo_trainer.images), each video sampled and resized once
-    to ``video_spec`` (grpo_trainer.videos), and those pixels are what both the processor
+    resized once to ``bounds`` (grpo_trainer.media.images), each video sampled and resized once
+    to ``video_spec`` (grpo_trainer.media.videos), and those pixels are what both the processor
     and the rollout engine get."""
 
     def __init__(

@@ -26,11 +26,11 @@ from grpo_api.trainer_config import Config
 
 from ..dataset import RowRef, StatefulLoader
 from ..rank_api import RankApi
-from .engine_group import EngineGroup, is_lost
-from .routing import launch_through, route, split
+from ..rollout.engine_group import EngineGroup, is_lost
+from ..rollout.routing import launch_through, route, split
 
 if TYPE_CHECKING:
-    from ..worker_group import WorkerGroup
+    from .worker_group import WorkerGroup
 
 log = logging.getLogger(__name__)
 
