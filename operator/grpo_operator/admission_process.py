@@ -18,6 +18,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
@@ -36,6 +37,7 @@ log = logging.getLogger("grpo_operator.admission")
 # many threads, so that one slow read does not hold the others.
 ADMISSION_WORKERS = 16
 ORPHAN_CHECK_S = 1.0  # how soon the process ends after the operator's is gone
+START_TIMEOUT_S = 30.0  # it imports nothing (forked): it listens within a second
 
 
 def endpoint_url(hook: WebhookConfig, bind: str) -> str:
@@ -43,6 +45,31 @@ def endpoint_url(hook: WebhookConfig, bind: str) -> str:
     else the bind address (loopback for a catch-all one)."""
     host = hook.host or ("127.0.0.1" if bind in ("", "0.0.0.0", "::") else bind)
     return f"https://{f'[{host}]' if ':' in host else host}:{hook.port}"
+
+
+async def until_listening(handle: AdmissionProcess, bind: str, port: int,
+                          timeout_s: float = START_TIMEOUT_S) -> None:
+    """Return once the admission process accepts connections: managed configurations
+    are written only then (with failurePolicy Fail, the API server refuses every GRPOJob
+    write that a webhook it cannot reach would review). RuntimeError, saying why, when
+    the process ended or never listened."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+            writer.close()
+            await writer.wait_closed()
+            return
+        except OSError as exc:
+            if handle.exitcode is not None:
+                raise RuntimeError(f"the admission process ended (exit code "
+                                   f"{handle.exitcode}) before it listened on port {port}; "
+                                   "its log lines above say why") from exc
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the admission process does not listen on {host}:{port} "
+                                   f"after {timeout_s:.0f} s ({exc})") from exc
+            await asyncio.sleep(0.1)
 
 
 def ca_bundle(hook: WebhookConfig) -> bytes | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -35,6 +36,30 @@ MAX_ENTRIES = 256
 _lock = threading.Lock()
 _cache: dict[str, tuple[float, HubAnswer]] = {}
 _shared: Path | None = None  # set in the operator's process before the admission one forks
+
+
+SHARED_PREFIX = "grpo-operator-hub-"
+
+
+def shared_directory(parent: Path) -> Path:
+    """A new directory for share_between_processes, named after this process; those of
+    processes that are gone are removed first (an operator SIGKILLed, or a container
+    restarted with the same PID in an emptyDir that outlived the one before)."""
+    for stale in parent.glob(f"{SHARED_PREFIX}*-*"):
+        pid = stale.name[len(SHARED_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{SHARED_PREFIX}{os.getpid()}-", dir=parent))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's
+    return True
 
 
 def share_between_processes(directory: Path) -> None:

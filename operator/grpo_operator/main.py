@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
 from . import discovery, handlers, heap_report, hub_config, kube  # noqa: F401 - handlers registers them
-from .admission_process import AdmissionProcess, ca_bundle, endpoint_url
+from .admission_process import AdmissionProcess, ca_bundle, endpoint_url, until_listening
 from .admission_review import managed_configurations
 from .catalog_file import CatalogError, load_catalog
 from .cert_watch import CHECK_INTERVAL_S, watch_certificate
@@ -158,6 +158,10 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     if admission is not None:
         memo.admission_watch = asyncio.create_task(_stop_when_admission_ends(admission))
         if hook.manage:  # dev and the testbed: the configurations point at our process
+            try:
+                await until_listening(admission, config.bind, hook.port)
+            except RuntimeError as exc:
+                raise kopf.PermanentError(str(exc)) from exc
             for obj in managed_configurations(hook.manage, endpoint_url(hook, config.bind),
                                               ca_bundle(hook)):
                 kube.set_webhooks(obj)
@@ -331,7 +335,7 @@ def cli(namespaces: tuple[str, ...], kubeconfig: str | None, bind: str, metrics_
                               key=webhook_key, ca=webhook_ca, manage=webhook_manage))
     memo = kopf.Memo()
     if webhook_port:  # forked now, before any thread runs (admission_process.py)
-        shared = Path(tempfile.mkdtemp(prefix="grpo-operator-hub-"))
+        shared = hub_config.shared_directory(Path(tempfile.gettempdir()))
         atexit.register(shutil.rmtree, shared, ignore_errors=True)
         hub_config.share_between_processes(shared)  # config.json read at apply, planned
         memo[ADMISSION_KEY] = AdmissionProcess.start(config)

@@ -7,6 +7,7 @@ loopback); the files are written by transformers."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -109,3 +110,23 @@ def test_the_operator_reads_a_public_repo_once_and_a_failure_briefly(tmp_path: P
         assert hub.requests.count("GET /acme/absent/resolve/main/config.json") == 2
         assert len(hub.requests) == 3
     hub_config.forget()
+
+
+def test_the_shared_directory_replaces_those_of_processes_that_are_gone(tmp_path: Path) -> None:
+    """The admission process and the operator share config.json answers through a
+    directory; an operator SIGKILLed (or a container restarted as the same PID) leaves
+    its directory behind, and the next start removes it, never a live process's."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    prefix = hub_config.SHARED_PREFIX
+    dead = tmp_path / f"{prefix}{gone.pid}-a1"
+    mine = tmp_path / f"{prefix}{os.getpid()}-b2"  # an earlier process with this PID
+    live = tmp_path / f"{prefix}{os.getppid()}-c3"
+    other = tmp_path / "grpo-operator-hubris"
+    for d in (dead, mine, live, other):
+        d.mkdir()
+        (d / "answer.json").write_text("{}")
+    made = hub_config.shared_directory(tmp_path)
+    assert made.is_dir() and made.name.startswith(f"{prefix}{os.getpid()}-")
+    assert not dead.exists() and not mine.exists()
+    assert live.exists() and other.exists()
