@@ -152,3 +152,42 @@ def test_it_ends_when_its_parent_is_killed(
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _alive(child), "the admission process outlived the operator's"
+
+
+ENDS_BEFORE_LISTENING = textwrap.dedent("""
+    import asyncio, socket, sys
+    sys.modules["kubernetes"] = None
+    from grpo_operator.admission_process import AdmissionProcess, until_listening
+    from grpo_operator.config import OperatorConfig, WebhookConfig
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+    port = held.getsockname()[1]
+    cert, key, ca, kubeconfig = sys.argv[1:]
+    config = OperatorConfig(kubeconfig=kubeconfig, bind="127.0.0.1",
+                            webhook=WebhookConfig(port=port, cert=cert, key=key, ca=ca))
+    child = AdmissionProcess.start(config)
+    try:
+        asyncio.run(until_listening(child, "127.0.0.1", port, timeout_s=30))
+    except RuntimeError as exc:
+        print("REFUSED:", exc)
+""")
+
+
+def test_a_port_it_cannot_take_stops_the_start_saying_so(tmp_path: Path) -> None:
+    """The operator writes managed webhook configurations only once its admission process
+    listens; a process that ended first (a port another process holds) is named, with its
+    exit code, instead of configurations that would refuse every write."""
+    pki = make_pki(tmp_path / "pki")
+    cert, key = issue_serving_cert(pki, tmp_path / "webhook", "webhook")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    out = subprocess.run([sys.executable, "-c", ENDS_BEFORE_LISTENING, str(cert), str(key),
+                          str(pki.ca_cert), str(kubeconfig)],
+                         capture_output=True, text=True, timeout=120)
+    assert "REFUSED: the admission process ended (exit code 1) before it listened on " \
+           "port" in out.stdout, out.stdout + out.stderr
+    assert "address already in use" in out.stderr.lower(), out.stderr
