@@ -35,6 +35,7 @@ from grpo_operator.config import OperatorConfig, WebhookConfig  # noqa: E402
 from grpo_operator.webhook import default_patch, validate  # noqa: E402
 from grpo_testbed.examples import example_job  # noqa: E402
 from grpo_testbed.pki import issue_serving_cert, make_pki  # noqa: E402
+from grpo_testkit.kubeconfigs import unreachable_kubeconfig  # noqa: E402
 
 EXAMPLE = "grpojob-qwen25vl-7b-h100.yaml"
 
@@ -43,20 +44,6 @@ def review(uid: int) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {"uid": str(uid), "operation": "CREATE", "namespace": "",
                         "object": example_job(EXAMPLE, "j")}}
-
-
-def unreachable_kubeconfig(directory: Path) -> Path:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = directory / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}",
-                                               "insecure-skip-tls-verify": True}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}]}))
-    return path
 
 
 def over_https(port: int, ca: Path, path: str, calls: int) -> list[float]:

@@ -40,10 +40,16 @@ ORPHAN_CHECK_S = 1.0  # how soon the process ends after the operator's is gone
 START_TIMEOUT_S = 30.0  # it imports nothing (forked): it listens within a second
 
 
+def reachable(bind: str) -> str:
+    """An address a local client reaches a server bound to ``bind`` at: loopback for a
+    catch-all address (of its family, as Kopf's webhook server reported it)."""
+    return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
+
+
 def endpoint_url(hook: WebhookConfig, bind: str) -> str:
     """Where the API server reaches the webhooks (managed configurations): --webhook-host,
-    else the bind address (loopback for a catch-all one)."""
-    host = hook.host or ("127.0.0.1" if bind in ("", "0.0.0.0", "::") else bind)
+    else the bind address."""
+    host = hook.host or reachable(bind)
     return f"https://{f'[{host}]' if ':' in host else host}:{hook.port}"
 
 
@@ -53,7 +59,7 @@ async def until_listening(handle: AdmissionProcess, bind: str, port: int,
     are written only then (with failurePolicy Fail, the API server refuses every GRPOJob
     write that a webhook it cannot reach would review). RuntimeError, saying why, when
     the process ended or never listened."""
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
+    host = reachable(bind)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -144,7 +150,6 @@ class AdmissionProcess:
     """The parent's handle on the admission process."""
 
     def __init__(self, config: OperatorConfig) -> None:
-        self.config = config
         # fork: started before Kopf makes any thread; the child keeps the parent's
         # imported modules (shared pages) instead of importing them again.
         context = multiprocessing.get_context("fork")

@@ -112,8 +112,19 @@ def managed_configurations(name: str, url: str, ca_bundle: bytes | None
             hook["reinvocationPolicy"] = "Never"
         else:
             hook["matchConditions"] = [SPEC_CHANGED]
-        kind = ("MutatingWebhookConfiguration" if webhook.mutating
-                else "ValidatingWebhookConfiguration")
-        objects.append({"apiVersion": WEBHOOK_API, "kind": kind,
-                        "metadata": {"name": name}, "webhooks": [hook]})
+        objects.append(_configuration(webhook, name, [hook]))
     return objects
+
+
+def cleared_configurations(name: str) -> list[dict[str, Any]]:
+    """The managed configurations with no webhook left: what a stopping operator writes
+    (as Kopf did), so that no webhook refuses every GRPOJob write while none answers."""
+    return [_configuration(webhook, name, []) for webhook in WEBHOOKS]
+
+
+def _configuration(webhook: Webhook, name: str,
+                   hooks: list[dict[str, Any]]) -> dict[str, Any]:
+    kind = ("MutatingWebhookConfiguration" if webhook.mutating
+            else "ValidatingWebhookConfiguration")
+    return {"apiVersion": WEBHOOK_API, "kind": kind, "metadata": {"name": name},
+            "webhooks": hooks}

@@ -102,6 +102,12 @@ def api_message(exc: ApiError) -> str:
     return f"{exc.status} {exc.reason}: {message}" if message else f"{exc.status} {exc.reason}"
 
 
+def failure_message(exc: Exception) -> str:
+    """What a failed call says: the API server's words (api_message), else the error
+    itself (no answer at all: refused, timed out)."""
+    return api_message(exc) if isinstance(exc, ApiError) else repr(exc)
+
+
 def _unless_missing(call: Callable[[], Any]) -> Any | None:
     """The call's result, or None when the object does not exist (404)."""
     try:

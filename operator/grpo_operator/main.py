@@ -25,7 +25,7 @@ from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
 from . import discovery, handlers, heap_report, hub_config, kube  # noqa: F401 - handlers registers them
 from .admission_process import AdmissionProcess, ca_bundle, endpoint_url, until_listening
-from .admission_review import managed_configurations
+from .admission_review import cleared_configurations, managed_configurations
 from .catalog_file import CatalogError, load_catalog
 from .cert_watch import CHECK_INTERVAL_S, watch_certificate
 from .config import (
@@ -193,8 +193,8 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
         admission.stop()
         manage = from_memo(memo).webhook.manage
         if manage:  # as Kopf did: no webhook left behind that refuses every write
-            for obj in managed_configurations(manage, "https://unused", None):
-                kube.set_webhooks({**obj, "webhooks": []})
+            for obj in cleared_configurations(manage):
+                kube.set_webhooks(obj)
     runner = memo.get("probes")
     if runner is not None:
         await runner.cleanup()

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from grpo_api.catalog import GpuType
 
 from . import kube
-from .kube_api import ApiError
 from .node_shapes import NodeShape, node_shapes
 from .ttl_cache import TtlCache
 
@@ -33,7 +32,7 @@ def _read(catalog: Mapping[str, GpuType]) -> dict[str, NodeShape] | None:
     except Exception as exc:  # RBAC, or no API server: plan with the catalog, never wait
         if not _refused_logged:
             _refused_logged = True
-            why = kube.api_message(exc) if isinstance(exc, ApiError) else repr(exc)
+            why = kube.failure_message(exc)
             log.warning("cannot list Nodes (%s): plans use the GPU catalog's node RAM and "
                         "CPUs, named as assumed in status.plan.nodeSource", why)
         return None

@@ -227,7 +227,7 @@ def read_namespace_facts(namespace: str) -> NamespaceFacts | None:
             GpuQuota(*q) for q in kube.resource_quotas(namespace, GPU_QUOTA)))
     except (ApiError, Unreachable) as exc:
         log.warning("admission: cannot read namespace %s or its quotas (%s); checking the "
-                    "spec only", namespace, _why(exc))
+                    "spec only", namespace, kube.failure_message(exc))
         return None
 
 
@@ -243,12 +243,9 @@ def kueue_installed() -> bool:
         return kube.kueue_served()
     except (ApiError, Unreachable) as exc:
         log.warning("admission: cannot list API groups (%s); not checking for Kueue",
-                    _why(exc))
+                    kube.failure_message(exc))
         return True
 
-
-def _why(exc: Exception) -> str:
-    return kube.api_message(exc) if isinstance(exc, ApiError) else repr(exc)
 
 
 def admission_warnings(raw_spec: dict[str, Any], hub: HubAnswer | None = None,

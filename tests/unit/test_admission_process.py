@@ -25,6 +25,7 @@ import pytest
 
 from grpo_testbed.examples import example_job
 from grpo_testbed.pki import Pki, issue_serving_cert, make_pki
+from grpo_testkit.kubeconfigs import unreachable_kubeconfig
 
 pytestmark = pytest.mark.unit
 
@@ -55,13 +56,7 @@ def _free_port() -> int:
 def admission(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, int, Pki]]:
     pki = make_pki(tmp_path / "pki")
     cert, key = issue_serving_cert(pki, tmp_path / "webhook", "webhook")
-    kubeconfig = tmp_path / "kubeconfig"  # a server nothing listens on
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{_free_port()}",
-                                               "insecure-skip-tls-verify": True}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    kubeconfig = unreachable_kubeconfig(tmp_path)
     port = _free_port()
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, str(port), str(cert), str(key), str(pki.ca_cert),
@@ -179,12 +174,7 @@ def test_a_port_it_cannot_take_stops_the_start_saying_so(tmp_path: Path) -> None
     exit code, instead of configurations that would refuse every write."""
     pki = make_pki(tmp_path / "pki")
     cert, key = issue_serving_cert(pki, tmp_path / "webhook", "webhook")
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    kubeconfig = unreachable_kubeconfig(tmp_path)
     out = subprocess.run([sys.executable, "-c", ENDS_BEFORE_LISTENING, str(cert), str(key),
                           str(pki.ca_cert), str(kubeconfig)],
                          capture_output=True, text=True, timeout=120)

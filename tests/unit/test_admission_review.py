@@ -14,6 +14,7 @@ import pytest
 from grpo_operator.admission_review import (
     DEFAULT,
     VALIDATE,
+    cleared_configurations,
     fields_patch,
     managed_configurations,
     review_answer,
@@ -99,3 +100,6 @@ def test_managed_configurations_send_what_the_charts_send() -> None:
             for key in ("name", "rules", "matchConditions", "sideEffects", "failurePolicy",
                         "matchPolicy", "admissionReviewVersions", "reinvocationPolicy"):
                 assert hook.get(key) == theirs.get(key), (kind, path, key)
+    cleared = cleared_configurations("grpo.dev")  # what a stopping operator writes
+    assert [(o["kind"], o["metadata"]["name"], o["webhooks"]) for o in cleared] == [
+        (kind, "grpo.dev", []) for kind in managed]
