@@ -1,4 +1,4 @@
-"""GPU fidelity: the planner's GPU memory per phase against what one trainer rank allocates.
+"""GPU fidelity: the planner's GPU memory per stage against what one trainer rank allocates.
 
 For each case the planner plans a one-GPU job on a node of one GPU (this card, this
 machine's RAM: ``this_machine``), the operator's renderer turns the plan into the trainer
@@ -13,7 +13,7 @@ are needed.
     python bench/gpu_fidelity.py --out results.json            # on a CUDA GPU, < 8 min
     python bench/gpu_fidelity.py --device cpu --shape tiny     # smoke test, seconds
 
-Printed: a table of planned against measured GiB per phase (load, training) and per
+Printed: a table of planned against measured GiB per stage (load, training) and per
 component (weights, gradients, optimizer state, reference model, CUDA context, and the
 transient rest: activations, logits, gathered units); the rank's host RSS peak and
 pinned bytes against the plan's host terms; the update's tokens/s and MFU against the
@@ -308,7 +308,7 @@ def run_cases(args: argparse.Namespace, cases: list[Case], gpu: str, host_gib: i
             entry["skipped"] = f"the planner fits no precision on this card ({p})"
         else:
             entry |= {"mode": p.plan.geometry.mode(p.plan.settings),
-                      "settings": settings_line(p.plan), "planned": p.plan.budget.gpu_phases,
+                      "settings": settings_line(p.plan), "planned": p.plan.budget.gpu_stages,
                       "trainer_config": p.config["actor"]}
             if args.budget_s - (time.monotonic() - t0) < 30:
                 entry["skipped"] = f"time budget ({args.budget_s:.0f} s) spent"

@@ -1,8 +1,8 @@
 """Planned against measured for ``bench/gpu_fidelity.py``: the comparison and the table.
 
 ``compare`` puts one case's marks and tensor counts (grpo_testkit.fidelity)
-beside its plan's GPU terms, in GiB: per phase (load, training) and per component of
-the training phase, the components named by the planner's state-term kinds
+beside its plan's GPU terms, in GiB: per stage (load, training) and per component of
+the training stage, the components named by the planner's state-term kinds
 (planner/modes.py), so a new term is compared without a change here.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 GIB = 2**30
-TOLERANCE = 0.15  # a phase or component further off than this: correct the planner
+TOLERANCE = 0.15  # a stage or component further off than this: correct the planner
 
 TRANSIENT_TERMS = ("all_gather_units_bf16", "activations", "logits")  # estimates
 
@@ -20,8 +20,8 @@ def _gib(b: float | None) -> float | None:
     return None if b is None else b / GIB
 
 
-def _phase_marks(marks: list[dict[str, Any]], steps: int) -> dict[str, list[dict[str, Any]]]:
-    """The marks whose peaks make each phase: load (actor, reference) and training (the
+def _stage_marks(marks: list[dict[str, Any]], steps: int) -> dict[str, list[dict[str, Any]]]:
+    """The marks whose peaks make each stage: load (actor, reference) and training (the
     last complete step: backward, optimizer step, rest; or where it ran out of memory)."""
     last = [f"step{steps}:{p}" for p in ("backward", "optimizer", "end")]
     out = {
@@ -29,8 +29,8 @@ def _phase_marks(marks: list[dict[str, Any]], steps: int) -> dict[str, list[dict
         "training": [m for m in marks if m["name"] in last],
     }
     if marks and marks[-1]["name"] == "oom":
-        phase = "load" if not any(m["name"].startswith("step") for m in marks) else "training"
-        out[phase].append(marks[-1])
+        stage = "load" if not any(m["name"].startswith("step") for m in marks) else "training"
+        out[stage].append(marks[-1])
     return out
 
 
@@ -40,30 +40,30 @@ def _peak(marks: list[dict[str, Any]], key: str) -> float | None:
 
 
 def compare(plan: Any, result: dict[str, Any], cuda: bool, steps: int) -> dict[str, Any]:
-    """Planned against measured, GiB: per phase, and per component of the training phase."""
+    """Planned against measured, GiB: per stage, and per component of the training stage."""
     from grpo_operator.planner.modes import STATE
 
     budget, mode = plan.budget, plan.geometry.mode(plan.settings)
     marks = result.get("marks", [])
     context = _gib(_peak(marks, "non_torch")) if cuda else None
-    phases = []
-    for name, phase_marks in _phase_marks(marks, steps).items():
-        terms = budget.gpu_phases.get(name, {})
-        allocated = _gib(_peak(phase_marks, "peak_allocated"))
+    stages = []
+    for name, stage_marks in _stage_marks(marks, steps).items():
+        terms = budget.gpu_stages.get(name, {})
+        allocated = _gib(_peak(stage_marks, "peak_allocated"))
         # Like for like. On a GPU: the allocator's peak plus the memory outside it against
         # every planned term. On a CPU the marks see the live tensors between forward
         # passes: against the planned state alone (no context, no transient estimates).
         measured = None if allocated is None else allocated + (context or 0.0)
         left_out = () if cuda else ("cuda_context", *TRANSIENT_TERMS)
         planned = sum(v for k, v in terms.items() if k not in left_out)
-        phases.append({
-            "phase": name, "planned": planned, "planned_total": sum(terms.values()),
+        stages.append({
+            "stage": name, "planned": planned, "planned_total": sum(terms.values()),
             "measured": measured,
-            "reserved": _gib(_peak(phase_marks, "peak_reserved")),
-            "device": _gib(_peak(phase_marks, "device_peak")),
+            "reserved": _gib(_peak(stage_marks, "peak_reserved")),
+            "device": _gib(_peak(stage_marks, "device_peak")),
             "ratio": None if measured is None or not planned else measured / planned,
         })
-    training = budget.gpu_phases.get("training", {})
+    training = budget.gpu_stages.get("training", {})
     comps = result.get("components", {})
     where = "cuda" if cuda else "cpu"
 
@@ -96,7 +96,7 @@ def compare(plan: Any, result: dict[str, Any], cuda: bool, steps: int) -> dict[s
             "ratio": None if measured is None or not planned else measured / planned,
         })
     host_opt = comps.get("optimizer", {}).get("cpu") if cuda else None
-    return {"phases": phases, "components": components,
+    return {"stages": stages, "components": components,
             "optimizer_on_host": _gib(host_opt) if host_opt else None}
 
 
@@ -142,10 +142,10 @@ def print_report(report: dict[str, Any]) -> None:
         cmp = c.get("comparison")
         if not cmp:
             continue
-        print(f"  {'phase':<24}{'planned':>8}{'measured':>9}{'reserved':>9}{'device':>8}"
+        print(f"  {'stage':<24}{'planned':>8}{'measured':>9}{'reserved':>9}{'device':>8}"
               f"{'ratio':>8}")
-        for ph in cmp["phases"]:
-            print(f"  {ph['phase']:<24}{_f(ph['planned'], k)}{_f(ph['measured'], k, 9)}"
+        for ph in cmp["stages"]:
+            print(f"  {ph['stage']:<24}{_f(ph['planned'], k)}{_f(ph['measured'], k, 9)}"
                   f"{_f(ph['reserved'], k, 9)}{_f(ph['device'], k)}{_f(ph['ratio'], 1)}"
                   f"{_flag(ph['ratio'])}")
         for co in cmp["components"]:

@@ -1,12 +1,12 @@
 """Where a profiled rank spent its samples: the share of py-spy's collapsed stacks
 (``bench_trl.py --profile DIR`` writes one file per rank, ``frame;frame;... count``)
-under each phase of our step.
+under each stage of our step.
 
     .venv/bin/python bench/profile_shares.py DIR/ours-rank0.txt DIR/ours-rank1.txt
 
-Shares are of every sample, start-up and Ray's idle waits included; a phase's line
+Shares are of every sample, start-up and Ray's idle waits included; a stage's line
 counts a sample if any frame of its stack matches (the indented ones are within the
-phase above them).
+stage above them).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 # (label, a substring of a frame in py-spy's raw format: "function (file:line)")
-PHASES = (
+STAGES = (
     ("generate (rollout)", "generate (grpo_trainer/rank/worker.py"),
     ("  weight sync", "sync_rollout_weights"),
     ("  sampling (prefill and decode)", "_sample (grpo_trainer/rollout/hf.py"),
@@ -32,7 +32,7 @@ PHASES = (
 
 
 def shares(lines: list[str]) -> tuple[int, dict[str, float]]:
-    """Total samples and each phase's share of them."""
+    """Total samples and each stage's share of them."""
     total, hits = 0, Counter[str]()
     for line in lines:
         stack, _, count = line.rstrip().rpartition(" ")
@@ -40,17 +40,17 @@ def shares(lines: list[str]) -> tuple[int, dict[str, float]]:
             continue
         n = int(count)
         total += n
-        for label, marker in PHASES:
+        for label, marker in STAGES:
             if marker in stack:
                 hits[label] += n
-    return total, {label: hits[label] / max(total, 1) for label, _ in PHASES}
+    return total, {label: hits[label] / max(total, 1) for label, _ in STAGES}
 
 
 def main(paths: list[str]) -> None:
     for path in paths:
-        total, by_phase = shares(Path(path).read_text().splitlines())
+        total, by_stage = shares(Path(path).read_text().splitlines())
         print(f"{path}: {total} samples")
-        for label, share in by_phase.items():
+        for label, share in by_stage.items():
             print(f"  {label:32s} {share:6.1%}")
 
 

@@ -22,7 +22,7 @@ JOB_UID_LABEL = f"{API_GROUP}/job-uid"
 MAX_RESTARTS = 100  # spec.backoffLimit: attempts are numbered 0..100
 # spec.recovery.stallTimeoutSeconds = trainer.stall_timeout_s by default: a 72B step
 # (rollout, log-probs, update, weight sync) takes minutes, and the first step also starts
-# the engines; half an hour without any phase ending is a hang, not a slow step.
+# the engines; half an hour without any stage ending is a hang, not a slow step.
 STALL_TIMEOUT_S = 1800
 # A measured step may vary (longer responses, a checkpoint or validation in the step), so
 # a stall is only a stall well past it: five times the median step (the trainer's rule),
@@ -319,10 +319,11 @@ def not_reason(condition: ConditionType) -> Reason:
     return Reason(f"Not{condition}")
 
 
-class RankPhase(StrEnum):
-    """What a rank was doing when it failed: the termination message's `phase` (and an
-    attempt's `failedPhase`). A CudaOOM's ladder tries first what relieves that phase:
-    a rollout OOM (vLLM's KV cache, its wake-up) is not helped by gradient checkpointing."""
+class RankStage(StrEnum):
+    """What a rank was doing when it failed: the termination message's `stage` (`phase`
+    from older trainer images) and an attempt's `failedStage`. A CudaOOM's ladder tries
+    first what relieves that stage: a rollout OOM (vLLM's KV cache, its wake-up) is not
+    helped by gradient checkpointing."""
 
     LOAD = "load"  # building the actor and the reference (checkpoint load, sharding)
     ROLLOUT = "rollout"  # the rollout engine: its start, wake-up, generation, validation

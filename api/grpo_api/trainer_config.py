@@ -531,7 +531,7 @@ class TrainerConfig(_Strict):
     # Also once before the first step of a fresh run (a baseline; not on a resume), as
     # EasyR1's trainer.val_before_train.
     val_before_train: bool = True
-    # No step or phase ends for this long: every rank's stacks go to the log and to
+    # No step or stage ends for this long: every rank's stacks go to the log and to
     # <checkpoint.dir>/stalls/, and the run exits 6 (Hang). The effective timeout grows
     # with the measured step time (grpo_trainer.liveness.stall); 0 turns the watch off.
     stall_timeout_s: float = Field(

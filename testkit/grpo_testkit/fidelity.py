@@ -235,7 +235,7 @@ def _hook_optimizer(rank: RankState, probe: MemoryProbe, result: CaseResult) -> 
 
 
 def run_case(job: CaseJob) -> CaseResult:
-    """Load and update as a rank does, marking memory at each phase; an out-of-memory
+    """Load and update as a rank does, marking memory at each stage; an out-of-memory
     error ends the case and is reported, with the marks up to it."""
     t0 = time.monotonic()
     shown = job.started if job.started is not None else t0

@@ -89,7 +89,7 @@ def reconciled_within(tb: Testbed, ns: str, seconds: float) -> float | None:
 
 
 def one_start(i: int, workdir: Path, etcd_seed: Path) -> tuple[list[float], str | None]:
-    """Start `i`: seconds per phase (API server, CRD, operator ready, reconciled) and,
+    """Start `i`: seconds per stage (API server, CRD, operator ready, reconciled) and,
     if the job was not reconciled, what the operator logged."""
     t0 = time.monotonic()
     with fresh_api_server(workdir, etcd_seed) as tb:
@@ -123,11 +123,11 @@ def test_every_start_right_after_the_crd_is_established_reconciles(
         results = list(pool.map(lambda i: one_start(i, tmp_path / f"start-{i}",
                                                     kuberay_installed), range(STARTS)))
     failures = [f for _, f in results if f is not None]
-    phases = ("api server", "crd", "operator ready", "reconciled")
+    stages = ("api server", "crd", "operator ready", "reconciled")
     columns = list(zip(*(times for times, _ in results), strict=True))
     print(f"{STARTS - len(failures)} of {STARTS} starts reconciled; seconds per start (mean, "
           "max): " + ", ".join(f"{name} {sum(c) / len(c):.1f}/{max(c):.1f}"
-                               for name, c in zip(phases, columns, strict=True)))
+                               for name, c in zip(stages, columns, strict=True)))
     assert not failures, "\n\n".join(failures)
 
 

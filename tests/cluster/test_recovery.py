@@ -120,11 +120,11 @@ def test_cuda_oom_restarts_with_the_next_safer_setting_from_the_checkpoint(
     # Out of memory again in training: the micro-batch is halved already, so the next
     # rung that relieves training is bf16 (before offloading, which slows every step).
     again = json.dumps({"reason": "CudaOOM", "step": 16, "lastCheckpointStep": 15,
-                        "phase": "training", "detail": "CUDA out of memory."})
+                        "stage": "training", "detail": "CUDA out of memory."})
     kill_head(testbed, op_ns, "oom", 3, "Error", again)
     s = wait_status(testbed, operator, op_ns, "oom", "attempt 2 Running", running(2))
     assert s["attempts"][1]["remediation"].startswith("CudaOOM: bf16 training: ")
-    assert s["attempts"][1]["failedPhase"] == "training"
+    assert s["attempts"][1]["failedStage"] == "training"
     assert s["attempts"][2]["resumedFromStep"] == 15 and s["plan"]["precision"] == "bf16"
     plan2 = planned_settings(testbed, op_ns, "oom", 2)
     assert (plan1["actor.precision"], plan2["actor.precision"]) == ("mixed", "bf16")
@@ -336,7 +336,7 @@ def test_a_job_whose_progress_stops_is_ended_as_hang_and_restarted(
                     input=manifest("grpojob-tiny.yaml", "silent", policy))
     wait_status(testbed, hang_operator, ns, "silent", "attempt 0 Running", running(0))
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in head_env(testbed, ns, "silent-a0")
-    report_progress(testbed, ns, "silent", 2, 2)  # no updatedAt or phaseAt: old reports
+    report_progress(testbed, ns, "silent", 2, 2)  # no updatedAt or stageAt: old reports
     t0 = time.monotonic()
     s = wait_status(testbed, hang_operator, ns, "silent", "attempt 1 Running", running(1), 120)
     first = s["attempts"][0]
@@ -359,7 +359,7 @@ def test_a_head_that_exits_6_is_a_hang_with_the_rank_and_frame_in_status(
     frame = ("/home/ray/anaconda3/lib/python3.11/site-packages/grpo_trainer/checkpointing/"
              "sharded_state.py:212 save_rank_shard")
     stacks = f"/checkpoints/{op_ns}/{name}/stalls/0-20261121T103000Z.txt"
-    verdict = (f"no progress for 1802 s (timeout 1800 s) in phase checkpoint: rank 3 is "
+    verdict = (f"no progress for 1802 s (timeout 1800 s) in stage checkpoint: rank 3 is "
                f"stuck at {frame}; every rank's stacks: {stacks}")
     assert len(verdict) > 300  # more than other failures' one line keeps
     kill_head(testbed, op_ns, name, 6, "Error", json.dumps(

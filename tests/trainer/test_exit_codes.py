@@ -76,7 +76,7 @@ def test_injected_cuda_oom_in_a_worker_exits_3_with_the_step(
     assert msg["reason"] == "CudaOOM" and msg["step"] == 2
     assert "INJECTED FAULT" in msg["detail"] and "lastCheckpointStep" in msg
     # Raised in the rank's update, and tagged there: it crossed Ray's pickling to the driver.
-    assert msg["phase"] == "training"
+    assert msg["stage"] == "training"
 
 
 def test_lost_worker_exits_5(

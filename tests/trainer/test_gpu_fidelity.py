@@ -41,9 +41,9 @@ def test_cpu_smoke_run_measures_every_mode_and_writes_the_report(tmp_path: Path)
     assert sorted(cases) == ["tiny-bf16", "tiny-lora", "tiny-mixed"]
     for name, case in cases.items():
         assert case["error"] is None, (name, case["error"])
-        phases = {p["phase"]: p for p in case["comparison"]["phases"]}
-        assert sorted(phases) == ["load", "training"], name
-        for p in phases.values():
+        stages = {p["stage"]: p for p in case["comparison"]["stages"]}
+        assert sorted(stages) == ["load", "training"], name
+        for p in stages.values():
             assert p["planned"] > 0 and p["measured"] > 0, (name, p)
             assert p["ratio"] == pytest.approx(p["measured"] / p["planned"]), (name, p)
         assert f"{name} ({case['mode']})" in proc.stdout  # the table names every case

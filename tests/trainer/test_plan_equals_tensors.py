@@ -49,9 +49,9 @@ from grpo_api.job.lora import LoraSpec
 from grpo_api.model.shape import shape_from_config
 from grpo_operator.planner.budget import GIB
 from grpo_operator.planner.modes import FROZEN, GRADS, OPTIMIZER, STATE, WEIGHTS, lora_plan
-from grpo_operator.planner.phase_terms import compute_budget
 from grpo_operator.planner.pinned import pinned_block
 from grpo_operator.planner.sizes import logprob_bytes, weight_sync_bytes
+from grpo_operator.planner.stage_terms import compute_budget
 from grpo_operator.planner.types import Budget, Geometry, Settings
 from grpo_testkit import memory_census as mc
 from grpo_testkit.configs import text_config
@@ -195,7 +195,7 @@ def _budget(model: Path, mode: Mode, prompt: int) -> tuple[Budget, Geometry, Set
 def _planned(budget: Budget, geo: Geometry, st: Settings) -> dict[str, float]:
     """The planner's bytes per rank for each census component; offloaded terms are
     read from the host side (per node / ranks per node) where the GPU side says 0."""
-    train = budget.gpu_phases["training"]
+    train = budget.gpu_stages["training"]
     terms = STATE[geo.mode(st)]
     ranks = geo.ranks_per_node
 
@@ -209,7 +209,7 @@ def _planned(budget: Budget, geo: Geometry, st: Settings) -> dict[str, float]:
         "host_params_grads_ref": host["offloaded_params_and_grads"] / ranks * GIB,
         "host_optimizer": host["offloaded_optimizer"] / ranks * GIB,
         "fsdp_layer_buffers": train["fsdp_layer_buffers"] * GIB,
-        "fsdp_root_buffers": budget.gpu_phases["training_root"]["fsdp_root_buffers"] * GIB,
+        "fsdp_root_buffers": budget.gpu_stages["training_root"]["fsdp_root_buffers"] * GIB,
     }
     return out
 
@@ -336,9 +336,9 @@ def test_the_log_prob_head_and_the_weight_sync_hold_the_planners_terms(
     most = min(st.micro_batch_tokens, len(RESPONSES) * RESPONSE_LENGTH)
     trained_head = geo.lora is None  # LoRA never adapts the head
     worst = logprob_bytes(geo.shape, compute_b, CHUNK, most, trained_head=trained_head)
-    assert budget.gpu_phases["training"]["logits"] * GIB == pytest.approx(worst)
+    assert budget.gpu_stages["training"]["logits"] * GIB == pytest.approx(worst)
     sync = weight_sync_bytes(geo)
-    on_gpu = budget.gpu_phases["weight_sync"]["weight_sync_buffers"] * GIB
+    on_gpu = budget.gpu_stages["weight_sync"]["weight_sync_buffers"] * GIB
     on_host = budget.host_terms["weight_sync_buffers"] / geo.ranks_per_node * GIB
     if st.offload_params:  # in host RAM, beyond the offloaded gradient shard it follows
         grads = sum(t.bytes_per_param for t in STATE[geo.mode(st)] if t.kind == GRADS)
@@ -378,7 +378,7 @@ def test_the_attention_mask_is_the_planners_term(
     mode = MODES[name]
     budget, _, st = _budget(tiny_vlm if mode.model == "vlm" else tiny_lm, mode,
                             prompts[mode.model])
-    planned = budget.gpu_phases["training"]["attention_mask"] * GIB
+    planned = budget.gpu_stages["training"]["attention_mask"] * GIB
     assert planned == 2 * st.micro_batch_tokens**2
     for r in measured[name]:
         # The update's 3 micro-batches, with the old log-probs on-policy; the reference's

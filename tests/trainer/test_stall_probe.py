@@ -129,6 +129,6 @@ def test_a_driver_stuck_outside_ray_is_ended_by_the_monitor_with_exit_6(tmp_path
     assert time.monotonic() - t0 < 50
     msg = json.loads(term.read_text())
     assert msg["reason"] == "Hang" and msg["lastCheckpointStep"] == 7
-    assert "in phase reward: no rank is busy (the driver itself is stuck)" in msg["detail"]
+    assert "in stage reward: no rank is busy (the driver itself is stuck)" in msg["detail"]
     (stacks,) = (tmp_path / "stalls").glob("3-*.txt")
     assert "in scoring_that_never_returns" in stacks.read_text()  # the driver's own stack

@@ -81,7 +81,7 @@ def test_validation_reports_at_its_steps_and_leaves_training_bit_identical(
     assert on_params.keys() == off_params.keys()
     for name in on_params:
         assert torch.equal(on_params[name], off_params[name]), name
-    # The update reports each phase of the update on its own.
+    # The update reports each stage of the update on its own.
     assert {"time/old_logprob_s", "time/ref_logprob_s", "time/update_s"} <= on[1].keys()
 
 

@@ -102,17 +102,17 @@ def test_cuda_oom_restarts_after_backoff_with_the_first_rung() -> None:
     assert plan1.settings != plan0.settings and plan1.remediations
 
 
-def test_a_rollout_oom_is_recorded_with_its_phase_and_replayed_the_same_way() -> None:
-    """The attempt keeps `failedPhase`, so the next attempt's plan (replayed from the
+def test_a_rollout_oom_is_recorded_with_its_stage_and_replayed_the_same_way() -> None:
+    """The attempt keeps `failedStage`, so the next attempt's plan (replayed from the
     attempts, as the operator keeps no plan of its own) is the rollout rung too."""
-    from grpo_api.contract import RankPhase
+    from grpo_api.contract import RankStage
 
     sp = spec()
     st = started(sp)
-    out = PodOutcome(R.CUDA_OOM, 3, "CudaOOM at step 12", 12, 10, RankPhase.ROLLOUT)
+    out = PodOutcome(R.CUDA_OOM, 3, "CudaOOM at step 12", 12, 10, RankStage.ROLLOUT)
     d = finished(sp, st, out)
     rec = d.status["attempts"][0]
-    assert rec["failedPhase"] == "rollout"
+    assert rec["failedStage"] == "rollout"
     assert "lower rollout GPU memory utilisation" in rec["remediation"]
     merged = apply_status_patch(st, d.status)  # checked against the CRD's schema
     plan0 = planned(parse_spec(sp))
@@ -120,6 +120,27 @@ def test_a_rollout_oom_is_recorded_with_its_phase_and_replayed_the_same_way() ->
     assert (plan1.settings.rollout_gpu_memory_utilization
             < plan0.settings.rollout_gpu_memory_utilization)
     assert plan1.settings.gradient_checkpointing == plan0.settings.gradient_checkpointing
+
+
+def test_an_attempt_recorded_as_failed_phase_by_an_older_operator_replays_the_same() -> None:
+    """failedPhase (the field's name before the rename) is read as failedStage: the
+    replayed plan is the rollout rung, and what is written next says failedStage only."""
+    from grpo_api.contract import RankStage
+
+    sp = spec()
+    st = started(sp)
+    out = PodOutcome(R.CUDA_OOM, 3, "CudaOOM at step 12", 12, 10, RankStage.ROLLOUT)
+    merged = apply_status_patch(st, finished(sp, st, out).status)
+    older = merged["attempts"][0]
+    older["failedPhase"] = older.pop("failedStage")
+    merged = apply_status_patch(st, {"attempts": [older]})  # the CRD keeps the old name
+    assert merged["attempts"][0]["failedPhase"] == "rollout"
+    parsed = read_status(merged).status.attempts
+    assert parsed[0].failed_stage == RankStage.ROLLOUT
+    assert "failedPhase" not in parsed[0].to_wire()
+    plan = planned(parse_spec(sp), parsed)
+    assert (plan.settings.rollout_gpu_memory_utilization
+            < planned(parse_spec(sp)).settings.rollout_gpu_memory_utilization)
 
 
 def test_remediate_false_restarts_unchanged() -> None:

@@ -85,10 +85,13 @@ def test_termination_message_detail_and_checkpoint_reach_the_outcome() -> None:
 
 
 def test_what_the_ranks_were_doing_when_they_failed_reaches_the_outcome() -> None:
-    vllm_oom = msg(reason="CudaOOM", step=3, lastCheckpointStep=2, phase="rollout",
+    vllm_oom = msg(reason="CudaOOM", step=3, lastCheckpointStep=2, stage="rollout",
                    detail="CUDA Error: out of memory at cumem_allocator.cpp:62")
     out = classify_pod(pod(terminated(3, "Error", vllm_oom), phase="Failed"))
     assert out is not None and out.failed_during == "rollout"
-    unknown = msg(reason="CudaOOM", step=3, phase="compiling")  # a newer trainer's word
+    older = msg(reason="CudaOOM", step=3, phase="training")  # older trainer images' key
+    out = classify_pod(pod(terminated(3, "Error", older), phase="Failed"))
+    assert out is not None and out.failed_during == "training"
+    unknown = msg(reason="CudaOOM", step=3, stage="compiling")  # a newer trainer's word
     out = classify_pod(pod(terminated(3, "Error", unknown), phase="Failed"))
     assert out is not None and out.reason == R.CUDA_OOM and out.failed_during is None

@@ -13,9 +13,9 @@ from rich.console import Console
 from grpo_api.job import SpecError, parse_spec
 from grpo_operator.planner import InfeasibleError, plan_memory
 from grpo_operator.planner.budget import GIB
-from grpo_operator.planner.phase_terms import compute_budget
 from grpo_operator.planner.report import plan_status, plan_tables
 from grpo_operator.planner.split import FILL, GENERATION_SHARE, splits, step_work
+from grpo_operator.planner.stage_terms import compute_budget
 from grpo_operator.webhook import admission_problem
 from grpo_testbed.examples import example_job
 
@@ -75,22 +75,22 @@ def test_the_training_gpus_carry_no_vllm_term() -> None:
     st = colocated.settings
     c = compute_budget(colocated.geometry, st)
     d = compute_budget(dis.geometry, st)
-    assert "rollout" in c.gpu_phases and "rollout" not in d.gpu_phases
+    assert "rollout" in c.gpu_stages and "rollout" not in d.gpu_stages
     vllm_share = st.rollout_gpu_memory_utilization * 79.6
-    assert sum(v for k, v in c.gpu_phases["rollout"].items()
+    assert sum(v for k, v in c.gpu_stages["rollout"].items()
                if k.startswith("vllm")) == pytest.approx(vllm_share)
     for phase in ("load", "training", "training_root", "optimizer_step"):
-        assert d.gpu_phases[phase] == c.gpu_phases[phase]
-    sync = dict(c.gpu_phases["weight_sync"])
+        assert d.gpu_stages[phase] == c.gpu_stages[phase]
+    sync = dict(c.gpu_stages["weight_sync"])
     del sync["vllm_weights"]
-    assert d.gpu_phases["weight_sync"] == sync
+    assert d.gpu_stages["weight_sync"] == sync
     assert c.host_terms["vllm_sleep_cuda_graphs"] == 8 * 1.0
     assert d.host_terms["vllm_sleep_cuda_graphs"] == 0.0
     assert {k: v for k, v in d.host_terms.items() if not k.startswith("vllm")} == {
         k: v for k, v in c.host_terms.items() if not k.startswith("vllm")}
     # Colocated the peak is the rollout phase (vLLM fills what the actor leaves); the
     # training side's is smaller by vLLM's share less the phases' difference.
-    assert c.peak_gpu_phase == "rollout"
+    assert c.peak_gpu_stage == "rollout"
     assert d.peak_gpu_gib < c.peak_gpu_gib - 10
 
 

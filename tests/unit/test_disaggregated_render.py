@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from grpo_api.contract import RAY_SIDE_LABEL, ROLE_LABEL, FailureReason, RankPhase
+from grpo_api.contract import RAY_SIDE_LABEL, ROLE_LABEL, FailureReason, RankStage
 from grpo_api.job import parse_spec
 from grpo_api.job.status import AttemptRecord, PlanStatus, RolloutPlanStatus
 from grpo_api.trainer_config import Config
@@ -144,19 +144,19 @@ def test_a_rollout_side_cuda_oom_remediates_the_rollout_side_only() -> None:
     (an engine apart is one vLLM process), never the training ladder; the training side's
     settings and pods never change."""
     plan = plan_memory(parse_spec(disaggregated()))
-    first = next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)
+    first = next_safer_plan(plan, FailureReason.CUDA_OOM, stage=RankStage.ROLLOUT)
     assert first is not None and first.rungs == ("lower rollout-side GPU memory utilisation",)
     assert first.settings.rollout_gpu_memory_utilization == 0.80
     assert first.budget.rollout_side is not None
     assert first.budget.rollout_side.tensor_parallel == 1
-    assert first.worker == plan.worker and first.budget.gpu_phases == plan.budget.gpu_phases
+    assert first.worker == plan.worker and first.budget.gpu_stages == plan.budget.gpu_stages
     for knob in ("gradient_checkpointing", "micro_batch_tokens", "offload_optimizer",
                  "offload_params", "precision"):
         assert getattr(first.settings, knob) == getattr(plan.settings, knob)
     # Nothing left on the rollout side's GPU ladder; a kv_cache failure at the engine's
     # start has none (a larger TP would be the only relief).
-    assert next_safer_plan(first, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT) is None
-    assert next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE) is None
+    assert next_safer_plan(first, FailureReason.CUDA_OOM, stage=RankStage.ROLLOUT) is None
+    assert next_safer_plan(plan, FailureReason.CUDA_OOM, stage=RankStage.KV_CACHE) is None
     # The same replayed from the attempts (what the next attempt's plan is).
     attempts = [AttemptRecord(index=0, outcome="HostOOM", remediation="x",
                               failed_side="rollout")]
@@ -168,7 +168,7 @@ def test_a_rollout_side_cuda_oom_remediates_the_rollout_side_only() -> None:
 
 def test_a_training_side_oom_of_a_disaggregated_job_keeps_the_rollout_side() -> None:
     plan = plan_memory(parse_spec(disaggregated()))
-    safer = next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.TRAINING)
+    safer = next_safer_plan(plan, FailureReason.CUDA_OOM, stage=RankStage.TRAINING)
     assert safer is not None and "rollout" not in safer.rungs[0]
     assert safer.budget.rollout_side == plan.budget.rollout_side
     assert safer.rollout == plan.rollout

@@ -168,19 +168,19 @@ def test_vllms_kv_cache_wordings_are_cuda_oom_of_the_kv_cache() -> None:
     """vLLM refuses to start when its share of the GPU leaves no KV cache, or less than
     one max_model_len sequence needs. Both are out of GPU memory: CudaOOM, so the
     operator's ladder acts on them instead of restarting the same plan as a plain Error,
-    and of their own rank phase (KV_CACHE, whatever the tag of the block the engine
+    and of their own rank stage (KV_CACHE, whatever the tag of the block the engine
     started in): vLLM wants more of the GPU, the opposite of a rollout OOM's remedy."""
-    from grpo_api.contract import RankPhase
-    from grpo_trainer.errors import rank_phase
+    from grpo_api.contract import RankStage
+    from grpo_trainer.errors import rank_stage
 
     messages = _vllm_kv_cache_messages()
     assert len(messages) == 2 and "No available memory for the cache blocks" in messages[0]
     for text in messages:
-        with pytest.raises(ValueError) as err, rank_phase(RankPhase.ROLLOUT):
+        with pytest.raises(ValueError) as err, rank_stage(RankStage.ROLLOUT):
             raise ValueError(text)
         c = classify(StepError(0, err.value))
-        assert (c.code, c.reason, c.phase) == (
-            ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, RankPhase.KV_CACHE), text
+        assert (c.code, c.reason, c.stage) == (
+            ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, RankStage.KV_CACHE), text
 
 
 def test_a_config_error_raised_in_a_rank_reaches_the_driver_as_exit_2() -> None:
@@ -197,28 +197,28 @@ def test_a_config_error_raised_in_a_rank_reaches_the_driver_as_exit_2() -> None:
     assert "a.b: bad" in c.detail
 
 
-def test_a_rank_phase_tag_reaches_the_termination_message_through_rays_pickling() -> None:
+def test_a_rank_stage_tag_reaches_the_termination_message_through_rays_pickling() -> None:
     """What the rank was doing travels with the exception: tagged where it is raised
     (the innermost tag wins), pickled into the driver's RayTaskError as Ray does, read
     by classify and written for the operator's ladder."""
     import pickle
 
-    from grpo_api.contract import RankPhase
-    from grpo_trainer.errors import rank_phase
+    from grpo_api.contract import RankStage
+    from grpo_trainer.errors import rank_stage
 
-    @rank_phase(RankPhase.ROLLOUT)
+    @rank_stage(RankStage.ROLLOUT)
     def wake_up() -> None:
         raise RuntimeError("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62")
 
-    with pytest.raises(RuntimeError) as err, rank_phase(RankPhase.LOAD):  # outer: ignored
+    with pytest.raises(RuntimeError) as err, rank_stage(RankStage.LOAD):  # outer: ignored
         wake_up()
     arrived = pickle.loads(pickle.dumps(err.value))
     c = classify(StepError(7, arrived))
-    assert c.reason == FailureReason.CUDA_OOM and c.phase == RankPhase.ROLLOUT
-    body = json.loads(termination_message(c.reason, 7, 5, c.detail, c.phase))
-    assert body["phase"] == "rollout"
-    assert "phase" not in json.loads(termination_message(c.reason, 7, 5, c.detail))
-    assert classify(RuntimeError("CUDA out of memory")).phase is None  # untagged: unknown
+    assert c.reason == FailureReason.CUDA_OOM and c.stage == RankStage.ROLLOUT
+    body = json.loads(termination_message(c.reason, 7, 5, c.detail, c.stage))
+    assert body["stage"] == "rollout"
+    assert "stage" not in json.loads(termination_message(c.reason, 7, 5, c.detail))
+    assert classify(RuntimeError("CUDA out of memory")).stage is None  # untagged: unknown
 
 
 def test_grpo_train_help_names_every_exit_code() -> None:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from grpo_api.contract import STALL_TIMEOUT_S
@@ -32,7 +33,7 @@ FRAME = ("/home/ray/anaconda3/lib/python3.11/site-packages/grpo_trainer/rollout/
          "vllm_engine.py:412 generate")
 STACKS = ("/checkpoints/ml-research-reinforcement-learning/qwen2vl-72b-grpo-geometry-run-7/stalls/"
           "0-20261121T103000Z.txt")
-VERDICT = (f"no progress for 1802 s (timeout 1800 s) in phase rollout: rank 3 is stuck at "
+VERDICT = (f"no progress for 1802 s (timeout 1800 s) in stage rollout: rank 3 is stuck at "
            f"{FRAME}; every rank's stacks: {STACKS}")
 
 
@@ -208,18 +209,20 @@ def test_a_silent_driver_is_ended_as_hang_at_the_deadline_and_restarted() -> Non
     assert all("TORCH_NCCL_TRACE_BUFFER_SIZE" in env for env in ray_env(nxt))
 
 
-def test_step_reports_and_phase_marks_keep_the_attempt_alive() -> None:
+# ("phase", "phaseAt"): what trainer images before the rename write; the CRD keeps them.
+@pytest.mark.parametrize("keys", [("stage", "stageAt"), ("phase", "phaseAt")])
+def test_step_reports_and_stage_marks_keep_the_attempt_alive(keys: tuple[str, str]) -> None:
     job = running_job()
     job["status"]["progress"] = {"step": 10, "updatedAt": at(600)}  # 60 s a step
     job, action = step(job, rec.ProgressTimer(), at(600 + DEADLINE - 1))
     assert action == Action()
-    job["status"]["progress"] |= {"phase": "update", "phaseAt": at(600 + DEADLINE - 2)}
+    job["status"]["progress"] |= {keys[0]: "update", keys[1]: at(600 + DEADLINE - 2)}
     job, action = step(job, rec.ProgressTimer(), at(600 + 2 * DEADLINE - 10))
     assert action == Action()
     job, action = step(job, rec.ProgressTimer(), at(600 + 2 * DEADLINE))
     reason = job["status"]["attempts"][0]["reason"]
     assert job["status"]["attempts"][0]["outcome"] == "Hang"
-    assert "last report: step 10, phase update" in reason
+    assert "last report: step 10, stage update" in reason
 
 
 def test_long_steps_lengthen_the_deadline_as_the_trainers_own_rule_does() -> None:

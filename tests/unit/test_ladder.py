@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from grpo_api.contract import FailureReason, RankPhase
+from grpo_api.contract import FailureReason, RankStage
 from grpo_api.job import GRPOJobSpec, parse_spec
 from grpo_operator.planner import (
     Plan,
@@ -186,17 +186,17 @@ def test_a_rollout_oom_lowers_vllms_utilisation_before_anything_that_helps_only_
     checkpointing and a smaller micro-batch relieve only the update, so they are skipped;
     the same OOM in the update still turns checkpointing on first."""
     plan = plan_memory(spec())
-    rollout = next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)
+    rollout = next_safer_plan(plan, FailureReason.CUDA_OOM, stage=RankStage.ROLLOUT)
     assert rollout is not None
     assert "lower rollout GPU memory utilisation" in rollout.remediations[-1]
     assert (rollout.settings.rollout_gpu_memory_utilization
             < plan.settings.rollout_gpu_memory_utilization)
-    training = next_safer_plan(plan, FailureReason.CUDA_OOM, phase="training")
+    training = next_safer_plan(plan, FailureReason.CUDA_OOM, stage="training")
     assert training is not None and "gradient checkpointing on" in training.remediations[-1]
     unknown = next_safer_plan(plan, FailureReason.CUDA_OOM)
     assert unknown is not None and unknown.settings == training.settings
     steps = []
-    while (nxt := next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)):
+    while (nxt := next_safer_plan(plan, FailureReason.CUDA_OOM, stage=RankStage.ROLLOUT)):
         steps.append(nxt.remediations[-1])
         plan = nxt
     assert steps and not any("gradient checkpointing" in s or "micro-batch" in s for s in steps)
@@ -204,7 +204,7 @@ def test_a_rollout_oom_lowers_vllms_utilisation_before_anything_that_helps_only_
 
 def _kv_walk(plan: Plan) -> list[Plan]:
     out = []
-    while (nxt := next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE)):
+    while (nxt := next_safer_plan(plan, FailureReason.CUDA_OOM, stage=RankStage.KV_CACHE)):
         out.append(nxt)
         plan = nxt
     return out
@@ -232,7 +232,7 @@ def test_a_kv_cache_shortage_gives_vllm_more_of_the_gpu_never_less() -> None:
         assert step.budget.rollout_kv_cache_gib > before.budget.rollout_kv_cache_gib
         before = step
     # The same job's rollout OOM goes the other way.
-    rollout = next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)
+    rollout = next_safer_plan(plan, FailureReason.CUDA_OOM, stage=RankStage.ROLLOUT)
     assert rollout is not None and (rollout.settings.rollout_gpu_memory_utilization
                                     < plan.settings.rollout_gpu_memory_utilization)
 
@@ -242,14 +242,14 @@ def test_a_kv_cache_shortage_under_a_utilisation_below_the_most_raises_it() -> N
     utilisation a rollout OOM lowered skips the raise, below): raised to the most."""
     plan = plan_memory(spec())
     low = replan(plan, replace(plan.settings, rollout_gpu_memory_utilization=0.4), "")
-    raised = next_safer_plan(low, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE)
+    raised = next_safer_plan(low, FailureReason.CUDA_OOM, stage=RankStage.KV_CACHE)
     assert raised is not None and raised.rungs[-1] == "raise rollout GPU memory utilisation"
     assert raised.settings.rollout_gpu_memory_utilization == pytest.approx(
         plan.settings.rollout_gpu_memory_utilization)
     # After a rollout OOM lowered it, the modelled most already ran out: offload instead.
-    lowered = next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.ROLLOUT)
+    lowered = next_safer_plan(plan, FailureReason.CUDA_OOM, stage=RankStage.ROLLOUT)
     assert lowered is not None
-    nxt = next_safer_plan(lowered, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE)
+    nxt = next_safer_plan(lowered, FailureReason.CUDA_OOM, stage=RankStage.KV_CACHE)
     assert nxt is not None and nxt.rungs[-1] == "offload optimizer for the KV cache"
 
 
@@ -257,4 +257,4 @@ def test_a_kv_cache_shortage_under_a_pinned_utilisation_has_no_rung() -> None:
     """Every rung of the KV ladder moves the utilisation: pinned, the ladder is empty and
     the job ends with the failure (the message says every safer setting was tried)."""
     plan = plan_memory(spec(rolloutGpuMemoryUtilization=0.5))
-    assert next_safer_plan(plan, FailureReason.CUDA_OOM, phase=RankPhase.KV_CACHE) is None
+    assert next_safer_plan(plan, FailureReason.CUDA_OOM, stage=RankStage.KV_CACHE) is None

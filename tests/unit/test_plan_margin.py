@@ -31,7 +31,7 @@ def _keeps_the_margin(plan: Plan) -> list[str]:
     out = []
     if geo.is_gpu:
         assert b.gpu_margin_gib >= GPU_MARGIN_MIN_GIB
-        for phase, terms in b.gpu_phases.items():
+        for phase, terms in b.gpu_stages.items():
             if sum(terms.values()) > b.gpu_capacity_gib - b.gpu_margin_gib:
                 out.append(f"GPU {phase} {sum(terms.values()):.2f} GiB > "
                            f"{b.gpu_capacity_gib:.2f} - {b.gpu_margin_gib:.2f}")
@@ -53,7 +53,7 @@ def test_no_example_plans_into_the_margin(path: Path) -> None:
 def test_the_7b_example_leaves_the_margin_free_in_rollout() -> None:
     """It planned vLLM's share up to 75.5 of 75.6 usable GiB; now the margin stays."""
     b = plan_memory(load_manifest(H100_7B).spec).budget
-    rollout = sum(b.gpu_phases["rollout"].values())
+    rollout = sum(b.gpu_stages["rollout"].values())
     assert b.gpu_capacity_gib - rollout >= b.gpu_margin_gib == pytest.approx(3.0, abs=0.1)
 
 
@@ -91,7 +91,7 @@ def _pinned_into_the_margin() -> dict[str, Any]:
     the planner would otherwise turn on to make room)."""
     doc = yaml.safe_load(H100_7B.read_text())["spec"]
     auto = plan_memory(parse_spec(doc)).budget
-    rollout = auto.gpu_phases["rollout"]
+    rollout = auto.gpu_stages["rollout"]
     others = sum(v for k, v in rollout.items() if not k.startswith("vllm"))
     util = (auto.gpu_capacity_gib - 1.0 - others) / GPU_CATALOG["H100-80GB"].memory_gib
     return {**doc, "memory": {"rolloutGpuMemoryUtilization": round(util, 2),

@@ -35,7 +35,7 @@ def test_72b_gets_rank0_init_full_sharding_and_bounded_load_peak() -> None:
     assert plan.budget.load_host_peak_gib < eight_copies / 3
     assert plan.budget.load_host_peak_gib < plan.budget.host_capacity_gib
     # Full sharding: per-GPU training state is 1/64 of fp32 params + grads + Adam.
-    training = plan.budget.gpu_phases["training"]
+    training = plan.budget.gpu_stages["training"]
     state = 16 * plan.geometry.shape.parameters / GIB / 64
     got = (
         training["fp32_master_params_shard"]
@@ -44,7 +44,7 @@ def test_72b_gets_rank0_init_full_sharding_and_bounded_load_peak() -> None:
     )
     assert got == pytest.approx(state, rel=0.01)
     # No GPU ever holds the whole model at load time.
-    assert sum(plan.budget.gpu_phases["load"].values()) < full_copy / 8
+    assert sum(plan.budget.gpu_stages["load"].values()) < full_copy / 8
     assert any(d.knob == "sharding" and d.value == "full over 64" for d in plan.decisions)
     assert plan.env["PYTORCH_CUDA_ALLOC_CONF"] == (
         "expandable_segments:True,pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:1")
@@ -58,7 +58,7 @@ def test_72b_with_rank0_init_pinned_off_reads_shards_and_no_gpu_holds_the_model(
     spec = spec.model_copy(update={"memory": spec.memory.model_copy(update={"rank0_init": False})})
     plan = plan_memory(spec)
     full_copy = plan.geometry.shape.parameters * BF16_B / GIB
-    load = plan.budget.gpu_phases["load"]
+    load = plan.budget.gpu_stages["load"]
     assert sum(load.values()) < full_copy / 8
     assert load["largest_tensor_fp32"] == pytest.approx(
         plan.geometry.shape.vocab_size * plan.geometry.shape.hidden_size * 4 / GIB)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES, FailureReason, RankPhase
+from grpo_api.contract import WEIGHT_SYNC_BUCKET_BYTES, FailureReason, RankStage
 from grpo_api.job import parse_spec
 from grpo_api.trainer_config import LOGPROB_CHUNK_TOKENS
 from grpo_operator.planner import plan_memory
@@ -43,8 +43,8 @@ def test_the_logits_term_does_not_grow_with_the_prompt() -> None:
     planned against ~23 GB needed there."""
     short = _job(prompt=1024, response=1024, microBatchSize=2)
     long = _job(prompt=4096, response=1024, microBatchSize=2)
-    logits = long.budget.gpu_phases["training"]["logits"]
-    assert logits == short.budget.gpu_phases["training"]["logits"]
+    logits = long.budget.gpu_stages["training"]["logits"]
+    assert logits == short.budget.gpu_stages["training"]["logits"]
     # One 512-token chunk of two float32 [chunk, V] buffers, and 2 x 1024 response
     # tokens' hidden states (bf16), labels and hidden-state gradients; over 4 chunks
     # the head's weight gradient takes two float32 statistics per token.
@@ -80,9 +80,9 @@ def test_the_weight_sync_holds_three_largest_tensors_beside_the_resident_state()
         assert weight_sync_bytes(geo) / GIB == pytest.approx(gib, abs=0.01)
     plan = _job("7B")
     assert not plan.settings.offload_params
-    sync = plan.budget.gpu_phases["weight_sync"]
+    sync = plan.budget.gpu_stages["weight_sync"]
     assert sync["weight_sync_buffers"] == pytest.approx(3.17, abs=0.01)
-    rollout = plan.budget.gpu_phases["rollout"]
+    rollout = plan.budget.gpu_stages["rollout"]
     # The moment of the sync: the engine's weights back, its KV cache still asleep.
     for term in ("cuda_context", "actor_resident", "reference_model_shard", "vllm_weights"):
         assert sync[term] == rollout[term]
@@ -90,14 +90,14 @@ def test_the_weight_sync_holds_three_largest_tensors_beside_the_resident_state()
 
 
 def test_a_rollout_oom_counts_the_weight_sync() -> None:
-    parts = headroom(_job(), FailureReason.CUDA_OOM, RankPhase.ROLLOUT)
+    parts = headroom(_job(), FailureReason.CUDA_OOM, RankStage.ROLLOUT)
     assert set(parts) == {"gpu.weight_sync", "gpu.rollout"}
 
 
 def test_lora_with_vllm_syncs_only_the_adapters() -> None:
     plan = _job(lora=True)
     adapters = plan.geometry.lora.adapter_parameters * 2
-    sync = plan.budget.gpu_phases["weight_sync"]["weight_sync_buffers"] * GIB
+    sync = plan.budget.gpu_stages["weight_sync"]["weight_sync_buffers"] * GIB
     assert 2 * adapters < sync < 3 * adapters < 0.5 * GIB
 
 
@@ -106,7 +106,7 @@ def test_offloaded_parameters_sync_in_host_ram_where_the_gradients_were() -> Non
     offloaded gradients: the host counts only what the sync holds beyond those. 7B in
     bf16 on 8 ranks: a 1.8 GiB gradient shard, a 3.1 GiB sync."""
     plan = _job(precision="bf16", offloadParams=True, offloadOptimizer=True)
-    assert plan.budget.gpu_phases["weight_sync"]["weight_sync_buffers"] == 0
+    assert plan.budget.gpu_stages["weight_sync"]["weight_sync_buffers"] == 0
     geo = plan.geometry
     grads = geo.shape.parameters / geo.world_size * 2 / GIB
     excess = weight_sync_bytes(geo) / GIB - grads
@@ -128,7 +128,7 @@ def test_vllms_cuda_graphs_wait_in_host_ram_while_it_sleeps() -> None:
     vllm = _job()
     assert vllm.budget.host_terms["vllm_sleep_cuda_graphs"] == pytest.approx(
         vllm.geometry.ranks_per_node * VLLM_CUDA_GRAPHS_GIB)
-    assert not any("graph" in term for terms in vllm.budget.gpu_phases.values()
+    assert not any("graph" in term for terms in vllm.budget.gpu_stages.values()
                    for term in terms)
     hf = plan_memory(parse_spec({
         "model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"},

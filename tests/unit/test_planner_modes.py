@@ -266,7 +266,7 @@ def _state(mode: str) -> tuple[dict[str, float], float, int]:
     cell = Cell("x", "7B", "H100-80GB", 8, "")
     plan = plan_memory(parse_spec(easyr1_job(cell, mode)))
     p = plan.geometry.shape.parameters
-    return plan.budget.gpu_phases["training"], p / plan.world_size / GIB, plan.world_size
+    return plan.budget.gpu_stages["training"], p / plan.world_size / GIB, plan.world_size
 
 
 def test_mixed_keeps_16_bytes_bf16_10_bytes_per_parameter() -> None:

@@ -17,13 +17,13 @@ from grpo_operator.planner import plan_memory
 from grpo_operator.planner.budget import GIB
 from grpo_operator.planner.ladder import next_safer_plan
 from grpo_operator.planner.layout import image_tokens, micro_batch, token_budgets
-from grpo_operator.planner.phase_terms import compute_budget
 from grpo_operator.planner.report import plan_status
 from grpo_operator.planner.sizes import (
     activation_bytes_per_token,
     logprob_bytes,
     vision_activation_bytes,
 )
+from grpo_operator.planner.stage_terms import compute_budget
 from grpo_operator.render.names import JobRef
 from grpo_operator.render.trainer_config import trainer_config
 
@@ -76,7 +76,7 @@ def test_the_largest_budget_that_fits_is_chosen_and_the_one_above_named() -> Non
 def test_the_activation_logits_and_mask_terms_come_from_the_budget() -> None:
     plan = plan_memory(_spec(microBatchTokens=20_000))
     geo, st = plan.geometry, plan.settings
-    train = plan.budget.gpu_phases["training"]
+    train = plan.budget.gpu_stages["training"]
     assert st.micro_batch_tokens == 20_000 and "micro_batch_tokens" in plan.pinned
     mb = micro_batch(geo, st)
     # Rows hold a prompt with its image (at maxPixels, within the prompt) and a response

@@ -109,7 +109,7 @@ def test_a_silent_rank_is_named_before_a_busy_one() -> None:
     dump = f'Current thread 0x1 (most recent call first):\n  File "{PACKAGE_DIR}/worker.py"' \
            ', line 420 in update\n'
     stacks = [RankStacks(0, dump), RankStacks(1, None)]
-    v = verdict(stacks, waiting=[0, 1], phase="update", idle_s=31, timeout_s=30,
+    v = verdict(stacks, waiting=[0, 1], stage="update", idle_s=31, timeout_s=30,
                 probe_timeout_s=10)
     assert v.rank == 1
     assert "rank 1 did not answer within 10 s" in v.message()
@@ -120,7 +120,7 @@ def test_a_silent_rank_is_named_before_a_busy_one() -> None:
     idle = report_text(verdict(stacks, [1], "rollout", 31, 30, 10), stacks, "")
     assert "rank 0: idle (its call had returned)" in idle
     assert "<no Python frame>" not in text and "(and 3 threads with no Python frame)" in text
-    both = verdict([RankStacks(0, dump)], waiting=[0], phase="update", idle_s=31,
+    both = verdict([RankStacks(0, dump)], waiting=[0], stage="update", idle_s=31,
                    timeout_s=30, probe_timeout_s=10)
     assert both.message().endswith(f"rank 0 is stuck at {PACKAGE_DIR}/worker.py:420 update")
 

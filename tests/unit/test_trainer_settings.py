@@ -170,7 +170,7 @@ def test_an_entropy_bonus_costs_the_update_no_memory() -> None:
         spec = spec_with(GPU, memory={**GPU.get("memory", {}), "microBatchSize": 2})
         if coef is not None:
             spec = setting(spec, "algorithm.entropyCoef", coef)
-        return plan_memory(parse_spec(spec)).budget.gpu_phases["training"]["logits"]
+        return plan_memory(parse_spec(spec)).budget.gpu_stages["training"]["logits"]
 
     assert logits(0.01) == logits(None) == logits(0.0) > 0
 

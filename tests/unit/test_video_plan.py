@@ -18,7 +18,7 @@ from grpo_operator.planner.layout import (
     prompt_tokens,
     video_tokens,
 )
-from grpo_operator.planner.phase_terms import compute_budget
+from grpo_operator.planner.stage_terms import compute_budget
 from grpo_operator.planner.types import Geometry, Settings
 
 pytestmark = pytest.mark.unit
@@ -53,7 +53,7 @@ def test_a_job_with_a_video_plans_more_vision_memory_than_one_without() -> None:
     assert images_per_prompt(one) == pytest.approx(1 + 16 * 128 / image_tokens(one))
     for st in (SETTINGS, replace(SETTINGS, micro_batch_tokens=8 * 32768)):
         assert micro_batch(one, st).images > micro_batch(none, st).images
-        act = [compute_budget(g, st).gpu_phases["training"]["activations"] for g in (none, one)]
+        act = [compute_budget(g, st).gpu_stages["training"]["activations"] for g in (none, one)]
         assert act[1] > act[0], act
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from grpo_api.contract import ExitCode, FailureReason, RankPhase
+from grpo_api.contract import ExitCode, FailureReason, RankStage
 
 from .config_error import ConfigError
 from .liveness.rank_crash import RankCrashed
@@ -35,7 +35,7 @@ class CheckpointIncompatible(Exception):
 CUDA_OOM_TEXT = "CUDA out of memory"
 # vLLM's KV cache at start-up (v1/core/kv_cache_utils.py, _check_enough_kv_cache_memory):
 # its weights and activations leave nothing of rollout.gpu_memory_utilization x card, or
-# less than one max_model_len sequence needs. A CudaOOM of its own rank phase (KV_CACHE):
+# less than one max_model_len sequence needs. A CudaOOM of its own rank stage (KV_CACHE):
 # vLLM's own advice is a higher utilisation, the opposite of the rollout OOM's remedy.
 KV_CACHE_WORDINGS = (
     re.compile(r"No available memory for the cache blocks"),
@@ -67,31 +67,31 @@ class Classified:
     code: ExitCode
     reason: FailureReason
     detail: str
-    phase: RankPhase | None = None  # what the failing rank was doing (`rank_phase`)
+    stage: RankStage | None = None  # what the failing rank was doing (`rank_stage`)
 
 
-_PHASE_ATTR = "grpo_rank_phase"
+_STAGE_ATTR = "grpo_rank_stage"
 
 
 @contextmanager
-def rank_phase(phase: RankPhase) -> Iterator[None]:
+def rank_stage(stage: RankStage) -> Iterator[None]:
     """Tag an exception that leaves the block with what the rank was doing, so that the
-    operator's ladder relieves that phase first (contract.RankPhase). A tag, not a
+    operator's ladder relieves that stage first (contract.RankStage). A tag, not a
     wrapper: the exception keeps its type, and Ray pickles it with its attributes into
     the RayTaskError the driver sees. The innermost tag wins."""
     try:
         yield
     except BaseException as exc:
-        if getattr(exc, _PHASE_ATTR, None) is None:
+        if getattr(exc, _STAGE_ATTR, None) is None:
             with contextlib.suppress(AttributeError, TypeError):
-                setattr(exc, _PHASE_ATTR, phase.value)
+                setattr(exc, _STAGE_ATTR, stage.value)
         raise
 
 
-def phase_of(exc: BaseException) -> RankPhase | None:
-    """The phase the innermost tagged exception in ``exc``'s chain was raised in."""
-    tags = [str(getattr(e, _PHASE_ATTR, "")) for e in _chain(exc)]
-    found = [RankPhase(t) for t in tags if t in RankPhase.__members__.values()]
+def stage_of(exc: BaseException) -> RankStage | None:
+    """The stage the innermost tagged exception in ``exc``'s chain was raised in."""
+    tags = [str(getattr(e, _STAGE_ATTR, "")) for e in _chain(exc)]
+    found = [RankStage(t) for t in tags if t in RankStage.__members__.values()]
     return found[-1] if found else None
 
 
@@ -174,8 +174,8 @@ def classify(exc: BaseException) -> Classified:
     if any(_is_cuda_oom(e) for e in chain):
         # vLLM's KV-cache shortage wants the opposite of every other CUDA OOM's remedy.
         short = any(w.search(str(e)) for e in chain for w in KV_CACHE_WORDINGS)
-        phase = RankPhase.KV_CACHE if short else phase_of(exc)
-        return Classified(ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, detail, phase)
+        stage = RankStage.KV_CACHE if short else stage_of(exc)
+        return Classified(ExitCode.CUDA_OOM, FailureReason.CUDA_OOM, detail, stage)
     try:
         from ray import exceptions as rex
     except ImportError:

@@ -96,7 +96,7 @@ def raise_injected_oom(where: str, step: int) -> None:
 
 
 class RankFaults:
-    """One rank's side of the configured fault: which rank fails, in which phase."""
+    """One rank's side of the configured fault: which rank fails, in which stage."""
 
     def __init__(self, spec: str | None, rank: int, world_size: int) -> None:
         self.fault = parse_fault(spec)
@@ -105,18 +105,18 @@ class RankFaults:
         self._leak_bytes = int(leak_mib_per_step(spec) * 2**20)
         self._leaked: list[torch.Tensor] = []
 
-    def at(self, phase: str, step: int) -> None:
-        """The fault due in ``phase`` ("generate" or "update") of ``step``, if any."""
+    def at(self, stage: str, step: int) -> None:
+        """The fault due in ``stage`` ("generate" or "update") of ``step``, if any."""
         if self.fault is None or self.fault[1] != step:
             return
         kind = self.fault[0]
-        if kind == "cuda_oom" and phase == "update" and self.rank == 0:
-            raise_injected_oom(f"worker rank {self.rank} ({phase})", step)
-        if kind == "slow_rollout" and phase == "generate":
+        if kind == "cuda_oom" and stage == "update" and self.rank == 0:
+            raise_injected_oom(f"worker rank {self.rank} ({stage})", step)
+        if kind == "slow_rollout" and stage == "generate":
             log.warning("INJECTED FAULT (GRPO_FAULT_INJECT): rank %d sleeps %.0f s", self.rank,
                         SLOW_ROLLOUT_S)
             time.sleep(SLOW_ROLLOUT_S)
-        if kind == "worker_exit" and phase == "generate" and self.rank == self.world_size - 1:
+        if kind == "worker_exit" and stage == "generate" and self.rank == self.world_size - 1:
             log.error("INJECTED FAULT (GRPO_FAULT_INJECT): worker rank %d exits", self.rank)
             os._exit(1)
 

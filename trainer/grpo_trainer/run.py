@@ -73,7 +73,7 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
         log.error("training failed at step %s (%s, exit %d): %s", step, c.reason, c.code, c.detail)
         if c.code == ExitCode.CONFIG_ERROR:
             print(f"config error: {err}", file=sys.stderr)
-        write_termination(term_path, termination_message(c.reason, step, last, c.detail, c.phase))
+        write_termination(term_path, termination_message(c.reason, step, last, c.detail, c.stage))
         return int(c.code)
     finally:
         if trainer is not None:

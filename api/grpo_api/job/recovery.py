@@ -168,7 +168,7 @@ class RecoverySpec(ApiModel):
     stall_timeout_seconds: int = Field(
         STALL_TIMEOUT_S, ge=0, le=7 * 86400,
         description=(
-            "No training step or phase ends for this long (or for 5 x the measured step "
+            "No training step or stage ends for this long (or for 5 x the measured step "
             "time, if longer): the trainer writes every rank's stacks to the checkpoint "
             "claim (stalls/) and the attempt ends as Hang. 0: never."
         ),

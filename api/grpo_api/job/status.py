@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from ..contract import ConditionType, Phase, RankPhase
+from ..contract import ConditionType, Phase, RankStage
 from ..trainer_config import RolloutPlacement
 from .base import ApiModel
 
@@ -255,16 +255,29 @@ class ProgressStatus(ApiModel):
             "each."
         ),
     )
-    phase: str | None = Field(
+    stage: str | None = Field(
         None, max_length=256,
-        description="The step's phase the driver entered last (rollout, update, checkpoint...).",
+        description="The stage of a step the driver entered last (rollout, update, "
+        "checkpoint...).",
     )
-    phase_at: str | None = Field(
+    stage_at: str | None = Field(
         None, json_schema_extra={"format": "date-time"},
         description=(
             "When it entered it: with updatedAt, the driver's last sign of life, which the "
             "operator's progress deadline watches."
         ),
+    )
+    # Trainer images before the rename write these: in the CRD (validation schema) so the
+    # API server does not prune them, read as stage/stageAt (_read_old_stage), and never
+    # written back (exclude: not even as null, which a status list item may not hold).
+    old_phase: str | None = Field(
+        None, alias="phase", max_length=256, exclude=True,
+        description="Deprecated: the old name of stage, written by older trainer images "
+        "(read as stage).",
+    )
+    old_phase_at: str | None = Field(
+        None, alias="phaseAt", json_schema_extra={"format": "date-time"}, exclude=True,
+        description="Deprecated: the old name of stageAt (read as stageAt).",
     )
     fetch: FetchProgress | None = Field(
         None, description="The head's hub fetch (grpo_trainer.hub_fetch), while and after."
@@ -272,6 +285,15 @@ class ProgressStatus(ApiModel):
     transport: TransportStatus | None = Field(
         None, description="The transport NCCL chose, as the first attempt's ranks logged it."
     )
+
+    @model_validator(mode="after")
+    def _read_old_stage(self) -> ProgressStatus:
+        """An older trainer's phase/phaseAt read as stage/stageAt (the newer mark wins
+        where both are there: ISO times in one format order as strings)."""
+        if self.old_phase is not None and (
+                self.stage is None or (self.old_phase_at or "") > (self.stage_at or "")):
+            self.stage, self.stage_at = self.old_phase, self.old_phase_at
+        return self
 
 
 class AttemptRecord(ApiModel):
@@ -296,9 +318,14 @@ class AttemptRecord(ApiModel):
     remediation: str | None = Field(
         None, max_length=1024, description="Safer setting applied for the next attempt."
     )
-    failed_phase: RankPhase | None = Field(
+    failed_stage: RankStage | None = Field(
         None, description="What the trainer's ranks were doing when it failed (load, "
-        "rollout, training): the memory ladder relieves that phase first."
+        "rollout, training, kv_cache): the memory ladder relieves that stage first."
+    )
+    old_failed_phase: RankStage | None = Field(
+        None, alias="failedPhase", exclude=True,
+        description="Deprecated: the old name of failedStage, in attempts recorded by older "
+        "operators (read as failedStage)."
     )
     failed_side: Literal["rollout"] | None = Field(
         None, description="rollout: the failure was on a disaggregated job's rollout side "
@@ -308,6 +335,13 @@ class AttemptRecord(ApiModel):
         None, max_length=253, description="The Kubernetes node whose loss ended it (a "
         "node-class failure: NodeLost, Evicted): the next attempt's pods avoid that node."
     )
+
+    @model_validator(mode="after")
+    def _read_old_failed_stage(self) -> AttemptRecord:
+        """An attempt recorded as failedPhase (older operators) read as failedStage."""
+        if self.old_failed_phase is not None and self.failed_stage is None:
+            self.failed_stage = self.old_failed_phase
+        return self
 
 
 class NextAttempt(ApiModel):

@@ -1,5 +1,5 @@
 """The memory model's constants and per-term formulas (the state terms, margins, capacities):
-phase_terms.py builds each phase's terms from them. docs/memory-model.md derives every formula
+stage_terms.py builds each stage's terms from them. docs/memory-model.md derives every formula
 and names the source of each constant."""
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from .layout import token_budgets
 from .mode_advice import without_offload
 from .modes import lora_plan
 from .network import plan_network
-from .phase_terms import compute_budget, max_rollout_utilization
 from .positions import context_decision, context_problem, model_positions
 from .reasons import explain, explain_margin, explain_pods
 from .refusal import Trail, infeasible, numbers
@@ -45,6 +44,7 @@ from .resources import (
     object_store_gib,
     ray_start_params,
 )
+from .stage_terms import compute_budget, max_rollout_utilization
 from .types import Budget, Geometry, InfeasibleError, Plan, Settings
 
 MAX_MICRO_BATCH = 4

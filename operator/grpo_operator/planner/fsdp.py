@@ -19,7 +19,7 @@ by tests/trainer/test_plan_equals_tensors.py:
   every activation is freed).
 
 Two terms, then: the worst moment while the blocks run (with the activations) and the
-worst of the root's moments (without them), planned as two phases. Simplified: the
+worst of the root's moments (without them), planned as two stages. Simplified: the
 root's other gradients (embeddings, merger, computed late in backward) are counted only
 at the root's own reduce.
 """

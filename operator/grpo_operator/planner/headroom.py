@@ -5,7 +5,7 @@ only when, against the plan it replaces,
 - every pod limit (memory, CPUs, GPUs, /dev/shm, head and workers) is the same or higher;
 - the modelled headroom for the failure class is strictly higher: none of its parts is
   lower and at least one is higher. The parts are what could have run out:
-  CudaOOM: per GPU, capacity minus the peak of each phase (load, training, rollout);
+  CudaOOM: per GPU, capacity minus the peak of each stage (load, training, rollout);
   HostOOM: per pod, the memory limit minus the modelled need (the kernel kills at it);
   RayOOM: per pod, Ray's kill threshold (95% of the limit) minus the modelled need.
 A rung that changes none of these changes nothing a restart could benefit from.
@@ -13,18 +13,18 @@ A rung that changes none of these changes nothing a restart could benefit from.
 
 from __future__ import annotations
 
-from grpo_api.contract import FailureReason, RankPhase
+from grpo_api.contract import FailureReason, RankStage
 
 from .budget import RAY_MEMORY_USAGE_THRESHOLD
 from .resources import pod_need_gib
 from .types import Plan, PodResources
 
 EPSILON_GIB = 1e-6  # float noise in sums of terms is not a change
-# The plan's GPU phases each thing the trainer's ranks do runs through (budget.py).
-GPU_PHASES: dict[RankPhase, tuple[str, ...]] = {
-    RankPhase.LOAD: ("load",),
-    RankPhase.ROLLOUT: ("weight_sync", "rollout"),
-    RankPhase.TRAINING: ("training", "training_root", "optimizer_step"),
+# The plan's GPU stages each thing the trainer's ranks do runs through (budget.py).
+GPU_STAGES: dict[RankStage, tuple[str, ...]] = {
+    RankStage.LOAD: ("load",),
+    RankStage.ROLLOUT: ("weight_sync", "rollout"),
+    RankStage.TRAINING: ("training", "training_root", "optimizer_step"),
 }
 
 
@@ -43,17 +43,17 @@ def pod_limits(plan: Plan) -> dict[str, float]:
 
 
 def headroom(plan: Plan, failure: FailureReason,
-             phase: RankPhase | None = None) -> dict[str, float]:
+             stage: RankStage | None = None) -> dict[str, float]:
     """The modelled headroom (GiB) for `failure`, by part; empty when no memory model
-    covers the class (a ladder cannot help it). A CudaOOM whose rank phase is known
-    counts only that phase's GPU phases (all of them if the plan has none of those)."""
+    covers the class (a ladder cannot help it). A CudaOOM whose rank stage is known
+    counts only that stage's GPU stages (all of them if the plan has none of those)."""
     b = plan.budget
     if failure is FailureReason.CUDA_OOM:
         parts = {
             f"gpu.{name}": b.gpu_capacity_gib - sum(terms.values())
-            for name, terms in b.gpu_phases.items()
+            for name, terms in b.gpu_stages.items()
         }
-        wanted = {f"gpu.{name}" for name in GPU_PHASES.get(phase, ())} if phase else set()
+        wanted = {f"gpu.{name}" for name in GPU_STAGES.get(stage, ())} if stage else set()
         return {k: v for k, v in parts.items() if k in wanted} or parts
     if failure in (FailureReason.HOST_OOM, FailureReason.RAY_OOM):
         kill_at = 1.0 if failure is FailureReason.HOST_OOM else RAY_MEMORY_USAGE_THRESHOLD
@@ -79,15 +79,15 @@ def changed_limits(old: Plan, new: Plan) -> dict[str, tuple[float, float]]:
 
 
 def improves(old: Plan, new: Plan, failure: FailureReason,
-             phase: RankPhase | None = None) -> bool:
+             stage: RankStage | None = None) -> bool:
     """True when `new` lowers no pod limit and no part of the headroom for `failure`, and
-    raises at least one part of it: of the GPU phases of the rank `phase` the failure
-    happened in, when known. vLLM's KV cache (RankPhase.KV_CACHE) ran short because vLLM
+    raises at least one part of it: of the GPU stages of the rank `stage` the failure
+    happened in, when known. vLLM's KV cache (RankStage.KV_CACHE) ran short because vLLM
     had too little of the GPU: there `new` must give it more KV cache per GPU and still
-    fit with the margin, though the rollout phase's headroom shrinks by design."""
+    fit with the margin, though the rollout stage's headroom shrinks by design."""
     if any(b < a for a, b in changed_limits(old, new).values()):
         return False
-    if failure is FailureReason.CUDA_OOM and phase is RankPhase.KV_CACHE:
+    if failure is FailureReason.CUDA_OOM and stage is RankStage.KV_CACHE:
         return (new.budget.fits and new.budget.rollout_kv_cache_gib
                 > old.budget.rollout_kv_cache_gib + EPSILON_GIB)
     before, after = headroom(old, failure), headroom(new, failure)
@@ -95,4 +95,4 @@ def improves(old: Plan, new: Plan, failure: FailureReason,
         return False
     if any(after[k] < before[k] - EPSILON_GIB for k in before):
         return False
-    return any(after[k] > before[k] + EPSILON_GIB for k in headroom(old, failure, phase))
+    return any(after[k] > before[k] + EPSILON_GIB for k in headroom(old, failure, stage))

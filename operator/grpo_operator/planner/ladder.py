@@ -4,7 +4,7 @@ CudaOOM:        gradient checkpointing on -> halve micro-batch (its token budget
                 micro-batches go by tokens) -> lower rollout GPU memory
                 utilisation -> bf16 training (only with spec.recovery.
                 allowPrecisionChange) -> offload optimizer -> offload params
-CudaOOM of vLLM's KV cache (rank phase kv_cache: too little left for it at engine start):
+CudaOOM of vLLM's KV cache (rank stage kv_cache: too little left for it at engine start):
                 raise rollout GPU memory utilisation (to what the update's residency leaves)
                 -> offload optimizer, then raise it -> offload params, then raise it
 HostOOM/RayOOM: params offload off -> optimizer offload off -> smaller Ray object store ->
@@ -30,17 +30,17 @@ from dataclasses import replace
 from typing import Any
 
 from grpo_api.catalog import GPU_CATALOG, GpuType
-from grpo_api.contract import FailureReason, RankPhase
+from grpo_api.contract import FailureReason, RankStage
 from grpo_api.job.spec import GRPOJobSpec
 
 from .core import _micro_batches, plan_memory, replan
 from .headroom import improves
 from .layout import least_budget
 from .modes import BF16, MIXED
-from .phase_terms import compute_budget, max_rollout_utilization
 from .report import plan_changes
 from .resources import STORE_MIN_GIB
 from .rollout_ladder import changes_rollout_side, on_rollout_side, rollout_ladder
+from .stage_terms import compute_budget, max_rollout_utilization
 from .types import Budget, Plan, Settings
 
 Rung = Callable[[Plan], Settings | None]
@@ -162,8 +162,8 @@ _HOST: tuple[tuple[str, Rung], ...] = (
     ("smaller Ray object store", _smaller_store),
     ("pod memory to node allocatable", _pod_to_allocatable),
 )
-# vLLM's KV cache too small at engine start (RankPhase.KV_CACHE): more GPU memory for
-# vLLM, never less; each rung keeps every GPU phase within the plan's margin
+# vLLM's KV cache too small at engine start (RankStage.KV_CACHE): more GPU memory for
+# vLLM, never less; each rung keeps every GPU stage within the plan's margin
 # (headroom.improves).
 KV_CACHE_LADDER: tuple[tuple[str, Rung], ...] = (
     ("raise rollout GPU memory utilisation", _raise_utilization),
@@ -178,18 +178,18 @@ LADDERS: dict[FailureReason, tuple[tuple[str, Rung], ...]] = {
 
 
 def _ladder(failure: FailureReason,
-            phase: RankPhase | None) -> tuple[tuple[str, Rung], ...]:
-    if failure is FailureReason.CUDA_OOM and phase is RankPhase.KV_CACHE:
+            stage: RankStage | None) -> tuple[tuple[str, Rung], ...]:
+    if failure is FailureReason.CUDA_OOM and stage is RankStage.KV_CACHE:
         return KV_CACHE_LADDER
     return LADDERS.get(failure, ())
 
 
 def remediation_ladder(failure: FailureReason | str,
-                       phase: RankPhase | str | None = None) -> tuple[str, ...]:
-    """The rung names for a failure class (and the rank phase it happened in), in order;
+                       stage: RankStage | str | None = None) -> tuple[str, ...]:
+    """The rung names for a failure class (and the rank stage it happened in), in order;
     empty when none applies."""
     return tuple(name for name, _ in _ladder(
-        FailureReason(failure), RankPhase(phase) if phase is not None else None))
+        FailureReason(failure), RankStage(stage) if stage is not None else None))
 
 
 def _acceptable(failure: FailureReason, budget: Budget) -> bool:
@@ -204,16 +204,16 @@ def next_safer_plan(
     failure: FailureReason | str,
     catalog: Mapping[str, GpuType] = GPU_CATALOG,
     model_config: dict[str, Any] | None = None,
-    phase: RankPhase | str | None = None,
+    stage: RankStage | str | None = None,
     side: str | None = None,
 ) -> Plan | None:
     """The plan for the next attempt after `failure`, or None when the ladder is exhausted
     (or the failure class has no memory ladder). The applied rung is appended to
-    `plan.remediations` as one line with the numbers. With the `phase` the ranks failed
-    in, a CudaOOM's rung must relieve that phase (headroom.improves): a rollout OOM
+    `plan.remediations` as one line with the numbers. With the `stage` the ranks failed
+    in, a CudaOOM's rung must relieve that stage (headroom.improves): a rollout OOM
     lowers vLLM's utilisation before anything that only helps the update."""
     failure = FailureReason(failure)
-    phase = RankPhase(phase) if phase is not None else None
+    stage = RankStage(stage) if stage is not None else None
     plan = (
         plan_or_spec
         if isinstance(plan_or_spec, Plan)
@@ -221,8 +221,8 @@ def next_safer_plan(
     )
     # A disaggregated job's rollout side has its own ladder; the training one never runs
     # for its failures (planner/rollout_ladder.py).
-    rollout = on_rollout_side(plan, phase, side)
-    for name, rung in rollout_ladder(failure, phase) if rollout else _ladder(failure, phase):
+    rollout = on_rollout_side(plan, stage, side)
+    for name, rung in rollout_ladder(failure, stage) if rollout else _ladder(failure, stage):
         if name in plan.rungs:  # one restart per rung; the next failure moves on
             continue
         settings = rung(plan)
@@ -234,7 +234,7 @@ def next_safer_plan(
         safer = replan(plan, settings, "", name)
         if rollout and not changes_rollout_side(plan, safer):
             continue
-        if not rollout and not improves(plan, safer, failure, phase):
+        if not rollout and not improves(plan, safer, failure, stage):
             continue  # it would change nothing that helps
         # The note lists every difference between the two plans, not only the rung's
         # knob: a rung can move the rollout TP, a pod limit or Ray's store with it.

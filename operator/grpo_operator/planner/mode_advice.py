@@ -16,7 +16,7 @@ from grpo_api.job.lora import LoraSpec
 from grpo_api.job.spec import GRPOJobSpec
 
 from .modes import BF16, LORA, ORDER, Mode, describe, lora_plan, mode_of
-from .phase_terms import compute_budget
+from .stage_terms import compute_budget
 from .types import Decision, Geometry, Settings
 
 Fits = Callable[[Geometry, GRPOJobSpec, frozenset[str]], Settings | None]
@@ -84,10 +84,10 @@ def mode_suggestions(
         st = None if derived else fits(g, s, pinned)
         if st is not None:
             b = compute_budget(g, st)
-            # The training peak: the rollout phase is filled up to what vLLM may take.
+            # The training peak: the rollout stage is filled up to what vLLM may take.
             where = (
                 f"{geo.world_size} GPUs (training peak "
-                f"{sum(b.gpu_phases['training'].values()):.1f} of {b.gpu_capacity_gib:.1f} GiB "
+                f"{sum(b.gpu_stages['training'].values()):.1f} of {b.gpu_capacity_gib:.1f} GiB "
                 f"per GPU{_fewest_gpus(g, s, pinned, fits)})"
                 if geo.is_gpu
                 else f"{geo.world_size} CPU ranks (host peak {b.peak_host_gib:.1f} of "
@@ -123,7 +123,7 @@ def without_offload(
         g, s = in_mode(geo, spec, mode)
         other = fits(g, s, pinned | OFFLOAD)  # offload pinned off, as spec.memory has it
         if other is not None:
-            train = sum(compute_budget(g, other).gpu_phases.get("training", {}).values())
+            train = sum(compute_budget(g, other).gpu_stages.get("training", {}).values())
             return Decision(
                 "cheaperMode",
                 mode,

@@ -18,11 +18,11 @@ from grpo_api.job.spec import GRPOJobSpec
 from grpo_api.knobs import PINNABLE
 
 from .mode_advice import Fits
-from .phase_terms import compute_budget
+from .stage_terms import compute_budget
 from .types import Geometry, Settings
 
 # The knobs by what moving them costs: vLLM's share and the micro-batch only move
-# memory between phases, the object store only bounds a buffer; recomputation costs a
+# memory between stages, the object store only bounds a buffer; recomputation costs a
 # third more compute, loading on every rank host RAM, offload every step's time.
 ORDER = ("rollout_gpu_memory_utilization", "micro_batch_tokens", "micro_batch_size",
          "ray_object_store_gib", "gradient_checkpointing", "rank0_init",
@@ -96,7 +96,7 @@ def peaks(geo: Geometry, st: Settings) -> str:
             "node")
     if not geo.is_gpu:
         return host
-    return (f"GPU {b.peak_gpu_phase} peak {b.peak_gpu_gib:.1f} of {b.gpu_capacity_gib:.1f} "
+    return (f"GPU {b.peak_gpu_stage} peak {b.peak_gpu_gib:.1f} of {b.gpu_capacity_gib:.1f} "
             f"GiB usable per GPU, {host}")
 
 

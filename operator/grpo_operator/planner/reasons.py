@@ -34,8 +34,8 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
 
 
-def _phase(b: Budget, name: str) -> float:
-    return sum(b.gpu_phases.get(name, {}).values())
+def _stage(b: Budget, name: str) -> float:
+    return sum(b.gpu_stages.get(name, {}).values())
 
 
 def trained_parameters(geo: Geometry) -> int:
@@ -116,15 +116,15 @@ def explain(
         )
     )
     cap = b.gpu_capacity_gib
-    train = _phase(b, "training")
+    train = _stage(b, "training")
     no_gc = next((tb for ts, tb in trail if not ts.gradient_checkpointing), None)
     if (st.gradient_checkpointing and no_gc is not None
             and GRADIENT_CHECKPOINTING.setting not in pinned):
         why = (
-            f"without it training peaks at {_g(_phase(no_gc, 'training'))} > "
+            f"without it training peaks at {_g(_stage(no_gc, 'training'))} > "
             f"{_g(cap - b.gpu_margin_gib)} (usable less the margin); "
             f"with it {_g(train)} (activations "
-            f"{_g(b.gpu_phases.get('training', {}).get('activations', 0))})"
+            f"{_g(b.gpu_stages.get('training', {}).get('activations', 0))})"
         )
     elif geo.is_gpu:
         why = f"training peak {_g(train)} of {_g(cap)} usable per GPU"
@@ -187,7 +187,7 @@ def explain(
         card = geo.rollout.gpu_memory_gib if geo.rollout else geo.gpu_memory_gib
         beside = (f"the rollout GPU ({geo.rollout.gpu}) is vLLM's alone" if geo.rollout
                   else f"the actor keeps "
-                  f"{_g(b.gpu_phases['rollout'].get('actor_resident', 0))} resident")
+                  f"{_g(b.gpu_stages['rollout'].get('actor_resident', 0))} resident")
         out.append(
             Decision(
                 ROLLOUT_GPU_MEMORY_UTILIZATION.spec,
@@ -238,7 +238,7 @@ def _micro_batch(geo: Geometry, st: Settings, b: Budget, trail: list[tuple[Setti
     """The micro-batch: by tokens (the largest budget that fits, and why not the one
     above), or by samples when the spec pins microBatchSize."""
     per_rank = per_rank_samples(geo)
-    train = b.gpu_phases.get("training", {})
+    train = b.gpu_stages.get("training", {})
     if not st.micro_batch_tokens:
         return [
             Decision(MICRO_BATCH_SIZE.spec, str(st.micro_batch_size), size_src,
@@ -254,20 +254,20 @@ def _micro_batch(geo: Geometry, st: Settings, b: Budget, trail: list[tuple[Setti
              f"{_g(train.get('attention_mask', 0))} (rows padded to a multiple of "
              f"{PACKED_WIDTH_ALIGNMENT} tokens), log-prob head {_g(train.get('logits', 0))}")
     if tokens_src == "spec":
-        why = f"set in spec; training peak {_g(_phase(b, 'training'))} ({terms})"
+        why = f"set in spec; training peak {_g(_stage(b, 'training'))} ({terms})"
     elif st.micro_batch_tokens >= budgets[0]:
         why = (f"the rank's whole mini-batch ({per_rank} samples, at most {budgets[0]} tokens "
                f"in the shared-prefix layout) in one micro-batch; training peak "
-               f"{_g(_phase(b, 'training'))} ({terms})")
+               f"{_g(_stage(b, 'training'))} ({terms})")
     elif larger:
         ts, tb = larger[-1]
         usable = b.gpu_capacity_gib - b.gpu_margin_gib
         why = (f"the largest budget that fits: {ts.micro_batch_tokens} tokens would peak at "
-               f"{_g(tb.peak_gpu_gib)} ({tb.peak_gpu_phase}) > {_g(usable)} "
+               f"{_g(tb.peak_gpu_gib)} ({tb.peak_gpu_stage}) > {_g(usable)} "
                f"(usable less the margin); with {st.micro_batch_tokens}: training "
-               f"{_g(_phase(b, 'training'))} ({terms})")
+               f"{_g(_stage(b, 'training'))} ({terms})")
     else:
-        why = f"training peak {_g(_phase(b, 'training'))} ({terms})"
+        why = f"training peak {_g(_stage(b, 'training'))} ({terms})"
     return [
         Decision(MICRO_BATCH_SIZE.spec, str(st.micro_batch_size), size_src,
                  "not used: micro-batches go by tokens (microBatchTokens)"),
@@ -290,7 +290,7 @@ def explain_margin(geo: Geometry, b: Budget, pinned: frozenset[str]) -> Decision
             _g(margin),
             "auto",
             f"kept free under {_g(cap)} usable per GPU for NCCL communicators, cuBLAS "
-            f"workspaces and allocator slack (docs/memory-model.md); the {b.peak_gpu_phase} "
+            f"workspaces and allocator slack (docs/memory-model.md); the {b.peak_gpu_stage} "
             f"peak leaves {_g(left)}",
         )
     names = ", ".join(f"memory.{PINNABLE[k]}" for k in sorted(pinned))
@@ -299,7 +299,7 @@ def explain_margin(geo: Geometry, b: Budget, pinned: frozenset[str]) -> Decision
         _g(left),
         "spec",
         f"LESS THAN THE {_g(margin)} MARGIN: with {names} as the spec pins them the "
-        f"{b.peak_gpu_phase} peak is {_g(b.peak_gpu_gib)} of {_g(cap)} usable per GPU; "
+        f"{b.peak_gpu_stage} peak is {_g(b.peak_gpu_gib)} of {_g(cap)} usable per GPU; "
         "kept as pinned, but NCCL, cuBLAS workspaces or fragmentation may not fit; "
         "unpin to let the planner keep the margin",
     )
@@ -350,7 +350,7 @@ def explain_pods(geo: Geometry, pods: Pods, b: Budget) -> list[Decision]:
             f"rank 0's node, a worker group of its own ({RANK0_GROUP}, Ray node label "
             f"{RANK0_NODE_LABEL}=true, where the trainer places ranks 0-"
             f"{geo.ranks_per_node - 1}): memory = its host peak {_g(b.peak_host_gib)} "
-            f"({b.host_peak_phase}: rank 0 reads the whole model, "
+            f"({b.host_peak_stage}: rank 0 reads the whole model, "
             f"{_g(b.host_load_terms.get(RANK0_LOAD_TERM, 0.0))}) / 0.9; the other workers "
             f"do not, and ask for their own peak ({_g(b.peak_host_other_gib)})"))
     if worker is not None:

@@ -70,10 +70,10 @@ def numbers(geo: Geometry, spec: GRPOJobSpec, trail: Trail,
     peak it names."""
     st, b, why = quoted(trail, pinned)
     out = [f"quoted: {why} ({_settings(st, geo)})", *b.problems()]
-    phase = b.gpu_phases.get(b.peak_gpu_phase, {})
-    if phase:
-        out.append(f"largest GPU terms ({b.peak_gpu_phase}): {_terms(phase)}")
-    out.append(f"largest host terms ({b.host_peak_phase}): {_terms(b.host_peak_terms)}")
+    stage = b.gpu_stages.get(b.peak_gpu_stage, {})
+    if stage:
+        out.append(f"largest GPU terms ({b.peak_gpu_stage}): {_terms(stage)}")
+    out.append(f"largest host terms ({b.host_peak_stage}): {_terms(b.host_peak_terms)}")
     if b.host_problems():
         out.append(host_usable(geo, b, spec))
     return out

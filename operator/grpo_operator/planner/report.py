@@ -93,8 +93,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "gpuCapacityGiB": round(b.gpu_capacity_gib, 2),
             "gpuMarginGiB": round(b.gpu_margin_gib, 2),
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
-            "peakGpuPhase": b.peak_gpu_phase,
-            "gpuPhasesGiB": {k: _round(v) for k, v in b.gpu_phases.items()},
+            "peakGpuStage": b.peak_gpu_stage,
+            "gpuStagesGiB": {k: _round(v) for k, v in b.gpu_stages.items()},
             "hostCapacityGiB": round(b.host_capacity_gib, 2),
             "hostMarginGiB": round(b.host_margin_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),
@@ -208,9 +208,9 @@ def plan_tables(plan: Plan, title: str = "") -> Group:
     mem.add_column("Usable", justify="right")
     mem.add_column("Margin", justify="right")
     mem.add_column("Terms", overflow="fold")
-    rows = [(f"GPU {phase}", terms, b.gpu_capacity_gib, b.gpu_margin_gib)
-            for phase, terms in b.gpu_phases.items()]
-    if b.rollout_side is not None and b.rollout_side.terms:  # GPU phases above train only
+    rows = [(f"GPU {stage}", terms, b.gpu_capacity_gib, b.gpu_margin_gib)
+            for stage, terms in b.gpu_stages.items()]
+    if b.rollout_side is not None and b.rollout_side.terms:  # GPU stages above train only
         rb = b.rollout_side
         rows.append((f"rollout GPU {rb.gpu}", rb.terms, rb.gpu_capacity_gib,
                      rb.gpu_margin_gib))

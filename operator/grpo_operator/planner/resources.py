@@ -162,12 +162,12 @@ def ray_node_labels(geo: Geometry, rollout: bool = False, head: bool = False
 
 def build_rollout_pod(geo: Geometry, st: Settings, budget: Budget) -> PodResources | None:
     """A disaggregated job's rollout worker pod: its GPU type's node, all of its share of
-    the node's CPUs, the host memory its budget predicts (phase_terms.rollout_host) and the
+    the node's CPUs, the host memory its budget predicts (stage_terms.rollout_host) and the
     training workers' devices (spec.resources.devices). None when colocated."""
     side, rb = geo.rollout, budget.rollout_side
     if side is None or rb is None:
         return None
-    need = rb.peak_host_gib  # phase_terms.rollout_host
+    need = rb.peak_host_gib  # stage_terms.rollout_host
     allocatable = math.floor(side.host_memory_gib * (1 - SYSTEM_RESERVED_FRACTION)
                              * side.node_share)
     mem = (allocatable if st.rollout_pod_memory_at_allocatable

@@ -20,19 +20,19 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from grpo_api.contract import RAY_SIDE_ROLLOUT, FailureReason, RankPhase
+from grpo_api.contract import RAY_SIDE_ROLLOUT, FailureReason, RankStage
 
 from .types import Plan, Settings
 
 Rung = Callable[[Plan], Settings | None]
 
 
-def on_rollout_side(plan: Plan, phase: RankPhase | None, side: str | None) -> bool:
+def on_rollout_side(plan: Plan, stage: RankStage | None, side: str | None) -> bool:
     """Whether a failure is the rollout side's: a rollout pod ended (side), or the
     ranks failed generating in a disaggregated job (its training GPUs never generate)."""
     if plan.geometry.rollout is None:
         return False
-    return side == RAY_SIDE_ROLLOUT or phase in (RankPhase.ROLLOUT, RankPhase.KV_CACHE)
+    return side == RAY_SIDE_ROLLOUT or stage in (RankStage.ROLLOUT, RankStage.KV_CACHE)
 
 
 def _lower_utilization(p: Plan) -> Settings | None:
@@ -62,9 +62,9 @@ _HOST: tuple[tuple[str, Rung], ...] = (
 
 
 def rollout_ladder(failure: FailureReason,
-                   phase: RankPhase | None) -> tuple[tuple[str, Rung], ...]:
+                   stage: RankStage | None) -> tuple[tuple[str, Rung], ...]:
     if failure is FailureReason.CUDA_OOM:
-        return _KV_CACHE if phase is RankPhase.KV_CACHE else _CUDA
+        return _KV_CACHE if stage is RankStage.KV_CACHE else _CUDA
     if failure in (FailureReason.HOST_OOM, FailureReason.RAY_OOM):
         return _HOST
     return ()

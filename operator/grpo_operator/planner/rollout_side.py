@@ -101,7 +101,7 @@ def rollout_budget(side: RolloutSide, utilization: float, weights_gib: float,
     """One rollout GPU's memory: vLLM takes `utilization` x the card (its weights,
     its activation profile and CUDA graphs, `overhead_gib`, and the KV cache in the
     rest: vLLM sizes the cache to fill its share). The minimum utilisation holds one
-    max-length sequence of KV cache. phase_terms.compute_budget passes its constants in (this
+    max-length sequence of KV cache. stage_terms.compute_budget passes its constants in (this
     module imports nothing of it, so budget.py can import this one). One engine per GPU:
     never a larger tensor parallel, whatever the model (ENGINE_APART_TENSOR_PARALLEL)."""
     cap = side.gpu_memory_gib
@@ -127,7 +127,7 @@ def rollout_budget(side: RolloutSide, utilization: float, weights_gib: float,
 def cpu_rollout_budget(side: RolloutSide) -> RolloutBudget:
     """A cpu job's rollout side: no GPU, so no GPU term; one engine process per "GPU"
     (spec.rollout.disaggregated.gpusPerNode), TP 1. Its host terms are
-    phase_terms.rollout_host's."""
+    stage_terms.rollout_host's."""
     return RolloutBudget(
         gpu=side.gpu, terms={}, gpu_capacity_gib=0.0, gpu_margin_gib=0.0,
         tensor_parallel=ENGINE_APART_TENSOR_PARALLEL,

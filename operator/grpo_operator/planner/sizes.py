@@ -1,5 +1,5 @@
 """Bytes of one token, one tensor, one weight sync: the formulas the memory model
-(phase_terms.compute_budget) sums per phase. docs/memory-model.md derives each."""
+(stage_terms.compute_budget) sums per stage. docs/memory-model.md derives each."""
 
 from __future__ import annotations
 

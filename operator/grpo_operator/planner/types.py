@@ -145,9 +145,9 @@ class Geometry:
 
 @dataclass(frozen=True)
 class Budget:
-    """Predicted memory, GiB: per GPU by phase, and per worker node on the host."""
+    """Predicted memory, GiB: per GPU by stage, and per worker node on the host."""
 
-    gpu_phases: dict[str, dict[str, float]]
+    gpu_stages: dict[str, dict[str, float]]
     host_terms: dict[str, float]  # steady state, per worker node
     host_load_terms: dict[str, float]  # while loading weights, on the node of rank 0
     gpu_capacity_gib: float
@@ -163,27 +163,27 @@ class Budget:
     # save on SIGTERM that the pods' grace period must cover (planner/save_time.py).
     checkpoint_rank_gib: float = 0.0
     # Disaggregated: one rollout GPU's memory (vLLM's); the rollout_* fields above are
-    # then that side's, and gpu_phases the training GPUs' alone.
+    # then that side's, and gpu_stages the training GPUs' alone.
     rollout_side: RolloutBudget | None = None
 
     @property
     def peak_gpu_gib(self) -> float:
-        return max((sum(t.values()) for t in self.gpu_phases.values()), default=0.0)
+        return max((sum(t.values()) for t in self.gpu_stages.values()), default=0.0)
 
     @property
     def engine_weights_gib(self) -> float:
         """The rollout engine's weights on one of its GPUs, as the rollout's terms count
-        them: vLLM's TP slice (the rollout side's, or the training GPU's rollout phase's),
+        them: vLLM's TP slice (the rollout side's, or the training GPU's rollout stage's),
         or the transformers engine's whole bf16 copy."""
         terms = (self.rollout_side.terms if self.rollout_side is not None
-                 else self.gpu_phases.get("rollout", {}))
+                 else self.gpu_stages.get("rollout", {}))
         return terms.get("vllm_weights", terms.get("generate_engine_bf16", 0.0))
 
     @property
-    def peak_gpu_phase(self) -> str:
-        if not self.gpu_phases:
+    def peak_gpu_stage(self) -> str:
+        if not self.gpu_stages:
             return "-"
-        return max(self.gpu_phases, key=lambda p: sum(self.gpu_phases[p].values()))
+        return max(self.gpu_stages, key=lambda p: sum(self.gpu_stages[p].values()))
 
     @property
     def peak_host_gib(self) -> float:
@@ -202,11 +202,11 @@ class Budget:
 
     @property
     def gpu_margin_left_gib(self) -> float:
-        """Usable GPU memory the peak phase leaves free (the margin it keeps)."""
+        """Usable GPU memory the peak stage leaves free (the margin it keeps)."""
         return self.gpu_capacity_gib - self.peak_gpu_gib
 
     @property
-    def host_peak_phase(self) -> str:
+    def host_peak_stage(self) -> str:
         """Which host peak is the larger: "while loading" (rank 0's node reads the
         checkpoint) or "steady" (training and rollout): the one a refusal quotes."""
         steady, load = sum(self.host_terms.values()), sum(self.host_load_terms.values())
@@ -214,8 +214,8 @@ class Budget:
 
     @property
     def host_peak_terms(self) -> dict[str, float]:
-        """The terms of the larger host peak (host_peak_phase)."""
-        return self.host_load_terms if self.host_peak_phase == "while loading" else self.host_terms
+        """The terms of the larger host peak (host_peak_stage)."""
+        return self.host_load_terms if self.host_peak_stage == "while loading" else self.host_terms
 
     def gpu_problems(self, margin: bool = True) -> list[str]:
         """What does not fit on the training GPUs, or anywhere on a disaggregated job's
@@ -223,12 +223,12 @@ class Budget:
         out = []
         if self.gpu_capacity_gib and self.peak_gpu_gib > self.gpu_capacity_gib:
             out.append(
-                f"GPU {self.peak_gpu_phase} peak {self.peak_gpu_gib:.1f} GiB > "
+                f"GPU {self.peak_gpu_stage} peak {self.peak_gpu_gib:.1f} GiB > "
                 f"{self.gpu_capacity_gib:.1f} GiB usable per GPU"
             )
         elif margin and self.gpu_capacity_gib and self.gpu_margin_left_gib < self.gpu_margin_gib:
             out.append(
-                f"GPU {self.peak_gpu_phase} peak {self.peak_gpu_gib:.1f} GiB leaves "
+                f"GPU {self.peak_gpu_stage} peak {self.peak_gpu_gib:.1f} GiB leaves "
                 f"{self.gpu_margin_left_gib:.1f} of {self.gpu_capacity_gib:.1f} GiB usable per "
                 f"GPU, less than the {self.gpu_margin_gib:.1f} GiB margin"
             )
@@ -248,7 +248,7 @@ class Budget:
         or while loading) it compares."""
         if self.peak_host_gib <= self.host_capacity_gib:
             return []
-        return [f"host peak {self.peak_host_gib:.1f} GiB per node ({self.host_peak_phase}) > "
+        return [f"host peak {self.peak_host_gib:.1f} GiB per node ({self.host_peak_stage}) > "
                 f"{self.host_capacity_gib:.1f} GiB usable"]
 
     def problems(self, margin: bool = True) -> list[str]:

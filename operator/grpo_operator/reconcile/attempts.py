@@ -187,7 +187,7 @@ def finish_attempt(status: GRPOJobStatus, outcome: PodOutcome, now: str,
     ended: dict[str, Any] = {"end_time": now, "outcome": outcome.reason.value,
                              "reason": outcome.message, "step": step,
                              "last_checkpoint_step": ckpt,
-                             "failed_phase": outcome.failed_during, "failed_side": outcome.side}
+                             "failed_stage": outcome.failed_during, "failed_side": outcome.side}
     if outcome.node and restart_class(outcome.reason.value) == "nodeLost":
         ended["node"] = outcome.node
     # Only what is known is recorded: a field left out keeps what the record had.
@@ -222,7 +222,7 @@ def finish_attempt(status: GRPOJobStatus, outcome: PodOutcome, now: str,
             f"setting tried: {last or 'the planned settings'}", final=True), rc, "Warning")
     remediation = None
     if spec.recovery.remediate and reason in MEMORY_CLASSES:
-        safer = next_safer_plan(plan, reason, phase=outcome.failed_during,
+        safer = next_safer_plan(plan, reason, stage=outcome.failed_during,
                                 side=outcome.side)
         if safer is None:
             return _ended(attempts, Finding(

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_api.contract import RAY_SIDE_ROLLOUT, ExitCode, FailureReason, RankPhase, Role
+from grpo_api.contract import RAY_SIDE_ROLLOUT, ExitCode, FailureReason, RankStage, Role
 
 from .conditions import role, unschedulable
 
@@ -60,8 +60,8 @@ class PodOutcome:
     message: str  # one line for humans
     step: int | None = None
     last_checkpoint_step: int | None = None
-    # What the ranks were doing when it failed (the termination message's "phase").
-    failed_during: RankPhase | None = None
+    # What the ranks were doing when it failed (the termination message's "stage").
+    failed_during: RankStage | None = None
     export: Exported | None = None  # a succeeded trainer's exported model
     # RAY_SIDE_ROLLOUT: a disaggregated job's rollout side failed (a rollout pod ended);
     # its memory ladder acts on that side only. None: the training side, or colocated.
@@ -133,10 +133,11 @@ def classify_pod(pod: dict[str, Any], deleted: bool = False,
     detail = detail[:LONG_DETAIL_CHARS if reason in _LONG_DETAILS else DETAIL_CHARS]
     where = f" at step {step}" if step is not None else ""
     text = "finished" if reason is FailureReason.SUCCEEDED else f"{reason.value}{where}"
-    during = str(msg.get("phase") or "")
+    # "phase": its name in older trainer images' messages.
+    during = str(msg.get("stage") or msg.get("phase") or "")
     return PodOutcome(reason, code, f"{text} (exit {code}){': ' + detail if detail else ''}",
                       step, ckpt,
-                      RankPhase(during) if during in RankPhase.__members__.values() else None,
+                      RankStage(during) if during in RankStage.__members__.values() else None,
                       _exported(msg) if reason is FailureReason.SUCCEEDED else None)
 
 

@@ -43,7 +43,7 @@ def planned(spec: GRPOJobSpec, attempts: list[AttemptRecord] | None = None,
             else checked_plan(spec, catalog))
     for a in attempts or []:
         if a.remediation and a.outcome in MEMORY_CLASSES:
-            plan = next_safer_plan(plan, a.outcome, phase=a.failed_phase,
+            plan = next_safer_plan(plan, a.outcome, stage=a.failed_stage,
                                    side=a.failed_side) or plan
     return plan
 

@@ -5,7 +5,7 @@ The trainer ends a hung run itself (exit 6, with every rank's stacks), but a dri
 that is itself stuck (frozen, stopped, its monitor thread gone) reports nothing and
 exits never. Its last sign of life is the newest of: when the attempt became Running
 (the Ready condition), the last step report (progress.updatedAt) and the last stage
-mark (the stage of a step it entered: progress.phase, at progress.phaseAt). The
+mark (the stage of a step it entered: progress.stage, at progress.stageAt). The
 deadline is the trainer's own rule (the stall timeout, or `STALL_STEP_MULTIPLE` x the
 step time, whichever is larger) plus a grace in which the trainer's verdict, which says
 more, would have arrived (OperatorConfig.hang_grace_seconds).
@@ -94,7 +94,7 @@ def silence(status: GRPOJobStatus, stall_timeout_s: int, now: str,
     if running is None or current is None:
         return None
     progress = status.progress
-    reports = (progress.updated_at, progress.phase_at) if progress is not None else ()
+    reports = (progress.updated_at, progress.stage_at) if progress is not None else ()
     marks = [t for t in (_time(r) for r in reports) if t is not None]
     since = max([running, *marks])  # an earlier attempt's reports are older than Running
     step_s = step_estimate_s(status, running)
@@ -120,10 +120,10 @@ def end_silent_attempt(status: GRPOJobStatus, planner: Planner, now: str,
     progress = status.progress
     step = reported_step(progress)
     last = f"step {step}" if step is not None else "no step yet"
-    stage = progress.phase if progress is not None else None  # the stage of a step
-    marked = _time(progress.phase_at) if progress is not None else None
+    stage = progress.stage if progress is not None else None  # the stage of a step
+    marked = _time(progress.stage_at) if progress is not None else None
     if stage and marked is not None and marked >= quiet.running:
-        last += f", phase {stage}"  # the Hang message's wording, kept for users
+        last += f", stage {stage}"
     estimate = f", a step ~{quiet.step_s:.0f} s" if quiet.step_s is not None else ""
     message = (f"the driver reported no progress for {quiet.seconds:.0f} s (deadline "
                f"{quiet.deadline_s:.0f} s: recovery.stallTimeoutSeconds {stall}"

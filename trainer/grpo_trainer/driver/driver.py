@@ -69,7 +69,7 @@ class GRPOTrainer:
         # lengths are counted once across the CPUs and kept on the checkpoint volume.
         cache = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
         dataset = PromptDataset(cfg.data.train_files, cfg.data, prompt_tokens=prompt_tokens,
-                                config=cfg, cache_dir=cache, report=self.reporter.phase)
+                                config=cfg, cache_dir=cache, report=self.reporter.stage_entered)
         self.total_steps = cfg.trainer.steps(len(dataset))
         self.metrics = metrics or MetricsLogger(cfg.metrics, self.total_steps,
                                                 run_config=cfg.model_dump(mode="json"))
@@ -92,7 +92,7 @@ class GRPOTrainer:
         self.history: list[dict[str, float]] = []
         self.group: WorkerGroup | None = None
         self._reported_checkpoint: int | None = None
-        self.heartbeat = Heartbeat(published=self.reporter.phase)
+        self.heartbeat = Heartbeat(published=self.reporter.stage_entered)
         self.term = TermSignal()
         wd = cfg.watchdog
         self.watchdog = (

@@ -46,7 +46,7 @@ class KubernetesProgressReporter:
         self.min_interval_s = min_interval_s
         self._api = api
         self._last = float("-inf")
-        self._last_phase = float("-inf")  # its own limit: a phase never delays a step report
+        self._last_stage = float("-inf")  # its own limit: a stage never delays a step report
 
     def _client(self) -> Any:
         if self._api is None:
@@ -63,15 +63,15 @@ class KubernetesProgressReporter:
         self._last = now
         self._patch({"status": {"progress": progress.to_status()}})
 
-    def phase(self, phase: str) -> None:
-        """Only phase and phaseAt: the operator ends an attempt as Hang when neither a
-        step nor a phase was reported for its deadline (a driver stuck itself)."""
+    def stage_entered(self, stage: str) -> None:
+        """Only stage and stageAt: the operator ends an attempt as Hang when neither a
+        step nor a stage was reported for its deadline (a driver stuck itself)."""
         now = time.monotonic()
-        if now - self._last_phase < self.min_interval_s:
+        if now - self._last_stage < self.min_interval_s:
             return
-        self._last_phase = now
+        self._last_stage = now
         at = datetime.now(UTC).isoformat()
-        self._patch({"status": {"progress": {"phase": phase, "phaseAt": at}}})
+        self._patch({"status": {"progress": {"stage": stage, "stageAt": at}}})
 
     def _patch(self, body: dict[str, Any]) -> None:
         try:

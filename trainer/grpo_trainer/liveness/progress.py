@@ -72,8 +72,8 @@ class Progress:
 class ProgressReporter(Protocol):
     def report(self, progress: Progress, *, force: bool = False) -> None: ...
 
-    def phase(self, phase: str) -> None:
-        """The driver entered `phase` of a step (rollout, update, checkpoint...): a
+    def stage_entered(self, stage: str) -> None:
+        """The driver entered `stage` of a step (rollout, update, checkpoint...): a
         sign of life between step reports, rate-limited like them."""
 
 
@@ -81,7 +81,7 @@ class NullProgressReporter:
     def report(self, progress: Progress, *, force: bool = False) -> None:
         return None
 
-    def phase(self, phase: str) -> None:
+    def stage_entered(self, stage: str) -> None:
         return None
 
 
@@ -103,5 +103,5 @@ class JsonFileProgressReporter:
         tmp.write_text(json.dumps(progress.to_status()))
         os.replace(tmp, self.path)
 
-    def phase(self, phase: str) -> None:
+    def stage_entered(self, stage: str) -> None:
         return None  # the file holds the step reports the tests and local runs read

@@ -1,7 +1,7 @@
 """Stall detection, the pure half: progress marks, the effective timeout, reading stacks.
 
 A hung job (a collective that never returns, a rank stopped or stuck in a data loader)
-would otherwise stay Running and burn its GPUs. The driver marks progress (every phase
+would otherwise stay Running and burn its GPUs. The driver marks progress (every stage
 of a step and every finished step, ``Heartbeat``); the monitor (``stall_monitor``) ends
 the run when nothing moved for ``effective_timeout_s``, after capturing every rank's
 Python stacks (faulthandler's text, parsed here) and naming the rank and the innermost
@@ -125,7 +125,7 @@ def choose_stuck(stacks: Sequence[RankStacks], waiting: Sequence[int]) -> int | 
 class StallVerdict:
     rank: int | None
     frame: Frame | None
-    phase: str
+    stage: str
     idle_s: float
     timeout_s: float
     silent: tuple[int, ...]
@@ -135,7 +135,7 @@ class StallVerdict:
     def message(self) -> str:
         """One line for the log and the termination message."""
         head = (f"no progress for {self.idle_s:.0f} s (timeout {self.timeout_s:.0f} s) in "
-                f"phase {self.phase}")
+                f"stage {self.stage}")
         if self.rank is None:
             return f"{head}: no rank is busy (the driver itself is stuck)"
         if self.rank in self.silent:
@@ -157,13 +157,13 @@ class StallError(RuntimeError):
         self.stacks_path = stacks_path
 
 
-def verdict(stacks: Sequence[RankStacks], waiting: Sequence[int], phase: str, idle_s: float,
+def verdict(stacks: Sequence[RankStacks], waiting: Sequence[int], stage: str, idle_s: float,
             timeout_s: float, probe_timeout_s: float) -> StallVerdict:
     rank = choose_stuck(stacks, waiting)
     by_rank = {s.rank: s for s in stacks}
     frame = innermost_ours(by_rank[rank].threads) if rank in by_rank else None
     silent = tuple(sorted(s.rank for s in stacks if s.text is None))
-    return StallVerdict(rank, frame, phase, idle_s, timeout_s, silent, probe_timeout_s,
+    return StallVerdict(rank, frame, stage, idle_s, timeout_s, silent, probe_timeout_s,
                         tuple(waiting))
 
 
@@ -199,46 +199,46 @@ def trim(dump: str) -> str:
 
 @dataclass
 class Heartbeat:
-    """The driver's progress marks: the phase it is in, since when, and step times.
+    """The driver's progress marks: the stage it is in, since when, and step times.
 
     Written by the training loop, read by the monitor thread (a lock keeps the pair
     consistent); ``waiting`` is the ranks whose current call has not returned.
-    ``published`` gets every mark too (outside the lock): the progress report's phase,
+    ``published`` gets every mark too (outside the lock): the progress report's stage,
     which the operator's own progress deadline watches."""
 
-    phase: str = "start"
+    current: str = "start"  # the stage it is in
     since: float = field(default_factory=time.monotonic)
     step_seconds: list[float] = field(default_factory=list)
     waiting: tuple[int, ...] = ()
     published: Callable[[str], None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def mark(self, phase: str) -> None:
+    def mark(self, stage: str) -> None:
         with self._lock:
-            self.phase, self.since = phase, time.monotonic()
+            self.current, self.since = stage, time.monotonic()
         if self.published is not None:
-            self.published(phase)
+            self.published(stage)
 
     @contextmanager
-    def stage(self, phase: str, times: dict[str, float] | None = None) -> Iterator[None]:
+    def stage(self, stage: str, times: dict[str, float] | None = None) -> Iterator[None]:
         """A stage of the step: marked for the stall monitor and the progress report,
-        and, given ``times``, its seconds recorded there as ``time/<phase>_s``."""
-        self.mark(phase)
+        and, given ``times``, its seconds recorded there as ``time/<stage>_s``."""
+        self.mark(stage)
         t0 = time.perf_counter()
         try:
             yield
         finally:
             if times is not None:
-                times[f"time/{phase}_s"] = time.perf_counter() - t0
+                times[f"time/{stage}_s"] = time.perf_counter() - t0
 
     def step_done(self, step: int, seconds: float) -> None:
         with self._lock:
             self.step_seconds.append(seconds)
-            self.phase, self.since = f"after step {step}", time.monotonic()
+            self.current, self.since = f"after step {step}", time.monotonic()
 
     def set_waiting(self, ranks: Sequence[int]) -> None:
         self.waiting = tuple(ranks)
 
     def read(self) -> tuple[str, float, list[float], tuple[int, ...]]:
         with self._lock:
-            return self.phase, self.since, list(self.step_seconds), self.waiting
+            return self.current, self.since, list(self.step_seconds), self.waiting

@@ -223,23 +223,23 @@ class StallMonitor:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            phase, since, steps, waiting = self.heartbeat.read()
+            stage, since, steps, waiting = self.heartbeat.read()
             timeout = effective_timeout_s(self.timeout_s, steps)
             idle = time.monotonic() - since
             if idle >= timeout:
-                self._trip(phase, idle, timeout, waiting)
+                self._trip(stage, idle, timeout, waiting)
                 return
             self._stop.wait(min(max(timeout / 20, 0.5), 10.0, timeout - idle + 0.1))
 
-    def _trip(self, phase: str, idle: float, timeout: float, waiting: tuple[int, ...]) -> None:
-        log.error("no progress for %.0f s in phase %s: capturing every rank's stacks",
-                  idle, phase)
+    def _trip(self, stage: str, idle: float, timeout: float, waiting: tuple[int, ...]) -> None:
+        log.error("no progress for %.0f s in stage %s: capturing every rank's stacks",
+                  idle, stage)
         try:
             stacks = capture(self.targets)
         except Exception as err:  # Ray itself in trouble: the verdict must still come
             log.exception("the stack probe failed")
             stacks = [RankStacks(t.rank, None, f"probe failed: {err}") for t in self.targets]
-        v = verdict(stacks, waiting, phase, idle, timeout, DUMP_WAIT_S)
+        v = verdict(stacks, waiting, stage, idle, timeout, DUMP_WAIT_S)
         text = report_text(v, stacks, driver_stacks())
         path = self._write(text)
         log.error("STALL: %s\n%s", v.message(), text)

@@ -13,7 +13,7 @@ from grpo_api.contract import (
     TERMINATION_LOG,
     TERMINATION_MESSAGE_MAX_BYTES,
     FailureReason,
-    RankPhase,
+    RankStage,
 )
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ def termination_log_path(configured: str | None = None) -> Path:
 
 def termination_message(
     reason: FailureReason, step: int | None, last_checkpoint_step: int | None, detail: str,
-    phase: RankPhase | None = None, export: dict[str, object] | None = None,
+    stage: RankStage | None = None, export: dict[str, object] | None = None,
 ) -> str:
     """The JSON the operator reads, trimmed so it always fits the 4 KiB limit; a
     succeeded run's `export` ({path, step}) becomes the job's status.export."""
@@ -35,8 +35,8 @@ def termination_message(
         "lastCheckpointStep": last_checkpoint_step,
         "detail": detail,
     }
-    if phase is not None:
-        body["phase"] = phase.value
+    if stage is not None:
+        body["stage"] = stage.value
     if export is not None:
         body["export"] = export
     text = json.dumps(body)

@@ -36,7 +36,7 @@ from ..cluster.devices import staging_device_type
 # tensor out before the next bucket is gathered, so this is the extra peak memory, and
 # the number of collectives is about (model bytes / DEFAULT_BUCKET_BYTES) at any world
 # size (7B in bf16: ~57; each rank contributes 256 MiB / world to each). The planner
-# counts these buffers in the rollout phase (planner/budget.py, weight_sync_bytes).
+# counts these buffers in the rollout stage (planner/budget.py, weight_sync_bytes).
 DEFAULT_BUCKET_BYTES = WEIGHT_SYNC_BUCKET_BYTES
 
 

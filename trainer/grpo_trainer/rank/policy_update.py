@@ -100,7 +100,7 @@ class PolicyUpdate:
 
     def run(self, samples: Sequence[Sample], step: int) -> dict[str, float]:
         """Recompute old (and reference) log-probs of ``samples``, then the clipped GRPO
-        update; each phase timed on this rank (the driver reports the slowest rank's
+        update; each stage timed on this rank (the driver reports the slowest rank's
         times). The samples carry their advantages already."""
         st, cfg = self.state, self.state.cfg
         # One optimizer step per rollout batch: the policy cannot move before its

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from grpo_api.contract import RankPhase
+from grpo_api.contract import RankStage
 from grpo_api.trainer_config import Config
 
 from ..algorithm.balance import hand_over
@@ -36,7 +36,7 @@ from ..cluster.placement import cuda_device_index
 from ..cluster.rank_env import NCCL_LOG_DIR, first_collective
 from ..data import Record
 from ..dataset import RowRef, encode_rows, overlong, read_records
-from ..errors import rank_phase
+from ..errors import rank_stage
 from ..faults import RankFaults
 from ..model.modeling import stream_full_params
 from ..model.rank_state import RankState, World, build_rank_state
@@ -148,14 +148,14 @@ class Worker:
         transport = first_collective(device)  # a missing network fails here, by name
         self.gpu_memory = GpuMemoryMeter(device)
         world = World(self.rank, self.world_size, dist.group.WORLD)
-        with rank_phase(RankPhase.LOAD):
+        with rank_stage(RankStage.LOAD):
             self.state = build_rank_state(self.cfg, device, world)
         self.tokens = load_rollout_tokens(self.cfg, self.state.actor.config)
         self.policy = PolicyUpdate(self.state, self.tokens.pad_id)
         self.checkpoints = RankCheckpointer(self.state)
         self.tp_group = self._rollout_group(timeout)
         if self.cfg.rollout.placement == "colocated":  # else the engines are apart
-            with rank_phase(RankPhase.ROLLOUT):  # vLLM's start: its memory check, its pool
+            with rank_stage(RankStage.ROLLOUT):  # vLLM's start: its memory check, its pool
                 self.engine = self._build_engine()
         n_params = sum(p.numel() for p in self.state.actor.parameters())
         return {
@@ -197,7 +197,7 @@ class Worker:
         start = sum(len(p) for p in parts[: self.rank % tp])
         return [x for p in parts for x in p], slice(start, start + len(items))
 
-    @rank_phase(RankPhase.ROLLOUT)
+    @rank_stage(RankStage.ROLLOUT)
     def score(self, responses: list[list[int]] | None = None) -> list[torch.Tensor]:
         """The rollout engine's log-probs of this rank's samples' response tokens (or of
         ``responses`` to the same prompts), at temperature 1 (``VLLMEngine.score``): checks
@@ -216,7 +216,7 @@ class Worker:
         return build_rank_engine(self.cfg, self.state, self.tokens, self.world_size)
 
     # -- rollout ---------------------------------------------------------------
-    @rank_phase(RankPhase.ROLLOUT)
+    @rank_stage(RankStage.ROLLOUT)
     def generate(self, records: Sequence[RowRef | Record], step: int) -> list[dict[str, Any]]:
         """``rollout.n`` responses per prompt (a ref, read here, or a record); keeps the
         samples, returns their text."""
@@ -239,7 +239,7 @@ class Worker:
         self.samples = to_samples(prompts[own], groups[own], self.tokens.tokenizer)
         return [summary(s) for s in self.samples]
 
-    @rank_phase(RankPhase.ROLLOUT)
+    @rank_stage(RankStage.ROLLOUT)
     def generate_greedy(self, chunks: Sequence[Sequence[RowRef | Record]], step: int
                         ) -> list[dict[str, Any]]:
         """Validation (validation.py): one greedy response per record, chunk by chunk, with
@@ -320,7 +320,7 @@ class Worker:
         """Groups another rank generated, trained here this step (after our own)."""
         self.samples += [s for group in groups for s in group]
 
-    @rank_phase(RankPhase.TRAINING)
+    @rank_stage(RankStage.TRAINING)
     def update(self, advantages: list[float], step: int) -> dict[str, float]:
         """The step's policy update on this rank's samples, given their advantages."""
         self.faults.at("update", step)

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpo_api.contract import RankPhase
+from grpo_api.contract import RankStage
 from grpo_api.trainer_config import Config
 
 from ..algorithm.samples import Sample, load_rollout_tokens, summary
 from ..cluster.rank_env import NCCL_LOG_DIR, engine_on_cuda, report_transport
 from ..data import Record
 from ..dataset import RowRef, encode_rows, overlong, read_records
-from ..errors import rank_phase
+from ..errors import rank_stage
 from ..faults import parse_fault
 from ..rank_api import GreedyGenerator
 from .base import RolloutEngine
@@ -89,7 +89,7 @@ class EngineWorker:
         if cfg.rollout.engine == "vllm":
             self.engine = self._vllm(dtype)
         else:
-            with rank_phase(RankPhase.LOAD):
+            with rank_stage(RankStage.LOAD):
                 model = load_full(cfg.model, dtype).to(self.device)
             self.tokens = load_rollout_tokens(cfg, model.config)
             self.engine = HFGenerateEngine(model, self.tokens.pad_id, self.tokens.eos_ids,
@@ -116,7 +116,7 @@ class EngineWorker:
         self.tokens = load_rollout_tokens(cfg, hf_config)
         dis = cfg.rollout.disaggregated
         assert dis is not None
-        with rank_phase(RankPhase.LOAD):
+        with rank_stage(RankStage.LOAD):
             return VLLMEngine(vllm_config(
                 cfg, hf_config, dtype, self.tokens, cfg.trainer.rollout_batch_size // dis.engines,
                 tp=cfg.rollout.tensor_parallel_size, sleep=False, lora_rank=0))
@@ -170,7 +170,7 @@ class EngineWorker:
                           self.index)
                 os._exit(1)
 
-    @rank_phase(RankPhase.ROLLOUT)
+    @rank_stage(RankStage.ROLLOUT)
     def generate(self, records: Sequence[RowRef | Record], step: int
                  ) -> tuple[list[dict[str, Any]], list[Sample]]:
         """``rollout.n`` samples per record for ``step`` (their summaries for the driver,
@@ -187,7 +187,7 @@ class EngineWorker:
         samples = to_samples(prompts, groups, self.tokens.tokenizer, self.version)
         return [summary(s) for s in samples], samples
 
-    @rank_phase(RankPhase.ROLLOUT)
+    @rank_stage(RankStage.ROLLOUT)
     def generate_greedy(self, chunks: Sequence[Sequence[RowRef | Record]], step: int
                         ) -> list[dict[str, Any]]:
         """Validation (validation.py) with the weights last sent: one greedy response per

@@ -1,6 +1,6 @@
-"""The budget as a table of terms: one builder per memory phase and deployment shape.
+"""The budget as a table of terms: one builder per memory stage and deployment shape.
 
-``compute_budget`` assembles a ``Budget`` from them: the training GPU's phases (load,
+``compute_budget`` assembles a ``Budget`` from them: the training GPU's stages (load,
 training, the root unit's gather, the optimizer step), the rollout's (colocated vLLM or
 the transformers engine, or a rollout side of its own), the host's steady terms and the
 host while rank 0 loads. Every term is named (the key ``grpo plan``, ``status.plan`` and
@@ -56,7 +56,7 @@ Terms = dict[str, float]  # term name -> GiB
 
 @dataclass(frozen=True)
 class RankTerms:
-    """What a training rank holds in every GPU phase beside the phase's own terms."""
+    """What a training rank holds in every GPU stage beside the stage's own terms."""
 
     cuda_context: float
     state: Terms  # the mode's state terms (modes.STATE) on the GPU, 0 when offloaded
@@ -92,8 +92,8 @@ def rank_terms(geo: Geometry, st: Settings) -> RankTerms:
     )
 
 
-def training_phases(geo: Geometry, st: Settings, r: RankTerms) -> dict[str, Terms]:
-    """The training GPU's phases of the update: load, training (a decoder layer's
+def training_stages(geo: Geometry, st: Settings, r: RankTerms) -> dict[str, Terms]:
+    """The training GPU's stages of the update: load, training (a decoder layer's
     gather with the largest micro-batch's activations), training_root (the root unit's
     gather) and optimizer_step."""
     s = geo.shape
@@ -151,9 +151,9 @@ def training_phases(geo: Geometry, st: Settings, r: RankTerms) -> dict[str, Term
 
 @dataclass(frozen=True)
 class RolloutTerms:
-    """The rollout's phases on the training GPUs (none apart) and what sizes vLLM."""
+    """The rollout's stages on the training GPUs (none apart) and what sizes vLLM."""
 
-    phases: dict[str, Terms]  # rollout and weight_sync, GPU jobs only
+    stages: dict[str, Terms]  # rollout and weight_sync, GPU jobs only
     tensor_parallel: int = 1
     kv_cache_gib: float = 0.0
     min_utilization: float = 0.0
@@ -166,21 +166,21 @@ def rollout_terms(geo: Geometry, st: Settings, r: RankTerms) -> RolloutTerms:
     first in every rollout."""
     weights_gib = r.engine_weights
     ctx, ref = r.cuda_context, r.reference
-    phases: dict[str, Terms] = {}
+    stages: dict[str, Terms] = {}
     engine_weights: Terms = {}
-    out = RolloutTerms(phases)
+    out = RolloutTerms(stages)
     if geo.rollout is not None and not geo.rollout.is_gpu:  # a cpu job's engines apart
         side = cpu_rollout_budget(geo.rollout)
         side = replace(side, **rollout_host(
             geo.rollout, side, cpu_engine_gib(geo, st.rollout_n, geo.rollout.gpus), st))
-        out = RolloutTerms(phases, side=side)
+        out = RolloutTerms(stages, side=side)
     elif geo.rollout is not None:  # vLLM on its own GPUs: no term on the training GPUs
         side = rollout_budget(
             geo.rollout, st.rollout_gpu_memory_utilization, weights_gib,
             kv_bytes_per_token(geo), geo.sequence_length, usable=GPU_USABLE,
             margin_gib=card_margin_gib(geo.rollout.gpu_memory_gib), overhead_gib=VLLM_OVERHEAD_GIB)
         side = replace(side, **rollout_host(geo.rollout, side, weights_gib, st))
-        out = RolloutTerms(phases, side.tensor_parallel, side.kv_cache_gib,
+        out = RolloutTerms(stages, side.tensor_parallel, side.kv_cache_gib,
                            side.min_utilization, side)
     elif geo.is_gpu and geo.uses_vllm:
         cap = geo.gpu_memory_gib
@@ -188,7 +188,7 @@ def rollout_terms(geo: Geometry, st: Settings, r: RankTerms) -> RolloutTerms:
         vllm_need = weights_gib / tp + VLLM_OVERHEAD_GIB
         vllm = st.rollout_gpu_memory_utilization * cap
         min_kv = geo.sequence_length * kv_bytes_per_token(geo) / tp / GIB
-        phases["rollout"] = {
+        stages["rollout"] = {
             "cuda_context": ctx,
             "actor_resident": r.resident,
             "reference_model_shard": ref,
@@ -196,9 +196,9 @@ def rollout_terms(geo: Geometry, st: Settings, r: RankTerms) -> RolloutTerms:
             "vllm_kv_cache_and_overhead": vllm - weights_gib / tp,
         }
         engine_weights = {"vllm_weights": weights_gib / tp}
-        out = RolloutTerms(phases, tp, max(0.0, vllm - vllm_need), (vllm_need + min_kv) / cap)
+        out = RolloutTerms(stages, tp, max(0.0, vllm - vllm_need), (vllm_need + min_kv) / cap)
     elif geo.is_gpu:  # the transformers engine: a whole bf16 copy on every GPU
-        phases["rollout"] = {
+        stages["rollout"] = {
             "cuda_context": ctx,
             "actor_resident": r.resident,
             "reference_model_shard": ref,
@@ -210,7 +210,7 @@ def rollout_terms(geo: Geometry, st: Settings, r: RankTerms) -> RolloutTerms:
     # beside the actor's resident state; in host RAM with offloaded parameters (the
     # shards are there, and so is the gather).
     if geo.is_gpu:
-        phases["weight_sync"] = {
+        stages["weight_sync"] = {
             "cuda_context": ctx,
             "actor_resident": r.resident,
             "reference_model_shard": ref,
@@ -300,11 +300,11 @@ def host_load_terms(geo: Geometry, st: Settings, r: RankTerms) -> Terms:
 
 def compute_budget(geo: Geometry, st: Settings) -> Budget:
     r = rank_terms(geo, st)
-    training = training_phases(geo, st, r)
+    training = training_stages(geo, st, r)
     rollout = rollout_terms(geo, st, r)
     return Budget(
         # A cpu job's ranks hold their training state in host RAM (host_terms).
-        gpu_phases={**training, **rollout.phases} if geo.is_gpu else {},
+        gpu_stages={**training, **rollout.stages} if geo.is_gpu else {},
         host_terms=host_terms(geo, st, r, training, rollout.tensor_parallel),
         host_load_terms=host_load_terms(geo, st, r),
         gpu_capacity_gib=geo.gpu_memory_gib * GPU_USABLE if geo.is_gpu else 0.0,
@@ -348,7 +348,7 @@ def max_rollout_utilization(geo: Geometry, st: Settings) -> float:
         cap = geo.rollout.gpu_memory_gib
         return (cap * GPU_USABLE - card_margin_gib(geo.rollout.gpu_memory_gib)) / cap
     b = compute_budget(geo, st)
-    rollout = dict(b.gpu_phases.get("rollout", {}))
+    rollout = dict(b.gpu_stages.get("rollout", {}))
     others = sum(v for k, v in rollout.items() if not k.startswith("vllm"))
     room = b.gpu_capacity_gib - b.gpu_margin_gib - others
     return room / geo.gpu_memory_gib if geo.is_gpu else 0.0

@@ -1,4 +1,4 @@
-"""The driver's phase marks reach status.progress (phase, phaseAt) between step reports:
+"""The driver's stage marks reach status.progress (stage, stageAt) between step reports:
 the operator's progress deadline counts from them."""
 
 from __future__ import annotations
@@ -21,28 +21,28 @@ class RecordingStatusApi:
         self.patches.append(args[5])
 
 
-def test_a_phase_mark_patches_only_phase_and_its_time_and_the_crd_takes_it() -> None:
+def test_a_stage_mark_patches_only_stage_and_its_time_and_the_crd_takes_it() -> None:
     api = RecordingStatusApi()
     reporter = KubernetesProgressReporter("ns", "j", api=api)
     reporter.report(Progress(3, 10, 0.5, 2), force=True)
-    reporter.phase("rollout")  # right after a step report: its own rate limit
+    reporter.stage_entered("rollout")  # right after a step report: its own rate limit
     assert len(api.patches) == 2
     mark = api.patches[1]["status"]["progress"]
-    assert set(mark) == {"phase", "phaseAt"} and mark["phase"] == "rollout"
+    assert set(mark) == {"stage", "stageAt"} and mark["stage"] == "rollout"
     status: dict[str, Any] = {}
     for patch in api.patches:
         status = apply_status_patch(status, patch["status"])
     # The mark keeps what the step report said (a merge patch of two fields).
     assert status["progress"]["step"] == 3 and status["progress"]["lastCheckpointStep"] == 2
-    assert status["progress"]["phaseAt"] == mark["phaseAt"]
+    assert status["progress"]["stageAt"] == mark["stageAt"]
 
 
-def test_phase_marks_are_rate_limited_like_step_reports() -> None:
+def test_stage_marks_are_rate_limited_like_step_reports() -> None:
     api = RecordingStatusApi()
     reporter = KubernetesProgressReporter("ns", "j", api=api, min_interval_s=3600)
-    reporter.phase("rollout")
-    reporter.phase("reward")
-    assert [p["status"]["progress"]["phase"] for p in api.patches] == ["rollout"]
+    reporter.stage_entered("rollout")
+    reporter.stage_entered("reward")
+    assert [p["status"]["progress"]["stage"] for p in api.patches] == ["rollout"]
 
 
 def test_the_heartbeat_publishes_every_mark() -> None:
