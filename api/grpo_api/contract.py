@@ -170,6 +170,8 @@ class ConditionType(StrEnum):
     HUB_FETCH = "HubFetch"  # from the head's hub fetch (status.progress.fetch)
     # A fabric job whose NCCL went over sockets (status.progress.transport)
     FABRIC_FALLBACK = "FabricFallback"
+    # The trainer's measured peaks against the plan's (status.progress.measuredPeaks)
+    MEMORY_PLAN = "MemoryPlan"
 
 
 # The operator rewrites these on every phase change; it keeps the others as they are.
@@ -289,6 +291,9 @@ class Reason(StrEnum):
     FETCHING = "Fetching"
     FETCHED = "Fetched"
     FETCH_FAILED = "FetchFailed"
+    # The MemoryPlan condition (and the Warning event when it turns Underestimated)
+    WITHIN_PLAN = "WithinPlan"
+    UNDERESTIMATED = "Underestimated"
     # Events only
     PLANNED = "Planned"
     CREATED = "Created"

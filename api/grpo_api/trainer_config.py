@@ -492,6 +492,11 @@ class MetricsConfig(_Strict):
     prometheus_port: int | None = Field(default=None, ge=0, le=65535)
     progress_bar: Literal["auto", "on", "off"] = "auto"
     progress_file: str | None = None
+    # The plan's peaks as status.plan.peaks holds them (grpo_api.job.memory_peaks, which
+    # this module cannot import: the job package imports it), parsed by the driver and
+    # exported beside the measured ones as the grpo_plan_* gauges; unset where no plan is
+    # (grpo-train run alone).
+    planned_peaks: dict[str, JsonValue] | None = None
 
 
 class WatchdogConfig(_Strict):

@@ -121,6 +121,8 @@ def build_component(c: Component) -> Path:
         return out_dir
     work = cache_root() / "build" / c.key
     work.mkdir(parents=True, exist_ok=True)
+    if not c.packages:  # data only: the module's files, nothing to build
+        return _keep_data(c, _download(c, work), out_dir)
     go_version = _go(["env", "GOVERSION"], work).strip().removeprefix("go")
     go_version = ".".join(go_version.split(".")[:2]) + ".0"
     info = _download(c, work)
@@ -149,6 +151,17 @@ def build_component(c: Component) -> Path:
         _go(["build", "-trimpath", *tags, "-ldflags", ldflags, "-o", str(staging / name), pkg],
             work)
         log.info("  built %s in %.0f s", name, time.monotonic() - t0)
+    return _keep_data(c, info, out_dir, staging)
+
+
+def _keep_data(c: Component, info: dict[str, str], out_dir: Path,
+               staging: Path | None = None) -> Path:
+    """Copy the component's data files beside its binaries (built into `staging`) and put
+    the whole in place at once, so a cut build leaves nothing that reads as built."""
+    if staging is None:
+        staging = out_dir.with_name(out_dir.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
     _copy_data(c, Path(info["Dir"]), staging)
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)

@@ -231,6 +231,7 @@ class Testbed:
                                                      self.spawn, self.registry_store)
             self._start_controllers()
             self._start_kwok()
+            self._install_monitoring_crds()
             if self.with_kuberay:
                 self._start_kuberay()
                 if self.with_kueue:
@@ -438,6 +439,15 @@ class Testbed:
                 log.warning("kwok panicked at start-up; starting it again:\n%s",
                             kwok.log_tail(5))
                 self.procs.remove(kwok)
+
+    def _install_monitoring_crds(self) -> None:
+        """The Prometheus Operator's PodMonitor and ServiceMonitor CRDs, as a cluster with
+        kube-prometheus has them: the chart's monitors are checked against their schemas."""
+        crds = sorted((bin_dir(component("prometheus-crds")) / "crds").glob("*.yaml"))
+        self.kubectl("apply", "--server-side", "--force-conflicts",
+                     *(a for f in crds for a in ("-f", str(f))))
+        self.wait_established("the Prometheus Operator's", (
+            "podmonitors.monitoring.coreos.com", "servicemonitors.monitoring.coreos.com"))
 
     def _start_kuberay(self) -> None:
         crds = sorted((bin_dir(component("kuberay")) / "crds").glob("*.yaml"))

@@ -27,6 +27,9 @@ KUEUE_VERSION = "v0.16.2"
 # The testbed's image registry (registry.py): CNCF distribution's `registry`. The proxy
 # serves v3.0.0, v3.1.1 and v3.1.2.
 DISTRIBUTION_VERSION = "v3.1.2"
+# The Prometheus Operator's CRDs (PodMonitor, ServiceMonitor): the chart's monitors apply
+# against their real schemas. The proxy serves v0.94.1 (v0.95.x and v0.90.0 answer 403).
+PROMETHEUS_OPERATOR_VERSION = "v0.94.1"
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,17 @@ COMPONENTS: tuple[Component, ...] = (
         # Upstream's Makefile stamps the version the same way (else "v3.1.2+unknown").
         ldflags=("-X github.com/distribution/distribution/v3/version.version="
                  f"{DISTRIBUTION_VERSION}",),
+    ),
+    Component(
+        # Data only: the two CRDs the chart's PodMonitor and ServiceMonitor need (the
+        # operator itself, and Prometheus, are not run: docs/testbed.md).
+        name="prometheus-crds",
+        module="github.com/prometheus-operator/prometheus-operator",
+        version=PROMETHEUS_OPERATOR_VERSION,
+        packages=(),
+        binaries=(),
+        data=tuple((f"example/prometheus-operator-crd/monitoring.coreos.com_{kind}.yaml",
+                    "crds") for kind in ("podmonitors", "servicemonitors")),
     ),
     Component(
         name="helm",

@@ -100,6 +100,8 @@ def release(testbed: Testbed) -> Iterator[Release]:
     name = "grpo"
     proc = helm(testbed, "install", name, str(CHART), "-n", ns, "--wait", "--timeout", "180s",
                 *WEBHOOK_SOFT, *IMAGES, "--set", "jobNetworkPolicy.enabled=true",
+                "--set", "metrics.podMonitor.enabled=true",
+                "--set", "metrics.serviceMonitor.enabled=true",
                 "--set-json", f"jobDefaults={json.dumps(JOB_DEFAULTS)}",
                 "--set-json", f"hubEndpoints={json.dumps(HUBS)}")
     yield Release(name, ns, f"{name}-grpo-operator", proc.stdout)
@@ -475,6 +477,7 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
             "name": "tiny-a0", "key": "auth_token"}
         _trainer_may_write_progress_only(testbed, ns, tmp_path)
+        _the_pod_monitor_selects_the_drivers_port(testbed, release, head(0), ns)
         # A hub the release does not list: the job is refused, naming the field, unread.
         stray = example_job(name="stray", hub={"endpoint": "http://169.254.169.254/latest"})
         testbed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(stray))
@@ -501,6 +504,32 @@ def test_operator_under_the_chart_service_account_runs_a_job_to_success(
     finally:
         op.stop()
         testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _the_pod_monitor_selects_the_drivers_port(testbed: Testbed, release: Release, head: str,
+                                             ns: str) -> None:
+    """The chart's PodMonitor, as the API server took it (the Prometheus Operator's real
+    CRD), selects what Prometheus's pod discovery would under it: the job's head pod, the
+    one that runs the driver (the chart render test shows worker pods are not), and only
+    Ray heads in any namespace; and that pod, as the real
+    KubeRay built it from our RayCluster, declares the port the monitor names (9100). No
+    Prometheus runs in the testbed: the selection is done here with the API server's own
+    label selector."""
+    (pm,) = get_json(testbed, "podmonitors", "-n", release.ns)["items"]
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    sel = pm["spec"]["selector"]
+    selector = ",".join([*(f"{k}={v}" for k, v in sel["matchLabels"].items()),
+                         *(e["key"] for e in sel["matchExpressions"]
+                           if e["operator"] == "Exists")])
+    picked = get_json(testbed, "pods", "-A", "-l", selector)["items"]
+    # Other modules' jobs may still be going in their namespaces: Ray heads all.
+    assert {p["metadata"]["labels"].get("ray.io/node-type") for p in picked} == {"head"}
+    mine = [p for p in picked if p["metadata"]["namespace"] == ns]
+    assert [p["metadata"]["name"] for p in mine] == [head], selector
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    ports = [port for c in mine[0]["spec"]["containers"] for port in c.get("ports", [])
+             if port.get("name") == endpoint["port"]]
+    assert [p["containerPort"] for p in ports] == [9100], mine[0]["spec"]["containers"]
 
 
 def _trainer_may_write_progress_only(testbed: Testbed, ns: str, tmp_path: Path) -> None:

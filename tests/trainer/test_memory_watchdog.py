@@ -71,6 +71,14 @@ def test_an_injected_host_leak_is_flagged_within_20_steps(
     growth = progress["memoryGrowth"]
     assert "host RSS of rank 0 grew" in growth and "host RSS of rank 1 grew" in growth
     assert "MiB/step over the last 20 steps" in growth
+    # The attempt's highest readings, what the MemoryPlan condition holds to the plan: the
+    # leaking ranks' RSS at its largest, read at step ends (status.progress.measuredPeaks).
+    peaks = progress["measuredPeaks"]
+    worst = max(m["memory/host_rss_bytes"] for m in history) / 2**30
+    assert peaks["hostRankGiB"] == pytest.approx(worst, abs=1e-3)
+    assert peaks["driverGiB"] == pytest.approx(
+        max(m["memory/driver/host_rss_bytes"] for m in history) / 2**30, abs=1e-3)
+    assert (peaks["attempt"], peaks["step"], peaks["gpuGiB"]) == (0, 25, {})  # CPU ranks
 
 
 def test_a_clean_60_step_run_with_offload_is_flat_and_not_flagged(

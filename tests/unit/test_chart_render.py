@@ -16,6 +16,12 @@ import yaml
 from cryptography import x509
 
 from grpo_api import contract
+from grpo_api.job import parse_spec
+from grpo_api.job.memory_peaks import MemoryPeaks
+from grpo_operator.planner import plan_memory
+from grpo_operator.render import JobRef
+from grpo_operator.render.children import render_children
+from grpo_operator.render.trainer_config import METRICS_PORT, METRICS_PORT_NAME
 from grpo_testbed.chart import (
     CHART,
     IMAGES,
@@ -27,8 +33,18 @@ from grpo_testbed.chart import (
     render,
     set_args,
 )
+from grpo_testbed.examples import example_job
+from grpo_trainer.driver.measured_peaks import DRIVER_RSS, GPU_READINGS, RANK_RSS, PeakTracker
 
 pytestmark = pytest.mark.unit
+# Planned peaks of every kind: the dashboard shows each beside its reading.
+PEAKS = MemoryPeaks.model_validate({"gpuGiB": {"rollout": 1.0, "training": 1.0},
+                                    "hostRankGiB": 1.0, "driverGiB": 1.0})
+
+
+def gauge_name(key: str) -> str:
+    """The Prometheus gauge the driver's MetricsLogger exports for a metric's key."""
+    return "grpo_" + "".join(c if c.isalnum() else "_" for c in key)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,6 +108,8 @@ VALUE_SETS: dict[str, dict[str, str]] = {
     "webhook-off": {"webhook.enabled": "false"},
     "servicemonitor-and-dashboard": {"metrics.serviceMonitor.enabled": "true",
                                      "metrics.serviceMonitor.labels.release": "prom",
+                                     "metrics.podMonitor.enabled": "true",
+                                     "metrics.podMonitor.labels.release": "prom",
                                      "dashboard.enabled": "true"},
     "supplied-certs": {"webhook.certificate.source": "secret",
                        "webhook.certificate.secretName": "my-tls",
@@ -497,6 +515,60 @@ def test_servicemonitor_scrapes_the_metrics_service() -> None:
     assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
 
 
+def test_podmonitor_scrapes_every_jobs_driver_by_its_port_name() -> None:
+    """Each job's Ray head (the driver serves /metrics there), by the port name the
+    operator gives the head container, in every namespace or the watched ones."""
+    pm = one(render(VALUE_SETS["servicemonitor-and-dashboard"]), "PodMonitor")
+    assert pm["metadata"]["labels"]["release"] == "prom"
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    assert pm["spec"]["selector"] == {
+        "matchLabels": {contract.ROLE_LABEL: contract.Role.HEAD.value},
+        "matchExpressions": [{"key": contract.JOB_LABEL, "operator": "Exists"}]}
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == METRICS_PORT_NAME and endpoint["path"] == "/metrics"
+    # What a job renders: the head's pod template carries the labels and the named port,
+    # and no worker's does (their ranks serve no /metrics).
+    spec = parse_spec(example_job("grpojob-qwen25vl-7b-h100.yaml")["spec"])
+    rc = next(c for c in render_children(spec, plan_memory(spec), JobRef("j", "ns", "u"), 0)
+              if c["kind"] == "RayCluster")
+    head = rc["spec"]["headGroupSpec"]["template"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= head["metadata"]["labels"].items()
+    assert contract.JOB_LABEL in head["metadata"]["labels"]
+    assert {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"} in \
+        head["spec"]["containers"][0]["ports"]
+    for group in rc["spec"]["workerGroupSpecs"]:
+        labels = group["template"]["metadata"]["labels"]
+        assert not pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    watched = one(render({**VALUE_SETS["servicemonitor-and-dashboard"],
+                          **VALUE_SETS["watch-namespaces"]}), "PodMonitor")
+    assert watched["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    assert not objects(render(), "PodMonitor")  # opt-in, as the ServiceMonitor
+
+
+def test_dashboard_has_a_training_row_and_memory_measured_beside_the_plan() -> None:
+    """Step time, tokens/s and reward per job, and each measured peak beside the plan's:
+    every trainer gauge the dashboard reads is one the driver exports (grpo_ + its
+    metric's key)."""
+    docs = render(VALUE_SETS["servicemonitor-and-dashboard"])
+    cm = next(c for c in objects(docs, "ConfigMap") if c["metadata"]["name"].endswith("-dashboard"))
+    dash = json.loads(cm["data"]["grpo-operator.json"])
+    rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
+    assert any(r.startswith("Training") for r in rows), rows
+    exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"])
+             for p in dash["panels"] if p["type"] != "row"}
+    for title, gauge in (("Step time", "time/step_s"),
+                         ("Tokens per second", "throughput/tokens_per_s"),
+                         ("Reward (mean)", "reward/mean")):
+        assert gauge_name(gauge) in exprs[title], (title, exprs[title])
+    gpu = exprs["GPU memory per stage: measured vs planned"]
+    host = exprs["Host memory: measured vs planned"]
+    for key in (*GPU_READINGS.values(), *PeakTracker(0, PEAKS).planned_metrics()):
+        if "gpu" in key:
+            assert gauge_name(key) in gpu, key
+    for key in (RANK_RSS, DRIVER_RSS, "plan/host_rank_peak_bytes", "plan/driver_peak_bytes"):
+        assert gauge_name(key) in host, key
+
+
 def test_dashboard_configmap_shows_phases_reward_step_restarts_and_memory() -> None:
     docs = render(VALUE_SETS["servicemonitor-and-dashboard"])
     cm = next(c for c in objects(docs, "ConfigMap") if c["metadata"]["name"].endswith("-dashboard"))
@@ -505,7 +577,7 @@ def test_dashboard_configmap_shows_phases_reward_step_restarts_and_memory() -> N
     titles = " | ".join(p["title"].lower() for p in dash["panels"])
     for topic in ("by phase", "reward", "step", "restarts by reason", "memory"):
         assert topic in titles, titles
-    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
     assert "grpo_operator_jobs" in exprs and "grpo_operator_restarts_total" in exprs
     default_maps = [c["metadata"]["name"] for c in objects(render(), "ConfigMap")]
     assert default_maps == ["grpo-grpo-operator-config"]  # the dashboard is opt-in

@@ -16,17 +16,18 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_trainer_metrics_port_is_always_served_and_declared_nowhere() -> None:
+def test_the_trainer_metrics_port_is_always_served_and_declared_by_its_name() -> None:
     spec = load_manifest(ROOT / "examples/grpojob-qwen25vl-7b-h100.yaml").spec
     children = render_children(spec, plan_memory(spec), JobRef("j", "ns", "u"), 0)
     config = next(c for c in children if c["kind"] == "ConfigMap")["data"]["config.yaml"]
     port = yaml.safe_load(config)["metrics"]["prometheus_port"]
     head = next(c for c in children if c["kind"] == "RayCluster")["spec"]["headGroupSpec"]
-    assert port and "ports" not in head["template"]["spec"]["containers"][0]
+    (declared,) = head["template"]["spec"]["containers"][0]["ports"]
+    assert port and declared["containerPort"] == port
     doc = " ".join((ROOT / "docs/deployment.md").read_text().split())
     assert f"the driver serves `/metrics` on port {port} of every job's Ray head pod" in doc
     assert "no spec field sets or turns it off" in doc
-    assert "declares no `containerPort` for it" in doc
+    assert f"declares as its port `{declared['name']}`" in doc
 
 
 def test_the_docs_list_what_can_change_on_a_live_job_as_the_webhook_decides() -> None:

@@ -368,3 +368,34 @@ def test_a_claim_one_node_cannot_share_holds_the_job_pending_even_with_nodes_uns
         held.events[0][2])
     _, ok = step(job, rec.SpecChanged(), observed=Observed(claim=rwx, model_claim=rox))
     assert ok.children and ok.status["phase"] == "Pending"
+
+
+def test_a_measured_peak_past_the_plan_turns_memory_plan_underestimated_once() -> None:
+    """The trainer's readings against status.plan.peaks (as the planner wrote them): within
+    -> True; a GPU stage past it -> False, by how much, with one Warning event; a reading
+    of an earlier attempt is not held to this attempt's plan."""
+    job = running_job()
+    planned = job["status"]["plan"]["peaks"]
+    rollout = planned["gpuGiB"]["rollout"]
+    job["status"]["progress"] = {"step": 2, "measuredPeaks": {
+        "attempt": 0, "step": 2, "gpuGiB": {"rollout": rollout - 1.0, "training": 5.0},
+        "hostRankGiB": 1.5}}
+    job, action = step(job, rec.JobChanged())
+    plan_cond = next(c for c in job["status"]["conditions"] if c["type"] == "MemoryPlan")
+    assert (plan_cond["status"], plan_cond["reason"]) == ("True", "WithinPlan")
+    assert not action.events
+    job["status"]["progress"]["measuredPeaks"]["gpuGiB"]["rollout"] = rollout + 2.5
+    job["status"]["progress"]["measuredPeaks"]["step"] = 3
+    job, action = step(job, rec.JobChanged())
+    plan_cond = next(c for c in job["status"]["conditions"] if c["type"] == "MemoryPlan")
+    assert (plan_cond["status"], plan_cond["reason"]) == ("False", "Underestimated")
+    assert f"GPU rollout: measured {rollout + 2.5:.1f} GiB, planned {rollout:.1f} GiB, " \
+        "2.5 GiB over" in plan_cond["message"] and "step 3" in plan_cond["message"]
+    assert action.events == [("Warning", "Underestimated", plan_cond["message"])]
+    job["status"]["progress"]["measuredPeaks"]["gpuGiB"]["rollout"] = rollout + 3.5
+    job, action = step(job, rec.JobChanged())  # grows further: the message, no new event
+    assert action.events == [] and "3.5 GiB over" in next(
+        c for c in job["status"]["conditions"] if c["type"] == "MemoryPlan")["message"]
+    job["status"]["progress"]["measuredPeaks"]["attempt"] = 1  # not this attempt's plan
+    job["status"]["progress"]["measuredPeaks"]["gpuGiB"]["rollout"] = rollout - 1.0
+    assert step(job, rec.JobChanged())[1] == Action()

@@ -109,7 +109,10 @@ def test_what_each_rung_changes_in_the_trainer_has_a_resume_test(name: str) -> N
     assert settings is not None, f"{name} does not apply to the test's plan"
     after = replan(before, settings, "", name)
     old, new = (_flat(trainer_config(spec, p, JOB)) for p in (before, after))
-    changed = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+    # The plan's own figures, exported beside the readings, follow every rung; nothing the
+    # trainer does, or resumes, depends on them.
+    changed = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)
+               and not k.startswith("metrics.planned_peaks.")}
     allowed, test = COVERED[name]
     assert changed <= allowed, f"{name} changes {changed - allowed} in the trainer config"
     if allowed:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from grpo_api.contract import Env
+from grpo_api.job.memory_peaks import MemoryPeaks
 from grpo_api.job.trainer import IDENTITY_ENV
 from grpo_api.model.families import UnsupportedArchitecture, family_of
 from grpo_api.trainer_config import BUILTIN_FORMAT_PROMPTS as BUILTIN_TEMPLATES
@@ -93,10 +94,23 @@ def build_config(
         if name in env:
             _set_path(tree, path, _normalise_env(env[name]))
     try:
-        return Config.model_validate(tree)
+        cfg = Config.model_validate(tree)
     except ValidationError as err:
         field, msg = _field_of(err)
         raise ConfigError(field, msg) from None
+    planned_peaks(cfg)
+    return cfg
+
+
+def planned_peaks(cfg: Config) -> MemoryPeaks | None:
+    """metrics.planned_peaks read as the status.plan.peaks it is (the trainer config's
+    schema cannot name the API's type); ConfigError naming the field."""
+    raw = cfg.metrics.planned_peaks
+    try:
+        return None if raw is None else MemoryPeaks.model_validate(raw)
+    except ValidationError as err:
+        field, msg = _field_of(err)
+        raise ConfigError(f"metrics.planned_peaks.{field}", msg) from None
 
 
 def load_config(

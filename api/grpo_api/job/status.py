@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from ..contract import ConditionType, Phase, RankStage
 from ..trainer_config import RolloutPlacement
 from .base import ApiModel
+from .memory_peaks import MeasuredPeaks, MemoryPeaks
 
 AttemptOutcome = Literal[
     "Running",
@@ -130,6 +131,9 @@ class PlanStatus(ApiModel):
     peak_host_gib: float = Field(
         ge=0, alias="peakHostGiB", description="Predicted peak host memory per node, GiB."
     )
+    peaks: MemoryPeaks | None = Field(
+        None, description="The planned peaks the trainer's measured ones are compared with "
+        "(progress.measuredPeaks; the MemoryPlan condition).")
     predicted_save_seconds: float = Field(
         0.0, ge=0, description="Predicted seconds of one checkpoint save (a node's ranks' "
         "shards at a conservative write rate).",
@@ -284,6 +288,10 @@ class ProgressStatus(ApiModel):
     )
     transport: TransportStatus | None = Field(
         None, description="The transport NCCL chose, as the first attempt's ranks logged it."
+    )
+    measured_peaks: MeasuredPeaks | None = Field(
+        None, description="The highest memory readings of the attempt's ranks so far, beside "
+        "plan.peaks (the MemoryPlan condition)."
     )
 
     @model_validator(mode="after")

@@ -147,6 +147,8 @@ SOURCES: Mapping[str, Source] = one_each((
     rendered("metrics.tensorboard_dir", "spec.logging.tensorboard"),
     rendered("metrics.wandb", "spec.logging.wandb"),
     rendered("metrics.mlflow", "spec.logging.mlflow"),
+    rendered("metrics.planned_peaks",
+             "the plan (status.plan.peaks: the figures the trainer's readings stand beside)"),
     rendered("trainer.total_steps", "spec.training.maxSteps"),
     rendered("trainer.epochs", "spec.training.epochs"),
     rendered("trainer.rollout_batch_size", "spec.training.rolloutBatchSize"),

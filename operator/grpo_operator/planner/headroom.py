@@ -17,15 +17,9 @@ from grpo_api.contract import FailureReason, RankStage
 
 from .budget import RAY_MEMORY_USAGE_THRESHOLD
 from .resources import pod_need_gib
-from .types import Plan, PodResources
+from .types import GPU_STAGES, Plan, PodResources
 
 EPSILON_GIB = 1e-6  # float noise in sums of terms is not a change
-# The plan's GPU stages each thing the trainer's ranks do runs through (budget.py).
-GPU_STAGES: dict[RankStage, tuple[str, ...]] = {
-    RankStage.LOAD: ("load",),
-    RankStage.ROLLOUT: ("weight_sync", "rollout"),
-    RankStage.TRAINING: ("training", "training_root", "optimizer_step"),
-}
 
 
 def pod_limits(plan: Plan) -> dict[str, float]:

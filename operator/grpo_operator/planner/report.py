@@ -15,6 +15,7 @@ from grpo_api.knobs import KNOBS
 
 from .budget import ESTIMATES
 from .network import plan_network
+from .peaks import planned_peaks
 from .save_time import predicted_save_s, termination_grace_s
 from .types import Plan, PodResources
 
@@ -101,6 +102,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "peakHostOtherGiB": round(b.peak_host_other_gib, 2),  # a node not rank 0's
             "hostSteadyGiB": _round(b.host_terms),
             "hostLoadGiB": _round(b.host_load_terms),
+            # What the trainer's readings are held to (status.plan.peaks, MemoryPlan).
+            "peaks": planned_peaks(plan).to_wire(),
             "estimatedTerms": sorted(ESTIMATES),
         },
         **({"rollout": _rollout(plan)} if g.rollout is not None else {}),
@@ -176,6 +179,7 @@ def plan_status(plan: Plan, measured_save_s: float | None = None,
             "nodeSource": g.node_source,
             "peakGpuGiB": round(b.peak_gpu_gib, 2),
             "peakHostGiB": round(b.peak_host_gib, 2),
+            "peaks": planned_peaks(plan).to_wire(),
             "predictedSaveSeconds": round(predicted_save_s(plan), 1),
             "terminationGraceSeconds": termination_grace_s(plan, measured_save_s),
             **({"inherited": dict(inherited)} if inherited else {}),

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo_api.catalog import GPU_RESOURCE
-from grpo_api.contract import RANK0_GROUP
+from grpo_api.contract import RANK0_GROUP, RankStage
 from grpo_api.knobs import Knob
 from grpo_api.model.shape import Shape
 from grpo_api.trainer_config import LOGPROB_CHUNK_TOKENS
@@ -29,6 +29,13 @@ class InfeasibleError(ValueError):
         super().__init__("\n".join(lines))
 
 
+# The plan's GPU stages each thing the trainer's ranks do runs through (budget.py): the
+# headroom's OOM ladder and the planned peaks (peaks.py) read them.
+GPU_STAGES: dict[RankStage, tuple[str, ...]] = {
+    RankStage.LOAD: ("load",),
+    RankStage.ROLLOUT: ("weight_sync", "rollout"),
+    RankStage.TRAINING: ("training", "training_root", "optimizer_step"),
+}
 # The host-load term of rank 0's whole-model read (rank0Init): on rank 0's node only.
 RANK0_LOAD_TERM = "rank0_full_model_fp32"
 

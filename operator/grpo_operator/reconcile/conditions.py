@@ -13,6 +13,7 @@ from grpo_api.contract import (
     Role,
     not_reason,
 )
+from grpo_api.job.memory_peaks import compared, overruns
 from grpo_api.job.status import Condition, PlanStatus, ProgressStatus
 
 from .phases import Finding, JobPhaseView
@@ -208,3 +209,33 @@ def fabric_conditions(progress: ProgressStatus | None, plan: PlanStatus | None,
     else:
         return None
     return _with_condition(conditions, FABRIC_FALLBACK, want, generation, now)
+
+
+MEMORY_PLAN = ConditionType.MEMORY_PLAN
+
+
+def memory_plan_conditions(progress: ProgressStatus | None, plan: PlanStatus | None,
+                           attempt: int | None, conditions: list[Condition],
+                           generation: int, now: str) -> list[Condition] | None:
+    """The conditions with MemoryPlan following the live attempt's measured peaks
+    (``progress.measuredPeaks``) against its plan's (``plan.peaks``), or None when nothing
+    changes: False (Underestimated) once a reading passes the plan, naming each and by how
+    much, before an OOM; True (WithinPlan) while none does. A report of an earlier
+    attempt, measured under another plan, is not compared."""
+    measured = progress.measured_peaks if progress is not None else None
+    if measured is None or plan is None or plan.peaks is None or measured.attempt != attempt:
+        return None
+    over = overruns(plan.peaks, measured)
+    when = f"attempt {measured.attempt} by step {measured.step}"
+    if over:
+        want = ("False", Reason.UNDERESTIMATED,
+                f"{when}: " + "; ".join(f"{o:.1f}" for o in over)
+                + ". The margin held it so far; a restart with safer settings is what an "
+                "OOM would bring (docs/troubleshooting.md, MemoryPlan Underestimated)")
+    elif compared(plan.peaks, measured):
+        want = ("True", Reason.WITHIN_PLAN,
+                f"{when}: every measured peak is within the plan's (progress.measuredPeaks "
+                "beside plan.peaks)")
+    else:
+        return None
+    return _with_condition(conditions, MEMORY_PLAN, want, generation, now)

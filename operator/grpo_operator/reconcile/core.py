@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_api.contract import Reason, Role
+from grpo_api.contract import ConditionType, Reason, Role
 from grpo_api.job import GRPOJobSpec, SpecError
-from grpo_api.job.status import GRPOJobStatus, RayClusterStatus
+from grpo_api.job.status import Condition, GRPOJobStatus, RayClusterStatus
 
 from ..config import OperatorConfig
 from ..hub_endpoints import with_endpoint_url
@@ -39,11 +39,13 @@ from .classify import LOST_RANKS, in_context
 from .conditions import (
     FABRIC_FALLBACK,
     MEMORY_GROWTH,
+    MEMORY_PLAN,
     attempt_of,
     cluster_finding,
     fabric_conditions,
     hub_fetch_conditions,
     memory_growth_conditions,
+    memory_plan_conditions,
     role,
     unschedulable_finding,
     workers_expected,
@@ -229,14 +231,17 @@ def _read_model_config(ref: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec 
 
 
 def _on_job(status: GRPOJobStatus, generation: int, now: str) -> Action:
-    """The trainer's progress report: the MemoryGrowth, HubFetch and FabricFallback
-    conditions."""
+    """The trainer's progress report: the MemoryGrowth, HubFetch, FabricFallback and
+    MemoryPlan conditions."""
     progress = status.progress
     grown = memory_growth_conditions(progress, status.conditions, generation, now)
     fetched = hub_fetch_conditions(progress, grown or status.conditions, generation, now)
     fabric = fabric_conditions(progress, status.plan, fetched or grown or status.conditions,
                                generation, now)
-    new = fabric or fetched or grown
+    before = fabric or fetched or grown or status.conditions
+    planned = memory_plan_conditions(progress, status.plan, status.attempt, before,
+                                     generation, now)
+    new = planned or fabric or fetched or grown
     if new is None:
         return Action()
     growth = next((c for c in grown or [] if c.type == MEMORY_GROWTH), None)
@@ -245,7 +250,19 @@ def _on_job(status: GRPOJobStatus, generation: int, now: str) -> Action:
     fell = next((c for c in fabric or [] if c.type == FABRIC_FALLBACK), None)
     if fell is not None and fell.status == "True":
         events.append(("Warning", Reason.SOCKET_FALLBACK, fell.message))
+    if _turned(planned, status.conditions, MEMORY_PLAN, Reason.UNDERESTIMATED):
+        under = next(c for c in planned or [] if c.type == MEMORY_PLAN)
+        events.append(("Warning", Reason.UNDERESTIMATED, under.message))
     return Action(StatusFacts(reported=new), events=events)
+
+
+def _turned(new: list[Condition] | None, old: list[Condition], kind: ConditionType,
+            reason: Reason) -> bool:
+    """Whether the condition of `kind` has just taken `reason` (an event once, not at
+    every change of its message)."""
+    now = next((c for c in new or [] if c.type == kind), None)
+    was = next((c for c in old if c.type == kind), None)
+    return now is not None and now.reason == reason and (was is None or was.reason != reason)
 
 
 def _on_pod(ref: JobRef, planner: Planner, status: GRPOJobStatus, now: str,

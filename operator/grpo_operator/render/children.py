@@ -43,7 +43,7 @@ from .names import JobRef
 from .network_policy import JobNetworkPolicy
 from .pod_settings import avoiding, merged
 from .security import container_security_context, pod_security_context
-from .trainer_config import trainer_config
+from .trainer_config import METRICS_PORT, METRICS_PORT_NAME, trainer_config
 
 # Ray wants many open files. The containers run as non-root with every capability
 # dropped, so they cannot raise the hard limit: 65536 where the node's hard limit allows
@@ -171,6 +171,8 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
         "role_label": ROLE_LABEL,
         "queue_label": KUEUE_QUEUE_LABEL,
         "roles": {r.name.lower(): r.value for r in Role},
+        "metrics_port": {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT,
+                         "protocol": "TCP"},
         "api_version": f"{API_GROUP}/{API_VERSION}",
         "kind": KIND,
         "group": API_GROUP,

@@ -23,10 +23,14 @@ from grpo_api.trainer_config import MIN_PIXELS, Config
 
 from ..planner import Plan
 from ..planner.head import length_workers
+from ..planner.peaks import planned_peaks
 from .hub import hub_fetch
 from .names import JobRef, checkpoint_dir
 
 METRICS_PORT = 9100  # the trainer's Prometheus /metrics on the head pod
+# The head container's port of that name: the chart's PodMonitor scrapes it by name. Not
+# KubeRay's `metrics` (Ray's own exporter, 8080), which KubeRay adds when it is missing.
+METRICS_PORT_NAME = "trainer-metrics"
 
 
 def lora_config(lora: LoraSpec) -> dict[str, Any]:
@@ -160,7 +164,8 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
             "async_save": spec.checkpoint.async_save,
             "export": True,  # the final model to <dir>/export: status.export says where
         },
-        "metrics": metrics_config(spec.logging, job),
+        "metrics": metrics_config(spec.logging, job) | {
+            "planned_peaks": planned_peaks(plan).to_wire()},
         "trainer": {
             # maxSteps wins when set; else the trainer runs `epochs` passes over the train
             # split (only it knows how many prompts the split has).

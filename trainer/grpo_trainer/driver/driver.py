@@ -25,6 +25,7 @@ from ..checkpointing.checkpointer import Checkpointer, NoCheckpointer
 from ..checkpointing.final_export import FinalExport, export_final
 from ..cluster.devices import job_collective_timeout_s
 from ..cluster.placement import layout_for
+from ..config import planned_peaks
 from ..dataset import DrawCheck, PromptDataset, RowRef, StatefulLoader, sized_for_media
 from ..errors import StepError
 from ..faults import allocate_until_killed, parse_fault, raise_injected_oom
@@ -37,6 +38,7 @@ from ..rank_api import RankApi, RankGroup
 from ..rewards import extra_means, reward_rows, reward_runner, samples_for
 from ..rollout.engine_group import EngineGroup
 from ..rollout.routing import split
+from .measured_peaks import PeakTracker
 from .metrics import MetricsLogger
 from .pipeline import LoaderPosition, RolloutPipeline
 from .validation import Validator
@@ -59,6 +61,8 @@ class GRPOTrainer:
         self.reporter = reporter or NullProgressReporter()
         self.checkpointer = checkpointer or NoCheckpointer()
         self.fault = parse_fault(cfg.trainer.fault_inject)
+        # status.progress.measuredPeaks, and the plan's beside them as metrics
+        self.peaks = PeakTracker(cfg.trainer.attempt, planned_peaks(cfg))
         layout_for(cfg)  # a layout that cannot work is a config error, before Ray starts
         from ..algorithm.samples import prompt_token_counter
 
@@ -297,7 +301,8 @@ class GRPOTrainer:
                 m.update(self.watchdog.observe(m))
                 growth = self.watchdog.message
             self.history.append(m)
-            self.metrics.log(step, m)
+            self.metrics.log(step, m | self.peaks.planned_metrics())
+            self.peaks.observe(step, m)
             ckpt = self.checkpointer.latest_step()
             # The last step and a newly completed checkpoint skip the rate limit: the
             # operator records lastCheckpointStep in attempts[] when a pod dies.
@@ -305,7 +310,7 @@ class GRPOTrainer:
                 Progress(step, total, m["reward/mean"], ckpt, memory_growth=growth,
                          save_seconds=self.checkpointer.save_seconds(),
                          transport=self.group.transport, bad_rows=self._bad_rows(),
-                         **self.validator.progress()),
+                         measured_peaks=self.peaks.to_status(), **self.validator.progress()),
                 force=step == total or ckpt != self._reported_checkpoint,
             )
             self._reported_checkpoint = ckpt
@@ -333,7 +338,7 @@ class GRPOTrainer:
             Progress(self.step, self.total_steps, last.get("reward/mean"),
                      self.checkpointer.latest_step(),
                      save_seconds=self.checkpointer.save_seconds(),
-                     **self.validator.progress()),
+                     measured_peaks=self.peaks.to_status(), **self.validator.progress()),
             force=True,
         )
         raise StepError(self.step, Terminated(self.step, saved, save_s))

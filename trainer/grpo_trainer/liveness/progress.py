@@ -40,6 +40,8 @@ class Progress:
     transport: dict[str, object] | None = None
     # Rows left out as unreadable so far (data.bad_rows: skip), at load and when drawn.
     bad_rows: int | None = None
+    # The attempt's highest memory readings (driver.measured_peaks), beside status.plan.peaks.
+    measured_peaks: dict[str, object] | None = None
 
     def to_status(self) -> dict[str, object]:
         """camelCase keys as in GRPOJob.status.progress. Every field is sent, unset
@@ -66,6 +68,8 @@ class Progress:
             status["transport"] = self.transport
         if self.bad_rows is not None:
             status["badRows"] = self.bad_rows
+        if self.measured_peaks is not None:  # a restart's first report replaces the object
+            status["measuredPeaks"] = self.measured_peaks
         return status
 
 

@@ -61,6 +61,18 @@ class StepGpuMemory:
     # not measured.
     rollout_device_used: int = 0
     asleep_device_used: int = 0
+    rollout_reserved: int = 0  # torch's reserved bytes just before the engine's sleep
+
+
+def card_peaks(m: StepGpuMemory) -> tuple[int, int]:
+    """The card's peak over the rollout and over the update, as the plan counts a GPU
+    stage (its terms include the CUDA context): torch's peak allocation plus what the card
+    holds outside torch's pools (context, NCCL and cuBLAS buffers, vLLM's graphs), read
+    beside it. The sleeping pool is torch's but not on the card during the update."""
+    outside_rollout = max(0, m.rollout_device_used - m.rollout_reserved)
+    outside_update = max(0, m.device_used - (m.reserved - m.asleep))
+    update_peak = max(0, m.update_peak - m.asleep)
+    return m.rollout_peak + outside_rollout, update_peak + outside_update
 
 
 def gpu_memory_metrics(m: StepGpuMemory) -> dict[str, float]:
@@ -68,6 +80,7 @@ def gpu_memory_metrics(m: StepGpuMemory) -> dict[str, float]:
     its mapped size (its allocations are at most that, so the update's figures may read a
     few MiB low); ``gpu_vllm_asleep_bytes`` reports it, so torch's raw figures are the sum."""
     update_peak = max(0, m.update_peak - m.asleep)
+    rollout_card, training_card = card_peaks(m)
     return {
         "memory/gpu_allocated_bytes": float(max(0, m.allocated - m.asleep)),
         "memory/gpu_reserved_bytes": float(max(0, m.reserved - m.asleep)),
@@ -78,6 +91,9 @@ def gpu_memory_metrics(m: StepGpuMemory) -> dict[str, float]:
         "memory/gpu_device_used_bytes": float(m.device_used),
         "memory/gpu_rollout_device_used_bytes": float(m.rollout_device_used),
         "memory/gpu_asleep_device_used_bytes": float(m.asleep_device_used),
+        # What status.progress.measuredPeaks holds to the plan's GPU stages.
+        "memory/gpu_rollout_card_peak_bytes": float(rollout_card),
+        "memory/gpu_training_card_peak_bytes": float(training_card),
     }
 
 
@@ -97,6 +113,7 @@ class GpuMemoryMeter:
         self.asleep = 0
         self.rollout_device_used = 0
         self.asleep_device_used = 0
+        self.rollout_reserved = 0
 
     def start_rollout(self) -> None:
         if self.cuda:
@@ -112,6 +129,7 @@ class GpuMemoryMeter:
         after = read_device(self.device)
         self.asleep = released_by_sleep(before, after)
         self.rollout_device_used, self.asleep_device_used = before.used, after.used
+        self.rollout_reserved = before.reserved
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def metrics(self) -> dict[str, float]:
@@ -128,5 +146,6 @@ class GpuMemoryMeter:
                 device_used=card.used,
                 rollout_device_used=self.rollout_device_used,
                 asleep_device_used=self.asleep_device_used,
+                rollout_reserved=self.rollout_reserved,
             )
         )
