@@ -88,6 +88,8 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 CONFIG_PATH = "/etc/grpo/config.yaml"
 CHECKPOINT_MOUNT = "/checkpoints"  # the job's dir is /checkpoints/<namespace>/<job>/
+# Below the job's dir: attempts/<n>/<pod>.log, each Ray pod's output (status.attempts[].logs).
+ATTEMPT_LOGS = "attempts"
 MODEL_MOUNT = "/models"  # spec.model.claimName, read-only
 TERMINATION_LOG = "/dev/termination-log"
 # The images' non-root user and group (`USER 10001:10001` in images/*/Dockerfile): the

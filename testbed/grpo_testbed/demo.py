@@ -79,6 +79,19 @@ def _show_kill(tj: TinyJob) -> None:
                       f"exit {e.exit_code}")
 
 
+def _show_kept_logs(tj: TinyJob, job: dict[str, Any]) -> None:
+    """Attempt 0's pods are gone; their output is on the claim, where its record says."""
+    where = job["status"]["attempts"][0].get("logs")
+    kept = tj.kept_logs(0) if where else {}
+    console.print(f"    status.attempts[0].logs: {where} ({', '.join(kept) or 'nothing'})")
+    for pod, text in kept.items():
+        if "-head-" in pod:
+            lines = [ln for ln in text.splitlines() if ln.strip()][-3:]
+            console.print(f"    its head's last lines, read from the claim ({pod}.log):")
+            for line in lines:
+                console.print("      " + escape(line[:160]))
+
+
 def run_demo(out: Path, leak_step: int | None = None) -> int:
     t0 = time.monotonic()
     step_no = iter(range(1, 10))
@@ -115,6 +128,7 @@ def run_demo(out: Path, leak_step: int | None = None) -> int:
             _show_kill(tj)
             for rec in job["status"].get("attempts", [])[:-1]:
                 console.print("    " + _attempt_line(rec))
+            _show_kept_logs(tj, job)
             stage("attempt 1 resumes from the last checkpoint and finishes")
             job = tj.watch(lambda j: j.get("status", {}).get("phase") in TERMINAL, 900,
                            "the job to finish")

@@ -298,6 +298,15 @@ class TinyJob:
     def checkpoint_dir(self) -> Path:
         return self.claim_dir(self.checkpoint_claim()) / JOB_NS / self.name
 
+    def kept_logs(self, attempt: int) -> dict[str, str]:
+        """Pod name -> what it kept on the checkpoint claim, in the place
+        status.attempts[attempt].logs names (`<claim>:<path in the claim>`)."""
+        record = next(a for a in self.job()["status"]["attempts"] if a["index"] == attempt)
+        claim, _, path = record["logs"].partition(":")
+        where = self.claim_dir(claim) / path
+        return {f.name.removesuffix(".log"): f.read_text(errors="replace")
+                for f in sorted(where.glob("*.log"))}
+
     def model_dir(self) -> Path:
         spec = example()["spec"]
         return self.claim_dir(spec["model"]["claimName"]) / \

@@ -98,6 +98,21 @@ def test_job_succeeds_after_the_kernel_oom_kills_its_worker_pod_and_one_restart(
     assert [e.role for e in killed] == [Role.WORKER], ended
 
 
+def test_the_oom_killed_attempts_logs_outlived_its_pods_on_the_claim(tiny: TinyJob) -> None:
+    """Attempt 0's head and worker pods are gone; what each printed is on the checkpoint
+    claim where status.attempts[0].logs says: the driver's step lines (its ranks' too, sent
+    by Ray) as the node's own log archive has them, and the killed worker pod's file."""
+    kept = tiny.kept_logs(0)
+    head = [k for k in kept if k.startswith(f"{tiny.name}-a0-head")]
+    workers = {p["metadata"]["name"] for p in tiny.pods(0, Role.WORKER)}
+    assert len(head) == 1 and workers and workers <= set(kept), sorted(kept)
+    archived = tiny.head_log(0)
+    kept_steps = [m["step"] for m in step_metrics(kept[head[0]])]
+    assert kept_steps and kept_steps == [m["step"] for m in step_metrics(archived)]
+    ranks = re.compile(r"^\(\w+ pid=\d+.*$", re.M)  # a line Ray sent from a rank actor
+    assert set(ranks.findall(archived)) <= set(ranks.findall(kept[head[0]]))
+
+
 def test_head_and_worker_ran_as_pods_with_their_own_addresses(tiny: TinyJob) -> None:
     net = tiny.tb.net
     assert net is not None

@@ -58,7 +58,9 @@ def test_first_reconcile_plans_and_renders_attempt_0() -> None:
     assert kinds == ["ConfigMap", "PersistentVolumeClaim", "ServiceAccount", "Role",
                      "RoleBinding", "RayCluster"]
     assert d.status["phase"] == "Pending" and d.status["attempt"] == 0
-    assert d.status["attempts"] == [{"index": 0, "startTime": NOW, "outcome": "Running"}]
+    # Where the attempt's pods keep their output, on the job's checkpoint claim.
+    assert d.status["attempts"] == [{"index": 0, "startTime": NOW, "outcome": "Running",
+                                     "logs": "j-checkpoints:ns/j/attempts/0"}]
     assert any(e[1] == "Planned" for e in d.events)
 
 

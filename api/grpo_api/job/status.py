@@ -339,6 +339,10 @@ class AttemptRecord(ApiModel):
         None, description="rollout: the failure was on a disaggregated job's rollout side "
         "(a rollout pod, or its vLLM engines): the memory ladder acts on that side only."
     )
+    logs: str | None = Field(
+        None, description="Where each of the attempt's Ray pods keeps its output, "
+        "`<claim>:<path in the claim>` (a `<pod name>.log` per pod; the driver's holds its "
+        "ranks' lines): it outlives the pods.")
     node: str | None = Field(
         None, max_length=253, description="The Kubernetes node whose loss ended it (a "
         "node-class failure: NodeLost, Evicted): the next attempt's pods avoid that node."

@@ -17,6 +17,7 @@ from grpo_api.contract import (
     FailureReason,
     Reason,
 )
+from grpo_api.job import GRPOJobSpec
 from grpo_api.job.status import (
     AttemptRecord,
     GRPOJobStatus,
@@ -112,7 +113,7 @@ def ensure_attempt(job: JobRef, planned: JobPlan | Refused, status: GRPOJobStatu
                             "ray_cluster": RayClusterStatus.model_validate({"name": rc_name})}
     events: list[JobEvent] = []
     if not any(a.index == attempt for a in status.attempts):
-        fields |= {"attempts": [*status.attempts, _started(attempt, now)],
+        fields |= {"attempts": [*status.attempts, _started(job, spec, attempt, now)],
                    "plan": plan_status(plan, saved, planned.inherited).to_wire(),
                    "restarts": status.restarts}
         settings = plan.settings
@@ -158,11 +159,16 @@ def _new_cluster(name: str) -> RayClusterStatus:
         {"name": name, "state": None, "admitted_generation": None})
 
 
-def _started(index: int, now: str, resumed_from_step: int | None = None) -> AttemptRecord:
-    """The record of attempt `index`, starting now (resuming from that checkpoint step)."""
+def _started(job: JobRef, spec: GRPOJobSpec, index: int, now: str,
+             resumed_from_step: int | None = None) -> AttemptRecord:
+    """The record of attempt `index`, starting now (resuming from that checkpoint step),
+    with where its pods keep their logs."""
     resumed = {"resumed_from_step": resumed_from_step} if resumed_from_step is not None else {}
+    logs = names.attempt_logs(job, index, names.checkpoint_claim(
+        job, spec.checkpoint.claim_name))
     return AttemptRecord.model_validate(
-        {"index": index, "start_time": now, "outcome": ATTEMPT_RUNNING, **resumed})
+        {"index": index, "start_time": now, "outcome": ATTEMPT_RUNNING, "logs": logs,
+         **resumed})
 
 
 def _cluster_name(status: GRPOJobStatus) -> str | None:
@@ -300,7 +306,7 @@ def _next_attempt(job: JobRef, planner: Planner, status: GRPOJobStatus, index: i
                     f"resuming from checkpoint step {resumed or 0}")
     return Action(
         StatusFacts(found, record={
-            "attempt": index, "attempts": [*attempts, _started(index, now, resumed)],
+            "attempt": index, "attempts": [*attempts, _started(job, spec, index, now, resumed)],
             "next_attempt": None,
             "ray_cluster": _new_cluster(rc),
             "plan": plan_status(plan, saved, planned.inherited).to_wire()}),

@@ -56,6 +56,16 @@ HEAD_COMMAND = (
     f"exec python -m grpo_trainer --config {CONFIG_PATH}"
 )
 WORKER_COMMAND = f"{OPEN_FILES}exec $KUBERAY_GEN_RAY_START_CMD"
+
+
+def kept_output(logs_dir: str) -> str:
+    """The Ray container's output also to `<logs_dir>/<pod name>.log` on the checkpoint
+    claim, so an ended attempt's logs outlive its pods (the driver's log holds its ranks'
+    lines too: Ray sends them to the driver). A claim that cannot take it costs the copy,
+    never the run; the container's log and its exit code are as before (the trainer is
+    exec'd, tee only reads its output)."""
+    return (f'if mkdir -p "{logs_dir}" 2>/dev/null; then '
+            f'exec > >(tee -a "{logs_dir}/$HOSTNAME.log") 2>&1; fi; ')
 # A worker's preStop hook: its `ray start --block` gets SIGTERM (and takes the node's
 # ranks down) only once the driver is done with them (grpo_trainer.liveness.prestop).
 PRESTOP_COMMAND = "exec python -m grpo_trainer.liveness.prestop --timeout {timeout}"
@@ -201,8 +211,8 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
                        "worker": ray_node_labels(plan.geometry),
                        "rank0": ray_node_labels(plan.geometry) | {RANK0_NODE_LABEL: "true"},
                        "rollout": ray_node_labels(plan.geometry, rollout=True)},
-        "head_command": HEAD_COMMAND,
-        "worker_command": WORKER_COMMAND,
+        "head_command": kept_output(names.attempt_logs_dir(job, attempt)) + HEAD_COMMAND,
+        "worker_command": kept_output(names.attempt_logs_dir(job, attempt)) + WORKER_COMMAND,
         "env": env,
         "hub_fetch_env": {k: env[k] for k in HUB_FETCH_ENV},
         "termination_log": TERMINATION_LOG,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from grpo_api.contract import CHECKPOINT_MOUNT, MAX_RESTARTS
+from grpo_api.contract import ATTEMPT_LOGS, CHECKPOINT_MOUNT, MAX_RESTARTS
 
 KUBERAY_MAX_CLUSTER_NAME = 53  # KubeRay v1.6.1 utils.MaxRayClusterNameLength
 MAX_JOB_NAME = KUBERAY_MAX_CLUSTER_NAME - len(f"-a{MAX_RESTARTS}")
@@ -62,6 +62,18 @@ def trainer_account(job: JobRef) -> str:
 
 def checkpoint_dir(job: JobRef) -> str:
     return f"{CHECKPOINT_MOUNT}/{job.namespace}/{job.name}"
+
+
+def attempt_logs_dir(job: JobRef, attempt: int) -> str:
+    """Where each of an attempt's Ray pods keeps its output (`<pod name>.log`), beside the
+    checkpoints: the pods' own logs go with the pods."""
+    return f"{checkpoint_dir(job)}/{ATTEMPT_LOGS}/{attempt}"
+
+
+def attempt_logs(job: JobRef, attempt: int, claim: str) -> str:
+    """status.attempts[].logs: `<claim>:<path in the claim>`, as the trainer's messages
+    name a place on a claim."""
+    return f"{claim}:{attempt_logs_dir(job, attempt).removeprefix(CHECKPOINT_MOUNT + '/')}"
 
 
 def model_reader(job: JobRef) -> str:
