@@ -79,6 +79,9 @@ def _show_kill(tj: TinyJob) -> None:
                       f"exit {e.exit_code}")
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray's colours in the kept output
+
+
 def _show_kept_logs(tj: TinyJob, job: dict[str, Any]) -> None:
     """Attempt 0's pods are gone; their output is on the claim, where its record says."""
     where = job["status"]["attempts"][0].get("logs")
@@ -86,7 +89,8 @@ def _show_kept_logs(tj: TinyJob, job: dict[str, Any]) -> None:
     console.print(f"    status.attempts[0].logs: {where} ({', '.join(kept) or 'nothing'})")
     for pod, text in kept.items():
         if "-head-" in pod:
-            lines = [ln for ln in text.splitlines() if ln.strip()][-3:]
+            plain = (ANSI.sub("", ln).strip() for ln in text.splitlines())
+            lines = [ln for ln in plain if ln and "it/s]" not in ln][-3:]  # no progress bars
             console.print(f"    its head's last lines, read from the claim ({pod}.log):")
             for line in lines:
                 console.print("      " + escape(line[:160]))
