@@ -89,11 +89,11 @@ def _show_kept_logs(tj: TinyJob, job: dict[str, Any]) -> None:
     console.print(f"    status.attempts[0].logs: {where} ({', '.join(kept) or 'nothing'})")
     for pod, text in kept.items():
         if "-head-" in pod:
-            plain = (ANSI.sub("", ln).strip() for ln in text.splitlines())
-            lines = [ln for ln in plain if ln and "it/s]" not in ln][-3:]  # no progress bars
-            console.print(f"    its head's last lines, read from the claim ({pod}.log):")
-            for line in lines:
-                console.print("      " + escape(line[:160]))
+            lines = [ANSI.sub("", ln).strip() for ln in text.splitlines()]
+            steps = [ln for ln in lines if ln.startswith("{") and '"step"' in ln]
+            last = steps[-1][:100] + " ..." if steps else "no step line"
+            console.print(f"    read back from the claim: {pod}.log, {len(lines)} lines; the "
+                          f"driver's last step line: {escape(last)}")
 
 
 def run_demo(out: Path, leak_step: int | None = None) -> int:
