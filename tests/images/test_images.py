@@ -23,6 +23,7 @@ import yaml
 
 from grpo_testbed import images
 from grpo_testbed.images import IMAGES, OPERATOR, TRAINER_CPU, Image
+from grpo_testkit.cpu_features import vllm_cpu_problem
 
 pytestmark = pytest.mark.images
 
@@ -211,6 +212,8 @@ def test_cpu_trainer_image_loads_vllms_cpu_kernels(built: None) -> None:
     """vllm-cpu's compiled ops load (they link libnuma): without them a job with
     `rollout.engine: vllm` fails at engine start (`torch.ops._C` has no
     `init_cpu_memory_env`), as the e2e tier's vLLM job on the real node did."""
+    if (problem := vllm_cpu_problem()) is not None:  # else: exit 132 and nothing said
+        pytest.fail(problem)
     assert_runs_in_cpu_trainer("import vllm._C", timeout=300)
 
 
