@@ -56,6 +56,9 @@ HEAD_COMMAND = (
     f"exec python -m grpo_trainer --config {CONFIG_PATH}"
 )
 WORKER_COMMAND = f"{OPEN_FILES}exec $KUBERAY_GEN_RAY_START_CMD"
+# A worker's preStop hook: its `ray start --block` gets SIGTERM (and takes the node's
+# ranks down) only once the driver is done with them (grpo_trainer.liveness.prestop).
+PRESTOP_COMMAND = "exec python -m grpo_trainer.liveness.prestop --timeout {timeout}"
 
 
 def kept_output(logs_dir: str) -> str:
@@ -66,9 +69,6 @@ def kept_output(logs_dir: str) -> str:
     exec'd, tee only reads its output)."""
     return (f'if mkdir -p "{logs_dir}" 2>/dev/null; then '
             f'exec > >(tee -a "{logs_dir}/$HOSTNAME.log") 2>&1; fi; ')
-# A worker's preStop hook: its `ray start --block` gets SIGTERM (and takes the node's
-# ranks down) only once the driver is done with them (grpo_trainer.liveness.prestop).
-PRESTOP_COMMAND = "exec python -m grpo_trainer.liveness.prestop --timeout {timeout}"
 
 
 @cache
