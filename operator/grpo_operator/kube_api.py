@@ -18,9 +18,11 @@ and a kubeconfig for it needs a certificate or a token.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import json
 import os
+import shutil
 import ssl
 import tempfile
 import threading
@@ -165,6 +167,8 @@ def _file(base: Path, section: dict[str, Any], field: str) -> str | None:
     with _data_lock:
         if _data_dir is None:
             _data_dir = Path(tempfile.mkdtemp(prefix="grpo-operator-kube-"))
+            # A client key must not outlive the process (a SIGKILL still leaves it: 0600).
+            atexit.register(shutil.rmtree, _data_dir, True)
         target = _data_dir / field
         target.write_bytes(base64.b64decode(data))
         target.chmod(0o600)

@@ -49,6 +49,20 @@ def test_inline_data_is_written_to_private_files(tmp_path: Path) -> None:
     assert ca.read_bytes() == pem and ca.stat().st_mode & 0o777 == 0o600
 
 
+def test_the_private_files_go_when_the_process_ends(tmp_path: Path) -> None:
+    """A client key written from a kubeconfig's inline data does not stay in /tmp after
+    the operator's process ends (as tests and benches end it: a normal exit)."""
+    kc = _kubeconfig(tmp_path / "kc", {"client-key-data": base64.b64encode(b"key").decode(),
+                                       "client-certificate-data": "Y2VydA=="}, {})
+    code = ("import sys; from pathlib import Path; from grpo_operator.kube_api import "
+            f"from_kubeconfig; c = from_kubeconfig(Path({str(kc)!r})); "
+            "print(c.key_path); assert Path(c.key_path).read_bytes() == b'key'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    key = Path(proc.stdout.strip())
+    assert key.name == "client-key" and not key.parent.exists()
+
+
 @pytest.mark.parametrize("plugin", ["exec", "auth-provider"])
 def test_a_credential_plugin_is_refused_naming_the_field(tmp_path: Path, plugin: str) -> None:
     path = _kubeconfig(tmp_path / "kc", {plugin: {"command": "aws"}}, {})
