@@ -2,7 +2,7 @@
 .PHONY: demo test setup testbed images image-gpu lint lock crd
 
 demo: ## set up and run the main job: a tiny GRPOJob that really trains on the testbed
-	hack/setup.sh
+	hack/setup.sh --demo
 	.venv/bin/grpo-testbed demo
 
 test: ## install everything and run the whole test suite

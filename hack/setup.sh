@@ -5,7 +5,8 @@
 #   testbed's Go binaries (built once into ~/.cache/grpo-operator/bin/), the
 #   product's images (`grpo-testbed images`, rebuilt only when their inputs change) and
 #   their copy in the real node's image store (`grpo-testbed node-images`).
-# Usage: hack/setup.sh [--no-testbed]
+# Usage: hack/setup.sh [--no-testbed | --demo]  (--demo: only the testbed components
+# `grpo-testbed demo` runs; `make test` builds the rest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,7 +69,8 @@ if [ "${1:-}" != "--no-testbed" ]; then
   .venv/bin/grpo-testbed images & images=$!
   built=0; .venv/bin/grpo-testbed build containerd || built=$?
   rest=
-  if [ "$built" = 0 ]; then .venv/bin/grpo-testbed build & rest=$!; fi
+  which=(); [ "${1:-}" = "--demo" ] && which=(--for-demo)
+  if [ "$built" = 0 ]; then .venv/bin/grpo-testbed build "${which[@]}" & rest=$!; fi
   imaged=0; wait "$images" || imaged=$?
   imported=0
   if [ "$built" = 0 ] && [ "$imaged" = 0 ]; then

@@ -39,11 +39,17 @@ def cli(verbose: bool) -> None:
 
 @cli.command("build")
 @click.argument("components", nargs=-1)
-def build_cmd(components: tuple[str, ...]) -> None:
+@click.option("--for-demo", is_flag=True,
+              help="Only what `grpo-testbed demo` runs (not Kueue, not the registry).")
+def build_cmd(components: tuple[str, ...], for_demo: bool) -> None:
     """Build (or reuse) the pinned components (all of versions.COMPONENTS unless named)."""
+    from .demo import DEMO_SKIPS
+
     t0 = time.monotonic()
+    names = list(components) or (
+        [c.name for c in COMPONENTS if c.name not in DEMO_SKIPS] if for_demo else None)
     try:
-        build.build_all(list(components) or None)
+        build.build_all(names)
     except build.BuildError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"testbed build: {time.monotonic() - t0:.1f} s")

@@ -79,6 +79,10 @@ def _show_kill(tj: TinyJob) -> None:
                       f"exit {e.exit_code}")
 
 
+# What the demo's testbed does not run (its job has no queue, its images are imported into
+# the node's store): `make demo` does not build them (`grpo-testbed build --for-demo`), 335 s
+# of a cold build (docs/benchmarks.md); `make test` builds them.
+DEMO_SKIPS = frozenset({"kueue", "registry"})
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray's colours in the kept output
 
 
@@ -105,10 +109,11 @@ def run_demo(out: Path, leak_step: int | None = None) -> int:
 
     leak_at = leak_step or LEAK_STEP
     with tempfile.TemporaryDirectory(prefix="grpo-demo-") as tmp:
-        stage("testbed: API server, etcd, scheduler, controller-manager, KubeRay, Kueue, "
+        stage("testbed: API server, etcd, scheduler, controller-manager, KubeRay, "
               "kwok GPU nodes, and a real node (kubelet + containerd) with the product's "
               "images")
-        with tiny_job_testbed(Path(tmp), worker_oom(leak_at)) as tj:
+        with tiny_job_testbed(Path(tmp), worker_oom(leak_at), with_kueue=False,
+                              with_registry=False) as tj:
             tj.say = console.print
             stage("helm install the chart: the operator runs in the cluster from its image")
             tj.install_chart()

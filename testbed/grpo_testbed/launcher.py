@@ -207,6 +207,12 @@ class Testbed:
 
     # ---- lifecycle -------------------------------------------------------------
 
+    def not_run(self) -> frozenset[str]:
+        """The components this testbed does not start, so need not be built."""
+        return frozenset(
+            ({"kueue"} if not (self.with_kuberay and self.with_kueue) else set())
+            | ({"registry"} if not self.with_registry else set()))
+
     def start(self) -> Testbed:
         t0 = time.monotonic()
         # Before anything else: a dead run's work directory may hold the disk space that
@@ -214,10 +220,11 @@ class Testbed:
         leftovers.sweep()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._owner = leftovers.hold(self.workdir)
-        missing = [c.name for c in COMPONENTS if not build.is_built(c)]
+        missing = [c.name for c in COMPONENTS
+                   if c.name not in self.not_run() and not build.is_built(c)]
         if missing:
             log.info("building testbed components %s (cold build: tens of minutes)", missing)
-            build.build_all()
+            build.build_all(missing)
         try:
             if self.real_node:  # before the API server, which listens on its host side
                 self.net = allocate()
