@@ -220,8 +220,9 @@ class Testbed:
         leftovers.sweep()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._owner = leftovers.hold(self.workdir)
+        skipped = self.not_run()
         missing = [c.name for c in COMPONENTS
-                   if c.name not in self.not_run() and not build.is_built(c)]
+                   if c.name not in skipped and not build.is_built(c)]
         if missing:
             log.info("building testbed components %s (cold build: tens of minutes)", missing)
             build.build_all(missing)

@@ -72,25 +72,22 @@ class Overrun:
         return format(self)
 
 
-def overruns(planned: MemoryPeaks, measured: MeasuredPeaks) -> list[Overrun]:
-    """Each figure both name where the measured one is above the planned one."""
+def _paired(planned: MemoryPeaks, measured: MeasuredPeaks) -> list[tuple[str, float, float]]:
+    """(what, planned, measured) for each figure both name: the GPU stages, then the host."""
     pairs: list[tuple[str, float | None, float | None]] = [
         (f"GPU {stage}", planned.gpu_gib.get(stage), measured.gpu_gib.get(stage))
-        for stage in MEASURED_GPU_STAGES if stage in planned.gpu_gib
-    ]
+        for stage in MEASURED_GPU_STAGES]
     pairs += [("host per rank", planned.host_rank_gib, measured.host_rank_gib),
               ("driver", planned.driver_gib, measured.driver_gib)]
-    return [Overrun(what, p, m) for what, p, m in pairs
-            if p is not None and m is not None and m > p]
+    return [(what, p, m) for what, p, m in pairs if p is not None and m is not None]
+
+
+def overruns(planned: MemoryPeaks, measured: MeasuredPeaks) -> list[Overrun]:
+    """Each figure both name where the measured one is above the planned one."""
+    return [Overrun(what, p, m) for what, p, m in _paired(planned, measured) if m > p]
 
 
 def compared(planned: MemoryPeaks, measured: MeasuredPeaks) -> list[str]:
     """The figures both name, as "what measured/planned GiB": the condition's message
     when nothing is over."""
-    out = [f"GPU {s} {measured.gpu_gib[s]:.2f}/{planned.gpu_gib[s]:.2f}"
-           for s in MEASURED_GPU_STAGES if s in planned.gpu_gib and s in measured.gpu_gib]
-    for what, p, m in (("host per rank", planned.host_rank_gib, measured.host_rank_gib),
-                       ("driver", planned.driver_gib, measured.driver_gib)):
-        if p is not None and m is not None:
-            out.append(f"{what} {m:.2f}/{p:.2f}")
-    return out
+    return [f"{what} {m:.2f}/{p:.2f}" for what, p, m in _paired(planned, measured)]

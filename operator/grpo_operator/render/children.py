@@ -167,6 +167,7 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
         pod["affinity"] = avoiding(pod.get("affinity"), avoid_nodes)
     env = job_env(plan, job, attempt)
     grace_s = termination_grace_s(plan, measured_save_s)
+    keep = kept_output(names.attempt_logs_dir(job, attempt))  # every Ray container's output
     if debug_collectives:
         user_env = {str(e.get("name")) for e in [*head["env"], *workers["env"]]}
         env |= collective_debug_env(job, user_env)
@@ -211,8 +212,8 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
                        "worker": ray_node_labels(plan.geometry),
                        "rank0": ray_node_labels(plan.geometry) | {RANK0_NODE_LABEL: "true"},
                        "rollout": ray_node_labels(plan.geometry, rollout=True)},
-        "head_command": kept_output(names.attempt_logs_dir(job, attempt)) + HEAD_COMMAND,
-        "worker_command": kept_output(names.attempt_logs_dir(job, attempt)) + WORKER_COMMAND,
+        "head_command": keep + HEAD_COMMAND,
+        "worker_command": keep + WORKER_COMMAND,
         "env": env,
         "hub_fetch_env": {k: env[k] for k in HUB_FETCH_ENV},
         "termination_log": TERMINATION_LOG,

@@ -65,4 +65,4 @@ class PeakTracker:
 
     def to_status(self) -> dict[str, object] | None:
         p = self.peaks
-        return None if p is None else p.model_dump(by_alias=True, exclude_none=True)
+        return None if p is None else p.to_wire()
