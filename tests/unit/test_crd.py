@@ -128,15 +128,26 @@ def test_every_field_of_the_trainers_progress_patch_is_in_the_crds_schema() -> N
     key the trainer's report sends, each one set, is a property of status.progress and
     parses into ProgressStatus."""
     from grpo_api.job.status import ProgressStatus
+    from grpo_trainer.driver.measured_peaks import PeakTracker
     from grpo_trainer.liveness.progress import Progress
 
+    peaks = PeakTracker(0)
+    peaks.observe(3, {"memory/gpu_rollout_card_peak_bytes": 2**34,
+                      "memory/gpu_training_card_peak_bytes": 2**35,
+                      "memory/host_rss_bytes": 2**31, "memory/driver/host_rss_bytes": 2**30})
     report = Progress(3, 10, 0.5, 2, memory_growth="grew", val_reward_mean=0.25, val_step=2,
                       save_seconds=1.5, bad_rows=4,
                       transport={"network": "Socket", "intraNode": [], "interNode": True,
-                                 "causes": [], "attempt": 0}).to_status()
+                                 "causes": [], "attempt": 0},
+                      measured_peaks=peaks.to_status()).to_status()
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     progress = schema["status"]["properties"]["progress"]["properties"]
     assert set(report) <= set(progress), set(report) - set(progress)
     assert progress["badRows"]["type"] == "integer" and progress["badRows"]["minimum"] == 0
+    measured = report["measuredPeaks"]
+    assert isinstance(measured, dict)
+    assert set(measured) == set(progress["measuredPeaks"]["properties"]), measured
     parsed = ProgressStatus.model_validate(report)
     assert parsed.bad_rows == 4
+    assert parsed.measured_peaks is not None and parsed.measured_peaks.gpu_gib == {
+        "rollout": 16.0, "training": 32.0}
