@@ -88,8 +88,15 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 CONFIG_PATH = "/etc/grpo/config.yaml"
 CHECKPOINT_MOUNT = "/checkpoints"  # the job's dir is /checkpoints/<namespace>/<job>/
-# Below the job's dir: attempts/<n>/<pod>.log, each Ray pod's output (status.attempts[].logs).
+# Below the job's dir: attempts/<n>/<pod>.log, each Ray pod's output (status.attempts[].logs),
+# and attempts/<n>/events.log, the attempt's Kubernetes events (the trainer keeps them).
 ATTEMPT_LOGS = "attempts"
+ATTEMPT_EVENTS = "events.log"
+
+
+def ray_cluster_name(job_name: str, attempt: int) -> str:
+    """Attempt `attempt`'s RayCluster; its pods' names start with it and a dash."""
+    return f"{job_name}-a{attempt}"
 MODEL_MOUNT = "/models"  # spec.model.claimName, read-only
 TERMINATION_LOG = "/dev/termination-log"
 # The images' non-root user and group (`USER 10001:10001` in images/*/Dockerfile): the

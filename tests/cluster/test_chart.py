@@ -253,7 +253,8 @@ def _operators_work(testbed: Testbed, release: Release, ns: str, kc: Path) -> No
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "tiny-trainer", "namespace": ns},
             "rules": [{"apiGroups": ["grpo.dev"], "resources": ["grpojobs/status"],
-                       "resourceNames": ["tiny"], "verbs": ["get", "patch"]}]}
+                       "resourceNames": ["tiny"], "verbs": ["get", "patch"]},
+                      {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]}]}
     ok("create", "-f", "-", input=json.dumps(role))
     ok("create", "rolebinding", "tiny-trainer", "-n", ns, "--role=tiny-trainer",
        f"--serviceaccount={ns}:tiny-trainer")
@@ -262,6 +263,8 @@ def _operators_work(testbed: Testbed, release: Release, ns: str, kc: Path) -> No
                  "--subresource=status")
     assert not can_i(testbed, trainer, "patch", "grpojobs.grpo.dev/other", "-n", ns,
                      "--subresource=status")
+    assert can_i(testbed, trainer, "list", "events", "-n", ns)
+    assert not can_i(testbed, trainer, "get", "pods", "-n", ns)
 
     # The RayCluster, then KubeRay's pods, which the operator watches and marks.
     rc = {**RAYCLUSTER, "metadata": {**RAYCLUSTER["metadata"], "namespace": ns}}

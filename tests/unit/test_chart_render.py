@@ -64,6 +64,7 @@ NAMESPACED_RIGHTS: set[Rule] = {
     *{("kueue.x-k8s.io", r, v) for r in ("workloads", "localqueues")
       for v in ("get", "list", "watch")},
     *{(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")},
+    ("", "events", "list"),  # granted on to each job's trainer Role
     *{("rbac.authorization.k8s.io", r, v) for r in ("roles", "rolebindings")
       for v in ("get", "list", "watch", "create", "patch", "delete")},
 }
@@ -265,6 +266,18 @@ def test_cluster_wide_rbac_is_exactly_the_operators_api_usage() -> None:
     peering = {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING_VERBS}
     assert rights(cluster["rules"]) == NAMESPACED_RIGHTS | CLUSTER_RIGHTS | peering
     assert roles == []
+
+
+def test_the_operator_holds_every_right_it_grants_a_jobs_trainer() -> None:
+    """RBAC refuses a Role with rights its creator lacks (no `escalate`): each rule of the
+    trainer Role a job renders is one the chart gives the operator."""
+    spec = parse_spec(example_job("grpojob-qwen25vl-7b-h100.yaml")["spec"])
+    role = next(c for c in render_children(spec, plan_memory(spec), JobRef("j", "ns", "u"), 0)
+                if c["kind"] == "Role")
+    granted = rights(role["rules"])
+    assert ("", "events", "list") in granted  # the trainer keeps its attempts' events
+    cluster, _ = operator_roles(render())
+    assert granted <= rights(cluster["rules"]), granted - rights(cluster["rules"])
 
 
 def _documented_rights() -> set[Rule]:

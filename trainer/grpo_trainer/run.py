@@ -43,9 +43,12 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
     from .checkpointing import make_checkpointer
     from .cluster.ray_bootstrap import init_ray
     from .driver.driver import GRPOTrainer
+    from .liveness.attempt_events import keep_attempt_events
     from .liveness.kube_progress import reporter_for
 
     reporter = reporter_for(cfg)
+    # The earlier attempts' pods are gone and their events expire within the hour.
+    keep_attempt_events(cfg, range(cfg.trainer.attempt))
     files = AttemptFiles.of(cfg)  # the worker pods' preStop hooks wait on these
     if files is not None:
         files.clear()
@@ -78,6 +81,7 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
     finally:
         if trainer is not None:
             trainer.close()
+        keep_attempt_events(cfg, [cfg.trainer.attempt])  # the next attempt adds the rest
         if files is not None:  # the ranks are needed no more: the hooks let Ray stop
             files.write_done()
         if started_ray:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from grpo_api.contract import ATTEMPT_LOGS, CHECKPOINT_MOUNT, MAX_RESTARTS
+from grpo_api.contract import ATTEMPT_LOGS, CHECKPOINT_MOUNT, MAX_RESTARTS, ray_cluster_name
 
 KUBERAY_MAX_CLUSTER_NAME = 53  # KubeRay v1.6.1 utils.MaxRayClusterNameLength
 MAX_JOB_NAME = KUBERAY_MAX_CLUSTER_NAME - len(f"-a{MAX_RESTARTS}")
@@ -53,7 +53,7 @@ def config_map(job: JobRef, attempt: int) -> str:
 
 
 def ray_cluster(job: JobRef, attempt: int) -> str:
-    return f"{job.name}-a{attempt}"
+    return ray_cluster_name(job.name, attempt)
 
 
 def trainer_account(job: JobRef) -> str:

@@ -88,11 +88,17 @@ class KubernetesProgressReporter:
             log.warning("progress report for %s/%s failed: %s", self.namespace, self.name, err)
 
 
+def in_job_pod(cfg: Config) -> bool:
+    """In a pod of a GRPOJob: an API server, a ServiceAccount token and the job's name."""
+    tr = cfg.trainer
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SA_TOKEN.exists()
+    return bool(in_cluster and tr.job_name and tr.job_namespace)
+
+
 def reporter_for(cfg: Config) -> ProgressReporter:
     """In a pod of a GRPOJob: the status reporter; else a progress file if configured."""
     tr = cfg.trainer
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SA_TOKEN.exists()
-    if in_cluster and tr.job_name and tr.job_namespace:
+    if in_job_pod(cfg) and tr.job_name and tr.job_namespace:
         log.info("reporting progress to GRPOJob %s/%s", tr.job_namespace, tr.job_name)
         return KubernetesProgressReporter(tr.job_namespace, tr.job_name)
     if cfg.metrics.progress_file:
