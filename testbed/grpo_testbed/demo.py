@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from grpo_api.contract import Phase, Role
+from grpo_api.contract import ATTEMPT_EVENTS, Phase, Role
 
 from .tiny_job import (
     EXAMPLE,
@@ -98,6 +98,12 @@ def _show_kept_logs(tj: TinyJob, job: dict[str, Any]) -> None:
             last = steps[-1][:100] + " ..." if steps else "no step line"
             console.print(f"    read back from the claim: {pod}.log, {len(lines)} lines; the "
                           f"driver's last step line: {escape(last)}")
+    events = tj.kept_dir(0) / ATTEMPT_EVENTS if where else None
+    if events is not None and events.exists():
+        lines = events.read_text(errors="replace").splitlines()
+        oom = [ln for ln in lines if "OOM" in ln or "Restart" in ln]
+        console.print(f"    and its events: {ATTEMPT_EVENTS}, {len(lines)} lines"
+                      + (f"; {escape(oom[-1][:110])}" if oom else ""))
 
 
 def run_demo(out: Path, leak_step: int | None = None) -> int:

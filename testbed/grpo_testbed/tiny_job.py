@@ -23,7 +23,15 @@ from typing import Any
 
 import yaml
 
-from grpo_api.contract import ATTEMPT_LABEL, JOB_LABEL, ROLE_LABEL, TERMINAL_PHASES, Env, Role
+from grpo_api.contract import (
+    ATTEMPT_EVENTS,
+    ATTEMPT_LABEL,
+    JOB_LABEL,
+    ROLE_LABEL,
+    TERMINAL_PHASES,
+    Env,
+    Role,
+)
 
 from .faults import EnvInjection
 from .images import OPERATOR, REPO, TRAINER_CPU
@@ -298,14 +306,23 @@ class TinyJob:
     def checkpoint_dir(self) -> Path:
         return self.claim_dir(self.checkpoint_claim()) / JOB_NS / self.name
 
-    def kept_logs(self, attempt: int) -> dict[str, str]:
-        """Pod name -> what it kept on the checkpoint claim, in the place
-        status.attempts[attempt].logs names (`<claim>:<path in the claim>`)."""
+    def kept_dir(self, attempt: int) -> Path:
+        """Where status.attempts[attempt].logs says (`<claim>:<path in the claim>`)."""
         record = next(a for a in self.job()["status"]["attempts"] if a["index"] == attempt)
         claim, _, path = record["logs"].partition(":")
-        where = self.claim_dir(claim) / path
+        return self.claim_dir(claim) / path
+
+    def kept_logs(self, attempt: int) -> dict[str, str]:
+        """Pod name -> what it kept on the checkpoint claim, where the attempt's record
+        says; the attempt's events (ATTEMPT_EVENTS) are not a pod's."""
         return {f.name.removesuffix(".log"): f.read_text(errors="replace")
-                for f in sorted(where.glob("*.log"))}
+                for f in sorted(self.kept_dir(attempt).glob("*.log"))
+                if f.name != ATTEMPT_EVENTS}
+
+    def events(self) -> list[dict[str, Any]]:
+        """The job's namespace's events, as the API server holds them now."""
+        out = self.tb.kubectl("get", "events", "-n", JOB_NS, "-o", "json")
+        return list(json.loads(out.stdout)["items"])
 
     def model_dir(self) -> Path:
         spec = example()["spec"]

@@ -21,13 +21,14 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from grpo_api.contract import ROLE_LABEL, Role
+from grpo_api.contract import ATTEMPT_EVENTS, ROLE_LABEL, Role
 from grpo_testbed.images import TRAINER_CPU
 from grpo_testbed.node.runtime import NODE_NAME
 from grpo_testbed.tiny_job import (
@@ -41,6 +42,7 @@ from grpo_testbed.tiny_job import (
     worker_oom,
 )
 from grpo_testkit.datasets import write_with_corrupt_image
+from grpo_trainer.liveness.attempt_events import event_time
 
 pytestmark = pytest.mark.e2e
 
@@ -111,6 +113,31 @@ def test_the_oom_killed_attempts_logs_outlived_its_pods_on_the_claim(tiny: TinyJ
     assert kept_steps and kept_steps == [m["step"] for m in step_metrics(archived)]
     ranks = re.compile(r"^\(\w+ pid=\d+.*$", re.M)  # a line Ray sent from a rank actor
     assert set(ranks.findall(archived)) <= set(ranks.findall(kept[head[0]]))
+
+
+def test_the_oom_killed_attempts_events_outlived_it_on_the_claim(tiny: TinyJob) -> None:
+    """Beside attempt 0's logs, its events (the API server drops them within the hour):
+    every event the API server holds of attempt 0's RayCluster and pods, and of the job
+    while attempt 0 ran, as of the file's last write, one line each."""
+    path = tiny.kept_dir(0) / ATTEMPT_EVENTS
+    kept = {" ".join(line.split()[2:4]).rstrip(":") for line in path.read_text().splitlines()}
+    written = datetime.fromtimestamp(path.stat().st_mtime, UTC) - timedelta(seconds=2)
+    first, second = status(tiny)["attempts"]
+    start, end = (datetime.fromisoformat(a["startTime"]).replace(microsecond=0)
+                  for a in (first, second))
+    cluster = f"{tiny.name}-a0"
+    expected = set()
+    for e in tiny.events():
+        obj, when = e["involvedObject"], event_time(e)
+        ours = ((obj["kind"], obj["name"]) == ("RayCluster", cluster)
+                or (obj["kind"] == "Pod" and obj["name"].startswith(f"{cluster}-"))
+                or ((obj["kind"], obj["name"]) == ("GRPOJob", tiny.name)
+                    and when is not None and start <= when < end))
+        if ours and when is not None and when < written:
+            expected.add(f"{e['reason']} {obj['kind']}/{obj['name']}")
+    assert expected <= kept, sorted(expected - kept)
+    assert any(x.endswith(f"GRPOJob/{tiny.name}") for x in kept), sorted(kept)  # Planned
+    assert any(f"Pod/{cluster}-" in x for x in kept), sorted(kept)  # e.g. Scheduled
 
 
 def test_head_and_worker_ran_as_pods_with_their_own_addresses(tiny: TinyJob) -> None:

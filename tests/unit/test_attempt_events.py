@@ -16,8 +16,9 @@ from grpo_trainer.liveness.attempt_events import (
 
 pytestmark = pytest.mark.unit
 
-ATTEMPTS = [{"index": 1, "startTime": "2026-12-04T10:05:00Z"},
-            {"index": 0, "startTime": "2026-12-04T10:00:00Z", "endTime": "2026-12-04T10:04:50Z"}]
+ATTEMPTS = [{"index": 1, "startTime": "2026-12-04T10:05:00.250Z"},
+            {"index": 0, "startTime": "2026-12-04T10:00:00.700Z",
+             "endTime": "2026-12-04T10:04:50Z"}]
 
 
 def event(kind: str, name: str, when: str, reason: str = "R", message: str = "m",
@@ -30,7 +31,7 @@ def test_a_jobs_own_events_belong_to_the_attempt_running_until_the_next_one_star
     first, second = attempt_windows(ATTEMPTS)
     events = [
         event("GRPOJob", "tiny", "2026-12-04T09:59:59Z", "Early"),   # before attempt 0
-        event("GRPOJob", "tiny", "2026-12-04T10:00:01Z", "Planned"),
+        event("GRPOJob", "tiny", "2026-12-04T10:00:00Z", "Planned"),  # posted at .700
         event("GRPOJob", "tiny", "2026-12-04T10:04:55Z", "Restarting"),  # after its end
         event("GRPOJob", "tiny", "2026-12-04T10:05:00Z", "Planned"),  # attempt 1's
         event("GRPOJob", "other", "2026-12-04T10:01:00Z", "NotOurs"),

@@ -81,7 +81,8 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
     finally:
         if trainer is not None:
             trainer.close()
-        keep_attempt_events(cfg, [cfg.trainer.attempt])  # the next attempt adds the rest
+        # Its own (the next attempt adds the rest) and the earlier ones' late events.
+        keep_attempt_events(cfg, range(cfg.trainer.attempt + 1))
         if files is not None:  # the ranks are needed no more: the hooks let Ray stop
             files.write_done()
         if started_ray:

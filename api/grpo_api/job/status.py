@@ -342,7 +342,7 @@ class AttemptRecord(ApiModel):
     logs: str | None = Field(
         None, description="Where each of the attempt's Ray pods keeps its output, "
         "`<claim>:<path in the claim>` (a `<pod name>.log` per pod; the driver's holds its "
-        "ranks' lines): it outlives the pods.")
+        "ranks' lines), and its Kubernetes events (`events.log`): they outlive the pods.")
     node: str | None = Field(
         None, max_length=253, description="The Kubernetes node whose loss ended it (a "
         "node-class failure: NodeLost, Evicted): the next attempt's pods avoid that node."

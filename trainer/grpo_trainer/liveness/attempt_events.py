@@ -62,7 +62,10 @@ def _time(text: object) -> datetime | None:
 def attempt_windows(attempts: Sequence[Mapping[str, Any]]) -> list[AttemptWindow]:
     """status.attempts (wire form) as windows, each closed by the next one's start."""
     ordered = sorted(attempts, key=lambda a: int(a.get("index", 0)))
-    starts = [_time(a.get("startTime")) for a in ordered]
+    # To the second: an event's lastTimestamp has no fraction (metav1.Time), so the event
+    # the operator posts as it starts an attempt may read as a moment before its start.
+    starts = [when.replace(microsecond=0) if (when := _time(a.get("startTime"))) else None
+              for a in ordered]
     return [AttemptWindow(int(a.get("index", 0)), starts[i],
                           starts[i + 1] if i + 1 < len(ordered) else None)
             for i, a in enumerate(ordered)]
