@@ -88,10 +88,17 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 CONFIG_PATH = "/etc/grpo/config.yaml"
 CHECKPOINT_MOUNT = "/checkpoints"  # the job's dir is /checkpoints/<namespace>/<job>/
-# Below the job's dir: attempts/<n>/<pod>.log, each Ray pod's output (status.attempts[].logs),
-# and attempts/<n>/events.log, the attempt's Kubernetes events (the trainer keeps them).
+# Below the job's dir, what attempt n leaves (status.attempts[n].logs): attempts/<n>/<pod>.log,
+# each Ray pod's output; attempts/<n>/events.log, its Kubernetes events (the trainer keeps
+# them); attempts/<n>/stalls/, the stacks of a Hang and the collectives' dumps.
 ATTEMPT_LOGS = "attempts"
 ATTEMPT_EVENTS = "events.log"
+
+
+def attempt_dir(checkpoint_dir: str, attempt: int) -> str:
+    """Where attempt `attempt` of the job whose checkpoints are in `checkpoint_dir` keeps
+    its logs, events and stall stacks."""
+    return f"{checkpoint_dir}/{ATTEMPT_LOGS}/{attempt}"
 
 
 def ray_cluster_name(job_name: str, attempt: int) -> str:
@@ -205,7 +212,7 @@ class ExitCode(IntEnum):
     HOST_OOM = 4  # host RAM or Ray's memory monitor
     WORKER_LOST = 5
     # No progress for trainer.stall_timeout_s: the driver wrote every rank's stacks to
-    # <checkpoint dir>/stalls/ and ended the attempt (grpo_trainer.liveness.stall).
+    # <checkpoint dir>/attempts/<n>/stalls/ and ended the attempt (grpo_trainer.liveness.stall).
     HANG = 6
     # A checkpoint that is intact but cannot be loaded under this attempt's settings
     # (grpo_trainer.checkpointing.compat): never retried, the checkpoint is kept.

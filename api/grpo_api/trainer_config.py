@@ -537,8 +537,8 @@ class TrainerConfig(_Strict):
     # EasyR1's trainer.val_before_train.
     val_before_train: bool = True
     # No step or stage ends for this long: every rank's stacks go to the log and to
-    # <checkpoint.dir>/stalls/, and the run exits 6 (Hang). The effective timeout grows
-    # with the measured step time (grpo_trainer.liveness.stall); 0 turns the watch off.
+    # <checkpoint.dir>/attempts/<n>/stalls/, and the run exits 6 (Hang). The effective
+    # timeout grows with the measured step time (grpo_trainer.liveness.stall); 0: off.
     stall_timeout_s: float = Field(
         default=STALL_TIMEOUT_S, ge=0,
         description="seconds without progress before the run ends as a hang; 0: never",

@@ -347,7 +347,7 @@ def test_a_job_whose_progress_stops_is_ended_as_hang_and_restarted(
     assert time.monotonic() - t0 < 90  # the timer looks every 30 s
     env = head_env(testbed, ns, "silent-a1")
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert env["TORCH_FR_DUMP_TEMP_FILE"].endswith("/stalls/nccl-trace-rank-")
+    assert env["TORCH_FR_DUMP_TEMP_FILE"].endswith("/attempts/1/stalls/nccl-trace-rank-")
 
 
 def test_a_head_that_exits_6_is_a_hang_with_the_rank_and_frame_in_status(

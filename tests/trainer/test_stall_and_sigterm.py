@@ -114,7 +114,7 @@ def test_a_stopped_rank_is_named_within_the_timeout_and_the_next_run_resumes(
     msg = run.message()
     assert msg["reason"] == "Hang"
     assert f"rank 1 did not answer within {DUMP_WAIT_S:.0f} s" in msg["detail"], msg
-    (stacks,) = (ckpt / "stalls").glob("0-*.txt")
+    (stacks,) = (ckpt / "attempts" / "0" / "stalls").glob("0-*.txt")  # beside its logs
     assert str(stacks) in msg["detail"]
     report = stacks.read_text()
     assert report.startswith("no progress for ") and "rank 1 did not answer" in report

@@ -147,7 +147,8 @@ def test_the_attempt_after_a_hang_only_gets_the_collective_debug_env() -> None:
     for env in ray_env(nxt):
         assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
         assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-        assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/checkpoints/ns/j/stalls/nccl-trace-rank-"
+        assert env["TORCH_FR_DUMP_TEMP_FILE"] == \
+            "/checkpoints/ns/j/attempts/1/stalls/nccl-trace-rank-"  # the attempt after
         assert env["NCCL_DEBUG"] == "INFO"  # over the planner's quieter default
     for group in env_of(nxt):
         for env_list in group.values():

@@ -170,7 +170,7 @@ class RecoverySpec(ApiModel):
         description=(
             "No training step or stage ends for this long (or for 5 x the measured step "
             "time, if longer): the trainer writes every rank's stacks to the checkpoint "
-            "claim (stalls/) and the attempt ends as Hang. 0: never."
+            "claim (attempts/<n>/stalls/) and the attempt ends as Hang. 0: never."
         ),
     )
     remediate: bool = Field(

@@ -170,7 +170,7 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
     keep = kept_output(names.attempt_logs_dir(job, attempt))  # every Ray container's output
     if debug_collectives:
         user_env = {str(e.get("name")) for e in [*head["env"], *workers["env"]]}
-        env |= collective_debug_env(job, user_env)
+        env |= collective_debug_env(job, attempt, user_env)
     return {
         "job": job,
         "spec": spec,

@@ -27,10 +27,10 @@ COLLECTIVE_DEBUG = {
 FLIGHT_RECORDER_FILE = "TORCH_FR_DUMP_TEMP_FILE"  # a prefix: torch appends the rank
 
 
-def collective_debug_env(job: JobRef, user_env: set[str]) -> dict[str, str]:
+def collective_debug_env(job: JobRef, attempt: int, user_env: set[str]) -> dict[str, str]:
     """The env above, with the dumps on the checkpoint claim next to the trainer's stacks
-    (a pod's /tmp goes with the pod); a name the user set in spec.pods keeps the user's
-    value."""
-    env = {**COLLECTIVE_DEBUG,
-           FLIGHT_RECORDER_FILE: f"{names.checkpoint_dir(job)}/{STALLS_DIR}/nccl-trace-rank-"}
+    of this attempt (a pod's /tmp goes with the pod); a name the user set in spec.pods
+    keeps the user's value."""
+    stalls = f"{names.attempt_logs_dir(job, attempt)}/{STALLS_DIR}"
+    env = {**COLLECTIVE_DEBUG, FLIGHT_RECORDER_FILE: f"{stalls}/nccl-trace-rank-"}
     return {k: v for k, v in env.items() if k not in user_env}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from grpo_api.contract import ATTEMPT_LOGS, CHECKPOINT_MOUNT, MAX_RESTARTS, ray_cluster_name
+from grpo_api.contract import CHECKPOINT_MOUNT, MAX_RESTARTS, attempt_dir, ray_cluster_name
 
 KUBERAY_MAX_CLUSTER_NAME = 53  # KubeRay v1.6.1 utils.MaxRayClusterNameLength
 MAX_JOB_NAME = KUBERAY_MAX_CLUSTER_NAME - len(f"-a{MAX_RESTARTS}")
@@ -67,7 +67,7 @@ def checkpoint_dir(job: JobRef) -> str:
 def attempt_logs_dir(job: JobRef, attempt: int) -> str:
     """Where each of an attempt's Ray pods keeps its output (`<pod name>.log`), beside the
     checkpoints: the pods' own logs go with the pods."""
-    return f"{checkpoint_dir(job)}/{ATTEMPT_LOGS}/{attempt}"
+    return attempt_dir(checkpoint_dir(job), attempt)
 
 
 def attempt_logs(job: JobRef, attempt: int, claim: str) -> str:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_api.contract import STALLS_DIR
+from grpo_api.contract import STALLS_DIR, attempt_dir
 from grpo_api.trainer_config import Config
 
 from ..algorithm.balance import Plan, balance
@@ -256,7 +256,8 @@ class GRPOTrainer:
         from ..liveness.termination import termination_log_path
 
         cfg = self.cfg
-        stalls = Path(cfg.checkpoint.dir) / STALLS_DIR if cfg.checkpoint.dir else None
+        stalls = (Path(attempt_dir(cfg.checkpoint.dir, cfg.trainer.attempt)) / STALLS_DIR
+                  if cfg.checkpoint.dir else None)
         targets = self.group.targets if self.group is not None else []
         monitor = StallMonitor(self.heartbeat, cfg.trainer.stall_timeout_s, targets, stalls,
                                cfg.trainer.attempt,

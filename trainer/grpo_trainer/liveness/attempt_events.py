@@ -28,9 +28,9 @@ from grpo_api.contract import (
     API_GROUP,
     API_VERSION,
     ATTEMPT_EVENTS,
-    ATTEMPT_LOGS,
     KIND,
     PLURAL,
+    attempt_dir,
     ray_cluster_name,
 )
 from grpo_api.trainer_config import Config
@@ -167,11 +167,11 @@ def keep_attempt_events(cfg: Config, attempts: Iterable[int], apis: tuple[Any, A
         events = json.loads(raw.data).get("items") or []
         written = []
         for window in windows:
-            path = Path(cfg.checkpoint.dir) / ATTEMPT_LOGS / str(window.index) / ATTEMPT_EVENTS
+            path = Path(attempt_dir(cfg.checkpoint.dir, window.index)) / ATTEMPT_EVENTS
             _write_merged(path, events_of(events, tr.job_name, window))
             written.append(path)
-        log.info("kept the events of attempt(s) %s in %s", sorted(w.index for w in windows),
-                 Path(cfg.checkpoint.dir) / ATTEMPT_LOGS)
+        log.info("kept the events of attempt(s) %s: %s", sorted(w.index for w in windows),
+                 ", ".join(map(str, written)))
         return written
     except Exception as err:  # the API server away, a Role without events: logs say so
         log.warning("keeping the events of attempt(s) %s failed: %s", sorted(wanted), err)
