@@ -39,6 +39,10 @@ from .kube_progress import in_job_pod
 
 log = logging.getLogger(__name__)
 
+# (connect, read) seconds: an API server that does not answer delays a start or a SIGTERM
+# save's exit by this much at most, never more.
+API_TIMEOUT_S = (5.0, 20.0)
+
 
 @dataclass(frozen=True)
 class AttemptWindow:
@@ -160,10 +164,12 @@ def keep_attempt_events(cfg: Config, attempts: Iterable[int], apis: tuple[Any, A
     try:
         core, custom = apis or _apis()
         job = custom.get_namespaced_custom_object_status(
-            API_GROUP, API_VERSION, tr.job_namespace, PLURAL, tr.job_name)
+            API_GROUP, API_VERSION, tr.job_namespace, PLURAL, tr.job_name,
+            _request_timeout=API_TIMEOUT_S)
         windows = [w for w in attempt_windows((job.get("status") or {}).get("attempts") or [])
                    if w.index in wanted]
-        raw = core.list_namespaced_event(tr.job_namespace, _preload_content=False)
+        raw = core.list_namespaced_event(tr.job_namespace, _preload_content=False,
+                                         _request_timeout=API_TIMEOUT_S)
         events = json.loads(raw.data).get("items") or []
         written = []
         for window in windows:
