@@ -23,6 +23,7 @@ import yaml
 
 from grpo_testbed import images
 from grpo_testbed.images import IMAGES, OPERATOR, TRAINER_CPU, Image
+from grpo_testkit.vllm_kernels import with_vllm_cpu_kernels
 
 pytestmark = pytest.mark.images
 
@@ -211,15 +212,9 @@ def test_cpu_trainer_image_loads_vllms_cpu_kernels(built: None) -> None:
     """vllm-cpu's compiled ops load (they link libnuma): without them a job with
     `rollout.engine: vllm` fails at engine start (`torch.ops._C` has no
     `init_cpu_memory_env`), as the e2e tier's vLLM job on the real node did. Loaded the way
-    vLLM loads them: vllm-cpu 0.32.0 ships three builds (`_C` for AVX-512 with BF16,
-    `_C_AVX512`, `_C_AVX2`) and `import_kernels` picks the one this CPU runs
-    (vllm/platforms/cpu.py); a plain `import vllm._C` is an illegal instruction (exit 132)
-    on an AVX2-only CPU."""
-    assert_runs_in_cpu_trainer(
-        "from vllm.platforms import current_platform\n"
-        "current_platform.import_kernels()\n"
-        "import torch\n"
-        "assert hasattr(torch.ops._C, 'init_cpu_memory_env'), 'no vLLM CPU kernels'\n",
+    vLLM loads them, the build this CPU runs (grpo_testkit.vllm_kernels)."""
+    assert_runs_in_cpu_trainer(with_vllm_cpu_kernels(
+        "assert hasattr(torch.ops._C, 'init_cpu_memory_env'), 'no vLLM CPU kernels'\n"),
         timeout=300)
 
 

