@@ -82,7 +82,7 @@ def _show_kill(tj: TinyJob) -> None:
 # What the demo's testbed does not run (its job has no queue, its images are imported into
 # the node's store): `make demo` does not build them (`grpo-testbed build --for-demo`), 335 s
 # of a cold build (docs/benchmarks.md); `make test` builds them.
-DEMO_SKIPS = frozenset({"kueue", "registry"})
+DEMO_SKIPS = frozenset({"kueue", "registry", "versitygw"})
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray's colours in the kept output
 
 

@@ -30,6 +30,10 @@ DISTRIBUTION_VERSION = "v3.1.2"
 # The Prometheus Operator's CRDs (PodMonitor, ServiceMonitor): the chart's monitors apply
 # against their real schemas. The proxy serves v0.94.1 (v0.95.x and v0.90.0 answer 403).
 PROMETHEUS_OPERATOR_VERSION = "v0.94.1"
+# The testbed's S3 server (s3_server.py): Versity's S3 gateway over a POSIX directory, a
+# server sites run in production (not a mock). Chosen over SeaweedFS for its build: 95 s
+# cold on 2 cores against ~420 s (docs/testbed.md). The proxy serves v1.8.0.
+VERSITYGW_VERSION = "v1.8.0"
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,15 @@ COMPONENTS: tuple[Component, ...] = (
         binaries=(),
         data=tuple((f"example/prometheus-operator-crd/monitoring.coreos.com_{kind}.yaml",
                     "crds") for kind in ("podmonitors", "servicemonitors")),
+    ),
+    Component(
+        name="versitygw",
+        module="github.com/versity/versitygw",
+        version=VERSITYGW_VERSION,
+        packages=("github.com/versity/versitygw/cmd/versitygw",),
+        binaries=("versitygw",),
+        # Upstream's Makefile stamps these (else it reports "Version git").
+        ldflags=(f"-X main.Version={VERSITYGW_VERSION}", "-X main.Build=proxy"),
     ),
     Component(
         name="helm",
