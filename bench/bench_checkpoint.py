@@ -15,6 +15,12 @@ filled by one step) and, in each round, in alternating order:
 - **async**: ``checkpoint.async_save``: the time ``maybe_save`` blocks training,
   against a synchronous save's time.
 
+With ``--store`` (``checkpoint.store``, the testbed's S3 server on loopback) each round is
+instead: **ours** saving a step through the store (local write, upload, manifest, tracker:
+what the final save waits for) and, after the local directory is removed (a new pod),
+resuming from the store alone (listing, fetch, digest check, load); against **raw**, the
+same objects' bytes put and got back one single-part request each.
+
 Usage::
 
     .venv/bin/python bench/bench_checkpoint.py [--hidden 1024 --layers 8 --rounds 3]
@@ -43,6 +49,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    p.add_argument("--store", action="store_true",
+                   help="checkpoint.store: ours against the testbed's S3 server (versitygw), "
+                        "vs a raw single-part upload and download of the same bytes")
     return p.parse_args()
 
 
@@ -101,6 +110,25 @@ def main() -> int:
     model = build_tiny_qwen2(work / "model", hidden=args.hidden, layers=args.layers)
     data = write_text_task(work / "t.jsonl")
 
+    server: Any = None
+    store: dict[str, Any] = {}
+    if args.store:  # before the ranks: their store reads the keys from the environment
+        from grpo_testbed.processes import Managed, spawn
+        from grpo_testbed.s3_server import REGION, start_s3_server
+
+        procs: list[Managed] = []
+
+        def run(name: str, argv: list[str], env: dict[str, str]) -> Managed:
+            procs.append(spawn(name, argv, work / "logs", env))
+            return procs[-1]
+
+        server = start_s3_server("127.0.0.1", work / "s3", run)
+        server.make_bucket("bench")
+        os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
+                          AWS_SECRET_ACCESS_KEY=server.secret_key)
+        store = {"store": {"uri": "s3://bench/ckpt", "endpoint": server.endpoint,
+                           "region": REGION, "path_style": True}}
+
     def config(name: str, async_save: bool) -> Any:
         raw = text_config(
             model,
@@ -110,6 +138,7 @@ def main() -> int:
                 "keep": 1,
                 "interval_steps": 1,
                 "async_save": async_save,
+                **store,
             },
             resources={"num_workers": 1, "cpus_per_worker": 2},
             actor={"dtype": "float32"},
@@ -233,6 +262,8 @@ def main() -> int:
             flush=True,
         )
 
+    if server is not None:
+        return store_rounds(args, cfg, group, trainer, server, work, n_params)
     # The first async save allocates the staging buffer it then reuses: not steady state.
     first = DCPCheckpointer(acfg)
     t0 = time.perf_counter()
@@ -288,6 +319,65 @@ def main() -> int:
         f"(target < 10%): {'OK' if ok else 'MISSED'}"
     )
     return 0 if ok else 1
+
+
+def store_rounds(args: argparse.Namespace, cfg: Any, group: Any, trainer: Any, server: Any,
+                 work: Path, n_params: int) -> int:
+    """``--store``: ours through the S3 store vs raw single-part requests, in turns."""
+    from grpo_api.trainer_config import ObjectStoreConfig
+    from grpo_trainer.checkpointing.dcp import DCPCheckpointer
+    from grpo_trainer.checkpointing.object_store import ObjectStore
+
+    assert cfg.checkpoint.store is not None
+    client = ObjectStore(cfg.checkpoint.store)
+    raw_client = ObjectStore(ObjectStoreConfig(**{**cfg.checkpoint.store.model_dump(),
+                                                  "uri": "s3://bench/raw"}))
+    res: dict[str, list[float]] = {k: [] for k in ("save", "load", "raw_up", "raw_down")}
+    mb = 0.0
+    for r in range(args.rounds):
+        step = r + 1
+        t0 = time.perf_counter()
+        DCPCheckpointer(cfg).maybe_save(step, group, trainer.loader, final=True)
+        res["save"].append(time.perf_counter() - t0)
+        objects = {k: v for k, v in client.sizes(f"step-{step}/").items()}
+        mb = sum(objects.values()) / 1e6
+        shutil.rmtree(work / "ours")  # a new pod: nothing local
+        t0 = time.perf_counter()
+        assert DCPCheckpointer(cfg).restore(group, trainer.loader) == step
+        res["load"].append(time.perf_counter() - t0)
+        blobs = {k.split("/", 1)[1]: client.get_bytes(k) or b"" for k in objects}
+        t0 = time.perf_counter()
+        for name, data in blobs.items():
+            raw_client.put_bytes(name, data)
+        res["raw_up"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for name in blobs:
+            raw_client.get_bytes(name)
+        res["raw_down"].append(time.perf_counter() - t0)
+        raw_client.delete(list(blobs))
+        del blobs
+        print(f"round {step}: ours save {mb / res['save'][-1]:6.0f} MB/s, load "
+              f"{mb / res['load'][-1]:6.0f} MB/s; raw up {mb / res['raw_up'][-1]:6.0f} MB/s, "
+              f"down {mb / res['raw_down'][-1]:6.0f} MB/s ({mb:.0f} MB)", flush=True)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    summary = {
+        "state_mb": round(mb, 1), "parameters_m": round(n_params / 1e6, 1),
+        "store_save_mb_s": round(mb / med["save"], 1),
+        "store_load_mb_s": round(mb / med["load"], 1),
+        "raw_up_mb_s": round(mb / med["raw_up"], 1),
+        "raw_down_mb_s": round(mb / med["raw_down"], 1),
+        "save_vs_raw_upload": round(med["raw_up"] / med["save"], 2),
+        "load_vs_raw_download": round(med["raw_down"] / med["load"], 2),
+        "load_end": round(os.getloadavg()[0], 2), "rounds": args.rounds,
+        "runs": {k: [round(x, 3) for x in v] for k, v in res.items()},
+    }
+    print(json.dumps(summary, indent=1))
+    group.shutdown()
+    trainer.close()
+    server.stop()
+    if args.dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":

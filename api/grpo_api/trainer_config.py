@@ -446,8 +446,39 @@ def reward_problem(kind: str, function: str | None, batch: bool, kwargs: bool,
     return None
 
 
+class ObjectStoreConfig(_Strict):
+    """Checkpoints kept in an S3-compatible store: ``dir`` is then each pod's local staging
+    directory, and a checkpoint is complete once its manifest, uploaded after every file
+    it names, is in the store (grpo_trainer.checkpointing.object_store). The keys are never
+    here: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from the environment (the operator
+    mounts them from ``keys_secret``), else the pod's identity (IRSA's web identity, the
+    instance's metadata)."""
+
+    uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+                     description="s3://bucket/prefix under which step-<N>/ and latest live")
+    endpoint: str | None = Field(default=None, pattern=r"^https?://",
+                                 description="for a store other than AWS S3: MinIO, Ceph, GCS")
+    region: str | None = None
+    path_style: bool = Field(default=False, description="bucket in the path, not the host")
+    # Named in the error when the store refuses the keys: where the user fixes them.
+    keys_secret: str | None = None
+    # The job fails when no checkpoint has completed for this long because its upload keeps
+    # failing (the store down or refusing); training goes on until then.
+    upload_deadline_s: float = Field(default=1800.0, gt=0)
+
+
 class CheckpointConfig(_Strict):
     dir: str | None = None
+    # s3:// checkpoints: ``dir`` stages each pod's files before they are uploaded.
+    store: ObjectStoreConfig | None = None
+
+    @model_validator(mode="after")
+    def _store_needs_a_dir(self) -> CheckpointConfig:
+        if self.store is not None and not self.dir:
+            raise ValueError(
+                "checkpoint.store needs checkpoint.dir: the local directory each pod stages "
+                "its files in before they go to the store")
+        return self
     # 0: only at the end of training.
     interval_steps: int = Field(default=0, ge=0)
     keep: int = Field(default=2, ge=1)

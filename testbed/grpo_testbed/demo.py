@@ -119,7 +119,7 @@ def run_demo(out: Path, leak_step: int | None = None) -> int:
               "kwok GPU nodes, and a real node (kubelet + containerd) with the product's "
               "images")
         with tiny_job_testbed(Path(tmp), worker_oom(leak_at), with_kueue=False,
-                              with_registry=False) as tj:
+                              with_registry=False, with_s3=False) as tj:
             tj.say = console.print
             stage("helm install the chart: the operator runs in the cluster from its image")
             tj.install_chart()

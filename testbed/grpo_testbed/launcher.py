@@ -36,6 +36,7 @@ from .nodes import FAKE_NODES, FakeNode, node_manifest
 from .pki import SERVICE_CLUSTER_IP_RANGE, Pki, issue_serving_cert, make_pki
 from .processes import Managed, free_ports, spawn, wait_until
 from .registry import Registry, start_registry
+from .s3_server import S3Server, start_s3_server
 from .versions import COMPONENTS, bin_dir, binary, component
 
 GRPOJOB_CRD = REPO / "crds" / "grpojob.yaml"
@@ -85,6 +86,9 @@ class Testbed:
     with_registry: bool = True
     # A registry store kept between runs (registry.py, ``start_registry``), else its own.
     registry_store: Path | None = None
+    # An S3 server (s3_server.py) on the API server's address: the host and the real
+    # node's pods reach it there.
+    with_s3: bool = True
     procs: list[Managed] = field(default_factory=list)
     api_port: int = 0
     pki: Pki | None = None
@@ -100,6 +104,7 @@ class Testbed:
     own_image_store: bool = False
     node: RealNode | None = None
     image_registry: Registry | None = None
+    s3: S3Server | None = None
     fault_switch: FaultSwitch | None = None
     net: NodeNetwork | None = None
     _owns_workdir: bool = False
@@ -211,7 +216,8 @@ class Testbed:
         """The components this testbed does not start, so need not be built."""
         return frozenset(
             ({"kueue"} if not (self.with_kuberay and self.with_kueue) else set())
-            | ({"registry"} if not self.with_registry else set()))
+            | ({"registry"} if not self.with_registry else set())
+            | ({"versitygw"} if not self.with_s3 else set()))
 
     def start(self) -> Testbed:
         t0 = time.monotonic()
@@ -237,6 +243,8 @@ class Testbed:
             if self.with_registry:  # before the node, whose containerd is told about it
                 self.image_registry = start_registry(self.api_host, self.workdir / "registry",
                                                      self.spawn, self.registry_store)
+            if self.with_s3:
+                self.s3 = start_s3_server(self.api_host, self.workdir / "s3", self.spawn)
             self._start_controllers()
             self._start_kwok()
             self._install_monitoring_crds()
@@ -484,6 +492,7 @@ def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
                     real_node: bool = False,
                     node_images: tuple[str, ...] = (),
                     with_registry: bool = True,
+                    with_s3: bool = True,
                     own_image_store: bool = False,
                     registry_store: Path | None = None) -> Iterator[Testbed]:
     """A started testbed that is stopped (and its temp dir removed) on exit.
@@ -504,7 +513,7 @@ def running_testbed(workdir: Path | None = None, with_kuberay: bool = True,
     tb = Testbed(workdir=wd, with_kuberay=with_kuberay, with_kueue=with_kueue,
                  fake_nodes=nodes,
                  injections=injections, real_node=real_node,
-                 node_images=node_images, with_registry=with_registry,
+                 node_images=node_images, with_registry=with_registry, with_s3=with_s3,
                  own_image_store=own_image_store, registry_store=registry_store,
                  _owns_workdir=owns)
     with tb:

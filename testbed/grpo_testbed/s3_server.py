@@ -5,7 +5,10 @@ the same S3 API a user's AWS S3, MinIO or Ceph RGW answers.
 It listens only on the address it is given (127.0.0.1, or the host side of a real node's
 veth, as the registry does), with one root key pair made here: tests see the keys, the
 product is handed them as a user would (a Secret). ``stop`` and ``start`` keep the data
-and the port, so a fault test can take the store away mid-upload and bring it back.
+and the port, so a fault test can take the store away mid-upload and bring it back; call
+``start`` from a thread that outlives the server (the main one): the testbed's children die
+with the thread that spawned them (PR_SET_PDEATHSIG), so one started from a ``Timer`` dies
+at once.
 """
 
 from __future__ import annotations

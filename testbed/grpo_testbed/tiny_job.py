@@ -373,12 +373,12 @@ class TinyJob:
 @contextmanager
 def tiny_job_testbed(workdir: Path, injections: tuple[EnvInjection, ...] = (),
                      name: str = JOB, with_kueue: bool = True,
-                     with_registry: bool = True) -> Iterator[TinyJob]:
+                     with_registry: bool = True, with_s3: bool = True) -> Iterator[TinyJob]:
     """A testbed with its real node (the operator's and the CPU trainer's images imported)
     and the fault switch's ``injections``; the job and the chart are removed on exit."""
     with running_testbed(real_node=True, node_images=(OPERATOR.tag, TRAINER_CPU.tag),
                          injections=injections, with_kueue=with_kueue,
-                         with_registry=with_registry) as tb:
+                         with_registry=with_registry, with_s3=with_s3) as tb:
         tj = TinyJob(tb, workdir, name=name)
         try:
             yield tj

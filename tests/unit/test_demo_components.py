@@ -1,5 +1,6 @@
 """`make demo` builds only what the demo's testbed runs (`grpo-testbed build --for-demo`):
-a testbed started without Kueue or the registry neither needs nor builds them."""
+a testbed started without Kueue, the registry or the S3 server neither needs nor builds
+them."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ pytestmark = pytest.mark.unit
 
 def test_a_testbed_without_kueue_or_the_registry_does_not_build_them(tmp_path: Path) -> None:
     assert Testbed(tmp_path).not_run() == frozenset()
-    demo = Testbed(tmp_path, with_kueue=False, with_registry=False)
-    assert demo.not_run() == DEMO_SKIPS == {"kueue", "registry"}
+    demo = Testbed(tmp_path, with_kueue=False, with_registry=False, with_s3=False)
+    assert demo.not_run() == DEMO_SKIPS == {"kueue", "registry", "versitygw"}
     assert Testbed(tmp_path, with_kuberay=False).not_run() == {"kueue"}  # Kueue needs KubeRay
 
 

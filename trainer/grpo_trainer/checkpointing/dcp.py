@@ -26,8 +26,11 @@ from ..algorithm.seeds import rollout_seed
 from ..rank_api import RankApi, RankGroup
 from . import fence
 from .files import atomic_write, digest_file, file_size, remove_step_dir, write_durable
+from .object_store import ObjectStore
+from .store_mirror import StoreMirror
 from .tracker import (
     CONFIG,
+    FENCE,
     FORMAT,
     MANIFEST,
     TRACKER,
@@ -101,12 +104,15 @@ def committed_step(root: Path) -> int | None:
     return max((s for s, ok in scan(root).items() if ok), default=None)
 
 
-def check_sizes(step_dir: Path) -> tuple[Manifest | None, list[str]]:
-    """The manifest and the cheap problems (missing files, wrong sizes, no DCP metadata)."""
+def check_sizes(step_dir: Path, stored: dict[str, int] | None = None
+                ) -> tuple[Manifest | None, list[str]]:
+    """The manifest and the cheap problems (missing files, wrong sizes, no DCP metadata),
+    of the files in ``step_dir`` or, with checkpoint.store, of the ``stored`` objects."""
     manifest = read_manifest(step_dir)
     if manifest is None:
         return None, [f"{MANIFEST} is missing or unreadable"]
-    sizes = {name: file_size(step_dir / name) for name in manifest.files}
+    sizes = {name: (file_size(step_dir / name) if stored is None else stored.get(name))
+             for name in manifest.files}
     return manifest, size_problems(manifest, sizes)
 
 
@@ -131,6 +137,10 @@ class DCPCheckpointer:
         self._pending: _Pending | None = None
         self.last_save: dict[str, float] = {}
         self.last_restore: dict[str, float] = {}
+        # checkpoint.store: the local dir mirrors the store's small files (store_mirror.py).
+        store = cfg.checkpoint.store
+        self.mirror = StoreMirror(ObjectStore(store), self.root) if store else None
+        self.upload_status: dict[str, Any] = {}
 
     # -- Checkpointer protocol -------------------------------------------------
     def latest_step(self) -> int | None:
@@ -140,13 +150,15 @@ class DCPCheckpointer:
         return self._latest
 
     def restore(self, group: RankGroup, loader: Any) -> int:
+        if self.mirror is not None:
+            self.mirror.pull()
         # Before anything here is read or removed.
         fence.claim(self.root, self.attempt, self.job_uid)
+        if self.mirror is not None:
+            self.mirror.push([FENCE])
         plan = plan_startup(scan(self.root), self._tracker_step())
         for step, why in plan.remove:
-            path = self.root / step_dir_name(step)
-            log.warning("removing checkpoint directory %s: %s", path, why)
-            remove_step_dir(path)
+            self._remove_step(step, why)
         if not self.resume:
             self._latest_known = True
             log.info("not resuming (--no-resume): starting from step 0; %s", self.root)
@@ -187,7 +199,9 @@ class DCPCheckpointer:
             "blocked_s": time.perf_counter() - t0,
             "rank_blocked_s": max(float(b["blocked_s"]) for b in blocked),
         }
-        if not self.async_save or final:
+        # With a store, a sync save has its files on the pods' disks by now and uploads
+        # them in the background: the step waits for neither (the next save does).
+        if final or not (self.async_save or self.mirror is not None):
             self._poll(group, wait=True)
 
     def save_now(self, step: int, group: RankGroup, loader: Any) -> bool:
@@ -206,7 +220,19 @@ class DCPCheckpointer:
 
     # -- internals ---------------------------------------------------------------
     def _fence(self, action: str) -> None:
+        if self.mirror is not None:
+            self.mirror.pull_fence()
         fence.check(self.root, self.attempt, action, self.job_uid)
+
+    def _remove_step(self, step: int, why: str) -> None:
+        path = self.root / step_dir_name(step)
+        if why.startswith("retention"):
+            log.info("%s: removing %s", why, path)
+        else:
+            log.warning("removing checkpoint directory %s: %s", path, why)
+        remove_step_dir(path)
+        if self.mirror is not None:
+            self.mirror.remove_step(step_dir_name(step))
 
     def _tracker_step(self) -> int | None:
         tracker = read_tracker(self.root)
@@ -246,8 +272,9 @@ class DCPCheckpointer:
             # in-flight save among them: its write then fails because it was superseded.
             self._fence(f"committing checkpoint step {pending.step}")
             raise
-        done = [r for r in results if r is not None]
+        done = [r for r in results if r is not None and "files" in r]
         if len(done) < len(results):
+            self._note_upload([r["uploading"] for r in results if r and "uploading" in r])
             return
         # Before the driver's own files: a newer attempt may have removed the directory.
         self._fence(f"committing checkpoint step {pending.step}")
@@ -256,14 +283,41 @@ class DCPCheckpointer:
             files.update({k: from_wire(v) for k, v in r["files"].items()})
         self._commit(pending, files, len(done))
         self._pending = None
+        uploads = [r["upload"] for r in done if "upload" in r]
+        if uploads and self.mirror is not None:
+            n_files = sum(len(r["files"]) for r in done)
+            tries = sum(int(u["tries"]) for u in uploads)
+            self.upload_status.update(tries=tries, seconds=max(u["seconds"] for u in uploads))
+            log.info("checkpoint step %d is in the store %s: the ranks' %d files up in %.1f s "
+                     "(%d tries%s)", pending.step, self.mirror.store.location, n_files,
+                     self.upload_status["seconds"], tries,
+                     "; the store failed some and they were retried" if tries > n_files else "")
+
+    def _note_upload(self, statuses: list[dict[str, Any]]) -> None:
+        """The ranks' uploads that the store keeps waiting (checkpoint.store): kept for the
+        progress report, logged when one has been retried."""
+        if not statuses:
+            return
+        worst = max(statuses, key=lambda u: (u["tries"], u["waited_s"]))
+        self.upload_status = {"step": parse_step_dir(worst["uploading"]), "complete": False,
+                              **worst}
+        if worst["error"]:
+            log.warning("checkpoint %s: upload to the store retried (%d tries, %.0f s): %s",
+                        worst["uploading"], worst["tries"], worst["waited_s"], worst["error"])
 
     def _commit(self, pending: _Pending, files: dict[str, FileEntry], world: int) -> None:
         self._fence(f"committing checkpoint step {pending.step}")
         created = datetime.now(UTC).isoformat()
         manifest = build_manifest(pending.step, world, created, files)
         atomic_write(pending.path / MANIFEST, manifest.model_dump_json(indent=1).encode())
-        tracker = Tracker(step=pending.step, dir=step_dir_name(pending.step))
+        step_dir = step_dir_name(pending.step)
+        if self.mirror is not None:  # every rank's files are up: the driver's, then the marker
+            self.mirror.push([f"{step_dir}/{n}" for n in (*pending.driver_files, MANIFEST)])
+        tracker = Tracker(step=pending.step, dir=step_dir)
         atomic_write(self.root / TRACKER, tracker.model_dump_json().encode())
+        if self.mirror is not None:
+            self.mirror.push([TRACKER])
+            self.upload_status = {"step": pending.step, "complete": True}
         self._latest = pending.step
         self._latest_known = True
         elapsed = time.perf_counter() - pending.started
@@ -278,14 +332,13 @@ class DCPCheckpointer:
             total / 1e6 / max(elapsed, 1e-9),
         )
         for step in plan_retention(scan(self.root), pending.step, self.keep):
-            path = self.root / step_dir_name(step)
-            log.info("retention: removing %s (keep %d)", path, self.keep)
-            remove_step_dir(path)
+            self._remove_step(step, f"retention (keep {self.keep})")
 
     def _try_load(self, step: int, group: RankGroup, loader: Any) -> bool:
         t0 = time.perf_counter()
         path = self.root / step_dir_name(step)
-        manifest, problems = check_sizes(path)
+        stored = self.mirror.sizes(path.name) if self.mirror is not None else None
+        manifest, problems = check_sizes(path, stored)
         state: dict[str, Any] = {}
         if manifest is not None and not problems:
             # The driver's own small files first: the trainer state must be sound.
@@ -302,7 +355,10 @@ class DCPCheckpointer:
             return False
         world = group.world_size
         big = {k: v for k, v in manifest.entries().items() if k not in (TRAINER_STATE, CONFIG)}
-        shares = [{k: to_wire(v) for k, v in part.items()} for part in balance(big, world)]
+        if self.mirror is None:
+            shares = [{k: to_wire(v) for k, v in part.items()} for part in balance(big, world)]
+        else:  # each rank fetches, and checks, what it reads (rank_store.py)
+            shares = [{k: to_wire(v) for k, v in big.items()}] * world
         results = group.call(RankApi.load_checkpoint, shares, common=[str(path)])
         if results[0]["bad"]:
             self._report_bad(path, results[0]["bad"])

@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections.abc import Generator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -32,10 +32,20 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from ..errors import CheckpointIncompatible
 from ..model.rank_state import RankState
 from .compat import incompatible_message
-from .convert import finish, prepare, saved_entries
-from .files import HashingWriter, digest_file, write_durable
+from .convert import CrossLoad, finish, prepare, saved_entries
+from .files import HashingWriter, write_durable
+from .object_store import ObjectStore
+from .rank_store import RankUpload, agree, fetch, plan_files
 from .reader import DirectReader
-from .tracker import FileEntry, digest_problems, from_wire, parse_step_dir, rank_file, to_wire
+from .tracker import (
+    DCP_METADATA,
+    FileEntry,
+    from_wire,
+    parse_step_dir,
+    rank_file,
+    to_wire,
+)
+from .verification import Verification
 
 log = logging.getLogger(__name__)
 
@@ -144,49 +154,6 @@ def _set_rng_state(state: dict[str, Any], cuda: Any = torch.cuda) -> None:
     cuda.set_rng_state(saved)
 
 
-class _Verification:
-    """This rank's share of the digests, computed in background threads.
-
-    ``wait`` is collective: it gathers every rank's problems, so all ranks decide
-    alike; it runs once and then returns the same verdict.
-    """
-
-    def __init__(self, root: Path, verify: dict[str, list[Any]], threads: int, pg: Any) -> None:
-        self._pg = pg
-        self._expected = {k: from_wire(v) for k, v in verify.items()}
-        present = [k for k in self._expected if (root / k).exists()]
-        # Files in parallel: reads and both hashes release the GIL.
-        self._pool = ThreadPoolExecutor(threads)
-        self._futures = {
-            k: self._pool.submit(digest_file, root / k, self._expected[k].algorithm)
-            for k in present
-        }
-        self._bad: list[str] | None = None
-        self.finished = 0.0
-
-    def wait(self) -> list[str]:
-        if self._bad is None:
-            try:
-                actual = {k: f.result() for k, f in self._futures.items()}
-            finally:
-                self._pool.shutdown(cancel_futures=True)
-            mine = digest_problems(self._expected, actual)
-            everyone: list[Any] = [None] * dist.get_world_size(self._pg)
-            dist.all_gather_object(everyone, mine, group=self._pg)
-            self._bad = sorted({p for probs in everyone for p in probs})
-            self.finished = time.perf_counter()
-        return self._bad
-
-    def gate(self) -> None:
-        """Called by the reader before it writes anything: raises if any rank found damage."""
-        if self.wait():
-            raise CorruptCheckpoint("; ".join(self.wait()))
-
-
-class CorruptCheckpoint(Exception):
-    """A file's digest or size does not match the manifest (the message names it)."""
-
-
 class CheckpointWriteError(RuntimeError):
     """A save that failed on some rank. torch's ``CheckpointException`` derives from
     ``BaseException``, so it would slip past every ``except Exception`` (the driver's
@@ -214,6 +181,10 @@ class RankCheckpointer:
         self._result: dict[str, Any] | None = None
         self._stager: CachedStager | None = None
         self._t0 = 0.0
+        self._save_path = ""
+        store_cfg = state.cfg.checkpoint.store
+        self._store: ObjectStore | None = ObjectStore(store_cfg) if store_cfg else None
+        self._upload: RankUpload | None = None
 
     def _pg(self) -> Any:
         # Collective: every rank reaches its first save/load together.
@@ -285,26 +256,42 @@ class RankCheckpointer:
                 raise _as_error(err) from err
             done.set_result(write_durable(extra_path, extra))
         self._pending = done
+        self._save_path = path
+        self._upload = None
+        if not async_save and self._store is not None:
+            self.finish(wait=False)  # the upload starts now, in the background
         return {"blocked_s": time.perf_counter() - t0}
 
     def finish(self, wait: bool) -> dict[str, Any] | None:
-        """This rank's file digests once its save is on disk; None while it is not (or none)."""
+        """This rank's file digests once its save is on disk (and, with checkpoint.store,
+        in the store); None while it is not (or none), ``{"uploading": ...}`` while its
+        upload is retried."""
         if self._result is not None or self._pending is None:
             return self._result
         if not wait and not self._pending.done():
             return None
         try:
             extra = self._pending.result()  # re-raises a failed background write
+            assert self._fs is not None
+            files = {rank_file(self.state.world.rank): extra, **self._fs.digests}
+            if self._store is not None:
+                cfg = self.state.cfg.checkpoint.store
+                assert cfg is not None
+                if self._upload is None:
+                    self._upload = RankUpload(self._store, cfg, Path(self._save_path), files)
+                if not self._upload.poll(wait):  # re-raises a failed upload
+                    return {"uploading": self._upload.status()}
         except BaseException:
             # Reported once, to the driver that asked: this rank's next save or load
             # (a newer attempt's, on a reused worker) must not fail with an old error.
             self._pending = None
+            self._upload = None
             raise
-        assert self._fs is not None
-        files = {rank_file(self.state.world.rank): extra, **self._fs.digests}
         self._result = {
             "files": {k: to_wire(v) for k, v in files.items()},
             "save_s": time.perf_counter() - self._t0,
+            **({"upload": {"bytes": self._upload.bytes, "seconds": self._upload.seconds,
+                           "tries": self._upload.tries}} if self._upload else {}),
         }
         return self._result
 
@@ -313,6 +300,18 @@ class RankCheckpointer:
         actor = self.state.cfg.actor
         settings = f"actor.precision {actor.precision}" + (", LoRA" if actor.lora else "")
         return incompatible_message(parse_step_dir(root.name), str(root), problems, settings)
+
+    def _rng_file(self, verify: dict[str, list[Any]]) -> str:
+        own = rank_file(self.state.world.rank)
+        return own if own in verify else rank_file(0)
+
+    def _prepare(self, reader: DirectReader, root: Path) -> CrossLoad:
+        """What to read, and into what (saved under another rung's settings: precision)."""
+        msd, osd = self._state()
+        load = prepare({"model": msd, "optim": osd}, saved_entries(reader.read_metadata()))
+        if load.plan.problems:  # every rank alike: the same metadata, the same keys
+            raise CheckpointIncompatible(self._incompatible(root, load.plan.problems))
+        return load
 
     def load(self, path: str, verify: dict[str, list[Any]]) -> dict[str, Any]:
         """Check this rank's share of the files and, if every rank agrees, load.
@@ -330,19 +329,33 @@ class RankCheckpointer:
         pg = self._pg()
         root = Path(path)
         t0 = time.perf_counter()
-        check = _Verification(root, verify, self.threads, pg)
-        # Verified before DCP plans, not beside it: planning is pure Python and holds
-        # the GIL, and the hashing threads, which need it between every chunk, then
-        # queued behind it (measured: the check took 2-4x a raw read instead of ~1x).
-        if check.wait():
-            return {"bad": check.wait()}
-        reader = DirectReader(path, before_read=check.gate)
+        reader = DirectReader(path, before_read=lambda: check.gate())
+        load: CrossLoad | None = None
+        if self._store is None:
+            check = Verification(root, verify, self.threads, pg)
+            # Verified before DCP plans, not beside it: planning is pure Python and holds
+            # the GIL, and the hashing threads, which need it between every chunk, then
+            # queued behind it (measured: the check took 2-4x a raw read instead of ~1x).
+            if check.wait():
+                return {"bad": check.wait()}
+        else:
+            # From the store, only what this rank reads: the metadata and RNG files, then
+            # the shards its load plan names; each checked against the manifest.
+            first = {DCP_METADATA, self._rng_file(verify)} & verify.keys()
+            sizes = {k: from_wire(v).size for k, v in verify.items()}
+            problems = agree(fetch(self._store, root, first, sizes), pg)
+            if problems:
+                return {"bad": problems}
+            load = self._prepare(reader, root)  # alike on every rank: the same metadata
+            wanted = first | (plan_files(load.targets, reader.read_metadata()) & verify.keys())
+            problems = fetch(self._store, root, wanted, sizes)
+            check = Verification(root, {k: verify[k] for k in wanted}, self.threads, pg,
+                                  problems)
+            if check.wait():
+                return {"bad": check.wait()}
         try:
-            msd, osd = self._state()
-            # Saved under another rung's settings (precision): what to read, and into what.
-            load = prepare({"model": msd, "optim": osd}, saved_entries(reader.read_metadata()))
-            if load.plan.problems:  # every rank alike: the same metadata, the same keys
-                raise CheckpointIncompatible(self._incompatible(root, load.plan.problems))
+            if load is None:
+                load = self._prepare(reader, root)
             dcp.load(load.targets, storage_reader=reader, process_group=pg)
         except BaseException:  # DCP's CheckpointException is a BaseException
             # The gate's refusal would come back wrapped by DCP: name the files.
