@@ -29,6 +29,7 @@ from grpo_testbed.s3_server import REGION, S3Server, start_s3_server
 from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
+from grpo_trainer.checkpointing.final_export import FinalExport
 from grpo_trainer.checkpointing.object_store import ObjectStore, StoreRefused
 from grpo_trainer.checkpointing.rank_store import RankUpload, UploadFailed
 from grpo_trainer.checkpointing.tracker import MANIFEST, Manifest, Tracker
@@ -108,13 +109,18 @@ class _Lines(io.StringIO):
         return n
 
 
-def _train(cfg: Config, on_step: Any = None) -> dict[int, dict[str, Any]]:
+def _train(cfg: Config, on_step: Any = None, exported: list[FinalExport] | None = None
+           ) -> dict[int, dict[str, Any]]:
     out = _Lines(on_step)
     trainer = GRPOTrainer(cfg, checkpointer=DCPCheckpointer(cfg),
                           metrics=MetricsLogger(cfg.metrics, cfg.trainer.total_steps or 0,
                                                 stream=out))
     try:
         trainer.run()
+        if exported is not None:  # as grpo-train does after a finished run
+            done = trainer.export_final()
+            assert done is not None
+            exported.append(done)
     finally:
         trainer.close()
     lines = [json.loads(x) for x in out.getvalue().splitlines()]
@@ -123,10 +129,10 @@ def _train(cfg: Config, on_step: Any = None) -> dict[int, dict[str, Any]]:
 
 
 def _config(tiny_lm: Path, data: Path, local: Path, store: Store, prefix: str,
-            steps: int = 4, **store_kw: Any) -> Config:
-    raw = text_config(tiny_lm, data, trainer={"total_steps": steps},
+            export: bool = False, **store_kw: Any) -> Config:
+    raw = text_config(tiny_lm, data, trainer={"total_steps": 4},
                       checkpoint={"dir": str(local), "interval_steps": 2, "keep": 2,
-                                  "store": store.cfg(prefix, **store_kw)})
+                                  "export": export, "store": store.cfg(prefix, **store_kw)})
     return build_config(raw, environ={})
 
 
@@ -158,13 +164,26 @@ def test_a_new_pod_resumes_from_the_store_alone_and_continues_exactly(
     client = store.client("exact")
     client.delete([f"step-4/{MANIFEST}"])
     client.put_bytes("latest", Tracker(step=2, dir="step-2").model_dump_json().encode())
-    resumed = _train(_config(tiny_lm, data, tmp_path / "pod-b", store, "exact"))
+    exported: list[FinalExport] = []
+    resumed = _train(_config(tiny_lm, data, tmp_path / "pod-b", store, "exact", export=True),
+                     exported=exported)
     assert sorted(resumed) == [3, 4]  # from step 2, not step 1, and not the partial step 4
     for step in (3, 4):
         assert resumed[step] == reference[step], step
     # The same weights and optimizer state, byte for byte: the shards' digests agree.
     again = _manifest(store, "exact", 4)
     assert {k: v.digest for k, v in again.files.items() if k.endswith(".distcp")} == shards_at_4
+
+    # The final model landed in the store, its marker last; it loads as a user's would.
+    assert exported[0].path == f"s3://{BUCKET}/exact/export" and exported[0].step == 4
+    out = tmp_path / "export"
+    for name in client.sizes("export/"):
+        client.download(name, out / name.split("/", 1)[1])
+    assert json.loads((out / "export.json").read_text())["step"] == 4
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert sum(p.numel() for p in model.parameters()) > 0
 
 
 def test_the_store_down_mid_upload_delays_the_checkpoint_not_the_steps(

@@ -355,7 +355,7 @@ class GRPOTrainer:
         if self.group is not None:
             self.group.shutdown()  # their host memory is what the export needs
             self.group = None
-        return export_final(Path(self.cfg.checkpoint.dir), step, node)
+        return export_final(Path(self.cfg.checkpoint.dir), step, node, self.cfg.checkpoint.store)
 
     def _stop_engines(self) -> None:
         if self.pipeline is not None:
