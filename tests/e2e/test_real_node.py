@@ -127,6 +127,10 @@ from kubernetes import client, config
 config.load_incluster_config()                                         # the kubernetes Service
 me = client.CoreV1Api().read_namespaced_pod("c", "{ns}")
 print("API", me.status.pod_ip)
+try:                                                                   # the testbed S3
+    urllib.request.urlopen("{tb.s3.endpoint if tb.s3 else ''}/", timeout=10)
+except urllib.error.HTTPError as err:                                  # unsigned: refused
+    print("S3", err.code)
 """
     tb.kubectl("apply", "-n", ns, "-f", "-",
                input=yaml.safe_dump(pod("c", f"exec {PY} -c '{check}'")))
@@ -134,6 +138,7 @@ print("API", me.status.pod_ip)
     logs = tb.kubectl("logs", "c", "-n", ns).stdout
     assert c["status"]["phase"] == "Succeeded", logs
     assert f"API {c['status']['podIP']}" in logs
+    assert "S3 403" in logs  # pods reach the testbed's S3 server (checkpoint.store's path)
 
 
 def test_kubectl_logs_and_exec_reach_the_node(tb: Testbed, ns: str) -> None:
