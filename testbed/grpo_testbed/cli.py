@@ -143,6 +143,11 @@ def up_cmd(workdir: Path | None, no_kuberay: bool) -> None:
             click.echo(f"export KUBECONFIG={tb.kubeconfig}")
             click.echo(f"export PATH={os.pathsep.join(str(bin_dir(c)) for c in COMPONENTS)}"
                        f"{os.pathsep}$PATH")
+            if tb.s3 is not None:  # checkpoint.store's endpoint; make a bucket with mkdir
+                click.echo(f"export AWS_ENDPOINT_URL={tb.s3.endpoint} "
+                           f"AWS_ACCESS_KEY_ID={tb.s3.access_key} "
+                           f"AWS_SECRET_ACCESS_KEY={tb.s3.secret_key}")
+                click.echo(f"# S3 buckets are the directories of {tb.s3.root}", err=True)
             click.echo("testbed running; Ctrl-C stops it", err=True)
             while all(p.alive() for p in tb.procs):
                 time.sleep(1)
