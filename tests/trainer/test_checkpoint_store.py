@@ -164,9 +164,11 @@ def test_a_new_pod_resumes_from_the_store_alone_and_continues_exactly(
     client = store.client("exact")
     client.delete([f"step-4/{MANIFEST}"])
     client.put_bytes("latest", Tracker(step=2, dir="step-2").model_dump_json().encode())
+    fresh = _config(tiny_lm, data, tmp_path / "pod-b", store, "exact", export=True)
+    # What a start that fails before its resume reports (lastCheckpointStep): the store's.
+    assert DCPCheckpointer(fresh).latest_step() == 2
     exported: list[FinalExport] = []
-    resumed = _train(_config(tiny_lm, data, tmp_path / "pod-b", store, "exact", export=True),
-                     exported=exported)
+    resumed = _train(fresh, exported=exported)
     assert sorted(resumed) == [3, 4]  # from step 2, not step 1, and not the partial step 4
     for step in (3, 4):
         assert resumed[step] == reference[step], step

@@ -146,7 +146,9 @@ class DCPCheckpointer:
     def latest_step(self) -> int | None:
         if not self._latest_known:
             # Before restore (a failure while starting): what the next attempt would load.
-            return committed_step(self.root) if self.resume else None
+            if not self.resume:
+                return None
+            return self.mirror.committed_step() if self.mirror else committed_step(self.root)
         return self._latest
 
     def restore(self, group: RankGroup, loader: Any) -> int:

@@ -21,10 +21,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from ..config_error import ConfigError
 from .files import atomic_write
 from .object_store import ObjectStore, StoreUnavailable
 from .rank_store import UploadFailed, backoff_s
-from .tracker import CONFIG, FENCE, MANIFEST, TRACKER, TRAINER_STATE, parse_step_dir
+from .tracker import (
+    CONFIG,
+    FENCE,
+    MANIFEST,
+    TRACKER,
+    TRAINER_STATE,
+    parse_step_dir,
+    parse_tracker,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -96,6 +105,16 @@ class StoreMirror:
         log.info("checkpoint store %s: %d complete and %d incomplete step(s), %.1f MB",
                  self.store.location, sum(steps.values()),
                  sum(not c for c in steps.values()), sum(self._listing.values()) / 1e6)
+
+    def committed_step(self) -> int | None:
+        """The store's ``latest``, when it answers (for messages before the pull)."""
+        try:
+            data = self.store.get_bytes(TRACKER)
+        except (StoreUnavailable, ConfigError) as exc:
+            log.warning("the checkpoint store's latest step is unknown: %s", exc)
+            return None
+        tracker = parse_tracker(data.decode()) if data is not None else None
+        return tracker.step if tracker else None
 
     def pull_fence(self) -> None:
         """The store's fence, when the store answers; else the local copy stands (a
