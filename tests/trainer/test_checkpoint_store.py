@@ -30,8 +30,8 @@ from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
 from grpo_trainer.checkpointing.final_export import FinalExport
-from grpo_trainer.checkpointing.object_store import ObjectStore, StoreRefused
-from grpo_trainer.checkpointing.rank_store import RankUpload, UploadFailed
+from grpo_trainer.checkpointing.object_store import ObjectStore, StoreRefused, UploadFailed
+from grpo_trainer.checkpointing.rank_store import RankUpload
 from grpo_trainer.checkpointing.tracker import MANIFEST, Manifest, Tracker
 from grpo_trainer.config import build_config
 from grpo_trainer.driver.driver import GRPOTrainer
@@ -249,7 +249,7 @@ def test_an_upload_retries_until_the_store_returns_or_the_deadline(
     cfg = ObjectStoreConfig(**store.cfg("retry", upload_deadline_s=60))
     store.server.stop()
     try:
-        upload = RankUpload(ObjectStore(cfg), cfg, step, ["__0_0.distcp", "rank-0.pt"])
+        upload = RankUpload(ObjectStore(cfg), step, ["__0_0.distcp", "rank-0.pt"])
         time.sleep(3)
         assert not upload.poll(wait=False)
         status = upload.status()
@@ -265,7 +265,7 @@ def test_an_upload_retries_until_the_store_returns_or_the_deadline(
     short = ObjectStoreConfig(**store.cfg("retry", upload_deadline_s=2))
     store.server.stop()
     try:
-        late = RankUpload(ObjectStore(short), short, step, ["rank-0.pt"])
+        late = RankUpload(ObjectStore(short), step, ["rank-0.pt"])
         with pytest.raises(UploadFailed, match="upload_deadline_s 2"):
             late.poll(wait=True)
     finally:

@@ -7,8 +7,12 @@ import pytest
 from pydantic import ValidationError
 
 from grpo_api.trainer_config import CheckpointConfig, ObjectStoreConfig
-from grpo_trainer.checkpointing.object_store import StoreRefused, parse_uri
-from grpo_trainer.checkpointing.rank_store import BACKOFF_CAP_S, backoff_s
+from grpo_trainer.checkpointing.object_store import (
+    BACKOFF_CAP_S,
+    StoreRefused,
+    backoff_s,
+    parse_uri,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -140,7 +140,6 @@ class DCPCheckpointer:
         # checkpoint.store: the local dir mirrors the store's small files (store_mirror.py).
         store = cfg.checkpoint.store
         self.mirror = StoreMirror(ObjectStore(store), self.root) if store else None
-        self.upload_status: dict[str, Any] = {}
 
     # -- Checkpointer protocol -------------------------------------------------
     def latest_step(self) -> int | None:
@@ -289,20 +288,18 @@ class DCPCheckpointer:
         if uploads and self.mirror is not None:
             n_files = sum(len(r["files"]) for r in done)
             tries = sum(int(u["tries"]) for u in uploads)
-            self.upload_status.update(tries=tries, seconds=max(u["seconds"] for u in uploads))
             log.info("checkpoint step %d is in the store %s: the ranks' %d files up in %.1f s "
                      "(%d tries%s)", pending.step, self.mirror.store.location, n_files,
-                     self.upload_status["seconds"], tries,
+                     max(u["seconds"] for u in uploads), tries,
                      "; the store failed some and they were retried" if tries > n_files else "")
 
-    def _note_upload(self, statuses: list[dict[str, Any]]) -> None:
-        """The ranks' uploads that the store keeps waiting (checkpoint.store): kept for the
-        progress report, logged when one has been retried."""
+    @staticmethod
+    def _note_upload(statuses: list[dict[str, Any]]) -> None:
+        """The ranks' uploads that the store keeps waiting (checkpoint.store), logged when
+        one has been retried."""
         if not statuses:
             return
         worst = max(statuses, key=lambda u: (u["tries"], u["waited_s"]))
-        self.upload_status = {"step": parse_step_dir(worst["uploading"]), "complete": False,
-                              **worst}
         if worst["error"]:
             log.warning("checkpoint %s: upload to the store retried (%d tries, %.0f s): %s",
                         worst["uploading"], worst["tries"], worst["waited_s"], worst["error"])
@@ -319,7 +316,6 @@ class DCPCheckpointer:
         atomic_write(self.root / TRACKER, tracker.model_dump_json().encode())
         if self.mirror is not None:
             self.mirror.push([TRACKER])
-            self.upload_status = {"step": pending.step, "complete": True}
         self._latest = pending.step
         self._latest_known = True
         elapsed = time.perf_counter() - pending.started

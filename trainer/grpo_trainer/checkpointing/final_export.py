@@ -43,11 +43,19 @@ class FinalExport:
         return {"path": str(self.path), "step": self.step}
 
 
+def marker_step(marker: bytes | str | None) -> int | None:
+    """The step an export's marker (``export.json``) names, or None (none, or unreadable)."""
+    try:
+        return None if marker is None else int(json.loads(marker)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def exported_step(out: Path) -> int | None:
     """The step whose export ``out`` holds complete, or None."""
     try:
-        return int(json.loads((out / EXPORT_MARKER).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return marker_step((out / EXPORT_MARKER).read_text())
+    except OSError:
         return None
 
 
@@ -102,11 +110,7 @@ def _export_to_store(base: Path, step: int, cfg: ObjectStoreConfig) -> str:
 def stored_export_step(cfg: ObjectStoreConfig) -> int | None:
     from .object_store import ObjectStore
 
-    raw = ObjectStore(cfg).get_bytes(f"{EXPORT_DIR}/{EXPORT_MARKER}")
-    try:
-        return None if raw is None else int(json.loads(raw)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
+    return marker_step(ObjectStore(cfg).get_bytes(f"{EXPORT_DIR}/{EXPORT_MARKER}"))
 
 
 def export_final(root: Path, step: int, node_id: str | None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -56,6 +57,44 @@ def parse_uri(uri: str) -> StoreLocation:
 
 class StoreUnavailable(RuntimeError):
     """The store did not answer, or answered with a server error: worth retrying."""
+
+
+class UploadFailed(RuntimeError):
+    """The store stayed unavailable past ``checkpoint.store.upload_deadline_s``."""
+
+
+# Waits between tries while the store is down: 1, 2, 4, ... capped here.
+BACKOFF_CAP_S = 30.0
+
+
+def backoff_s(tries: int) -> float:
+    return float(min(BACKOFF_CAP_S, 2 ** max(0, tries - 1)))
+
+
+def retrying(what: str, fn: Callable[[], T], deadline_s: float, *, since: float | None = None,
+             sleep: Callable[[float], None] = time.sleep,
+             on_error: Callable[[StoreUnavailable], None] | None = None) -> T:
+    """``fn()``, tried again with backoff while the store is unavailable; ``UploadFailed``
+    once ``deadline_s`` have passed since ``since`` (default: this call). A refusal
+    (``StoreRefused``) is never retried."""
+    t0 = time.monotonic() if since is None else since
+    failures = 0
+    while True:
+        try:
+            return fn()
+        except StoreUnavailable as exc:
+            failures += 1
+            if on_error is not None:
+                on_error(exc)
+            waited = time.monotonic() - t0
+            if waited > deadline_s:
+                raise UploadFailed(
+                    f"{what}: the store did not take it in {waited:.0f} s "
+                    f"(checkpoint.store.upload_deadline_s {deadline_s:.0f}): {exc}") from exc
+            pause = backoff_s(failures)
+            log.warning("%s failed (try %d, %.0f s so far), again in %.0f s: %s", what,
+                        failures, waited, pause, exc)
+            sleep(pause)
 
 
 class StoreRefused(ConfigError):

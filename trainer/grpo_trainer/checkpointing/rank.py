@@ -275,10 +275,8 @@ class RankCheckpointer:
             assert self._fs is not None
             files = {rank_file(self.state.world.rank): extra, **self._fs.digests}
             if self._store is not None:
-                cfg = self.state.cfg.checkpoint.store
-                assert cfg is not None
                 if self._upload is None:
-                    self._upload = RankUpload(self._store, cfg, Path(self._save_path), files)
+                    self._upload = RankUpload(self._store, Path(self._save_path), files)
                 if not self._upload.poll(wait):  # re-raises a failed upload
                     return {"uploading": self._upload.status()}
         except BaseException:

@@ -25,29 +25,18 @@ from typing import Any
 
 import torch.distributed as dist
 
-from grpo_api.trainer_config import ObjectStoreConfig
-
-from .object_store import ObjectStore, StoreRefused, StoreUnavailable
+from .object_store import ObjectStore, StoreRefused, StoreUnavailable, retrying
 
 log = logging.getLogger(__name__)
-# Waits between tries of one file while the store is down: 1, 2, 4, ... capped here.
-BACKOFF_CAP_S = 30.0
-
-
-def backoff_s(tries: int) -> float:
-    return float(min(BACKOFF_CAP_S, 2 ** max(0, tries - 1)))
-
-
-class UploadFailed(RuntimeError):
-    """No try got the save's files into the store before ``upload_deadline_s``."""
 
 
 class RankUpload:
-    """This rank's files of one save, sent to the store in a background thread."""
+    """This rank's files of one save, sent to the store in a background thread; the
+    deadline (``upload_deadline_s``) runs from the save's start, across its files."""
 
-    def __init__(self, store: ObjectStore, cfg: ObjectStoreConfig, step_dir: Path,
-                 names: Iterable[str], sleep: Callable[[float], None] = time.sleep) -> None:
-        self.store, self.cfg, self.step_dir = store, cfg, step_dir
+    def __init__(self, store: ObjectStore, step_dir: Path, names: Iterable[str],
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.store, self.step_dir = store, step_dir
         self.names = sorted(names)
         self._sleep = sleep
         self.started = time.monotonic()
@@ -76,26 +65,18 @@ class RankUpload:
     def _put(self, name: str) -> None:
         path = self.step_dir / name
         key = f"{self.step_dir.name}/{name}"
-        while True:
+
+        def attempt() -> None:
             self.tries += 1
-            try:
-                self.store.put_file(key, path)
-                self.bytes += path.stat().st_size
-                return
-            except StoreRefused:
-                raise
-            except StoreUnavailable as exc:
-                self.last_error = str(exc)
-                waited = time.monotonic() - self.started
-                if waited > self.cfg.upload_deadline_s:
-                    raise UploadFailed(
-                        f"checkpoint {self.step_dir.name} could not be uploaded to "
-                        f"{self.cfg.uri} in {waited:.0f} s (checkpoint.store."
-                        f"upload_deadline_s {self.cfg.upload_deadline_s:.0f}): {exc}") from exc
-                pause = backoff_s(self.tries)
-                log.warning("checkpoint upload of %s failed (try %d, %.0f s so far), again in "
-                            "%.0f s: %s", key, self.tries, waited, pause, exc)
-                self._sleep(pause)
+            self.store.put_file(key, path)
+
+        def note(exc: StoreUnavailable) -> None:
+            self.last_error = str(exc)
+
+        retrying(f"checkpoint upload of {key} to {self.store.location}", attempt,
+                 self.store.cfg.upload_deadline_s, since=self.started, sleep=self._sleep,
+                 on_error=note)
+        self.bytes += path.stat().st_size
 
     def status(self) -> dict[str, Any]:
         """What the driver reports while it waits (the CheckpointUpload condition)."""

@@ -23,8 +23,7 @@ from typing import TypeVar
 
 from ..config_error import ConfigError
 from .files import atomic_write
-from .object_store import ObjectStore, StoreUnavailable
-from .rank_store import UploadFailed, backoff_s
+from .object_store import ObjectStore, StoreUnavailable, retrying
 from .tracker import (
     CONFIG,
     FENCE,
@@ -50,23 +49,7 @@ class StoreMirror:
         self._sleep = sleep
 
     def _retrying(self, what: str, fn: Callable[[], T]) -> T:
-        """``fn`` again with backoff while the store is down, up to the upload deadline."""
-        t0, tries = time.monotonic(), 0
-        deadline = self.store.cfg.upload_deadline_s
-        while True:
-            tries += 1
-            try:
-                return fn()
-            except StoreUnavailable as exc:
-                waited = time.monotonic() - t0
-                if waited > deadline:
-                    raise UploadFailed(
-                        f"{what}: the store at {self.store.location} did not answer in "
-                        f"{waited:.0f} s (checkpoint.store.upload_deadline_s {deadline:.0f}): "
-                        f"{exc}") from exc
-                log.warning("%s: try %d failed, again in %.0f s: %s", what, tries,
-                            backoff_s(tries), exc)
-                self._sleep(backoff_s(tries))
+        return retrying(what, fn, self.store.cfg.upload_deadline_s, sleep=self._sleep)
 
     def _get(self, name: str) -> bool:
         data = self.store.get_bytes(name)
