@@ -113,16 +113,9 @@ def main() -> int:
     server: Any = None
     store: dict[str, Any] = {}
     if args.store:  # before the ranks: their store reads the keys from the environment
-        from grpo_testbed.processes import Managed, spawn
-        from grpo_testbed.s3_server import REGION, start_s3_server
+        from grpo_testbed.s3_server import REGION, standalone_s3_server
 
-        procs: list[Managed] = []
-
-        def run(name: str, argv: list[str], env: dict[str, str]) -> Managed:
-            procs.append(spawn(name, argv, work / "logs", env))
-            return procs[-1]
-
-        server = start_s3_server("127.0.0.1", work / "s3", run)
+        server = standalone_s3_server(work / "s3")
         server.make_bucket("bench")
         os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
                           AWS_SECRET_ACCESS_KEY=server.secret_key)

@@ -31,8 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grpo_testbed.processes import spawn
-from grpo_testbed.s3_server import REGION, S3Server, start_s3_server
+from grpo_testbed.s3_server import REGION, S3Server, standalone_s3_server
 
 Transfer = tuple[Callable[[Path, str], None], Callable[[str, Path], None]]
 
@@ -127,11 +126,8 @@ CANDIDATES: dict[str, Callable[[S3Server, str], Transfer]] = {
 def main() -> int:
     args = parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-s3-"))
-    procs: list[Any] = []
+    server = standalone_s3_server(work / "server")
     try:
-        server = start_s3_server("127.0.0.1", work / "server",
-                                 lambda n, a, e: procs.append(spawn(n, a, work / "logs", e))
-                                 or procs[-1])
         bucket = server.make_bucket("bench")
         src = work / "src"
         src.mkdir()
@@ -181,8 +177,7 @@ def main() -> int:
         print(json.dumps({"mb": round(total_mb), "load_end": round(os.getloadavg()[0], 2),
                           "median": summary}, indent=1))
     finally:
-        for p in procs:
-            p.stop()
+        server.stop()
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

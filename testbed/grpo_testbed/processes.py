@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +59,11 @@ class Managed:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
+
+
+# How a server module starts its program as one of its owner's (a Testbed's) processes:
+# spawn(name, argv, env).
+Spawn = Callable[[str, list[str], dict[str, str]], Managed]
 
 
 def free_ports(n: int) -> list[int]:

@@ -31,7 +31,6 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -39,7 +38,7 @@ from typing import IO, Any
 import yaml
 
 from .images import podman_env
-from .processes import Managed, free_ports, wait_until
+from .processes import Managed, Spawn, free_ports, wait_until
 from .versions import binary
 
 log = logging.getLogger("grpo_testbed.registry")
@@ -200,9 +199,6 @@ class Registry:
         format); its own messages, in the same log, start with ``time=``."""
         return [line for line in self.proc.log_path.read_text(errors="replace").splitlines()
                 if " /v2/" in line and not line.startswith("time=")]
-
-
-Spawn = Callable[[str, list[str], dict[str, str]], Managed]
 
 
 def store_bytes(root: Path) -> int:

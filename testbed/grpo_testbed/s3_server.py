@@ -18,16 +18,14 @@ import os
 import secrets
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .processes import Managed, free_ports, wait_until
+from .processes import Managed, Spawn, free_ports, spawn, wait_until
 from .versions import binary
 
 log = logging.getLogger("grpo_testbed.s3")
 
-Spawn = Callable[[str, list[str], dict[str, str]], Managed]
 REGION = "us-east-1"
 
 
@@ -95,3 +93,10 @@ def start_s3_server(host: str, workdir: Path, spawn: Spawn) -> S3Server:
     server.start()
     log.info("S3 gateway on %s, data %s", server.endpoint, root)
     return server
+
+
+def standalone_s3_server(workdir: Path, host: str = "127.0.0.1") -> S3Server:
+    """The gateway outside a testbed (the trainer tier, the benchmarks), its log under
+    ``workdir/logs``; the caller ends it with ``stop()``."""
+    return start_s3_server(host, workdir,
+                           lambda name, argv, env: spawn(name, argv, workdir / "logs", env))

@@ -230,7 +230,8 @@ def test_launcher_leaves_no_process_behind(sig: signal.Signals, tmp_path: Path) 
             proc.kill()
 
 
-def test_the_testbed_serves_s3_on_the_api_servers_address(testbed: Testbed) -> None:
+def test_the_testbed_serves_s3_on_the_api_servers_address(
+        testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every full testbed runs its S3 server (versitygw) where the API server listens: a
     client with its keys writes, lists and reads back; without them it is refused."""
     from grpo_api.trainer_config import ObjectStoreConfig
@@ -241,18 +242,11 @@ def test_the_testbed_serves_s3_on_the_api_servers_address(testbed: Testbed) -> N
     bucket = s3.make_bucket("testbed-check")
     cfg = ObjectStoreConfig(uri=f"s3://{bucket}/a", endpoint=s3.endpoint, path_style=True,
                             keys_secret="testbed-keys")
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    try:
-        os.environ.update(AWS_ACCESS_KEY_ID=s3.access_key, AWS_SECRET_ACCESS_KEY=s3.secret_key)
-        store = ObjectStore(cfg)
-        store.put_bytes("x/y.bin", b"hello")
-        assert store.sizes() == {"x/y.bin": 5} and store.get_bytes("x/y.bin") == b"hello"
-        os.environ["AWS_SECRET_ACCESS_KEY"] = "wrong"
-        with pytest.raises(StoreRefused, match="testbed-keys"):
-            ObjectStore(cfg).sizes()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
+    store = ObjectStore(cfg)
+    store.put_bytes("x/y.bin", b"hello")
+    assert store.sizes() == {"x/y.bin": 5} and store.get_bytes("x/y.bin") == b"hello"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(StoreRefused, match="testbed-keys"):
+        ObjectStore(cfg).sizes()

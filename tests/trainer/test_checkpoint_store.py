@@ -24,8 +24,7 @@ from typing import Any
 import pytest
 
 from grpo_api.trainer_config import Config, ObjectStoreConfig
-from grpo_testbed.processes import Managed, spawn
-from grpo_testbed.s3_server import REGION, S3Server, start_s3_server
+from grpo_testbed.s3_server import REGION, S3Server, standalone_s3_server
 from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
@@ -64,33 +63,22 @@ def store(tmp_path_factory: pytest.TempPathFactory, local_ray_args: dict[str, An
     environment, as a pod gets them from the Secret (the ranks read them there)."""
     import ray
 
-    work = tmp_path_factory.mktemp("s3")
-    procs: list[Managed] = []
-
-    def run(name: str, argv: list[str], env: dict[str, str]) -> Managed:
-        procs.append(spawn(name, argv, work / "logs", env))
-        return procs[-1]
-
-    server = start_s3_server("127.0.0.1", work, run)
+    server = standalone_s3_server(tmp_path_factory.mktemp("s3"))
     server.make_bucket(BUCKET)
     was_running = ray.is_initialized()
     if was_running:
         ray.shutdown()
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID=server.access_key,
-                      AWS_SECRET_ACCESS_KEY=server.secret_key)
-    ray.init(**local_ray_args)
     try:
-        yield Store(server, server.root / BUCKET)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("AWS_ACCESS_KEY_ID", server.access_key)
+            env.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
+            ray.init(**local_ray_args)
+            try:
+                yield Store(server, server.root / BUCKET)
+            finally:
+                ray.shutdown()
     finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        for p in procs:
-            p.stop()
+        server.stop()
         if was_running:
             ray.init(**local_ray_args)
 
