@@ -303,10 +303,10 @@ class RankCheckpointer:
         own = rank_file(self.state.world.rank)
         return own if own in verify else rank_file(0)
 
-    def _prepare(self, reader: DirectReader, root: Path) -> CrossLoad:
+    def _prepare(self, metadata: Any, root: Path) -> CrossLoad:
         """What to read, and into what (saved under another rung's settings: precision)."""
         msd, osd = self._state()
-        load = prepare({"model": msd, "optim": osd}, saved_entries(reader.read_metadata()))
+        load = prepare({"model": msd, "optim": osd}, saved_entries(metadata))
         if load.plan.problems:  # every rank alike: the same metadata, the same keys
             raise CheckpointIncompatible(self._incompatible(root, load.plan.problems))
         return load
@@ -344,8 +344,9 @@ class RankCheckpointer:
             problems = agree(fetch(self._store, root, first, sizes), pg)
             if problems:
                 return {"bad": problems}
-            load = self._prepare(reader, root)  # alike on every rank: the same metadata
-            wanted = first | (plan_files(load.targets, reader.read_metadata()) & verify.keys())
+            metadata = reader.read_metadata()
+            load = self._prepare(metadata, root)  # alike on every rank: the same metadata
+            wanted = first | (plan_files(load.targets, metadata) & verify.keys())
             problems = fetch(self._store, root, wanted, sizes)
             check = Verification(root, {k: verify[k] for k in wanted}, self.threads, pg,
                                   problems)
@@ -353,7 +354,7 @@ class RankCheckpointer:
                 return {"bad": check.wait()}
         try:
             if load is None:
-                load = self._prepare(reader, root)
+                load = self._prepare(reader.read_metadata(), root)
             dcp.load(load.targets, storage_reader=reader, process_group=pg)
         except BaseException:  # DCP's CheckpointException is a BaseException
             # The gate's refusal would come back wrapped by DCP: name the files.
