@@ -31,8 +31,8 @@ DISTRIBUTION_VERSION = "v3.1.2"
 # against their real schemas. The proxy serves v0.94.1 (v0.95.x and v0.90.0 answer 403).
 PROMETHEUS_OPERATOR_VERSION = "v0.94.1"
 # The testbed's S3 server (s3_server.py): Versity's S3 gateway over a POSIX directory, a
-# server sites run in production (not a mock). Chosen over SeaweedFS for its build: 95 s
-# cold on 2 cores against ~420 s (docs/testbed.md). The proxy serves v1.8.0.
+# server sites run in production (not a mock). Chosen over SeaweedFS for its build: 138 s
+# cold on 2 cores against ~420 s (docs/benchmarks.md). The proxy serves v1.8.0.
 VERSITYGW_VERSION = "v1.8.0"
 
 
