@@ -21,6 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 t_start=$SECONDS
 hack/setup.sh || exit 1
+t_setup=$((SECONDS - t_start))
 printf '\n==> ruff\n'; .venv/bin/ruff check . || exit 1
 printf '\n==> mypy\n'; .venv/bin/mypy || exit 1
 
@@ -41,26 +42,46 @@ IMPORT_FAILED=90
 logs=$(mktemp -d -t grpo-test-XXXXXX)
 printf '==> in the background: the cluster tier (%s/cluster.log)\n' "$logs"
 # cluster.done, not the pid: an ended child stays a zombie (kill -0 finds it) until `wait`.
-( rc=0; .venv/bin/pytest -m cluster --durations=15 --basetemp="$logs/cluster-tmp" \
-    >"$logs/cluster.log" 2>&1 || rc=$?; touch "$logs/cluster.done"; exit "$rc" ) & cluster=$!
+# Each background tier writes its seconds to <name>.s: CI shows only the output's tail, and
+# the summary at the very end is what says where the time went.
+( rc=0; t0=$SECONDS; .venv/bin/pytest -m cluster --durations=15 --basetemp="$logs/cluster-tmp" \
+    >"$logs/cluster.log" 2>&1 || rc=$?; echo $((SECONDS - t0)) >"$logs/cluster.s"
+  touch "$logs/cluster.done"; exit "$rc" ) & cluster=$!
 printf '==> in the background: the real node'"'"'s image store (%s), the e2e modules that' \
   "$logs/node-images.log"
 printf ' train nothing (%s), then those that train (%s)\n' "$logs/e2e-beside.log" \
   "$logs/e2e-train.log"
 ignore=(); for f in "${E2E_BESIDE[@]}"; do ignore+=(--ignore="$f"); done
 (
+  t0=$SECONDS
   .venv/bin/grpo-testbed node-images >"$logs/node-images.log" 2>&1 || exit "$IMPORT_FAILED"
-  rc=0
+  echo $((SECONDS - t0)) >"$logs/node-images.s"
+  rc=0; t0=$SECONDS
   .venv/bin/pytest -m e2e --durations=10 --basetemp="$logs/e2e-beside-tmp" "${E2E_BESIDE[@]}" \
     >"$logs/e2e-beside.log" 2>&1 || rc=$?
+  echo $((SECONDS - t0)) >"$logs/e2e-beside.s"
   until [ -e "$logs/cluster.done" ]; do sleep 10; done
+  t0=$SECONDS
   .venv/bin/pytest -m e2e --durations=15 --basetemp="$logs/e2e-train-tmp" "${ignore[@]}" \
     >"$logs/e2e-train.log" 2>&1 || rc=$?
+  echo "$((SECONDS - t0)) (from $((t0 - t_start)) s)" >"$logs/e2e-train.s"
   exit "$rc"
 ) & e2e=$!
 
 printf '\n==> pytest: unit, trainer, vllm and images tiers\n'
+# Stopped from outside (CI's time limit): say how far each tier got, last, where the
+# output's tail shows it.
+on_term() {
+  echo "terminated after $((SECONDS - t_start)) s: setup $t_setup s, unit/trainer/vllm/images" \
+    "running for $((SECONDS - t0)) s; cluster $(took cluster), node images $(took node-images)," \
+    "e2e that train nothing $(took e2e-beside), e2e that train $(took e2e-train) (? = not ended)"
+  exit 143
+}
+took() { cat "$logs/$1.s" 2>/dev/null || echo "?"; }
+trap on_term TERM INT
+t0=$SECONDS
 .venv/bin/pytest -m "not gpu and not cluster and not e2e" --durations=30; rc_main=$?
+t_main=$((SECONDS - t0))
 
 printf '\n==> the cluster tier (it ran beside them)\n'
 rc_cluster=0; wait "$cluster" || rc_cluster=$?
@@ -80,6 +101,9 @@ fi
 
 echo "test suite finished in $((SECONDS - t_start)) s: unit/trainer/vllm/images exit" \
   "$rc_main, cluster exit $rc_cluster, e2e exit $rc_e2e"
+echo "seconds: setup $t_setup; unit/trainer/vllm/images $t_main; beside them: cluster" \
+  "$(took cluster), node images $(took node-images), e2e that train nothing $(took e2e-beside)," \
+  "e2e that train $(took e2e-train); load average now $(cut -d' ' -f1-3 /proc/loadavg)"
 for rc in "$rc_main" "$rc_cluster" "$rc_e2e"; do
   [ "$rc" = 0 ] || exit "$rc"
 done

@@ -102,3 +102,20 @@ def test_a_fault_switch_without_the_real_node_is_refused_before_anything_starts(
             running_testbed(tmp_path / "tb", injections=(switch,)):
         pass
     assert not (tmp_path / "tb").exists()
+
+
+def test_every_component_program_is_found_where_one_go_build_writes_it() -> None:
+    """`go build -o dir/` names a program after its import path's last element, the one
+    before a major-version suffix: etcd's `.../server/v3` lands as `server` (checked against
+    Go 1.26 by hand) and is renamed to `etcd`; a wrong name would fail a cold build only."""
+    from grpo_testbed.build import _program_name
+    from grpo_testbed.versions import COMPONENTS
+
+    assert _program_name("go.etcd.io/etcd/server/v3") == "server"
+    assert _program_name("k8s.io/kubernetes/cmd/kubectl") == "kubectl"
+    etcd = next(c for c in COMPONENTS if c.name == "etcd")
+    assert [_program_name(p) for p in etcd.packages] == ["server"]
+    # Two programs of one component never land on the same name.
+    for c in COMPONENTS:
+        names = [_program_name(p) for p in c.packages]
+        assert len(set(names)) == len(names), c.name
