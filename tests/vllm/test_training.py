@@ -168,19 +168,6 @@ def test_sigkill_and_resume_end_bit_identical(text_run: dict[str, Any], tmp_path
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
-def test_vlm_with_images_learns_with_vllm(vllm_vlm: Path, tmp_path: Path) -> None:
-    data = write_vision_task(tmp_path / "vision.parquet")
-    cfg = text_config(vllm_vlm, data, trainer={"total_steps": STEPS})
-    cfg = _vllm(cfg, tp=1)  # one engine per rank: 2 x TP 1
-    history = _finish(_start(cfg, tmp_path, "vlm"), tmp_path, "vlm")
-    assert sorted(history) == list(range(1, STEPS + 1))
-    start, end = _rises(history)
-    assert end > start + 0.15, [history[s]["reward/mean"] for s in sorted(history)]
-    # Vision placeholders are never sampled: vLLM's log-probs are renormalised without
-    # them (test_engine.py), a few 1e-3 apart from the actor's.
-    assert all(m["rollout/logprob_abs_diff_mean"] < 0.05 for m in history.values())
-
-
 def test_text_reward_rises_with_vllm_lora(vllm_lora_lm: Path, tmp_path: Path) -> None:
     """LoRA with vLLM rollouts (one engine per rank): the base loaded once, the adapter
     sent each step, the reward rises and the engine's log-probs stay the actor's."""
@@ -208,7 +195,12 @@ def test_text_and_vlm_learn_in_bf16_with_vllm(
     vllm_lm: Path, vllm_vlm: Path, tmp_path: Path
 ) -> None:
     """``actor.precision: bf16``: each step's weight sync sends the bf16 weights (widened
-    to the engine's float32), so vLLM samples from exactly the actor's policy."""
+    to the engine's float32), so vLLM samples from exactly the actor's policy.
+
+    The VLM run is also the tier's proof that a VLM learns from images with vLLM (one
+    engine per rank). A second run, the same in float32, proved that path again and was
+    merged into this one: float32 VLM weights reach vLLM exactly (test_engine.py), and a
+    float32 VLM's steps with images are the trainer tier's (tests/trainer/test_vlm.py)."""
     text = write_text_task(tmp_path / "text.jsonl")
     vision = write_vision_task(tmp_path / "vision.parquet")
     runs = {
