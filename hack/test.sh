@@ -72,9 +72,11 @@ printf '\n==> pytest: unit, trainer, vllm and images tiers\n'
 # Stopped from outside (CI's time limit): say how far each tier got, last, where the
 # output's tail shows it.
 on_term() {
+  local main="running for $((SECONDS - t0)) s"
+  [ -n "${t_main:-}" ] && main="ended in $t_main s"
   echo "terminated after $((SECONDS - t_start)) s: setup $t_setup s, unit/trainer/vllm/images" \
-    "running for $((SECONDS - t0)) s; cluster $(took cluster), node images $(took node-images)," \
-    "e2e that train nothing $(took e2e-beside), e2e that train $(took e2e-train) (? = not ended)"
+    "$main; cluster $(took cluster), node images $(took node-images), e2e that train" \
+    "nothing $(took e2e-beside), e2e that train $(took e2e-train) (? = not ended)"
   exit 143
 }
 took() { cat "$logs/$1.s" 2>/dev/null || echo "?"; }
