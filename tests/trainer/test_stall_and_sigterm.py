@@ -29,9 +29,8 @@ from grpo_api.contract import ExitCode
 from grpo_testkit.configs import text_config
 from grpo_testkit.crash import step_metrics
 from grpo_testkit.datasets import write_text_task
-from grpo_trainer.checkpointing.dcp import read_manifest, read_tracker
+from grpo_trainer.checkpointing.dcp import check_sizes, read_tracker
 from grpo_trainer.checkpointing.export import load_model_tensors
-from grpo_trainer.checkpointing.tracker import size_problems
 from grpo_trainer.liveness.stall_monitor import DUMP_WAIT_S
 
 pytestmark = pytest.mark.trainer
@@ -139,12 +138,9 @@ def test_a_stopped_rank_is_named_within_the_timeout_and_its_last_checkpoint_is_w
     # here proved it again for 30 s of the tier.)
     tracker = read_tracker(ckpt)
     assert tracker is not None and tracker.step == last, tracker
-    step_dir = ckpt / tracker.dir
-    manifest = read_manifest(step_dir)
+    manifest, problems = check_sizes(ckpt / tracker.dir)
     assert manifest is not None and manifest.step == last
-    sizes = {n: (step_dir / n).stat().st_size if (step_dir / n).is_file() else None
-             for n in manifest.files}
-    assert size_problems(manifest, sizes) == []
+    assert problems == []
 
 
 def _same_weights(a: Path, b: Path) -> None:
