@@ -188,6 +188,8 @@ class ConditionType(StrEnum):
     FABRIC_FALLBACK = "FabricFallback"
     # The trainer's measured peaks against the plan's (status.progress.measuredPeaks)
     MEMORY_PLAN = "MemoryPlan"
+    # The newest checkpoint's upload to spec.checkpoint.store (status.progress.checkpointUpload)
+    CHECKPOINT_UPLOAD = "CheckpointUpload"
 
 
 # The operator rewrites these on every phase change; it keeps the others as they are.
@@ -310,6 +312,9 @@ class Reason(StrEnum):
     # The MemoryPlan condition (and the Warning event when it turns Underestimated)
     WITHIN_PLAN = "WithinPlan"
     UNDERESTIMATED = "Underestimated"
+    # The CheckpointUpload condition (and the Warning event when it turns UploadRetrying)
+    UPLOADED = "Uploaded"
+    UPLOAD_RETRYING = "UploadRetrying"
     # Events only
     PLANNED = "Planned"
     CREATED = "Created"
@@ -372,6 +377,15 @@ class Env(StrEnum):
     ATTEMPT = "GRPO_ATTEMPT"
     FAULT_INJECT = "GRPO_FAULT_INJECT"  # test-only fault switch, documented in docs/
     TERMINATION_LOG = "GRPO_TERMINATION_LOG"  # where the driver writes it (tests: a file)
+
+
+# An s3:// URI as spec.checkpoint.store and the trainer's checkpoint.store take it: a
+# bucket name as S3 allows it (3-63 lowercase letters, digits, dots and hyphens), then an
+# optional prefix.
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
+# spec.checkpoint.store.keysSecret's keys, the env names the Ray containers get them as:
+# the AWS credential chain's own (obstore, boto3 and the AWS CLI read them).
+STORE_KEY_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
 # Pinned host blocks above this are allocated exactly and freed, not rounded up to a power

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from .contract import STALL_TIMEOUT_S
+from .contract import S3_URI_PATTERN, STALL_TIMEOUT_S
 
 
 class _Strict(BaseModel):
@@ -454,7 +454,7 @@ class ObjectStoreConfig(_Strict):
     mounts them from ``keys_secret``), else the pod's identity (IRSA's web identity, the
     instance's metadata)."""
 
-    uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+    uri: str = Field(pattern=S3_URI_PATTERN,
                      description="s3://bucket/prefix under which step-<N>/ and latest live")
     endpoint: str | None = Field(default=None, pattern=r"^https?://",
                                  description="for a store other than AWS S3: MinIO, Ceph, GCS")

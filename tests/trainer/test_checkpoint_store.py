@@ -97,10 +97,21 @@ class _Lines(io.StringIO):
         return n
 
 
-def _train(cfg: Config, on_step: Any = None, exported: list[FinalExport] | None = None
+def _train(cfg: Config, on_step: Any = None, exported: list[FinalExport] | None = None,
+           uploads: dict[int, dict[str, object] | None] | None = None
            ) -> dict[int, dict[str, Any]]:
-    out = _Lines(on_step)
-    trainer = GRPOTrainer(cfg, checkpointer=DCPCheckpointer(cfg),
+    """Train; ``uploads``: what the driver reports of the store's upload after each step
+    (status.progress.checkpointUpload), and under -1 after the run."""
+    checkpointer = DCPCheckpointer(cfg)
+
+    def step_done(step: int) -> None:
+        if uploads is not None:
+            uploads[step] = checkpointer.upload_status()
+        if on_step is not None:
+            on_step(step)
+
+    out = _Lines(step_done)
+    trainer = GRPOTrainer(cfg, checkpointer=checkpointer,
                           metrics=MetricsLogger(cfg.metrics, cfg.trainer.total_steps or 0,
                                                 stream=out))
     try:
@@ -111,6 +122,8 @@ def _train(cfg: Config, on_step: Any = None, exported: list[FinalExport] | None 
             exported.append(done)
     finally:
         trainer.close()
+    if uploads is not None:
+        uploads[-1] = checkpointer.upload_status()
     lines = [json.loads(x) for x in out.getvalue().splitlines()]
     return {m["step"]: {k: v for k, v in m.items() if not k.startswith(VOLATILE)}
             for m in lines}
@@ -196,9 +209,10 @@ def test_the_store_down_mid_upload_delays_the_checkpoint_not_the_steps(
     # Were the steps to wait for the upload, step 3 would never come: the deadline ends
     # the run instead of the test hanging.
     cfg = _config(tiny_lm, data, tmp_path / "pod", store, "outage", upload_deadline_s=90)
+    uploads: dict[int, dict[str, object] | None] = {}
     with caplog.at_level(logging.INFO, logger="grpo_trainer.checkpointing"):
         try:
-            metrics = _train(cfg, on_step)
+            metrics = _train(cfg, on_step, uploads=uploads)
         finally:
             store.server.start()
     assert sorted(metrics) == [1, 2, 3, 4]
@@ -209,6 +223,14 @@ def test_the_store_down_mid_upload_delays_the_checkpoint_not_the_steps(
     # Both checkpoints completed once the store was back.
     assert _manifest(store, "outage", 2).step == 2
     assert _manifest(store, "outage", 4).step == 4
+    # What the operator's CheckpointUpload condition was told: step 2's upload still
+    # waiting on the store while step 3 trained, then the last checkpoint up.
+    assert uploads[1] is None, uploads
+    during = uploads[3]
+    assert during is not None and during["step"] == 2, uploads
+    assert during["state"] in ("Uploading", "Retrying"), uploads
+    done = uploads[-1]
+    assert done is not None and (done["state"], done["step"]) == ("Uploaded", 4), uploads
 
 
 def test_refused_keys_stop_the_run_at_once_naming_the_secret(

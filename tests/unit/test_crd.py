@@ -128,6 +128,7 @@ def test_every_field_of_the_trainers_progress_patch_is_in_the_crds_schema() -> N
     key the trainer's report sends, each one set, is a property of status.progress and
     parses into ProgressStatus."""
     from grpo_api.job.status import ProgressStatus
+    from grpo_trainer.checkpointing.dcp import upload_wire
     from grpo_trainer.driver.measured_peaks import PeakTracker
     from grpo_trainer.liveness.progress import Progress
 
@@ -139,7 +140,9 @@ def test_every_field_of_the_trainers_progress_patch_is_in_the_crds_schema() -> N
                       save_seconds=1.5, bad_rows=4,
                       transport={"network": "Socket", "intraNode": [], "interNode": True,
                                  "causes": [], "attempt": 0},
-                      measured_peaks=peaks.to_status()).to_status()
+                      measured_peaks=peaks.to_status(),
+                      checkpoint_upload=upload_wire("Retrying", 2, 7, 41.26, "503 Slow Down")
+                      ).to_status()
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     progress = schema["status"]["properties"]["progress"]["properties"]
     assert set(report) <= set(progress), set(report) - set(progress)
@@ -149,5 +152,8 @@ def test_every_field_of_the_trainers_progress_patch_is_in_the_crds_schema() -> N
     assert set(measured) == set(progress["measuredPeaks"]["properties"]), measured
     parsed = ProgressStatus.model_validate(report)
     assert parsed.bad_rows == 4
+    assert parsed.checkpoint_upload is not None and (
+        parsed.checkpoint_upload.state, parsed.checkpoint_upload.waited_seconds) == (
+            "Retrying", 41.3)
     assert parsed.measured_peaks is not None and parsed.measured_peaks.gpu_gib == {
         "rollout": 16.0, "training": 32.0}

@@ -9,10 +9,13 @@ from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
 
 from ..contract import MAX_RESTARTS, STALL_TIMEOUT_S, CheckpointRetention, FailureReason
 from .base import DNS_LABEL_PATTERN, QUANTITY_PATTERN, ApiModel, cel_rule
+from .store import ObjectStoreSpec
 
 
 class CheckpointSpec(ApiModel):
-    """Where checkpoints go: an existing claim, or a new PVC of a size."""
+    """Where checkpoints go: an existing claim, or a new PVC of a size; with ``store``, the
+    checkpoints themselves go to an S3-compatible store and the claim keeps the job's
+    other files (attempts' logs, events and stall stacks, the data index, the hub cache)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -62,6 +65,15 @@ class CheckpointSpec(ApiModel):
             "stay (the operator's claim is labelled grpo.dev/job and grpo.dev/job-uid); a "
             "job created again under the same name adopts it and resumes from its newest "
             "complete checkpoint. Delete: the claim is owned by the job and deleted with it."
+        ),
+    )
+    store: ObjectStoreSpec | None = Field(
+        None,
+        description=(
+            "Keep the checkpoints and the exported model in an S3-compatible object store "
+            "(AWS S3, GCS's S3 interoperability, MinIO, Ceph RGW, SeaweedFS) under "
+            "<uri>/<namespace>/<job>/. Each save is staged on the claim, uploaded in the "
+            "background and its staged files dropped; a resume fetches what it needs."
         ),
     )
     delete_claim_with_job: bool = Field(

@@ -196,6 +196,21 @@ class FetchProgress(ApiModel):
     message: str | None = Field(None, max_length=1024, description="Why it failed.")
 
 
+class CheckpointUploadProgress(ApiModel):
+    """The newest checkpoint's upload to spec.checkpoint.store, as the driver last saw its
+    ranks' uploads; shown as the CheckpointUpload condition."""
+
+    state: Literal["Uploading", "Retrying", "Uploaded"] = Field(
+        description="Uploading: files still going up; Retrying: the store failed some and "
+        "they are retried with backoff (training goes on); Uploaded: the checkpoint is "
+        "complete in the store.")
+    step: int = Field(ge=0, description="The checkpoint's step.")
+    tries: int = Field(0, ge=0, description="Upload requests so far, retries included.")
+    waited_seconds: float = Field(0.0, ge=0, description="Since its upload began.")
+    message: str | None = Field(
+        None, max_length=1024, description="The store's last error (never the keys).")
+
+
 class TransportStatus(ApiModel):
     """The transport NCCL chose, from its INIT/NET log lines on the first attempt's ranks
     (grpo_trainer.cluster.nccl_log); the operator shows a fabric job that got sockets as the
@@ -293,6 +308,10 @@ class ProgressStatus(ApiModel):
         None, description="The highest memory readings of the attempt's ranks so far, beside "
         "plan.peaks (the MemoryPlan condition)."
     )
+    checkpoint_upload: CheckpointUploadProgress | None = Field(
+        None, description="With spec.checkpoint.store: the newest checkpoint's upload (the "
+        "CheckpointUpload condition)."
+    )
 
     @model_validator(mode="after")
     def _read_old_stage(self) -> ProgressStatus:
@@ -383,11 +402,17 @@ class ExportStatus(ApiModel):
     """Where the finished job's model is: written by the operator from the trainer's
     termination message when the job succeeds."""
 
-    claim_name: str = Field(description="The checkpoint claim that holds it.")
-    path: str = Field(
+    claim_name: str | None = Field(None, description="The checkpoint claim that holds it.")
+    path: str | None = Field(
+        None,
         min_length=1,
         description="Directory in that claim (e.g. <namespace>/<job>/export): Hugging Face "
         "safetensors, config and processor files; from_pretrained loads it.",
+    )
+    uri: str | None = Field(
+        None, min_length=1,
+        description="With spec.checkpoint.store: where in the store it is (s3://...; the "
+        "same files, its marker export.json uploaded last).",
     )
     step: int = Field(ge=0, description="The training step it was exported from.")
 

@@ -142,6 +142,7 @@ SOURCES: Mapping[str, Source] = one_each((
     rendered("checkpoint.async_save", "spec.checkpoint.asyncSave"),
     rendered("checkpoint.export",
              "the operator (every job exports its final model: status.export)"),
+    rendered("checkpoint.store", "spec.checkpoint.store (the job's prefix below its uri)"),
     rendered("metrics.prometheus_port", "spec.logging"),
     rendered("metrics.progress_bar", "spec.logging"),
     rendered("metrics.tensorboard_dir", "spec.logging.tensorboard"),

@@ -239,3 +239,30 @@ def memory_plan_conditions(progress: ProgressStatus | None, plan: PlanStatus | N
     else:
         return None
     return _with_condition(conditions, MEMORY_PLAN, want, generation, now)
+
+
+CHECKPOINT_UPLOAD = ConditionType.CHECKPOINT_UPLOAD
+
+
+def checkpoint_upload_conditions(progress: ProgressStatus | None,
+                                 conditions: list[Condition], generation: int,
+                                 now: str) -> list[Condition] | None:
+    """The conditions with CheckpointUpload following the driver's report of the newest
+    save's upload to spec.checkpoint.store (``progress.checkpointUpload``), or None when
+    nothing changes: True (Uploaded) once a checkpoint is complete in the store; False
+    (UploadRetrying) while the store fails its upload and the ranks retry. A save whose
+    files are still going up without an error changes nothing."""
+    upload = progress.checkpoint_upload if progress is not None else None
+    if upload is None or upload.state == "Uploading":
+        return None
+    if upload.state == "Uploaded":
+        want = ("True", Reason.UPLOADED,
+                f"checkpoint step {upload.step} is complete in the store ({upload.tries} "
+                f"requests, {upload.waited_seconds:.0f} s)")
+    else:
+        want = ("False", Reason.UPLOAD_RETRYING,
+                f"checkpoint step {upload.step}: the store failed its upload, retried with "
+                f"backoff for {upload.waited_seconds:.0f} s ({upload.tries} requests so far): "
+                f"{upload.message or 'no answer'}. Training goes on; the job fails if no "
+                "checkpoint completes within checkpoint.store.uploadDeadlineSeconds")
+    return _with_condition(conditions, CHECKPOINT_UPLOAD, want, generation, now)

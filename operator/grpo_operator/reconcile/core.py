@@ -37,10 +37,12 @@ from .attempts import (
 from .claims import claim_problem
 from .classify import LOST_RANKS, in_context
 from .conditions import (
+    CHECKPOINT_UPLOAD,
     FABRIC_FALLBACK,
     MEMORY_GROWTH,
     MEMORY_PLAN,
     attempt_of,
+    checkpoint_upload_conditions,
     cluster_finding,
     fabric_conditions,
     hub_fetch_conditions,
@@ -231,8 +233,8 @@ def _read_model_config(ref: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec 
 
 
 def _on_job(status: GRPOJobStatus, generation: int, now: str) -> Action:
-    """The trainer's progress report: the MemoryGrowth, HubFetch, FabricFallback and
-    MemoryPlan conditions."""
+    """The trainer's progress report: the MemoryGrowth, HubFetch, FabricFallback,
+    MemoryPlan and CheckpointUpload conditions."""
     progress = status.progress
     grown = memory_growth_conditions(progress, status.conditions, generation, now)
     fetched = hub_fetch_conditions(progress, grown or status.conditions, generation, now)
@@ -241,7 +243,8 @@ def _on_job(status: GRPOJobStatus, generation: int, now: str) -> Action:
     before = fabric or fetched or grown or status.conditions
     planned = memory_plan_conditions(progress, status.plan, status.attempt, before,
                                      generation, now)
-    new = planned or fabric or fetched or grown
+    uploaded = checkpoint_upload_conditions(progress, planned or before, generation, now)
+    new = uploaded or planned or fabric or fetched or grown
     if new is None:
         return Action()
     growth = next((c for c in grown or [] if c.type == MEMORY_GROWTH), None)
@@ -253,6 +256,9 @@ def _on_job(status: GRPOJobStatus, generation: int, now: str) -> Action:
     if _turned(planned, status.conditions, MEMORY_PLAN, Reason.UNDERESTIMATED):
         under = next(c for c in planned or [] if c.type == MEMORY_PLAN)
         events.append(("Warning", Reason.UNDERESTIMATED, under.message))
+    if _turned(uploaded, status.conditions, CHECKPOINT_UPLOAD, Reason.UPLOAD_RETRYING):
+        retrying = next(c for c in uploaded or [] if c.type == CHECKPOINT_UPLOAD)
+        events.append(("Warning", Reason.UPLOAD_RETRYING, retrying.message))
     return Action(StatusFacts(reported=new), events=events)
 
 

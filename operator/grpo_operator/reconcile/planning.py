@@ -23,7 +23,7 @@ from grpo_api.model.families import weight_sync_problem
 from ..planner import InfeasibleError, Plan, UnsupportedArchitecture, next_safer_plan, plan_memory
 from ..planner.network import image_problem, plan_network
 from ..render import JobRef, pod_settings
-from ..render.children import logging_env
+from ..render.children import logging_env, store_env
 from ..render.trainer_config import trainer_config
 from .model_config import PlanInput
 
@@ -117,7 +117,7 @@ def checked_plan(spec: GRPOJobSpec, catalog: Mapping[str, GpuType] = GPU_CATALOG
         plan = plan_memory(spec, catalog, model_config, model_source)
     except UnsupportedArchitecture as exc:
         raise SpecError([f"spec.model.path: {exc}"]) from None
-    ours = [*plan.env, *(e["name"] for e in logging_env(spec))]
+    ours = [*plan.env, *(e["name"] for e in [*logging_env(spec), *store_env(spec)])]
     clashes = pod_settings.conflicts(spec.pods, ours)  # never override the operator's
     g = plan.geometry
     refused = [p for p in (image_problem(plan_network(g).fabrics, spec.image),

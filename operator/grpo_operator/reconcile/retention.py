@@ -127,6 +127,9 @@ def claim_change(spec: GRPOJobSpec, job: JobRef,
 
 def export_status(exported: Exported, claim: str) -> ExportStatus:
     """status.export from the trainer's report of its export (a path in the pod): the
-    path is given inside the claim, where a user who mounts the claim elsewhere finds it."""
+    path is given inside the claim, where a user who mounts the claim elsewhere finds it;
+    an export to spec.checkpoint.store is reported as its URI."""
+    if exported.path.startswith("s3://"):
+        return ExportStatus(claim_name=None, path=None, uri=exported.path, step=exported.step)
     path = exported.path.removeprefix(f"{CHECKPOINT_MOUNT}/").lstrip("/") or exported.path
-    return ExportStatus(claim_name=claim, path=path, step=exported.step)
+    return ExportStatus(claim_name=claim, path=path, uri=None, step=exported.step)

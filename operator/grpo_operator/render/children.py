@@ -26,6 +26,7 @@ from grpo_api.contract import (
     RANK0_NODE_LABEL,
     RAY_VERSION,
     ROLE_LABEL,
+    STORE_KEY_ENV,
     TERMINATION_LOG,
     CheckpointRetention,
     Env,
@@ -119,6 +120,17 @@ def logging_env(spec: GRPOJobSpec) -> list[dict[str, Any]]:
     return [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": ref}}]
 
 
+def store_env(spec: GRPOJobSpec) -> list[dict[str, Any]]:
+    """spec.checkpoint.store's keys, for every Ray container (every rank uploads its own
+    files): references to the Secret, so the keys are in no object the operator writes."""
+    store = spec.checkpoint.store
+    if store is None or store.keys_secret is None:
+        return []
+    return [{"name": key, "valueFrom": {"secretKeyRef": {"name": store.keys_secret,
+                                                         "key": key}}}
+            for key in STORE_KEY_ENV]
+
+
 def render_children(
     spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_image: str = "",
     debug_collectives: bool = False, measured_save_s: float | None = None,
@@ -161,8 +173,9 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
     """What the templates read; the ConfigMap's `config_yaml` is added by its caller."""
     claim = names.checkpoint_claim(job, spec.checkpoint.claim_name)
     head = merged(spec.pods, "head")
-    head["env"] = [*head["env"], *logging_env(spec)]
+    head["env"] = [*head["env"], *logging_env(spec), *store_env(spec)]
     workers = merged(spec.pods, "workers")
+    workers["env"] = [*workers["env"], *store_env(spec)]
     for pod in (head, workers):
         pod["affinity"] = avoiding(pod.get("affinity"), avoid_nodes)
     env = job_env(plan, job, attempt)

@@ -17,6 +17,7 @@ from grpo_api.contract import RANK0_NODE_LABEL
 from grpo_api.job import GRPOJobSpec
 from grpo_api.job.lora import ALL_LINEAR, LoraSpec
 from grpo_api.job.reward import RewardSpec
+from grpo_api.job.store import ObjectStoreSpec
 from grpo_api.job.tracking import LoggingSpec
 from grpo_api.job.trainer import PLANNED, passed_settings
 from grpo_api.trainer_config import MIN_PIXELS, Config
@@ -163,6 +164,8 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
             "keep": spec.checkpoint.keep,
             "async_save": spec.checkpoint.async_save,
             "export": True,  # the final model to <dir>/export: status.export says where
+            **({"store": store_config(spec.checkpoint.store, job)}
+               if spec.checkpoint.store is not None else {}),
         },
         "metrics": metrics_config(spec.logging, job) | {
             "planned_peaks": planned_peaks(plan).to_wire()},
@@ -186,8 +189,19 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
         cfg[section][key] = value
     if not g.is_gpu:  # no GPU memory to share with vLLM; a fixed, valid fraction
         cfg["rollout"]["gpu_memory_utilization"] = 0.5
-    Config.model_validate(cfg)  # raises with the field named; handlers report it
+    # Raises with the field named; handlers report it. The job's directory reaches the
+    # trainer as env (identity_env), over this file: checked here as the trainer sees it.
+    Config.model_validate(cfg | {"checkpoint": cfg["checkpoint"] | {"dir": checkpoint_dir(job)}})
     return cfg
+
+
+def store_config(store: ObjectStoreSpec, job: JobRef) -> dict[str, Any]:
+    """spec.checkpoint.store as the trainer's checkpoint.store: the job's own prefix,
+    <uri>/<namespace>/<job>, as its directory on a claim. The keys stay a Secret's name."""
+    return {"uri": f"{store.uri.rstrip('/')}/{job.namespace}/{job.name}",
+            "endpoint": store.endpoint, "region": store.region,
+            "path_style": store.path_style, "keys_secret": store.keys_secret,
+            "upload_deadline_s": float(store.upload_deadline_seconds)}
 
 
 def reward_config(reward: RewardSpec) -> dict[str, Any]:

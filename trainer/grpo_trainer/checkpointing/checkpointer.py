@@ -37,6 +37,11 @@ class Checkpointer(Protocol):
         """The newest committed save's measured time, start to commit."""
         ...
 
+    def upload_status(self) -> dict[str, object] | None:
+        """With checkpoint.store: the newest save's upload as status.progress
+        .checkpointUpload has it (camelCase); None without a store or before a save."""
+        ...
+
 
 class NoCheckpointer:
     """Training without checkpoints: nothing is written anywhere."""
@@ -54,4 +59,7 @@ class NoCheckpointer:
         return False
 
     def save_seconds(self) -> float | None:
+        return None
+
+    def upload_status(self) -> dict[str, object] | None:
         return None

@@ -116,6 +116,13 @@ def check_sizes(step_dir: Path, stored: dict[str, int] | None = None
     return manifest, size_problems(manifest, sizes)
 
 
+def upload_wire(state: str, step: int, tries: int, waited_s: float,
+                error: str | None) -> dict[str, object]:
+    """status.progress.checkpointUpload (grpo_api.job.status.CheckpointUploadProgress)."""
+    return {"state": state, "step": step, "tries": tries,
+            "waitedSeconds": round(waited_s, 1), "message": error[:1024] if error else None}
+
+
 class DCPCheckpointer:
     """``Checkpointer`` with torch.distributed.checkpoint under ``checkpoint.dir``."""
 
@@ -136,6 +143,7 @@ class DCPCheckpointer:
         self._latest_known = False
         self._pending: _Pending | None = None
         self.last_save: dict[str, float] = {}
+        self._upload: dict[str, object] | None = None  # upload_status()
         self.last_restore: dict[str, float] = {}
         # checkpoint.store: the local dir mirrors the store's small files (store_mirror.py).
         store = cfg.checkpoint.store
@@ -215,6 +223,9 @@ class DCPCheckpointer:
     def save_seconds(self) -> float | None:
         return self.last_save.get("save_s")
 
+    def upload_status(self) -> dict[str, object] | None:
+        return self._upload
+
     def wait(self, group: RankGroup) -> None:
         """Block until the save in flight (if any) is on disk and committed."""
         self._poll(group, wait=True)
@@ -275,7 +286,8 @@ class DCPCheckpointer:
             raise
         done = [r for r in results if r is not None and "files" in r]
         if len(done) < len(results):
-            self._note_upload([r["uploading"] for r in results if r and "uploading" in r])
+            self._note_upload(pending.step,
+                              [r["uploading"] for r in results if r and "uploading" in r])
             return
         # Before the driver's own files: a newer attempt may have removed the directory.
         self._fence(f"committing checkpoint step {pending.step}")
@@ -288,18 +300,22 @@ class DCPCheckpointer:
         if uploads and self.mirror is not None:
             n_files = sum(len(r["files"]) for r in done)
             tries = sum(int(u["tries"]) for u in uploads)
+            self._upload = upload_wire("Uploaded", pending.step, tries,
+                                       max(float(u["seconds"]) for u in uploads), None)
             log.info("checkpoint step %d is in the store %s: the ranks' %d files up in %.1f s "
                      "(%d tries%s)", pending.step, self.mirror.store.location, n_files,
                      max(u["seconds"] for u in uploads), tries,
                      "; the store failed some and they were retried" if tries > n_files else "")
 
-    @staticmethod
-    def _note_upload(statuses: list[dict[str, Any]]) -> None:
-        """The ranks' uploads that the store keeps waiting (checkpoint.store), logged when
-        one has been retried."""
+    def _note_upload(self, step: int, statuses: list[dict[str, Any]]) -> None:
+        """The ranks' uploads that the store keeps waiting (checkpoint.store): reported
+        (the CheckpointUpload condition), and logged when one has been retried."""
         if not statuses:
             return
         worst = max(statuses, key=lambda u: (u["tries"], u["waited_s"]))
+        self._upload = upload_wire("Retrying" if worst["error"] else "Uploading", step,
+                                   sum(int(u["tries"]) for u in statuses),
+                                   float(worst["waited_s"]), worst["error"])
         if worst["error"]:
             log.warning("checkpoint %s: upload to the store retried (%d tries, %.0f s): %s",
                         worst["uploading"], worst["tries"], worst["waited_s"], worst["error"])

@@ -311,7 +311,9 @@ class GRPOTrainer:
                 Progress(step, total, m["reward/mean"], ckpt, memory_growth=growth,
                          save_seconds=self.checkpointer.save_seconds(),
                          transport=self.group.transport, bad_rows=self._bad_rows(),
-                         measured_peaks=self.peaks.to_status(), **self.validator.progress()),
+                         measured_peaks=self.peaks.to_status(),
+                         checkpoint_upload=self.checkpointer.upload_status(),
+                         **self.validator.progress()),
                 force=step == total or ckpt != self._reported_checkpoint,
             )
             self._reported_checkpoint = ckpt
@@ -339,7 +341,9 @@ class GRPOTrainer:
             Progress(self.step, self.total_steps, last.get("reward/mean"),
                      self.checkpointer.latest_step(),
                      save_seconds=self.checkpointer.save_seconds(),
-                     measured_peaks=self.peaks.to_status(), **self.validator.progress()),
+                     measured_peaks=self.peaks.to_status(),
+                     checkpoint_upload=self.checkpointer.upload_status(),
+                     **self.validator.progress()),
             force=True,
         )
         raise StepError(self.step, Terminated(self.step, saved, save_s))

@@ -42,6 +42,8 @@ class Progress:
     bad_rows: int | None = None
     # The attempt's highest memory readings (driver.measured_peaks), beside status.plan.peaks.
     measured_peaks: dict[str, object] | None = None
+    # With checkpoint.store: the newest save's upload (Checkpointer.upload_status).
+    checkpoint_upload: dict[str, object] | None = None
 
     def to_status(self) -> dict[str, object]:
         """camelCase keys as in GRPOJob.status.progress. Every field is sent, unset
@@ -70,6 +72,8 @@ class Progress:
             status["badRows"] = self.bad_rows
         if self.measured_peaks is not None:  # a restart's first report replaces the object
             status["measuredPeaks"] = self.measured_peaks
+        if self.checkpoint_upload is not None:  # every key sent: null clears the message
+            status["checkpointUpload"] = self.checkpoint_upload
         return status
 
 

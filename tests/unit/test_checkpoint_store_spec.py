@@ -1,0 +1,116 @@
+"""spec.checkpoint.store reaches the job's pods: the trainer config's checkpoint.store
+under the job's own prefix, the keys as Secret references on every Ray container and in
+no object the operator writes, the export reported as its URI."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from grpo_api.contract import STORE_KEY_ENV
+from grpo_api.job import GRPOJobSpec
+from grpo_api.job.status import GRPOJobStatus
+from grpo_operator.reconcile.attempts import ensure_attempt
+from grpo_operator.reconcile.classify import Exported
+from grpo_operator.reconcile.planning import Planner
+from grpo_operator.reconcile.retention import export_status
+from grpo_operator.render import JobRef
+from grpo_operator.webhook import admission_problem
+from grpo_testbed.examples import example_job
+
+pytestmark = pytest.mark.unit
+
+GPU = example_job("grpojob-qwen25vl-7b-h100.yaml")["spec"]
+JOB = JobRef("geo", "team", "0f1e2d3c-uid")
+STORE = {"uri": "s3://ckpt-bucket/grpo/", "endpoint": "http://minio.storage:9000",
+         "region": "eu-west-1", "pathStyle": True, "keysSecret": "s3-keys"}
+
+
+def with_store(store: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(GPU)
+    if store is not None:
+        spec["checkpoint"]["store"] = store
+    spec.update(extra)
+    return spec
+
+
+def rendered(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    d = ensure_attempt(JOB, Planner(spec).plan([], None), GRPOJobStatus(),
+                       "2026-01-01T00:00:00Z", "img")
+    assert d.children, d.status
+    return list(d.children)
+
+
+def of_kind(kids: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(c for c in kids if c["kind"] == kind)
+
+
+def ray_containers(kids: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    spec = of_kind(kids, "RayCluster")["spec"]
+    groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    return [g["template"]["spec"]["containers"][0] for g in groups]
+
+
+def test_the_trainer_gets_the_store_under_the_jobs_own_prefix() -> None:
+    config = yaml.safe_load(of_kind(rendered(with_store(STORE)), "ConfigMap")
+                            ["data"]["config.yaml"])
+    assert config["checkpoint"]["store"] == {
+        "uri": "s3://ckpt-bucket/grpo/team/geo", "endpoint": "http://minio.storage:9000",
+        "region": "eu-west-1", "path_style": True, "keys_secret": "s3-keys",
+        "upload_deadline_s": 1800.0}
+    plain = yaml.safe_load(of_kind(rendered(with_store(None)), "ConfigMap")
+                           ["data"]["config.yaml"])
+    assert "store" not in plain["checkpoint"]
+
+
+def test_every_ray_container_gets_the_keys_from_the_secret_and_nothing_holds_them() -> None:
+    kids = rendered(with_store(STORE))
+    refs = [{"name": k, "valueFrom": {"secretKeyRef": {"name": "s3-keys", "key": k}}}
+            for k in STORE_KEY_ENV]
+    containers = ray_containers(kids)
+    assert len(containers) >= 2  # the head and the worker group
+    for c in containers:
+        assert all(r in c["env"] for r in refs), c["name"]
+    # Only references: no value of the keys' names anywhere in the children.
+    for e in (e for c in containers for e in c["env"] if e["name"] in STORE_KEY_ENV):
+        assert "value" not in e
+    # Without a Secret (the pods' identity: IRSA, workload identity) no key env at all.
+    anonymous = {k: v for k, v in STORE.items() if k != "keysSecret"}
+    for c in ray_containers(rendered(with_store(anonymous))):
+        assert not {e["name"] for e in c["env"]} & set(STORE_KEY_ENV)
+
+
+def test_a_key_also_set_in_spec_pods_is_refused_naming_it() -> None:
+    pods = {"workers": {"env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "k"}]}}
+    problem = admission_problem(with_store(STORE, pods=pods), None)
+    assert problem is not None and "AWS_SECRET_ACCESS_KEY" in problem, problem
+
+
+@pytest.mark.parametrize(("store", "field"), [
+    ({"uri": "gs://bucket/x"}, "uri"),
+    ({"uri": "s3://Bucket_Upper/x"}, "uri"),
+    ({"uri": "s3://bucket", "endpoint": "minio:9000"}, "endpoint"),
+    ({"uri": "s3://bucket", "keysSecret": "Not_A_Name"}, "keysSecret"),
+    ({"uri": "s3://bucket", "uploadDeadlineSeconds": 5}, "uploadDeadlineSeconds"),
+    ({"uri": "s3://bucket", "accessKey": "AKIA..."}, "accessKey"),
+])
+def test_a_bad_store_is_refused_naming_the_field(store: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        GRPOJobSpec.model_validate(with_store(store))
+    problem = admission_problem(with_store(store), None)
+    assert problem is not None and field in problem, problem
+
+
+def test_an_export_to_the_store_is_reported_as_its_uri() -> None:
+    uri = "s3://ckpt-bucket/grpo/team/geo/export"
+    assert export_status(Exported(uri, 8), "geo-checkpoints").to_wire() == {
+        "uri": uri, "step": 8}
+    on_claim = export_status(Exported("/checkpoints/team/geo/export", 8), "geo-checkpoints")
+    assert on_claim.to_wire() == {"claimName": "geo-checkpoints",
+                                  "path": "team/geo/export", "step": 8}
+    assert "s3-keys" not in json.dumps(on_claim.to_wire())
