@@ -465,6 +465,9 @@ class ObjectStoreConfig(_Strict):
     # The job fails when no checkpoint has completed for this long because its upload keeps
     # failing (the store down or refusing); training goes on until then.
     upload_deadline_s: float = Field(default=1800.0, gt=0)
+    # ``dir`` is the pod's own disk (no claim): attempts/<n>/ (logs, events, stall stacks)
+    # is copied to the store's attempts/<n>/ too (grpo_trainer.liveness.attempt_keeper).
+    keep_attempts: bool = False
 
 
 class CheckpointConfig(_Strict):

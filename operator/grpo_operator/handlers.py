@@ -131,11 +131,14 @@ def grpojob_reconcile(body: kopf.Body, namespace: str | None, memo: kopf.Memo,
         # What to read comes from the stored spec as it is: reconcile parses it.
         raw_spec = dict(body.get("spec") or {})
         status = rec.read_status(body.get("status")).status
-        claim = names.checkpoint_claim(ref, (raw_spec.get("checkpoint") or {}).get("claimName"))
+        ckpt = raw_spec.get("checkpoint") or {}
+        # No claim to read for a job with checkpoint.store and neither claimName nor size.
+        claim = (names.checkpoint_claim(ref, ckpt.get("claimName"))
+                 if ckpt.get("claimName") or ckpt.get("size") or not ckpt.get("store") else None)
         model_claim = (raw_spec.get("model") or {}).get("claimName")
         # A new job's name may be an earlier job's whose pods are still going away.
         fresh = not status.attempts
-        observed = Observed(claim=kube.get_claim(ns, claim),
+        observed = Observed(claim=kube.get_claim(ns, claim) if claim else None,
                             model_claim=kube.get_claim(ns, model_claim) if model_claim else None,
                             pods=kube.list_pods(ns, f"{JOB_LABEL}={name}") if fresh else [])
         config = from_memo(memo)

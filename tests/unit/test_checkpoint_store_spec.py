@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 import pytest
@@ -62,7 +63,7 @@ def test_the_trainer_gets_the_store_under_the_jobs_own_prefix() -> None:
     assert config["checkpoint"]["store"] == {
         "uri": "s3://ckpt-bucket/grpo/team/geo", "endpoint": "http://minio.storage:9000",
         "region": "eu-west-1", "path_style": True, "keys_secret": "s3-keys",
-        "upload_deadline_s": 1800.0}
+        "upload_deadline_s": 1800.0, "keep_attempts": False}
     plain = yaml.safe_load(of_kind(rendered(with_store(None)), "ConfigMap")
                            ["data"]["config.yaml"])
     assert "store" not in plain["checkpoint"]
@@ -114,3 +115,57 @@ def test_an_export_to_the_store_is_reported_as_its_uri() -> None:
     assert on_claim.to_wire() == {"claimName": "geo-checkpoints",
                                   "path": "team/geo/export", "step": 8}
     assert "s3-keys" not in json.dumps(on_claim.to_wire())
+
+
+def without_claim(store: dict[str, Any] = STORE) -> dict[str, Any]:
+    spec = with_store(store)
+    for key in ("claimName", "size", "storageClass"):
+        spec["checkpoint"].pop(key, None)
+    return spec
+
+
+def pod_templates(kids: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    spec = of_kind(kids, "RayCluster")["spec"]
+    return [g["template"]["spec"] for g in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]]
+
+
+def test_with_a_store_and_no_claim_each_pod_stages_on_its_own_disk() -> None:
+    """No PVC at all: every Ray pod's checkpoint volume is its own emptyDir, the hub fetch
+    runs on each pod (nothing is shared), and the trainer keeps attempts/ in the store."""
+    kids = rendered(without_claim())
+    assert not [c for c in kids if c["kind"] == "PersistentVolumeClaim"]
+    pods = pod_templates(kids)
+    for pod in pods:
+        (vol,) = [v for v in pod["volumes"] if v["name"] == "checkpoints"]
+        assert vol == {"name": "checkpoints", "emptyDir": {}}
+        assert [c["name"] for c in pod.get("initContainers") or []] == ["hub-fetch"]
+    config = yaml.safe_load(of_kind(kids, "ConfigMap")["data"]["config.yaml"])
+    assert config["checkpoint"]["store"]["keep_attempts"] is True
+    # With a claim the head alone fetches onto it, for every pod.
+    claimed = pod_templates(rendered(with_store(STORE)))
+    assert [bool(p.get("initContainers")) for p in claimed] == [True] + [False] * (
+        len(claimed) - 1)
+
+
+def test_the_attempts_logs_are_said_to_be_in_the_store_without_a_claim() -> None:
+    d = ensure_attempt(JOB, Planner(without_claim()).plan([], None), GRPOJobStatus(),
+                       "2026-01-01T00:00:00Z", "img")
+    (record,) = d.facts.record["attempts"]
+    assert record.logs == "s3://ckpt-bucket/grpo/team/geo/attempts/0"
+    d = ensure_attempt(JOB, Planner(with_store(STORE)).plan([], None), GRPOJobStatus(),
+                       "2026-01-01T00:00:00Z", "img")
+    (record,) = d.facts.record["attempts"]
+    assert record.logs.startswith("geo-checkpoints:team/geo/attempts/0")
+
+
+@pytest.mark.parametrize(("checkpoint", "problem"), [
+    ({"intervalSteps": 5}, "or store (an S3 store; no claim needed)"),
+    ({"claimName": "c", "size": "1Gi", "store": {"uri": "s3://bucket"}},
+     "set exactly one of claimName"),
+])
+def test_no_claim_needs_a_store_and_a_store_takes_at_most_one_claim(
+        checkpoint: dict[str, Any], problem: str) -> None:
+    spec = copy.deepcopy(GPU)
+    spec["checkpoint"] = checkpoint
+    with pytest.raises(ValidationError, match=re.escape(problem)):
+        GRPOJobSpec.model_validate(spec)

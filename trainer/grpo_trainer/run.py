@@ -44,6 +44,7 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
     from .cluster.ray_bootstrap import init_ray
     from .driver.driver import GRPOTrainer
     from .liveness.attempt_events import keep_attempt_events
+    from .liveness.attempt_keeper import keeper_for
     from .liveness.kube_progress import reporter_for
 
     reporter = reporter_for(cfg)
@@ -52,6 +53,9 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
     files = AttemptFiles.of(cfg)  # the worker pods' preStop hooks wait on these
     if files is not None:
         files.clear()
+    keeper = keeper_for(cfg)  # no claim: this pod's attempts/ copied to the store
+    if keeper is not None:
+        keeper.start()
     trainer: GRPOTrainer | None = None
     started_ray = False
     try:
@@ -90,3 +94,5 @@ def run_training(config_path: str, overrides: Sequence[str] = (), *, resume: boo
         # Last: the ranks' pods need not wait on these API calls. Its own events (the next
         # attempt adds the rest) and the earlier attempts' late ones.
         keep_attempt_events(cfg, range(cfg.trainer.attempt + 1))
+        if keeper is not None:  # after the last line and the events
+            keeper.close()

@@ -14,16 +14,20 @@ from .store import ObjectStoreSpec
 
 class CheckpointSpec(ApiModel):
     """Where checkpoints go: an existing claim, or a new PVC of a size; with ``store``, the
-    checkpoints themselves go to an S3-compatible store and the claim keeps the job's
-    other files (attempts' logs, events and stall stacks, the data index, the hub cache)."""
+    checkpoints themselves go to an S3-compatible store, and a claim, if any, keeps the
+    job's other files (attempts' logs, events and stall stacks, the data index, the hub
+    cache); without one each pod has its own disk and the attempts' files go to the store
+    too."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel_rule(
-                    "has(self.claimName) != has(self.size)",
+                    "has(self.store) ? !(has(self.claimName) && has(self.size)) "
+                    ": has(self.claimName) != has(self.size)",
                     "set exactly one of checkpoint.claimName (existing PVC) or "
-                    "checkpoint.size (new PVC)",
+                    "checkpoint.size (new PVC); with checkpoint.store, at most one (neither: "
+                    "no claim, each pod stages on its own disk)",
                 ),
                 cel_rule(
                     "!has(self.storageClass) || has(self.size)",
@@ -88,10 +92,18 @@ class CheckpointSpec(ApiModel):
         """retention, with the deprecated deleteClaimWithJob: true read as Delete."""
         return CheckpointRetention.DELETE if self.delete_claim_with_job else self.retention
 
+    @property
+    def has_claim(self) -> bool:
+        """False only for a job whose checkpoints go to the store with no claim at all."""
+        return self.claim_name is not None or self.size is not None
+
     @model_validator(mode="after")
     def _claim_xor_size(self) -> Self:
-        if (self.claim_name is None) == (self.size is None):
+        if self.claim_name is not None and self.size is not None:
             raise ValueError("set exactly one of claimName (an existing PVC) or size (a new PVC)")
+        if not self.has_claim and self.store is None:
+            raise ValueError("set exactly one of claimName (an existing PVC) or size (a new "
+                             "PVC), or store (an S3 store; no claim needed)")
         if self.storage_class is not None and self.size is None:
             raise ValueError("storageClass: applies only to a new PVC (set size)")
         return self

@@ -164,8 +164,7 @@ def _started(job: JobRef, spec: GRPOJobSpec, index: int, now: str,
     """The record of attempt `index`, starting now (resuming from that checkpoint step),
     with where its pods keep their logs."""
     resumed = {"resumed_from_step": resumed_from_step} if resumed_from_step is not None else {}
-    logs = names.attempt_logs(job, index, names.checkpoint_claim(
-        job, spec.checkpoint.claim_name))
+    logs = names.attempt_logs(job, index, spec.checkpoint)
     return AttemptRecord.model_validate(
         {"index": index, "start_time": now, "outcome": ATTEMPT_RUNNING, "logs": logs,
          **resumed})
@@ -203,7 +202,7 @@ def finish_attempt(status: GRPOJobStatus, outcome: PodOutcome, now: str,
     reason = outcome.reason
     if reason is FailureReason.SUCCEEDED:
         exported: StatusRecord = ({"export": export_status(outcome.export, claim)}
-                                  if outcome.export is not None and claim else {})
+                                  if outcome.export is not None else {})
         return _ended(attempts, Finding(Reason.TRAINING_FINISHED,
                                         f"attempt {attempt}: {outcome.message}"),
                       rc, "Normal", exported)

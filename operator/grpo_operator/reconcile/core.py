@@ -283,8 +283,9 @@ def _on_pod(ref: JobRef, planner: Planner, status: GRPOJobStatus, now: str,
     if outcome is not None:
         if role(pod) == Role.HEAD and outcome.reason in LOST_RANKS:
             outcome = in_context(outcome, pods)
-        named = planner.spec.checkpoint.claim_name if planner.spec is not None else None
-        return finish_attempt(status, outcome, now, planner, names.checkpoint_claim(ref, named))
+        claim = (names.job_claim(ref, planner.spec.checkpoint) if planner.spec is not None
+                 else names.checkpoint_claim(ref, None))
+        return finish_attempt(status, outcome, now, planner, claim)
     found = None if deleted else unschedulable_finding(pod)
     if found is None and pods and not is_running(status):
         # Its pods exist, so its RayCluster does: how far it is follows from the pods.

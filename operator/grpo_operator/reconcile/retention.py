@@ -125,11 +125,13 @@ def claim_change(spec: GRPOJobSpec, job: JobRef,
     return ClaimChange(name, patch, event)
 
 
-def export_status(exported: Exported, claim: str) -> ExportStatus:
+def export_status(exported: Exported, claim: str | None) -> ExportStatus:
     """status.export from the trainer's report of its export (a path in the pod): the
     path is given inside the claim, where a user who mounts the claim elsewhere finds it;
     an export to spec.checkpoint.store is reported as its URI."""
     if exported.path.startswith("s3://"):
         return ExportStatus(claim_name=None, path=None, uri=exported.path, step=exported.step)
+    if claim is None:  # not from a trainer of this operator: said as the trainer said it
+        return ExportStatus(claim_name=None, path=exported.path, uri=None, step=exported.step)
     path = exported.path.removeprefix(f"{CHECKPOINT_MOUNT}/").lstrip("/") or exported.path
     return ExportStatus(claim_name=claim, path=path, uri=None, step=exported.step)

@@ -150,7 +150,7 @@ def render_children(
     ctx["config_yaml"] = yaml.dump(config, Dumper=yaml.CSafeDumper, sort_keys=False)
     ctx["network_policy"] = network_policy
     files = ["configmap.yaml.j2", "rbac.yaml.j2", "raycluster.yaml.j2"]
-    if spec.checkpoint.claim_name is None:
+    if spec.checkpoint.size is not None:  # the claim the operator makes
         files.insert(1, "pvc.yaml.j2")
     if network_policy is not None:  # before the pods it guards
         files.insert(-1, "networkpolicy.yaml.j2")
@@ -171,7 +171,7 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
              debug_collectives: bool, measured_save_s: float | None,
              pod_uid: int | None, avoid_nodes: tuple[str, ...] = ()) -> dict[str, Any]:
     """What the templates read; the ConfigMap's `config_yaml` is added by its caller."""
-    claim = names.checkpoint_claim(job, spec.checkpoint.claim_name)
+    claim = names.job_claim(job, spec.checkpoint)  # None: each pod's own disk
     head = merged(spec.pods, "head")
     head["env"] = [*head["env"], *logging_env(spec), *store_env(spec)]
     workers = merged(spec.pods, "workers")

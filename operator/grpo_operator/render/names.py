@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from grpo_api.contract import CHECKPOINT_MOUNT, MAX_RESTARTS, attempt_dir, ray_cluster_name
+from grpo_api.job.recovery import CheckpointSpec
 
 KUBERAY_MAX_CLUSTER_NAME = 53  # KubeRay v1.6.1 utils.MaxRayClusterNameLength
 MAX_JOB_NAME = KUBERAY_MAX_CLUSTER_NAME - len(f"-a{MAX_RESTARTS}")
@@ -48,6 +49,18 @@ def checkpoint_claim(job: JobRef, claim_name: str | None) -> str:
     return claim_name or f"{job.name}-checkpoints"
 
 
+def job_claim(job: JobRef, checkpoint: CheckpointSpec) -> str | None:
+    """The checkpoint claim the job's pods mount; None for a job with checkpoint.store and
+    no claim (each pod stages on its own disk)."""
+    return checkpoint_claim(job, checkpoint.claim_name) if checkpoint.has_claim else None
+
+
+def store_prefix(job: JobRef, uri: str) -> str:
+    """The job's own prefix in spec.checkpoint.store: `<uri>/<namespace>/<job>`, as its
+    directory on a claim."""
+    return f"{uri.rstrip('/')}/{job.namespace}/{job.name}"
+
+
 def config_map(job: JobRef, attempt: int) -> str:
     return f"{job.name}-config-{attempt}"
 
@@ -70,9 +83,13 @@ def attempt_logs_dir(job: JobRef, attempt: int) -> str:
     return attempt_dir(checkpoint_dir(job), attempt)
 
 
-def attempt_logs(job: JobRef, attempt: int, claim: str) -> str:
+def attempt_logs(job: JobRef, attempt: int, checkpoint: CheckpointSpec) -> str:
     """status.attempts[].logs: `<claim>:<path in the claim>`, as the trainer's messages
-    name a place on a claim."""
+    name a place on a claim; without a claim, where the store keeps them."""
+    claim = job_claim(job, checkpoint)
+    if claim is None:
+        assert checkpoint.store is not None  # the spec's rule: a store, or a claim
+        return attempt_dir(store_prefix(job, checkpoint.store.uri), attempt)
     return f"{claim}:{attempt_logs_dir(job, attempt).removeprefix(CHECKPOINT_MOUNT + '/')}"
 
 

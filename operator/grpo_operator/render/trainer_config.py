@@ -16,6 +16,7 @@ from typing import Any
 from grpo_api.contract import RANK0_NODE_LABEL
 from grpo_api.job import GRPOJobSpec
 from grpo_api.job.lora import ALL_LINEAR, LoraSpec
+from grpo_api.job.recovery import CheckpointSpec
 from grpo_api.job.reward import RewardSpec
 from grpo_api.job.store import ObjectStoreSpec
 from grpo_api.job.tracking import LoggingSpec
@@ -26,7 +27,7 @@ from ..planner import Plan
 from ..planner.head import length_workers
 from ..planner.peaks import planned_peaks
 from .hub import hub_fetch
-from .names import JobRef, checkpoint_dir
+from .names import JobRef, checkpoint_dir, store_prefix
 
 METRICS_PORT = 9100  # the trainer's Prometheus /metrics on the head pod
 # The head container's port of that name: the chart's PodMonitor scrapes it by name. Not
@@ -164,7 +165,7 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
             "keep": spec.checkpoint.keep,
             "async_save": spec.checkpoint.async_save,
             "export": True,  # the final model to <dir>/export: status.export says where
-            **({"store": store_config(spec.checkpoint.store, job)}
+            **({"store": store_config(spec.checkpoint, spec.checkpoint.store, job)}
                if spec.checkpoint.store is not None else {}),
         },
         "metrics": metrics_config(spec.logging, job) | {
@@ -195,13 +196,16 @@ def trainer_config(spec: GRPOJobSpec, plan: Plan, job: JobRef) -> dict[str, Any]
     return cfg
 
 
-def store_config(store: ObjectStoreSpec, job: JobRef) -> dict[str, Any]:
+def store_config(checkpoint: CheckpointSpec, store: ObjectStoreSpec,
+                 job: JobRef) -> dict[str, Any]:
     """spec.checkpoint.store as the trainer's checkpoint.store: the job's own prefix,
     <uri>/<namespace>/<job>, as its directory on a claim. The keys stay a Secret's name."""
-    return {"uri": f"{store.uri.rstrip('/')}/{job.namespace}/{job.name}",
+    return {"uri": store_prefix(job, store.uri),
             "endpoint": store.endpoint, "region": store.region,
             "path_style": store.path_style, "keys_secret": store.keys_secret,
-            "upload_deadline_s": float(store.upload_deadline_seconds)}
+            "upload_deadline_s": float(store.upload_deadline_seconds),
+            # No claim: each pod's own disk, which goes with the pod.
+            "keep_attempts": not checkpoint.has_claim}
 
 
 def reward_config(reward: RewardSpec) -> dict[str, Any]:

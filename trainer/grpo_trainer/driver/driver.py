@@ -238,7 +238,7 @@ class GRPOTrainer:
         self.term.install()
         files = AttemptFiles.of(self.cfg)
         if files is not None:
-            self.term.watch(files.stop)
+            self.term.watch(files)
         monitor = self._monitor()
         try:
             return self._run(monitor)

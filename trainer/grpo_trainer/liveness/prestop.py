@@ -23,28 +23,46 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from grpo_api.contract import Env
+from grpo_api.contract import CONFIG_PATH, Env
+from grpo_api.trainer_config import ObjectStoreConfig
 
 from .sigterm import AttemptFiles
 
 POLL_S = 1.0
 
 
-def attempt_files(env: dict[str, str]) -> AttemptFiles | None:
-    """This attempt's done marker and stop request from the operator's env; None outside
-    a GRPOJob's pod."""
+def attempt_files(env: dict[str, str], config: Path = Path(CONFIG_PATH)
+                  ) -> AttemptFiles | None:
+    """This attempt's done marker and stop request from the operator's env (and, for a job
+    without a claim, the store from the attempt's config file the pod mounts); None
+    outside a GRPOJob's pod."""
     ckpt, attempt = env.get(Env.CHECKPOINT_DIR.value), env.get(Env.ATTEMPT.value)
     if not ckpt or attempt is None or not attempt.isdigit():
         return None
-    return AttemptFiles.at(ckpt, env.get(Env.JOB_UID.value, ""), int(attempt))
+    return AttemptFiles.at(ckpt, env.get(Env.JOB_UID.value, ""), int(attempt),
+                           _store(config))
 
 
-def wait_for_driver(marker: Path, timeout_s: float,
+def _store(config: Path) -> ObjectStoreConfig | None:
+    """checkpoint.store of the attempt's config, if any (read as it is: the hook imports
+    none of the trainer's config machinery)."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(config.read_text()) or {}
+    except OSError:
+        return None
+    store = (raw.get("checkpoint") or {}).get("store")
+    return ObjectStoreConfig.model_validate(store) if store else None
+
+
+def wait_for_driver(marker: Path | Callable[[], bool], timeout_s: float,
                     clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep) -> bool:
-    """True once `marker` exists, False when `timeout_s` passed first."""
+    """True once `marker` exists (or says so), False when `timeout_s` passed first."""
+    done = marker.exists if isinstance(marker, Path) else marker
     end = clock() + timeout_s
-    while not marker.exists():
+    while not done():
         left = end - clock()
         if left <= 0:
             return False
@@ -61,9 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if files is None:
         return 0
     t0 = time.monotonic()
-    if not files.done.exists():  # the driver still runs: it may not know the pod goes
+    if not files.is_done():  # the driver still runs: it may not know the pod goes
         files.request_stop(os.environ.get("HOSTNAME", "a worker pod"))
-    done = wait_for_driver(files.done, args.timeout)
+    done = wait_for_driver(files.is_done, args.timeout)
     # The kubelet keeps a failed hook's output in the pod's events: say what happened.
     print(f"preStop: {'driver done' if done else 'no driver marker'} after "
           f"{time.monotonic() - t0:.0f} s ({files.done})", file=sys.stderr)

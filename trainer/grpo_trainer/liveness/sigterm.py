@@ -10,7 +10,9 @@ and ``RANK_DEFER_LIMIT_S`` bounds the wait should it never come.
 
 A drain deletes one pod. A worker pod's SIGTERM goes to its own `ray start` only, after
 its preStop hook (prestop.py), which writes the attempt's stop request on the checkpoint
-claim; the driver polls for that file and stops exactly as on its own SIGTERM.
+claim; the driver polls for that file and stops exactly as on its own SIGTERM. A job with
+``checkpoint.store`` and no claim shares no directory between its pods: both files are
+then also objects in the store, under the same names (``keep_attempts``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_api.contract import driver_done_marker, driver_stop_request
-from grpo_api.trainer_config import Config
+from grpo_api.trainer_config import Config, ObjectStoreConfig
+
+if TYPE_CHECKING:
+    from ..checkpointing.object_store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -39,26 +44,39 @@ STOP_REQUEST_POLL_S = 1.0
 
 @dataclass(frozen=True)
 class AttemptFiles:
-    """The driver's two files on the checkpoint claim, shared with the preStop hooks."""
+    """The driver's two files on the checkpoint claim, shared with the preStop hooks; with
+    ``store`` (no claim) also objects there, named as the files are below ``root``."""
 
     done: Path  # written by the driver at its end: the hooks let Ray stop
     stop: Path  # written by a hook whose pod alone is deleted: the driver stops
+    root: Path | None = None
+    store: ObjectStore | None = None
 
     @classmethod
-    def at(cls, checkpoint_dir: str, job_uid: str, attempt: int) -> AttemptFiles:
+    def at(cls, checkpoint_dir: str, job_uid: str, attempt: int,
+           store: ObjectStoreConfig | None = None) -> AttemptFiles:
+        shared = None
+        if store is not None and store.keep_attempts:
+            from ..checkpointing.object_store import ObjectStore
+
+            shared = ObjectStore(store)
         return cls(Path(driver_done_marker(checkpoint_dir, job_uid, attempt)),
-                   Path(driver_stop_request(checkpoint_dir, job_uid, attempt)))
+                   Path(driver_stop_request(checkpoint_dir, job_uid, attempt)),
+                   Path(checkpoint_dir), shared)
 
     @classmethod
     def of(cls, cfg: Config) -> AttemptFiles | None:
         if cfg.checkpoint.dir is None:
             return None
-        return cls.at(str(cfg.checkpoint.dir), cfg.trainer.job_uid or "", cfg.trainer.attempt)
+        return cls.at(str(cfg.checkpoint.dir), cfg.trainer.job_uid or "", cfg.trainer.attempt,
+                      cfg.checkpoint.store)
 
     def clear(self) -> None:
         """At the driver's start: an earlier local run's (same uid and attempt) are stale."""
         self.done.unlink(missing_ok=True)
         self.stop.unlink(missing_ok=True)
+        self._in_store(lambda store: store.delete([self._name(self.done),
+                                                   self._name(self.stop)]))
 
     def write_done(self) -> None:
         self._write(self.done, "")  # should it fail, the hooks wait out their timeout
@@ -66,13 +84,46 @@ class AttemptFiles:
     def request_stop(self, pod: str) -> None:
         self._write(self.stop, pod)  # should it fail, only the save is lost
 
-    @staticmethod
-    def _write(path: Path, text: str) -> None:
+    def is_done(self) -> bool:
+        return self.done.exists() or self._read(self.done) is not None
+
+    def stop_requested(self) -> str | None:
+        """Who asked the driver to stop (a pod's name), "" if unsaid; None if none did."""
+        if self.stop.exists():
+            try:
+                return self.stop.read_text().strip()
+            except OSError:
+                return ""
+        return self._read(self.stop)
+
+    def _name(self, path: Path) -> str:
+        assert self.root is not None
+        return str(path.relative_to(self.root))
+
+    def _read(self, path: Path) -> str | None:
+        data = self._in_store(lambda store: store.get_bytes(self._name(path)))
+        return data.decode(errors="replace").strip() if isinstance(data, bytes) else None
+
+    def _in_store(self, fn: Any) -> Any:
+        """``fn(store)``, or None without a store or when the store fails (a marker that
+        cannot be read or written costs the wait it would have cut short, never the run)."""
+        if self.store is None:
+            return None
+        from ..checkpointing.object_store import StoreRefused, StoreUnavailable
+
+        try:
+            return fn(self.store)
+        except (StoreUnavailable, StoreRefused, OSError) as err:
+            log.warning("the store could not serve the attempt's marker: %s", err)
+            return None
+
+    def _write(self, path: Path, text: str) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
         except OSError as err:
             log.warning("could not write %s: %s", path, err)
+        self._in_store(lambda store: store.put_bytes(self._name(path), text.encode()))
 
 
 class Terminated(Exception):
@@ -107,18 +158,18 @@ class TermSignal:
             return
         self._previous = signal.signal(signal.SIGTERM, self._handle)
 
-    def watch(self, stop_request: Path) -> None:
+    def watch(self, stop_request: Path | AttemptFiles) -> None:
         """Also stop when ``stop_request`` appears (a worker pod's preStop hook)."""
         self._watching.set()
+        files = stop_request if isinstance(stop_request, AttemptFiles) else \
+            AttemptFiles(stop_request, stop_request)
 
         def poll() -> None:
             while self._watching.is_set() and self.at is None:
-                if stop_request.exists():
-                    try:
-                        who = stop_request.read_text().strip() or "a worker pod"
-                    except OSError:
-                        who = "a worker pod"
-                    self._request(f"{who} is being deleted (its preStop hook asked)")
+                who = files.stop_requested()
+                if who is not None:
+                    self._request(f"{who or 'a worker pod'} is being deleted (its preStop "
+                                  "hook asked)")
                     return
                 time.sleep(STOP_REQUEST_POLL_S)
 
