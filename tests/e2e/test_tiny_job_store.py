@@ -1,12 +1,12 @@
-"""The main job with its checkpoints in an S3 store (spec.checkpoint.store), end to end on
-the real node: the testbed's S3 server (versitygw), the keys in a Secret the user made,
-the worker pod OOM-killed as in test_tiny_job, attempt 1 resuming from what the store
-holds (each save's staged files are dropped once uploaded, so nothing else could serve
-it), the export landing in the store where status.export.uri says, and the keys in no
-object, event or log a user can read.
+"""The main job with its checkpoints in an S3 store (spec.checkpoint.store) and no claim,
+end to end on the real node: the testbed's S3 server (versitygw), the keys in a Secret
+the user made, the worker pod OOM-killed as in test_tiny_job, attempt 1 resuming from
+what the store holds (its pods' disks are new and empty: nothing else could serve it),
+the export landing in the store where status.export.uri says, attempt 0's logs and events
+read back from the store where status.attempts[0].logs says, and the keys in no object,
+event or log a user can read.
 
-One scenario (module fixture). The claim still holds the attempts' logs and the data
-index (docs/configuration.md, "Object storage").
+One scenario (module fixture).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from grpo_api.contract import STORE_KEY_ENV
+from grpo_api.contract import ATTEMPT_EVENTS, STORE_KEY_ENV
 from grpo_testbed.tiny_job import (
     JOB,
     JOB_NS,
@@ -53,6 +53,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
         tj.tb.kubectl("create", "secret", "generic", SECRET, "-n", JOB_NS,
                       *(f"--from-literal={k}={v}" for k, v in keys.items()))
         doc = multipod_example()
+        for key in ("claimName", "size", "storageClass"):  # no claim at all
+            doc["spec"]["checkpoint"].pop(key, None)
         doc["spec"]["checkpoint"]["store"] = {
             "uri": f"s3://{BUCKET}/{PREFIX}", "endpoint": s3.endpoint, "region": "us-east-1",
             "pathStyle": True, "keysSecret": SECRET}
@@ -91,14 +93,47 @@ def test_attempt_1_resumed_from_the_store_after_the_oom_kill(tiny: TinyJob) -> N
     assert json.loads((stored(tiny) / TRACKER).read_text())["step"] == TOTAL
 
 
-def test_the_claim_kept_no_checkpoint_shards_only_the_store_has_them(tiny: TinyJob) -> None:
-    """Each rank drops its staged files once they are uploaded: the claim ends with no
-    shard of any step, so attempt 1's ranks can only have loaded theirs from the store;
-    the claim still has what it is for (the attempts' logs)."""
-    on_claim = tiny.checkpoint_dir()
-    shards = sorted(str(p.relative_to(on_claim)) for p in on_claim.rglob("*.distcp"))
-    assert not shards, shards
-    assert tiny.kept_logs(0), "attempt 0's logs are not on the claim"
+def test_no_claim_was_made_each_pod_staged_on_its_own_disk(tiny: TinyJob) -> None:
+    claims = json.loads(tiny.tb.kubectl("get", "pvc", "-n", JOB_NS, "-o", "json").stdout)
+    assert not [c["metadata"]["name"] for c in claims["items"]
+                if c["metadata"]["name"].startswith(JOB) and "checkpoints" in
+                c["metadata"]["name"]], claims["items"]
+    for attempt in (0, 1):
+        pods = tiny.pods(attempt)
+        assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
+        for pod in pods:
+            (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints"]
+            assert vol.get("emptyDir") == {}, vol
+
+
+def kept_in_store(tj: TinyJob, attempt: int) -> dict[str, str]:
+    """What status.attempts[attempt].logs names in the store, read back file by file."""
+    record = next(a for a in tj.job()["status"]["attempts"] if a["index"] == attempt)
+    prefix = f"s3://{BUCKET}/"
+    assert record["logs"] == f"{prefix}{PREFIX}/{JOB_NS}/{JOB}/attempts/{attempt}", record
+    assert tj.tb.s3 is not None
+    where = tj.tb.s3.root / BUCKET / record["logs"].removeprefix(prefix)
+    return {str(f.relative_to(where)): f.read_text(errors="replace")
+            for f in sorted(where.rglob("*")) if f.is_file()}
+
+
+def test_attempt_0s_logs_and_events_are_read_back_from_the_store(tiny: TinyJob) -> None:
+    """The head pod of attempt 0 is gone with its disk; what it printed (its ranks' lines
+    too, sent by Ray) is in the store, as the node's own log archive has it, and so are
+    attempt 0's events (kept by attempt 1's driver)."""
+    kept = kept_in_store(tiny, 0)
+    head = [k for k in kept if k.startswith(f"{tiny.name}-a0-head")]
+    assert len(head) == 1, sorted(kept)
+    archived = step_metrics(tiny.head_log(0))
+    assert archived and [m["step"] for m in step_metrics(kept[head[0]])] == [
+        m["step"] for m in archived]
+    assert "training failed" in kept[head[0]] or "ranks" in kept[head[0]]
+    assert ATTEMPT_EVENTS in kept and f"Pod/{tiny.name}-a0-" in kept[ATTEMPT_EVENTS]
+
+
+def step_metrics(log: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.splitlines()
+            if line.startswith("{") and '"step"' in line]
 
 
 def test_the_export_is_in_the_store_where_status_says(tiny: TinyJob) -> None:
@@ -118,7 +153,7 @@ def test_the_keys_are_in_no_object_event_or_log_a_user_reads(tiny: TinyJob) -> N
         kubectl("get", "configmaps,events,rayclusters,pods", "-n", JOB_NS,
                 "-o", "yaml").stdout,
         tiny.operator_log(tail=-1), tiny.head_log(0), tiny.head_log(1),
-        tiny.worker_log(0), tiny.worker_log(1), *tiny.kept_logs(0).values(),
+        tiny.worker_log(0), tiny.worker_log(1), *kept_in_store(tiny, 0).values(),
     ]
     assert all(readable), "a source to search was empty"
     for key in (s3.access_key, s3.secret_key):

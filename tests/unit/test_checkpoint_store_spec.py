@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from typing import Any
 
@@ -169,3 +170,28 @@ def test_no_claim_needs_a_store_and_a_store_takes_at_most_one_claim(
     spec["checkpoint"] = checkpoint
     with pytest.raises(ValidationError, match=re.escape(problem)):
         GRPOJobSpec.model_validate(spec)
+
+
+def test_without_a_claim_each_pod_requests_the_disk_it_stages_on() -> None:
+    """The 7B H100 example without a claim: a worker pod requests its ranks' share of one
+    checkpoint, and (rank 0 may land on it) room for the export's whole checkpoint and
+    model; the head, which runs no rank, only its logs. A job with a claim requests no
+    disk (the claim holds it)."""
+    from grpo_operator.planner.staging import STAGING_EXTRA_GIB
+
+    plan = Planner(without_claim()).plan([], None)
+    assert plan.plan is not None
+    p = plan.plan
+    kids = rendered(without_claim())
+    head, *workers = ray_containers(kids)
+    disk = {c["name"]: c["resources"]["requests"].get("ephemeral-storage") for c in [head]}
+    assert disk == {"ray-head": f"{STAGING_EXTRA_GIB}Gi"}
+    share = p.budget.checkpoint_rank_gib * p.geometry.ranks_per_node
+    whole = p.budget.checkpoint_rank_gib * p.geometry.world_size
+    assert share > 50 and whole >= share  # a 7B model's fp32 weights and Adam state
+    want = math.ceil(share + 2 * whole + STAGING_EXTRA_GIB)
+    for c in workers:
+        assert c["resources"]["requests"]["ephemeral-storage"] == f"{want}Gi"
+        assert "ephemeral-storage" not in c["resources"]["limits"]  # never evicted for it
+    for c in ray_containers(rendered(with_store(STORE))):
+        assert "ephemeral-storage" not in c["resources"]["requests"]

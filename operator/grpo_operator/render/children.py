@@ -37,6 +37,7 @@ from grpo_api.job import GRPOJobSpec
 from ..planner import Plan, termination_grace_s
 from ..planner.resources import ray_node_labels
 from ..planner.save_time import prestop_timeout_s
+from ..planner.staging import pod_staging_gib
 from . import names
 from .collective_debug import collective_debug_env
 from .hub import hub_fetch
@@ -233,6 +234,8 @@ def _context(spec: GRPOJobSpec, plan: Plan, job: JobRef, attempt: int, default_i
         "grace_s": grace_s,
         "prestop_command": PRESTOP_COMMAND.format(timeout=prestop_timeout_s(grace_s)),
         "checkpoint_mount": CHECKPOINT_MOUNT,
+        # No claim: each pod's own disk, requested (planner/staging.py).
+        "staging": {} if claim else pod_staging_gib(plan),
         "model_claim": spec.model.claim_name,
         "model_mount": MODEL_MOUNT,
         "config_dir": CONFIG_PATH.rsplit("/", 1)[0],
