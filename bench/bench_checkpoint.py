@@ -319,7 +319,7 @@ def store_rounds(args: argparse.Namespace, cfg: Any, group: Any, trainer: Any, s
     """``--store``: ours through the S3 store vs raw single-part requests, in turns."""
     from grpo_api.trainer_config import ObjectStoreConfig
     from grpo_trainer.checkpointing.dcp import DCPCheckpointer
-    from grpo_trainer.checkpointing.object_store import ObjectStore
+    from grpo_trainer.object_store import ObjectStore
 
     assert cfg.checkpoint.store is not None
     client = ObjectStore(cfg.checkpoint.store)

@@ -449,7 +449,7 @@ def reward_problem(kind: str, function: str | None, batch: bool, kwargs: bool,
 class ObjectStoreConfig(_Strict):
     """Checkpoints kept in an S3-compatible store: ``dir`` is then each pod's local staging
     directory, and a checkpoint is complete once its manifest, uploaded after every file
-    it names, is in the store (grpo_trainer.checkpointing.object_store). The keys are never
+    it names, is in the store (grpo_trainer.object_store). The keys are never
     here: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from the environment (the operator
     mounts them from ``keys_secret``), else the pod's identity (IRSA's web identity, the
     instance's metadata)."""

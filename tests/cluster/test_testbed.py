@@ -235,7 +235,7 @@ def test_the_testbed_serves_s3_on_the_api_servers_address(
     """Every full testbed runs its S3 server (versitygw) where the API server listens: a
     client with its keys writes, lists and reads back; without them it is refused."""
     from grpo_api.trainer_config import ObjectStoreConfig
-    from grpo_trainer.checkpointing.object_store import ObjectStore, StoreRefused
+    from grpo_trainer.object_store import ObjectStore, StoreRefused
 
     s3 = testbed.s3
     assert s3 is not None and s3.host == testbed.api_host

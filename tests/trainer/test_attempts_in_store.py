@@ -16,10 +16,10 @@ import pytest
 from grpo_api.contract import ATTEMPT_EVENTS, attempt_dir
 from grpo_api.trainer_config import ObjectStoreConfig
 from grpo_testbed.s3_server import REGION, S3Server, standalone_s3_server
-from grpo_trainer.checkpointing.object_store import ObjectStore
 from grpo_trainer.liveness.attempt_keeper import AttemptKeeper
 from grpo_trainer.liveness.prestop import wait_for_driver
 from grpo_trainer.liveness.sigterm import AttemptFiles, TermSignal
+from grpo_trainer.object_store import ObjectStore
 
 pytestmark = pytest.mark.trainer
 

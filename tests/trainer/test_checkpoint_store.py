@@ -29,12 +29,12 @@ from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import write_text_task
 from grpo_trainer.checkpointing.dcp import DCPCheckpointer
 from grpo_trainer.checkpointing.final_export import FinalExport
-from grpo_trainer.checkpointing.object_store import ObjectStore, StoreRefused, UploadFailed
 from grpo_trainer.checkpointing.rank_store import RankUpload
 from grpo_trainer.checkpointing.tracker import MANIFEST, Manifest, Tracker
 from grpo_trainer.config import build_config
 from grpo_trainer.driver.driver import GRPOTrainer
 from grpo_trainer.driver.metrics import MetricsLogger
+from grpo_trainer.object_store import ObjectStore, StoreRefused, UploadFailed
 
 pytestmark = pytest.mark.trainer
 

@@ -58,5 +58,5 @@ def test_every_ray_container_keeps_its_output_where_the_attempts_record_says() -
     for group in groups:
         (args,) = group["template"]["spec"]["containers"][0]["args"]
         assert args.startswith(kept_output(where)), args
-    assert names.attempt_logs(JOB, 3, "tiny-checkpoints") == \
+    assert names.attempt_logs(JOB, 3, spec.checkpoint) == \
         "tiny-checkpoints:team/tiny/attempts/3"

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from grpo_api.trainer_config import CheckpointConfig, ObjectStoreConfig
-from grpo_trainer.checkpointing.object_store import (
+from grpo_trainer.object_store import (
     BACKOFF_CAP_S,
     StoreRefused,
     backoff_s,

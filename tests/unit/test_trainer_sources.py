@@ -89,6 +89,7 @@ def _maximal_spec() -> dict[str, Any]:
              "rollout": {"placement": "disaggregated", "maxStaleness": 2,
                          "disaggregated": {"gpuType": "L40S-48GB", "nodes": 1}}}
     spec["data"] = {**spec["data"], "val": "/data/val.parquet"}
+    spec["checkpoint"] = {**spec["checkpoint"], "store": {"uri": "s3://ckpt-bucket/jobs"}}
     spec["training"] = {**spec["training"], "valIntervalSteps": 5, "maxSteps": 10,
                         "warmupSteps": 1, "valBeforeTrain": False}
     spec["data"]["promptTemplate"] = "r1v"

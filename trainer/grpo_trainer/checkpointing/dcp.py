@@ -23,10 +23,10 @@ import yaml
 from grpo_api.trainer_config import Config
 
 from ..algorithm.seeds import rollout_seed
+from ..object_store import ObjectStore
 from ..rank_api import RankApi, RankGroup
 from . import fence
 from .files import atomic_write, digest_file, file_size, remove_step_dir, write_durable
-from .object_store import ObjectStore
 from .store_mirror import StoreMirror
 from .tracker import (
     CONFIG,

@@ -82,7 +82,7 @@ def export_into(root: str, step: int, store: dict[str, Any] | None = None) -> st
 
 
 def _export_to_store(base: Path, step: int, cfg: ObjectStoreConfig) -> str:
-    from .object_store import ObjectStore
+    from ..object_store import ObjectStore
     from .rank_store import fetch
 
     store = ObjectStore(cfg)
@@ -108,7 +108,7 @@ def _export_to_store(base: Path, step: int, cfg: ObjectStoreConfig) -> str:
 
 
 def stored_export_step(cfg: ObjectStoreConfig) -> int | None:
-    from .object_store import ObjectStore
+    from ..object_store import ObjectStore
 
     return marker_step(ObjectStore(cfg).get_bytes(f"{EXPORT_DIR}/{EXPORT_MARKER}"))
 

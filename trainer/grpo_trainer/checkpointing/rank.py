@@ -31,10 +31,10 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from ..errors import CheckpointIncompatible
 from ..model.rank_state import RankState
+from ..object_store import ObjectStore
 from .compat import incompatible_message
 from .convert import CrossLoad, finish, prepare, saved_entries
 from .files import HashingWriter, write_durable
-from .object_store import ObjectStore
 from .rank_store import RankUpload, agree, fetch, plan_files
 from .reader import DirectReader
 from .tracker import (

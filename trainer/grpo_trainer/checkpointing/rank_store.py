@@ -25,7 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .object_store import ObjectStore, StoreRefused, StoreUnavailable, retrying
+from ..object_store import ObjectStore, StoreRefused, StoreUnavailable, retrying
 
 log = logging.getLogger(__name__)
 

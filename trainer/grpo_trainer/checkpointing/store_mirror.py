@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..config_error import ConfigError
+from ..object_store import ObjectStore, StoreUnavailable, retrying
 from .files import atomic_write
-from .object_store import ObjectStore, StoreUnavailable, retrying
 from .tracker import (
     CONFIG,
     FENCE,

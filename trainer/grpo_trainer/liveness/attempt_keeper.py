@@ -18,7 +18,7 @@ from pathlib import Path
 from grpo_api.contract import ATTEMPT_LOGS
 from grpo_api.trainer_config import Config
 
-from ..checkpointing.object_store import ObjectStore, StoreRefused, StoreUnavailable
+from ..object_store import ObjectStore, StoreRefused, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from grpo_api.contract import driver_done_marker, driver_stop_request
 from grpo_api.trainer_config import Config, ObjectStoreConfig
 
 if TYPE_CHECKING:
-    from ..checkpointing.object_store import ObjectStore
+    from ..object_store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class AttemptFiles:
            store: ObjectStoreConfig | None = None) -> AttemptFiles:
         shared = None
         if store is not None and store.keep_attempts:
-            from ..checkpointing.object_store import ObjectStore
+            from ..object_store import ObjectStore
 
             shared = ObjectStore(store)
         return cls(Path(driver_done_marker(checkpoint_dir, job_uid, attempt)),
@@ -109,7 +109,7 @@ class AttemptFiles:
         cannot be read or written costs the wait it would have cut short, never the run)."""
         if self.store is None:
             return None
-        from ..checkpointing.object_store import StoreRefused, StoreUnavailable
+        from ..object_store import StoreRefused, StoreUnavailable
 
         try:
             return fn(self.store)

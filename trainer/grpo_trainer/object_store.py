@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from grpo_api.trainer_config import ObjectStoreConfig
 
-from ..config_error import ConfigError
+from .config_error import ConfigError
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig
