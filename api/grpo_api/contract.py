@@ -128,6 +128,11 @@ def hub_local_dir(root: str, kind: str, repo_id: str) -> str:
     return f"{root}/{'models' if kind == 'model' else 'datasets'}/{repo_id}"
 
 
+def s3_local_path(root: str, uri: str) -> str:
+    """Where an s3:// data file lands under `root` (the job's directory): s3/<bucket>/<key>."""
+    return f"{root}/s3/{uri.removeprefix('s3://')}"
+
+
 class CheckpointRetention(StrEnum):
     """spec.checkpoint.retention: what deleting the job does to its checkpoint claim
     (like a StatefulSet's persistentVolumeClaimRetentionPolicy)."""

@@ -103,3 +103,39 @@ def test_a_drained_worker_and_the_driver_find_each_others_markers_in_the_store(
     claimed = AttemptFiles.at(str(tmp_path / "c"), "uid-1", 2,
                               cfg.model_copy(update={"keep_attempts": False}))
     assert claimed.store is None
+
+
+def test_s3_data_is_fetched_once_and_a_missing_or_refused_one_fails_the_fetch_naming_it(
+        server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub-fetch init container's `--s3` (spec.data.train: s3://...), as the operator
+    renders its arguments: the object lands where the trainer is told to read it, whole; a
+    second pod or attempt fetches nothing; a missing object or refused keys end the
+    container with exit 1 and the reason (status.progress.fetch, the termination log)."""
+    from grpo_api.contract import s3_local_path
+    from grpo_trainer import hub_fetch
+
+    cfg = store_cfg(server, "data", monkeypatch)
+    data = b"".join(b'{"problem": "1+%d", "answer": "%d"}\n' % (i, i + 1) for i in range(5000))
+    ObjectStore(cfg).put_bytes("geo3k/train.jsonl", data)
+    uri = f"s3://{BUCKET}/data/geo3k/train.jsonl"
+    reports: list[dict[str, object]] = []
+    monkeypatch.setattr(hub_fetch, "_reporter", lambda: reports.append)
+    monkeypatch.setattr(hub_fetch, "TERMINATION_LOG", str(tmp_path / "termination-log"))
+    args = ["--root", str(tmp_path / "job"), "--s3", uri, "--s3-endpoint", server.endpoint,
+            "--s3-region", REGION, "--s3-path-style", "--s3-keys-secret", "s3-keys"]
+    assert hub_fetch.main(args) == 0
+    local = Path(s3_local_path(str(tmp_path / "job"), uri))
+    assert local.read_bytes() == data
+    assert reports[-1]["state"] == "Fetched" and reports[-1]["bytesDone"] == len(data)
+    before = local.stat().st_mtime_ns
+    assert hub_fetch.main(args) == 0 and local.stat().st_mtime_ns == before  # kept
+    missing = [a.replace("train.jsonl", "nope.jsonl") for a in args]
+    assert hub_fetch.main(missing) == 1
+    said = (tmp_path / "termination-log").read_text()
+    assert "nope.jsonl" in said and "no such object" in said, said
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-key")
+    (tmp_path / "job").rename(tmp_path / "other")  # nothing on the volume: it must ask
+    assert hub_fetch.main(args) == 1
+    said = (tmp_path / "termination-log").read_text()
+    assert "Secret 's3-keys'" in said and server.secret_key not in said, said
+    assert reports[-1]["state"] == "Failed"

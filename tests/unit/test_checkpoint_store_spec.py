@@ -195,3 +195,39 @@ def test_without_a_claim_each_pod_requests_the_disk_it_stages_on() -> None:
         assert "ephemeral-storage" not in c["resources"]["limits"]  # never evicted for it
     for c in ray_containers(rendered(with_store(STORE))):
         assert "ephemeral-storage" not in c["resources"]["requests"]
+
+
+def test_s3_data_is_fetched_with_the_stores_settings_before_any_rank_runs() -> None:
+    spec = with_store(STORE)
+    spec["data"] = {**spec["data"], "train": "s3://data-bucket/geo3k/train.parquet",
+                    "val": "s3://data-bucket/geo3k/val.parquet"}
+    kids = rendered(spec)
+    config = yaml.safe_load(of_kind(kids, "ConfigMap")["data"]["config.yaml"])
+    home = "/checkpoints/team/geo"
+    assert config["data"]["train_files"] == [f"{home}/hub/s3/data-bucket/geo3k/train.parquet"]
+    assert config["data"]["val_files"] == [f"{home}/hub/s3/data-bucket/geo3k/val.parquet"]
+    head = pod_templates(kids)[0]
+    (fetch,) = head["initContainers"]
+    cmd = fetch["command"]
+    assert cmd[cmd.index("--s3") + 1] == "s3://data-bucket/geo3k/train.parquet"
+    assert cmd.count("--s3") == 2 and "--s3-path-style" in cmd
+    assert cmd[cmd.index("--s3-endpoint") + 1] == "http://minio.storage:9000"
+    assert cmd[cmd.index("--s3-keys-secret") + 1] == "s3-keys"
+    keys = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in fetch["env"]
+            if e["name"] in STORE_KEY_ENV}
+    assert keys == dict.fromkeys(STORE_KEY_ENV, "s3-keys")
+
+
+@pytest.mark.parametrize(("data", "store", "field", "words"), [
+    ({"train": "s3://data-bucket/train.parquet"}, None, "data",
+     "s3:// data is fetched with checkpoint.store's endpoint"),
+    ({"train": "gs://data-bucket/train.parquet"}, STORE, "data.train", "only s3:// is read"),
+    ({"train": "s3://data-bucket/shards/"}, STORE, "data.train", "names one object"),
+])
+def test_data_urls_the_trainer_cannot_read_are_refused_naming_the_field(
+        data: dict[str, str], store: dict[str, Any] | None, field: str, words: str) -> None:
+    spec = with_store(store)
+    spec["data"] = {**spec["data"], **data}
+    with pytest.raises(ValidationError, match=re.escape(words)) as err:
+        GRPOJobSpec.model_validate(spec)
+    assert field in str(err.value)

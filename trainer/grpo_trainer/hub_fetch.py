@@ -1,7 +1,8 @@
 """Fetch hub models and datasets onto the job's volume, once per job, before any rank runs.
 
 The operator runs this as an init container of the head pod (`python -m
-grpo_trainer.hub_fetch`) when `spec.model.path` or `spec.data.train/val` name hub repos;
+grpo_trainer.hub_fetch`) when `spec.model.path` or `spec.data.train/val` name hub repos
+(or s3:// data files: store_fetch.py, `--s3`);
 the trainer then reads only local files. Per repo, files go to
 `<root>/<models|datasets>/<owner>/<name>/` (root: the job's directory on its checkpoint
 volume, shared by every pod of every attempt):
@@ -28,6 +29,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", required=True, type=Path, help="the job's directory")
     ap.add_argument("--model", action="append", default=[], help="owner/name[@revision]")
     ap.add_argument("--dataset", action="append", default=[], help="owner/name[@split]")
+    ap.add_argument("--s3", action="append", default=[], help="s3://bucket/key of a data file")
+    ap.add_argument("--s3-endpoint", help="checkpoint.store.endpoint")
+    ap.add_argument("--s3-region", help="checkpoint.store.region")
+    ap.add_argument("--s3-path-style", action="store_true", help="checkpoint.store.path_style")
+    ap.add_argument("--s3-keys-secret", help="the Secret the keys came from (for errors)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     report = _reporter()
@@ -165,13 +172,26 @@ def main(argv: list[str] | None = None) -> int:
              for m in args.model]
     repos += [HubRepo("dataset", d.split("@", 1)[0]) for d in args.dataset]
     endpoint, token = os.environ.get("HF_ENDPOINT") or None, os.environ.get("HF_TOKEN") or None
-    for repo in repos:
+    jobs: list[tuple[str, Callable[[], object]]] = [
+        (f"{repo.kind} {repo.repo_id}", partial(fetch, repo, args.root, report, endpoint, token))
+        for repo in repos]
+    if args.s3:
+        from grpo_api.trainer_config import ObjectStoreConfig
+
+        from .store_fetch import fetch_object
+
+        store = ObjectStoreConfig(uri=args.s3[0], endpoint=args.s3_endpoint,
+                                  region=args.s3_region, path_style=args.s3_path_style,
+                                  keys_secret=args.s3_keys_secret)
+        jobs += [(f"data {uri}", partial(fetch_object, uri, args.root, store, report))
+                 for uri in args.s3]
+    for what, run in jobs:
         try:
-            fetch(repo, args.root, report, endpoint, token)
+            run()
         except Exception as err:
-            message = f"{repo.kind} {repo.repo_id}: {type(err).__name__}: {err}"
-            report({"repo": repo.repo_id, "file": "", "bytesDone": 0, "bytesTotal": 0,
-                    "state": "Failed", "message": message[:1000]})
+            message = f"{what}: {type(err).__name__}: {err}"
+            report({"repo": what.split(" ", 1)[1], "file": "", "bytesDone": 0,
+                    "bytesTotal": 0, "state": "Failed", "message": message[:1000]})
             with contextlib.suppress(OSError):  # the pod's reason, as kubectl shows it
                 Path(TERMINATION_LOG).write_text(message[:TERMINATION_MESSAGE_MAX_BYTES])
             log.error("fetch failed: %s", message)

@@ -4,6 +4,7 @@ or a hub id, never a URL."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, field_validator
@@ -19,19 +20,37 @@ from ..trainer_config import (
 from .base import ApiModel, cel_rule
 from .trainer import spec_setting, template_problem
 
-# The trainer reads files from the pods' volumes and fetches hub ids; it has no
-# object-store client, so an s3:// or gs:// URL would fail only inside the trainer. The
-# schema (CEL) and the models refuse any URL with the same test.
+# The trainer reads files from the pods' volumes, fetches hub ids, and fetches s3:// files
+# (data only) with spec.checkpoint.store's endpoint and keys; any other URL would fail
+# only inside the trainer. The schema (CEL) and the models refuse it with the same test.
 _NO_URL = (
     "object-store and other URLs (s3://, gs://, ...) are not supported yet: copy the files "
     "onto a PersistentVolumeClaim and give their path there (model.claimName mounts one at "
     "/models; spec.pods volumes mount others), or name a hub id"
 )
+_DATA_URL = (
+    "of URLs only s3:// is read (with checkpoint.store's endpoint and keys; gs:// through "
+    "GCS's S3 interoperability as s3://): or copy the files onto a PersistentVolumeClaim and "
+    "give their path there, or name a hub id"
+)
+# An s3:// data file: a parquet or JSON(L) object, not a prefix.
+_S3_FILE = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.*[^/]$"
 
 
 def _not_a_url(value: str) -> str:
     if "://" in value:
         raise ValueError(_NO_URL)
+    return value
+
+
+def _local_hub_or_s3(value: str) -> str:
+    if value.startswith("s3://"):
+        if not re.match(_S3_FILE, value):
+            raise ValueError(f"{value!r}: an s3:// data entry names one object, "
+                             "s3://bucket/path/file.parquet (or .jsonl)")
+        return value
+    if "://" in value:
+        raise ValueError(_DATA_URL)
     return value
 
 
@@ -41,17 +60,29 @@ LocalOrHub = Annotated[
     Field(max_length=4096, json_schema_extra={
         "x-kubernetes-validations": [cel_rule("!self.contains('://')", _NO_URL)]}),
 ]
+DataFile = Annotated[
+    str,
+    AfterValidator(_local_hub_or_s3),
+    Field(max_length=4096, json_schema_extra={
+        "x-kubernetes-validations": [cel_rule(
+            "!self.contains('://') || self.startsWith('s3://')", _DATA_URL)]}),
+]
+
+
+def is_s3(value: str | None) -> bool:
+    return value is not None and value.startswith("s3://")
 
 
 class DataSpec(ApiModel):
     """Training data in the EasyR1 column layout (images / problem / answer)."""
 
-    train: LocalOrHub = Field(
+    train: DataFile = Field(
         min_length=1,
-        description="Train split: a parquet/jsonl path, or a hub dataset owner/name@split "
-        "(fetched like the model; parquet files in the Hugging Face / EasyR1 layout).",
+        description="Train split: a parquet/jsonl path, a hub dataset owner/name@split "
+        "(fetched like the model; parquet files in the Hugging Face / EasyR1 layout), or an "
+        "s3://bucket/key object (fetched with checkpoint.store's endpoint and keys).",
     )
-    val: LocalOrHub | None = Field(
+    val: DataFile | None = Field(
         None,
         description=(
             "Validation split, same forms and columns as train; scored with the job's reward "

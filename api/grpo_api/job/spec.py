@@ -18,7 +18,7 @@ from ..trainer_config import (
     KLEstimator,
 )
 from .base import DNS_LABEL_PATTERN, ApiModel, cel_rule
-from .data import DataSpec, LocalOrHub
+from .data import DataSpec, LocalOrHub, is_s3
 from .hub import HubSpec
 from .lora import LoraSpec
 from .pods import PodsSpec
@@ -191,6 +191,13 @@ _SPEC_RULES: list[JsonValue] = [
         ".training.globalBatchSize",
     ),
     cel_rule(
+        "has(self.checkpoint.store) || (!self.data.train.startsWith('s3://') && "
+        "(!has(self.data.val) || !self.data.val.startsWith('s3://')))",
+        "s3:// data is fetched with checkpoint.store's endpoint, region and keys: set "
+        "checkpoint.store, or give the data as a path or hub id",
+        ".data",
+    ),
+    cel_rule(
         "self.training.valIntervalSteps == 0 || has(self.data.val)",
         "training.valIntervalSteps needs data.val (the held-out split to validate on)",
         ".training.valIntervalSteps",
@@ -327,6 +334,10 @@ class GRPOJobSpec(ApiModel):
         problem = split_problem(self.rollout, self.resources)
         if problem:
             raise ValueError(problem)
+        if (is_s3(self.data.train) or is_s3(self.data.val)) and self.checkpoint.store is None:
+            raise ValueError(
+                "data: s3:// data is fetched with checkpoint.store's endpoint, region and "
+                "keys: set checkpoint.store, or give the data as a path or hub id")
         if self.training.val_interval_steps and self.data.val is None:
             raise ValueError(
                 "training.valIntervalSteps: needs data.val (the held-out split to validate "

@@ -1,12 +1,14 @@
-"""Hub repos a spec names, where they land on the job's volume, and the init container's
-arguments (pure). The fetch itself is grpo_trainer.hub_fetch, run on the head pod."""
+"""Hub repos and s3:// data files a spec names, where they land on the job's volume, and
+the init container's arguments (pure). The fetch itself is grpo_trainer.hub_fetch, run on
+the head pod (on every pod of a job without a claim)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grpo_api.contract import hub_local_dir, is_hub_id
+from grpo_api.contract import hub_local_dir, is_hub_id, s3_local_path
 from grpo_api.job import GRPOJobSpec
+from grpo_api.job.data import is_s3
 
 from .names import JobRef, checkpoint_dir
 
@@ -33,12 +35,24 @@ def hub_fetch(spec: GRPOJobSpec, job: JobRef) -> HubFetch:
         args += ["--model", f"{model}{rev}"]
         model = hub_local_dir(root, "model", model)
     data: list[str | None] = []
+    objects: list[str] = []
     for entry in (spec.data.train, spec.data.val):
-        if entry is not None and is_hub_id(entry):
+        if is_s3(entry):
+            assert entry is not None
+            objects += ["--s3", entry]
+            entry = s3_local_path(root, entry)
+        elif entry is not None and is_hub_id(entry):
             repo, _, split = entry.partition("@")
             args += ["--dataset", repo]
             entry = f"{hub_local_dir(root, 'dataset', repo)}@{split or 'train'}"
         data.append(entry)
+    if objects:  # the spec's rule: s3:// data comes with checkpoint.store
+        store = spec.checkpoint.store
+        assert store is not None
+        args += [*objects, *(["--s3-endpoint", store.endpoint] if store.endpoint else []),
+                 *(["--s3-region", store.region] if store.region else []),
+                 *(["--s3-path-style"] if store.path_style else []),
+                 *(["--s3-keys-secret", store.keys_secret] if store.keys_secret else [])]
     if args:
         args = ["python", "-m", "grpo_trainer.hub_fetch", "--root", root, *args]
     return HubFetch(model, str(data[0]), data[1], args)
