@@ -4,7 +4,8 @@ the user made, the worker pod OOM-killed as in test_tiny_job, attempt 1 resuming
 what the store holds (its pods' disks are new and empty: nothing else could serve it),
 the export landing in the store where status.export.uri says, attempt 0's logs and events
 read back from the store where status.attempts[0].logs says, and the keys in no object,
-event or log a user can read.
+event or log a user can read. Its train split is an object in the store too
+(spec.data.train: s3://...), fetched onto each pod before its ranks start.
 
 One scenario (module fixture).
 """
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.e2e
 BUCKET = "ckpt"
 PREFIX = "grpo"
 SECRET = "s3-keys"
+DATA_KEY = "datasets/tiny/train.parquet"
 RESUMED = re.compile(r"resumed from checkpoint step (\d+)")
 TOTAL = int(multipod_example()["spec"]["training"]["maxSteps"])
 
@@ -55,6 +57,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
         doc = multipod_example()
         for key in ("claimName", "size", "storageClass"):  # no claim at all
             doc["spec"]["checkpoint"].pop(key, None)
+        # The train split as an object in the store (the parquet holds its images).
+        data = s3.root / BUCKET / DATA_KEY
+        data.parent.mkdir(parents=True, exist_ok=True)
+        data.write_bytes(tj.data_file().read_bytes())
+        doc["spec"]["data"]["train"] = f"s3://{BUCKET}/{DATA_KEY}"
         doc["spec"]["checkpoint"]["store"] = {
             "uri": f"s3://{BUCKET}/{PREFIX}", "endpoint": s3.endpoint, "region": "us-east-1",
             "pathStyle": True, "keysSecret": SECRET}
@@ -82,9 +89,9 @@ def test_attempt_1_resumed_from_the_store_after_the_oom_kill(tiny: TinyJob) -> N
     found = RESUMED.search(tiny.head_log(1))
     assert found, "attempt 1 did not resume from a checkpoint"
     assert int(found.group(1)) == first["lastCheckpointStep"] > 0, (found[0], first)
-    # The checkpoint it resumed from is complete in the store: its manifest names every
-    # file with its size, and each is there at that size.
-    step = stored(tiny) / f"step-{first['lastCheckpointStep']}"
+    # The newest checkpoint is complete in the store (the one attempt 1 resumed from is
+    # gone by now: keep 2): its manifest names every file with its size, each there.
+    step = stored(tiny) / f"step-{TOTAL}"
     manifest = json.loads((step / MANIFEST).read_text())
     files = manifest["files"]
     assert any(name.endswith(".distcp") for name in files), sorted(files)
@@ -158,10 +165,28 @@ def test_the_keys_are_in_no_object_event_or_log_a_user_reads(tiny: TinyJob) -> N
     assert all(readable), "a source to search was empty"
     for key in (s3.access_key, s3.secret_key):
         assert not [i for i, text in enumerate(readable) if key in text]
-    # The pods got them by reference to the Secret.
-    cluster = json.loads(kubectl("get", "raycluster", f"{JOB}-a1", "-n", JOB_NS,
-                                 "-o", "json").stdout)
-    env = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
-    refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in env
-            if e["name"] in STORE_KEY_ENV}
-    assert refs == dict.fromkeys(STORE_KEY_ENV, SECRET)
+    # Every Ray pod got them by reference to the Secret (its ranks upload).
+    pods = tiny.pods(1)
+    assert len(pods) == 2
+    for pod in pods:
+        env = pod["spec"]["containers"][0]["env"]
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in env
+                if e["name"] in STORE_KEY_ENV}
+        assert refs == dict.fromkeys(STORE_KEY_ENV, SECRET), pod["metadata"]["name"]
+
+
+def test_each_pod_fetched_the_train_split_from_the_store_before_its_ranks(
+        tiny: TinyJob) -> None:
+    """No claim: every Ray pod's hub-fetch step fetched the object onto its own disk, and
+    the fetch said so in the HubFetch condition."""
+    for attempt in (0, 1):
+        for pod in tiny.pods(attempt):
+            (init,) = [c for c in pod["spec"]["initContainers"] if c["name"] == "hub-fetch"]
+            assert f"s3://{BUCKET}/{DATA_KEY}" in init["command"]
+            (ended,) = [s["state"]["terminated"] for s in
+                        pod["status"].get("initContainerStatuses") or []
+                        if s["name"] == "hub-fetch"]
+            assert ended["exitCode"] == 0, (pod["metadata"]["name"], ended)
+    (fetched,) = [c for c in status(tiny)["conditions"] if c["type"] == "HubFetch"]
+    assert (fetched["status"], fetched["reason"]) == ("True", "Fetched"), fetched
+    assert f"s3://{BUCKET}/{DATA_KEY}" in fetched["message"]
