@@ -5,7 +5,9 @@ what the store holds (its pods' disks are new and empty: nothing else could serv
 the export landing in the store where status.export.uri says, attempt 0's logs and events
 read back from the store where status.attempts[0].logs says, and the keys in no object,
 event or log a user can read. Its train split is an object in the store too
-(spec.data.train: s3://...), fetched onto each pod before its ranks start.
+(spec.data.train: s3://...), and so is the model (spec.model.path: s3://.../): its
+config.json read for the plan by the reader pod, the model and the split fetched onto
+each pod before its ranks start.
 
 One scenario (module fixture).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ BUCKET = "ckpt"
 PREFIX = "grpo"
 SECRET = "s3-keys"
 DATA_KEY = "datasets/tiny/train.parquet"
+MODEL_PREFIX = "models/tiny-qwen2.5-vl"
 RESUMED = re.compile(r"resumed from checkpoint step (\d+)")
 TOTAL = int(multipod_example()["spec"]["training"]["maxSteps"])
 
@@ -62,6 +66,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyJob]:
         data.parent.mkdir(parents=True, exist_ok=True)
         data.write_bytes(tj.data_file().read_bytes())
         doc["spec"]["data"]["train"] = f"s3://{BUCKET}/{DATA_KEY}"
+        # And the model: its Hugging Face directory under a prefix (no model claim).
+        model = s3.root / BUCKET / MODEL_PREFIX
+        shutil.copytree(tj.model_dir(), model)
+        doc["spec"]["model"] = {"path": f"s3://{BUCKET}/{MODEL_PREFIX}/"}
         doc["spec"]["checkpoint"]["store"] = {
             "uri": f"s3://{BUCKET}/{PREFIX}", "endpoint": s3.endpoint, "region": "us-east-1",
             "pathStyle": True, "keysSecret": SECRET}
@@ -190,3 +198,12 @@ def test_each_pod_fetched_the_train_split_from_the_store_before_its_ranks(
     (fetched,) = [c for c in status(tiny)["conditions"] if c["type"] == "HubFetch"]
     assert (fetched["status"], fetched["reason"]) == ("True", "Fetched"), fetched
     assert f"s3://{BUCKET}/{DATA_KEY}" in fetched["message"]
+
+
+def test_the_plan_was_made_from_the_models_config_json_in_the_store(tiny: TinyJob) -> None:
+    read = status(tiny)["modelConfig"]
+    assert (read["source"], read["location"]) == (
+        "store", f"s3://{BUCKET}/{MODEL_PREFIX}/config.json"), read
+    on_claim = json.loads((tiny.model_dir() / "config.json").read_text())
+    assert read["architecture"] == on_claim["model_type"]
+    assert status(tiny)["plan"]["modelSource"].startswith("store config.json"), status(tiny)["plan"]

@@ -139,3 +139,45 @@ def test_s3_data_is_fetched_once_and_a_missing_or_refused_one_fails_the_fetch_na
     said = (tmp_path / "termination-log").read_text()
     assert "Secret 's3-keys'" in said and server.secret_key not in said, said
     assert reports[-1]["state"] == "Failed"
+
+
+def test_an_s3_model_is_read_for_the_plan_and_fetched_whole_once(
+        server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """spec.model.path: s3://bucket/prefix/: the reader pod's config.json read (what the
+    operator plans from) and the hub-fetch step's `--s3-model`, as the operator renders
+    them, against the real server."""
+    import json
+
+    from grpo_api.contract import s3_local_path
+    from grpo_trainer import hub_fetch, store_fetch
+
+    cfg = store_cfg(server, "models", monkeypatch)
+    files = {"config.json": json.dumps({"model_type": "qwen2", "hidden_size": 64,
+                                        "num_attention_heads": 4, "num_hidden_layers": 2,
+                                        "intermediate_size": 128, "vocab_size": 1000,
+                                        "num_key_value_heads": 2}).encode(),
+             "model.safetensors": bytes(range(256)) * 4096, "tokenizer/vocab.json": b"{}"}
+    for name, data in files.items():
+        ObjectStore(cfg).put_bytes(f"tiny-lm/{name}", data)
+    uri = f"s3://{BUCKET}/models/tiny-lm/"
+    store = ["--s3-endpoint", server.endpoint, "--s3-region", REGION, "--s3-path-style",
+             "--s3-keys-secret", "s3-keys"]
+    out = tmp_path / "termination-log"
+    assert store_fetch.main(["--config-of", uri, "--out", str(out), *store]) == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["hidden_size"] == 64, report
+    assert store_fetch.main(["--config-of", uri.replace("tiny-lm", "none"), "--out",
+                             str(out), *store]) == 2
+    assert "config.json: no such object" in json.loads(out.read_text())["error"]
+
+    monkeypatch.setattr(hub_fetch, "_reporter", lambda: lambda _: None)
+    args = ["--root", str(tmp_path / "job"), "--s3-model", uri, *store]
+    assert hub_fetch.main(args) == 0
+    local = Path(s3_local_path(str(tmp_path / "job"), uri.rstrip("/")))
+    assert {str(p.relative_to(local)): p.read_bytes() for p in local.rglob("*")
+            if p.is_file() and p.name != store_fetch.MARKER} == files
+    server.stop()  # fetched whole: a later attempt asks the store nothing
+    try:
+        assert hub_fetch.main(args) == 0
+    finally:
+        server.start()

@@ -231,3 +231,43 @@ def test_data_urls_the_trainer_cannot_read_are_refused_naming_the_field(
     with pytest.raises(ValidationError, match=re.escape(words)) as err:
         GRPOJobSpec.model_validate(spec)
     assert field in str(err.value)
+
+
+def with_s3_model(store: dict[str, Any] | None = STORE) -> dict[str, Any]:
+    spec = with_store(store)
+    spec["model"] = {"path": "s3://models-bucket/qwen2.5-vl-7b/"}
+    return spec
+
+
+def test_an_s3_model_is_read_by_a_reader_pod_and_fetched_before_any_rank() -> None:
+    from grpo_operator.reconcile.model_config import how_read
+    from grpo_operator.render.model_reader import render_model_reader
+
+    spec = with_s3_model()
+    assert how_read(spec) == "pod"  # the job's keys are the pods': the operator reads none
+    pod = render_model_reader(GRPOJobSpec.model_validate(spec), JOB, None)
+    (c,) = pod["spec"]["containers"]
+    assert c["command"][:5] == ["python", "-m", "grpo_trainer.store_fetch", "--config-of",
+                                "s3://models-bucket/qwen2.5-vl-7b/"]
+    assert "--s3-path-style" in c["command"]
+    assert {e["name"] for e in c["env"]} >= set(STORE_KEY_ENV)
+    kids = rendered(spec)
+    config = yaml.safe_load(of_kind(kids, "ConfigMap")["data"]["config.yaml"])
+    assert config["model"]["path"] == "/checkpoints/team/geo/hub/s3/models-bucket/qwen2.5-vl-7b"
+    (fetch,) = pod_templates(kids)[0]["initContainers"]
+    cmd = fetch["command"]
+    assert cmd[cmd.index("--s3-model") + 1] == "s3://models-bucket/qwen2.5-vl-7b/"
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    (with_s3_model(None), "an s3:// model is fetched with checkpoint.store's endpoint"),
+    ({**with_s3_model(), "model": {"path": "s3://models-bucket/m/", "claimName": "models"}},
+     "and no model.claimName"),
+    ({**with_s3_model(), "model": {"path": "s3://Models_Bucket/m/"}}, "is not s3://bucket"),
+    ({**with_s3_model(), "model": {"path": "gs://models-bucket/m/"}}, "only s3://bucket"),
+])
+def test_an_s3_model_the_trainer_cannot_read_is_refused_naming_the_field(
+        spec: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(words)) as err:
+        GRPOJobSpec.model_validate(spec)
+    assert "model.path" in str(err.value)

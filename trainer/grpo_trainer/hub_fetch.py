@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", action="append", default=[], help="owner/name[@revision]")
     ap.add_argument("--dataset", action="append", default=[], help="owner/name[@split]")
     ap.add_argument("--s3", action="append", default=[], help="s3://bucket/key of a data file")
+    ap.add_argument("--s3-model", action="append", default=[], help="s3://bucket/prefix/")
     ap.add_argument("--s3-endpoint", help="checkpoint.store.endpoint")
     ap.add_argument("--s3-region", help="checkpoint.store.region")
     ap.add_argument("--s3-path-style", action="store_true", help="checkpoint.store.path_style")
@@ -175,14 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     jobs: list[tuple[str, Callable[[], object]]] = [
         (f"{repo.kind} {repo.repo_id}", partial(fetch, repo, args.root, report, endpoint, token))
         for repo in repos]
-    if args.s3:
+    if args.s3 or args.s3_model:
         from grpo_api.trainer_config import ObjectStoreConfig
 
-        from .store_fetch import fetch_object
+        from .store_fetch import fetch_object, fetch_prefix
 
-        store = ObjectStoreConfig(uri=args.s3[0], endpoint=args.s3_endpoint,
+        store = ObjectStoreConfig(uri=[*args.s3, *args.s3_model][0], endpoint=args.s3_endpoint,
                                   region=args.s3_region, path_style=args.s3_path_style,
                                   keys_secret=args.s3_keys_secret)
+        jobs += [(f"model {uri}", partial(fetch_prefix, uri, args.root, store, report))
+                 for uri in args.s3_model]
         jobs += [(f"data {uri}", partial(fetch_object, uri, args.root, store, report))
                  for uri in args.s3]
     for what, run in jobs:

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, field_validator
 
+from ..contract import S3_URI_PATTERN
 from ..trainer_config import (
     MAX_FRAMES,
     MAX_IMAGES_PER_PROMPT,
@@ -20,14 +21,9 @@ from ..trainer_config import (
 from .base import ApiModel, cel_rule
 from .trainer import spec_setting, template_problem
 
-# The trainer reads files from the pods' volumes, fetches hub ids, and fetches s3:// files
-# (data only) with spec.checkpoint.store's endpoint and keys; any other URL would fail
-# only inside the trainer. The schema (CEL) and the models refuse it with the same test.
-_NO_URL = (
-    "object-store and other URLs (s3://, gs://, ...) are not supported yet: copy the files "
-    "onto a PersistentVolumeClaim and give their path there (model.claimName mounts one at "
-    "/models; spec.pods volumes mount others), or name a hub id"
-)
+# The trainer reads files from the pods' volumes, fetches hub ids, and fetches s3://
+# objects with spec.checkpoint.store's endpoint and keys; any other URL would fail only
+# inside the trainer. The schema (CEL) and the models refuse it with the same test.
 _DATA_URL = (
     "of URLs only s3:// is read (with checkpoint.store's endpoint and keys; gs:// through "
     "GCS's S3 interoperability as s3://): or copy the files onto a PersistentVolumeClaim and "
@@ -35,12 +31,6 @@ _DATA_URL = (
 )
 # An s3:// data file: a parquet or JSON(L) object, not a prefix.
 _S3_FILE = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.*[^/]$"
-
-
-def _not_a_url(value: str) -> str:
-    if "://" in value:
-        raise ValueError(_NO_URL)
-    return value
 
 
 def _local_hub_or_s3(value: str) -> str:
@@ -54,18 +44,39 @@ def _local_hub_or_s3(value: str) -> str:
     return value
 
 
-LocalOrHub = Annotated[
-    str,
-    AfterValidator(_not_a_url),
-    Field(max_length=4096, json_schema_extra={
-        "x-kubernetes-validations": [cel_rule("!self.contains('://')", _NO_URL)]}),
-]
 DataFile = Annotated[
     str,
     AfterValidator(_local_hub_or_s3),
     Field(max_length=4096, json_schema_extra={
         "x-kubernetes-validations": [cel_rule(
             "!self.contains('://') || self.startsWith('s3://')", _DATA_URL)]}),
+]
+
+
+# The model: a hub id, a path on a volume, or an s3:// prefix holding a Hugging Face
+# layout (fetched like an s3:// data file, with checkpoint.store's settings).
+_MODEL_URL = (
+    "of URLs only s3://bucket/prefix/ is read (with checkpoint.store's endpoint and keys): "
+    "or copy the model onto a PersistentVolumeClaim (model.claimName mounts it at /models), "
+    "or name a hub id"
+)
+
+
+def _local_hub_or_s3_prefix(value: str) -> str:
+    if value.startswith("s3://") and not re.match(S3_URI_PATTERN, value):
+        raise ValueError(f"{value!r} is not s3://bucket/prefix/ (a bucket's name: 3-63 "
+                         "lowercase letters, digits, dots and hyphens)")
+    if "://" in value and not value.startswith("s3://"):
+        raise ValueError(_MODEL_URL)
+    return value
+
+
+ModelPath = Annotated[
+    str,
+    AfterValidator(_local_hub_or_s3_prefix),
+    Field(max_length=4096, json_schema_extra={
+        "x-kubernetes-validations": [cel_rule(
+            "!self.contains('://') || self.startsWith('s3://')", _MODEL_URL)]}),
 ]
 
 

@@ -18,7 +18,7 @@ from ..trainer_config import (
     KLEstimator,
 )
 from .base import DNS_LABEL_PATTERN, ApiModel, cel_rule
-from .data import DataSpec, LocalOrHub, is_s3
+from .data import DataSpec, ModelPath, is_s3
 from .hub import HubSpec
 from .lora import LoraSpec
 from .pods import PodsSpec
@@ -56,11 +56,12 @@ class ModelSpec(ApiModel):
     """The policy model: a hub id fetched onto the job's volume by an init container of the
     head pod (spec.hub), or a path on a volume."""
 
-    path: LocalOrHub = Field(
+    path: ModelPath = Field(
         min_length=1,
         description=(
-            "Hub id (e.g. Qwen/Qwen2.5-VL-7B-Instruct) or an absolute path to a "
-            "directory holding config.json and safetensors (on claimName if set)."
+            "Hub id (e.g. Qwen/Qwen2.5-VL-7B-Instruct), an absolute path to a "
+            "directory holding config.json and safetensors (on claimName if set), or an "
+            "s3://bucket/prefix/ holding them (fetched with checkpoint.store's settings)."
         ),
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
@@ -196,6 +197,13 @@ _SPEC_RULES: list[JsonValue] = [
         "s3:// data is fetched with checkpoint.store's endpoint, region and keys: set "
         "checkpoint.store, or give the data as a path or hub id",
         ".data",
+    ),
+    cel_rule(
+        "!self.model.path.startsWith('s3://') || "
+        "(has(self.checkpoint.store) && !has(self.model.claimName))",
+        "an s3:// model is fetched with checkpoint.store's endpoint, region and keys: set "
+        "checkpoint.store, and no model.claimName",
+        ".model.path",
     ),
     cel_rule(
         "self.training.valIntervalSteps == 0 || has(self.data.val)",
@@ -334,6 +342,11 @@ class GRPOJobSpec(ApiModel):
         problem = split_problem(self.rollout, self.resources)
         if problem:
             raise ValueError(problem)
+        if is_s3(self.model.path) and (self.checkpoint.store is None
+                                       or self.model.claim_name is not None):
+            raise ValueError(
+                "model.path: an s3:// model is fetched with checkpoint.store's endpoint, "
+                "region and keys: set checkpoint.store, and no model.claimName")
         if (is_s3(self.data.train) or is_s3(self.data.val)) and self.checkpoint.store is None:
             raise ValueError(
                 "data: s3:// data is fetched with checkpoint.store's endpoint, region and "

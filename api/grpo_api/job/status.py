@@ -166,8 +166,9 @@ class ModelConfigStatus(ApiModel):
     """The model's config.json as the operator read it once for the job (the plan of
     every attempt uses it), or why the known table stands in."""
 
-    source: Literal["hub", "claim", "table"] = Field(
+    source: Literal["hub", "claim", "store", "table"] = Field(
         description="hub: the hub's config.json; claim: read by a pod on spec.model.claimName; "
+        "store: read by a pod from the s3:// model (checkpoint.store's keys); "
         "table: none could be read, the known-family table sized the model."
     )
     location: str = Field(description="The URL, or claim:path, that was read.")

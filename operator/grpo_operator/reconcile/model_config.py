@@ -5,7 +5,8 @@ kept in status.modelConfig, which every attempt's plan uses (so a hub that goes 
 or a revision that moves, never changes a running job's plan):
 - a public hub repo: the operator GETs `<endpoint>/<repo>/resolve/<revision>/config.json`
   (handler: hub_config.read, cached), at admission and here;
-- a model on a claim, or a private hub repo: a pod of the job's trainer image reads it
+- a model on a claim or in the store (s3://), or a private hub repo: a pod of the job's
+  trainer image reads it
   (render/model_reader.py) and the operator reads the pod's termination message; the job
   waits in Pending (ReadingModelConfig) meanwhile;
 - any other path: the known-family table, as before.
@@ -66,8 +67,8 @@ def how_read(raw_spec: dict[str, Any]) -> How:
     model = raw_spec.get("model") or {}
     if model.get("shape"):
         return "shape"
-    if model.get("claimName"):
-        return "pod"
+    if model.get("claimName") or str(model.get("path") or "").startswith("s3://"):
+        return "pod"  # a claim, or the store with the job's keys: read where the pods read
     if is_hub_id(str(model.get("path") or "")):
         # The token is in the job's Secret: a pod that gets it from the Secret reads.
         return "pod" if (raw_spec.get("hub") or {}).get("tokenSecret") else "hub"
@@ -102,7 +103,8 @@ def to_read(raw_spec: dict[str, Any], status: GRPOJobStatus) -> How | None:
     return how if how in ("hub", "pod") else None
 
 
-_SOURCE_WORDS = {"hub": "hub config.json", "claim": "claim config.json"}
+_SOURCE_WORDS = {"hub": "hub config.json", "claim": "claim config.json",
+                 "store": "store config.json"}
 
 
 def read_source(source: str, location: str | None) -> str:
@@ -164,6 +166,8 @@ def where_read(raw_spec: dict[str, Any]) -> str:
     model = raw_spec.get("model") or {}
     if model.get("claimName"):
         return f"claim {model['claimName']}:{str(model.get('path')).rstrip('/')}/config.json"
+    if str(model.get("path") or "").startswith("s3://"):
+        return f"{str(model['path']).rstrip('/')}/config.json"
     return hub_url(raw_spec)
 
 
@@ -249,7 +253,8 @@ def read_step(job: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec,
         return _unreadable(raw_spec, str(hub.error), hub.retry, now)
     if how != "pod":
         return ModelStep()
-    url = None if spec.model.claim_name else hub_url(raw_spec)
+    in_store = spec.model.path.startswith("s3://")
+    url = None if spec.model.claim_name or in_store else hub_url(raw_spec)
     name = names.model_reader(job)
     if reader is None:
         found = Finding(Reason.READING_MODEL_CONFIG,
@@ -271,7 +276,7 @@ def read_step(job: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec,
             "older than the operator lacks `python -m grpo_api.model_config`: set spec.image "
             "to a current one"), False, now, name)
     if report.config is not None:
-        source = "hub" if url else "claim"
+        source = "hub" if url else "store" if in_store else "claim"
         return ModelStep(_record(source, where_read(raw_spec), report.config, now),
                          delete_pod=name)
     return _unreadable(raw_spec, str(report.error), report.retry, now, name)

@@ -23,6 +23,17 @@ class HubFetch:
     args: list[str] = field(default_factory=list)  # empty: nothing to fetch
 
 
+def store_args(spec: GRPOJobSpec) -> list[str]:
+    """checkpoint.store's settings as the fetch's and the reader's arguments (the keys come
+    from the environment: store_env)."""
+    store = spec.checkpoint.store
+    assert store is not None
+    return [*(["--s3-endpoint", store.endpoint] if store.endpoint else []),
+            *(["--s3-region", store.region] if store.region else []),
+            *(["--s3-path-style"] if store.path_style else []),
+            *(["--s3-keys-secret", store.keys_secret] if store.keys_secret else [])]
+
+
 def hub_root(job: JobRef) -> str:
     return f"{checkpoint_dir(job)}/hub"
 
@@ -30,12 +41,15 @@ def hub_root(job: JobRef) -> str:
 def hub_fetch(spec: GRPOJobSpec, job: JobRef) -> HubFetch:
     root, args = hub_root(job), []
     model = spec.model.path
-    if spec.model.claim_name is None and is_hub_id(model):
+    objects: list[str] = []
+    if is_s3(model):
+        objects += ["--s3-model", model]
+        model = s3_local_path(root, model.rstrip("/"))
+    elif spec.model.claim_name is None and is_hub_id(model):
         rev = f"@{spec.model.revision}" if spec.model.revision else ""
         args += ["--model", f"{model}{rev}"]
         model = hub_local_dir(root, "model", model)
     data: list[str | None] = []
-    objects: list[str] = []
     for entry in (spec.data.train, spec.data.val):
         if is_s3(entry):
             assert entry is not None
@@ -46,13 +60,8 @@ def hub_fetch(spec: GRPOJobSpec, job: JobRef) -> HubFetch:
             args += ["--dataset", repo]
             entry = f"{hub_local_dir(root, 'dataset', repo)}@{split or 'train'}"
         data.append(entry)
-    if objects:  # the spec's rule: s3:// data comes with checkpoint.store
-        store = spec.checkpoint.store
-        assert store is not None
-        args += [*objects, *(["--s3-endpoint", store.endpoint] if store.endpoint else []),
-                 *(["--s3-region", store.region] if store.region else []),
-                 *(["--s3-path-style"] if store.path_style else []),
-                 *(["--s3-keys-secret", store.keys_secret] if store.keys_secret else [])]
+    if objects:  # the spec's rule: s3:// data and models come with checkpoint.store
+        args += [*objects, *store_args(spec)]
     if args:
         args = ["python", "-m", "grpo_trainer.hub_fetch", "--root", root, *args]
     return HubFetch(model, str(data[0]), data[1], args)

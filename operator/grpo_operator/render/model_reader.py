@@ -22,9 +22,11 @@ from grpo_api.contract import (
     TERMINATION_LOG,
 )
 from grpo_api.job import GRPOJobSpec
+from grpo_api.job.data import is_s3
 
 from . import names
-from .children import render_template
+from .children import render_template, store_env
+from .hub import store_args
 from .names import JobRef
 from .pod_settings import merged
 from .security import container_security_context, pod_security_context
@@ -32,11 +34,16 @@ from .security import container_security_context, pod_security_context
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "model-config"
 READER_MODULE = "grpo_api.model_config"
+# An s3:// model: its config.json fetched with checkpoint.store's settings, then read alike.
+STORE_READER_MODULE = "grpo_trainer.store_fetch"
 # Python, pydantic and a JSON file: far below this.
 READER_MEMORY = "256Mi"
 
 
 def reader_command(spec: GRPOJobSpec, hub_url: str | None) -> list[str]:
+    if is_s3(spec.model.path):
+        return ["python", "-m", STORE_READER_MODULE, "--config-of", spec.model.path,
+                *store_args(spec)]
     where = ["--url", hub_url] if hub_url else ["--path", spec.model.path]
     return ["python", "-m", READER_MODULE, *where]
 
@@ -52,7 +59,7 @@ def render_model_reader(spec: GRPOJobSpec, job: JobRef, hub_url: str | None,
     if hub_url and spec.hub.token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.hub.token_secret, "key": spec.hub.token_key}}})
-    env += x["env"]
+    env += [*x["env"], *store_env(spec)]  # an s3:// model is read with the store's keys
     ctx: dict[str, Any] = {
         "job": job,
         "name": names.model_reader(job),
