@@ -197,6 +197,10 @@ def test_the_store_down_mid_upload_delays_the_checkpoint_not_the_steps(
     def on_step(step: int) -> None:
         if step == 1:  # the first save (step 2) finds the store gone
             store.server.stop()
+        if step == 2:
+            # Long enough for the ranks' first requests to give up (obstore's own retries,
+            # a few seconds): step 3's look at the upload finds it retrying.
+            time.sleep(10)
         if step == 3 and not back_after_step_3:
             # Step 3 trained while step 2's upload was failing. The store stays away a few
             # seconds more, past one request's own retries (the upload's loop must retry),
@@ -223,14 +227,29 @@ def test_the_store_down_mid_upload_delays_the_checkpoint_not_the_steps(
     # Both checkpoints completed once the store was back.
     assert _manifest(store, "outage", 2).step == 2
     assert _manifest(store, "outage", 4).step == 4
-    # What the operator's CheckpointUpload condition was told: step 2's upload still
-    # waiting on the store while step 3 trained, then the last checkpoint up.
+    # What the operator's CheckpointUpload condition was told, and showed: step 2's upload
+    # retrying while step 3 trained, then the last checkpoint up.
     assert uploads[1] is None, uploads
-    during = uploads[3]
-    assert during is not None and during["step"] == 2, uploads
-    assert during["state"] in ("Uploading", "Retrying"), uploads
-    done = uploads[-1]
+    during, done = uploads[3], uploads[-1]
+    assert during is not None and (during["state"], during["step"]) == ("Retrying", 2), uploads
+    assert during["message"], uploads
     assert done is not None and (done["state"], done["step"]) == ("Uploaded", 4), uploads
+    assert [_condition(during), _condition(done)] == [("False", "UploadRetrying"),
+                                                      ("True", "Uploaded")]
+
+
+def _condition(upload: dict[str, object]) -> tuple[str, str]:
+    """The operator's CheckpointUpload condition for a progress report carrying `upload`."""
+    from grpo_api.job.status import GRPOJobStatus
+    from grpo_operator.reconcile.conditions import checkpoint_upload_conditions
+    from grpo_trainer.liveness.progress import Progress
+
+    progress = GRPOJobStatus.model_validate(
+        {"progress": Progress(3, 4, 0.5, 2, checkpoint_upload=upload).to_status()}).progress
+    new = checkpoint_upload_conditions(progress, [], 1, "2026-12-05T00:00:00Z")
+    assert new is not None
+    (c,) = new
+    return c.status, c.reason
 
 
 def test_refused_keys_stop_the_run_at_once_naming_the_secret(
