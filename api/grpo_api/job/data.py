@@ -44,12 +44,13 @@ def _local_hub_or_s3(value: str) -> str:
     return value
 
 
+# The CEL side of both checks below (the models say which form of s3:// each takes).
+_NO_URL_BUT_S3 = "!self.contains('://') || self.startsWith('s3://')"
 DataFile = Annotated[
     str,
     AfterValidator(_local_hub_or_s3),
     Field(max_length=4096, json_schema_extra={
-        "x-kubernetes-validations": [cel_rule(
-            "!self.contains('://') || self.startsWith('s3://')", _DATA_URL)]}),
+        "x-kubernetes-validations": [cel_rule(_NO_URL_BUT_S3, _DATA_URL)]}),
 ]
 
 
@@ -75,8 +76,7 @@ ModelPath = Annotated[
     str,
     AfterValidator(_local_hub_or_s3_prefix),
     Field(max_length=4096, json_schema_extra={
-        "x-kubernetes-validations": [cel_rule(
-            "!self.contains('://') || self.startsWith('s3://')", _MODEL_URL)]}),
+        "x-kubernetes-validations": [cel_rule(_NO_URL_BUT_S3, _MODEL_URL)]}),
 ]
 
 
