@@ -1,4 +1,5 @@
-"""Crash safety: SIGKILL real trainers at random moments, many inside a save.
+"""Crash safety: SIGKILL real trainers at random moments, many inside a save (and, with
+checkpoint.store, once between a step's files reaching the store and its manifest).
 
 Each attempt is a real training process (forked from ``grpo_testkit.crash``,
 which imported torch once) running the real driver loop, checkpointer and worker
@@ -232,3 +233,67 @@ def test_a_vlm_checkpoint_exports_to_a_loadable_hf_directory(
     assert any("visual" in k for k in saved)
     for k, v in saved.items():
         assert torch.equal(exported[k], v), k
+
+
+def test_sigkill_mid_upload_leaves_a_step_the_resume_never_loads(
+        tiny_lm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """checkpoint.store: a real SIGKILL of a training process after its rank's files of a
+    step are in the store but before the manifest that makes the step count (the store is
+    watched, and the kill lands in that window). A new pod (an empty local directory)
+    resumes from the newest complete step, never the cut one, removes the cut one's
+    objects, and finishes with every step in the store whole."""
+    from grpo_testbed.s3_server import REGION, standalone_s3_server
+    from grpo_trainer.checkpointing.tracker import MANIFEST
+
+    s3 = standalone_s3_server(tmp_path / "s3")
+    try:
+        s3.make_bucket("ckpt")
+        # The fork server's children read the keys from its environment, as ranks in a pod.
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
+        crash = CrashServer()
+        try:
+            data = write_text_task(tmp_path / "t.jsonl")
+            store = {"uri": "s3://ckpt/cut", "endpoint": s3.endpoint, "region": REGION,
+                     "path_style": True}
+            prefix = s3.root / "ckpt" / "cut"
+
+            def config(name: str) -> Path:
+                path = crash_run_config(tmp_path, tiny_lm, data, name, steps=TOTAL_STEPS)
+                raw = yaml.safe_load(path.read_text())
+                raw["checkpoint"]["store"] = store
+                path.write_text(yaml.safe_dump(raw))
+                return path
+
+            def cut() -> int | None:
+                """A step whose files are in the store and whose manifest is not."""
+                for step in sorted(scan(prefix)) if prefix.is_dir() else []:
+                    d = prefix / f"step-{step}"
+                    if any(d.glob("*.distcp")) and not (d / MANIFEST).exists():
+                        return step
+                return None
+
+            crash.start(config("pod-a"), tmp_path / "a.log")
+            caught, status = None, None
+            while caught is None and status is None:
+                status = crash.poll()
+                caught = cut()
+                time.sleep(0.002)
+            assert caught is not None, "the run ended before a step was half in the store"
+            assert crash.kill(), "the process had ended"
+            crash.wait()
+            assert cut() == caught  # the kill left it so, for real
+            crash.start(config("pod-b"), tmp_path / "b.log")
+            assert crash.wait() == 0, (tmp_path / "b.log").read_text()[-3000:]
+        finally:
+            crash.close()
+        log = (tmp_path / "b.log").read_text()
+        resumed = re.search(r"resumed from checkpoint step (\d+)", log)
+        start = int(resumed.group(1)) if resumed else 0
+        assert start < caught, (start, caught, log[-2000:])
+        assert sorted(step_metrics(tmp_path / "b.log")) == list(range(start + 1,
+                                                                      TOTAL_STEPS + 1))
+        for step in scan(prefix):  # every step left in the store is whole
+            assert (prefix / f"step-{step}" / MANIFEST).is_file(), step
+    finally:
+        s3.stop()
