@@ -129,7 +129,8 @@ def hub_local_dir(root: str, kind: str, repo_id: str) -> str:
 
 
 def s3_local_path(root: str, uri: str) -> str:
-    """Where an s3:// data file lands under `root` (the job's directory): s3/<bucket>/<key>."""
+    """Where an s3:// data file or model prefix lands under `root` (the job's directory):
+    s3/<bucket>/<key>."""
     return f"{root}/s3/{uri.removeprefix('s3://')}"
 
 
@@ -387,7 +388,8 @@ class Env(StrEnum):
 # An s3:// URI as spec.checkpoint.store and the trainer's checkpoint.store take it: a
 # bucket name as S3 allows it (3-63 lowercase letters, digits, dots and hyphens), then an
 # optional prefix.
-S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
+S3_BUCKET_PATTERN = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
+S3_URI_PATTERN = rf"^s3://{S3_BUCKET_PATTERN}(/.*)?$"
 # spec.checkpoint.store.keysSecret's keys, the env names the Ray containers get them as:
 # the AWS credential chain's own (obstore, boto3 and the AWS CLI read them).
 STORE_KEY_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

@@ -173,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
              for m in args.model]
     repos += [HubRepo("dataset", d.split("@", 1)[0]) for d in args.dataset]
     endpoint, token = os.environ.get("HF_ENDPOINT") or None, os.environ.get("HF_TOKEN") or None
-    jobs: list[tuple[str, Callable[[], object]]] = [
-        (f"{repo.kind} {repo.repo_id}", partial(fetch, repo, args.root, report, endpoint, token))
+    # (what, which: the repo or URI the fetch reports under, the fetch)
+    jobs: list[tuple[str, str, Callable[[], object]]] = [
+        (repo.kind, repo.repo_id, partial(fetch, repo, args.root, report, endpoint, token))
         for repo in repos]
     if args.s3 or args.s3_model:
         from grpo_api.trainer_config import ObjectStoreConfig
@@ -184,17 +185,17 @@ def main(argv: list[str] | None = None) -> int:
         store = ObjectStoreConfig(uri=[*args.s3, *args.s3_model][0], endpoint=args.s3_endpoint,
                                   region=args.s3_region, path_style=args.s3_path_style,
                                   keys_secret=args.s3_keys_secret)
-        jobs += [(f"model {uri}", partial(fetch_prefix, uri, args.root, store, report))
+        jobs += [("model", uri, partial(fetch_prefix, uri, args.root, store, report))
                  for uri in args.s3_model]
-        jobs += [(f"data {uri}", partial(fetch_object, uri, args.root, store, report))
+        jobs += [("data", uri, partial(fetch_object, uri, args.root, store, report))
                  for uri in args.s3]
-    for what, run in jobs:
+    for what, which, run in jobs:
         try:
             run()
         except Exception as err:
-            message = f"{what}: {type(err).__name__}: {err}"
-            report({"repo": what.split(" ", 1)[1], "file": "", "bytesDone": 0,
-                    "bytesTotal": 0, "state": "Failed", "message": message[:1000]})
+            message = f"{what} {which}: {type(err).__name__}: {err}"
+            report({"repo": which, "file": "", "bytesDone": 0, "bytesTotal": 0,
+                    "state": "Failed", "message": message[:1000]})
             with contextlib.suppress(OSError):  # the pod's reason, as kubectl shows it
                 Path(TERMINATION_LOG).write_text(message[:TERMINATION_MESSAGE_MAX_BYTES])
             log.error("fetch failed: %s", message)

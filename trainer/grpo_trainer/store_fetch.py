@@ -26,34 +26,33 @@ log = logging.getLogger("grpo_trainer.store_fetch")
 Progress = Callable[[dict[str, Any]], None]
 
 
+def _bucket(uri: str, store: ObjectStoreConfig) -> tuple[ObjectStore, str]:
+    """The store at ``uri``'s bucket (checkpoint.store's settings otherwise), and the key."""
+    where = parse_uri(uri)
+    return ObjectStore(store.model_copy(update={"uri": f"s3://{where.bucket}"})), where.prefix
+
+
 def fetch_object(uri: str, root: Path, store: ObjectStoreConfig,
                  report: Progress = lambda _: None) -> Path:
     """Download the object ``uri`` under ``root`` unless it is there whole; its path."""
-    where = parse_uri(uri)
     dest = Path(s3_local_path(str(root), uri))
-    bucket = ObjectStore(store.model_copy(update={"uri": f"s3://{where.bucket}"}))
+    bucket, key = _bucket(uri, store)
     # A listing of the object's folder: obstore lists by path segments, not by prefix.
-    folder = where.prefix.rpartition("/")[0]
-    size = bucket.sizes(folder).get(where.prefix)
+    size = bucket.sizes(key.rpartition("/")[0]).get(key)
     if size is None:
         raise FileNotFoundError(f"{uri}: no such object in the store "
                                 f"({store.endpoint or 'AWS S3'})")
-    progress = {"repo": uri, "file": where.prefix, "bytesTotal": size}
+    progress = {"repo": uri, "file": key, "bytesTotal": size}
     if dest.is_file() and dest.stat().st_size == size:
         log.info("%s: already on the volume (%s)", uri, dest)
     else:
         report({**progress, "bytesDone": 0, "state": "Fetching"})
-        bucket.download(where.prefix, dest)
+        bucket.download(key, dest)
     report({**progress, "file": "", "bytesDone": size, "state": "Fetched"})
     return dest
 
 
 MARKER = ".grpo-fetched"  # a model prefix fetched whole: later attempts ask nothing
-
-
-def _bucket(uri: str, store: ObjectStoreConfig) -> tuple[ObjectStore, str]:
-    where = parse_uri(uri)
-    return ObjectStore(store.model_copy(update={"uri": f"s3://{where.bucket}"})), where.prefix
 
 
 def fetch_prefix(uri: str, root: Path, store: ObjectStoreConfig,

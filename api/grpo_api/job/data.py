@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, field_validator
 
-from ..contract import S3_URI_PATTERN
+from ..contract import S3_BUCKET_PATTERN, S3_URI_PATTERN
 from ..trainer_config import (
     MAX_FRAMES,
     MAX_IMAGES_PER_PROMPT,
@@ -30,7 +30,7 @@ _DATA_URL = (
     "give their path there, or name a hub id"
 )
 # An s3:// data file: a parquet or JSON(L) object, not a prefix.
-_S3_FILE = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.*[^/]$"
+_S3_FILE = rf"^s3://{S3_BUCKET_PATTERN}/.*[^/]$"
 
 
 def _local_hub_or_s3(value: str) -> str:

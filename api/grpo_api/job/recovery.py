@@ -76,8 +76,9 @@ class CheckpointSpec(ApiModel):
         description=(
             "Keep the checkpoints and the exported model in an S3-compatible object store "
             "(AWS S3, GCS's S3 interoperability, MinIO, Ceph RGW, SeaweedFS) under "
-            "<uri>/<namespace>/<job>/. Each save is staged on the claim, uploaded in the "
-            "background and its staged files dropped; a resume fetches what it needs."
+            "<uri>/<namespace>/<job>/. Each save is staged on the claim (without one, on "
+            "each pod's own disk), uploaded in the background and its staged files dropped; "
+            "a resume fetches what it needs."
         ),
     )
     delete_claim_with_job: bool = Field(

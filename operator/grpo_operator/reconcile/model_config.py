@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from grpo_api.contract import IMAGE_UID, Reason, is_hub_id
 from grpo_api.job import GRPOJobSpec
+from grpo_api.job.data import is_s3
 from grpo_api.job.status import GRPOJobStatus, ModelConfigStatus
 from grpo_api.model.shape import known_family
 from grpo_api.model_config import ReaderReport, hub_config_url
@@ -67,7 +68,7 @@ def how_read(raw_spec: dict[str, Any]) -> How:
     model = raw_spec.get("model") or {}
     if model.get("shape"):
         return "shape"
-    if model.get("claimName") or str(model.get("path") or "").startswith("s3://"):
+    if model.get("claimName") or is_s3(str(model.get("path") or "")):
         return "pod"  # a claim, or the store with the job's keys: read where the pods read
     if is_hub_id(str(model.get("path") or "")):
         # The token is in the job's Secret: a pod that gets it from the Secret reads.
@@ -166,7 +167,7 @@ def where_read(raw_spec: dict[str, Any]) -> str:
     model = raw_spec.get("model") or {}
     if model.get("claimName"):
         return f"claim {model['claimName']}:{str(model.get('path')).rstrip('/')}/config.json"
-    if str(model.get("path") or "").startswith("s3://"):
+    if is_s3(str(model.get("path") or "")):
         return f"{str(model['path']).rstrip('/')}/config.json"
     return hub_url(raw_spec)
 
@@ -253,7 +254,7 @@ def read_step(job: JobRef, raw_spec: dict[str, Any], spec: GRPOJobSpec,
         return _unreadable(raw_spec, str(hub.error), hub.retry, now)
     if how != "pod":
         return ModelStep()
-    in_store = spec.model.path.startswith("s3://")
+    in_store = is_s3(spec.model.path)
     url = None if spec.model.claim_name or in_store else hub_url(raw_spec)
     name = names.model_reader(job)
     if reader is None:

@@ -12,6 +12,7 @@ lost) keeps what the last copy had. The store down costs the copy, never the run
 from __future__ import annotations
 
 import logging
+import stat
 import threading
 from pathlib import Path
 
@@ -44,7 +45,7 @@ class AttemptKeeper:
             for path in sorted((self.root / ATTEMPT_LOGS).rglob("*")):
                 try:
                     st = path.stat()
-                    if not path.is_file():
+                    if not stat.S_ISREG(st.st_mode):
                         continue
                     name = str(path.relative_to(self.root))
                     seen = (st.st_size, st.st_mtime_ns)
