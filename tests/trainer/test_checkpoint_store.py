@@ -279,7 +279,11 @@ def test_an_upload_retries_until_the_store_returns_or_the_deadline(
     store.server.stop()
     try:
         upload = RankUpload(ObjectStore(cfg), step, ["__0_0.distcp", "rank-0.pt"])
-        time.sleep(3)
+        # One try is the client's own retries (~2 s) and the backoff after it 1 s: wait
+        # for the second failure, bounded well inside the 60 s deadline.
+        until = time.monotonic() + 30
+        while upload.status()["tries"] < 2 and time.monotonic() < until:
+            time.sleep(0.2)
         assert not upload.poll(wait=False)
         status = upload.status()
         assert status["tries"] >= 2 and status["error"], status
