@@ -328,7 +328,7 @@ def measure(jobs: int, order: str, provisioner_kind: str, baseline_claims: bool,
         usage: dict[str, float] = {}
 
         def run_ours() -> dict[str, float]:
-            env = {"PYTHONTRACEMALLOC": "1"} if tracemalloc else None
+            env = {"PYTHONTRACEMALLOC": "16"} if tracemalloc else None
             op = OperatorProcess(tb, Path(tempfile.mkdtemp(prefix="bench-op-")), env=env).start()
             try:
                 assert op.proc is not None
@@ -340,6 +340,7 @@ def measure(jobs: int, order: str, provisioner_kind: str, baseline_claims: bool,
                     spy.send_signal(signal.SIGINT)
                     spy.wait(timeout=60)
                 usage["pss_peak_mib"] = pss.stop()
+                usage.update(pss.at_peak)
                 usage["rss_mib"], _, usage["operator_cpu_s"] = proc_usage(op.proc.pid)
                 usage["cpu_s"] = usage["operator_cpu_s"]
                 for child in children(op.proc.pid):  # the admission process
@@ -351,7 +352,11 @@ def measure(jobs: int, order: str, provisioner_kind: str, baseline_claims: bool,
                         scrape, "grpo_operator_reconcile_duration_seconds", q)
                 if tracemalloc:  # heap_report.py: the live allocations by file
                     os.kill(op.proc.pid, signal.SIGUSR2)
-                    time.sleep(5)
+                    # Grouping by call path takes a while on a traced heap of this size.
+                    deadline = time.monotonic() + 180
+                    while "heap: path" not in op.log.read_text() and time.monotonic() < deadline:
+                        time.sleep(2)
+                    time.sleep(2)
                     print("\n".join(line for line in op.log.read_text().splitlines()
                                     if "heap:" in line))
                 return found
@@ -395,6 +400,11 @@ def report(r: dict[str, Any]) -> None:
           f"{(r['rss_mib'] - r['idle_rss_mib']) / jobs * 1024:.0f} KiB a job), its admission "
           f"process's {r.get('admission_rss_mib', 0):.0f} MiB; both together (PSS, shared "
           f"pages once) peak {r.get('pss_peak_mib', float('nan')):.0f} MiB")
+    if "operator_pss_anon_mib" in r:
+        anon, file = r.get("admission_pss_anon_mib", 0), r.get("admission_pss_file_mib", 0)
+        print("  at that peak, PSS anonymous / file-backed (MiB): operator "
+              f"{r['operator_pss_anon_mib']:.0f} / {r['operator_pss_file_mib']:.0f}, "
+              f"admission {anon:.0f} / {file:.0f}")
     print(f"CPU time of both {r['cpu_s']:.1f} s ({r['cpu_s'] / jobs * 1000:.0f} ms a job; "
           f"the operator's {r.get('operator_cpu_s', r['cpu_s']):.1f} s), reconcile p50 "
           f"{r['reconcile_p50_s'] * 1000:.0f} ms / p99 {r['reconcile_p99_s'] * 1000:.0f} ms")

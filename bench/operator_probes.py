@@ -29,32 +29,51 @@ def children(pid: int) -> list[int]:
         return []
 
 
+ROLLUP_FIELDS = ("Pss", "Pss_Anon", "Pss_File")
+
+
+def rollup_kib(pid: int) -> dict[str, int]:
+    """The process's PSS, and its anonymous and file-backed shares (KiB), from
+    /proc/PID/smaps_rollup; empty once the process is gone."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except FileNotFoundError:
+        return {}
+    return {ln.split(":")[0]: int(ln.split()[1]) for ln in rollup.splitlines()
+            if ln.split(":")[0] in ROLLUP_FIELDS}
+
+
 def pss_mib(pids: list[int]) -> float:
     """The processes' proportional set size together (MiB): pages they share (the forked
     admission process keeps the operator's imported modules) counted once, as the pod's
     memory cgroup charges them."""
-    kib = 0
-    for pid in pids:
-        try:
-            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except FileNotFoundError:
-            continue
-        kib += next(int(ln.split()[1]) for ln in rollup.splitlines() if ln.startswith("Pss:"))
-    return kib / 1024
+    return sum(rollup_kib(pid).get("Pss", 0) for pid in pids) / 1024
 
 
 class PssPeak:
-    """The highest PSS of a process and its children together, sampled every second."""
+    """The highest PSS of a process and its children together, sampled every second, and
+    at that sample each process's anonymous and file-backed shares: file pages (the
+    shared libraries' code) are what the kernel can reclaim under a memory limit, the
+    anonymous ones (Python's heap) are not."""
 
     def __init__(self, pid: int, interval_s: float = 1.0) -> None:
         self.pid, self.interval_s, self.peak_mib = pid, interval_s, 0.0
+        self.at_peak: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.peak_mib = max(self.peak_mib, pss_mib([self.pid, *children(self.pid)]))
+            pids = [self.pid, *children(self.pid)]
+            rollups = [rollup_kib(pid) for pid in pids]
+            total = sum(r.get("Pss", 0) for r in rollups) / 1024
+            if total > self.peak_mib:
+                self.peak_mib = total
+                self.at_peak = {
+                    f"{who}_{field.lower()}_mib": r.get(field, 0) / 1024
+                    for who, r in zip(("operator", "admission"), rollups, strict=False)
+                    for field in ROLLUP_FIELDS}
 
     def stop(self) -> float:
         self._stop.set()

@@ -33,9 +33,12 @@ from .webhook import default_patch, validate
 
 log = logging.getLogger("grpo_operator.admission")
 
-# An admission mostly waits on reads (the namespace, its quotas, a hub's config.json):
-# many threads, so that one slow read does not hold the others.
-ADMISSION_WORKERS = 16
+# Reviews run in threads so that one slow read (the namespace, its quotas, a hub's
+# config.json; each cached) does not hold the others. Not more: the review is pure Python
+# (the GIL runs one at a time) and each thread in flight holds a plan's worth of
+# temporaries, which the heap keeps: with 16, a burst of 16 clients left the process
+# 5-7 MiB larger than with 4 (docs/benchmarks.md, "The pod's memory").
+ADMISSION_WORKERS = 4
 ORPHAN_CHECK_S = 1.0  # how soon the process ends after the operator's is gone
 START_TIMEOUT_S = 30.0  # it imports nothing (forked): it listens within a second
 

@@ -21,7 +21,7 @@ import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from grpo_api.contract import API_GROUP, DEFAULT_TRAINER_IMAGE, IMAGE_UID
+from grpo_api.contract import DEFAULT_TRAINER_IMAGE, IMAGE_UID
 
 from . import discovery, handlers, heap_report, hub_config, kube  # noqa: F401 - handlers registers them
 from .admission_process import AdmissionProcess, ca_bundle, endpoint_url, until_listening
@@ -40,6 +40,7 @@ from .config import (
 from .hub_endpoints import parse_hub_endpoints
 from .job_defaults import NO_JOB_DEFAULTS, parse_job_defaults
 from .kopf_fixes import Insights, see_listed_namespaces, track_watches
+from .kopf_settings import apply_settings
 from .peering import MIN_PEERING_LIFETIME_S, PEERING_LIFETIME_S, SALT_RANGE, replica_priority
 from .render.network_policy import parse_job_network_policy
 from .ssl_buffers import shrink_tls_read_buffers
@@ -134,25 +135,7 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     except discovery.DiscoveryTimeout as exc:
         raise kopf.PermanentError(str(exc)) from exc
     kube.warm_up()
-    # Our own names on objects, and nothing written into status but our fields.
-    settings.persistence.finalizer = f"{API_GROUP}/operator"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=API_GROUP, key="last-handled-spec")
-    # Only warnings become Events on the job. At INFO, Kopf posts every "Handler/Timer
-    # succeeded" line: the restart timer alone (every 0.25 s during a backoff) flooded
-    # the API server. The operator's own Events (Running, Restarting, ...) are explicit.
-    settings.posting.level = logging.WARNING
-    settings.execution.max_workers = 32
-    settings.watching.server_timeout = 300  # re-list regularly; survives API restarts
-    settings.networking.error_backoffs = [1, 2, 5, 10]
-    # Kopf waits 5 minutes on one API request by default, and its start-up discovery
-    # is such requests: one lost answer left an operator silent for minutes. The API
-    # server ends its own non-watch requests at 60 s, so 30 s only cuts a dead one
-    # short; a timed-out request is retried after the backoffs above.
-    settings.networking.request_timeout = 30
-    settings.networking.connect_timeout = 10  # watch streams too (Kopf falls back to it)
-    settings.peering.lifetime = config.peering_lifetime_seconds
+    apply_settings(settings, config.peering_lifetime_seconds)
     hook = config.webhook
     admission: AdmissionProcess | None = memo.get(ADMISSION_KEY)
     if admission is not None:
