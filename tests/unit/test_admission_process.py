@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from grpo_operator.admission_process import RECONCILE_NICENESS
 from grpo_testbed.examples import example_job
 from grpo_testbed.pki import Pki, issue_serving_cert, make_pki
 from grpo_testkit.kubeconfigs import unreachable_kubeconfig
@@ -101,6 +102,14 @@ def _review(obj: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
             "request": {"uid": "u-1", "operation": operation, "namespace": "team-a",
                         "object": obj, "oldObject": None,
                         "userInfo": {"username": "alice"}}}
+
+
+def test_the_operator_yields_the_cpu_to_it(
+        admission: tuple[subprocess.Popen[str], int, int, Pki]) -> None:
+    # A create waits on the webhooks; the reconciles in the operator's process can wait.
+    parent, child, _, _ = admission
+    assert (os.getpriority(os.PRIO_PROCESS, parent.pid)
+            == os.getpriority(os.PRIO_PROCESS, child) + RECONCILE_NICENESS)
 
 
 def test_it_refuses_a_bad_spec_naming_the_field_and_admits_a_good_one(
