@@ -26,7 +26,8 @@ def install() -> bool:
 
 
 def _report(_signum: int, _frame: FrameType | None) -> None:
-    stats = tracemalloc.take_snapshot().statistics("filename")
+    snapshot = tracemalloc.take_snapshot()  # one, for both views: taking it is the cost
+    stats = snapshot.statistics("filename")
     total = sum(s.size for s in stats)
     log.warning("heap: %.1f MiB traced in %d files; the %d largest:", total / 2**20,
                 len(stats), TOP_FILES)
@@ -36,7 +37,7 @@ def _report(_signum: int, _frame: FrameType | None) -> None:
     if tracemalloc.get_traceback_limit() < 2:
         return
     # Which caller made them: the largest call paths, innermost frame first.
-    for s in tracemalloc.take_snapshot().statistics("traceback")[:TOP_PATHS]:
+    for s in snapshot.statistics("traceback")[:TOP_PATHS]:
         log.warning("heap: path of %.1f KiB in %d blocks: %s", s.size / 1024, s.count,
                     " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}"
                                 for f in s.traceback))

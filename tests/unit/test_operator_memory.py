@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import ssl
+import sys
 import tracemalloc
 from asyncio import sslproto
 
@@ -50,6 +51,26 @@ def test_sigusr2_logs_the_live_allocations_by_file(caplog: pytest.LogCaptureFixt
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("heap:")]
         assert "MiB traced" in lines[0]
         assert any(__file__ in line for line in lines[1:]), lines
+        del kept
+    finally:
+        tracemalloc.stop()
+        signal.signal(signal.SIGUSR2, before)
+
+
+def test_with_frames_traced_it_also_names_the_largest_call_paths(
+        caplog: pytest.LogCaptureFixture) -> None:
+    before = signal.getsignal(signal.SIGUSR2)
+    tracemalloc.start(8)  # PYTHONTRACEMALLOC=8
+    try:
+        assert heap_report.install() is True
+        kept = [bytearray(16 << 20)]  # the largest live allocation, made on this line
+        line = sys._getframe().f_lineno - 1
+        with caplog.at_level(logging.WARNING, logger="grpo_operator"):
+            os.kill(os.getpid(), signal.SIGUSR2)
+        paths = [r.getMessage() for r in caplog.records
+                 if r.getMessage().startswith("heap: path of")]
+        assert 0 < len(paths) <= heap_report.TOP_PATHS
+        assert f"test_operator_memory.py:{line}" in paths[0].split(": ", 2)[2], paths[0]
         del kept
     finally:
         tracemalloc.stop()
