@@ -94,6 +94,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--compare-padded", action="store_true",
                    help="also run ours with actor.shared_prefix=false (the padded layout: "
                    "each group's prompt and image once per response), as side ours-padded")
+    p.add_argument("--compare-dense", action="store_true",
+                   help="also run ours with actor.segment_attention=false (the packed rows "
+                   "under one dense 4-D mask), as side ours-dense")
     return p.parse_args()
 
 
@@ -345,6 +348,8 @@ def main() -> int:
     sides = ["ours"] if args.only != "trl" else []
     if args.compare_padded and args.only != "trl":
         sides.append("ours-padded")
+    if args.compare_dense and args.only != "trl":
+        sides.append("ours-dense")
     if args.only != "ours":
         micros = [int(m) for m in args.trl_micro_batch.split(",") if m]
         sides += [f"trl@{t}t/mb{m}" for t in trl_threads for m in micros]
@@ -362,6 +367,9 @@ def main() -> int:
                     res = bench_ours(model, data, args)
                 elif side == "ours-padded":
                     res = bench_ours(model, data, args, ("actor.shared_prefix=false",))
+                    res["side"] = side
+                elif side == "ours-dense":
+                    res = bench_ours(model, data, args, ("actor.segment_attention=false",))
                     res["side"] = side
                 else:
                     kind, setting = side.split("@")

@@ -47,6 +47,27 @@ def packed_width(tokens: int) -> int:
     return -(-tokens // PACKED_WIDTH_ALIGNMENT) * PACKED_WIDTH_ALIGNMENT
 
 
+def dense_mask_bytes(rows: int, width: int, dtype_bytes: int) -> int:
+    """The packed micro-batch's dense 4-D mask [rows, 1, width, width]."""
+    return rows * width * width * dtype_bytes
+
+
+def segment_layout_bytes(
+    tokens: int, responses: int, response_tokens: int, longest_prompt: int,
+    longest_response: int, dtype_bytes: int,
+) -> int:
+    """The same micro-batch's attention by segment (grpo_trainer.model.segment_attention)
+    in bytes: the responses' mask [N, 1, R, S] in the compute dtype, S =
+    packed_width(P + R); its int64 gathers of query slots [N, R] and keys [N, S]; two int64
+    places per response token; and the rows' int32 segment ids (``tokens`` = rows x
+    width). The trainer takes it where it is the smaller of the two; the planner counts
+    the smaller worst case."""
+    keys = packed_width(longest_prompt + longest_response)
+    slots = responses * longest_response
+    return (slots * keys * dtype_bytes + responses * (longest_response + keys) * 8
+            + response_tokens * 16 + tokens * 4)
+
+
 # Where, under the job's checkpoint dir, the trainer writes every rank's stacks on a
 # stall (and where the attempt after a Hang has NCCL's flight recorder dump to).
 STALLS_DIR = "stalls"

@@ -283,6 +283,11 @@ class ActorConfig(_Strict):
     # a 4-D mask (same log-probs; P + sum(R) tokens instead of n*P + sum(R)). Text-only
     # batches with sdpa or eager attention; others take the plain padded layout.
     shared_prefix: bool = True
+    # The packed rows' attention by segment (grpo_trainer.model.segment_attention): the
+    # prompts causal on their own, each response against its prompt and itself, instead
+    # of every token against the whole row under one dense [rows, 1, W, W] mask. The same
+    # log-probs; sdpa models only (eager keeps the dense mask). False: the dense mask.
+    segment_attention: bool = True
     # The update's log-probs: the LM head, log-softmax and entropy run on the response
     # positions only, this many tokens at a time, each chunk recomputed in backward: two
     # float32 [chunk, vocabulary] buffers at the peak (docs/memory-model.md, "Logits").

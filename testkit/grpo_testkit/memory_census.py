@@ -372,12 +372,25 @@ def measure(worker: Any, advantages: list[float]) -> dict[str, Any]:
 
     policy = worker.policy
     policy._micro_step = before_micro(_wrap(policy._micro_step, after_micro))
-    masks: list[int] = []  # every forward's attention mask, bytes (the plan's term)
+    # Every forward's attention layout (the plan's term): its bytes, and the counts the
+    # contract's formulas take, read from the samples (not from the layout).
+    masks: list[dict[str, Any]] = []
     collate = policy._collate
 
     def collated(micro: Any) -> Any:
+        from grpo_trainer.algorithm.packing import runs
+
         batch = collate(micro)
-        masks.append(_nbytes(batch.model_inputs["attention_mask"]))
+        inputs = batch.model_inputs
+        layout = inputs.get("segment_layout")
+        masks.append({
+            "bytes": _nbytes(inputs["attention_mask"]) + (layout.nbytes if layout else 0),
+            "segments": layout is not None,
+            "width": int(inputs["input_ids"].shape[1]),
+            "prompts": [r[0].prompt.input_ids.numel() for r in runs(micro)],
+            "responses": [n for s in micro if (n := s.response_ids.numel())],
+            "dtype_bytes": policy.state.compute_dtype.itemsize,
+        })
         return batch
 
     policy._collate = collated

@@ -77,7 +77,8 @@ def test_cpu_smoke_run_measures_every_mode_and_writes_the_report(tmp_path: Path)
 def test_first_checks_cpu_smoke_run(tmp_path: Path) -> None:
     """bench/gpu_first_checks.py, which a lent GPU runs before the cases: on a CPU the
     collated mask is aligned, the actor's tower runs in every forward and the text-only
-    log-probs equal the unsharded model's, and the runner check answers."""
+    log-probs equal the unsharded model's, attention by segment gives the dense mask's
+    log-probs, and the runner check answers."""
     out = tmp_path / "first.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_first_checks.py"), "--device", "cpu",
@@ -92,4 +93,6 @@ def test_first_checks_cpu_smoke_run(tmp_path: Path) -> None:
     assert mixed["tower_passes"] == mixed["expected_tower_passes"]
     assert mixed["text_logp_gap_vs_unsharded"] == 0.0
     assert report["vllm-runner"]["ok"] is True  # vLLM is installed on the CPU tiers
-    assert proc.stdout.count("first-check ") == 3
+    # Attention by segment against the dense mask, in float32 here.
+    assert report["segment-attention"]["ok"] and report["segment-attention"]["logp_gap"] < 1e-4
+    assert proc.stdout.count("first-check ") == 4

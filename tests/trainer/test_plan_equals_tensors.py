@@ -44,7 +44,7 @@ import pytest
 import torch
 
 from grpo_api.catalog import GPU_CATALOG
-from grpo_api.contract import packed_width
+from grpo_api.contract import dense_mask_bytes, packed_width, segment_layout_bytes
 from grpo_api.job.lora import LoraSpec
 from grpo_api.model.shape import shape_from_config
 from grpo_operator.planner.budget import GIB
@@ -366,22 +366,34 @@ def test_the_log_prob_head_and_the_weight_sync_hold_the_planners_terms(
 
 
 @pytest.mark.parametrize("name", list(MODES))
-def test_the_attention_mask_is_the_planners_term(
+def test_the_attention_layout_is_the_planners_term(
     measured: dict[str, list[dict[str, Any]]], tiny_vlm: Path, tiny_lm: Path, name: str,
     prompts: dict[str, int],
 ) -> None:
-    """Every forward's 4-D attention mask (the shared-prefix layout's, in the compute
-    dtype) is the plan's ``attention_mask`` term, budget^2 for one row as wide as the
-    budget: each micro-batch's row (the prompt and 9 response tokens) is padded to the
-    budget's width, a multiple of 8 (the mask SDPA's memory-efficient kernel takes as
-    it is)."""
+    """Every forward's attention layout (the segment layout's mask, gathers and segment
+    ids, in the compute dtype, or the dense 4-D mask where that is smaller) is what
+    grpo_api.contract counts for its rows and responses, and within the plan's
+    ``attention_mask`` term: the lesser of the two layouts' worst cases, the dense
+    budget^2 here (one row as wide as the budget; the segment layout's worst, the rank's
+    6 responses in slots of 8, is larger). The trainer's rows of [8, 1] responses take
+    the segments, 0.39x the dense mask."""
     mode = MODES[name]
     budget, _, st = _budget(tiny_vlm if mode.model == "vlm" else tiny_lm, mode,
                             prompts[mode.model])
     planned = budget.gpu_stages["training"]["attention_mask"] * GIB
-    assert planned == 2 * st.micro_batch_tokens**2
+    dense_worst = dense_mask_bytes(1, st.micro_batch_tokens, 2)
+    assert planned == dense_worst < segment_layout_bytes(
+        st.micro_batch_tokens, len(RESPONSES), len(RESPONSES) * RESPONSE_LENGTH,
+        prompts[mode.model], RESPONSE_LENGTH, 2)
     for r in measured[name]:
         # The update's 3 micro-batches, with the old log-probs on-policy; the reference's
         # pass over the same cut with KL.
         assert len(r["masks"]) == MICRO_BATCHES * (2 if mode.kl else 1)
-        assert max(r["masks"]) == planned
+        for m in r["masks"]:
+            rows, width, size = len(m["prompts"]), m["width"], m["dtype_bytes"]
+            dense = dense_mask_bytes(rows, width, size)
+            by_segment = segment_layout_bytes(
+                rows * width, len(m["responses"]), sum(m["responses"]), max(m["prompts"]),
+                max(m["responses"]), size)
+            assert m["segments"] and m["bytes"] == by_segment < 0.4 * dense, m
+            assert m["bytes"] <= planned

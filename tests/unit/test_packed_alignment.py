@@ -191,3 +191,29 @@ def test_the_planner_counts_the_rows_rounded_and_says_so() -> None:
     assert token_budgets(by_tokens.geometry, 5)[-1] == packed_width(p + r)
     reason = next(d for d in by_tokens.decisions if d.knob == "microBatchTokens").reason
     assert f"rows padded to a multiple of {PACKED_WIDTH_ALIGNMENT} tokens" in reason
+
+
+@pytest.mark.parametrize("longest", range(9, 18))
+def test_the_segment_layouts_mask_is_aligned_and_allows_what_the_dense_one_does(
+    longest: int,
+) -> None:
+    """The responses' mask by segment (model/segment_attention.py) has the same
+    alignment as the dense one (its keys ``packed_width(P_max + R_max)``), and a response
+    slot's query may attend exactly the keys its token may under the dense mask."""
+    samples = _groups([(4, [longest, 12, 1, 9, 11, 10, 12, 8]), (7, [12, 5, 9])])
+    segments = collate_packed(samples, PAD, torch.bfloat16, segments=True)
+    layout = segments.model_inputs["segment_layout"]
+    mask = layout.mask
+    assert mask.shape[-1] == packed_width(7 + max(longest, 12))
+    assert all(s % PACKED_WIDTH_ALIGNMENT == 0 for s in mask.stride()[:-1])
+    dense = collate_packed(samples, PAD, None).model_inputs["attention_mask"][:, 0]
+    flat = dense.reshape(-1, dense.shape[-1])  # [rows * W, W]: a query's allowed keys
+    width = dense.shape[-1]
+    allowed = mask[:, 0] == 0  # [N, R_max, S]
+    for n in range(mask.shape[0]):
+        for i in range(mask.shape[2]):
+            q = int(layout.slot_query[n, i])
+            if q not in layout.queries[layout.slots == n * mask.shape[2] + i]:
+                continue  # a padded slot: its result is dropped
+            keys = {int(k) % width for k in layout.slot_keys[n][allowed[n, i]]}
+            assert keys == set(flat[q].nonzero().flatten().tolist()), (n, i)

@@ -88,9 +88,16 @@ def test_the_activation_logits_and_mask_terms_come_from_the_budget() -> None:
     # The head sees at most the budget's tokens (fewer than the rank's 16 responses).
     assert train["logits"] * GIB == pytest.approx(
         logprob_bytes(geo.shape, 2, geo.logprob_chunk_tokens, 20_000, trained_head=True))
-    # The 4-D mask: rows x width^2 <= budget x the widest row (P + n R), in bf16.
-    assert train["attention_mask"] * GIB == pytest.approx(
-        2 * 20_000 * (PROMPT + N * RESPONSE))
+    # The attention layout: the dense 4-D mask would be rows x width^2 <= budget x the
+    # widest row (P + n R), in bf16; by segment, the rank's 16 responses each a slot of
+    # R queries against P + R keys (the mask), their gathers (int64), two places per
+    # response token (at most the budget's) and the rows' int32 segment ids. The trainer
+    # takes the smaller, so the plan counts the smaller: here the segments, 0.55x.
+    dense = 2 * 20_000 * (PROMPT + N * RESPONSE)
+    by_segment = (16 * RESPONSE * (PROMPT + RESPONSE) * 2 + 16 * (RESPONSE + PROMPT
+                  + RESPONSE) * 8 + 20_000 * 16 + 20_000 * 4)
+    assert train["attention_mask"] * GIB == pytest.approx(by_segment)
+    assert by_segment < 0.55 * dense
 
 
 def test_a_pinned_micro_batch_size_goes_by_samples_in_the_shared_layout() -> None:

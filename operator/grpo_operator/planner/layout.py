@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from grpo_api.contract import packed_width
+from grpo_api.contract import packed_width, segment_layout_bytes
 
 from .types import Geometry, Settings
 
@@ -38,9 +38,10 @@ class MicroBatch:
     tokens: int  # rows x the widest row, padding included: what the decoder processes
     images: float  # rows x images_per_prompt: each row's prompt's images, at maxPixels
     response_tokens: int  # what the chunked log-prob head sees
-    # rows x width^2, the width rounded up to a multiple of 8 (packed_width): the 4-D
-    # attention mask, in the compute dtype
+    # rows x width^2, the width rounded up to a multiple of 8 (packed_width): the dense
+    # 4-D attention mask, in the compute dtype
     mask_elements: int
+    responses: int = 1  # the most responses it holds (the segment layout's slots)
 
 
 def prompt_tokens(geo: Geometry) -> int:
@@ -69,7 +70,7 @@ def _by_samples(geo: Geometry, samples: int, n: int) -> MicroBatch:
     for k in range(1, rows + 1):
         width = packed_width(p + min(samples - k + 1, n) * r)
         tokens, mask = max(tokens, k * width), max(mask, k * width * width)
-    return MicroBatch(tokens, rows * images_per_prompt(geo), samples * r, mask)
+    return MicroBatch(tokens, rows * images_per_prompt(geo), samples * r, mask, samples)
 
 
 def image_tokens(geo: Geometry) -> int:
@@ -120,7 +121,19 @@ def micro_batch(geo: Geometry, st: Settings) -> MicroBatch:
         images=rows * per_prompt if geo.shape.vision_parameters else 0,
         response_tokens=min(budget, whole.response_tokens),
         mask_elements=min(budget * min(budget, widest), whole.mask_elements),
+        # Each response holds a token of the budget's.
+        responses=min(whole.responses, budget),
     )
+
+
+def attention_layout_bytes(geo: Geometry, mb: MicroBatch, dtype_bytes: int) -> int:
+    """The packed micro-batch's attention layout at most: the trainer takes the segment
+    layout where it is smaller than the dense mask (grpo_trainer.model.segment_attention),
+    so the lesser of the two worst cases bounds every micro-batch's."""
+    dense = mb.mask_elements * dtype_bytes
+    by_segment = segment_layout_bytes(mb.tokens, mb.responses, mb.response_tokens,
+                                      prompt_tokens(geo), geo.response_length, dtype_bytes)
+    return min(dense, by_segment)
 
 
 def least_budget(geo: Geometry) -> int:

@@ -38,7 +38,7 @@ from .budget import (
 )
 from .fsdp import fsdp_buffers, trained
 from .head import driver_gib
-from .layout import micro_batch
+from .layout import attention_layout_bytes, micro_batch
 from .modes import FROZEN, GRADS, LORA, OPTIMIZER, STATE, WEIGHTS
 from .rollout_side import RolloutBudget, RolloutSide, cpu_rollout_budget, rollout_budget
 from .sizes import (
@@ -115,10 +115,11 @@ def training_stages(geo: Geometry, st: Settings, r: RankTerms) -> dict[str, Term
         "fsdp_layer_buffers": buffers.layers / GIB,
         "activations": act / GIB,
         "logits": logits / GIB,
-        # The shared-prefix layout's 4-D additive mask [rows, 1, width, width], in the
-        # compute dtype, from the collation to the end of backward; width a multiple of
-        # 8 (layout.py): SDPA's memory-efficient kernel then keeps no padded copy.
-        "attention_mask": mb.mask_elements * compute_bytes(geo) / GIB,
+        # The shared-prefix layout's attention: the responses' mask and gathers by
+        # segment, or the dense [rows, 1, width, width] mask where that is smaller, in the
+        # compute dtype, from the collation to the end of backward; widths multiples of 8
+        # (layout.py): SDPA's memory-efficient kernel then keeps no padded copy.
+        "attention_mask": attention_layout_bytes(geo, mb, compute_bytes(geo)) / GIB,
     }
     # The root unit's all-gather (start of forward) and reduce (end of backward): the
     # same state, FSDP2's root buffers, no activations (planner/fsdp.py).

@@ -23,6 +23,7 @@ from torch import nn
 
 from grpo_api.contract import packed_width
 
+from ..model.segment_attention import segment_layout, segments_pay
 from .samples import Sample, TrainBatch, concat_mm
 
 # An unpacked sample's [3, P + R] M-RoPE positions (prompt, then response).
@@ -109,6 +110,7 @@ def packed_mask(
 def collate_packed(
     samples: list[Sample], pad_id: int, mask_dtype: torch.dtype | None = None,
     rope: RopeIndex | None = None, device: torch.device | str | None = None,
+    segments: bool = False,
 ) -> TrainBatch:
     """One row per run of samples that share a prompt (``runs``): the prompt once, then
     each response. Positions are the ones generation used: a count for text, ``rope``'s
@@ -118,8 +120,11 @@ def collate_packed(
     ``packed_width`` (a multiple of 8 tokens: an aligned mask, see grpo_api.contract);
     the pad columns are attended by no real token. The mask (``packed_mask``) is made
     on ``device`` (the rank's; the host when None) from the segment ids; the other
-    tensors stay on the host. Each run's multimodal inputs (pixels, image grids) appear
-    once, in row order, as its image tokens do."""
+    tensors stay on the host. With ``segments`` (a model whose attention runs by segment,
+    model/segment_attention.py) and where that layout's mask is the smaller, the batch
+    carries a ``segment_layout`` and the segment ids as its [B, 1, 1, L] mask instead.
+    Each run's multimodal inputs (pixels, image grids) appear once, in row order, as its
+    image tokens do."""
     rows = runs(samples)
     width = packed_width(max(row_tokens(r) for r in rows))
     b = len(rows)
@@ -129,8 +134,11 @@ def collate_packed(
     logit_cols: list[int] = []
     labels: list[torch.Tensor] = []
     positions: list[tuple[int, int, int]] = []
+    prompts: list[int] = []
+    responses: list[tuple[int, int, int]] = []  # (row, first column, length), non-empty
     for row, run in enumerate(rows):
         p = run[0].prompt.input_ids.numel()
+        prompts.append(p)
         ids[row, :p] = run[0].prompt.input_ids
         pos[:, row, :p] = rope(run[0])[:, :p] if rope else torch.arange(p)
         seg[row, :p] = 0
@@ -140,6 +148,8 @@ def collate_packed(
             ids[row, col : col + r] = s.response_ids
             pos[:, row, col : col + r] = rope(s)[:, p:] if rope else torch.arange(p, p + r)
             seg[row, col : col + r] = k
+            if r:
+                responses.append((row, col, r))
             positions.append((0, len(logit_cols), r))
             # Token 0 is predicted at the prompt's last position, token j at col + j - 1.
             cols = [p - 1, *range(col, col + r - 1)] if r else []
@@ -147,9 +157,20 @@ def collate_packed(
             labels.append(s.response_ids)
             col += r
     flat_labels = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
+    layout_dtype = mask_dtype or torch.float32
+    attention: dict[str, Any]
+    if segments and segments_pay(width, prompts, [r for _, _, r in responses],
+                                 layout_dtype):
+        attention = {
+            "attention_mask": seg[:, None, None, :].to(device),
+            "segment_layout": segment_layout(prompts, responses, width,
+                                             layout_dtype, device),
+        }
+    else:  # the dense mask only where it is used: it is the larger
+        attention = {"attention_mask": packed_mask(seg, mask_dtype, device)}
     inputs = {
         "input_ids": ids,
-        "attention_mask": packed_mask(seg, mask_dtype, device),
+        **attention,
         # [3, B, L] for M-RoPE (the layout the model's own rope index makes), else [B, L].
         "position_ids": pos if rope else pos[0],
         **concat_mm([run[0].prompt for run in rows]),

@@ -273,7 +273,8 @@ class TrainBatch:
     the ``T`` logit positions, flattened over the forward's ``[B, L]``, into one row.
     """
 
-    model_inputs: dict[str, torch.Tensor]
+    # Tensors, and a packed batch's SegmentLayout (which moves with ``.to`` as they do).
+    model_inputs: dict[str, Any]
     labels: torch.Tensor  # [rows, T] next-token targets
     response_mask: torch.Tensor  # [rows, T] 1 where the target is a response token
     positions: list[tuple[int, int, int]]  # per sample: (row, start, length)

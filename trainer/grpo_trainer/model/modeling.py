@@ -21,6 +21,7 @@ from torch import nn
 
 from grpo_api.trainer_config import ActorConfig, InitStrategy, ModelConfig
 
+from . import segment_attention
 from .precision import DTYPES as DTYPES  # the compute dtypes by name; worker.py reads them here
 from .precision import storage_dtype, store_params
 from .rank0_init import broadcast_device, load_from_rank0
@@ -239,6 +240,9 @@ def _prepare(model: nn.Module, actor: ActorConfig, trainable: bool) -> None:
     cfg = getattr(model, "config", None)
     if cfg is not None:
         cfg.use_cache = False
+    # The packed update's attention by segment, not under a dense [rows, W, W] mask.
+    if actor.segment_attention:
+        segment_attention.install(model)
     # Dropout would make the update's log-probs differ from the old ones at ratio 1.
     for module in model.modules():
         if isinstance(module, nn.Dropout):

@@ -28,6 +28,7 @@ from ..algorithm.samples import Sample, TrainBatch, collate_train
 from ..lora import adapters_disabled
 from ..model.modeling import params_home
 from ..model.rank_state import RankState
+from ..model.segment_attention import installed as segment_attention_installed
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,9 @@ class PolicyUpdate:
         # The model's own M-RoPE positions (Qwen2/2.5/3-VL), without which an image
         # batch cannot take the shared-prefix layout; the reference has the same.
         self.rope = rope_index_of(state.actor)
+        # Packed batches attend by segment where the models were built to (modeling.py:
+        # sdpa models; the reference is built as the actor is).
+        self.segments = segment_attention_installed(state.actor)
         self.forward_tokens = 0  # this step's, every pass: rows x width, padding included
         # The policy version being updated (updates applied before this step) and the
         # step's off-policy statistics (offpolicy.py), both set by run().
@@ -153,12 +157,12 @@ class PolicyUpdate:
         return self.state.cfg.actor.shared_prefix and can_pack(list(samples), self.rope)
 
     def _collate(self, micro: list[Sample]) -> TrainBatch:
-        # Shared-prefix packing needs a 4-D attention mask: every attention the config
-        # allows (sdpa, eager) takes one. It is made on the rank's device from the
-        # segment ids (a [rows, width^2] mask made on the host would be copied over).
+        # Shared-prefix packing needs a 4-D attention mask (eager) or a segment layout
+        # (sdpa, model/segment_attention.py). Either is made on the rank's device from
+        # the segment ids (a [rows, width^2] mask made on the host would be copied over).
         if self._packs(micro):
             return collate_packed(micro, self.pad_id, self.state.compute_dtype, self.rope,
-                                  device=self.state.device)
+                                  device=self.state.device, segments=self.segments)
         return collate_train(micro, self.pad_id)
 
     def micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:

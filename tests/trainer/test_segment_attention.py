@@ -1,0 +1,146 @@
+"""The packed update's attention by segment (grpo_trainer.model.segment_attention) gives
+the dense mask's log-probs and gradients: on a tiny Qwen2 with grouped KV heads and on
+every VLM family the trainer trains, through the chunked log-prob head the update runs,
+with rows whose prompts differ in length and responses of 0 to 30 tokens. A micro-batch
+where the segments would take more memory than the dense mask keeps the dense mask."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from grpo_api.contract import dense_mask_bytes, segment_layout_bytes
+from grpo_testkit.datasets import png
+from grpo_trainer.algorithm.lean_logprobs import lean_log_probs
+from grpo_trainer.algorithm.packing import collate_packed, rope_index_of
+from grpo_trainer.algorithm.samples import EncodedPrompt, PromptEncoder, Sample, TrainBatch
+from grpo_trainer.data import Record, load_template
+from grpo_trainer.model import segment_attention
+
+pytestmark = pytest.mark.trainer
+
+# Per prompt: responses of very different lengths, one empty (no queries at all), one of
+# a single token, and a lone sample whose prompt no other sample shares.
+LENGTHS = [[5, 1, 17, 0], [9, 30], [4]]
+
+
+def _samples(prompts: list[Any]) -> list[Sample]:
+    gen = torch.Generator().manual_seed(0)
+    return [
+        Sample(p, torch.randint(10, 300, (n,), generator=gen), torch.zeros(n), True)
+        for p, ns in zip(prompts, LENGTHS, strict=True)
+        for n in ns
+    ]
+
+
+def _update(model: torch.nn.Module, batch: TrainBatch) -> tuple[list[torch.Tensor],
+                                                                  dict[str, torch.Tensor]]:
+    """The update's log-probs (chunked head) and the gradient of their sum."""
+    model.zero_grad()
+    out = lean_log_probs(model, batch.model_inputs, batch, temperature=1.0, chunk=7,
+                         entropy=True, entropy_grad=False)
+    (out.logp * batch.response_mask).sum().backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()
+             if p.grad is not None}
+    return batch.gather(out.logp.detach()), grads
+
+
+def _compare(model: torch.nn.Module, samples: list[Sample], pad_id: int,
+             rope: Any = None) -> tuple[TrainBatch, TrainBatch]:
+    dense = collate_packed(samples, pad_id, torch.float32, rope)
+    lp_dense, g_dense = _update(model, dense)
+    assert segment_attention.install(model) and segment_attention.installed(model)
+    segments = collate_packed(samples, pad_id, torch.float32, rope, segments=True)
+    lp_seg, g_seg = _update(model, segments)
+    for a, b in zip(lp_seg, lp_dense, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+    assert g_seg.keys() == g_dense.keys()
+    for name in g_dense:
+        torch.testing.assert_close(g_seg[name], g_dense[name], atol=1e-5, rtol=1e-4,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+    return dense, segments
+
+
+def test_segments_match_the_dense_mask_on_a_grouped_kv_text_model(tiny_lm: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    cfg = model.config
+    assert cfg.num_key_value_heads < cfg.num_attention_heads  # GQA: the KV heads repeat
+    tok = AutoTokenizer.from_pretrained(tiny_lm)
+    enc = PromptEncoder(None, tok, load_template("math"), None)
+    prompts = [
+        enc.encode(Record(0, "Say the number 7 please", "7")),
+        enc.encode(Record(1, "Count to three, slowly and carefully, then stop.", "3")),
+        enc.encode(Record(2, "Hi", "1")),
+    ]
+    dense, segments = _compare(model, _samples(prompts), int(tok.pad_token_id))
+    layout = segments.model_inputs["segment_layout"]
+    # The segment ids travel as the model's 4-D mask (integers: SDPA would refuse them).
+    assert segments.model_inputs["attention_mask"].dtype == torch.int32
+    # What the update holds for attention, as the contract (and the planner) counts it.
+    rows, width = dense.model_inputs["input_ids"].shape
+    lengths = [n for ns in LENGTHS for n in ns if n]
+    expected = segment_layout_bytes(rows * width, len(lengths), sum(lengths),
+                                    max(p.input_ids.numel() for p in prompts), max(lengths), 4)
+    held = layout.nbytes + segments.model_inputs["attention_mask"].nbytes
+    assert held == expected
+    assert dense.model_inputs["attention_mask"].nbytes == dense_mask_bytes(rows, width, 4)
+    assert held < 0.45 * dense_mask_bytes(rows, width, 4)
+    # A forward without a layout (the padded collation, the hf engine) is plain sdpa.
+    ids = prompts[0].input_ids[None]
+    plain = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_segments_match_the_dense_mask_on_every_vl_family(
+    tiny_vl_families: dict[str, Path], family: str
+) -> None:
+    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    path = tiny_vl_families[family]
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
+                                                        attn_implementation="sdpa")
+    tok = AutoTokenizer.from_pretrained(path)
+    enc = PromptEncoder(AutoProcessor.from_pretrained(path), tok, load_template("r1v"), None)
+    pics = [png((200, 30, 30), (44, 36)), png((0, 90, 30), (64, 60))]
+    prompts = [
+        enc.encode(Record(0, "<image><image>How many shapes?", "3", images=pics)),
+        enc.encode(Record(1, "<image>Count them, slowly and carefully.", "2",
+                          images=pics[1:])),
+        enc.encode(Record(2, "No picture here: say 7", "7")),
+    ]
+    _compare(model, _samples(prompts), int(tok.pad_token_id), rope_index_of(model))
+    # The vision tower keeps its own attention (it receives the forward's keywords too).
+    vision = model.config.vision_config
+    assert vision._attn_implementation == "sdpa"
+
+
+def test_one_long_response_beside_many_short_ones_keeps_the_dense_mask() -> None:
+    """Every slot is as long as the longest response: 60 one-token responses beside one
+    of 64 would take more by segment than the dense mask, so the batch keeps that."""
+    prompt = EncodedPrompt(Record(0, "", "", []), torch.arange(5, 13))
+    samples = [Sample(prompt, torch.arange(20, 20 + n), torch.zeros(n), True)
+               for n in [64] + [1] * 60]
+    batch = collate_packed(samples, 0, torch.float32, segments=True)
+    assert "segment_layout" not in batch.model_inputs
+    assert batch.model_inputs["attention_mask"].dtype == torch.float32
+    # Ten responses of 8 tokens take the segments.
+    even = [Sample(prompt, torch.arange(20, 28), torch.zeros(8), True) for _ in range(10)]
+    assert "segment_layout" in collate_packed(even, 0, torch.float32, segments=True).model_inputs
+
+
+def test_an_eager_model_keeps_the_dense_mask(tiny_lm: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    assert not segment_attention.install(model)
+    assert not segment_attention.installed(model)
