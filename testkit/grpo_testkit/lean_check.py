@@ -14,6 +14,7 @@ from grpo_trainer.algorithm.samples import PromptEncoder, Sample, TrainBatch, co
 from grpo_trainer.data import Record, load_template
 
 from .datasets import png
+from .samples import random_samples
 
 TEMPERATURE = 0.8
 CHUNK = 5  # several chunks per batch, one ending mid-sample
@@ -32,10 +33,7 @@ def samples(model_dir: Path, vision: bool) -> tuple[list[Sample], int]:
     marker = "<image>" if vision else ""
     prompts = [enc.encode(Record(0, f"{marker}Say the number 7 please", "7", images)),
                enc.encode(Record(1, f"{marker}Count to three, slowly.", "3", images))]
-    gen = torch.Generator().manual_seed(0)
-    out = [Sample(p, torch.randint(10, 300, (n,), generator=gen), torch.zeros(n), True)
-           for p, ns in zip(prompts, LENGTHS, strict=True) for n in ns]
-    return out, int(tok.pad_token_id)
+    return random_samples(prompts, LENGTHS), int(tok.pad_token_id)
 
 
 def run(model: torch.nn.Module, batch: TrainBatch, lean: bool, grad: bool = True

@@ -14,6 +14,7 @@ import torch
 
 from grpo_api.contract import dense_mask_bytes, segment_layout_bytes
 from grpo_testkit.datasets import png
+from grpo_testkit.samples import random_samples
 from grpo_trainer.algorithm.lean_logprobs import lean_log_probs
 from grpo_trainer.algorithm.packing import collate_packed, rope_index_of
 from grpo_trainer.algorithm.samples import EncodedPrompt, PromptEncoder, Sample, TrainBatch
@@ -28,12 +29,7 @@ LENGTHS = [[5, 1, 17, 0], [9, 30], [4]]
 
 
 def _samples(prompts: list[Any]) -> list[Sample]:
-    gen = torch.Generator().manual_seed(0)
-    return [
-        Sample(p, torch.randint(10, 300, (n,), generator=gen), torch.zeros(n), True)
-        for p, ns in zip(prompts, LENGTHS, strict=True)
-        for n in ns
-    ]
+    return random_samples(prompts, LENGTHS)
 
 
 def _update(model: torch.nn.Module, batch: TrainBatch) -> tuple[list[torch.Tensor],

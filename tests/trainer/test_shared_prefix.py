@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grpo_testkit.datasets import png
+from grpo_testkit.samples import random_samples
 from grpo_trainer.algorithm.grpo_math import log_probs_from_logits
 from grpo_trainer.algorithm.lean_logprobs import lean_log_probs
 from grpo_trainer.algorithm.packing import can_pack, collate_packed, rope_index_of
@@ -34,12 +35,7 @@ def _forward(model: torch.nn.Module, batch: TrainBatch) -> list[torch.Tensor]:
 
 
 def _samples(prompts: list[Any]) -> list[Sample]:
-    gen = torch.Generator().manual_seed(0)
-    return [
-        Sample(p, torch.randint(10, 300, (n,), generator=gen), torch.zeros(n), True)
-        for p, ns in zip(prompts, LENGTHS, strict=True)
-        for n in ns
-    ]
+    return random_samples(prompts, LENGTHS)
 
 
 @pytest.mark.parametrize("mask_dtype", [None, torch.float32], ids=["bool", "additive"])
