@@ -13,12 +13,11 @@ import pytest
 import torch
 
 from grpo_api.contract import dense_mask_bytes, segment_layout_bytes
-from grpo_testkit.datasets import png
-from grpo_testkit.samples import random_samples
+from grpo_testkit.samples import random_samples, text_prompts, vl_prompts
 from grpo_trainer.algorithm.lean_logprobs import lean_log_probs
 from grpo_trainer.algorithm.packing import collate_packed, rope_index_of
-from grpo_trainer.algorithm.samples import EncodedPrompt, PromptEncoder, Sample, TrainBatch
-from grpo_trainer.data import Record, load_template
+from grpo_trainer.algorithm.samples import EncodedPrompt, Sample, TrainBatch
+from grpo_trainer.data import Record
 from grpo_trainer.model import segment_attention
 
 pytestmark = pytest.mark.trainer
@@ -61,20 +60,14 @@ def _compare(model: torch.nn.Module, samples: list[Sample], pad_id: int,
 
 
 def test_segments_match_the_dense_mask_on_a_grouped_kv_text_model(tiny_lm: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32,
                                                  attn_implementation="sdpa")
     cfg = model.config
     assert cfg.num_key_value_heads < cfg.num_attention_heads  # GQA: the KV heads repeat
-    tok = AutoTokenizer.from_pretrained(tiny_lm)
-    enc = PromptEncoder(None, tok, load_template("math"), None)
-    prompts = [
-        enc.encode(Record(0, "Say the number 7 please", "7")),
-        enc.encode(Record(1, "Count to three, slowly and carefully, then stop.", "3")),
-        enc.encode(Record(2, "Hi", "1")),
-    ]
-    dense, segments = _compare(model, _samples(prompts), int(tok.pad_token_id))
+    prompts, pad_id = text_prompts(tiny_lm)
+    dense, segments = _compare(model, _samples(prompts), pad_id)
     layout = segments.model_inputs["segment_layout"]
     # The segment ids travel as the model's 4-D mask (integers: SDPA would refuse them).
     assert segments.model_inputs["attention_mask"].dtype == torch.int32
@@ -99,21 +92,13 @@ def test_segments_match_the_dense_mask_on_a_grouped_kv_text_model(tiny_lm: Path)
 def test_segments_match_the_dense_mask_on_every_vl_family(
     tiny_vl_families: dict[str, Path], family: str
 ) -> None:
-    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+    from transformers import AutoModelForImageTextToText
 
     path = tiny_vl_families[family]
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32,
                                                         attn_implementation="sdpa")
-    tok = AutoTokenizer.from_pretrained(path)
-    enc = PromptEncoder(AutoProcessor.from_pretrained(path), tok, load_template("r1v"), None)
-    pics = [png((200, 30, 30), (44, 36)), png((0, 90, 30), (64, 60))]
-    prompts = [
-        enc.encode(Record(0, "<image><image>How many shapes?", "3", images=pics)),
-        enc.encode(Record(1, "<image>Count them, slowly and carefully.", "2",
-                          images=pics[1:])),
-        enc.encode(Record(2, "No picture here: say 7", "7")),
-    ]
-    _compare(model, _samples(prompts), int(tok.pad_token_id), rope_index_of(model))
+    prompts, pad_id = vl_prompts(path, 2)
+    _compare(model, _samples(prompts), pad_id, rope_index_of(model))
     # The vision tower keeps its own attention (it receives the forward's keywords too).
     vision = model.config.vision_config
     assert vision._attn_implementation == "sdpa"

@@ -11,13 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from grpo_testkit.datasets import png
-from grpo_testkit.samples import random_samples
+from grpo_testkit.samples import random_samples, text_prompts, vl_prompts
 from grpo_trainer.algorithm.grpo_math import log_probs_from_logits
 from grpo_trainer.algorithm.lean_logprobs import lean_log_probs
 from grpo_trainer.algorithm.packing import can_pack, collate_packed, rope_index_of
-from grpo_trainer.algorithm.samples import PromptEncoder, Sample, TrainBatch, collate_train
-from grpo_trainer.data import Record, load_template
+from grpo_trainer.algorithm.samples import Sample, TrainBatch, collate_train
 
 pytestmark = pytest.mark.trainer
 
@@ -42,25 +40,19 @@ def _samples(prompts: list[Any]) -> list[Sample]:
 def test_packed_groups_match_the_padded_layout(
     tiny_lm: Path, mask_dtype: torch.dtype | None
 ) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         tiny_lm, dtype=torch.float32, attn_implementation="sdpa"
     )
-    tok = AutoTokenizer.from_pretrained(tiny_lm)
-    enc = PromptEncoder(None, tok, load_template("math"), None)
-    prompts = [
-        enc.encode(Record(0, "Say the number 7 please", "7")),
-        enc.encode(Record(1, "Count to three, slowly and carefully, then stop.", "3")),
-        enc.encode(Record(2, "Hi", "1")),
-    ]
+    prompts, pad_id = text_prompts(tiny_lm)
     samples = _samples(prompts)
     assert rope_index_of(model) is None  # a text model: positions are a count
     assert can_pack(samples, None)
-    packed = collate_packed(samples, tok.pad_token_id, mask_dtype)
+    packed = collate_packed(samples, pad_id, mask_dtype)
     # One row per prompt: each prompt's tokens appear once.
     assert packed.model_inputs["input_ids"].shape[0] == len(prompts)
-    plain = collate_train(samples, tok.pad_token_id)
+    plain = collate_train(samples, pad_id)
 
     lp_plain = _forward(model, plain)
     grads_plain = [p.grad.clone() for p in model.parameters() if p.grad is not None]
@@ -77,24 +69,6 @@ def test_packed_groups_match_the_padded_layout(
     adv = [torch.full((s.response_ids.numel(),), float(i)) for i, s in enumerate(samples)]
     for a, b in zip(packed.gather(packed.scatter(adv)), adv, strict=True):
         assert torch.equal(a, b)
-
-
-def _vlm_prompts(model_dir: Path, images: int) -> tuple[list[Any], int]:
-    """Two image prompts of different lengths (``images`` images each, of two sizes, in
-    another order in the second) and a text-only one, as the trainer encodes them."""
-    from transformers import AutoProcessor, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    enc = PromptEncoder(AutoProcessor.from_pretrained(model_dir), tok, load_template("r1v"),
-                        None)
-    pics = [png((200, 30, 30), (44, 36)), png((0, 90, 30), (64, 60))][:images]
-    prompts = [
-        enc.encode(Record(0, "<image>" * images + "How many shapes?", "3", images=pics)),
-        enc.encode(Record(1, "<image>" * images + "Count them, slowly and carefully.", "2",
-                          images=pics[::-1])),
-        enc.encode(Record(2, "No picture here: say 7", "7")),
-    ]
-    return prompts, int(tok.pad_token_id)
 
 
 def _lean(model: torch.nn.Module, batch: TrainBatch, dtype: torch.dtype
@@ -138,7 +112,7 @@ def test_vlm_groups_packed_with_the_models_rope_match_the_padded_layout(
     from transformers import AutoModelForImageTextToText
 
     model_dir = tiny_vl_families[family]
-    prompts, pad = _vlm_prompts(model_dir, images)
+    prompts, pad = vl_prompts(model_dir, images)
     samples = _samples(prompts)
     results: dict[torch.dtype, tuple[Any, Any]] = {}
     for dtype in (torch.float32, torch.float64):
