@@ -125,3 +125,30 @@ def test_an_eager_model_keeps_the_dense_mask(tiny_lm: Path) -> None:
                                                  attn_implementation="eager")
     assert not segment_attention.install(model)
     assert not segment_attention.installed(model)
+
+
+def test_the_layout_reaches_the_layers_through_gradient_checkpointing(tiny_lm: Path) -> None:
+    """With gradient checkpointing (as modeling._prepare enables it) each layer's
+    recompute gets the forward's keywords again: the same log-probs and gradients as
+    without, by segment (plain sdpa would refuse the integer segment ids)."""
+    from transformers import AutoModelForCausalLM
+
+    prompts, pad_id = text_prompts(tiny_lm)
+    samples = _samples(prompts)
+    found = []
+    for checkpointing in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32,
+                                                     attn_implementation="sdpa")
+        assert segment_attention.install(model)
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        batch = collate_packed(samples, pad_id, torch.float32, segments=True)
+        assert "segment_layout" in batch.model_inputs
+        found.append(_update(model, batch))
+    (lp_plain, g_plain), (lp_ckpt, g_ckpt) = found
+    for a, b in zip(lp_ckpt, lp_plain, strict=True):
+        torch.testing.assert_close(a, b, atol=0.0, rtol=0.0)
+    for name in g_plain:
+        torch.testing.assert_close(g_ckpt[name], g_plain[name], atol=1e-7, rtol=1e-6)
