@@ -88,7 +88,7 @@ def run_shape(p: int, r: int, n: int, heads: int, head_dim: int) -> dict[str, An
         "prompt": p, "response": r, "n": n, "row_tokens": width,
         "dense_s": t_dense, "segments_s": t_seg, "speedup": t_dense / t_seg,
         "dense_mask_mib": dense_mask_bytes(1, width, 4) / 2**20,
-        "segment_layout_mib": segment_layout_bytes(width, n, n * r, p, r, 4) / 2**20,
+        "segment_layout_mib": segment_layout_bytes(width, [(n, r)], n * r, p, 4) / 2**20,
         "max_gap": gap,
     }
 

@@ -53,19 +53,21 @@ def dense_mask_bytes(rows: int, width: int, dtype_bytes: int) -> int:
 
 
 def segment_layout_bytes(
-    tokens: int, responses: int, response_tokens: int, longest_prompt: int,
-    longest_response: int, dtype_bytes: int,
+    tokens: int, slots: list[tuple[int, int]], response_tokens: int, longest_prompt: int,
+    dtype_bytes: int,
 ) -> int:
     """The same micro-batch's attention by segment (grpo_trainer.model.segment_attention)
-    in bytes: the responses' mask [N, 1, R, S] in the compute dtype, S =
-    packed_width(P + R); its int64 gathers of query slots [N, R] and keys [N, S]; two int64
-    places per response token; and the rows' int32 segment ids (``tokens`` = rows x
-    width). The trainer takes it where it is the smaller of the two; the planner counts
-    the smaller worst case."""
-    keys = packed_width(longest_prompt + longest_response)
-    slots = responses * longest_response
-    return (slots * keys * dtype_bytes + responses * (longest_response + keys) * 8
-            + response_tokens * 16 + tokens * 4)
+    in bytes, its responses in ``slots``, (responses, longest) per group of similar
+    lengths: each group's mask [N, 1, R, S] in the compute dtype, S = packed_width(P + R),
+    and its int64 gathers of query slots [N, R] and keys [N, S]; two int64 places per
+    response token; the rows' int32 segment ids (``tokens`` = rows x width). The trainer
+    takes it where it is the smaller of the two; the planner counts the smaller worst
+    case, one group of every response at the longest (no grouping holds more)."""
+    total = response_tokens * 16 + tokens * 4
+    for responses, longest in slots:
+        keys = packed_width(longest_prompt + longest)
+        total += responses * longest * keys * dtype_bytes + responses * (longest + keys) * 8
+    return total
 
 
 # Where, under the job's checkpoint dir, the trainer writes every rank's stacks on a

@@ -57,6 +57,7 @@ from grpo_testkit import memory_census as mc
 from grpo_testkit.configs import text_config
 from grpo_testkit.datasets import png, write_text_task
 from grpo_testkit.dist import run_ranks
+from grpo_trainer.model.segment_attention import length_slots
 
 pytestmark = pytest.mark.trainer
 
@@ -376,15 +377,15 @@ def test_the_attention_layout_is_the_planners_term(
     ``attention_mask`` term: the lesser of the two layouts' worst cases, the dense
     budget^2 here (one row as wide as the budget; the segment layout's worst, the rank's
     6 responses in slots of 8, is larger). The trainer's rows of [8, 1] responses take
-    the segments, 0.39x the dense mask."""
+    the segments, a slot group each, under 0.4x the dense mask."""
     mode = MODES[name]
     budget, _, st = _budget(tiny_vlm if mode.model == "vlm" else tiny_lm, mode,
                             prompts[mode.model])
     planned = budget.gpu_stages["training"]["attention_mask"] * GIB
     dense_worst = dense_mask_bytes(1, st.micro_batch_tokens, 2)
     assert planned == dense_worst < segment_layout_bytes(
-        st.micro_batch_tokens, len(RESPONSES), len(RESPONSES) * RESPONSE_LENGTH,
-        prompts[mode.model], RESPONSE_LENGTH, 2)
+        st.micro_batch_tokens, [(len(RESPONSES), RESPONSE_LENGTH)],
+        len(RESPONSES) * RESPONSE_LENGTH, prompts[mode.model], 2)
     for r in measured[name]:
         # The update's 3 micro-batches, with the old log-probs on-policy; the reference's
         # pass over the same cut with KL.
@@ -392,8 +393,10 @@ def test_the_attention_layout_is_the_planners_term(
         for m in r["masks"]:
             rows, width, size = len(m["prompts"]), m["width"], m["dtype_bytes"]
             dense = dense_mask_bytes(rows, width, size)
-            by_segment = segment_layout_bytes(
-                rows * width, len(m["responses"]), sum(m["responses"]), max(m["prompts"]),
-                max(m["responses"]), size)
+            # The responses of 8 and 1 tokens take a slot group each (length_slots).
+            slots = length_slots(m["responses"])
+            assert slots == [(1, 8), (1, 1)]
+            by_segment = segment_layout_bytes(rows * width, slots, sum(m["responses"]),
+                                              max(m["prompts"]), size)
             assert m["segments"] and m["bytes"] == by_segment < 0.4 * dense, m
             assert m["bytes"] <= planned

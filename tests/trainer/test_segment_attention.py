@@ -19,6 +19,7 @@ from grpo_trainer.algorithm.packing import collate_packed, rope_index_of
 from grpo_trainer.algorithm.samples import EncodedPrompt, Sample, TrainBatch
 from grpo_trainer.data import Record
 from grpo_trainer.model import segment_attention
+from grpo_trainer.model.segment_attention import length_slots
 
 pytestmark = pytest.mark.trainer
 
@@ -74,8 +75,10 @@ def test_segments_match_the_dense_mask_on_a_grouped_kv_text_model(tiny_lm: Path)
     # What the update holds for attention, as the contract (and the planner) counts it.
     rows, width = dense.model_inputs["input_ids"].shape
     lengths = [n for ns in LENGTHS for n in ns if n]
-    expected = segment_layout_bytes(rows * width, len(lengths), sum(lengths),
-                                    max(p.input_ids.numel() for p in prompts), max(lengths), 4)
+    # Lengths more than half their group's longest share it (length_buckets).
+    assert length_slots(lengths) == [(2, 30), (2, 9), (1, 4), (1, 1)]
+    expected = segment_layout_bytes(rows * width, length_slots(lengths), sum(lengths),
+                                    max(p.input_ids.numel() for p in prompts), 4)
     held = layout.nbytes + segments.model_inputs["attention_mask"].nbytes
     assert held == expected
     assert dense.model_inputs["attention_mask"].nbytes == dense_mask_bytes(rows, width, 4)
@@ -104,18 +107,25 @@ def test_segments_match_the_dense_mask_on_every_vl_family(
     assert vision._attn_implementation == "sdpa"
 
 
-def test_one_long_response_beside_many_short_ones_keeps_the_dense_mask() -> None:
-    """Every slot is as long as the longest response: 60 one-token responses beside one
-    of 64 would take more by segment than the dense mask, so the batch keeps that."""
+def test_one_long_response_beside_many_short_ones_takes_a_slot_group_of_its_own() -> None:
+    """Slots are as long as their group's longest response: one of 64 tokens beside 60
+    of one token would pad 60 slots to 64 in one group, more than the dense mask; grouped
+    by length it takes one slot of 64 and 60 of one, a fraction of either."""
     prompt = EncodedPrompt(Record(0, "", "", []), torch.arange(5, 13))
     samples = [Sample(prompt, torch.arange(20, 20 + n), torch.zeros(n), True)
                for n in [64] + [1] * 60]
     batch = collate_packed(samples, 0, torch.float32, segments=True)
-    assert "segment_layout" not in batch.model_inputs
-    assert batch.model_inputs["attention_mask"].dtype == torch.float32
-    # Ten responses of 8 tokens take the segments.
-    even = [Sample(prompt, torch.arange(20, 28), torch.zeros(8), True) for _ in range(10)]
-    assert "segment_layout" in collate_packed(even, 0, torch.float32, segments=True).model_inputs
+    layout = batch.model_inputs["segment_layout"]
+    assert [tuple(g.slot_query.shape) for g in layout.groups] == [(1, 64), (60, 1)]
+    width = batch.model_inputs["input_ids"].shape[1]
+    held = layout.nbytes + batch.model_inputs["attention_mask"].nbytes
+    one_group = segment_layout_bytes(width, [(61, 64)], 124, 8, 4)
+    assert held < 0.5 * dense_mask_bytes(1, width, 4) < one_group
+    # A row too small for the gathers to pay keeps the dense mask.
+    tiny = EncodedPrompt(Record(1, "", "", []), torch.arange(5, 7))
+    small = [Sample(tiny, torch.arange(20, 20 + n), torch.zeros(n), True) for n in (3, 1)]
+    kept = collate_packed(small, 0, torch.float32, segments=True).model_inputs
+    assert "segment_layout" not in kept and kept["attention_mask"].dtype == torch.float32
 
 
 def test_an_eager_model_keeps_the_dense_mask(tiny_lm: Path) -> None:

@@ -203,17 +203,25 @@ def test_the_segment_layouts_mask_is_aligned_and_allows_what_the_dense_one_does(
     samples = _groups([(4, [longest, 12, 1, 9, 11, 10, 12, 8]), (7, [12, 5, 9])])
     segments = collate_packed(samples, PAD, torch.bfloat16, segments=True)
     layout = segments.model_inputs["segment_layout"]
-    mask = layout.mask
-    assert mask.shape[-1] == packed_width(7 + max(longest, 12))
-    assert all(s % PACKED_WIDTH_ALIGNMENT == 0 for s in mask.stride()[:-1])
     dense = collate_packed(samples, PAD, None).model_inputs["attention_mask"][:, 0]
     flat = dense.reshape(-1, dense.shape[-1])  # [rows * W, W]: a query's allowed keys
     width = dense.shape[-1]
-    allowed = mask[:, 0] == 0  # [N, R_max, S]
-    for n in range(mask.shape[0]):
-        for i in range(mask.shape[2]):
-            q = int(layout.slot_query[n, i])
-            if q not in layout.queries[layout.slots == n * mask.shape[2] + i]:
-                continue  # a padded slot: its result is dropped
-            keys = {int(k) % width for k in layout.slot_keys[n][allowed[n, i]]}
-            assert keys == set(flat[q].nonzero().flatten().tolist()), (n, i)
+    # A group holds the lengths more than half its longest: 5 and 1 never share one.
+    assert len(layout.groups) >= 3
+    seen = 0
+    for g in layout.groups:
+        mask = g.mask
+        real = torch.bincount(g.slots // mask.shape[2], minlength=mask.shape[0])
+        assert int(real.max()) == mask.shape[2] and bool((2 * real > mask.shape[2]).all())
+        assert mask.shape[-1] == packed_width(7 + mask.shape[2])
+        assert all(s % PACKED_WIDTH_ALIGNMENT == 0 for s in mask.stride()[:-1])
+        allowed = mask[:, 0] == 0  # [N, R, S]
+        for n in range(mask.shape[0]):
+            for i in range(mask.shape[2]):
+                q = int(g.slot_query[n, i])
+                if q not in g.queries[g.slots == n * mask.shape[2] + i]:
+                    continue  # a padded slot: its result is dropped
+                seen += 1
+                keys = {int(k) % width for k in g.slot_keys[n][allowed[n, i]]}
+                assert keys == set(flat[q].nonzero().flatten().tolist()), (n, i)
+    assert seen == sum(s.response_ids.numel() for s in samples)

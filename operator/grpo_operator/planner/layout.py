@@ -131,8 +131,8 @@ def attention_layout_bytes(geo: Geometry, mb: MicroBatch, dtype_bytes: int) -> i
     layout where it is smaller than the dense mask (grpo_trainer.model.segment_attention),
     so the lesser of the two worst cases bounds every micro-batch's."""
     dense = mb.mask_elements * dtype_bytes
-    by_segment = segment_layout_bytes(mb.tokens, mb.responses, mb.response_tokens,
-                                      prompt_tokens(geo), geo.response_length, dtype_bytes)
+    by_segment = segment_layout_bytes(mb.tokens, [(mb.responses, geo.response_length)],
+                                      mb.response_tokens, prompt_tokens(geo), dtype_bytes)
     return min(dense, by_segment)
 
 

@@ -5,9 +5,9 @@ the prompt and its own earlier tokens. Under a dense [rows, 1, W, W] mask (W = P
 SDPA computes every query against every key and masks most of them away: the responses
 cost W^2 where they need sum R (P + R). Here a layer's attention is two SDPA calls on the
 same q/k/v: the prompts, causal on their own ([rows, P_max]), and the responses, each
-response's queries gathered into a slot of R_max against its row's prompt keys and its
-own keys ([responses, R_max] x [responses, packed_width(P_max + R_max)], under a small
-additive mask). Both calls are transformers' own ``sdpa_attention_forward`` (its GQA
+response's queries gathered into a slot against its row's prompt keys and its own keys
+([responses, R] x [responses, packed_width(P_max + R)], under a small additive mask), one
+call per group of similar lengths (R its longest: ``length_buckets``). Both calls are transformers' own ``sdpa_attention_forward`` (its GQA
 handling, its kernel choice), so on a GPU they take SDPA's flash kernel (the causal
 prompt, no mask) and its memory-efficient kernel (the responses' mask, last dimension a
 multiple of 8 as that kernel wants, grpo_api.contract.PACKED_WIDTH_ALIGNMENT).
@@ -40,47 +40,75 @@ SEGMENT_ATTENTION = "grpo_sdpa_segments"
 
 
 @dataclass(frozen=True)
-class SegmentLayout:
-    """Where a packed micro-batch's response queries and their keys sit in the flat
-    ``[rows * W]`` token axis. ``slot_query`` [N, R_max] and ``slot_keys`` [N, S]
-    index it (a padded slot points at a real token and is masked); ``mask`` [N, 1, R_max,
-    S] is additive in the compute dtype; ``queries`` [M] are the flat positions of the M
-    response tokens and ``slots`` [M] their places in the flattened ``slot_query``."""
+class SlotGroup:
+    """Responses of similar lengths (``length_buckets``) in slots of the longest of them,
+    R, indexing the flat ``[rows * W]`` token axis: ``slot_query`` [N, R] and
+    ``slot_keys`` [N, S] (a padded slot points at a real token and is masked); ``mask``
+    [N, 1, R, S] is additive in the compute dtype; ``queries`` [M] are the flat positions
+    of the group's M response tokens and ``slots`` [M] their places in the flattened
+    ``slot_query``."""
 
-    prompt_width: int  # P_max: the prompts' SDPA runs over the rows' first P_max tokens
     slot_query: torch.Tensor
     slot_keys: torch.Tensor
     mask: torch.Tensor
     queries: torch.Tensor
     slots: torch.Tensor
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.slot_query, self.slot_keys, self.mask, self.queries, self.slots
+
+    def to(self, device: torch.device | str) -> SlotGroup:
+        return SlotGroup(*(t.to(device) for t in self.tensors()))
+
+
+@dataclass(frozen=True)
+class SegmentLayout:
+    """A packed micro-batch's attention by segment: the prompts' causal SDPA over the
+    rows' first ``prompt_width`` tokens, then one SDPA per group of responses."""
+
+    prompt_width: int  # P_max
+    groups: tuple[SlotGroup, ...]
+
     def to(self, device: torch.device | str) -> SegmentLayout:
-        return replace(
-            self, slot_query=self.slot_query.to(device), slot_keys=self.slot_keys.to(device),
-            mask=self.mask.to(device), queries=self.queries.to(device),
-            slots=self.slots.to(device),
-        )
+        return replace(self, groups=tuple(g.to(device) for g in self.groups))
 
     @property
     def nbytes(self) -> int:
         """What the layout holds on the device (the segment ids beside it are the
         batch's ``attention_mask``)."""
-        return sum(t.nbytes for t in (self.slot_query, self.slot_keys, self.mask,
-                                      self.queries, self.slots))
+        return sum(t.nbytes for g in self.groups for t in g.tensors())
+
+
+def length_buckets(lengths: list[int]) -> list[list[int]]:
+    """Indices of ``lengths``, longest first, cut where a length is half its group's
+    longest or less: every slot then holds more than half real tokens, so one long
+    response beside many short ones pads only its own group."""
+    out: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if out and 2 * lengths[i] > lengths[out[-1][0]]:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def length_slots(lengths: list[int]) -> list[tuple[int, int]]:
+    """(responses, longest) of each group, as grpo_api.contract counts them."""
+    return [(len(b), lengths[b[0]]) for b in length_buckets(lengths)]
 
 
 def segments_pay(
     width: int, prompts: list[int], responses: list[int], dtype: torch.dtype
 ) -> bool:
     """Whether rows ``width`` wide with ``prompts`` tokens each and ``responses`` (their
-    lengths, all > 0) take less memory by segment than under the dense mask: a
-    micro-batch of one long response beside many short ones pads every slot to the long
-    one, where the dense mask can be the smaller (grpo_api.contract)."""
+    lengths, all > 0) take less memory by segment than under the dense mask
+    (grpo_api.contract's counts): with few, short responses beside a long prompt the
+    slots' gathers can outweigh a small dense mask."""
     if not responses:
         return False
     size = torch.finfo(dtype).bits // 8
-    by_segment = segment_layout_bytes(len(prompts) * width, len(responses), sum(responses),
-                                      max(prompts), max(responses), size)
+    by_segment = segment_layout_bytes(len(prompts) * width, length_slots(responses),
+                                      sum(responses), max(prompts), size)
     return by_segment < dense_mask_bytes(len(prompts), width, size)
 
 
@@ -91,8 +119,19 @@ def segment_layout(
     """The layout of rows ``width`` wide whose prompts have ``prompts`` tokens each and
     whose responses are (row, first column, length); every response has >= 1 token. Made
     on ``device`` from the few integers above (the host makes none of the mask)."""
-    n = len(responses)
     p_max = max(prompts)
+    buckets = length_buckets([r for _, _, r in responses])
+    groups = tuple(
+        _slot_group(prompts, [responses[i] for i in b], width, p_max, mask_dtype, device)
+        for b in buckets)
+    return SegmentLayout(prompt_width=p_max, groups=groups)
+
+
+def _slot_group(
+    prompts: list[int], responses: list[tuple[int, int, int]], width: int, p_max: int,
+    mask_dtype: torch.dtype, device: torch.device | str | None,
+) -> SlotGroup:
+    n = len(responses)
     r_max = max(r for _, _, r in responses)
     keys_width = packed_width(p_max + r_max)
 
@@ -119,8 +158,7 @@ def segment_layout(
     valid = i[None, :] < length[:, None]  # [N, R_max]
     mask = torch.zeros(allowed.shape, dtype=mask_dtype, device=device).masked_fill_(
         allowed.logical_not_(), torch.finfo(mask_dtype).min)[:, None]
-    return SegmentLayout(
-        prompt_width=p_max,
+    return SlotGroup(
         slot_query=slot_query,
         slot_keys=row[:, None] * width + key_col,
         mask=mask,
@@ -154,16 +192,18 @@ def segment_attention(
     prompt_out, _ = sdpa_attention_forward(
         module, query[:, :, :p], key[:, :, :p], value[:, :, :p], None,
         dropout=dropout, scaling=scaling, is_causal=True, **kwargs)
-    n, r_max = lay.slot_query.shape
-    q = _flat(query)[lay.slot_query].transpose(1, 2)  # [N, H, R_max, D]
-    k = _flat(key)[lay.slot_keys].transpose(1, 2)  # [N, Hkv, S, D]
-    v = _flat(value)[lay.slot_keys].transpose(1, 2)
-    resp_out, _ = sdpa_attention_forward(module, q, k, v, lay.mask,
-                                         dropout=dropout, scaling=scaling, **kwargs)
-    # Prompt columns from the first call, response tokens from the second; pad columns 0.
+    # Prompt columns from the first call, response tokens from the groups'; pads 0.
     out = torch.cat([prompt_out, prompt_out.new_zeros(b, length - p, h, d)], dim=1)
-    out = out.reshape(b * length, h, d).index_put(
-        (lay.queries,), resp_out.reshape(n * r_max, h, d)[lay.slots])
+    out = out.reshape(b * length, h, d)
+    flat_q, flat_k, flat_v = _flat(query), _flat(key), _flat(value)
+    for g in lay.groups:
+        n, r_max = g.slot_query.shape
+        q = flat_q[g.slot_query].transpose(1, 2)  # [N, H, R, D]
+        k = flat_k[g.slot_keys].transpose(1, 2)  # [N, Hkv, S, D]
+        v = flat_v[g.slot_keys].transpose(1, 2)
+        resp_out, _ = sdpa_attention_forward(module, q, k, v, g.mask,
+                                             dropout=dropout, scaling=scaling, **kwargs)
+        out = out.index_put((g.queries,), resp_out.reshape(n * r_max, h, d)[g.slots])
     return out.view(b, length, h, d), None
 
 
