@@ -3,14 +3,15 @@
 A packed row (algorithm/packing.py) is a prompt then n responses, each response seeing
 the prompt and its own earlier tokens. Under a dense [rows, 1, W, W] mask (W = P + sum R)
 SDPA computes every query against every key and masks most of them away: the responses
-cost W^2 where they need sum R (P + R). Here a layer's attention is two SDPA calls on the
-same q/k/v: the prompts, causal on their own ([rows, P_max]), and the responses, each
-response's queries gathered into a slot against its row's prompt keys and its own keys
-([responses, R] x [responses, packed_width(P_max + R)], under a small additive mask), one
-call per group of similar lengths (R its longest: ``length_buckets``). Both calls are transformers' own ``sdpa_attention_forward`` (its GQA
-handling, its kernel choice), so on a GPU they take SDPA's flash kernel (the causal
-prompt, no mask) and its memory-efficient kernel (the responses' mask, last dimension a
-multiple of 8 as that kernel wants, grpo_api.contract.PACKED_WIDTH_ALIGNMENT).
+cost W^2 where they need sum R (P + R). Here a layer's attention is SDPA on the same
+q/k/v in parts: the prompts, causal on their own ([rows, P_max]), then the responses,
+each response's queries gathered into a slot against its row's prompt keys and its own
+keys ([responses, R] x [responses, packed_width(P_max + R)], under a small additive
+mask), one call per group of similar lengths (R its longest: ``length_buckets``). Every
+call is transformers' own ``sdpa_attention_forward`` (its GQA handling, its kernel
+choice), so on a GPU they take SDPA's flash kernel (the causal prompt, no mask) and its
+memory-efficient kernel (the responses' mask, last dimension a multiple of 8 as that
+kernel wants, grpo_api.contract.PACKED_WIDTH_ALIGNMENT).
 
 The layout is made once per micro-batch (``segment_layout``) and reaches every layer as a
 keyword argument of the model's forward (transformers passes a forward's extra keywords to
