@@ -56,7 +56,7 @@ MIB = 2**20
 UNALIGNED_WIDTH = 4096 + 3
 
 
-def _peak_above(fn: Callable[[], None], device: torch.device) -> int | None:
+def _peak_above(fn: Callable[[], object], device: torch.device) -> int | None:
     """The allocator's peak while ``fn`` runs, above what was allocated before (CUDA);
     None on a CPU (no allocator statistics)."""
     if device.type != "cuda":
@@ -201,9 +201,9 @@ def check_segment_attention(device: torch.device, workdir: Path) -> dict[str, An
     from grpo_trainer.model import segment_attention
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(
-        build_tiny_qwen2(workdir / "tiny-qwen2"), dtype=dtype, attn_implementation="sdpa"
-    ).to(device)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        build_tiny_qwen2(workdir / "tiny-qwen2"), dtype=dtype, attn_implementation="sdpa")
+    model.to(device)
     gen = torch.Generator().manual_seed(0)
     samples = []
     for i in range(2):

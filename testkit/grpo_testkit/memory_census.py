@@ -372,14 +372,14 @@ def measure(worker: Any, advantages: list[float]) -> dict[str, Any]:
 
     policy = worker.policy
     policy._micro_step = before_micro(_wrap(policy._micro_step, after_micro))
+    from grpo_trainer.algorithm.packing import runs
+
     # Every forward's attention layout (the plan's term): its bytes, and the counts the
     # contract's formulas take, read from the samples (not from the layout).
     masks: list[dict[str, Any]] = []
     collate = policy._collate
 
     def collated(micro: Any) -> Any:
-        from grpo_trainer.algorithm.packing import runs
-
         batch = collate(micro)
         inputs = batch.model_inputs
         layout = inputs.get("segment_layout")

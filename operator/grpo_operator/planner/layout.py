@@ -41,7 +41,7 @@ class MicroBatch:
     # rows x width^2, the width rounded up to a multiple of 8 (packed_width): the dense
     # 4-D attention mask, in the compute dtype
     mask_elements: int
-    responses: int = 1  # the most responses it holds (the segment layout's slots)
+    responses: int  # the most responses it holds (the segment layout's slots)
 
 
 def prompt_tokens(geo: Geometry) -> int:

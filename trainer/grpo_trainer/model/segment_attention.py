@@ -103,11 +103,11 @@ def segments_pay(
 ) -> bool:
     """Whether rows ``width`` wide with ``prompts`` tokens each and ``responses`` (their
     lengths, all > 0) take less memory by segment than under the dense mask
-    (grpo_api.contract's counts): with few, short responses beside a long prompt the
-    slots' gathers can outweigh a small dense mask."""
+    (grpo_api.contract's counts): in a row of a few tokens (a short prompt, a few short
+    responses) the slots' int64 gathers can outweigh its small dense mask."""
     if not responses:
         return False
-    size = torch.finfo(dtype).bits // 8
+    size = dtype.itemsize
     by_segment = segment_layout_bytes(len(prompts) * width, length_slots(responses),
                                       sum(responses), max(prompts), size)
     return by_segment < dense_mask_bytes(len(prompts), width, size)
@@ -195,8 +195,8 @@ def segment_attention(
         dropout=dropout, scaling=scaling, is_causal=True, **kwargs)
     # Prompt columns from the first call, response tokens from the groups'; pads 0.
     out = torch.cat([prompt_out, prompt_out.new_zeros(b, length - p, h, d)], dim=1)
-    out = out.reshape(b * length, h, d)
     flat_q, flat_k, flat_v = _flat(query), _flat(key), _flat(value)
+    picked = []
     for g in lay.groups:
         n, r_max = g.slot_query.shape
         q = flat_q[g.slot_query].transpose(1, 2)  # [N, H, R, D]
@@ -204,7 +204,11 @@ def segment_attention(
         v = flat_v[g.slot_keys].transpose(1, 2)
         resp_out, _ = sdpa_attention_forward(module, q, k, v, g.mask,
                                              dropout=dropout, scaling=scaling, **kwargs)
-        out = out.index_put((g.queries,), resp_out.reshape(n * r_max, h, d)[g.slots])
+        picked.append(resp_out.reshape(n * r_max, h, d)[g.slots])
+    # One write of every group's tokens (their places are disjoint), not a copy of the
+    # whole output per group.
+    queries = torch.cat([g.queries for g in lay.groups])
+    out = out.reshape(b * length, h, d).index_put((queries,), torch.cat(picked))
     return out.view(b, length, h, d), None
 
 
