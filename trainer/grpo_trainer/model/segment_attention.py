@@ -45,18 +45,17 @@ class SlotGroup:
     """Responses of similar lengths (``length_buckets``) in slots of the longest of them,
     R, indexing the flat ``[rows * W]`` token axis: ``slot_query`` [N, R] and
     ``slot_keys`` [N, S] (a padded slot points at a real token and is masked); ``mask``
-    [N, 1, R, S] is additive in the compute dtype; ``queries`` [M] are the flat positions
-    of the group's M response tokens and ``slots`` [M] their places in the flattened
-    ``slot_query``."""
+    [N, 1, R, S] is additive in the compute dtype; ``slots`` [M] are the places of the
+    group's M response tokens in the flattened ``slot_query`` (their flat positions are
+    the layout's ``queries``, group after group)."""
 
     slot_query: torch.Tensor
     slot_keys: torch.Tensor
     mask: torch.Tensor
-    queries: torch.Tensor
     slots: torch.Tensor
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.slot_query, self.slot_keys, self.mask, self.queries, self.slots
+        return self.slot_query, self.slot_keys, self.mask, self.slots
 
     def to(self, device: torch.device | str) -> SlotGroup:
         return SlotGroup(*(t.to(device) for t in self.tensors()))
@@ -65,19 +64,23 @@ class SlotGroup:
 @dataclass(frozen=True)
 class SegmentLayout:
     """A packed micro-batch's attention by segment: the prompts' causal SDPA over the
-    rows' first ``prompt_width`` tokens, then one SDPA per group of responses."""
+    rows' first ``prompt_width`` tokens, then one SDPA per group of responses.
+    ``queries`` [M] are the flat positions of every response token, the groups' in their
+    order: made once here, so each layer writes the groups' results in one index_put."""
 
     prompt_width: int  # P_max
     groups: tuple[SlotGroup, ...]
+    queries: torch.Tensor
 
     def to(self, device: torch.device | str) -> SegmentLayout:
-        return replace(self, groups=tuple(g.to(device) for g in self.groups))
+        return replace(self, groups=tuple(g.to(device) for g in self.groups),
+                       queries=self.queries.to(device))
 
     @property
     def nbytes(self) -> int:
         """What the layout holds on the device (the segment ids beside it are the
         batch's ``attention_mask``)."""
-        return sum(t.nbytes for g in self.groups for t in g.tensors())
+        return self.queries.nbytes + sum(t.nbytes for g in self.groups for t in g.tensors())
 
 
 def length_buckets(lengths: list[int]) -> list[list[int]]:
@@ -122,16 +125,18 @@ def segment_layout(
     on ``device`` from the few integers above (the host makes none of the mask)."""
     p_max = max(prompts)
     buckets = length_buckets([r for _, _, r in responses])
-    groups = tuple(
+    made = [
         _slot_group(prompts, [responses[i] for i in b], width, p_max, mask_dtype, device)
-        for b in buckets)
-    return SegmentLayout(prompt_width=p_max, groups=groups)
+        for b in buckets]
+    return SegmentLayout(prompt_width=p_max, groups=tuple(g for g, _ in made),
+                         queries=torch.cat([q for _, q in made]))
 
 
 def _slot_group(
     prompts: list[int], responses: list[tuple[int, int, int]], width: int, p_max: int,
     mask_dtype: torch.dtype, device: torch.device | str | None,
-) -> SlotGroup:
+) -> tuple[SlotGroup, torch.Tensor]:
+    """One group's slots, and the flat positions of its response tokens."""
     n = len(responses)
     r_max = max(r for _, _, r in responses)
     keys_width = packed_width(p_max + r_max)
@@ -159,13 +164,13 @@ def _slot_group(
     valid = i[None, :] < length[:, None]  # [N, R_max]
     mask = torch.zeros(allowed.shape, dtype=mask_dtype, device=device).masked_fill_(
         allowed.logical_not_(), torch.finfo(mask_dtype).min)[:, None]
-    return SlotGroup(
+    group = SlotGroup(
         slot_query=slot_query,
         slot_keys=row[:, None] * width + key_col,
         mask=mask,
-        queries=slot_query[valid],
         slots=torch.arange(n * r_max, device=device).view(n, r_max)[valid],
     )
+    return group, slot_query[valid]
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -207,8 +212,7 @@ def segment_attention(
         picked.append(resp_out.reshape(n * r_max, h, d)[g.slots])
     # One write of every group's tokens (their places are disjoint), not a copy of the
     # whole output per group.
-    queries = torch.cat([g.queries for g in lay.groups])
-    out = out.reshape(b * length, h, d).index_put((queries,), torch.cat(picked))
+    out = out.reshape(b * length, h, d).index_put((lay.queries,), torch.cat(picked))
     return out.view(b, length, h, d), None
 
 
